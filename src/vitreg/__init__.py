@@ -1,0 +1,38 @@
+"""vitreg: diagnose, fix and avoid token artifacts in Vision Transformers."""
+
+from vitreg.errors import (
+    HookError,
+    InputError,
+    SpecError,
+    UnsupportedModelError,
+    VitregError,
+    WeightsError,
+)
+from vitreg.hooks import ActivationCache, Histogram, HookContext, Max, Mean, TokenNorms, TopK
+from vitreg.models.layout import TokenLayout
+from vitreg.models.load import load, wrap
+from vitreg.models.model import Model, TraceResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActivationCache",
+    "Histogram",
+    "HookContext",
+    "HookError",
+    "InputError",
+    "Max",
+    "Mean",
+    "Model",
+    "SpecError",
+    "TokenLayout",
+    "TokenNorms",
+    "TopK",
+    "TraceResult",
+    "UnsupportedModelError",
+    "VitregError",
+    "WeightsError",
+    "__version__",
+    "load",
+    "wrap",
+]

@@ -1,0 +1,30 @@
+"""Exceptions vitreg raises; each message says what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class VitregError(Exception):
+    """Base class of every error vitreg raises on purpose."""
+
+
+class SpecError(VitregError, ValueError):
+    """A model spec string could not be parsed or names nothing vitreg knows."""
+
+
+class UnsupportedModelError(VitregError, TypeError):
+    """The model object belongs to a family no adapter handles."""
+
+
+class WeightsError(VitregError, OSError):
+    """Weights could not be fetched, found, or read."""
+
+
+class InputError(VitregError, ValueError):
+    """Images or tensors passed to a model do not fit it."""
+
+
+class HookError(VitregError, KeyError):
+    """A hook name is unknown or a hook cannot do what was asked of it."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,17 @@
+"""Hook sites, activation cache and streaming reducers."""
+
+from vitreg.hooks.cache import ActivationCache
+from vitreg.hooks.reducers import Histogram, Max, Mean, Reducer, TokenNorms, TopK
+from vitreg.hooks.sites import Handle, HookContext
+
+__all__ = [
+    "ActivationCache",
+    "Handle",
+    "Histogram",
+    "HookContext",
+    "Max",
+    "Mean",
+    "Reducer",
+    "TokenNorms",
+    "TopK",
+]

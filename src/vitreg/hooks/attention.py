@@ -1,0 +1,146 @@
+"""Attention-probability sites that work with fused (SDPA) and unfused attention alike.
+
+``native``: the source computes the probability tensor itself (unfused path) and a module sees it
+(timm's ``attn_drop``); vitreg reads it there and may replace it. ``recomputed``: the source uses a
+fused kernel, so vitreg captures q and k on their way in and recomputes ``softmax(q k^T * scale)``
+exactly as the unfused path would; such patterns are read-only. Every result records which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitreg.errors import HookError
+from vitreg.hooks.sites import Handle, HookContext, HookFn, LayoutFn, Site, _check_replacement
+
+NATIVE = "native"
+RECOMPUTED = "recomputed"
+ATTENTION_MODES = ("auto", "native", "recompute")
+
+
+def additive_mask(
+    n_query: int, scores: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+) -> torch.Tensor | None:
+    """The additive bias SDPA applies for ``attn_mask``/``is_causal`` (timm semantics)."""
+    if is_causal:
+        return scores.new_full((n_query, scores.shape[-1]), float("-inf")).triu_(1)
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros_like(attn_mask, dtype=scores.dtype)
+        return bias.masked_fill_(~attn_mask, float("-inf"))
+    return attn_mask
+
+
+def softmax_pattern(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """``softmax(q*scale @ k^T + mask)`` for ``[B, H, N, D]`` inputs, in timm's operation order."""
+    scores = (q * scale) @ k.transpose(-2, -1)
+    bias = additive_mask(q.shape[-2], scores, attn_mask, is_causal)
+    if bias is not None:
+        scores = scores + bias
+    return scores.softmax(dim=-1)
+
+
+@dataclass
+class PatternSite(Site):
+    """``blocks.{i}.attn.hook_pattern``: probabilities ``[B, H, N_q, N_k]``.
+
+    ``attn``: the attention module (its ``fused_attn`` flag is switched off while a native hook is
+    attached and restored on removal). ``native_module``: the module whose output is the
+    probability tensor on the unfused path. ``capture``: attaches hooks that compute the pattern
+    on the fused path and pass it to a callback; it returns the torch handles.
+    """
+
+    attn: nn.Module | None = None
+    native_module: nn.Module | None = None
+    capture: Callable[[Callable[[torch.Tensor], None]], list[Any]] | None = None
+
+    def resolve_source(self, mode: str) -> str:
+        if mode not in ATTENTION_MODES:
+            raise HookError(f"attention mode must be one of {ATTENTION_MODES}, got {mode!r}")
+        fused = bool(getattr(self.attn, "fused_attn", False))
+        if mode == "native" or (mode == "auto" and not fused) or self.capture is None:
+            if self.native_module is None:
+                raise HookError(f"{self.name!r}: this attention module exposes no native pattern")
+            return NATIVE
+        return RECOMPUTED
+
+    def attn_source(self) -> str | None:
+        return self.resolve_source("auto")
+
+    def attach(self, fn: HookFn, get_layout: LayoutFn, attention: str = "auto") -> Handle:
+        source = self.resolve_source(attention)
+        name, layer, layout_fn = self.name, self.layer, self.layout_fn
+
+        def ctx() -> HookContext:
+            return HookContext(name, layer, layout_fn(get_layout()), source)
+
+        handle = Handle()
+        if source == NATIVE:
+            if getattr(self.attn, "fused_attn", False):
+                self.attn.fused_attn = False
+                handle.add(lambda: setattr(self.attn, "fused_attn", True))
+
+            def native_hook(_mod: nn.Module, _args: Any, output: torch.Tensor) -> Any:
+                new = fn(output, ctx())
+                return None if new is None else _check_replacement(name, output, new)
+
+            handle.add(self.native_module.register_forward_hook(native_hook).remove)
+            return handle
+
+        def on_pattern(pattern: torch.Tensor) -> None:
+            if fn(pattern, ctx()) is not None:
+                raise HookError(
+                    f"{name!r} was recomputed from q/k because the model uses fused attention, so "
+                    "it cannot be edited; attach the hook with attention='native' to edit it"
+                )
+
+        for torch_handle in self.capture(on_pattern):
+            handle.add(torch_handle.remove)
+        return handle
+
+
+def capture_qk(
+    attn: nn.Module,
+    q_module: nn.Module,
+    k_module: nn.Module,
+    compute: Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor],
+) -> Callable[[Callable[[torch.Tensor], None]], list[Any]]:
+    """A ``PatternSite.capture`` that reads q from ``q_module`` and k from ``k_module`` outputs.
+
+    ``compute(q_out, k_out, call_kwargs)`` turns the two outputs (and the kwargs the attention
+    module was called with, e.g. rope or a mask) into the probability tensor.
+    """
+
+    def capture(callback: Callable[[torch.Tensor], None]) -> list[Any]:
+        state: dict[str, Any] = {}
+
+        def on_call(_mod: nn.Module, _args: tuple, kwargs: dict) -> None:
+            state.clear()
+            state["kwargs"] = kwargs
+
+        def on_q(_mod: nn.Module, _args: Any, out: torch.Tensor) -> None:
+            state["q"] = out
+
+        def on_k(_mod: nn.Module, _args: Any, out: torch.Tensor) -> None:
+            q = state.pop("q")
+            callback(compute(q, out, state.get("kwargs", {})))
+
+        return [
+            attn.register_forward_pre_hook(on_call, with_kwargs=True),
+            q_module.register_forward_hook(on_q),
+            k_module.register_forward_hook(on_k),
+        ]
+
+    return capture

@@ -1,0 +1,1 @@
+"""Model loading, adapters and token layout."""

@@ -1,0 +1,173 @@
+"""Adapter base class and registry: one adapter per model family, wrapping the source module.
+
+An adapter never re-implements a model. It knows where the canonical hook sites live in the
+source module, how to read the token layout, how to insert tokens while keeping the source's own
+bookkeeping right, and which preprocessing the source expects.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from vitreg.errors import InputError, UnsupportedModelError
+from vitreg.hooks.sites import Handle, Site
+from vitreg.models.layout import TokenLayout
+
+# values_fn(batch_size, like) -> [B, k, C] tensor of inserted token values
+ValuesFn = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+class Adapter(ABC):
+    """Binds vitreg's vocabulary to one family of source modules."""
+
+    family: ClassVar[str]
+    source: ClassVar[str]
+    hierarchical: ClassVar[bool] = False
+    supports_insertion: ClassVar[bool] = True
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.notes: list[str] = []
+        self._sites: dict[str, Site] | None = None
+
+    # identification ----------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def matches(cls, module: nn.Module) -> bool:
+        """True if this adapter handles ``module``."""
+
+    # structure -------------------------------------------------------------
+    @property
+    @abstractmethod
+    def n_layers(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def d_model(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def d_mlp(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def n_heads(self) -> int: ...
+
+    @abstractmethod
+    def base_layout(self) -> TokenLayout:
+        """Layout at the default input size, without inserted tokens."""
+
+    @abstractmethod
+    def default_image_size(self) -> tuple[int, int]: ...
+
+    @abstractmethod
+    def grid_for(self, image_size: tuple[int, int]) -> tuple[int, int]:
+        """Patch grid for an input size; raises :class:`InputError` if the model can't take it."""
+
+    def layout_for(self, image_size: tuple[int, int] | None) -> TokenLayout:
+        layout = self.base_layout()
+        if image_size is None:
+            return layout
+        return layout.with_grid(self.grid_for(image_size))
+
+    @abstractmethod
+    def input_module(self) -> nn.Module:
+        """The module that first sees the image tensor (its pre-hook records the input size)."""
+
+    # hooks --------------------------------------------------------------------
+    def sites(self) -> dict[str, Site]:
+        """Canonical hook sites in forward order, built once."""
+        if self._sites is None:
+            self._sites = self.build_sites()
+        return self._sites
+
+    @abstractmethod
+    def build_sites(self) -> dict[str, Site]: ...
+
+    def attention_path(self) -> str:
+        """One line on how attention patterns are obtained for this model."""
+        return "native"
+
+    # running ------------------------------------------------------------------
+    @abstractmethod
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Final token sequence ``[B, N, C]`` (after the final norm), inserted tokens included."""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        """The source module's own forward (pooled output, logits or embedding)."""
+        return self.module(x)
+
+    def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
+        """Insert ``k`` tokens right after the trained prefix before block 0; keep bookkeeping."""
+        raise UnsupportedModelError(
+            f"{self.family} models cannot take extra tokens (their blocks assume exactly h*w "
+            "tokens); test-time registers apply to plain ViTs only"
+        )
+
+    # preprocessing ------------------------------------------------------------
+    def data_config(self) -> dict:
+        """timm-style data config: input_size, mean, std, interpolation, crop_pct, crop_mode."""
+        raise NotImplementedError
+
+    def transform(self) -> Callable:
+        """The eval preprocessing the source model expects, built from :meth:`data_config`."""
+        from timm.data import create_transform
+
+        return create_transform(**self.data_config(), is_training=False)
+
+    # checks ---------------------------------------------------------------------
+    def check_images(self, x: Any) -> None:
+        """Raise a clear :class:`InputError` for inputs the source would choke on."""
+        if not isinstance(x, torch.Tensor):
+            raise InputError(
+                f"expected an image tensor [B, 3, H, W], got {type(x).__name__}; "
+                "preprocess PIL images with model.transform (or model.preprocess)"
+            )
+        if x.dim() != 4:
+            raise InputError(
+                f"expected an image batch [B, 3, H, W], got shape {tuple(x.shape)}; "
+                "add a batch dimension with x.unsqueeze(0)"
+            )
+        if x.shape[1] != 3:
+            raise InputError(
+                f"expected 3 (RGB) channels, got {x.shape[1]} (shape {tuple(x.shape)}); convert "
+                "images with PIL's img.convert('RGB') or repeat/drop channels before preprocessing"
+            )
+        if not torch.is_floating_point(x):
+            raise InputError(
+                f"expected a float image tensor, got {x.dtype}; preprocess with model.transform"
+            )
+        self.grid_for((int(x.shape[-2]), int(x.shape[-1])))
+
+
+_REGISTRY: list[type[Adapter]] = []
+
+
+def register_adapter(cls: type[Adapter]) -> type[Adapter]:
+    """Class decorator adding an adapter to the registry (first match wins, in import order)."""
+    _REGISTRY.append(cls)
+    return cls
+
+
+def registered_adapters() -> list[type[Adapter]]:
+    from vitreg.models import adapters  # noqa: F401  (importing registers the built-ins)
+
+    return list(_REGISTRY)
+
+
+def adapter_for(module: nn.Module) -> Adapter:
+    """Instantiate the adapter that handles ``module``, or raise :class:`UnsupportedModelError`."""
+    for cls in registered_adapters():
+        if cls.matches(module):
+            return cls(module)
+    names = ", ".join(c.family for c in registered_adapters())
+    raise UnsupportedModelError(
+        f"no vitreg adapter handles {type(module).__module__}.{type(module).__name__}; "
+        f"supported families: {names}. Run `vitreg models` for example specs, or pass the "
+        "vision tower itself (e.g. clip_model.visual, llava.vision_tower)"
+    )

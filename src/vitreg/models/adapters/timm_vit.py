@@ -1,0 +1,235 @@
+"""Adapter for timm ``VisionTransformer``: DINOv2 (+reg, SwiGLU), CLIP, SigLIP, DeiT-III, DINO, ViT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitreg.errors import InputError
+from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
+from vitreg.hooks.sites import (
+    Handle,
+    InputSite,
+    OutputSite,
+    Site,
+    bhnd_to_bnhd,
+    bnhd_to_bhnd,
+)
+from vitreg.models.adapters.base import Adapter, ValuesFn, register_adapter
+from vitreg.models.layout import TokenLayout
+
+_ATTN_PARTS = ("qkv", "q_norm", "k_norm", "attn_drop", "scale", "num_heads")
+_BLOCK_PARTS = ("norm1", "attn", "norm2", "mlp")
+
+
+def _has(obj: Any, names: tuple[str, ...]) -> bool:
+    return all(hasattr(obj, n) for n in names)
+
+
+def qkv_part(index: int, n_heads: int):
+    """(to_canon, from_canon) for q (0), k (1) or v (2) of a fused qkv Linear output ``[B, N, H, D]``."""
+
+    def to_canon(out: torch.Tensor) -> torch.Tensor:
+        b, n, _ = out.shape
+        return out.reshape(b, n, 3, n_heads, -1)[:, :, index]
+
+    def from_canon(new: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        b, n, _ = out.shape
+        parts = list(out.reshape(b, n, 3, n_heads, -1).unbind(2))
+        parts[index] = new
+        return torch.stack(parts, dim=2).reshape(b, n, -1)
+
+    return to_canon, from_canon
+
+
+def image_grid(
+    image_size: tuple[int, int],
+    patch_size: tuple[int, int],
+    built_size: tuple[int, int] | None,
+    dynamic: bool,
+    pad: bool,
+    hint: str,
+) -> tuple[int, int]:
+    """Patch grid of a plain ViT at ``image_size``, or an :class:`InputError` saying what fits."""
+    h, w = image_size
+    ph, pw = patch_size
+    if not dynamic and built_size is not None and (h, w) != tuple(built_size):
+        raise InputError(
+            f"this model takes {built_size[0]}x{built_size[1]} images, got {h}x{w}. "
+            f"Resize with model.transform, or {hint}"
+        )
+    if pad:
+        return -(-h // ph), -(-w // pw)
+    if h % ph or w % pw:
+        raise InputError(
+            f"image size {h}x{w} is not a multiple of the patch size {ph}x{pw}; "
+            "resize or crop to a multiple (model.transform does)"
+        )
+    return h // ph, w // pw
+
+
+@register_adapter
+class TimmViTAdapter(Adapter):
+    """timm ``VisionTransformer`` with ``Block``-style blocks (pre-norm, fused or plain attention)."""
+
+    family = "timm-vit"
+    source = "timm"
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        try:
+            from timm.models.vision_transformer import VisionTransformer
+        except ImportError:  # pragma: no cover - timm is a core dependency
+            return False
+        if not isinstance(module, VisionTransformer):
+            return False
+        return all(
+            _has(b, _BLOCK_PARTS) and _has(b.attn, _ATTN_PARTS) and hasattr(b.mlp, "drop1")
+            for b in module.blocks
+        )
+
+    # structure ----------------------------------------------------------------------
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return list(self.module.blocks)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.module.blocks)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.module.embed_dim)
+
+    @property
+    def d_mlp(self) -> int:
+        return int(self.module.blocks[0].mlp.fc2.in_features)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.module.blocks[0].attn.num_heads)
+
+    def base_layout(self) -> TokenLayout:
+        m = self.module
+        n_cls = 1 if getattr(m, "cls_token", None) is not None else 0
+        n_reg = int(getattr(m, "num_reg_tokens", 0) or 0)
+        grid = tuple(int(g) for g in m.patch_embed.grid_size)
+        return TokenLayout(n_cls, n_reg, grid, tuple(m.patch_embed.patch_size))
+
+    def default_image_size(self) -> tuple[int, int]:
+        return tuple(int(s) for s in self.module.patch_embed.img_size)
+
+    def grid_for(self, image_size: tuple[int, int]) -> tuple[int, int]:
+        pe = self.module.patch_embed
+        dynamic = bool(getattr(self.module, "dynamic_img_size", False)) or not pe.strict_img_size
+        hint = "load it with img_size=(H, W) or dynamic_img_size=True (vitreg.load(spec, img_size=224))"
+        return image_grid(
+            image_size, pe.patch_size, pe.img_size, dynamic, bool(pe.dynamic_img_pad), hint
+        )
+
+    def input_module(self) -> nn.Module:
+        return self.module.patch_embed
+
+    def attention_path(self) -> str:
+        fused = any(getattr(b.attn, "fused_attn", False) for b in self.module.blocks)
+        if fused:
+            return "fused SDPA; hook_pattern recomputed from q/k (attention='native' unfuses)"
+        return "unfused; hook_pattern read natively from attn.attn_drop"
+
+    # hooks -----------------------------------------------------------------------------
+    def build_sites(self) -> dict[str, Site]:
+        m = self.module
+        sites: dict[str, Site] = {
+            "hook_tokens": InputSite("hook_tokens", None, module=m.blocks[0], kwarg="x"),
+        }
+        for i, blk in enumerate(m.blocks):
+            p = f"blocks.{i}"
+            attn = blk.attn
+            v_to, v_from = qkv_part(2, attn.num_heads)
+
+            def compute(q: torch.Tensor, k: torch.Tensor, kw: dict, attn: nn.Module = attn):
+                return softmax_pattern(q, k, attn.scale, kw.get("attn_mask"), kw.get("is_causal", False))
+
+            sites.update(
+                {
+                    f"{p}.hook_resid_pre": InputSite(f"{p}.hook_resid_pre", i, module=blk, kwarg="x"),
+                    f"{p}.ln1.hook_in": InputSite(f"{p}.ln1.hook_in", i, module=blk.norm1),
+                    f"{p}.ln1.hook_out": OutputSite(f"{p}.ln1.hook_out", i, module=blk.norm1),
+                    f"{p}.attn.hook_q": OutputSite(
+                        f"{p}.attn.hook_q", i, module=attn.q_norm, to_canon=bhnd_to_bnhd,
+                        from_canon=bnhd_to_bhnd,
+                    ),
+                    f"{p}.attn.hook_k": OutputSite(
+                        f"{p}.attn.hook_k", i, module=attn.k_norm, to_canon=bhnd_to_bnhd,
+                        from_canon=bnhd_to_bhnd,
+                    ),
+                    f"{p}.attn.hook_v": OutputSite(
+                        f"{p}.attn.hook_v", i, module=attn.qkv, to_canon=v_to, from_canon=v_from
+                    ),
+                    f"{p}.attn.hook_pattern": PatternSite(
+                        f"{p}.attn.hook_pattern", i, attn=attn, native_module=attn.attn_drop,
+                        capture=capture_qk(attn, attn.q_norm, attn.k_norm, compute),
+                    ),
+                    f"{p}.hook_resid_mid": InputSite(f"{p}.hook_resid_mid", i, module=blk.norm2),
+                    f"{p}.ln2.hook_out": OutputSite(f"{p}.ln2.hook_out", i, module=blk.norm2),
+                    f"{p}.mlp.hook_post": OutputSite(f"{p}.mlp.hook_post", i, module=blk.mlp.drop1),
+                    f"{p}.hook_resid_post": OutputSite(f"{p}.hook_resid_post", i, module=blk),
+                }
+            )
+        sites["ln_final.hook_out"] = OutputSite("ln_final.hook_out", None, module=m.norm)
+        return sites
+
+    # running -----------------------------------------------------------------------------
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module.forward_features(x)
+
+    def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
+        return insert_after_prefix(self.module, self.module.blocks[0], k, values_fn, attn_modules=[])
+
+    def data_config(self) -> dict:
+        from timm.data import resolve_model_data_config
+
+        cfg = resolve_model_data_config(self.module)
+        cfg["input_size"] = (3, *self.default_image_size())
+        return cfg
+
+
+def insert_after_prefix(
+    model: nn.Module,
+    first_block: nn.Module,
+    k: int,
+    values_fn: ValuesFn,
+    attn_modules: list[nn.Module],
+) -> Handle:
+    """Insert ``k`` tokens after timm's prefix at the input of ``first_block``.
+
+    ``model.num_prefix_tokens`` (and that of every module in ``attn_modules``, e.g. Eva's rope
+    attention) is P + k from block 0 on, so pooling, heads and ``forward_intermediates`` skip the
+    tokens; it is reset to P when the next image enters ``patch_embed`` (``_pos_embed`` reads it)
+    and when the handle is removed.
+    """
+    prefix = int(model.num_prefix_tokens)
+
+    def set_prefix(n: int) -> None:
+        model.num_prefix_tokens = n
+        for a in attn_modules:
+            a.num_prefix_tokens = n
+
+    def insert(_mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if kwargs.get("attn_mask") is not None:
+            raise InputError("attn_mask is not supported while tokens are inserted")
+        by_kw = not args
+        x = kwargs["x"] if by_kw else args[0]
+        extra = values_fn(x.shape[0], x)
+        x = torch.cat([x[:, :prefix], extra, x[:, prefix:]], dim=1)
+        set_prefix(prefix + k)
+        return (args, {**kwargs, "x": x}) if by_kw else ((x, *args[1:]), kwargs)
+
+    def reset(_mod: nn.Module, _args: tuple) -> None:
+        set_prefix(prefix)
+
+    h_insert = first_block.register_forward_pre_hook(insert, with_kwargs=True, prepend=True)
+    h_reset = model.patch_embed.register_forward_pre_hook(reset, prepend=True)
+    return Handle([lambda: set_prefix(prefix), h_reset.remove, h_insert.remove])

@@ -1,0 +1,369 @@
+"""Model: the source module plus its adapter -- hooks, caching, streaming traces, token insertion."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitreg.errors import HookError, InputError
+from vitreg.hooks.cache import ActivationCache
+from vitreg.hooks.reducers import Reducer
+from vitreg.hooks.sites import Handle, HookContext, HookFn, Site
+from vitreg.models.adapters.base import Adapter, adapter_for
+from vitreg.models.layout import TokenLayout
+
+NameFilter = str | Sequence[str] | Callable[[str], bool] | None
+
+
+@dataclass
+class TraceResult:
+    """What ``Model.trace`` kept: the reducers (fed), the image count and provenance."""
+
+    reducers: list[Reducer]
+    n_images: int
+    layouts: dict[str, TokenLayout | None] = field(default_factory=dict)
+    attn_source: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, site: str) -> list[Reducer]:
+        found = [r for r in self.reducers if r.site == site]
+        if not found:
+            raise HookError(f"no reducer was attached to {site!r}")
+        return found
+
+
+def _batches(data: Any, batch_size: int) -> Iterable[torch.Tensor]:
+    """Image batches from a tensor, a DataLoader, or an iterable of tensors/tuples/dicts."""
+    if isinstance(data, torch.Tensor):
+        if data.dim() == 3:
+            data = data.unsqueeze(0)
+        yield from data.split(batch_size)
+        return
+    for item in data:
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor):
+            yield item[0]
+        elif isinstance(item, dict) and isinstance(item.get("image"), torch.Tensor):
+            yield item["image"]
+        else:
+            raise InputError(
+                f"trace() got a batch of type {type(item).__name__}; yield image tensors "
+                "[B, 3, H, W], (images, ...) tuples or {'image': images} dicts"
+            )
+
+
+class Model:
+    """A source ViT (timm, HF, open_clip module) with vitreg's hooks, layout and preprocessing.
+
+    ``module`` is the untouched source model; with no hook that edits values, every output is
+    the source's own.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        adapter: Adapter | None = None,
+        *,
+        spec: str | None = None,
+        transform: Callable | None = None,
+    ) -> None:
+        self.module = module
+        self.adapter = adapter or adapter_for(module)
+        self.spec = spec
+        self._transform = transform
+        self._image_size: tuple[int, int] | None = None
+        self._n_extra = 0
+        self._insertion: Handle | None = None
+        self.adapter.input_module().register_forward_pre_hook(self._record_input)
+
+    # description ----------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return self.adapter.family
+
+    @property
+    def notes(self) -> list[str]:
+        return self.adapter.notes
+
+    @property
+    def n_layers(self) -> int:
+        return self.adapter.n_layers
+
+    @property
+    def d_model(self) -> int:
+        return self.adapter.d_model
+
+    @property
+    def d_mlp(self) -> int:
+        return self.adapter.d_mlp
+
+    @property
+    def n_heads(self) -> int:
+        return self.adapter.n_heads
+
+    @property
+    def layout(self) -> TokenLayout:
+        """Token layout of the last input seen (default input size before any), inserted tokens included."""
+        return self.adapter.layout_for(self._image_size).with_extra(self._n_extra)
+
+    def layout_for(self, image_size: tuple[int, int]) -> TokenLayout:
+        return self.adapter.layout_for(image_size).with_extra(self._n_extra)
+
+    @property
+    def transform(self) -> Callable:
+        """The eval preprocessing the source model expects (PIL image -> tensor)."""
+        if self._transform is None:
+            self._transform = self.adapter.transform()
+        return self._transform
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.module.parameters()).dtype
+
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Model:
+        self.module.to(device=device, dtype=dtype)
+        return self
+
+    def eval(self) -> Model:
+        self.module.eval()
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready summary: spec, family, dims, layout, attention path, notes."""
+        n_params = sum(p.numel() for p in self.module.parameters())
+        return {
+            "spec": self.spec,
+            "family": self.family,
+            "source": self.adapter.source,
+            "class": f"{type(self.module).__module__}.{type(self.module).__name__}",
+            "n_layers": self.n_layers,
+            "d_model": self.d_model,
+            "d_mlp": self.d_mlp,
+            "n_heads": self.n_heads,
+            "n_params": n_params,
+            "image_size": list(self.adapter.default_image_size()),
+            "layout": self.adapter.base_layout().to_dict(),
+            "attention": self.adapter.attention_path(),
+            "supports_insertion": self.adapter.supports_insertion,
+            "notes": list(self.notes),
+        }
+
+    # hooks ------------------------------------------------------------------------
+    def hook_names(self) -> list[str]:
+        """Canonical hook names in forward order."""
+        return list(self.adapter.sites())
+
+    def resolve(self, names: NameFilter) -> list[str]:
+        """Names matching an exact name, a glob (``blocks.*.hook_resid_post``), a list or a filter."""
+        all_names = self.hook_names()
+        if names is None:
+            return all_names
+        if callable(names):
+            return [n for n in all_names if names(n)]
+        patterns = [names] if isinstance(names, str) else list(names)
+        chosen: list[str] = []
+        for pattern in patterns:
+            hits = [n for n in all_names if fnmatchcase(n, pattern)]
+            if not hits:
+                close = difflib.get_close_matches(pattern, all_names, n=3)
+                hint = f"; did you mean {close}?" if close else "; see model.hook_names()"
+                raise HookError(f"no hook named {pattern!r} on this {self.family} model{hint}")
+            chosen += [n for n in hits if n not in chosen]
+        return [n for n in all_names if n in chosen]
+
+    def site(self, name: str) -> Site:
+        """The site behind one exact canonical name."""
+        if name not in self.adapter.sites():
+            self.resolve(name)  # raises with suggestions
+            raise HookError(f"{name!r} is a pattern; site() takes one exact hook name")
+        return self.adapter.sites()[name]
+
+    def add_hook(self, names: NameFilter, fn: HookFn, attention: str = "auto") -> Handle:
+        """Attach ``fn(tensor, hook)`` to every matching site; returns a removable handle."""
+        handle = Handle()
+        for name in self.resolve(names):
+            handle.add(self.site(name).attach(fn, lambda: self.layout, attention).remove)
+        return handle
+
+    def hooks(
+        self, fwd_hooks: Sequence[tuple[str, HookFn]], attention: str = "auto"
+    ) -> Handle:
+        """Attach several ``(name, fn)`` pairs at once; use as a context manager."""
+        handle = Handle()
+        try:
+            for name, fn in fwd_hooks:
+                handle.add(self.add_hook(name, fn, attention).remove)
+        except Exception:
+            handle.remove()
+            raise
+        return handle
+
+    # running ------------------------------------------------------------------------
+    def _record_input(self, _mod: nn.Module, args: tuple) -> None:
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+            x = args[0]
+            # NHWC inputs never reach an input module; channels-first images do
+            self._image_size = (int(x.shape[-2]), int(x.shape[-1]))
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        self.adapter.check_images(x)
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Final token sequence ``[B, N, C]`` after the final norm, inserted tokens removed."""
+        x = self._prepare(x)
+        tokens = self.adapter.features(x)
+        return self.layout.strip_extra(tokens)
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        """The source model's own forward (pooled embedding, logits, HF output object)."""
+        return self.adapter.forward(self._prepare(x))
+
+    def run_with_hooks(
+        self,
+        x: torch.Tensor,
+        fwd_hooks: Sequence[tuple[str, HookFn]],
+        attention: str = "auto",
+    ) -> torch.Tensor:
+        """``features(x)`` with the given hooks attached for this call only."""
+        with self.hooks(fwd_hooks, attention):
+            return self.features(x)
+
+    def run_with_cache(
+        self,
+        x: torch.Tensor,
+        names: NameFilter = None,
+        reduce: str | Callable[[torch.Tensor, HookContext], torch.Tensor] | None = None,
+        device: str | torch.device | None = "cpu",
+        attention: str = "auto",
+    ) -> tuple[torch.Tensor, ActivationCache]:
+        """Run ``features(x)`` and record the named sites.
+
+        ``reduce='norm'`` stores per-token L2 norms (float32) instead of full activations; a
+        callable ``reduce(tensor, hook)`` stores whatever it returns. Tensors are detached and
+        moved to ``device`` (``None`` keeps them where they are).
+        """
+        from vitreg.hooks.reducers import token_norms
+
+        if isinstance(reduce, str) and reduce != "norm":
+            raise HookError(f"reduce must be None, 'norm' or a callable, got {reduce!r}")
+        store: dict[str, torch.Tensor] = {}
+        layouts: dict[str, TokenLayout | None] = {}
+        sources: dict[str, str] = {}
+
+        def save(t: torch.Tensor, hook: HookContext) -> None:
+            if reduce == "norm":
+                value = token_norms(t)
+            elif callable(reduce):
+                value = reduce(t, hook)
+            else:
+                value = t
+            value = value.detach()
+            store[hook.name] = value.to(device) if device is not None else value
+            layouts[hook.name] = hook.layout
+            if hook.attn_source is not None:
+                sources[hook.name] = hook.attn_source
+
+        chosen = self.resolve(names)
+        with torch.inference_mode(), self.hooks([(n, save) for n in chosen], attention):
+            out = self.features(x)
+        ordered = {n: store[n] for n in chosen if n in store}
+        return out, ActivationCache(ordered, layouts, sources)
+
+    def trace(
+        self,
+        data: Any,
+        reducers: Sequence[Reducer],
+        batch_size: int = 32,
+        attention: str = "auto",
+        limit: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> TraceResult:
+        """Stream ``data`` through the model, feeding each reducer its site; keep only statistics.
+
+        ``data``: an image tensor ``[N, 3, H, W]`` (split into ``batch_size`` batches), a
+        DataLoader, or any iterable of batches. ``progress(n)`` is called with the number of
+        images done after each batch. Memory stays bounded by the reducers' own state.
+        """
+        by_site: dict[str, list[Reducer]] = {}
+        for r in reducers:
+            self.site(r.site)  # one exact, known name
+            by_site.setdefault(r.site, []).append(r)
+        offset = 0
+        layouts: dict[str, TokenLayout | None] = {}
+        sources: dict[str, str] = {}
+
+        def feed(name: str) -> HookFn:
+            def fn(t: torch.Tensor, hook: HookContext) -> None:
+                layouts[name] = hook.layout
+                if hook.attn_source is not None:
+                    sources[name] = hook.attn_source
+                for r in by_site[name]:
+                    r(t, hook, offset)
+
+            return fn
+
+        with torch.inference_mode(), self.hooks([(n, feed(n)) for n in by_site], attention):
+            for batch in _batches(data, batch_size):
+                if limit is not None and offset >= limit:
+                    break
+                if limit is not None:
+                    batch = batch[: limit - offset]
+                self.features(batch)
+                offset += batch.shape[0]
+                if progress is not None:
+                    progress(offset)
+        return TraceResult(list(reducers), offset, layouts, sources)
+
+    # token insertion --------------------------------------------------------------------
+    def insert_tokens(self, values: torch.Tensor | int) -> Handle:
+        """Insert tokens right after [CLS] and trained registers, before block 0.
+
+        ``values``: an int k (k zero tokens), a ``[k, C]`` tensor shared by every image, or a
+        ``[B, k, C]`` tensor. The source's bookkeeping (``num_prefix_tokens`` and its kin) is
+        updated so pooling, heads and ``forward_intermediates`` ignore the tokens, and
+        :meth:`features` strips them. Remove with the returned handle (or use it in ``with``).
+        """
+        if self._insertion is not None:
+            raise HookError("tokens are already inserted in this model; remove that handle first")
+        if isinstance(values, int):
+            if values < 1:
+                raise InputError(f"insert at least one token, got {values}")
+            values = torch.zeros(values, self.d_model)
+        if values.dim() == 2:
+            values = values.unsqueeze(0)
+        if values.dim() != 3 or values.shape[-1] != self.d_model:
+            raise InputError(
+                f"inserted token values must be [k, {self.d_model}] or [B, k, {self.d_model}], "
+                f"got {tuple(values.shape)}"
+            )
+        k = values.shape[1]
+
+        def values_fn(batch: int, like: torch.Tensor) -> torch.Tensor:
+            v = values.to(device=like.device, dtype=like.dtype)
+            if v.shape[0] == 1:
+                return v.expand(batch, -1, -1)
+            if v.shape[0] != batch:
+                raise InputError(f"inserted values are for batch {v.shape[0]}, input has {batch}")
+            return v
+
+        inner = self.adapter.insert_tokens(k, values_fn)
+        self._n_extra = k
+
+        def undo() -> None:
+            inner.remove()
+            self._n_extra = 0
+            self._insertion = None
+
+        self._insertion = Handle([undo])
+        return self._insertion
