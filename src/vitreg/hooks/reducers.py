@@ -25,7 +25,9 @@ def as_tokens(t: torch.Tensor) -> torch.Tensor:
         return t
     if t.dim() == 4:
         return t.flatten(1, 2)
-    raise ValueError(f"expected a token tensor [B, N, C] or grid [B, h, w, C], got {tuple(t.shape)}")
+    raise ValueError(
+        f"expected a token tensor [B, N, C] or grid [B, h, w, C], got {tuple(t.shape)}"
+    )
 
 
 def token_norms(t: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,6 @@ from vitreg.errors import SpecError, WeightsError
 from vitreg.models.model import Model
 
 
-
 @dataclass
 class Loaded:
     """What a loader returns: the source module, its preprocessing (if the source defines one)

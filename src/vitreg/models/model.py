@@ -130,7 +130,9 @@ class Model:
     def dtype(self) -> torch.dtype:
         return next(self.module.parameters()).dtype
 
-    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Model:
+    def to(
+        self, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> Model:
         self.module.to(device=device, dtype=dtype)
         return self
 
@@ -195,9 +197,7 @@ class Model:
             handle.add(self.site(name).attach(fn, lambda: self.layout, attention).remove)
         return handle
 
-    def hooks(
-        self, fwd_hooks: Sequence[tuple[str, HookFn]], attention: str = "auto"
-    ) -> Handle:
+    def hooks(self, fwd_hooks: Sequence[tuple[str, HookFn]], attention: str = "auto") -> Handle:
         """Attach several ``(name, fn)`` pairs at once; use as a context manager."""
         handle = Handle()
         try:
@@ -275,7 +275,7 @@ class Model:
                 sources[hook.name] = hook.attn_source
 
         chosen = self.resolve(names)
-        with torch.inference_mode(), self.hooks([(n, save) for n in chosen], attention):
+        with torch.no_grad(), self.hooks([(n, save) for n in chosen], attention):
             out = self.features(x)
         ordered = {n: store[n] for n in chosen if n in store}
         return out, ActivationCache(ordered, layouts, sources)
@@ -313,7 +313,7 @@ class Model:
 
             return fn
 
-        with torch.inference_mode(), self.hooks([(n, feed(n)) for n in by_site], attention):
+        with torch.no_grad(), self.hooks([(n, feed(n)) for n in by_site], attention):
             for batch in _batches(data, batch_size):
                 if limit is not None and offset >= limit:
                     break

@@ -150,26 +150,39 @@ class TimmViTAdapter(Adapter):
             v_to, v_from = qkv_part(2, attn.num_heads)
 
             def compute(q: torch.Tensor, k: torch.Tensor, kw: dict, attn: nn.Module = attn):
-                return softmax_pattern(q, k, attn.scale, kw.get("attn_mask"), kw.get("is_causal", False))
+                return softmax_pattern(
+                    q, k, attn.scale, kw.get("attn_mask"), kw.get("is_causal", False)
+                )
 
             sites.update(
                 {
-                    f"{p}.hook_resid_pre": InputSite(f"{p}.hook_resid_pre", i, module=blk, kwarg="x"),
+                    f"{p}.hook_resid_pre": InputSite(
+                        f"{p}.hook_resid_pre", i, module=blk, kwarg="x"
+                    ),
                     f"{p}.ln1.hook_in": InputSite(f"{p}.ln1.hook_in", i, module=blk.norm1),
                     f"{p}.ln1.hook_out": OutputSite(f"{p}.ln1.hook_out", i, module=blk.norm1),
                     f"{p}.attn.hook_q": OutputSite(
-                        f"{p}.attn.hook_q", i, module=attn.q_norm, to_canon=bhnd_to_bnhd,
+                        f"{p}.attn.hook_q",
+                        i,
+                        module=attn.q_norm,
+                        to_canon=bhnd_to_bnhd,
                         from_canon=bnhd_to_bhnd,
                     ),
                     f"{p}.attn.hook_k": OutputSite(
-                        f"{p}.attn.hook_k", i, module=attn.k_norm, to_canon=bhnd_to_bnhd,
+                        f"{p}.attn.hook_k",
+                        i,
+                        module=attn.k_norm,
+                        to_canon=bhnd_to_bnhd,
                         from_canon=bnhd_to_bhnd,
                     ),
                     f"{p}.attn.hook_v": OutputSite(
                         f"{p}.attn.hook_v", i, module=attn.qkv, to_canon=v_to, from_canon=v_from
                     ),
                     f"{p}.attn.hook_pattern": PatternSite(
-                        f"{p}.attn.hook_pattern", i, attn=attn, native_module=attn.attn_drop,
+                        f"{p}.attn.hook_pattern",
+                        i,
+                        attn=attn,
+                        native_module=attn.attn_drop,
                         capture=capture_qk(attn, attn.q_norm, attn.k_norm, compute),
                     ),
                     f"{p}.hook_resid_mid": InputSite(f"{p}.hook_resid_mid", i, module=blk.norm2),
@@ -186,7 +199,9 @@ class TimmViTAdapter(Adapter):
         return self.module.forward_features(x)
 
     def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
-        return insert_after_prefix(self.module, self.module.blocks[0], k, values_fn, attn_modules=[])
+        return insert_after_prefix(
+            self.module, self.module.blocks[0], k, values_fn, attn_modules=[]
+        )
 
     def data_config(self) -> dict:
         from timm.data import resolve_model_data_config

@@ -18,7 +18,12 @@ from torch import nn
 from vitreg.errors import SpecError, WeightsError
 from vitreg.models.load import LOADERS, Loaded, read_state_dict, register_loader
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "open_clip_model.safetensors")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.pth",
+    "open_clip_model.safetensors",
+)
 
 
 def _weights_in(directory: Path) -> Path:

@@ -79,8 +79,8 @@ def load_timm(
         except Exception as e:
             raise WeightsError(
                 f"could not load weights from {str(weights)!r} into {name}: "
-                f"{type(e).__name__}: {e}. Check that the file is complete and belongs to this "
-                "architecture (same width, depth, patch size and registers)"
+                f"{type(e).__name__}: {e}. The file may be truncated or corrupt (re-download it), or "
+                "belong to another architecture (check width, depth, patch size and registers)"
             ) from e
         return Loaded(module, notes=notes)
     if not pretrained:

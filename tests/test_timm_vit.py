@@ -1,0 +1,185 @@
+"""timm VisionTransformer adapter: parity, hook coverage, attention paths, edits, insertion."""
+
+import pytest
+import torch
+
+import vitreg
+from conftest import images
+from timm_models import TIMM_VITS, build
+from vitreg import HookError
+
+FAMILIES = list(TIMM_VITS)
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    module, size = build(request.param)
+    return request.param, vitreg.wrap(module), size
+
+
+def test_parity_with_every_hook_attached(family):
+    _, model, size = family
+    x = images(2, size)
+    with torch.inference_mode():
+        ref_feats = model.module.forward_features(x)
+        ref_out = model.module(x)
+    seen: list[str] = []
+    with model.hooks([("*", lambda t, hook: seen.append(hook.name))]):
+        with torch.inference_mode():
+            feats = model.features(x)
+            out = model(x)
+    assert (feats - ref_feats).abs().max() <= 1e-5
+    assert (out - ref_out).abs().max() <= 1e-5
+    # every site fired exactly once per forward (two forwards), layers in order
+    names = model.hook_names()
+    assert sorted(seen) == sorted(names * 2)
+    layers = [int(n.split(".")[1]) for n in seen[: len(names)] if n.startswith("blocks.")]
+    assert layers == sorted(layers)
+
+
+def test_shapes_are_batch_first(family):
+    _, model, size = family
+    lay = model.layout_for((size, size))
+    _, cache = model.run_with_cache(images(2, size))
+    heads, d = model.n_heads, model.d_model
+    assert cache["blocks.0.hook_resid_pre"].shape == (2, lay.n_tokens, d)
+    assert cache["blocks.0.attn.hook_q"].shape == (2, lay.n_tokens, heads, d // heads)
+    assert cache["blocks.0.attn.hook_v"].shape == (2, lay.n_tokens, heads, d // heads)
+    assert cache["blocks.0.attn.hook_pattern"].shape == (2, heads, lay.n_tokens, lay.n_tokens)
+    assert cache["blocks.0.mlp.hook_post"].shape == (2, lay.n_tokens, model.d_mlp)
+    assert cache.layout("blocks.0.hook_resid_post") == lay
+
+
+def test_recomputed_pattern_equals_unfused_probabilities(family):
+    _, model, size = family
+    x = images(2, size)
+    names = "blocks.*.attn.hook_pattern"
+    _, rec = model.run_with_cache(x, names=names)
+    _, nat = model.run_with_cache(x, names=names, attention="native")
+    for name in model.resolve(names):
+        assert rec.attn_source[name] == "recomputed" and nat.attn_source[name] == "native"
+        assert (rec[name] - nat[name]).abs().max() <= 1e-5
+        assert torch.allclose(rec[name].sum(-1), torch.ones(()), atol=1e-5)
+    # the fused flag is restored once the native hook is gone
+    assert all(b.attn.fused_attn for b in model.module.blocks)
+
+
+def test_pattern_native_when_source_is_unfused():
+    module, size = build("dinov2")
+    for blk in module.blocks:
+        blk.attn.fused_attn = False
+    model = vitreg.wrap(module)
+    _, cache = model.run_with_cache(images(1, size), names="blocks.1.attn.hook_pattern")
+    assert cache.attn_source["blocks.1.attn.hook_pattern"] == "native"
+    assert "unfused" in model.adapter.attention_path()
+
+
+def test_hook_name_snapshot():
+    module, _ = build("dinov2")
+    names = vitreg.wrap(module).hook_names()
+    per_block = [
+        "hook_resid_pre",
+        "ln1.hook_in",
+        "ln1.hook_out",
+        "attn.hook_q",
+        "attn.hook_k",
+        "attn.hook_v",
+        "attn.hook_pattern",
+        "hook_resid_mid",
+        "ln2.hook_out",
+        "mlp.hook_post",
+        "hook_resid_post",
+    ]
+    expected = ["hook_tokens"]
+    for i in range(3):
+        expected += [f"blocks.{i}.{n}" for n in per_block]
+    assert names == expected + ["ln_final.hook_out"]
+
+
+def test_editing_mlp_units_changes_output_and_removal_restores():
+    module, size = build("dinov2")
+    model = vitreg.wrap(module)
+    x = images(2, size)
+    ref = model.features(x)
+
+    def zero_units(t, hook):
+        t = t.clone()
+        t[..., :10] = 0
+        return t
+
+    edited = model.run_with_hooks(x, [("blocks.1.mlp.hook_post", zero_units)])
+    assert (edited - ref).abs().max() > 1e-3
+    assert torch.equal(model.features(x), ref)
+
+
+def test_hook_v_write_equals_editing_the_value_projection():
+    module, size = build("deit3")
+    model = vitreg.wrap(module)
+    x = images(1, size)
+
+    def zero_v(t, hook):
+        return torch.zeros_like(t)
+
+    out = model.run_with_hooks(x, [("blocks.0.attn.hook_v", zero_v)])
+    # with v = 0 the attention branch of block 0 adds only the proj bias
+    _, cache = model.run_with_cache(x, names=["blocks.0.hook_resid_pre"])
+    blk = module.blocks[0]
+    mid = cache["blocks.0.hook_resid_pre"] + blk.ls1(blk.attn.proj.bias.expand(1, 1, -1))
+    _, edited = model.run_with_cache(x, names=["blocks.0.hook_resid_mid"])
+    with model.hooks([("blocks.0.attn.hook_v", zero_v)]):
+        _, edited = model.run_with_cache(x, names=["blocks.0.hook_resid_mid"])
+    assert torch.allclose(edited["blocks.0.hook_resid_mid"], mid, atol=1e-5)
+    assert out.shape == model.features(x).shape
+
+
+def test_recomputed_pattern_is_read_only_and_native_is_writable():
+    module, size = build("dino")
+    model = vitreg.wrap(module)
+    x = images(1, size)
+
+    def uniform(t, hook):
+        return torch.full_like(t, 1.0 / t.shape[-1])
+
+    with pytest.raises(HookError, match="attention='native'"):
+        model.run_with_hooks(x, [("blocks.2.attn.hook_pattern", uniform)])
+    ref = model.features(x)
+    edited = model.run_with_hooks(x, [("blocks.2.attn.hook_pattern", uniform)], attention="native")
+    assert (edited - ref).abs().max() > 1e-4
+
+
+def test_replacement_with_wrong_shape_is_rejected():
+    module, size = build("dino")
+    model = vitreg.wrap(module)
+    with pytest.raises(HookError, match="must keep"):
+        model.run_with_hooks(images(1, size), [("blocks.0.hook_resid_post", lambda t, h: t[:, 1:])])
+
+
+def test_unknown_hook_name_suggests_close_names():
+    module, _ = build("dino")
+    with pytest.raises(HookError, match="did you mean"):
+        vitreg.wrap(module).resolve("blocks.0.hook_resid_pots")
+
+
+def test_layouts_per_family():
+    expect = {
+        "dinov2": (1, 0, (4, 4)),
+        "dinov2_reg4": (1, 4, (4, 4)),
+        "siglip": (0, 0, (4, 4)),
+        "clip_quickgelu": (1, 0, (4, 4)),
+        "deit3": (1, 0, (4, 4)),
+    }
+    for key, (n_cls, n_reg, grid) in expect.items():
+        lay = vitreg.wrap(build(key)[0]).layout
+        assert (lay.n_cls, lay.n_reg, lay.grid) == (n_cls, n_reg, grid), key
+
+
+def test_swiglu_neurons_are_the_gated_product():
+    module, size = build("dinov2_swiglu")
+    model = vitreg.wrap(module)
+    assert model.d_mlp == module.blocks[0].mlp.fc2.in_features
+    _, cache = model.run_with_cache(
+        images(1, size), names=["blocks.0.mlp.hook_post", "blocks.0.ln2.hook_out"]
+    )
+    mlp = module.blocks[0].mlp
+    x1, x2 = mlp.fc1(cache["blocks.0.ln2.hook_out"]).chunk(2, dim=-1)
+    assert torch.allclose(cache["blocks.0.mlp.hook_post"], mlp.act(x1) * x2, atol=1e-5)
