@@ -164,3 +164,16 @@ def test_bad_images_raise_input_error():
 def test_unknown_family_is_rejected():
     with pytest.raises(UnsupportedModelError, match="supported families"):
         vitreg.wrap(torch.nn.Linear(3, 3))
+
+
+def test_preprocess_requires_rgb_pil_images():
+    from PIL import Image
+
+    m = vitreg.load("timm:vit_small_patch14_dinov2", **SMALL)
+    batch = m.preprocess([Image.new("RGB", (64, 64)), Image.new("RGB", (70, 50))])
+    assert batch.shape == (2, 3, 56, 56)
+    for mode in ("L", "RGBA", "CMYK"):
+        with pytest.raises(InputError, match="convert\\('RGB'\\)"):
+            m.preprocess(Image.new(mode, (64, 64)))
+    with pytest.raises(InputError, match="PIL"):
+        m.preprocess(torch.zeros(3, 8, 8))

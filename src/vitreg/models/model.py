@@ -122,6 +122,20 @@ class Model:
             self._transform = self.adapter.transform()
         return self._transform
 
+    def preprocess(self, images: Any) -> torch.Tensor:
+        """PIL image(s) -> ``[B, 3, H, W]`` batch through :attr:`transform`; images must be RGB."""
+        batch = images if isinstance(images, (list, tuple)) else [images]
+        for i, img in enumerate(batch):
+            mode = getattr(img, "mode", None)
+            if not isinstance(mode, str):
+                raise InputError(f"preprocess takes PIL images, got {type(img).__name__} at {i}")
+            if mode != "RGB":
+                raise InputError(
+                    f"image {i} has mode {mode!r}, not RGB; convert it with img.convert('RGB') "
+                    "(grayscale and RGBA inputs change what the model sees, so vitreg won't guess)"
+                )
+        return torch.stack([self.transform(img) for img in batch])
+
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
