@@ -47,3 +47,10 @@ def test_wrong_token_count_is_a_clear_error():
 def test_invalid_counts_rejected():
     with pytest.raises(ValueError):
         TokenLayout(-1, 0, (2, 2), (16, 16))
+
+
+def test_patch_grid_passes_stage_grids_through():
+    lay = TokenLayout(0, 0, (2, 3), (8, 8))
+    grid = torch.randn(1, 2, 3, 5)
+    assert lay.patch_grid(grid) is grid
+    assert torch.equal(lay.patch_grid(grid.flatten(1, 2)), grid)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from vitreg.errors import InputError
 from vitreg.hooks.sites import HookContext
 
 TOKEN_TYPES = ("cls", "register", "extra", "patch")
@@ -76,43 +77,68 @@ class TokenNorms(Reducer):
 
     Memory is ``4 * N`` bytes per image, independent of the width: 200 images of ViT-S/14 at
     224 px take 200 KB. ``max_images`` keeps only the first maps when even that is too much.
+    Rows go into one buffer that doubles when full: many small tensors kept per batch between
+    the forward pass's large temporaries fragment glibc's heap, and RSS then grows by about the
+    size of the activations every batch (see benchmarks/trace_memory.py).
     """
 
     def __init__(self, site: str, max_images: int | None = None) -> None:
         super().__init__(site)
         self.max_images = max_images
-        self._maps: dict[int, torch.Tensor] = {}
+        self._norms = torch.empty(0, 0)
+        self._filled = torch.empty(0, dtype=torch.bool)
         self.layout = None
 
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
         self.layout = ctx.layout
         norms = token_norms(t).cpu()
-        for i, row in enumerate(norms):
-            if self.max_images is None or image_offset + i < self.max_images:
-                self._maps[image_offset + i] = row
+        if self.max_images is not None:
+            norms = norms[: max(0, self.max_images - image_offset)]
+        self._put(torch.arange(image_offset, image_offset + norms.shape[0]), norms)
+
+    def _put(self, index: torch.Tensor, rows: torch.Tensor) -> None:
+        if not len(index):
+            return
+        if self._filled.any() and rows.shape[1] != self._norms.shape[1]:
+            raise InputError(
+                f"TokenNorms({self.site!r}) got {rows.shape[1]} tokens per image after "
+                f"{self._norms.shape[1]}; trace images of one size per reducer"
+            )
+        size = int(index.max()) + 1
+        if size > len(self._norms) or rows.shape[1] != self._norms.shape[1]:
+            capacity = max(size, 2 * len(self._norms), 64)
+            norms = torch.zeros(capacity, rows.shape[1])
+            filled = torch.zeros(capacity, dtype=torch.bool)
+            if self._filled.any():
+                norms[: len(self._norms)] = self._norms
+                filled[: len(self._filled)] = self._filled
+            self._norms, self._filled = norms, filled
+        self._norms[index] = rows
+        self._filled[index] = True
 
     def merge(self, other: Reducer) -> None:
         assert isinstance(other, TokenNorms)
-        self._maps.update(other._maps)
+        index = other._filled.nonzero().squeeze(1)
+        self._put(index, other._norms[index])
         self.n_images = max(self.n_images, other.n_images)
 
     def result(self) -> dict[str, Any]:
-        order = sorted(self._maps)
-        norms = torch.stack([self._maps[i] for i in order]) if order else torch.empty(0)
-        return {"norms": norms, "image_index": torch.tensor(order), "layout": self.layout}
+        index = self._filled.nonzero().squeeze(1)
+        norms = self._norms[index] if len(index) else torch.empty(0)
+        return {"norms": norms, "image_index": index, "layout": self.layout}
 
 
 class Mean(Reducer):
     """Running mean and standard deviation of a site, per token type.
 
-    ``of='value'`` averages the activation vectors (result per type: ``[C]``); ``of='norm'``
-    averages per-token norms (result per type: a scalar tensor).
+    ``of='value'`` averages the activation vectors (result per type: ``[C]``); ``of='abs'``
+    their absolute values (per-channel magnitudes); ``of='norm'`` per-token norms (a scalar).
     """
 
     def __init__(self, site: str, of: str = "value") -> None:
         super().__init__(site)
-        if of not in ("value", "norm"):
-            raise ValueError("of must be 'value' or 'norm'")
+        if of not in ("value", "abs", "norm"):
+            raise ValueError("of must be 'value', 'abs' or 'norm'")
         self.of = of
         self.sum: dict[str, torch.Tensor] = {}
         self.sumsq: dict[str, torch.Tensor] = {}
@@ -122,6 +148,8 @@ class Mean(Reducer):
         x = as_tokens(t).float()
         if self.of == "norm":
             x = x.norm(dim=-1, keepdim=True)
+        elif self.of == "abs":
+            x = x.abs()
         for kind, sl in type_index(ctx, x.shape[1]).items():
             part = x[:, sl].reshape(-1, x.shape[-1]).double()
             self._add(kind, part.sum(0), (part * part).sum(0), part.shape[0])

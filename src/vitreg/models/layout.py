@@ -105,7 +105,10 @@ class TokenLayout:
         return x[tuple(index)]
 
     def patch_grid(self, x: torch.Tensor) -> torch.Tensor:
-        """Reshape the patch tokens of ``[B, N, ...]`` to ``[B, h, w, ...]``."""
+        """Reshape the patch tokens of ``[B, N, ...]`` to ``[B, h, w, ...]`` (grids pass through)."""
+        is_grid = x.dim() >= 3 and x.shape[1] != self.n_tokens and tuple(x.shape[1:3]) == self.grid
+        if is_grid and self.n_prefix == 0:
+            return x
         patches = self.take(x, "patches", dim=1)
         return patches.reshape(patches.shape[0], *self.grid, *patches.shape[2:])
 

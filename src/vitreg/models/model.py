@@ -237,7 +237,7 @@ class Model:
         """Final token sequence ``[B, N, C]`` after the final norm, inserted tokens removed."""
         x = self._prepare(x)
         tokens = self.adapter.features(x)
-        return self.layout.strip_extra(tokens)
+        return tokens if self.adapter.strips_extra else self.layout.strip_extra(tokens)
 
     def __call__(self, x: torch.Tensor) -> Any:
         """The source model's own forward (pooled embedding, logits, HF output object)."""
@@ -283,6 +283,8 @@ class Model:
             else:
                 value = t
             value = value.detach()
+            if value.untyped_storage().nbytes() > value.nbytes:  # a view would pin its whole base
+                value = value.clone()
             store[hook.name] = value.to(device) if device is not None else value
             layouts[hook.name] = hook.layout
             if hook.attn_source is not None:

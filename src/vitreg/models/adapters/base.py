@@ -29,6 +29,8 @@ class Adapter(ABC):
     source: ClassVar[str]
     hierarchical: ClassVar[bool] = False
     supports_insertion: ClassVar[bool] = True
+    # True when the source's own outputs (and so ``features``) already exclude inserted tokens
+    strips_extra: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -96,7 +98,8 @@ class Adapter(ABC):
     # running ------------------------------------------------------------------
     @abstractmethod
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Final token sequence ``[B, N, C]`` (after the final norm), inserted tokens included."""
+        """Final token sequence ``[B, N, C]`` (after the final norm), inserted tokens included
+        unless :attr:`strips_extra`."""
 
     def forward(self, x: torch.Tensor) -> Any:
         """The source module's own forward (pooled output, logits or embedding)."""

@@ -1,0 +1,76 @@
+"""Helpers shared by the benchmark scripts: memory readings, fresh child processes, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 1024 if sys.platform != "darwin" else kib / 2**20
+
+
+def rss_mb() -> float | None:
+    """Current resident set size in MB (Linux /proc; None elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine facts recorded with every result."""
+    import timm
+    import torch
+
+    import vitreg
+
+    return {
+        "vitreg": vitreg.__version__,
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": os.getloadavg()[0],  # other work on the machine skews timings
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+    }
+
+
+def run_child(script: str, args: list[str]) -> dict[str, Any]:
+    """Run ``script args`` in a fresh Python process; its last stdout line is a JSON result."""
+    proc = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(script).name} {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def write_json(path: str | os.PathLike, data: dict[str, Any]) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2))
+    return out
+
+
+def build(name: str, img_size: int, depth: int | None):
+    """A random-weight timm model wrapped by vitreg (``depth`` shrinks it for smoke runs)."""
+    import vitreg
+
+    kwargs: dict[str, Any] = {"img_size": img_size}
+    if depth is not None:
+        kwargs["depth"] = depth
+    return vitreg.load(f"timm:{name}", pretrained=False, **kwargs)

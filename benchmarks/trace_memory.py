@@ -1,0 +1,114 @@
+"""Streaming memory: peak RSS of ``Model.trace`` over 20 vs 200 images.
+
+ViT-S/14 (``vit_small_patch14_dinov2``, img_size=224, random weights) with a ``TokenNorms``
+reducer on every block's ``hook_resid_post`` and a ``Max`` reducer on every block's
+``mlp.hook_post``. Images are synthetic and made batch by batch (never all at once). Each image
+count runs in a fresh process, so the peaks are independent; the target is that 200 images stay
+within 300 MB of 20 images.
+
+    python benchmarks/trace_memory.py [--n-images 20,200] [--batch-size 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from _common import RESULTS, build, environment, peak_rss_mb, rss_mb, run_child, write_json
+
+TARGET_MB = 300.0  # largest allowed growth of the peak from the smallest to the largest run
+
+
+def synthetic(n: int, batch_size: int, size: int, seed: int = 0) -> Iterator[Any]:
+    """``n`` random images in batches, generated lazily."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    for start in range(0, n, batch_size):
+        yield torch.randn(min(batch_size, n - start), 3, size, size, generator=g)
+
+
+def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Trace ``n`` images through the model in this process and report its memory."""
+    import torch
+
+    from vitreg import Max, TokenNorms
+
+    torch.manual_seed(0)
+    model = build(args.model, args.img_size, args.depth)
+    reducers = [TokenNorms(f"blocks.{i}.hook_resid_post") for i in range(model.n_layers)]
+    reducers += [Max(f"blocks.{i}.mlp.hook_post") for i in range(model.n_layers)]
+    rss_before, peak_before = rss_mb(), peak_rss_mb()
+    t0 = time.perf_counter()
+    result = model.trace(synthetic(n, args.batch_size, args.img_size), reducers)
+    seconds = time.perf_counter() - t0
+    norms = result[f"blocks.{model.n_layers - 1}.hook_resid_post"][0].result()["norms"]
+    return {
+        "n_images": result.n_images,
+        "norms_shape": list(norms.shape),
+        "seconds": seconds,
+        "images_per_s": n / seconds,
+        "rss_mb_before_trace": rss_before,
+        "peak_rss_mb_before_trace": peak_before,
+        "peak_rss_mb": peak_rss_mb(),
+        "environment": environment(),
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n-images", default="20,200", help="comma-separated image counts")
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--model", default="vit_small_patch14_dinov2")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
+    p.add_argument("--out", default=str(RESULTS / "trace_memory.json"))
+    p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.child is not None:
+        print(json.dumps(measure(args.child, args)))
+        return
+    shared = [f"--batch-size={args.batch_size}", f"--model={args.model}"]
+    shared += [f"--img-size={args.img_size}"]
+    shared += [f"--depth={args.depth}"] if args.depth is not None else []
+    counts = [int(n) for n in args.n_images.split(",")]
+    runs = []
+    for n in counts:
+        print(f"tracing {n} images in a fresh process ...", file=sys.stderr, flush=True)
+        runs.append(run_child(__file__, [f"--child={n}", *shared]))
+    growth = runs[-1]["peak_rss_mb"] - runs[0]["peak_rss_mb"]
+    settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
+    out = write_json(
+        args.out,
+        {
+            "benchmark": "trace_memory",
+            "target_mb": TARGET_MB,
+            "settings": settings,
+            "environment": [r.pop("environment") for r in runs][0],
+            "runs": runs,
+            "peak_growth_mb": growth,
+        },
+    )
+    print(
+        f"{args.model} at {args.img_size} px, batch {args.batch_size}, TokenNorms + Max per block"
+    )
+    for r in runs:
+        print(
+            f"{r['n_images']:>5} images: peak RSS {r['peak_rss_mb']:7.1f} MB "
+            f"(before trace {r['peak_rss_mb_before_trace']:.1f}), {r['images_per_s']:.1f} img/s"
+        )
+    verdict = "ok" if growth <= TARGET_MB else "ABOVE TARGET"
+    print(f"peak growth {growth:+.1f} MB (target <= {TARGET_MB:.0f} MB: {verdict})")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Command-line interface: a typer app (``vitreg``) with one module per verb."""

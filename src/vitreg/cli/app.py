@@ -1,0 +1,40 @@
+"""The ``vitreg`` command: a typer app with one module per verb."""
+
+from __future__ import annotations
+
+import typer
+
+from vitreg.cli.inspect_cmd import inspect_model
+from vitreg.cli.models_cmd import models
+
+app = typer.Typer(
+    name="vitreg",
+    help="Find, explain and remove token artifacts in Vision Transformers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("models")(models)
+app.command("inspect")(inspect_model)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from vitreg import __version__
+
+        typer.echo(f"vitreg {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
+    """Find, explain and remove token artifacts in Vision Transformers."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,156 @@
+"""``vitreg inspect SPEC``: load a model and show its family, dims, token layout and hook names."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.models.layout import TokenLayout
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``'{0..2,5,7,8}'``; a single value stays bare."""
+    values = sorted(values)
+    if len(values) == 1:
+        return str(values[0])
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    parts = [f"{r[0]}..{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs]
+    return "{" + ",".join(parts) + "}"
+
+
+def compress_names(names: list[str]) -> list[str]:
+    """Fold numbered hook names: ``blocks.0.x .. blocks.11.x`` -> ``blocks.{0..11}.x``.
+
+    Numeric path components are folded from the innermost out, so stage/block names of
+    hierarchical models fold too (``layers.{0,1,3}.blocks.{0,1}.x``). First-seen order is kept.
+    """
+    entries = [n.split(".") for n in names]
+    numeric = [[i for i, p in enumerate(parts) if p.isdigit()] for parts in entries]
+    for depth in range(1, max((len(pos) for pos in numeric), default=0) + 1):
+        groups: dict[tuple, tuple[list[str], list[int], list[int]]] = {}
+        for parts, pos in zip(entries, numeric, strict=True):
+            at = pos[-depth] if len(pos) >= depth else -1
+            key = (tuple(p if i != at else "*" for i, p in enumerate(parts)), at)
+            values = groups.setdefault(key, (parts, pos, []))[2]
+            if at >= 0:
+                values.append(int(parts[at]))
+        entries, numeric = [], []
+        for (_, at), (parts, pos, values) in groups.items():
+            entries.append([_ranges(values) if i == at else p for i, p in enumerate(parts)])
+            numeric.append(pos)
+    return [".".join(parts) for parts in entries]
+
+
+def size_kwargs(source: str, img_size: int | None, random_weights: bool) -> dict[str, int]:
+    """The constructor argument that sets the input size for ``source``, if it has one.
+
+    HF towers take ``image_size`` as a config override, which only a random-weight build can
+    follow (pretrained DINOv2 interpolates positions at run time instead).
+    """
+    if not img_size or (source == "hf" and not random_weights):
+        return {}
+    names = {"hf": "image_size", "open_clip": "force_image_size"}
+    return {names.get(source, "img_size"): img_size}
+
+
+def _load(spec: str, pretrained: bool, weights: Path | None, img_size: int | None) -> Any:
+    """``vitreg.load`` with the input size passed where the source's constructor takes it."""
+    import vitreg
+    from vitreg.models.load import parse_spec
+
+    source, _ = parse_spec(spec)
+    kwargs = size_kwargs(source, img_size, random_weights=not pretrained and weights is None)
+    # loader notes are shown by describe(); source libraries' own chatter is not
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                return vitreg.load(spec, pretrained=pretrained, weights=weights, **kwargs)
+            except TypeError as e:
+                if not kwargs or not any(k in str(e) for k in kwargs):  # e.g. PVT-v2: any size
+                    raise
+                return vitreg.load(spec, pretrained=pretrained, weights=weights)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def describe(model: Any, layout: TokenLayout, img_size: int | None, hooks: bool) -> dict[str, Any]:
+    """``Model.describe()`` with the layout at ``img_size`` and, if asked, the hook names."""
+    info = {**model.describe(), "layout": layout.to_dict()}
+    if img_size:
+        info["image_size"] = [img_size, img_size]
+    if hooks:
+        info["hooks"] = model.hook_names()
+    return info
+
+
+def _show(info: dict[str, Any], layout: TokenLayout) -> None:
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    h, w = info["image_size"]
+    rows = {
+        "spec": info["spec"],
+        "adapter": f"{info['family']} ({info['source']})",
+        "class": info["class"],
+        "dims": f"{info['n_layers']} layers, d_model {info['d_model']}, "
+        f"d_mlp {info['d_mlp']}, {info['n_heads']} heads",
+        "parameters": f"{info['n_params'] / 1e6:.1f}M",
+        "image size": f"{h}x{w}",
+        "layout": layout.describe(),
+        "attention": info["attention"],
+        "extra tokens": "can be inserted" if info["supports_insertion"] else "not supported",
+    }
+    for key, value in rows.items():
+        table.add_row(key, escape(str(value)))
+    for i, note in enumerate(info["notes"]):
+        table.add_row("notes" if i == 0 else "", f"[yellow]- {escape(note)}[/yellow]")
+    console.print(table)
+    if "hooks" in info:
+        console.print(f"\n[bold]hook names[/bold] ({len(info['hooks'])}, in forward order)")
+        for name in compress_names(info["hooks"]):
+            console.print(f"  {name}")
+
+
+def inspect_model(
+    spec: str = typer.Argument(
+        ..., help="Model spec, e.g. timm:vit_small_patch14_reg4_dinov2.lvd142m"
+    ),
+    random_init: bool = typer.Option(
+        False, "--random-init", help="Build the architecture with random weights (no download)."
+    ),
+    img_size: int | None = typer.Option(
+        None, "--img-size", min=1, help="Input size in pixels (passed as img_size where taken)."
+    ),
+    weights: Path | None = typer.Option(
+        None, "--weights", help="Local weights file (.safetensors or a torch state dict)."
+    ),
+    hooks: bool = typer.Option(False, "--hooks", help="List the canonical hook names."),
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+) -> None:
+    """Load a model and describe it: adapter, class, dims, token layout, attention path, notes."""
+    if random_init and weights is not None:
+        raise fail("--random-init and --weights exclude each other; pass one of them")
+    with cli_errors():
+        with err_console.status(f"loading {spec}"):
+            model = _load(spec, not random_init, weights, img_size)
+        layout = model.layout_for((img_size, img_size)) if img_size else model.layout
+        info = describe(model, layout, img_size, hooks)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+    else:
+        _show(info, layout)

@@ -1,0 +1,1 @@
+"""Data: image folders, dataset formats, sample photos, synthetic datasets."""

@@ -1,0 +1,40 @@
+"""``planted:NAME``: synthetic ViTs with planted register neurons (see vitreg.testing.planted)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vitreg.errors import SpecError
+from vitreg.models.load import Loaded, register_loader
+
+
+@register_loader("planted")
+def load_planted(
+    name: str,
+    pretrained: bool = True,
+    weights: str | os.PathLike | None = None,
+    img_size: int = 224,
+    seed: int = 0,
+    **kwargs: Any,
+) -> Loaded:
+    """Build the planted fixture ``name``; its :class:`GroundTruth` is ``module.vitreg_planted``."""
+    from vitreg.testing.planted import build
+
+    if weights is not None:
+        raise SpecError(
+            "planted models are built from a seed, not loaded from weights; to reload a saved "
+            "planted model use 'local:DIR' (vitreg.models.loaders.local.save_local writes one)"
+        )
+    if kwargs:
+        raise SpecError(f"planted:{name} takes only img_size and seed, got {sorted(kwargs)}")
+    module, truth = build(name, img_size=img_size, seed=seed)
+    module.vitreg_planted = truth
+    units = ", ".join(f"{layer}:{unit}" for layer, unit in truth.units)
+    note = (
+        f"synthetic: planted register neurons on random weights ({name}, seed {seed}); units "
+        f"{units} write high-norm outliers into flat patches from layer "
+        f"{truth.first_outlier_layer}. Not a trained model: use it to test tools, not to "
+        "draw conclusions about real ViTs"
+    )
+    return Loaded(module, notes=[note])

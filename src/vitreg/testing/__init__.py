@@ -1,0 +1,20 @@
+"""Shipped test fixtures: planted-artifact ViTs with ground truth and synthetic images.
+
+Usable from users' own tests: ``build("dinov2_s14", img_size=112)`` returns a real timm model
+whose register neurons and outlier tokens are known, and ``make_synthetic`` returns images with
+known flat regions.
+"""
+
+from vitreg.testing.images import SyntheticImages, make_synthetic, synthetic_images, synthetic_pil
+from vitreg.testing.planted import FlatRule, GroundTruth, build, list_planted
+
+__all__ = [
+    "FlatRule",
+    "GroundTruth",
+    "SyntheticImages",
+    "build",
+    "list_planted",
+    "make_synthetic",
+    "synthetic_images",
+    "synthetic_pil",
+]

@@ -1,0 +1,608 @@
+"""Planted-artifact ViTs: real timm architectures, seeded random weights, planted register neurons.
+
+No pretrained weights can be downloaded where vitreg is built and tested, so detection, neuron
+discovery and fixes are tested against these fixtures. ``build(name)`` returns the source timm
+module and its :class:`GroundTruth`. The plant is made by editing weights only (no hooks, no
+extra modules), so the module saves and loads as a plain timm checkpoint.
+
+The planted mechanism mimics trained register neurons (Darcet et al. 2024; Jiang et al. 2025):
+
+* ``patch_embed`` gets ``K`` zero-mean high-frequency filters (texture channels); flat patches
+  give exactly zero there.
+* block 0's MLP sums ``|filter response|`` against a constant reference channel into an energy
+  channel (both divided by the same LayerNorm scale, so its sign does not depend on the rest of
+  the token); block 1's MLP turns that sign into a bounded "flat" flag with a sharp ramp. The
+  model's decision matches :meth:`GroundTruth.outlier_mask` to within ~3% of the threshold.
+* ``n`` units of the first planted layer fire only where the flag is set and write a large
+  vector; from that layer on the selected patches have residual norms of tens of times the
+  median patch norm. Units of the next layer read that direction and reinforce it (outlier norms
+  grow with depth), and later layers' keys make the outliers attention sinks.
+
+A reserved zero channel is read alongside every reserved channel, which cancels LayerNorm's mean
+and makes the flat/textured decision independent of the rest of the token. Random writes into
+the reserved channels are removed up to the first planted layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitreg.errors import InputError, SpecError
+from vitreg.models.layout import TokenLayout
+
+
+@dataclass(frozen=True)
+class _Spec:
+    architecture: str
+    description: str
+    layers: tuple[int, int]
+    n_units: tuple[int, int]
+    args: dict = field(default_factory=dict)
+
+
+SPECS: dict[str, _Spec] = {
+    "dinov2_s14": _Spec(
+        "vit_small_patch14_dinov2",
+        "DINOv2 ViT-S/14 (LayerScale), register neurons in layers 6-7 fire on flat patches",
+        (6, 7),
+        (3, 2),
+    ),
+    "dinov2_s14_reg4": _Spec(
+        "vit_small_patch14_reg4_dinov2",
+        "DINOv2 ViT-S/14 with 4 register tokens (outliers still land on patches); layers 6-7",
+        (6, 7),
+        (3, 2),
+    ),
+    "dinov2_s14_swiglu": _Spec(
+        "vit_giant_patch14_dinov2",
+        "DINOv2-g block design (SwiGLUPacked MLP, SiLU) at ViT-S/14 width; neurons in layers 5-6",
+        (5, 6),
+        (3, 2),
+        dict(embed_dim=384, depth=12, num_heads=6),
+    ),
+    "clip_b16": _Spec(
+        "vit_base_patch16_clip_quickgelu_224",
+        "OpenAI CLIP ViT-B/16 tower (norm_pre, QuickGELU); neurons in layers 6-7",
+        (6, 7),
+        (4, 2),
+    ),
+    "deit3_s16": _Spec(
+        "deit3_small_patch16_224",
+        "DeiT-III ViT-S/16 (LayerScale, no pos-embed on [CLS]); neurons in layers 5-6",
+        (5, 6),
+        (3, 2),
+    ),
+}
+
+# design constants of the circuit (dimensionless; see the module docstring)
+N_FILTERS = 16
+THRESHOLD = 0.05  # mean |filter response| of a preprocessed patch; ~ pixel std 0.06
+NORM_RATIO = 40.0  # target median outlier norm / median patch norm at the first planted layer
+_TERM = 20.0  # |abs-unit input| per filter at the threshold: keeps GELU/SiLU near |x|
+_KAPPA = 0.25  # energy channel after LayerNorm per unit of (energy / threshold - 1)
+_STEP = 40.0  # slope of the flat-flag ramp in units of (energy / threshold)
+_RAMP = 6.0  # height of that ramp (pre-activation units)
+_FLAG = 4.0  # flat flag after LayerNorm at the first planted layer
+_FLAG_T = 1.0  # planted units fire above this flag value
+
+
+def list_planted() -> dict[str, str]:
+    """Planted fixture names with one-line descriptions."""
+    return {name: spec.description for name, spec in SPECS.items()}
+
+
+def _spec(name: str) -> _Spec:
+    if name not in SPECS:
+        raise SpecError(f"unknown planted model {name!r}; known: {sorted(SPECS)}")
+    return SPECS[name]
+
+
+def texture_filters(patch_size: int, n_filters: int, seed: int) -> torch.Tensor:
+    """``[K, 3, P, P]`` unit-norm filters with zero mean per colour channel (0 on flat patches)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n_filters, 3, patch_size, patch_size, generator=g)
+    w = w - w.mean(dim=(2, 3), keepdim=True)
+    return w / w.flatten(1).norm(dim=1)[:, None, None, None]
+
+
+@dataclass(frozen=True)
+class FlatRule:
+    """Which patches the planted neurons fire on: texture energy below ``threshold``.
+
+    Texture energy of a preprocessed patch is the mean absolute response of ``n_filters``
+    zero-mean random filters (``texture_filters(patch_size, n_filters, filter_seed)``); it is
+    about 0.8 x the patch's pixel standard deviation, so the rule is roughly "pixel std <
+    ``approx_std``" in normalised units (flat background, sky, walls).
+    """
+
+    patch_size: int
+    threshold: float
+    n_filters: int
+    filter_seed: int
+
+    @property
+    def approx_std(self) -> float:
+        return self.threshold / math.sqrt(2 / math.pi)
+
+    @property
+    def text(self) -> str:
+        return (
+            f"flat: patches whose texture energy (mean |response| of {self.n_filters} zero-mean "
+            f"filters, preprocessed pixels) is < {self.threshold:g}, i.e. pixel std < "
+            f"~{self.approx_std:.2f}"
+        )
+
+    def filters(self) -> torch.Tensor:
+        return texture_filters(self.patch_size, self.n_filters, self.filter_seed)
+
+    def texture_energy(self, images: torch.Tensor) -> torch.Tensor:
+        """Per-patch texture energy ``[B, h, w]`` of preprocessed images ``[B, 3, H, W]``."""
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise InputError(
+                f"expected preprocessed images [B, 3, H, W], got {tuple(images.shape)}"
+            )
+        p = self.patch_size
+        if images.shape[-1] % p or images.shape[-2] % p:
+            raise InputError(f"image size {tuple(images.shape[-2:])} is not a multiple of {p}")
+        w = self.filters().to(images.device)
+        return F.conv2d(images.float(), w, stride=p).abs().mean(dim=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "approx_std": self.approx_std, "text": self.text}
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """What was planted in a fixture: where, which units, on which tokens, how strongly.
+
+    ``units`` are ``(layer, unit)`` pairs indexing ``blocks.{layer}.mlp.hook_post``. From
+    ``blocks.{first_outlier_layer}.hook_resid_post`` on, patches selected by
+    :meth:`outlier_mask` have norms around ``expected_norm_ratio`` x the median patch norm;
+    ``helper_units`` are the upstream circuit (texture energy in block 0, flat flag in block 1).
+    """
+
+    name: str
+    architecture: str
+    model_args: dict
+    seed: int
+    layers: tuple[int, ...]
+    units: tuple[tuple[int, int], ...]
+    rule: FlatRule
+    first_outlier_layer: int
+    expected_norm_ratio: float
+    sink_layers: tuple[int, ...]
+    helper_units: tuple[tuple[int, int, str], ...]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def units_by_layer(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for layer, unit in self.units:
+            out.setdefault(layer, []).append(unit)
+        return out
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """Preprocess images in [0, 1] with the model's mean/std."""
+        mean = torch.tensor(self.mean, device=images.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, device=images.device).view(1, 3, 1, 1)
+        return (images - mean) / std
+
+    def texture_energy(self, images: torch.Tensor) -> torch.Tensor:
+        return self.rule.texture_energy(images)
+
+    def outlier_mask(self, images: torch.Tensor) -> torch.Tensor:
+        """Bool ``[B, h, w]``: the patches of preprocessed ``images`` the rule selects."""
+        return self.texture_energy(images) < self.rule.threshold
+
+    def ambiguous_mask(self, images: torch.Tensor, band: float = 0.05) -> torch.Tensor:
+        """Patches within ``band`` (relative) of the threshold, where the model's ramp is partial."""
+        ratio = self.texture_energy(images) / self.rule.threshold
+        return (ratio > 1 - band) & (ratio < 1 + band)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(
+            rule=self.rule.to_dict(),
+            layers=list(self.layers),
+            units=[list(u) for u in self.units],
+            sink_layers=list(self.sink_layers),
+            helper_units=[list(u) for u in self.helper_units],
+            mean=list(self.mean),
+            std=list(self.std),
+        )
+        return d
+
+
+# construction ---------------------------------------------------------------------------
+def _create(spec: _Spec, img_size: int) -> nn.Module:
+    """The timm architecture with uninitialised parameters, built fast on the meta device."""
+    import timm
+
+    args = dict(img_size=img_size, num_classes=0, **spec.args)
+    module = timm.create_model(spec.architecture, pretrained=False, device="meta", **args)
+    return module.to_empty(device="cpu")
+
+
+def _layout(module: nn.Module) -> TokenLayout:
+    pe = module.patch_embed
+    n_cls = 1 if getattr(module, "cls_token", None) is not None else 0
+    grid = tuple(int(s) for s in pe.grid_size)
+    return TokenLayout(n_cls, int(module.num_reg_tokens), grid, tuple(pe.patch_size))
+
+
+class _Init:
+    """Seeded in-place initialisation that remembers which parameters it has written."""
+
+    def __init__(self, g: torch.Generator) -> None:
+        self.g = g
+        self.done: set[int] = set()
+
+    def normal(self, p: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+        self.done.add(id(p))
+        return p.normal_(mean, std, generator=self.g)
+
+    def ln(self, norm: nn.Module) -> None:
+        if isinstance(norm, nn.LayerNorm):
+            self.normal(norm.weight, 1.0, 0.1).clamp_(0.6, 1.4)
+            self.normal(norm.bias, 0.0, 0.05)
+
+    def linear(self, lin: nn.Linear, gain: float, bias_mean: float, bias_std: float) -> None:
+        self.normal(lin.weight, 0.0, gain / math.sqrt(lin.in_features))
+        if lin.bias is not None:
+            self.normal(lin.bias, bias_mean, bias_std)
+
+    def missing(self, module: nn.Module) -> list[str]:
+        return [n for n, p in module.named_parameters() if id(p) not in self.done]
+
+
+def _pos_grid(grid: tuple[int, int], d: int, g: torch.Generator) -> torch.Tensor:
+    """Smooth positional embedding ``[h*w, d]``: one random plane wave per channel."""
+    h, w = grid
+    yy, xx = torch.meshgrid(torch.arange(h) / h, torch.arange(w) / w, indexing="ij")
+    fy, fx = (3 * torch.rand(2, d, generator=g) - 1.5).unbind(0)
+    phase = 2 * math.pi * torch.rand(d, generator=g)
+    arg = 2 * math.pi * (yy.flatten()[:, None] * fy + xx.flatten()[:, None] * fx) + phase
+    return 0.5 * torch.sin(arg)
+
+
+def _random_init(module: nn.Module, g: torch.Generator) -> None:
+    """Seeded weights with trained-like scales (LayerScale ~0.1-0.5, [CLS]/registers O(1))."""
+    init = _Init(g)
+    d = module.embed_dim
+    layout = _layout(module)
+    pe = module.patch_embed.proj
+    p = pe.weight.shape[-1]
+    smooth = F.interpolate(torch.randn(d, 3, 4, 4, generator=g), size=(p, p), mode="bilinear")
+    filt = smooth + 0.3 * init.normal(pe.weight)
+    filt -= 0.8 * filt.mean(dim=(2, 3), keepdim=True)  # colour matters, but does not dominate
+    pe.weight.copy_(0.25 * filt / filt.flatten(1).norm(dim=1)[:, None, None, None])
+    if pe.bias is not None:
+        init.normal(pe.bias, 0.0, 0.1)
+    for tok in (module.cls_token, module.reg_token):
+        if tok is not None:
+            init.normal(tok, 0.0, 0.5)
+    pos = init.normal(module.pos_embed, 0.0, 0.3)[0]  # [CLS]/register positions keep these
+    pos[-layout.n_patches :] = _pos_grid(layout.grid, d, g)
+    init.ln(module.norm_pre)
+    layer_scale = hasattr(module.blocks[0].ls1, "gamma")
+    branch = 1.0 if layer_scale else 0.3
+    for blk in module.blocks:
+        init.ln(blk.norm1)
+        init.ln(blk.norm2)
+        init.linear(blk.attn.qkv, 1.0, 0.0, 0.1)
+        blk.attn.qkv.weight[: 2 * d] *= 1.5  # q and k: peakier attention than a plain init
+        init.linear(blk.attn.proj, branch, 0.0, 0.02)
+        mlp = blk.mlp
+        init.linear(mlp.fc1, 1.0, -0.5, 0.3)
+        hidden = mlp.fc2.in_features
+        if mlp.fc1.out_features == 2 * hidden:  # GLU: the up half is linear
+            up = slice(0, hidden) if mlp.gate_last else slice(hidden, 2 * hidden)
+            mlp.fc1.bias[up] = 0.1 * torch.randn(hidden, generator=g)
+        init.linear(mlp.fc2, branch, 0.0, 0.02)
+        if layer_scale:
+            for ls in (blk.ls1, blk.ls2):
+                init.normal(ls.gamma, math.log(0.2), 0.5).exp_()
+    init.ln(module.norm)
+    init.ln(module.fc_norm)
+    missing = init.missing(module)
+    if missing:  # a timm change added parameters this initialisation does not know
+        raise RuntimeError(f"planted init left parameters uninitialised: {missing[:5]}")
+
+
+@dataclass
+class _Plan:
+    """Reserved residual channels and chosen units of one fixture."""
+
+    zero: int
+    ref: int
+    energy: int
+    flag: int
+    texture: list[int]
+    units: dict[int, list[int]]
+    direction: torch.Tensor
+
+    @property
+    def reserved(self) -> list[int]:
+        return [self.zero, self.ref, self.energy, self.flag, *self.texture]
+
+
+def _plan(module: nn.Module, spec: _Spec, g: torch.Generator) -> _Plan:
+    d = module.embed_dim
+    hidden = module.blocks[0].mlp.fc2.in_features
+    chans = torch.randperm(d, generator=g)[: 4 + N_FILTERS].tolist()
+    counts = {
+        0: 2 * N_FILTERS + 2,
+        1: 2,
+        spec.layers[0]: spec.n_units[0],
+        spec.layers[1]: spec.n_units[1],
+    }
+    units = {
+        layer: sorted(torch.randperm(hidden, generator=g)[:n].tolist())
+        for layer, n in counts.items()
+    }
+    v = torch.randn(d, generator=g)
+    v = v - v.mean()
+    return _Plan(*chans[:4], chans[4:], units, v / v.norm())
+
+
+def _reserve(module: nn.Module, plan: _Plan, spec: _Spec, rule: FlatRule) -> None:
+    """Embed texture filters and the constant reference; keep random writes off reserved channels."""
+    res = plan.reserved
+    layout = _layout(module)
+    pe = module.patch_embed.proj
+    pe.weight[res] = 0
+    pe.weight[plan.texture] = rule.filters() * _gain_texture()
+    if pe.bias is not None:
+        pe.bias[res] = 0
+    module.pos_embed[..., res] = 0
+    module.pos_embed[0, -layout.n_patches :, plan.ref] = 1.0
+    for tok in (module.cls_token, module.reg_token):
+        if tok is not None:
+            tok[..., res] = 0
+            tok[..., plan.ref] = -1.0  # prefix tokens look textured: never flagged
+    norms = [module.norm_pre] + [n for b in module.blocks for n in (b.norm1, b.norm2)]
+    for norm in norms:
+        if isinstance(norm, nn.LayerNorm):
+            norm.weight[res] = 1.0
+            norm.bias[res] = 0.0
+    for blk in module.blocks[: spec.layers[0] + 1]:
+        for lin in (blk.attn.proj, blk.mlp.fc2):
+            lin.weight[res] = 0
+            lin.bias[res] = 0
+        for ls in (blk.ls1, blk.ls2):
+            if hasattr(ls, "gamma"):
+                ls.gamma[res] = 1.0
+
+
+def _gain_texture() -> float:
+    """Embedding gain of the texture filters: 0.1 per channel at the threshold."""
+    return 0.1 / THRESHOLD
+
+
+@dataclass
+class _Scales:
+    s0: float  # LayerNorm-hat per raw embedding unit at block 0's MLP
+    s1: float  # ... per raw residual unit at block 1's MLP
+    s_plant: float  # ... at the first planted layer's MLP
+    median_norm: float  # median patch norm after the first planted layer
+
+
+class _Stop(Exception):
+    """Ends the calibration forward after the first planted layer."""
+
+
+def _calibrate(module: nn.Module, plan: _Plan, spec: _Spec, img_size: int) -> _Scales:
+    """Measure LayerNorm scales and the median patch norm on a few synthetic images."""
+    from vitreg.testing.images import synthetic_images
+
+    cfg = module.pretrained_cfg
+    mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
+    x = (synthetic_images(4, img_size, seed=12345) - mean) / std
+    patches = _layout(module).patches
+    first = spec.layers[0]
+    blocks = module.blocks
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def grab(i: int):
+        def hook(_m: nn.Module, args: tuple) -> None:
+            t = args[0][:, patches].float()
+            centred = t - t.mean(-1, keepdim=True)
+            inv = (centred.pow(2).mean(-1, keepdim=True) + blocks[i].norm2.eps).rsqrt()
+            seen[i] = (centred * inv, inv[..., 0])
+
+        return hook
+
+    def stop(_m: nn.Module, _a: tuple, out: torch.Tensor) -> None:
+        seen[-1] = (out[:, patches].float().norm(dim=-1), out)
+        raise _Stop
+
+    handles = [blocks[i].norm2.register_forward_pre_hook(grab(i)) for i in (0, 1, first)]
+    handles.append(blocks[first].register_forward_hook(stop))
+    try:
+        module.forward_features(x)
+    except _Stop:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    hat0 = seen[0][0]
+    return _Scales(
+        s0=(hat0[..., plan.ref] - hat0[..., plan.zero]).median().item(),
+        s1=seen[1][1].median().item(),
+        s_plant=seen[first][1].median().item(),
+        median_norm=seen[-1][0].median().item(),
+    )
+
+
+def _set_unit(mlp: nn.Module, j: int, w_in: torch.Tensor, b_in: float, w_out: torch.Tensor) -> None:
+    """Make hidden unit ``j`` read ``w_in . ln(x) + b_in`` and write ``w_out`` (GLU: up = 1)."""
+    hidden = mlp.fc2.in_features
+    gate = j
+    if mlp.fc1.out_features == 2 * hidden:
+        gate, up = (j + hidden, j) if mlp.gate_last else (j, j + hidden)
+        mlp.fc1.weight[up] = 0
+        mlp.fc1.bias[up] = 1.0
+    mlp.fc1.weight[gate] = w_in
+    mlp.fc1.bias[gate] = b_in
+    mlp.fc2.weight[:, j] = w_out
+
+
+def _onehot(d: int, *pairs: tuple[int, float]) -> torch.Tensor:
+    v = torch.zeros(d)
+    for i, val in pairs:
+        v[i] += val
+    return v
+
+
+def _plant(
+    module: nn.Module, plan: _Plan, spec: _Spec, sc: _Scales, g: torch.Generator
+) -> list[tuple[int, int, str]]:
+    """Write the texture-energy, flat-flag, register-neuron and attention-sink weights."""
+    d = module.embed_dim
+    blocks = module.blocks
+    z, k = plan.zero, N_FILTERS
+    helpers: list[tuple[int, int, str]] = []
+    # block 0: energy = c_e * (sum_k |G y_k| - lam * G_r r), all over the same LayerNorm scale
+    gain = _TERM / (_gain_texture() * THRESHOLD * sc.s0)
+    gain_ref = 1.0 / sc.s0
+    lam = k * _TERM
+    c_e = _KAPPA / (k * _TERM * sc.s1)
+    u0 = plan.units[0]
+    for i, ch in enumerate(plan.texture):
+        for s, j in ((1, u0[2 * i]), (-1, u0[2 * i + 1])):
+            _set_unit(
+                blocks[0].mlp,
+                j,
+                _onehot(d, (ch, s * gain), (z, -s * gain)),
+                0.0,
+                _onehot(d, (plan.energy, c_e)),
+            )
+            helpers.append((0, j, "texture energy"))
+    for s, j in ((1, u0[-2]), (-1, u0[-1])):
+        w_in = _onehot(d, (plan.ref, s * gain_ref), (z, -s * gain_ref))
+        _set_unit(blocks[0].mlp, j, w_in, 0.0, _onehot(d, (plan.energy, -s * c_e * lam)))
+        helpers.append((0, j, "energy reference"))
+    # block 1: flag = c_f * clamp(a (1 - energy/threshold) + h/2, 0, h) via two ramps
+    a1 = _STEP / _KAPPA
+    c_f = _FLAG / (_RAMP * sc.s_plant)
+    ramps = zip((1, -1), plan.units[1], (_RAMP / 2, -_RAMP / 2), strict=True)
+    for s, j, b in ramps:
+        w_in = _onehot(d, (plan.energy, -a1), (z, a1))
+        _set_unit(blocks[1].mlp, j, w_in, b, _onehot(d, (plan.flag, s * c_f)))
+        helpers.append((1, j, "flat flag"))
+    first, second = spec.layers
+    # first planted layer: act_j = a_j (flag - t); their writes sum to NORM_RATIO x median norm
+    amps = 25 + 15 * torch.rand(len(plan.units[first]), generator=g)
+    reads = [_onehot(d, (plan.flag, a), (z, -a)) for a in amps.tolist()]
+    total = NORM_RATIO * sc.median_norm
+    _write_units(
+        blocks[first],
+        plan.units[first],
+        reads,
+        -amps * _FLAG_T,
+        amps * (_FLAG - _FLAG_T),
+        plan.direction,
+        total,
+        g,
+    )
+    # second planted layer: reads the written direction after LayerNorm; outliers grow by half
+    norm = blocks[second].norm2
+    v = plan.direction
+    amps2 = 6 + 3 * torch.rand(len(plan.units[second]), generator=g)
+    t2 = 0.4 * math.sqrt(d)
+    offset = float((v * norm.bias / norm.weight).sum())
+    reads = [a * v / norm.weight for a in amps2.tolist()]
+    acts2 = amps2 * (0.95 * math.sqrt(d) - t2)
+    _write_units(
+        blocks[second], plan.units[second], reads, -amps2 * (t2 + offset), acts2, v, total / 2, g
+    )
+    _sinks(module, v, range(first + 1, len(blocks)), g)
+    return helpers
+
+
+def _write_units(
+    blk: nn.Module,
+    units: list[int],
+    reads: list[torch.Tensor],
+    biases: torch.Tensor,
+    acts: torch.Tensor,
+    direction: torch.Tensor,
+    total: float,
+    g: torch.Generator,
+) -> None:
+    """Units read ``reads[i]`` and write near ``direction``; expected summed write has norm ``total``."""
+    d = direction.numel()
+    noise = torch.randn(len(units), d, generator=g)
+    noise = noise - noise.mean(dim=1, keepdim=True)
+    dirs = direction + 0.25 * noise / noise.norm(dim=1, keepdim=True)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    weights = 0.7 + 0.6 * torch.rand(len(units), generator=g)
+    scale = total / (acts[:, None] * weights[:, None] * dirs).sum(0).norm()
+    gamma = blk.ls2.gamma.detach() if hasattr(blk.ls2, "gamma") else torch.ones(d)
+    for i, j in enumerate(units):
+        _set_unit(blk.mlp, j, reads[i], float(biases[i]), scale * weights[i] * dirs[i] / gamma)
+
+
+def _sinks(module: nn.Module, v: torch.Tensor, layers: range, g: torch.Generator) -> None:
+    """Make tokens written along ``v`` attention sinks: keys gain a component along a q bias."""
+    d = module.embed_dim
+    for i in layers:
+        blk = module.blocks[i]
+        attn, norm = blk.attn, blk.norm1
+        heads = attn.num_heads
+        hd = d // heads
+        read = v / norm.weight
+        offset = float((v * norm.bias / norm.weight).sum())
+        for h in range(heads):
+            boost = float(2 + 6 * torch.rand(1, generator=g))  # logit gain on outliers
+            u = torch.randn(hd, generator=g)
+            u = u / u.norm()
+            q_bias = 3.0
+            strength = boost / (attn.scale * q_bias * 0.95 * math.sqrt(d))
+            q_rows = slice(h * hd, (h + 1) * hd)
+            k_rows = slice(d + h * hd, d + (h + 1) * hd)
+            attn.qkv.bias[q_rows] = q_bias * u
+            attn.qkv.weight[k_rows] += strength * torch.outer(u, read)
+            attn.qkv.bias[k_rows] -= strength * offset * u
+
+
+def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, GroundTruth]:
+    """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth."""
+    spec = _spec(name)
+    module = _create(spec, img_size)
+    patch = int(module.patch_embed.patch_size[0])
+    rule = FlatRule(patch, THRESHOLD, N_FILTERS, filter_seed=seed)
+    # the plan (channels, units, direction) depends on the seed only, not on the image size
+    plan = _plan(module, spec, torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        _random_init(module, g)
+        _reserve(module, plan, spec, rule)
+        scales = _calibrate(module, plan, spec, img_size)
+        helpers = _plant(module, plan, spec, scales, g)
+    module.eval()
+    first = spec.layers[0]
+    cfg = module.pretrained_cfg
+    truth = GroundTruth(
+        name=name,
+        architecture=spec.architecture,
+        model_args=dict(img_size=img_size, num_classes=0, **spec.args),
+        seed=seed,
+        layers=spec.layers,
+        units=tuple((layer, u) for layer in spec.layers for u in plan.units[layer]),
+        rule=rule,
+        first_outlier_layer=first,
+        expected_norm_ratio=NORM_RATIO,
+        sink_layers=tuple(range(first + 1, len(module.blocks))),
+        helper_units=tuple(helpers),
+        mean=tuple(float(m) for m in cfg["mean"]),
+        std=tuple(float(s) for s in cfg["std"]),
+    )
+    return module, truth

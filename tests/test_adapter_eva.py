@@ -1,0 +1,276 @@
+"""timm Eva adapter (DINOv3 (+qkvb), EVA-02 T and B, a rope ViT): sites, rope patterns, insertion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitreg
+from conftest import images
+from vitreg.errors import InputError
+from vitreg.hooks.attention import softmax_pattern
+from vitreg.models.adapters.timm_eva import TimmEvaAdapter
+
+# key -> (timm name, image size); depth=2 everywhere
+MODELS = {
+    "dinov3": ("vit_small_patch16_dinov3", 64),
+    "dinov3_qkvb": ("vit_small_patch16_dinov3_qkvb", 64),
+    "eva02_tiny": ("eva02_tiny_patch14_224", 56),
+    "eva02_base": ("eva02_base_patch14_224", 56),
+    "rope_mixed": ("vit_small_patch16_rope_mixed_224", 64),  # AttentionRope, rope per block
+}
+LAYOUTS = {  # n_cls, n_reg, grid, patch size
+    "dinov3": (1, 4, (4, 4), (16, 16)),
+    "dinov3_qkvb": (1, 4, (4, 4), (16, 16)),
+    "eva02_tiny": (1, 0, (4, 4), (14, 14)),
+    "eva02_base": (1, 0, (4, 4), (14, 14)),
+    "rope_mixed": (1, 0, (4, 4), (16, 16)),
+}
+SNAPSHOT = [
+    "hook_tokens",
+    *[
+        f"blocks.{i}.{s}"
+        for i in range(2)
+        for s in (
+            "hook_resid_pre",
+            "ln1.hook_in",
+            "ln1.hook_out",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_v",
+            "attn.hook_pattern",
+            "hook_resid_mid",
+            "ln2.hook_out",
+            "mlp.hook_post",
+            "hook_resid_post",
+        )
+    ],
+    "ln_final.hook_out",
+]
+_BUILT: dict[str, vitreg.Model] = {}
+
+
+def get(key: str) -> tuple[vitreg.Model, torch.Tensor]:
+    """The model for ``key`` (built once, with random weights that make every part matter)."""
+    name, size = MODELS[key]
+    if key not in _BUILT:
+        torch.manual_seed(0)
+        m = vitreg.load(f"timm:{name}", pretrained=False, depth=2, img_size=size)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name_, p in m.module.named_parameters():
+                leaf = name_.rsplit(".", 1)[-1]
+                if leaf in ("cls_token", "reg_token", "q_bias", "v_bias"):
+                    p.copy_(torch.randn(p.shape, generator=g))
+                elif leaf in ("gamma_1", "gamma_2"):
+                    p.fill_(1.0)
+        _BUILT[key] = m
+    return _BUILT[key], images(2, size)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_adapter_layout_and_dims(key: str) -> None:
+    m, x = get(key)
+    assert isinstance(m.adapter, TimmEvaAdapter) and m.family == "timm-eva"
+    n_cls, n_reg, grid, patch = LAYOUTS[key]
+    layout = m.layout
+    assert (layout.n_cls, layout.n_reg, layout.grid, layout.patch_size) == (
+        n_cls,
+        n_reg,
+        grid,
+        patch,
+    )
+    assert m.module.num_prefix_tokens == layout.n_source_prefix
+    assert m.n_layers == 2
+    assert m.features(x).shape == (2, layout.n_tokens, m.d_model)
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_hook_names_snapshot(key: str) -> None:
+    m, _ = get(key)
+    assert m.hook_names() == SNAPSHOT
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_parity_with_every_site_hooked(key: str) -> None:
+    m, x = get(key)
+    mod = m.module
+    with torch.no_grad():
+        bare, bare_out = mod.forward_features(x), mod(x)
+    # reading q/k/patterns and the residual never touches the forward: bit-identical
+    not_v = [n for n in m.hook_names() if not n.endswith("hook_v")]
+    out, cache = m.run_with_cache(x, names=not_v)
+    assert torch.equal(out, bare) and len(cache) == len(not_v)
+    # every site, read (recomputed patterns) or rewritten with itself (native patterns)
+    out, cache = m.run_with_cache(x)
+    assert len(cache) == len(SNAPSHOT) and max_diff(out, bare) <= 1e-5
+    with m.hooks([("*", lambda t, hook: t * 1.0)], attention="native"), torch.no_grad():
+        assert max_diff(m.features(x), bare) <= 1e-5
+        assert max_diff(mod(x), bare_out) <= 1e-5
+    # every flag restored
+    assert all(b.attn.fused_attn for b in mod.blocks)
+    assert not any(getattr(b.attn, "qkv_bias_separate", False) for b in mod.blocks)
+    with torch.no_grad():
+        assert torch.equal(mod(x), bare_out)
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_q_k_v_are_the_biased_projections_before_rope(key: str) -> None:
+    m, x = get(key)
+    attn = m.module.blocks[1].attn
+    assert isinstance(attn.q_norm, torch.nn.Identity)
+    names = ["blocks.1.ln1.hook_out", *(f"blocks.1.attn.hook_{p}" for p in "qkv")]
+    _, cache = m.run_with_cache(x, names=names)
+    h = cache["blocks.1.ln1.hook_out"]
+    with torch.no_grad():
+        if attn.qkv is None:
+            parts = [attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)]
+        else:
+            bias = attn.qkv.bias
+            if getattr(attn, "q_bias", None) is not None:
+                bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+            parts = F.linear(h, attn.qkv.weight, bias).chunk(3, dim=-1)
+    for p, part in zip("qkv", parts, strict=True):
+        got = cache[f"blocks.1.attn.hook_{p}"]
+        assert got.shape == (2, m.layout.n_tokens, attn.num_heads, attn.head_dim)
+        assert max_diff(got, part.reshape(got.shape)) <= 1e-5
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_recomputed_pattern_matches_native(key: str) -> None:
+    m, x = get(key)
+    names = ["blocks.*.attn.hook_pattern", "blocks.1.attn.hook_q", "blocks.1.attn.hook_k"]
+    _, rec = m.run_with_cache(x, names=names)
+    _, nat = m.run_with_cache(x, names="blocks.*.attn.hook_pattern", attention="native")
+    n, heads = m.layout.n_tokens, m.n_heads
+    for name in nat:
+        assert rec.attn_source[name] == "recomputed" and nat.attn_source[name] == "native"
+        assert rec[name].shape == (2, heads, n, n)
+        assert max_diff(rec[name], nat[name]) <= 1e-5
+        assert torch.allclose(rec[name].sum(-1), torch.ones(2, heads, n), atol=1e-5)
+    # rope matters: the same q/k without rotation give another pattern
+    q, k = (rec[f"blocks.1.attn.hook_{p}"].transpose(1, 2) for p in "qk")
+    plain = softmax_pattern(q, k, m.module.blocks[1].attn.scale)
+    assert max_diff(plain, rec["blocks.1.attn.hook_pattern"]) > 1e-4
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_mlp_hook_post_is_the_gated_hidden_unit(key: str) -> None:
+    m, x = get(key)
+    mlp = m.module.blocks[0].mlp
+    _, cache = m.run_with_cache(x, names=["blocks.0.ln2.hook_out", "blocks.0.mlp.hook_post"])
+    h, post = cache["blocks.0.ln2.hook_out"], cache["blocks.0.mlp.hook_post"]
+    with torch.no_grad():
+        if hasattr(mlp, "fc1_g"):  # SwiGLU (EVA-02 B): the unit is before the MLP LayerNorm
+            expected = mlp.act(mlp.fc1_g(h)) * mlp.fc1_x(h)
+        elif key == "eva02_tiny":  # GluMlp: act(gate) * value, mlp.act alone is only the gate
+            gate, value = mlp.fc1(h).chunk(2, dim=-1)
+            expected = mlp.act(gate) * value
+            assert max_diff(mlp.act(gate), post) > 1e-3
+        else:
+            expected = mlp.act(mlp.fc1(h))
+    assert post.shape == (2, m.layout.n_tokens, m.d_mlp)
+    assert max_diff(post, expected) <= 1e-5
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_write_through_mlp_hook_post_changes_output(key: str) -> None:
+    m, x = get(key)
+    base = m.features(x)
+
+    def zero_units(t: torch.Tensor, hook: object) -> torch.Tensor:
+        t = t.clone()
+        t[..., :16] = 0
+        return t
+
+    edited = m.run_with_hooks(x, [("blocks.0.mlp.hook_post", zero_units)])
+    assert max_diff(edited, base) > 1e-4
+    assert torch.equal(m.features(x), base)
+
+
+@pytest.mark.parametrize("key", ["dinov3", "eva02_tiny"])
+def test_insertion_matches_hand_built_reference(key: str) -> None:
+    m, x = get(key)
+    mod, k = m.module, 2
+    prefix = m.layout.n_source_prefix
+    with torch.no_grad():
+        base_features, base_out = m.features(x), mod(x)
+    extra = torch.randn(k, m.d_model, generator=torch.Generator().manual_seed(2))
+
+    # reference: embedded tokens + extra after the prefix, blocks run by hand with the same rope,
+    # prepended by "no rotation" rows (sin 0, cos 1) so the attention's own prefix count stays put
+    ropes = []
+    grab = mod.blocks[0].register_forward_pre_hook(
+        lambda _m, _a, kw: ropes.append(kw["rope"]), with_kwargs=True
+    )
+    _, cache = m.run_with_cache(x, names="hook_tokens")
+    grab.remove()
+    tokens, rope = cache["hook_tokens"], ropes[0]
+    half = rope.shape[-1] // 2
+    still = torch.cat([torch.zeros(k, half), torch.ones(k, half)], dim=-1)
+    ref = torch.cat([tokens[:, :prefix], extra.expand(2, -1, -1), tokens[:, prefix:]], dim=1)
+    inter = []
+    with torch.no_grad():
+        for blk in mod.blocks:
+            ref = blk(ref, rope=torch.cat([still, rope], dim=0))
+            inter.append(ref)
+        ref = mod.norm(ref)
+
+    with m.insert_tokens(extra):
+        layout = m.layout
+        assert layout.n_extra == k and layout.n_prefix == prefix + k
+        with torch.no_grad():
+            assert max_diff(m.adapter.features(x), ref) <= 1e-5
+            assert max_diff(m.features(x), layout.strip_extra(ref)) <= 1e-5
+            assert mod.num_prefix_tokens == prefix + k
+            assert all(b.attn.num_prefix_tokens == prefix + k for b in mod.blocks)
+            # intermediates (NCHW) and pooling see only the patches
+            taken = mod.forward_intermediates(
+                x, output_fmt="NCHW", intermediates_only=True, return_prefix_tokens=True
+            )
+            for (spatial, pre), full in zip(taken, inter, strict=True):
+                assert spatial.shape == (2, m.d_model, *layout.grid)
+                assert pre.shape == (2, prefix + k, m.d_model)
+                assert max_diff(spatial, layout.patch_grid(full).permute(0, 3, 1, 2)) <= 1e-5
+            assert mod.global_pool == "avg"
+            pooled = mod.head(mod.fc_norm(ref[:, layout.patches].mean(1)))
+            assert max_diff(mod(x), pooled) <= 1e-5
+        _, seen = m.run_with_cache(x, names=["hook_tokens", "blocks.1.attn.hook_pattern"])
+        assert torch.equal(layout.take(seen["hook_tokens"], "extra"), extra.expand(2, -1, -1))
+        _, nat = m.run_with_cache(x, names="blocks.1.attn.hook_pattern", attention="native")
+        pattern = seen["blocks.1.attn.hook_pattern"]
+        assert pattern.shape[-1] == layout.n_tokens
+        assert max_diff(pattern, nat["blocks.1.attn.hook_pattern"]) <= 1e-5
+
+    assert mod.num_prefix_tokens == prefix and m.layout.n_extra == 0
+    assert all(b.attn.num_prefix_tokens == prefix for b in mod.blocks)
+    with torch.no_grad():
+        assert torch.equal(m.features(x), base_features) and torch.equal(mod(x), base_out)
+
+
+def test_wrong_input_sizes_raise_input_error() -> None:
+    eva, _ = get("eva02_tiny")  # fixed 56 px
+    with pytest.raises(InputError, match="56x56"):
+        eva.features(images(1, 70))
+    dino, _ = get("dinov3")  # dynamic, any multiple of 16
+    with pytest.raises(InputError, match="multiple of the patch size"):
+        dino.features(images(1, 60))
+
+
+def test_dinov3_takes_dynamic_sizes() -> None:
+    m, _ = get("dinov3")
+    for size in (48, 80):
+        x = images(2, size)
+        out, cache = m.run_with_cache(
+            x, names=["blocks.1.hook_resid_post", "blocks.1.attn.hook_pattern"]
+        )
+        grid = (size // 16, size // 16)
+        n = 5 + grid[0] * grid[1]
+        assert m.layout.grid == grid and out.shape == (2, n, m.d_model)
+        assert cache.layouts["blocks.1.hook_resid_post"].grid == grid
+        assert cache["blocks.1.attn.hook_pattern"].shape == (2, m.n_heads, n, n)

@@ -1,0 +1,215 @@
+"""The ``vitreg`` command line: models, inspect, error handling, and the benchmark scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import vitreg
+from vitreg.cli.app import app
+from vitreg.cli.inspect_cmd import compress_names, size_kwargs
+from vitreg.cli.output import cli_errors
+from vitreg.models.adapters.base import registered_adapters
+from vitreg.models.families import FAMILIES, get_family
+from vitreg.models.load import SPEC_EXAMPLES
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def flat(text: str) -> str:
+    """Text with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def inspect_json(*args: str) -> dict:
+    result = runner.invoke(app, ["inspect", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def assert_clean_failure(result, *needles: str) -> None:
+    """Exit code 2, a one-paragraph error on stderr, no traceback."""
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    err = flat(result.stderr)
+    assert err.startswith("error:")
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in err
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"vitreg {vitreg.__version__}"
+
+
+def test_models_table_lists_every_family() -> None:
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0, result.output
+    for fam in FAMILIES:
+        assert fam.key in result.stdout
+        for spec in fam.examples:
+            assert spec in result.stdout
+    assert "QuickGELU" in flat(result.stdout)
+
+
+def test_models_json() -> None:
+    result = runner.invoke(app, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["key"] for r in rows] == [f.key for f in FAMILIES]
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["dinov2"]["status"] == "ready"
+    assert "timm:vit_small_patch14_reg4_dinov2.lvd142m" in by_key["dinov2"]["examples"]
+    assert all(r["notes"] and r["examples"] for r in rows)
+
+
+def test_families_match_adapters_and_sources() -> None:
+    assert {a.family for a in registered_adapters()} == {f.adapter for f in FAMILIES}
+    for fam in FAMILIES:
+        for spec in fam.examples:
+            assert spec.split(":", 1)[0] in SPEC_EXAMPLES, spec
+    assert get_family("siglip").adapter == "timm-vit"
+    with pytest.raises(KeyError, match="known"):
+        get_family("resnet")
+
+
+def test_inspect_json_layout() -> None:
+    info = inspect_json("timm:vit_small_patch16_224", "--random-init", "--img-size", "64")
+    assert info["family"] == "timm-vit"
+    assert info["class"].endswith("VisionTransformer")
+    assert (info["n_layers"], info["d_model"], info["n_heads"]) == (12, 384, 6)
+    assert info["image_size"] == [64, 64]
+    layout = info["layout"]
+    assert (layout["n_cls"], layout["n_reg"], layout["grid"]) == (1, 0, [4, 4])
+    assert layout["n_tokens"] == 17
+    assert "hooks" not in info
+
+
+def test_inspect_hooks_table_and_json() -> None:
+    args = ["timm:vit_small_patch14_reg4_dinov2", "--random-init", "--img-size", "56", "--hooks"]
+    result = runner.invoke(app, ["inspect", *args])
+    assert result.exit_code == 0, result.output
+    out = flat(result.stdout)
+    assert "1 cls + 4 registers + 0 extra + 4x4 patches = 21 tokens" in out
+    assert "blocks.{0..11}.hook_resid_post" in out
+    assert "blocks.{0..11}.attn.hook_pattern" in out
+    assert "blocks.0.hook_resid_post" not in out
+    info = inspect_json(*args)
+    assert info["hooks"][0] == "hook_tokens"
+    assert info["hooks"][-1] == "ln_final.hook_out"
+    assert len(info["hooks"]) == 2 + 12 * 11
+
+
+def test_size_kwargs_per_source() -> None:
+    assert size_kwargs("timm", 64, random_weights=False) == {"img_size": 64}
+    assert size_kwargs("open_clip", 64, random_weights=False) == {"force_image_size": 64}
+    assert size_kwargs("hf", 56, random_weights=True) == {"image_size": 56}
+    assert size_kwargs("hf", 56, random_weights=False) == {}
+    assert size_kwargs("timm", None, random_weights=True) == {}
+
+
+def test_inspect_img_size_for_a_source_without_the_argument() -> None:
+    info = inspect_json("timm:pvt_v2_b0", "--random-init", "--img-size", "64")
+    assert info["family"] == "timm-hier"
+    assert info["image_size"] == [64, 64]
+    assert info["supports_insertion"] is False
+
+
+def test_inspect_hf_tower_at_img_size() -> None:
+    pytest.importorskip("transformers")
+    spec = "hf:facebook/dinov2-with-registers-small"
+    info = inspect_json(spec, "--random-init", "--img-size", "56")
+    assert info["family"] == "hf-dinov2"
+    assert (info["layout"]["n_reg"], info["layout"]["grid"]) == (4, [4, 4])
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("timm:not_a_model_xyz", "not_a_model_xyz"),
+        ("nosuchsource:thing", "unknown model source"),
+        ("vit_small_patch16_224", "needs a source prefix"),
+    ],
+)
+def test_bad_spec_exits_2_without_traceback(spec: str, needle: str) -> None:
+    assert_clean_failure(runner.invoke(app, ["inspect", spec]), needle)
+
+
+def test_pretrained_offline_mentions_hf_hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = runner.invoke(app, ["inspect", "timm:vit_small_patch16_224.augreg_in21k_ft_in1k"])
+    assert_clean_failure(result, "HF_HUB_OFFLINE", "--weights")
+
+
+def test_input_errors_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.safetensors"
+    spec = "timm:vit_small_patch16_224"
+    assert_clean_failure(runner.invoke(app, ["inspect", spec, "--weights", str(missing)]), "exist")
+    both = ["inspect", spec, "--random-init", "--weights", str(missing)]
+    assert_clean_failure(runner.invoke(app, both), "exclude")
+    odd = ["inspect", spec, "--random-init", "--img-size", "60"]
+    assert_clean_failure(runner.invoke(app, odd), "multiple of the patch size")
+
+
+def test_missing_optional_library_message(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(typer.Exit) as exit_info, cli_errors():
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
+    assert exit_info.value.exit_code == 2
+    assert "pip install 'vitreg[hf]'" in flat(capsys.readouterr().err)
+
+
+def test_compress_names() -> None:
+    vit = ["hook_tokens"] + [f"blocks.{i}.{s}" for i in range(3) for s in ("a", "b")] + ["ln.out"]
+    assert compress_names(vit) == ["hook_tokens", "blocks.{0..2}.a", "blocks.{0..2}.b", "ln.out"]
+    assert compress_names(["blocks.0.a", "blocks.2.a", "blocks.3.a"]) == ["blocks.{0,2,3}.a"]
+    assert compress_names(["blocks.0.a"]) == ["blocks.0.a"]
+    assert compress_names([f"b.{i}.a" for i in (0, 1, 2, 4, 6, 7)]) == ["b.{0..2,4,6,7}.a"]
+    depths = (2, 2, 6)
+    hier = [f"layers.{s}.blocks.{b}.x" for s, d in enumerate(depths) for b in range(d)]
+    assert compress_names(hier) == ["layers.{0,1}.blocks.{0,1}.x", "layers.2.blocks.{0..5}.x"]
+
+
+def run_benchmark(script: str, tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / f"{script}.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, f"--out={out}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote" in proc.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_hooked_forward_benchmark_smoke(tmp_path: Path) -> None:
+    tiny = ["--models=vit_small_patch16_224", "--img-size=32", "--depth=2"]
+    data = run_benchmark(
+        "hooked_forward.py", tmp_path, *tiny, "--batch-size=2", "--repeats=1", "--warmup=1"
+    )
+    (res,) = data["results"]
+    assert res["model"] == "vit_small_patch16_224" and res["n_tokens"] == 5
+    assert res["outputs_equal"] is True
+    assert res["attn_source"] == ["recomputed"]
+    assert len(res["seconds"]["plain"]) == len(res["seconds"]["hooked"]) == 1
+    assert res["ratio_hooked_over_plain"] > 0
+    assert data["environment"]["torch"]
+
+
+@pytest.mark.slow
+def test_trace_memory_benchmark_smoke(tmp_path: Path) -> None:
+    tiny = ["--model=vit_small_patch16_224", "--img-size=32", "--depth=2"]
+    data = run_benchmark("trace_memory.py", tmp_path, *tiny, "--n-images=3,5", "--batch-size=2")
+    assert [r["n_images"] for r in data["runs"]] == [3, 5]
+    assert data["runs"][1]["norms_shape"] == [5, 5]
+    assert data["peak_growth_mb"] == pytest.approx(
+        data["runs"][1]["peak_rss_mb"] - data["runs"][0]["peak_rss_mb"]
+    )
