@@ -28,6 +28,7 @@ LAYOUTS = {  # n_cls, n_reg, grid, patch size
     "rope_mixed": (1, 0, (4, 4), (16, 16)),
 }
 SNAPSHOT = [
+    "hook_embed",
     "hook_tokens",
     *[
         f"blocks.{i}.{s}"

@@ -110,7 +110,7 @@ def test_hook_names_snapshot() -> None:
         "attn.hook_v", "attn.hook_pattern", "hook_resid_mid", "ln2.hook_out", "mlp.hook_post",
         "hook_resid_post",
     ]  # fmt: skip
-    expected = ["hook_tokens"]
+    expected = ["hook_embed", "hook_tokens"]
     expected += [f"blocks.{i}.{s}" for i in range(2) for s in per_block]
     expected += ["ln_final.hook_out"]
     for kind in ("dinov2", "dinov2_reg_cls", "clip_proj", "siglip"):

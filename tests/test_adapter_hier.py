@@ -95,8 +95,9 @@ def test_adapter_dims_and_final_layout(key: str) -> None:
 @pytest.mark.parametrize("key", ["swin", "pvt"])
 def test_hook_names_snapshot(key: str) -> None:
     names = get(key)[0].hook_names()
-    assert len(names) == 8 * len(BLOCK) + 4 + 1
-    assert names[: len(SNAPSHOT_HEAD)] == SNAPSHOT_HEAD
+    assert len(names) == 1 + 8 * len(BLOCK) + 4 + 1
+    assert names[0] == "hook_embed"
+    assert names[1 : 1 + len(SNAPSHOT_HEAD)] == SNAPSHOT_HEAD
     assert names[-len(SNAPSHOT_TAIL) :] == SNAPSHOT_TAIL
 
 

@@ -99,7 +99,9 @@ def test_parity_with_every_hook_attached(tower):
 
 
 def test_hook_name_snapshot():
-    expected = ["hook_tokens"] + [f"blocks.{i}.{n}" for i in range(2) for n in PER_BLOCK]
+    expected = ["hook_embed", "hook_tokens"] + [
+        f"blocks.{i}.{n}" for i in range(2) for n in PER_BLOCK
+    ]
     assert vitreg.wrap(build("gelu")).hook_names() == expected + ["ln_final.hook_out"]
     clipa = vitreg.wrap(build("clipa"))  # ln_post normalises the pooled vector only
     assert clipa.hook_names() == expected

@@ -105,9 +105,9 @@ def test_inspect_hooks_table_and_json() -> None:
     assert "blocks.{0..11}.attn.hook_pattern" in out
     assert "blocks.0.hook_resid_post" not in out
     info = inspect_json(*args)
-    assert info["hooks"][0] == "hook_tokens"
+    assert info["hooks"][:2] == ["hook_embed", "hook_tokens"]
     assert info["hooks"][-1] == "ln_final.hook_out"
-    assert len(info["hooks"]) == 2 + 12 * 11
+    assert len(info["hooks"]) == 3 + 12 * 11
 
 
 def test_size_kwargs_per_source() -> None:

@@ -90,7 +90,7 @@ def test_hook_name_snapshot():
         "mlp.hook_post",
         "hook_resid_post",
     ]
-    expected = ["hook_tokens"]
+    expected = ["hook_embed", "hook_tokens"]
     for i in range(3):
         expected += [f"blocks.{i}.{n}" for n in per_block]
     assert names == expected + ["ln_final.hook_out"]
@@ -183,3 +183,19 @@ def test_swiglu_neurons_are_the_gated_product():
     mlp = module.blocks[0].mlp
     x1, x2 = mlp.fc1(cache["blocks.0.ln2.hook_out"]).chunk(2, dim=-1)
     assert torch.allclose(cache["blocks.0.mlp.hook_post"], mlp.act(x1) * x2, atol=1e-5)
+
+
+def test_hook_embed_is_the_patch_embedding_grid_and_writable():
+    module, size = build("dinov2_reg4")
+    model = vitreg.wrap(module)
+    x = images(1, size)
+    _, cache = model.run_with_cache(x, names=["hook_embed", "hook_tokens"])
+    grid = cache["hook_embed"]
+    lay = model.layout
+    assert grid.shape == (1, *lay.grid, model.d_model)
+    # hook_tokens = embedding + positions (no_embed_class: positions cover patches only)
+    pos = module.pos_embed.reshape(1, *lay.grid, -1)
+    assert torch.allclose(cache.patches("hook_tokens"), grid + pos, atol=1e-6)
+    assert cache.layout("hook_embed").grid == lay.grid
+    zeroed = model.run_with_hooks(x, [("hook_embed", lambda t, h: torch.zeros_like(t))])
+    assert not torch.equal(zeroed, model.features(x))

@@ -150,3 +150,45 @@ def bhnd_to_bnhd(t: torch.Tensor) -> torch.Tensor:
 
 def bnhd_to_bhnd(new: torch.Tensor, _old: Any) -> torch.Tensor:
     return new.transpose(1, 2)
+
+
+@dataclass
+class EmbedSite(Site):
+    """``hook_embed``: the patch embedding as a grid ``[B, h, w, C]``, before positions and [CLS].
+
+    ``module`` outputs ``[B, N, C]`` (laid out with the layout's grid), an NHWC grid, or, when
+    ``channels_first``, a conv's ``[B, C, h, w]``; tuples are read at their first item. A
+    returned grid is written back in the module's own format.
+    """
+
+    module: nn.Module | None = None
+    channels_first: bool = False
+
+    def to_grid(self, out: Any, layout: TokenLayout | None) -> torch.Tensor:
+        t = out[0] if isinstance(out, tuple) else out
+        if t.dim() == 4:
+            return t.permute(0, 2, 3, 1) if self.channels_first else t
+        if layout is None or t.shape[1] != layout.n_patches:
+            raise HookError(f"hook_embed: cannot lay {tuple(t.shape)} out on the patch grid")
+        return t.reshape(t.shape[0], *layout.grid, t.shape[-1])
+
+    def from_grid(self, grid: torch.Tensor, out: Any) -> Any:
+        t = out[0] if isinstance(out, tuple) else out
+        if t.dim() == 4:
+            new = grid.permute(0, 3, 1, 2) if self.channels_first else grid
+        else:
+            new = grid.reshape(t.shape)
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    def attach(self, fn: HookFn, get_layout: LayoutFn, attention: str = "auto") -> Handle:
+        site = self
+
+        def hook(_mod: nn.Module, _args: Any, output: Any) -> Any:
+            grid = site.to_grid(output, get_layout())
+            layout = TokenLayout(0, 0, (grid.shape[1], grid.shape[2]), (1, 1))
+            new = fn(grid, HookContext(site.name, None, layout))
+            if new is None:
+                return None
+            return site.from_grid(_check_replacement(site.name, grid, new), output)
+
+        return Handle([self.module.register_forward_hook(hook).remove])

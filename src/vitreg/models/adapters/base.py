@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vitreg.errors import InputError, UnsupportedModelError
-from vitreg.hooks.sites import Handle, Site
+from vitreg.hooks.sites import EmbedSite, Handle, Site
 from vitreg.models.layout import TokenLayout
 
 # values_fn(batch_size, like) -> [B, k, C] tensor of inserted token values
@@ -81,11 +81,21 @@ class Adapter(ABC):
     def input_module(self) -> nn.Module:
         """The module that first sees the image tensor (its pre-hook records the input size)."""
 
+    def embed_module(self) -> nn.Module:
+        """The module whose output is the bare patch embedding (no positions, no [CLS])."""
+        return self.input_module()
+
     # hooks --------------------------------------------------------------------
     def sites(self) -> dict[str, Site]:
-        """Canonical hook sites in forward order, built once."""
+        """Canonical hook sites in forward order, built once (``hook_embed`` first)."""
         if self._sites is None:
-            self._sites = self.build_sites()
+            embed = self.embed_module()
+            self._sites = {
+                "hook_embed": EmbedSite(
+                    "hook_embed", None, module=embed, channels_first=isinstance(embed, nn.Conv2d)
+                ),
+                **self.build_sites(),
+            }
         return self._sites
 
     @abstractmethod

@@ -294,6 +294,11 @@ class HFViTAdapter(Adapter):
     def input_module(self) -> nn.Module:
         return self.tower.embeddings
 
+    def embed_module(self) -> nn.Module:
+        emb = self.tower.embeddings
+        # Dinov2: patch_embeddings -> [B, N, C]; CLIP/SigLIP: the patch_embedding conv
+        return getattr(emb, "patch_embeddings", None) or emb.patch_embedding
+
     def attention_path(self) -> str:
         impl = self.config._attn_implementation
         if impl == "eager":
