@@ -606,3 +606,13 @@ def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, Gro
         std=tuple(float(s) for s in cfg["std"]),
     )
     return module, truth
+
+
+def build_unplanted(name: str, img_size: int = 224, seed: int = 0) -> nn.Module:
+    """The same architecture and realistic random weights as ``build(name)``, with no plant:
+    the control on which artifact detectors must find nothing."""
+    spec = _spec(name)
+    module = _create(spec, img_size)
+    with torch.no_grad():
+        _random_init(module, torch.Generator().manual_seed(seed + 7919))
+    return module.eval()

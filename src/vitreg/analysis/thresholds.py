@@ -1,0 +1,153 @@
+"""Outlier rules on a set of token norms, side by side, and a presence test that can say "none".
+
+- ``absolute``: norm > a given value (Darcet's hand-picked 150 for DINOv2-g).
+- ``top_p``: the top p% (the reassessment's 98th percentile; flags p% of *every* model).
+- ``robust_z``: log-norm above median + z * 1.4826 * MAD (Iglewicz-Hoaglin modified z-score).
+- ``auto``: the valley of a two-component Gaussian mixture fitted to log10 norms, used only
+  when the distribution is really bimodal (see :func:`bimodal_fit`), else nothing is flagged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+METHODS = ("absolute", "top_p", "robust_z", "auto")
+
+# presence criteria for a bimodal split of log10 norms (documented in the report)
+MIN_BIC_GAIN = 10.0  # two Gaussians must beat one by this much BIC
+MIN_ASHMAN_D = 2.0  # modes separated by more than their spread (D > 2: clean separation)
+MAX_UPPER_WEIGHT = 0.3  # outliers are a minority of tokens
+MIN_MODE_RATIO = 3.0  # outlier mode's median norm over the bulk's median norm
+
+
+@dataclass(frozen=True)
+class BimodalFit:
+    """Two-Gaussian fit of log10 norms and whether it shows a real outlier mode."""
+
+    present: bool
+    threshold: float  # in norm units; inf when not present
+    low_mean: float
+    high_mean: float
+    low_std: float
+    high_std: float
+    high_weight: float
+    ashman_d: float
+    bic_gain: float
+    mode_ratio: float
+
+    def to_dict(self) -> dict:
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in asdict(self).items()
+        }
+
+
+def _gauss_loglik(
+    x: np.ndarray, mean: np.ndarray, std: np.ndarray, weight: np.ndarray
+) -> np.ndarray:
+    std = np.maximum(std, 1e-6)
+    z = (x[:, None] - mean[None]) / std[None]
+    return np.log(weight[None] + 1e-300) - 0.5 * z * z - np.log(std[None] * math.sqrt(2 * math.pi))
+
+
+def _otsu_split(x: np.ndarray) -> float:
+    """Threshold maximising between-class variance over quantile candidates (EM initialisation)."""
+    candidates = np.unique(np.quantile(x, np.linspace(0.5, 0.999, 120)))
+    best, best_t = -1.0, float(np.median(x))
+    for t in candidates:
+        hi = x > t
+        w1 = hi.mean()
+        if w1 <= 0 or w1 >= 1:
+            continue
+        between = w1 * (1 - w1) * (x[hi].mean() - x[~hi].mean()) ** 2
+        if between > best:
+            best, best_t = between, float(t)
+    return best_t
+
+
+def bimodal_fit(norms: np.ndarray, max_samples: int = 200_000, seed: int = 0) -> BimodalFit:
+    """Fit 1 vs 2 Gaussians to log10 norms by EM; ``present`` when the criteria above all hold."""
+    x = np.log10(np.clip(np.asarray(norms, dtype=np.float64).ravel(), 1e-12, None))
+    if x.size > max_samples:
+        x = np.random.default_rng(seed).choice(x, max_samples, replace=False)
+    n = x.size
+    if n < 8 or np.ptp(x) < 1e-9:
+        m = float(x.mean()) if n else 0.0
+        return BimodalFit(False, math.inf, m, m, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+    t = _otsu_split(x)
+    hi = x > t
+    mean = np.array([x[~hi].mean(), x[hi].mean()])
+    std = np.array([x[~hi].std() + 1e-3, x[hi].std() + 1e-3])
+    weight = np.array([1 - hi.mean(), hi.mean()])
+    for _ in range(200):
+        ll = _gauss_loglik(x, mean, std, weight)
+        resp = np.exp(ll - ll.max(1, keepdims=True))
+        resp /= resp.sum(1, keepdims=True)
+        nk = resp.sum(0) + 1e-12
+        new_mean = (resp * x[:, None]).sum(0) / nk
+        std = np.sqrt((resp * (x[:, None] - new_mean) ** 2).sum(0) / nk) + 1e-4
+        weight = nk / n
+        converged = np.abs(new_mean - mean).max() < 1e-7
+        mean = new_mean
+        if converged:
+            break
+    ll2 = np.logaddexp.reduce(_gauss_loglik(x, mean, std, weight), axis=1).sum()
+    ll1 = _gauss_loglik(x, np.array([x.mean()]), np.array([x.std()]), np.array([1.0]))[:, 0].sum()
+    bic_gain = (-2 * ll1 + 2 * math.log(n)) - (-2 * ll2 + 5 * math.log(n))
+    lo, up = (0, 1) if mean[0] <= mean[1] else (1, 0)
+    d = math.sqrt(2) * abs(mean[up] - mean[lo]) / math.sqrt(std[lo] ** 2 + std[up] ** 2)
+    ratio = 10 ** (mean[up] - mean[lo])
+    present = bool(
+        bic_gain > MIN_BIC_GAIN
+        and d > MIN_ASHMAN_D
+        and weight[up] <= MAX_UPPER_WEIGHT
+        and ratio >= MIN_MODE_RATIO
+    )
+    threshold = _valley(mean[[lo, up]], std[[lo, up]], weight[[lo, up]]) if present else math.inf
+    return BimodalFit(
+        present,
+        threshold,
+        float(mean[lo]),
+        float(mean[up]),
+        float(std[lo]),
+        float(std[up]),
+        float(weight[up]),
+        float(d),
+        float(bic_gain),
+        float(ratio),
+    )
+
+
+def _valley(mean: np.ndarray, std: np.ndarray, weight: np.ndarray) -> float:
+    """Norm where the upper component's posterior first exceeds 1/2, between the two means."""
+    grid = np.linspace(mean[0], mean[1], 2001)
+    ll = _gauss_loglik(grid, mean, std, weight)
+    above = np.nonzero(ll[:, 1] > ll[:, 0])[0]
+    log_t = grid[above[0]] if above.size else (mean[0] + mean[1]) / 2
+    return float(10**log_t)
+
+
+def threshold(norms: np.ndarray, method: str, **params: float) -> float:
+    """The norm above which ``method`` flags a token (``inf``: flags nothing)."""
+    x = np.asarray(norms, dtype=np.float64).ravel()
+    if method == "absolute":
+        if "value" not in params:
+            raise ValueError("the absolute rule needs a threshold value (e.g. value=150)")
+        return float(params["value"])
+    if method == "top_p":
+        p = float(params.get("p", 2.0))
+        if not 0 < p < 100:
+            raise ValueError(f"top_p takes a percentage in (0, 100), got {p}")
+        return float(np.quantile(x, 1 - p / 100)) if x.size else math.inf
+    if method == "robust_z":
+        z = float(params.get("z", 3.5))
+        logs = np.log10(np.clip(x, 1e-12, None))
+        med = np.median(logs)
+        mad = 1.4826 * np.median(np.abs(logs - med))
+        return float(10 ** (med + z * mad)) if mad > 0 else math.inf
+    if method == "auto":
+        return bimodal_fit(x).threshold
+    raise ValueError(f"unknown outlier method {method!r}; choose from {METHODS}")

@@ -1,0 +1,1 @@
+"""Run directories: result schema, atomic writers, Markdown/HTML reports and figures."""

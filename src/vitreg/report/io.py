@@ -1,0 +1,45 @@
+"""Atomic file writes: a reader (or an interrupted run) never sees a half-written file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, default=_jsonable) + "\n")
+
+
+def _jsonable(obj: Any) -> Any:
+    """Tensors/arrays to lists, paths to strings: every number in a report stays traceable."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
