@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import vitreg
 from conftest import images
+from hook_names import plain_vit_names
 from vitreg.errors import InputError
 from vitreg.hooks.attention import softmax_pattern
 from vitreg.models.adapters.timm_eva import TimmEvaAdapter
@@ -27,28 +28,7 @@ LAYOUTS = {  # n_cls, n_reg, grid, patch size
     "eva02_base": (1, 0, (4, 4), (14, 14)),
     "rope_mixed": (1, 0, (4, 4), (16, 16)),
 }
-SNAPSHOT = [
-    "hook_embed",
-    "hook_tokens",
-    *[
-        f"blocks.{i}.{s}"
-        for i in range(2)
-        for s in (
-            "hook_resid_pre",
-            "ln1.hook_in",
-            "ln1.hook_out",
-            "attn.hook_q",
-            "attn.hook_k",
-            "attn.hook_v",
-            "attn.hook_pattern",
-            "hook_resid_mid",
-            "ln2.hook_out",
-            "mlp.hook_post",
-            "hook_resid_post",
-        )
-    ],
-    "ln_final.hook_out",
-]
+SNAPSHOT = plain_vit_names(2)
 _BUILT: dict[str, vitreg.Model] = {}
 
 

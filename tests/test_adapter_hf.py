@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hook_names import plain_vit_names
+
 pytest.importorskip("transformers")
 import transformers  # noqa: E402
 
@@ -105,14 +107,7 @@ def test_hooks_attached_do_not_change_outputs(kind: str) -> None:
 
 
 def test_hook_names_snapshot() -> None:
-    per_block = [
-        "hook_resid_pre", "ln1.hook_in", "ln1.hook_out", "attn.hook_q", "attn.hook_k",
-        "attn.hook_v", "attn.hook_pattern", "hook_resid_mid", "ln2.hook_out", "mlp.hook_post",
-        "hook_resid_post",
-    ]  # fmt: skip
-    expected = ["hook_embed", "hook_tokens"]
-    expected += [f"blocks.{i}.{s}" for i in range(2) for s in per_block]
-    expected += ["ln_final.hook_out"]
+    expected = plain_vit_names(2)
     for kind in ("dinov2", "dinov2_reg_cls", "clip_proj", "siglip"):
         assert vitreg.wrap(tiny(kind)).hook_names() == expected, kind
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vitreg
+from hook_names import PER_BLOCK
 from vitreg import HookError, InputError, SpecError, WeightsError
 
 open_clip = pytest.importorskip("open_clip")
@@ -25,19 +26,6 @@ TOWERS = {
     ),
     "seq_first": (BASE, False, True),
 }
-PER_BLOCK = [
-    "hook_resid_pre",
-    "ln1.hook_in",
-    "ln1.hook_out",
-    "attn.hook_q",
-    "attn.hook_k",
-    "attn.hook_v",
-    "attn.hook_pattern",
-    "hook_resid_mid",
-    "ln2.hook_out",
-    "mlp.hook_post",
-    "hook_resid_post",
-]
 
 
 def build(key: str) -> torch.nn.Module:

@@ -5,6 +5,7 @@ import torch
 
 import vitreg
 from conftest import images
+from hook_names import plain_vit_names
 from timm_models import TIMM_VITS, build
 from vitreg import HookError
 
@@ -77,23 +78,7 @@ def test_pattern_native_when_source_is_unfused():
 def test_hook_name_snapshot():
     module, _ = build("dinov2")
     names = vitreg.wrap(module).hook_names()
-    per_block = [
-        "hook_resid_pre",
-        "ln1.hook_in",
-        "ln1.hook_out",
-        "attn.hook_q",
-        "attn.hook_k",
-        "attn.hook_v",
-        "attn.hook_pattern",
-        "hook_resid_mid",
-        "ln2.hook_out",
-        "mlp.hook_post",
-        "hook_resid_post",
-    ]
-    expected = ["hook_embed", "hook_tokens"]
-    for i in range(3):
-        expected += [f"blocks.{i}.{n}" for n in per_block]
-    assert names == expected + ["ln_final.hook_out"]
+    assert names == plain_vit_names(3)
 
 
 def test_editing_mlp_units_changes_output_and_removal_restores():
