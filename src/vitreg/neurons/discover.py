@@ -1,0 +1,216 @@
+"""Register-neuron discovery (Jiang et al. 2025, Algorithm 1), batched and streaming.
+
+For every image with outliers at the detection layer, each MLP unit of the searched layers gets
+the mean activation over the outlier positions; scores are those means averaged over such
+images, ranked globally over (layer, unit). Activations of the searched layers are held only for
+the current batch (memory independent of the image count); the statistics are sums, so under
+``torch.distributed`` they are all-reduced and every rank gets the single-process ranking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.errors import VitregError
+from vitreg.hooks.sites import HookContext
+from vitreg.models.model import Model, _batches
+from vitreg.neurons.neuron_set import NeuronSet, weights_fingerprint
+
+THRESHOLDS = ("auto", "absolute", "mean3std", "robust")
+
+
+@dataclass
+class Calibration:
+    """Where and how outliers are detected: chosen from data unless given."""
+
+    detect_layer: int
+    highest_layer: int
+    threshold: str
+    value: float | None  # absolute / auto threshold in norm units (None for per-image rules)
+    n_images: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def calibrate_detection(
+    model: Model,
+    data: Any,
+    n_images: int = 32,
+    batch_size: int = 32,
+) -> Calibration:
+    """Detection layer = the strongest outlier layer; search up to it; threshold = the valley.
+
+    Raises when the images show no outlier mode: discovery would then rank noise.
+    """
+    trace = trace_norms(model, data, batch_size=batch_size, limit=n_images)
+    report = outliers(trace)
+    if not report.verdict:
+        raise VitregError(
+            "no high-norm outliers found on these images (no layer shows a separate outlier "
+            "mode), so there are no register neurons to find; check the images (natural photos, "
+            "the model's own preprocessing) or run `vitreg diagnose` to see the norm distribution"
+        )
+    strongest = report.evidence["strongest_layer"]
+    value = report.layers[strongest].thresholds["auto"]
+    return Calibration(strongest, strongest, "auto", value, trace.n_images)
+
+
+def outlier_mask(
+    norms: torch.Tensor, rule: str, value: float | None, z: float = 3.5
+) -> torch.Tensor:
+    """``[B, N]`` outlier mask from per-token norms under ``rule``."""
+    if rule in ("auto", "absolute"):
+        return norms > value
+    if rule == "mean3std":
+        return norms > (norms.mean(1, keepdim=True) + 3 * norms.std(1, keepdim=True))
+    if rule == "robust":
+        logs = norms.clamp_min(1e-12).log()
+        med = logs.median(1, keepdim=True).values
+        mad = 1.4826 * (logs - med).abs().median(1, keepdim=True).values
+        return logs > med + z * mad
+    raise ValueError(f"threshold must be one of {THRESHOLDS} or a number")
+
+
+def discover(
+    model: Model,
+    data: Any,
+    *,
+    detect_layer: int | None = None,
+    highest_layer: int | None = None,
+    lowest_layer: int = 0,
+    threshold: str | float = "auto",
+    signed: bool = False,
+    sparsity: tuple[float, float] | None = None,
+    include_prefix: bool = False,
+    top_k: int = 64,
+    batch_size: int = 32,
+    limit: int | None = None,
+    calibration_images: int = 32,
+    progress: Callable[[int], None] | None = None,
+) -> NeuronSet:
+    """Rank register neurons; returns the ``top_k`` best as a :class:`NeuronSet`.
+
+    ``threshold``: 'auto' (valley of the bimodal norm distribution, from a calibration pass over
+    the first ``calibration_images``), a number (absolute norm), 'mean3std' (per image, paper
+    A.4) or 'robust' (per image, median + 3.5 MAD on log norms). ``signed=False`` averages
+    ``|activation|`` like the official code; ``sparsity=(a, f)`` keeps a unit's per-image score
+    only if at least a fraction ``f`` of tokens have activation below ``a`` (the reference
+    notebook's filter). Outliers are patch tokens unless ``include_prefix``.
+    """
+    n_layers = model.n_layers
+    value: float | None = None
+    rule = "absolute" if isinstance(threshold, (int, float)) else threshold
+    if rule not in THRESHOLDS:
+        raise ValueError(f"threshold must be one of {THRESHOLDS} or a number, got {threshold!r}")
+    cal = None
+    if rule == "auto" or detect_layer is None:
+        cal = calibrate_detection(model, data, calibration_images, batch_size)
+    detect = _layer(detect_layer if detect_layer is not None else cal.detect_layer, n_layers)
+    highest = _layer(highest_layer if highest_layer is not None else detect, n_layers)
+    highest = min(highest, detect)
+    if rule == "auto":
+        value = cal.value
+    elif rule == "absolute":
+        value = float(threshold)
+    searched = list(range(max(0, lowest_layer), highest + 1))
+    score_sum = torch.zeros(len(searched), model.d_mlp, dtype=torch.float64)
+    images_with = torch.zeros((), dtype=torch.float64)
+    images_seen = torch.zeros((), dtype=torch.float64)
+    held: dict[int, torch.Tensor] = {}
+
+    def keep(layer_idx: int):
+        def fn(t: torch.Tensor, hook: HookContext) -> None:
+            held[layer_idx] = t.detach().float() if signed else t.detach().float().abs()
+
+        return fn
+
+    def score(t: torch.Tensor, hook: HookContext) -> None:
+        nonlocal images_with, images_seen
+        lay = hook.layout
+        norms = t.detach().float().norm(dim=-1)
+        mask = outlier_mask(norms, rule, value)
+        if not include_prefix:
+            mask[:, : lay.n_prefix] = False
+        count = mask.sum(1)  # [B]
+        has = count > 0
+        images_seen += t.shape[0]
+        images_with += has.sum()
+        w = mask.float() / count.clamp_min(1)[:, None]  # mean over outlier tokens
+        for j, layer in enumerate(searched):
+            acts = held.pop(layer)
+            per_image = torch.einsum("bn,bnu->bu", w, acts)
+            if sparsity is not None:
+                a, f = sparsity
+                sparse = (acts < a).float().mean(1) >= f  # [B, U]
+                per_image = per_image * sparse
+            score_sum[j] += per_image[has].double().sum(0).cpu()
+
+    hooks = [(f"blocks.{layer}.mlp.hook_post", keep(layer)) for layer in searched]
+    hooks.append((f"blocks.{detect}.hook_resid_post", score))
+    done = 0
+    with torch.no_grad(), model.hooks(hooks):
+        for batch in _batches(data, batch_size):
+            if limit is not None and done >= limit:
+                break
+            batch = batch if limit is None else batch[: limit - done]
+            model.features(batch)
+            done += batch.shape[0]
+            if progress is not None:
+                progress(done)
+    if dist.is_available() and dist.is_initialized():
+        for t in (score_sum, images_with, images_seen):
+            dist.all_reduce(t)
+    if images_with.item() == 0:
+        raise VitregError(
+            f"none of the {int(images_seen.item())} images has an outlier token at layer {detect} "
+            "under this threshold; discovery would rank noise. Lower the threshold, pick another "
+            "detection layer, or run `vitreg diagnose` first"
+        )
+    scores = score_sum / images_with
+    flat = scores.flatten()
+    k = min(top_k, flat.numel())
+    top = flat.topk(k)
+    units = (top.indices % model.d_mlp).tolist()
+    layers = [searched[i] for i in (top.indices // model.d_mlp).tolist()]
+    settings = {
+        "detect_layer": detect,
+        "highest_layer": highest,
+        "lowest_layer": max(0, lowest_layer),
+        "threshold": rule,
+        "threshold_value": value,
+        "signed": signed,
+        "sparsity": list(sparsity) if sparsity else None,
+        "include_prefix": include_prefix,
+        "top_k": k,
+        "calibration": cal.to_dict() if cal else None,
+    }
+    data_desc = {
+        "n_images": int(images_seen.item()),
+        "n_images_with_outliers": int(images_with.item()),
+    }
+    return NeuronSet(
+        layers,
+        units,
+        [float(s) for s in top.values],
+        model.spec,
+        model.family,
+        n_layers,
+        model.d_mlp,
+        weights_fingerprint(model.module),
+        settings,
+        data_desc,
+    )
+
+
+def _layer(i: int, n: int) -> int:
+    j = i + n if i < 0 else i
+    if not 0 <= j < n:
+        raise ValueError(f"layer {i} is outside a {n}-layer model")
+    return j

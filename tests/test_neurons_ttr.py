@@ -1,0 +1,142 @@
+"""Register-neuron discovery and test-time registers against planted ground truth."""
+
+import pytest
+import torch
+
+import vitreg
+from timm_models import build as build_timm
+from vitreg import VitregError
+from vitreg.fix.test_time_registers import TestTimeRegisters, signed_abs_max
+from vitreg.hooks.sites import HookContext
+from vitreg.models.layout import TokenLayout
+from vitreg.neurons.discover import discover
+from vitreg.neurons.neuron_set import NeuronSet
+from vitreg.testing.images import synthetic_images
+from vitreg.testing.planted import build, build_unplanted
+
+SIZE = 112
+FAST = ["dinov2_s14", "dinov2_s14_reg4", "dinov2_s14_swiglu", "deit3_s16"]
+
+
+@pytest.fixture(scope="module")
+def images():
+    return synthetic_images(24, size=SIZE, seed=3, flat_fraction=0.1)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_discovery_finds_exactly_the_planted_units_and_the_fix_removes_outliers(name, images):
+    module, truth = build(name, img_size=SIZE)
+    model = vitreg.wrap(module, spec=f"planted:{name}")
+    found = discover(model, images, batch_size=8, top_k=len(truth.units))
+    assert set(found.pairs()) == set(truth.units)  # precision = recall = 1 at k = #planted
+    detect = found.settings["detect_layer"]
+    value = found.settings["threshold_value"]
+    site = f"blocks.{detect}.hook_resid_post"
+    _, before = model.run_with_cache(images, names=site, reduce="norm")
+    assert (before.layout(site).take(before[site], "patches") > value).float().mean() > 0.03
+    with TestTimeRegisters(found).applied(model):
+        _, after = model.run_with_cache(images, names=site, reduce="norm")
+        lay = after.layout(site)
+        patches = lay.take(after[site], "patches")
+        assert (patches > value).float().mean() <= 0.01
+        assert lay.take(after[site], "extra").min() > value  # the register carries the norm
+    assert model.layout.n_extra == 0
+
+
+def test_batch_of_8_equals_8_batches_of_1(images):
+    module, truth = build("dinov2_s14", img_size=SIZE)
+    model = vitreg.wrap(module)
+    neurons = NeuronSet(
+        [l_ for l_, _ in truth.units], [u for _, u in truth.units], [1.0] * len(truth.units)
+    )
+    with TestTimeRegisters(neurons, n_registers=2).applied(model):
+        together = model.features(images[:8])
+        alone = torch.cat([model.features(images[i : i + 1]) for i in range(8)])
+        pooled = model(images[:8])
+    assert (together - alone).abs().max() <= 1e-5
+    assert together.shape[1] == model.layout.n_tokens and pooled.shape[0] == 8
+
+
+def test_empty_set_leaves_the_model_bare(images):
+    module, _ = build("deit3_s16", img_size=SIZE)
+    model = vitreg.wrap(module)
+    ref = model.features(images[:2])
+    with TestTimeRegisters(NeuronSet([], [], [])).applied(model):
+        assert torch.equal(model.features(images[:2]), ref)
+
+
+def paper_edit(acts, units, reg, cls_zero=True):
+    """Algorithm 2 written out per image and neuron with loops."""
+    out = acts.clone()
+    for b in range(acts.shape[0]):
+        for u in units:
+            peak = acts[b, :, u].max()
+            out[b, :, u] = 0
+            if not cls_zero:
+                out[b, 0, u] = acts[b, 0, u]
+            out[b, reg, u] = peak
+    return out
+
+
+def reference_edit(acts, units, reg):
+    """The official hook_fn: one signed abs-max over tokens x layer neurons, patches zeroed."""
+    out = acts.clone()
+    for b in range(acts.shape[0]):
+        block = acts[b][:, units]
+        hi, lo = block.max(), block.min()
+        v = hi if hi.abs() >= lo.abs() else lo
+        for u in units:
+            out[b, 2:, u] = 0  # patches (tokens after [CLS] and the register)
+            out[b, reg, u] = v
+    return out
+
+
+def test_edits_match_hand_written_rules():
+    g = torch.Generator().manual_seed(0)
+    lay = TokenLayout(1, 0, (2, 2), (16, 16), n_extra=1)
+    acts = torch.randn(3, lay.n_tokens, 6, generator=g)
+    acts[1, 3, 2] = -50.0  # a large negative: reference keeps its sign
+    units = [2, 4]
+    ctx = HookContext("blocks.0.mlp.hook_post", 0, lay)
+    neurons = NeuronSet([0, 0], units, [1.0, 1.0])
+    paper = TestTimeRegisters(neurons)._edit(0, units)(acts, ctx)
+    assert torch.equal(paper, paper_edit(acts, units, lay.extra.start))
+    keep = TestTimeRegisters(neurons, cls="keep")._edit(0, units)(acts, ctx)
+    assert torch.equal(keep, paper_edit(acts, units, lay.extra.start, cls_zero=False))
+    ref = TestTimeRegisters(neurons, mode="reference")._edit(0, units)(acts, ctx)
+    assert torch.equal(ref, reference_edit(acts, units, lay.extra.start))
+    assert ref[1, lay.extra.start, 2] == -50.0
+    assert signed_abs_max(torch.tensor([[1.0, -3.0, 2.0]]), (1,)).item() == -3.0
+
+
+def test_several_registers_get_a_seeded_assignment():
+    neurons = NeuronSet([0] * 6, list(range(6)), [1.0] * 6)
+    a = TestTimeRegisters(neurons, n_registers=3, seed=1).assignment
+    assert a == TestTimeRegisters(neurons, n_registers=3, seed=1).assignment
+    assert sorted(a.values()) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(vitreg.InputError):
+        TestTimeRegisters(neurons, patches="median")
+
+
+def test_neuron_set_roundtrip_and_fit_checks(tmp_path, images):
+    module, _ = build("dinov2_s14", img_size=SIZE)
+    model = vitreg.wrap(module, spec="planted:dinov2_s14")
+    found = discover(model, images, batch_size=8, top_k=7)
+    path = found.save(tmp_path / "neurons")
+    again = NeuronSet.load(path)
+    assert again.pairs() == found.pairs() and again.fingerprint == found.fingerprint
+    assert again.settings["detect_layer"] == found.settings["detect_layer"]
+    other = vitreg.wrap(build_timm("dinov2_swiglu")[0], spec="timm:small-swiglu")
+    with pytest.raises(VitregError, match="planted:dinov2_s14.*timm:small-swiglu"):
+        TestTimeRegisters(found).apply(other)
+    bad = NeuronSet([3], [99999], [1.0])
+    with pytest.raises(VitregError, match="outside"):
+        TestTimeRegisters(bad).apply(model)
+    with pytest.raises(VitregError, match="no NeuronSet"):
+        NeuronSet.load(tmp_path / "missing")
+
+
+def test_model_without_outliers_is_told_so(images):
+    model = vitreg.wrap(build_unplanted("dinov2_s14", img_size=SIZE))
+    with pytest.raises(VitregError, match="no high-norm outliers"):
+        discover(model, images, batch_size=8)
