@@ -140,3 +140,19 @@ def test_model_without_outliers_is_told_so(images):
     model = vitreg.wrap(build_unplanted("dinov2_s14", img_size=SIZE))
     with pytest.raises(VitregError, match="no high-norm outliers"):
         discover(model, images, batch_size=8)
+
+
+def test_builtin_dinov2_large_set():
+    from types import SimpleNamespace
+
+    from vitreg.neurons.builtin import builtin_neurons
+
+    ns = builtin_neurons("timm:vit_large_patch14_dinov2.lvd142m")
+    assert len(ns) == 45 and set(ns.by_layer()) == {12, 13, 14, 15, 16, 17}
+    assert ns.by_layer()[17][:3] == [884, 133, 1427]
+    large = SimpleNamespace(
+        spec="timm:vit_large_patch14_dinov2.lvd142m", module=None, n_layers=24, d_mlp=4096
+    )
+    ns.check_fits(large)
+    with pytest.raises(VitregError, match="no built-in"):
+        builtin_neurons("timm:vit_small_patch14_dinov2.lvd142m")
