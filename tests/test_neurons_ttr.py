@@ -156,3 +156,18 @@ def test_builtin_dinov2_large_set():
     ns.check_fits(large)
     with pytest.raises(VitregError, match="no built-in"):
         builtin_neurons("timm:vit_small_patch14_dinov2.lvd142m")
+
+
+def test_top_k_calibration_picks_the_planted_count(images):
+    from vitreg.neurons.calibrate import calibrate_top_k
+
+    module, truth = build("deit3_s16", img_size=SIZE)
+    model = vitreg.wrap(module)
+    ranked = discover(model, images[:16], batch_size=8, top_k=12)
+    held_out = synthetic_images(8, size=SIZE, seed=11, flat_fraction=0.1)
+    chosen, curve = calibrate_top_k(model, ranked, held_out, target=0.01, batch_size=8)
+    assert curve.chosen_k == len(truth.units) == len(chosen)
+    rates = curve.outlier_rate[0]
+    assert rates[0] > 0.03 and rates[-1] <= 0.01 and curve.ks[-1] == curve.chosen_k
+    assert curve.max_norm[0][0] > 10 * curve.max_norm[0][-1] / 2
+    assert chosen.settings["calibration"]["chosen_k"] == curve.chosen_k
