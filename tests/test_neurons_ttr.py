@@ -173,3 +173,33 @@ def test_top_k_calibration_picks_the_planted_count(images):
     assert rates[0] > 0.03 and rates[-1] <= 0.01 and curve.ks[-1] == curve.chosen_k
     assert curve.max_norm[0][0] > 10 * curve.max_norm[0][-1] / 2
     assert chosen.settings["calibration"]["chosen_k"] == curve.chosen_k
+
+
+def test_causal_controls(images):
+    from vitreg.fix.controls import ablate, random_like, shift_to_patch
+
+    module, truth = build("dinov2_s14", img_size=SIZE)
+    model = vitreg.wrap(module)
+    neurons = NeuronSet([l_ for l_, _ in truth.units], [u for _, u in truth.units], [1.0] * 5)
+    site = f"blocks.{truth.first_outlier_layer + 1}.hook_resid_post"
+    x = images[:6]
+
+    def patch_norms():
+        _, c = model.run_with_cache(x, names=site, reduce="norm")
+        return c.layout(site).take(c[site], "patches")
+
+    base = patch_norms()
+    median = base.median()
+    with ablate(model, neurons):
+        assert patch_norms().max() < 5 * median  # no outliers anywhere, and no register either
+    control = random_like(neurons, model.d_mlp, seed=0)
+    assert len(control) == 5 and not set(control.pairs()) & set(truth.units)
+    assert control.by_layer().keys() == neurons.by_layer().keys()
+    with ablate(model, control):
+        assert patch_norms().max() > 10 * median  # random units leave the outliers alone
+    with shift_to_patch(model, neurons, (0, 0)):
+        moved = patch_norms()
+    assert (moved[:, 0] > 10 * median).all()  # every image's outlier now sits at patch (0, 0)
+    assert moved[:, 1:].max() < 5 * median
+    with pytest.raises(vitreg.InputError, match="outside"):
+        shift_to_patch(model, neurons, 1000)
