@@ -1,0 +1,486 @@
+"""Attention artifacts: attention maps per layer, sink statistics, and agreement with norm outliers.
+
+Everything is read from ``attn.hook_pattern`` (native probabilities, or recomputed from q/k when
+the source uses fused attention; the result records which) in the same single pass as the norms.
+
+- **Map** per image and layer (head mean; per head for the last layer): the [CLS] row restricted
+  to patch columns; without [CLS] (SigLIP, Swin, PVT-v2), the *mean attention received* by each
+  patch, averaged over queries. Swin: over the queries of the patch's own (shifted) window, mapped
+  back to grid positions with the shift undone. PVT-v2: received attention lives on the spatially
+  reduced key grid, so its map is on that grid.
+- **Sinks** per layer (mean over images, heads and the queries used): attention mass on the
+  top-k keys of a row (keys: every token, prefix included; Swin: the query's window; PVT-v2: the
+  reduced keys), row entropy in nats, and the largest map value (max [CLS]->patch attention).
+- **Attention artifacts** per image and layer: patches whose log attention exceeds that image's
+  median + 3.5 x 1.4826 x MAD (the robust z-score rule of the norm analysis, applied to each
+  map; with MAD 0, 1.2533 x the mean absolute deviation instead; a constant map flags nothing).
+- **Agreement** at each layer with the norm outliers of the same block's output: precision
+  (artifacts that are norm outliers), recall (norm outliers that are artifacts), IoU and overlap
+  coefficient (|A and N| / min(|A|, |N|)), pooled over images; 0/0 is ``None``. Norm outliers use the
+  ``auto`` rule when the norm verdict is positive, else ``top_p`` (recorded), and ``top_p_iou``
+  compares top-p% attention with top-p% norms (the reassessment's overlap). Maps not on the token
+  grid (PVT-v2 reduced keys) give no agreement, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitreg.analysis.base import Analysis
+from vitreg.analysis.thresholds import threshold
+from vitreg.errors import InputError
+from vitreg.hooks.reducers import Reducer
+from vitreg.hooks.sites import HookContext
+from vitreg.models.adapters.timm_hier import ReducedPatternSite, WindowPatternSite
+from vitreg.models.layout import TokenLayout
+from vitreg.models.model import Model, TraceResult
+
+Z_CUT = 3.5
+MAD_SCALE = 1.4826
+MEAN_AD_SCALE = 1.2533  # sqrt(pi / 2): mean absolute deviation -> sigma
+Grid = tuple[int, int]
+
+
+@dataclass
+class PatternRead:
+    """One batch of a pattern site, reduced: per-head maps and the rows sink statistics use."""
+
+    heads: torch.Tensor  # [B, H, h, w] per-head map
+    rows: torch.Tensor  # [B, ..., K] attention rows (probabilities over K keys)
+    weights: torch.Tensor | None = None  # weights of rows.shape[1:-1] (None: all equal)
+    token_grid: Grid | None = None  # grid of the tokens the map positions are (None: not tokens)
+
+
+Reader = Callable[[torch.Tensor, TokenLayout], PatternRead]
+
+
+def read_global(p: torch.Tensor, layout: TokenLayout, query: str = "cls") -> PatternRead:
+    """Global attention ``[B, H, N, N]``: [CLS] row (``query='cls'``) or mean received attention."""
+    layout.check(p, dim=-1)
+    b, h = p.shape[:2]
+    if query == "cls":
+        rows = layout.take(p, "cls", dim=2)  # [B, H, 1, N]
+        per_head = rows.mean(2)
+    else:
+        rows = p
+        per_head = p.mean(2)
+    heads = layout.take(per_head, "patches", dim=-1).reshape(b, h, *layout.grid)
+    return PatternRead(heads, rows, None, layout.grid)
+
+
+def read_windows(p: torch.Tensor, layout: TokenLayout, block: nn.Module) -> PatternRead:
+    """Swin ``[B*nW, H, A, A]``: received attention per key, averaged over the valid queries of
+    its window, put back on the grid (padding cropped, cyclic shift undone)."""
+    (gh, gw), (wh, ww), (sh, sw) = layout.grid, block.window_size, block.shift_size
+    nh, nw = -(-gh // wh), -(-gw // ww)
+    n_win, area, heads = nh * nw, wh * ww, p.shape[1]
+    if p.shape[0] % n_win or p.shape[-1] != area:
+        raise InputError(
+            f"Swin pattern {tuple(p.shape)} does not fit {n_win} windows of {wh}x{ww} on a "
+            f"{gh}x{gw} grid"
+        )
+    b = p.shape[0] // n_win
+    valid = torch.zeros(nh * wh, nw * ww, device=p.device)
+    valid[:gh, :gw] = 1.0  # the block rolls, then pads bottom/right: padding is never a real token
+    valid = valid.view(nh, wh, nw, ww).permute(0, 2, 1, 3).reshape(n_win, area)
+    win = p.view(b, n_win, heads, area, area)
+    received = torch.einsum("bnhqk,nq->bnhk", win, valid) / valid.sum(1)[None, :, None, None]
+    grid = received.view(b, nh, nw, heads, wh, ww).permute(0, 3, 1, 4, 2, 5)
+    grid = grid.reshape(b, heads, nh * wh, nw * ww)[:, :, :gh, :gw]
+    grid = torch.roll(grid, shifts=(sh, sw), dims=(2, 3))
+    return PatternRead(grid, win, valid[:, None, :], layout.grid)
+
+
+def reduced_key_grid(attn: nn.Module, grid: Grid) -> Grid:
+    """The key grid of a PVT-v2 attention module on a token ``grid`` (pooled, strided, or same)."""
+    if getattr(attn, "pool", None) is not None:
+        size = attn.pool.output_size
+        return (size, size) if isinstance(size, int) else tuple(size)
+    sr = getattr(attn, "sr", None)
+    if sr is None:
+        return grid
+    out = []
+    for dim, n in enumerate(grid):
+        k, s, pad, d = sr.kernel_size[dim], sr.stride[dim], sr.padding[dim], sr.dilation[dim]
+        out.append((n + 2 * pad - d * (k - 1) - 1) // s + 1)
+    return tuple(out)
+
+
+def read_reduced(p: torch.Tensor, layout: TokenLayout, attn: nn.Module) -> PatternRead:
+    """PVT-v2 ``[B, H, N, N_kv]``: mean attention received by each reduced key, on the key grid."""
+    kh, kw = reduced_key_grid(attn, layout.grid)
+    if p.shape[-1] != kh * kw:
+        raise InputError(f"PVT-v2 pattern {tuple(p.shape)} does not match a {kh}x{kw} key grid")
+    heads = p.mean(2).reshape(p.shape[0], p.shape[1], kh, kw)
+    same = (kh, kw) == tuple(layout.grid) and getattr(attn, "pool", None) is None
+    return PatternRead(heads, p, None, layout.grid if same else None)
+
+
+def row_stats(
+    rows: torch.Tensor, ks: Sequence[int], weights: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """Per image ``[B]``: top-k key mass and entropy (nats) of each row, averaged over the rest."""
+    rows = rows.float()
+    per_row = {f"top{k}": rows.topk(min(k, rows.shape[-1]), dim=-1).values.sum(-1) for k in ks}
+    per_row["entropy"] = -torch.special.xlogy(rows, rows).sum(-1)
+    dims = tuple(range(1, rows.dim() - 1))
+    out = {}
+    for name, v in per_row.items():
+        if weights is None:
+            out[name] = v.mean(dims)
+        else:
+            w = weights.to(v).expand(v.shape[1:])
+            out[name] = (v * w).sum(dims) / w.sum()
+    return out
+
+
+class _Rows:
+    """Per-image rows in growing buffers indexed by image (doubling: no per-batch fragments)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, torch.Tensor] = {}
+        self.filled = torch.zeros(0, dtype=torch.bool)
+
+    def put(self, index: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
+        if not len(index):
+            return
+        cap = len(self.filled)
+        if int(index.max()) >= cap:
+            cap = max(int(index.max()) + 1, 2 * cap, 64)
+            self.filled = torch.cat(
+                [self.filled, torch.zeros(cap - len(self.filled), dtype=torch.bool)]
+            )
+        for k, v in rows.items():
+            old = self.data.get(k)
+            if old is not None and old.shape[1:] != v.shape[1:]:
+                raise InputError(
+                    f"attention rows changed shape from {tuple(old.shape[1:])} to "
+                    f"{tuple(v.shape[1:])}; trace images of one size per run"
+                )
+            if old is None or len(old) < cap:
+                grown = torch.zeros(cap, *v.shape[1:], dtype=v.dtype)
+                if old is not None:
+                    grown[: len(old)] = old
+                self.data[k] = grown
+            self.data[k][index] = v.cpu()
+        self.filled[index] = True
+
+    def merge(self, other: _Rows) -> None:
+        index = other.filled.nonzero().squeeze(1)
+        self.put(index, {k: v[index] for k, v in other.data.items()})
+
+    def get(self) -> dict[str, torch.Tensor]:
+        index = self.filled.nonzero().squeeze(1)
+        return {k: v[index] for k, v in self.data.items()}
+
+
+class AttentionMaps(Reducer):
+    """One pattern site: per-image head-mean maps and sink statistics; per-head maps for the
+    first ``keep_heads`` images."""
+
+    def __init__(
+        self, site: str, reader: Reader, ks: Sequence[int] = (1, 5), keep_heads: int = 0
+    ) -> None:
+        super().__init__(site)
+        self.reader, self.ks, self.keep_heads = reader, tuple(ks), keep_heads
+        self.rows, self.heads = _Rows(), _Rows()
+        self.grid: Grid | None = None
+        self.token_grid: Grid | None = None
+        self.n_keys = 0
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        read = self.reader(t.float(), ctx.layout)
+        heads = read.heads
+        amap = heads.mean(1).flatten(1)
+        self.grid, self.token_grid = tuple(heads.shape[-2:]), read.token_grid
+        self.n_keys = int(read.rows.shape[-1])
+        stats = row_stats(read.rows, self.ks, read.weights)
+        index = torch.arange(image_offset, image_offset + amap.shape[0])
+        self.rows.put(index, {"map": amap.cpu(), "max": amap.amax(1).cpu(), **stats})
+        keep = max(0, min(amap.shape[0], self.keep_heads - image_offset))
+        self.heads.put(index[:keep], {"heads": heads[:keep].cpu()})
+
+    def merge(self, other: Reducer) -> None:
+        assert isinstance(other, AttentionMaps)
+        self.rows.merge(other.rows)
+        self.heads.merge(other.heads)
+        self.grid, self.token_grid = self.grid or other.grid, self.token_grid or other.token_grid
+        self.n_keys = self.n_keys or other.n_keys
+        self.n_images = max(self.n_images, other.n_images)
+
+    def result(self) -> dict[str, Any]:
+        return {
+            **self.rows.get(),
+            **self.heads.get(),
+            "grid": self.grid,
+            "token_grid": self.token_grid,
+            "n_keys": self.n_keys,
+        }
+
+
+def artifact_masks(maps: torch.Tensor, z: float = Z_CUT) -> torch.Tensor:
+    """Bool like ``maps [n, h, w]``: log attention above each image's median + z * 1.4826 * MAD.
+
+    When more than half of a map is one value (MAD 0), 1.2533 x the mean absolute deviation
+    stands in for the MAD (the usual modified z-score fallback); a constant map flags nothing.
+    """
+    x = np.log(np.clip(maps.flatten(1).double().numpy(), 1e-30, None))
+    if not x.size:
+        return torch.zeros(maps.shape, dtype=torch.bool)
+    med = np.median(x, axis=1, keepdims=True)
+    dev = np.abs(x - med)
+    mad = MAD_SCALE * np.median(dev, axis=1, keepdims=True)
+    spread = np.where(mad > 0, mad, MEAN_AD_SCALE * dev.mean(axis=1, keepdims=True))
+    cut = np.where(spread > 0, med + z * spread, np.inf)
+    return torch.from_numpy(x > cut).reshape(maps.shape)
+
+
+def agreement(attn_mask: torch.Tensor, norm_mask: torch.Tensor) -> dict[str, Any]:
+    """Precision, recall, IoU and overlap coefficient of two bool masks, pooled (0/0 -> None)."""
+    a, n = attn_mask.bool(), norm_mask.bool()
+    both, na, nn_ = int((a & n).sum()), int(a.sum()), int(n.sum())
+    union = int((a | n).sum())
+
+    def ratio(num: int, den: int) -> float | None:
+        return num / den if den else None
+
+    return {
+        "precision": ratio(both, na),
+        "recall": ratio(both, nn_),
+        "iou": ratio(both, union),
+        "overlap": ratio(both, min(na, nn_)),
+        "n_attention": na,
+        "n_norm": nn_,
+        "n_both": both,
+    }
+
+
+def _top_p_mask(values: torch.Tensor, p: float) -> torch.Tensor:
+    return values > threshold(values.numpy(), "top_p", p=p)
+
+
+@dataclass
+class AttentionResult:
+    """Attention maps, sink statistics and attention/norm agreement, per layer (forward order)."""
+
+    query: str  # "cls" or "mean_received"
+    sites: list[str]
+    layers: list[int | None]
+    layer_maps: list[torch.Tensor]  # per layer [n_maps, h_l, w_l] head-mean maps
+    artifact_maps: list[torch.Tensor]  # per layer [n_maps, h_l, w_l] bool attention artifacts
+    last_layer_heads: torch.Tensor  # [n_maps, H, h, w]
+    sink_mass_topk: dict[int, list[float]]
+    entropy: list[float]
+    cls_to_patch_max: list[float]
+    artifact_rate: list[float]
+    n_keys: list[int]
+    agreement: list[dict[str, Any]]
+    norm_method: str | None
+    attn_source: dict[str, str]
+    definitions: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def map_layers(self) -> list[int]:
+        """Indices (into the per-layer lists) of layers whose map grid is the last layer's."""
+        last = tuple(self.layer_maps[-1].shape[-2:])
+        return [i for i, m in enumerate(self.layer_maps) if tuple(m.shape[-2:]) == last]
+
+    @property
+    def maps(self) -> torch.Tensor:
+        """``[n_maps, L, h, w]`` head-mean maps of :attr:`map_layers` (all layers of a plain ViT)."""
+        return torch.stack([self.layer_maps[i] for i in self.map_layers], dim=1)
+
+    def summary(self, index: int = -1) -> dict[str, Any]:
+        """The numbers of one layer (the last by default)."""
+        return {
+            "layer": self.layers[index],
+            "site": self.sites[index],
+            **{f"sink_mass_top{k}": v[index] for k, v in self.sink_mass_topk.items()},
+            "entropy": self.entropy[index],
+            "cls_to_patch_max": self.cls_to_patch_max[index],
+            "artifact_rate": self.artifact_rate[index],
+            "agreement": self.agreement[index],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        entropy_norm = [
+            e / math.log(k) if k > 1 else None
+            for e, k in zip(self.entropy, self.n_keys, strict=True)
+        ]
+        sources = sorted(set(self.attn_source.values()))
+        return {
+            "query": self.query,
+            "definitions": self.definitions,
+            "attention_source": sources[0] if len(sources) == 1 else sources,
+            "norm_method": self.norm_method,
+            "summary": self.summary(),
+            "sites": self.sites,
+            "layers": self.layers,
+            "map_grid": [list(m.shape[-2:]) for m in self.layer_maps],
+            "n_keys": self.n_keys,
+            **{f"sink_mass_top{k}": v for k, v in self.sink_mass_topk.items()},
+            "entropy": self.entropy,
+            "entropy_normalized": entropy_norm,
+            "cls_to_patch_max": self.cls_to_patch_max,
+            "artifact_rate": self.artifact_rate,
+            "agreement": self.agreement,
+            "notes": self.notes,
+        }
+
+
+def _pattern_sites(model: Model) -> list[str]:
+    return [n for n in model.hook_names() if n.endswith("attn.hook_pattern")]
+
+
+def _reader(model: Model, name: str) -> tuple[Reader, str]:
+    """How to read one pattern site, and the query definition it uses."""
+    site = model.site(name)
+    if isinstance(site, WindowPatternSite):
+        adapter: Any = model.adapter
+        blocks = [b for s in adapter.stages() for b in adapter.stage_blocks(s)]
+        block = next(b for b in blocks if b.attn is site.attn)
+        return partial(read_windows, block=block), "mean_received"
+    if isinstance(site, ReducedPatternSite):
+        return partial(read_reduced, attn=site.attn), "mean_received"
+    query = "cls" if model.layout.n_cls else "mean_received"
+    return partial(read_global, query=query), query
+
+
+def _definitions(model: Model, query: str, ks: Sequence[int], z: float) -> dict[str, str]:
+    site = model.site(_pattern_sites(model)[0])
+    if isinstance(site, WindowPatternSite):
+        how = "mean attention received from the queries of the patch's window (shift undone)"
+        keys = "the query's window"
+    elif isinstance(site, ReducedPatternSite):
+        how = "mean attention received by each spatially reduced key, on the key grid"
+        keys = "the reduced keys"
+    elif query == "cls":
+        how = "[CLS] row restricted to patch columns"
+        keys = "every token (prefix included)"
+    else:
+        how = "mean over all queries of the attention each patch receives"
+        keys = "every token (prefix included)"
+    queries = "the [CLS] row" if query == "cls" else "every query, averaged"
+    return {
+        "map": f"head mean; {how}",
+        "sink_mass": f"mass of the top-k keys (k in {tuple(ks)}) of {queries}; keys: {keys}; "
+        "mean over images and heads",
+        "entropy": f"entropy in nats of {queries}; mean over images and heads",
+        "cls_to_patch_max": "largest value of the head-mean map, mean over images",
+        "artifact": f"log attention > median + {z} * {MAD_SCALE} * MAD of the image's map",
+        "agreement": "attention artifacts vs norm outliers of the same block's output, pooled "
+        "over images: precision = |A&N|/|A|, recall = |A&N|/|N|, iou, overlap = |A&N|/min",
+    }
+
+
+class AttentionAnalysis(Analysis):
+    """Attention maps, sinks and attention/norm agreement (run after :class:`NormAnalysis`).
+
+    ``max_maps``: images whose maps (and last-layer per-head maps) are kept for figures; every
+    image feeds the statistics. ``k``: top-k sizes for the sink mass. ``top_p``: the norm rule
+    used when the norm verdict is negative, and the percentage of ``top_p_iou``. ``z``: the
+    robust cut of attention artifacts.
+    """
+
+    name = "attention"
+
+    def __init__(
+        self,
+        max_maps: int = 8,
+        k: Sequence[int] = (1, 5),
+        top_p: float = 2.0,
+        z: float = Z_CUT,
+    ) -> None:
+        self.max_maps, self.ks, self.top_p, self.z = max_maps, tuple(k), top_p, z
+
+    def not_applicable(self, model: Model) -> str | None:
+        if not _pattern_sites(model):
+            return "the model exposes no attn.hook_pattern sites"
+        return None
+
+    def reducers(self, model: Model) -> list[Reducer]:
+        names = _pattern_sites(model)
+        last = len(names) - 1
+        return [
+            AttentionMaps(n, _reader(model, n)[0], self.ks, self.max_maps if i == last else 0)
+            for i, n in enumerate(names)
+        ]
+
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> AttentionResult:
+        if trace.n_images == 0:
+            raise InputError("no images were traced, so there is no attention to analyse")
+        reducers = [r for r in trace.reducers if isinstance(r, AttentionMaps)]
+        sites = [r.site for r in reducers]
+        query = _reader(model, sites[0])[1]
+        norms = done.get("norms")
+        method = None if norms is None else ("auto" if norms.report.verdict else "top_p")
+        notes = [] if norms is not None else ["no norm results: run NormAnalysis first"]
+        maps, arts, heads, agree = [], [], torch.empty(0), []
+        stats: dict[str, list[float]] = {}
+        for r in reducers:
+            res = r.result()
+            amap = res["map"].reshape(-1, *res["grid"])
+            art = artifact_masks(amap, self.z)
+            maps.append(amap[: self.max_maps])
+            arts.append(art[: self.max_maps])
+            heads = res.get("heads", heads)
+            for name in ["max", "entropy", *(f"top{k}" for k in self.ks)]:
+                stats.setdefault(name, []).append(float(res[name].mean()))
+            stats.setdefault("rate", []).append(float(art.float().mean()))
+            agree.append(self._agree(r, amap, art, norms, method))
+        reasons = sorted({a["reason"] for a in agree if "reason" in a})
+        notes += [f"agreement not computed at some layers: {why}" for why in reasons]
+        return AttentionResult(
+            query=query,
+            sites=sites,
+            layers=[model.site(s).layer for s in sites],
+            layer_maps=maps,
+            artifact_maps=arts,
+            last_layer_heads=heads,
+            sink_mass_topk={k: stats[f"top{k}"] for k in self.ks},
+            entropy=stats["entropy"],
+            cls_to_patch_max=stats["max"],
+            artifact_rate=stats["rate"],
+            n_keys=[r.n_keys for r in reducers],
+            agreement=agree,
+            norm_method=method,
+            attn_source={s: trace.attn_source[s] for s in sites if s in trace.attn_source},
+            definitions=_definitions(model, query, self.ks, self.z),
+            notes=notes,
+        )
+
+    def _agree(
+        self,
+        r: AttentionMaps,
+        maps: torch.Tensor,
+        art: torch.Tensor,
+        norms: Any,
+        method: str | None,
+    ) -> dict[str, Any]:
+        """Agreement of one layer's attention artifacts with the norm outliers of its block output."""
+        norm_site = r.site.removesuffix("attn.hook_pattern") + "hook_resid_post"
+        base: dict[str, Any] = {"norm_site": norm_site, "norm_method": method}
+        if r.token_grid is None or tuple(r.grid) != tuple(r.token_grid):
+            return {
+                **base,
+                "reason": "the map is on the spatially reduced key grid, not on the token grid, "
+                "so it cannot be matched to token norms",
+            }
+        if norms is None or norm_site not in norms.trace.norms:
+            return {**base, "reason": f"no norms at {norm_site} (run NormAnalysis first)"}
+        values = norms.trace.patch_maps(norm_site)
+        if method == "auto":
+            outl = norms.report.masks(norms.trace, norm_site, "auto")
+        else:
+            outl = _top_p_mask(values, self.top_p)
+        top = agreement(_top_p_mask(maps, self.top_p), _top_p_mask(values, self.top_p))
+        return {**base, **agreement(art, outl), "top_p_iou": top["iou"], "top_p": self.top_p}
