@@ -203,3 +203,24 @@ def test_causal_controls(images):
     assert moved[:, 1:].max() < 5 * median
     with pytest.raises(vitreg.InputError, match="outside"):
         shift_to_patch(model, neurons, 1000)
+
+
+def test_compare_fix_before_after(images):
+    from vitreg.fix.compare import compare_fix
+
+    module, truth = build("dinov2_s14", img_size=SIZE)
+    model = vitreg.wrap(module)
+    found = discover(model, images[:16], batch_size=8, top_k=len(truth.units))
+    cmp = compare_fix(model, TestTimeRegisters(found), images[16:], batch_size=8)
+    d = cmp.to_dict()
+    assert d["outlier_rate_before"] > 0.03 and d["outlier_rate_after"] <= 0.01
+    assert d["verdict_before"] and not d["verdict_after"]
+    assert (
+        d["register_norm_after"][cmp.detect_layer]
+        > 10 * cmp.after.report.layers[cmp.detect_layer].quantiles["p50"]
+    )
+    assert d["max_patch_norm_after"][-1] < d["max_patch_norm_before"][-1] / 5
+    assert 0 < d["pooled_cosine"]["mean"] <= 1 and d["pooled_cosine"]["n"] == 8
+    import json
+
+    json.dumps(d)

@@ -1,0 +1,145 @@
+"""Before/after a test-time-register fix: outliers, per-layer max norms, register norms, and
+whether the global embedding is kept (cosine of the pooled token before vs after)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.analysis.norms import NormAnalysis, NormsResult
+from vitreg.fix.test_time_registers import TestTimeRegisters
+from vitreg.hooks.reducers import Reducer
+from vitreg.hooks.sites import HookContext
+from vitreg.models.model import Model, TraceResult
+from vitreg.neurons.discover import outlier_mask
+
+
+class Pooled(Reducer):
+    """Per-image global embedding at the final norm: [CLS], or the patch mean without one."""
+
+    def __init__(self, site: str) -> None:
+        super().__init__(site)
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        lay = ctx.layout
+        x = t.float()
+        pooled = x[:, 0] if lay.n_cls else lay.take(x, "patches").mean(1)
+        for i, row in enumerate(pooled.cpu()):
+            self.rows[image_offset + i] = row
+
+    def merge(self, other: Reducer) -> None:
+        assert isinstance(other, Pooled)
+        self.rows.update(other.rows)
+
+    def result(self) -> dict[str, Any]:
+        return {"pooled": torch.stack([self.rows[i] for i in sorted(self.rows)])}
+
+
+class PooledAnalysis(Analysis):
+    name = "pooled"
+
+    def not_applicable(self, model: Model) -> str | None:
+        return None if "ln_final.hook_out" in model.hook_names() else "no ln_final.hook_out site"
+
+    def reducers(self, model: Model) -> list[Reducer]:
+        return [Pooled("ln_final.hook_out")]
+
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> torch.Tensor:
+        return trace.reducers[0].result()["pooled"]
+
+
+@dataclass
+class FixComparison:
+    """Norm statistics without and with the fix, on the same images."""
+
+    before: NormsResult
+    after: NormsResult
+    detect_layer: int
+    rule: str
+    threshold_value: float | None
+    outlier_rate_before: float
+    outlier_rate_after: float
+    register_norm: list[float]  # mean norm of the test-time registers per layer
+    max_norm_before: list[float]
+    max_norm_after: list[float]
+    pooled_cosine: torch.Tensor | None  # per image
+    fix: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        cos = self.pooled_cosine
+        return {
+            "fix": self.fix,
+            "detect_layer": self.detect_layer,
+            "rule": self.rule,
+            "threshold_value": self.threshold_value,
+            "outlier_rate_before": self.outlier_rate_before,
+            "outlier_rate_after": self.outlier_rate_after,
+            "max_patch_norm_before": self.max_norm_before,
+            "max_patch_norm_after": self.max_norm_after,
+            "register_norm_after": self.register_norm,
+            "verdict_before": self.before.report.verdict,
+            "verdict_after": self.after.report.verdict,
+            "pooled_cosine": None
+            if cos is None
+            else {"mean": float(cos.mean()), "min": float(cos.min()), "n": int(cos.numel())},
+        }
+
+
+def _rate(result: NormsResult, layer: int, rule: str, value: float | None) -> float:
+    site = result.trace.sites[layer]
+    norms = result.trace.norms[site]
+    lay = result.trace.layouts[site]
+    mask = outlier_mask(norms, rule, value)[:, lay.patches]
+    return float(mask.float().mean())
+
+
+def compare_fix(
+    model: Model,
+    ttr: TestTimeRegisters,
+    data: Any,
+    batch_size: int = 32,
+    limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> FixComparison:
+    """Run ``data`` without and with ``ttr`` and compare at the neurons' detection layer."""
+    settings = ttr.neurons.settings
+    analyses = [NormAnalysis(), PooledAnalysis()]
+    before, _, _ = run_analyses(model, data, analyses, batch_size, limit, progress)
+    with ttr.applied(model):
+        after, _, _ = run_analyses(model, data, analyses, batch_size, limit, progress)
+    nb, na = before["norms"], after["norms"]
+    detect = settings.get("detect_layer", nb.report.evidence.get("strongest_layer"))
+    if detect is None:
+        detect = len(nb.trace.sites) - 1
+    rule = settings.get("threshold", "auto")
+    value = settings.get("threshold_value")
+    if rule == "auto" and value is None:
+        value = nb.report.layers[detect].thresholds["auto"]
+    registers = []
+    for site in na.trace.sites:
+        lay = na.trace.layouts[site]
+        registers.append(
+            float(lay.take(na.trace.norms[site], "extra").mean()) if lay.n_extra else 0.0
+        )
+    cos = None
+    if "pooled" in before and "pooled" in after:
+        cos = torch.nn.functional.cosine_similarity(before["pooled"], after["pooled"], dim=-1)
+    return FixComparison(
+        nb,
+        na,
+        detect,
+        rule,
+        value,
+        _rate(nb, detect, rule, value),
+        _rate(na, detect, rule, value),
+        registers,
+        [lo.quantiles["max"] for lo in nb.report.layers],
+        [lo.quantiles["max"] for lo in na.report.layers],
+        cos,
+        ttr.describe(),
+    )
