@@ -224,3 +224,34 @@ def test_compare_fix_before_after(images):
     import json
 
     json.dumps(d)
+
+
+def test_export_fixed_model_loads_back_fixed(tmp_path, images):
+    import timm
+
+    from vitreg.models.loaders.local import save_fixed
+
+    module, truth = build("dinov2_s14", img_size=SIZE)
+    model = vitreg.wrap(module)
+    neurons = NeuronSet([l_ for l_, _ in truth.units], [u for _, u in truth.units], [1.0] * 5)
+    neurons.n_layers, neurons.d_mlp = model.n_layers, model.d_mlp
+    ttr = TestTimeRegisters(neurons, n_registers=2, seed=3)
+    x = images[:3]
+    bare = model.features(x)
+    with ttr.applied(model):
+        fixed = model.features(x)
+        logits = model(x)
+    out = save_fixed(model, ttr, tmp_path / "fixed", **truth.model_args)
+    with pytest.warns(UserWarning, match="test-time registers"):
+        again = vitreg.load(f"local:{out}")
+    assert again.layout.n_extra == 2
+    assert torch.allclose(again.features(x), fixed, atol=1e-6)
+    assert torch.allclose(again(x), logits, atol=1e-6)
+    # timm's own API reads the same weights, without the fix
+    plain = timm.create_model(
+        truth.architecture,
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(out / "model.safetensors")),
+        **truth.model_args,
+    ).eval()
+    assert torch.allclose(plain.forward_features(x), bare, atol=1e-6)

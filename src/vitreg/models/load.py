@@ -29,6 +29,8 @@ class Loaded:
     module: nn.Module
     transform: Callable | None = None
     notes: list[str] = field(default_factory=list)
+    # applied to the wrapped model before it is returned (e.g. a saved test-time-register fix)
+    setup: Callable[[Model], None] | None = None
 
 
 Loader = Callable[..., Loaded]
@@ -149,6 +151,8 @@ def load(
     if device is not None or dtype is not None:
         loaded.module.to(device=device, dtype=dtype)
     model = Model(loaded.module, spec=spec, transform=loaded.transform)
+    if loaded.setup is not None:
+        loaded.setup(model)
     for note in loaded.notes:
         warnings.warn(note, UserWarning, stacklevel=2)
     model.notes.extend(loaded.notes)

@@ -70,7 +70,22 @@ def load_local(
         _load_into(module, read_state_dict(weights or _weights_in(directory)))
     if "pretrained_cfg" in config:
         module.pretrained_cfg = {**module.pretrained_cfg, **config["pretrained_cfg"]}
-    return Loaded(module)
+    fix = config.get("vitreg_fix")
+    if fix is None:
+        return Loaded(module)
+    note = (
+        f"test-time registers from {str(directory)!r} applied ({fix['n_neurons']} neurons); "
+        "timm's own API loads the same weights without the fix"
+    )
+    return Loaded(module, notes=[note], setup=lambda model: _apply_fix(model, directory, fix))
+
+
+def _apply_fix(model: Any, directory: Path, fix: dict) -> None:
+    from vitreg.fix.test_time_registers import TestTimeRegisters
+    from vitreg.neurons.neuron_set import NeuronSet
+
+    neurons = NeuronSet.load(directory / fix["neurons"])
+    TestTimeRegisters(neurons, **fix["options"]).apply(model)
 
 
 def _load_into(module: nn.Module, state: dict) -> None:
@@ -96,6 +111,28 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
     save_file(state, str(out / "model.safetensors"))
     cfg = {k: v for k, v in module.pretrained_cfg.items() if _jsonable(v)}
     config = {"architecture": arch, "model_args": model_args, "pretrained_cfg": cfg}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def save_fixed(model: Any, ttr: Any, directory: str | os.PathLike, **model_args: Any) -> Path:
+    """Save a timm model with its test-time-register fix; ``local:DIR`` loads it fixed.
+
+    The weights are the untouched source weights (timm's own API loads them as the bare model);
+    ``config.json`` names the neuron set and the fix options, which vitreg re-applies on load.
+    """
+    out = save_local(model.module, directory, **model_args)
+    ttr.neurons.save(out / "neurons")
+    options = {
+        k: ttr.describe()[k] for k in ("n_registers", "cls", "patches", "mode", "seed", "scale")
+    }
+    config = json.loads((out / "config.json").read_text())
+    config["vitreg_fix"] = {
+        "method": "test_time_registers",
+        "neurons": "neurons",
+        "n_neurons": len(ttr.neurons),
+        "options": options,
+    }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
