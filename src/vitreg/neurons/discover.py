@@ -103,6 +103,10 @@ def discover(
     ``|activation|`` like the official code; ``sparsity=(a, f)`` keeps a unit's per-image score
     only if at least a fraction ``f`` of tokens have activation below ``a`` (the reference
     notebook's filter). Outliers are patch tokens unless ``include_prefix``.
+
+    Under ``torch.distributed`` an image tensor is sharded by rank (pass each rank its own shard
+    of any other data source); the calibration pass reads the same first images on every rank,
+    and the sums are all-reduced, so every rank returns the single-process ranking.
     """
     n_layers = model.n_layers
     value: float | None = None
@@ -152,6 +156,9 @@ def discover(
                 per_image = per_image * sparse
             score_sum[j] += per_image[has].double().sum(0).cpu()
 
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed and isinstance(data, torch.Tensor):
+        data = data[dist.get_rank() :: dist.get_world_size()]  # each rank scores its shard
     hooks = [(f"blocks.{layer}.mlp.hook_post", keep(layer)) for layer in searched]
     hooks.append((f"blocks.{detect}.hook_resid_post", score))
     done = 0
@@ -164,7 +171,7 @@ def discover(
             done += batch.shape[0]
             if progress is not None:
                 progress(done)
-    if dist.is_available() and dist.is_initialized():
+    if distributed:
         for t in (score_sum, images_with, images_seen):
             dist.all_reduce(t)
     if images_with.item() == 0:
