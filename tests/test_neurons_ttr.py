@@ -255,3 +255,29 @@ def test_export_fixed_model_loads_back_fixed(tmp_path, images):
         **truth.model_args,
     ).eval()
     assert torch.allclose(plain.forward_features(x), bare, atol=1e-6)
+
+
+def test_attention_bias_substitute_removes_outliers_without_a_register(images):
+    from vitreg.fix.attention_bias import AttentionBiasSubstitute
+    from vitreg.fix.controls import ablate
+
+    module, truth = build("dinov2_s14", img_size=SIZE)
+    model = vitreg.wrap(module)
+    neurons = NeuronSet([l_ for l_, _ in truth.units], [u for _, u in truth.units], [1.0] * 5)
+    sub = AttentionBiasSubstitute.estimate(model, neurons, images[:12], batch_size=6)
+    assert sub.keys.shape == (model.n_layers, model.n_heads, model.d_model // model.n_heads)
+    x = images[12:]
+    site = f"blocks.{truth.first_outlier_layer + 1}.hook_resid_post"
+    with TestTimeRegisters(neurons).applied(model):
+        ttr_out = model.features(x)
+    with ablate(model, neurons):
+        ablated = model.features(x)
+    with sub.applied(model):
+        out, cache = model.run_with_cache(x, names=site, reduce="norm")
+        lay = cache.layout(site)
+        assert lay.n_extra == 1
+        patches = lay.take(cache[site], "patches")
+        assert patches.max() < 5 * patches.median()  # no outliers
+    # the substitute stays closer to the test-time-register output than plain ablation
+    assert (out - ttr_out).norm() < (ablated - ttr_out).norm()
+    assert model.layout.n_extra == 0
