@@ -8,10 +8,12 @@ from vitreg.errors import (
     VitregError,
     WeightsError,
 )
+from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks import ActivationCache, Histogram, HookContext, Max, Mean, TokenNorms, TopK
 from vitreg.models.layout import TokenLayout
 from vitreg.models.load import load, wrap
 from vitreg.models.model import Model, TraceResult
+from vitreg.neurons.neuron_set import NeuronSet
 
 __version__ = "0.1.0"
 
@@ -24,8 +26,10 @@ __all__ = [
     "Max",
     "Mean",
     "Model",
+    "NeuronSet",
     "SpecError",
     "TokenLayout",
+    "TestTimeRegisters",
     "TokenNorms",
     "TopK",
     "TraceResult",
