@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from vitreg.cli.diagnose_cmd import diagnose_model
 from vitreg.cli.inspect_cmd import inspect_model
 from vitreg.cli.models_cmd import models
 
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 app.command("models")(models)
 app.command("inspect")(inspect_model)
+app.command("diagnose")(diagnose_model)
 
 
 def _version(value: bool) -> None:

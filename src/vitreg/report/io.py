@@ -16,6 +16,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; reports are meant to be shared
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -1,0 +1,139 @@
+"""What ``diagnose`` costs: every analysis in one pass plus the report, against a plain forward.
+
+On ViT-S/14 (timm ``vit_small_patch14_dinov2``, ``img_size=224``, random weights), over the same
+``--n-images`` synthetic images in batches of ``--batch-size``:
+
+- **plain**: the source module's ``forward_features`` over every batch (``torch.inference_mode``);
+- **diagnose**: ``vitreg.analysis.diagnose.diagnose`` with the default analyses (one hooked pass);
+- **report**: ``vitreg.report.run.write_run`` for that result (metrics.json, report.md/html,
+  figures) into a temporary directory.
+
+After one untimed warm-up of each arm, ``--repeats`` timed rounds alternate plain/diagnose (ABBA)
+and each round writes the report once; medians are compared. Target: diagnose + report <=
+2 x (plain + report). The plain ratio diagnose / plain is reported too.
+
+    python benchmarks/diagnose_speed.py [--n-images 64] [--batch-size 32] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from _common import RESULTS, build, environment, peak_rss_mb, write_json
+
+MODEL = "vit_small_patch14_dinov2"
+TARGET = 2.0  # (diagnose + report) / (plain forward + report)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the three arms on one model and one image set."""
+    import torch
+
+    from vitreg.analysis.diagnose import diagnose
+    from vitreg.data.images import to_display
+    from vitreg.report.run import write_run
+    from vitreg.testing.images import synthetic_pil
+
+    torch.manual_seed(0)
+    model = build(args.model, args.img_size, args.depth)
+    x = model.preprocess(synthetic_pil(args.n_images, args.img_size, seed=0, flat_fraction=0.1))
+
+    def plain() -> None:
+        with torch.inference_mode():
+            for batch in x.split(args.batch_size):
+                model.module.forward_features(batch)
+
+    def run_diagnose() -> Any:
+        return diagnose(model, x, batch_size=args.batch_size, max_maps=args.max_maps)
+
+    def report(result: Any) -> None:
+        shown = to_display(x[: args.max_maps], model)
+        config = {"command": "diagnose", "benchmark": "diagnose_speed", **vars(args)}
+        with tempfile.TemporaryDirectory() as out:
+            write_run(out, result, images=shown, config=config, command="diagnose_speed.py")
+
+    plain()
+    result = run_diagnose()
+    report(result)  # warm-up: matplotlib's first figure and font cache
+    times: dict[str, list[float]] = {"plain_forward": [], "diagnose": [], "report": []}
+    for r in range(args.repeats):
+        order = ("plain_forward", "diagnose") if r % 2 == 0 else ("diagnose", "plain_forward")
+        for arm in order:
+            t0 = time.perf_counter()
+            if arm == "plain_forward":
+                plain()
+            else:
+                result = run_diagnose()
+            times[arm].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        report(result)
+        times["report"].append(time.perf_counter() - t0)
+    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    return {
+        "model": args.model,
+        "n_tokens": model.layout_for((args.img_size, args.img_size)).n_tokens,
+        "analyses": sorted(result.results),
+        "not_applicable": result.not_applicable,
+        "attention_source": sorted(set(result.attn_source.values())),
+        "verdict": result.verdict,
+        "all_seconds": times,
+        "seconds": med,
+        "images_per_s": {arm: args.n_images / med[arm] for arm in ("plain_forward", "diagnose")},
+        "ratios": {
+            "diagnose_plus_report_over_plain_plus_report": (med["diagnose"] + med["report"])
+            / (med["plain_forward"] + med["report"]),
+            "diagnose_over_plain": med["diagnose"] / med["plain_forward"],
+        },
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n-images", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved")
+    p.add_argument("--max-maps", type=int, default=8, help="images kept for figures")
+    p.add_argument("--model", default=MODEL, help="timm model name")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
+    p.add_argument("--out", default=str(RESULTS / "diagnose_speed.json"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    res = measure(args)
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    out = write_json(
+        args.out,
+        {
+            "benchmark": "diagnose_speed",
+            "target": f"(diagnose + report) / (plain forward + report) <= {TARGET}",
+            "settings": settings,
+            "environment": environment(),
+            **res,
+        },
+    )
+    s, ratio = res["seconds"], res["ratios"]
+    main_ratio = ratio["diagnose_plus_report_over_plain_plus_report"]
+    verdict = "ok" if main_ratio <= TARGET else "ABOVE TARGET"
+    print(f"{args.model}, {args.n_images} images of {args.img_size} px, batch {args.batch_size}")
+    print(f"analyses: {', '.join(res['analyses'])}; median of {args.repeats} interleaved rounds")
+    print(
+        f"plain forward {s['plain_forward']:.2f} s, diagnose {s['diagnose']:.2f} s, "
+        f"report writing {s['report']:.2f} s"
+    )
+    print(
+        f"ratio (diagnose + report) / (plain + report) = {main_ratio:.2f} "
+        f"(target <= {TARGET}: {verdict}); diagnose / plain = {ratio['diagnose_over_plain']:.2f}"
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Report figures as PNG bytes with captions (matplotlib Agg canvases, never pyplot state).
+
+Every map's colour scale runs from the CLIP_LOW-th to the CLIP_HIGH-th percentile of the values
+shown (outside values are clipped), and each caption says what was measured where: residual
+stream or after the final norm, head mean, native or recomputed attention.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitreg.report.io import write_bytes_atomic
+
+CLIP_LOW, CLIP_HIGH = 1.0, 99.0
+CMAP = "inferno"
+CLIP_TEXT = f"{CLIP_LOW:g}st to {CLIP_HIGH:g}th percentile"
+MAX_ROWS = 4
+DPI = 80
+
+
+@dataclass
+class Figure:
+    """One rendered figure: file stem, PNG bytes and a caption saying what and where."""
+
+    name: str
+    caption: str
+    png: bytes
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.png"
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``folder/<name>.png`` atomically."""
+        return write_bytes_atomic(Path(folder) / self.filename, self.png)
+
+
+def _canvas(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(left=0.1, right=0.88, bottom=0.15, top=0.9)
+    return fig
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def display_images(
+    images: torch.Tensor | None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> np.ndarray | None:
+    """``[n, H, W, 3]`` floats in [0, 1]: de-normalised with ``mean``/``std`` when given.
+
+    Without mean/std, images already in [0, 1] are shown as they are and others are rescaled
+    per image to their own range.
+    """
+    if images is None or not len(images):
+        return None
+    x = images.detach().float().cpu()
+    if mean is not None and std is not None:
+        x = x * torch.tensor(std).view(1, -1, 1, 1) + torch.tensor(mean).view(1, -1, 1, 1)
+    elif x.min() < 0 or x.max() > 1:
+        lo = x.amin(dim=(1, 2, 3), keepdim=True)
+        hi = x.amax(dim=(1, 2, 3), keepdim=True)
+        x = (x - lo) / (hi - lo).clamp_min(1e-12)
+    return x.clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def clip_range(values: np.ndarray | torch.Tensor) -> tuple[float, float]:
+    """The colour range: CLIP_LOW-th to CLIP_HIGH-th percentile of ``values``."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return 0.0, 1.0
+    lo, hi = np.percentile(v, [CLIP_LOW, CLIP_HIGH])
+    return float(lo), float(hi if hi > lo else lo + 1e-6)
+
+
+def colormap_lut(name: str = CMAP) -> np.ndarray:
+    """``[256, 3]`` uint8 RGB table of a matplotlib colormap (for the HTML canvas)."""
+    from matplotlib import colormaps
+
+    return (colormaps[name](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)
+
+
+def _overlay_grid(
+    maps: list[np.ndarray],
+    titles: list[str],
+    images: np.ndarray | None,
+    label: str,
+) -> bytes:
+    """Rows = images, columns = ``maps`` (each ``[n, h, w]``, own clipped colour scale)."""
+    from matplotlib.ticker import MaxNLocator
+
+    counts = [m.shape[0] for m in maps] + ([len(images)] if images is not None else [])
+    n = min(MAX_ROWS, *counts)
+    cols = len(maps)
+    fig = _canvas(1.8 * cols, 1.8 * n + 0.9)
+    axes = fig.subplots(n, cols, squeeze=False)
+    fig.subplots_adjust(
+        left=0.02,
+        right=0.98,
+        top=1 - 0.3 / (1.8 * n + 0.9),
+        bottom=0.75 / (1.8 * n + 0.9),
+        wspace=0.08,
+        hspace=0.05,
+    )
+    for c, (m, title) in enumerate(zip(maps, titles, strict=True)):
+        lo, hi = clip_range(m)
+        for r in range(n):
+            ax = axes[r][c]
+            ax.set_axis_off()
+            extent = (0, m.shape[2], m.shape[1], 0)
+            if images is not None:
+                ax.imshow(images[r], extent=extent)
+            im = ax.imshow(
+                m[r],
+                cmap=CMAP,
+                vmin=lo,
+                vmax=hi,
+                extent=extent,
+                alpha=0.65 if images is not None else 1.0,
+                interpolation="nearest",
+            )
+            if r == 0:
+                ax.set_title(title, fontsize=9)
+        cax = axes[n - 1][c].inset_axes((0.05, -0.16, 0.9, 0.07))
+        bar = fig.colorbar(im, cax=cax, orientation="horizontal")
+        bar.ax.tick_params(labelsize=6)
+        bar.ax.xaxis.set_major_locator(MaxNLocator(3))
+    fig.text(0.5, 0.01, label + " (colour scale under each column)", ha="center", fontsize=8)
+    return _png(fig)
+
+
+def map_layers(n_layers: int, emergence: int | None) -> list[int]:
+    """A few layers worth showing: first, middle, emergence, the one after, last."""
+    picks = {0, n_layers // 2, n_layers - 1}
+    if emergence is not None:
+        picks |= {emergence, min(emergence + 1, n_layers - 1)}
+    return sorted(p for p in picks if 0 <= p < n_layers)
+
+
+def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
+    """Patch-token norm maps over the input images at a few layers and after the final norm."""
+    trace, report = norms.trace, norms.report
+    layers = map_layers(len(trace.sites), report.emergence_layer)
+    sites = [trace.sites[i] for i in layers]
+    titles = [f"layer {i}" for i in layers]
+    if trace.final_site:
+        sites.append(trace.final_site)
+        titles.append("after final norm")
+    maps = [trace.patch_maps(s).numpy() for s in sites]
+    shown = [len(images)] if images is not None else []
+    png = _overlay_grid(maps, titles, images, "token norm")
+    caption = (
+        f"L2 norm of each patch token on the residual stream at layers "
+        f"{', '.join(map(str, layers))} (block outputs such as `{sites[0]}`, before the final norm)"
+        + (
+            ", and after the final norm (`ln_final.hook_out`, last column)"
+            if trace.final_site
+            else ""
+        )
+        + f", over the first {min(MAX_ROWS, maps[0].shape[0], *shown)} input images. "
+        f"Colour: each column from its {CLIP_TEXT} (clipped)."
+    )
+    return Figure("norm_maps", caption, png)
+
+
+def norm_quantiles(report: Any) -> Figure:
+    """Per-layer patch-norm quantile curves (p1..max) on a log axis, emergence layer marked."""
+    fig = _canvas(6.5, 3.6)
+    ax = fig.subplots()
+    x = [lo.layer for lo in report.layers]
+    for name in ("p1", "p25", "p50", "p75", "p98", "p99", "max"):
+        ax.plot(x, [lo.quantiles[name] for lo in report.layers], marker=".", label=name)
+    if report.final_norm is not None:
+        q = report.final_norm.quantiles
+        ax.scatter(
+            [x[-1] + 1] * 2,
+            [q["p50"], q["max"]],
+            marker="x",
+            color="k",
+            label="after final norm (p50, max)",
+        )
+        ax.set_xticks(list(x[::2]) + [x[-1] + 1], [str(i) for i in x[::2]] + ["final"])
+    if report.emergence_layer is not None:
+        ax.axvline(report.emergence_layer, color="r", ls=":", label="emergence")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("patch-token norm")
+    ax.legend(fontsize=7, ncol=2)
+    caption = (
+        "Quantiles of patch-token norms per layer on the residual stream (before the final norm); "
+        "crosses: median and max after the final norm. A high max/p98 far above the median marks "
+        "an outlier mode; the dotted line is the emergence layer."
+    )
+    return Figure("norm_quantiles", caption, _png(fig))
+
+
+def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
+    """Histograms of log10 patch-token norms, one row per layer (log counts), thresholds marked."""
+    from matplotlib.colors import LogNorm
+
+    entries = list(zip(trace.sites, report.layers, strict=True))
+    if trace.final_site and report.final_norm is not None:
+        entries.append((trace.final_site, report.final_norm))
+    logs = [
+        np.log10(np.clip(trace.patch_norms(s).numpy().ravel(), 1e-12, None)) for s, _ in entries
+    ]
+    lo, hi = min(v.min() for v in logs), max(v.max() for v in logs)
+    edges = np.linspace(lo, hi + 1e-9, bins + 1)
+    counts = np.stack([np.histogram(v, bins=edges)[0] for v in logs]).astype(float)
+    fig = _canvas(7.0, 0.28 * len(entries) + 1.4)
+    ax = fig.subplots()
+    masked = np.ma.masked_equal(counts, 0)
+    im = ax.pcolormesh(
+        edges,
+        np.arange(len(entries) + 1) - 0.5,
+        masked,
+        cmap="Greys",
+        norm=LogNorm(vmin=0.5, vmax=max(counts.max(), 1)),
+    )
+    for row, (_, lo_) in enumerate(entries):
+        auto = lo_.thresholds.get("auto", float("inf"))
+        if np.isfinite(auto):
+            ax.plot([np.log10(auto)] * 2, [row - 0.45, row + 0.45], color="r", lw=1.5)
+        if "top_p" in lo_.thresholds:
+            ax.plot(
+                [np.log10(lo_.thresholds["top_p"])] * 2,
+                [row - 0.45, row + 0.45],
+                color="deepskyblue",
+                ls=":",
+                lw=1.5,
+            )
+    labels = [
+        ("final norm" if lo_.layer is None else f"layer {lo_.layer}")
+        + (" *" if lo_.present else "")
+        for _, lo_ in entries
+    ]
+    ax.set_yticks(range(len(entries)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("log10 patch-token norm")
+    fig.colorbar(im, ax=ax, label="tokens (log scale)", pad=0.02)
+    fig.subplots_adjust(left=0.16, right=0.98, bottom=0.7 / (0.28 * len(entries) + 1.4), top=0.97)
+    caption = (
+        "Histogram of log10 patch-token norms per layer (one row each; grey level = token count, "
+        "log scale), residual stream, last row after the final norm. Red: the auto threshold "
+        "(valley of the two-mode fit; absent when there is no outlier mode). Light-blue dotted: the "
+        "top_p cut, which flags p% of tokens in every model. * marks layers with an outlier mode."
+    )
+    return Figure("norm_histograms", caption, _png(fig))
+
+
+def attention_maps(
+    attn: Any, images: np.ndarray | None, emergence: int | None, source: str
+) -> Figure:
+    """Head-mean attention maps over the input images at a few layers."""
+    picks = map_layers(len(attn.layer_maps), emergence)
+    maps = [attn.layer_maps[i].detach().float().cpu().numpy() for i in picks]
+    titles = [f"layer {attn.layers[i] if attn.layers[i] is not None else i}" for i in picks]
+    png = _overlay_grid(maps, titles, images, "attention")
+    caption = (
+        f"{_attention_what(attn)}, averaged over heads ({source} attention), over the input "
+        f"images. Colour: each column from its {CLIP_TEXT} (clipped)."
+    )
+    return Figure("attention_maps", caption, png)
+
+
+def attention_heads(attn: Any, images: np.ndarray | None, max_heads: int = 12) -> Figure:
+    """Per-head attention maps of the last layer over the input images."""
+    heads = attn.last_layer_heads.detach().float().cpu().numpy()[:, :max_heads]
+    maps = [heads[:, h] for h in range(heads.shape[1])]
+    png = _overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
+    caption = (
+        f"{_attention_what(attn)} per head at the last layer (first {len(maps)} heads). "
+        f"Colour: each column from its {CLIP_TEXT} (clipped)."
+    )
+    return Figure("attention_heads", caption, png)
+
+
+def _attention_what(attn: Any) -> str:
+    if attn.query == "cls":
+        return "[CLS]→patch attention"
+    return "Mean attention received by each patch (the model has no [CLS])"
+
+
+def attention_agreement(attn: Any) -> Figure:
+    """Precision, recall and IoU of attention-map artifacts against norm outliers per layer."""
+    fig = _canvas(6.0, 3.2)
+    ax = fig.subplots()
+    x = [layer if layer is not None else i for i, layer in enumerate(attn.layers)]
+    for key in ("precision", "recall", "iou", "top_p_iou"):
+        y = [a.get(key) if a and a.get(key) is not None else np.nan for a in attn.agreement]
+        if not np.isnan(y).all():
+            ax.plot(x, y, marker="o", label=key)  # NaN (0/0) leaves a gap
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("agreement")
+    ax.legend(fontsize=8)
+    caption = (
+        "Agreement per layer between attention-map artifact patches and the norm outliers of the "
+        f"same block's output on the residual stream ({attn.norm_method} rule): precision "
+        "(attention artifacts that are norm outliers), recall, IoU, and top_p_iou (top p% "
+        "attention vs top p% norms)."
+    )
+    return Figure("attention_agreement", caption, _png(fig))
+
+
+def ln_similarity(ln: Any) -> Figure:
+    """Mean cosine similarity per token pair before/after norm1 and norm2, per block."""
+    fig = _canvas(9.0, 3.4)
+    axes = fig.subplots(1, 2, sharey=True)
+    colours = {"cls_patch": "C0", "patch_patch": "C1", "register_patch": "C2", "register_cls": "C3"}
+    blocks = list(range(len(ln.similarity)))
+    for ax, (pre, post, title) in zip(
+        axes, (("pre_ln1", "post_ln1", "norm1"), ("pre_ln2", "post_ln2", "norm2")), strict=True
+    ):
+        for pair, colour in colours.items():
+            for point, style in ((pre, "--"), (post, "-")):
+                vals = [ln.similarity[b].get(point, {}).get(pair, {}).get("mean") for b in blocks]
+                pts = [(b, v) for b, v in zip(blocks, vals, strict=True) if v is not None]
+                if pts:
+                    lbl = f"{pair} {'before' if style == '--' else 'after'}"
+                    ax.plot(*zip(*pts, strict=True), style, color=colour, marker=".", label=lbl)
+        ax.axhline(0, color="0.7", lw=0.8)
+        ax.set_title(f"before (dashed) / after (solid) {title}", fontsize=9)
+        ax.set_xlabel("block")
+    axes[0].set_ylabel("mean cosine similarity")
+    axes[1].legend(fontsize=6, ncol=2)
+    caption = (
+        "Mean cosine similarity between token types in every block, before and after the "
+        "pre-attention norm (norm1, left) and the pre-MLP norm (norm2, right), averaged over images."
+    )
+    return Figure("ln_similarity", caption, _png(fig))
+
+
+def channel_ownership(ln: Any) -> Figure:
+    """Fraction of channels owned by [CLS] or patches per block, and norm1's gain on them."""
+    fig = _canvas(6.5, 3.2)
+    ax = fig.subplots()
+    x = list(range(len(ln.owned_fraction)))
+    ax.bar(x, [v if v is not None else 0.0 for v in ln.owned_fraction], color="C0")
+    ax.set_xlabel("block")
+    ax.set_ylabel("owned channel fraction", color="C0")
+    gains = [(b, g) for b, g in enumerate(ln.gain_on_owned) if g is not None]
+    if gains:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*gains, strict=True), color="C3", marker="o")
+        ax2.set_ylabel("norm1 |gain| owned / other", color="C3")
+    caption = (
+        "Channel ownership at each block's input (residual stream): share of channels with "
+        "|log(E|x_cls| / E|x_patch|)| > log 4 (bars) and the mean |gain| of norm1 on owned over "
+        "other channels (red)."
+    )
+    return Figure("channel_ownership", caption, _png(fig))
+
+
+def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:
+    """Local redundancy (cosine similarity to 4 neighbours) at the patch embedding and a layer."""
+    maps = [
+        red.embed_maps.detach().float().cpu().numpy(),
+        red.layer_maps.detach().float().cpu().numpy(),
+    ]
+    titles = ["patch embedding", f"layer {red.layer}"]
+    png = _overlay_grid(maps, titles, images, "neighbour cosine")
+    caption = (
+        "Local redundancy: mean cosine similarity of each patch to its 4 neighbours at the patch "
+        f"embedding (`hook_embed`) and at `{red.layer_site}`. Colour: each column from its "
+        f"{CLIP_TEXT} (clipped)."
+    )
+    return Figure("redundancy_maps", caption, png)
+
+
+def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:
+    """Every figure the available results support (missing analyses give no figure)."""
+    res = result.results
+    norms = res.get("norms")
+    figs: list[Figure] = []
+    if norms is not None:
+        figs += [
+            norm_maps(norms, images),
+            norm_quantiles(norms.report),
+            norm_histograms(norms.trace, norms.report),
+        ]
+    emergence = norms.report.emergence_layer if norms is not None else None
+    if res.get("attention") is not None:
+        sources = sorted(set(result.attn_source.values())) or ["captured"]
+        attn = res["attention"]
+        figs += [
+            attention_maps(attn, images, emergence, "/".join(sources)),
+            attention_agreement(attn),
+        ]
+        if attn.last_layer_heads.numel():
+            figs.insert(-1, attention_heads(attn, images))
+    if res.get("redundancy") is not None:
+        figs.append(redundancy_maps(res["redundancy"], images))
+    if res.get("ln_separation") is not None:
+        figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
+    return figs

@@ -1,0 +1,131 @@
+"""Self-contained report.html: the Markdown report's sections, figures as data URIs, a layer slider.
+
+The slider draws norm and attention maps over the input images on canvases from JSON
+embedded in the page (maps are tiny: h*w numbers per layer per image), so the file stays
+small and opens offline: no CDN, no external file.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from vitreg.report.figures import CLIP_TEXT, clip_range, colormap_lut
+from vitreg.report.markdown import FigureRef, Report, Table
+
+SLIDER_IMAGES = 4
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _image_uri(img: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray((img * 255).round().astype(np.uint8)).save(buf, format="PNG")
+    return data_uri(buf.getvalue())
+
+
+def _rounded(x: np.ndarray) -> list[float]:
+    return [float(f"{v:.4g}") for v in np.asarray(x, dtype=np.float64).ravel()]
+
+
+def slider_data(result: Any, images: np.ndarray | None, n: int = SLIDER_IMAGES) -> dict | None:
+    """Per-layer norm (and attention) maps of the first ``n`` images, with clipped colour ranges."""
+    norms = result.results.get("norms")
+    if norms is None:
+        return None
+    trace = norms.trace
+    n = min(n, trace.n_images, *([len(images)] if images is not None else []))
+    sites = trace.sites + ([trace.final_site] if trace.final_site else [])
+    layers = []
+    for i, site in enumerate(sites):
+        maps = trace.patch_maps(site).numpy()
+        lo, hi = clip_range(maps)
+        final = site == trace.final_site
+        layers.append(
+            {
+                "label": "after final norm" if final else f"layer {i}",
+                "site": site,
+                "where": "after the final norm" if final else "residual stream",
+                "grid": list(maps.shape[1:]),
+                "range": [lo, hi],
+                "maps": [_rounded(m) for m in maps[:n]],
+                "attention": None,
+            }
+        )
+    attn = result.results.get("attention")
+    if attn is not None:
+        by_site = {
+            site.removesuffix("attn.hook_pattern") + "hook_resid_post": m
+            for site, m in zip(attn.sites, attn.layer_maps, strict=True)
+        }
+        for entry in layers:
+            m = by_site.get(entry["site"])
+            if m is not None and m.numel():
+                m = m.detach().float().cpu().numpy()
+                entry["attention"] = {
+                    "grid": list(m.shape[1:]),
+                    "range": list(clip_range(m)),
+                    "maps": [_rounded(x) for x in m[:n]],
+                }
+    return {
+        "cmap": colormap_lut().tolist(),
+        "images": [_image_uri(img) for img in images[:n]] if images is not None else [],
+        "layers": layers,
+        "attention": None if attn is None else attn.query,
+        "start": norms.report.emergence_layer
+        if norms.report.emergence_layer is not None
+        else len(trace.sites) - 1,
+    }
+
+
+def inline(text: str) -> Any:
+    """Escape ``text`` and turn **bold** and `code` into HTML."""
+    from markupsafe import Markup, escape
+
+    html = str(escape(text))
+    html = _BOLD.sub(r"<strong>\1</strong>", html)
+    return Markup(_CODE.sub(r"<code>\1</code>", html))
+
+
+def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
+    """The whole report as one HTML page with every figure embedded."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("vitreg.report", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["inline"] = inline
+    uris = {f"figures/{f.filename}": data_uri(f.png) for f in figures}
+    slider_json = json.dumps(slider, separators=(",", ":")).replace("</", "<\\/")
+    return env.get_template("report.html.j2").render(
+        report=report,
+        uris=uris,
+        slider_json=slider_json,
+        has_slider=slider is not None,
+        clip_text=CLIP_TEXT,
+        kind=_kind,
+    )
+
+
+def _kind(block: Any) -> str:
+    return (
+        "table"
+        if isinstance(block, Table)
+        else "figure"
+        if isinstance(block, FigureRef)
+        else "text"
+    )

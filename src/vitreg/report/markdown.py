@@ -1,0 +1,489 @@
+"""report.md, and the section structure report.html shares, built from a metrics.json document.
+
+Every number shown is read from the document's ``results`` block (the analyses' own
+``to_dict``), so the report and metrics.json never disagree. A section whose analysis is
+missing or does not apply says so in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitreg.report.schema import is_synthetic, shown_layer
+
+FIGURE_SECTION = {
+    "norm_maps": "norms",
+    "norm_quantiles": "norms",
+    "norm_histograms": "norms",
+    "attention_maps": "attention",
+    "attention_heads": "attention",
+    "attention_agreement": "attention",
+    "redundancy_maps": "redundancy",
+    "ln_similarity": "ln_separation",
+    "channel_ownership": "ln_separation",
+}
+RULE_ORDER = ("absolute", "top_p", "robust_z", "auto")
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class FigureRef:
+    filename: str
+    caption: str
+
+
+Block = str | Table | FigureRef  # a str is a paragraph (**bold** and `code` allowed)
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    banner: str | None
+    title: str
+    sections: list[Section]
+
+
+def num(x: Any, digits: int = 3) -> str:
+    """A number as text (``–`` for missing)."""
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * x:.2f}%"
+
+
+def _unavailable(doc: dict[str, Any], name: str, label: str) -> str:
+    reason = doc["results"].get("not_applicable", {}).get(name)
+    return f"Not available: {reason or f'the {label} analysis was not run'}."
+
+
+def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
+    """The report's sections from a metrics.json document and the figures (name, caption)."""
+    model = doc["model"]
+    name = model.get("spec") or model.get("class_name") or "model"
+    banner = None
+    if is_synthetic(model):
+        banner = (
+            f"**SYNTHETIC MODEL:** `{name}` has random weights with planted artifacts; it is not "
+            "a trained ViT. Use this report to check the tool, not to draw conclusions about "
+            "real models."
+        )
+    sections = [
+        _verdict(doc),
+        _model(doc),
+        _data(doc),
+        _norms(doc),
+        _final_norm(doc),
+        _attention(doc),
+        _redundancy(doc),
+        _ln(doc),
+        _not_applicable(doc),
+        _provenance(doc),
+    ]
+    by_key = {s.key: s for s in sections}
+    for fig in figures:
+        key = FIGURE_SECTION.get(fig.name, "norms")
+        by_key[key].blocks.append(FigureRef(f"figures/{fig.filename}", fig.caption))
+    return Report(banner, f"vitreg diagnose: {name}", sections)
+
+
+def _verdict(doc: dict[str, Any]) -> Section:
+    norms = doc["results"]["norms"]
+    ev = norms["evidence"]
+    layers = norms["layers"]
+    s = Section("verdict", "Verdict")
+    if norms["artifacts_present"]:
+        with_mode = ev["layers_with_outlier_mode"]
+        s.blocks.append(
+            f"**Artifacts found.** From layer {norms['emergence_layer']} on (layers 0 to "
+            f"{len(layers) - 1}), patch-token norms on the residual stream split into a separate high-norm "
+            f"outlier mode. At layer {ev['strongest_layer']} (the clearest split) the outlier mode "
+            f"holds {pct(ev['outlier_rate'])} of patch tokens and its median norm is "
+            f"{num(ev['mode_ratio'])}× the bulk's (Ashman D = {num(ev['ashman_d'])}). Layers with "
+            f"an outlier mode: {', '.join(map(str, with_mode))}."
+        )
+    else:
+        peak = max(layers, key=lambda lo: lo["max_over_median"]) if layers else None
+        text = (
+            "**No artifacts found.** No layer's patch-token norms split into a separate "
+            "high-norm mode, so no token is flagged as a high-norm outlier."
+        )
+        if peak:
+            text += (
+                f" The largest max/median norm ratio is {num(peak['max_over_median'])} "
+                f"(layer {peak['layer']})."
+            )
+        if "top_p" in norms["rules"]:
+            text += (
+                f" The top_p rule still flags {num(norms['rules']['top_p'].get('p', 2.0))}% of "
+                "tokens at every layer: it does so in every model, by construction."
+            )
+        s.blocks.append(text)
+    s.blocks.append(f"Presence test: {ev['criteria']}.")
+    return s
+
+
+def _model(doc: dict[str, Any]) -> Section:
+    m = doc["model"]
+    lay = m.get("layout", {})
+    rows = [
+        ["spec", f"`{m.get('spec')}`" if m.get("spec") else "– (wrapped module)"],
+        ["family / source", f"{m.get('family')} / {m.get('source') or '–'}"],
+        ["class", f"`{m.get('class_name')}`"],
+        [
+            "token layout",
+            f"{lay.get('n_cls', 0)} [CLS], {lay.get('n_reg', 0)} registers, "
+            f"{lay.get('n_patches', '?')} patches on a {lay.get('grid')} grid, "
+            f"patch size {lay.get('patch_size')}",
+        ],
+        ["dimensions", ", ".join(f"{k} {num(v)}" for k, v in m.get("dims", {}).items())],
+        ["image size", str(m.get("image_size"))],
+        ["attention path", str(m.get("attention"))],
+    ]
+    s = Section("model", "Model", [Table(["", ""], rows)])
+    s.blocks += [f"Note: {n}" for n in m.get("notes", [])]
+    return s
+
+
+def _data(doc: dict[str, Any]) -> Section:
+    d = doc["data"]
+    s = Section("data", "Images")
+    desc = f" (source: {d['description']})" if d.get("description") else ""
+    s.blocks.append(f"{d['n_images']} images{desc} were analysed.")
+    if d.get("synthetic"):
+        s.blocks.append(
+            "The images are synthetic (generated textures with flat regions), not photos."
+        )
+    if d["skipped"]:
+        s.blocks.append(f"{len(d['skipped'])} files were skipped:")
+        s.blocks.append(Table(["file", "reason"], [[f"`{k}`", v] for k, v in d["skipped"].items()]))
+    else:
+        s.blocks.append("No file was skipped.")
+    if d["converted"]:
+        s.blocks.append(f"{len(d['converted'])} files were converted to 8-bit RGB:")
+        s.blocks.append(
+            Table(["file", "original mode"], [[f"`{k}`", v] for k, v in d["converted"].items()])
+        )
+    return s
+
+
+def _norms(doc: dict[str, Any]) -> Section:
+    norms = doc["results"]["norms"]
+    rules = [r for r in RULE_ORDER if r in norms["rules"]] + [
+        r for r in norms["rules"] if r not in RULE_ORDER
+    ]
+    s = Section("norms", "Token norms and outliers")
+    layers = norms["layers"]
+    span = f"`{layers[0]['site']}` … `{layers[-1]['site']}`" if layers else "–"
+    s.blocks.append(
+        f"Norms are L2 norms of patch tokens on the residual stream (each block's output, {span}, "
+        "before any final norm), computed in float32. The rules side by side (share of patch "
+        "tokens flagged): " + "; ".join(f"`{r}` {_params(norms['rules'][r])}" for r in rules) + "."
+    )
+    staged = any(lo["site"] != f"blocks.{lo['layer']}.hook_resid_post" for lo in layers)
+    header = ["layer", *(["site"] if staged else []), "median norm", "p98/median", "max/median"]
+    header += [*rules, "outlier mode"]
+    rows = [_norm_row(str(lo["layer"]), lo, rules, staged) for lo in layers]
+    if norms.get("after_final_norm"):
+        rows.append(_norm_row("after final norm", norms["after_final_norm"], rules, staged))
+    s.blocks.append(Table(header, rows))
+    if "top_p" in rules:
+        s.blocks.append(
+            "`top_p` flags the top p% of tokens in every model, with or without artifacts: it "
+            "says which tokens are largest, never whether there are artifacts."
+        )
+    if not norms["artifacts_present"]:
+        s.blocks.append(
+            "`auto` flags nothing here (no outlier mode, threshold infinite); compare models "
+            "with `top_p` if you need a fixed share of tokens."
+        )
+    e = norms["emergence_layer"]
+    s.blocks.append(
+        f"**Emergence layer:** {e} (the first layer from which an outlier mode holds at that "
+        "layer and the next)."
+        if e is not None
+        else "**Emergence layer:** none (no layer has an outlier mode)."
+    )
+    return s
+
+
+def _params(params: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "(fitted)"
+
+
+def _norm_row(label: str, lo: dict[str, Any], rules: list[str], staged: bool) -> list[str]:
+    rates = [pct(lo["outlier_rate"].get(r)) for r in rules]
+    q = lo["quantiles"]
+    mode = "yes" if lo["artifacts_present"] else "no"
+    site = [f"`{lo['site']}`"] if staged else []
+    return [
+        label,
+        *site,
+        num(q["p50"]),
+        num(lo["p98_over_median"]),
+        num(lo["max_over_median"]),
+        *rates,
+        mode,
+    ]
+
+
+def _final_norm(doc: dict[str, Any]) -> Section:
+    norms = doc["results"]["norms"]
+    final = norms.get("after_final_norm")
+    s = Section("final_norm", "Before vs after the final norm")
+    if not final:
+        s.blocks.append(
+            "Not available: the model exposes no final-norm output (`ln_final.hook_out`)."
+        )
+        return s
+    last = norms["layers"][-1]
+    compare = (
+        f"max/median patch norm {num(last['max_over_median'])} at the last layer (residual "
+        f"stream) vs {num(final['max_over_median'])} after the final norm"
+    )
+    if norms["artifacts_present"] and not final["artifacts_present"]:
+        s.blocks.append(
+            f"**Warning:** the outliers are not visible after the final norm ({compare}). Measure "
+            "norms on the residual stream, before the final LayerNorm: measuring after it is a "
+            "common reason for failing to reproduce the artifacts (dinov2 issue 373)."
+        )
+    elif norms["artifacts_present"]:
+        s.blocks.append(f"The outliers stay visible after the final norm ({compare}).")
+    else:
+        s.blocks.append(f"No outlier mode on the residual stream; {compare}.")
+    return s
+
+
+def _attention(doc: dict[str, Any]) -> Section:
+    s = Section("attention", "Attention artifacts")
+    attn = doc["results"].get("attention")
+    if not attn:
+        s.blocks.append(_unavailable(doc, "attention", "attention"))
+        return s
+    defs = attn.get("definitions", {})
+    s.blocks.append(
+        f"Maps: {defs.get('map', attn.get('query'))}; attention pattern: "
+        f"{attn.get('attention_source') or '–'}. Attention artifacts: {defs.get('artifact', '–')}."
+    )
+    method = attn.get("norm_method")
+    if method:
+        why = (
+            "the artifact verdict is positive"
+            if method == "auto"
+            else "no outlier mode, so the top p% norms stand in: high-norm tokens, not artifacts"
+        )
+        s.blocks.append(
+            f"Agreement compares them with the norm outliers of the same block's output by the "
+            f"`{method}` rule ({why}): {defs.get('agreement', '')}."
+        )
+    norms = doc["results"]["norms"]
+    site = norms["layers"][shown_layer(norms)]["site"] if norms["layers"] else None
+    at = next((a for a in attn.get("agreement", []) if a.get("norm_site") == site), None)
+    if at and at.get("iou") is not None:
+        s.blocks.append(
+            f"At `{site}`, attention artifacts and norm outliers agree with IoU {num(at['iou'])} "
+            f"(precision {num(at.get('precision'))}, recall {num(at.get('recall'))}); "
+            "a low IoU means the attention-map artifacts and the high-norm tokens are different "
+            "patches."
+        )
+    elif at:
+        s.blocks.append(
+            f"No agreement at `{site}`: {at.get('reason', 'no artifacts on either side')}."
+        )
+    ks = sorted(k for k in attn if k.startswith("sink_mass_top"))
+    header = ["layer", *(f"top-{k.removeprefix('sink_mass_top')} mass" for k in ks)]
+    header += [
+        "entropy (norm.)",
+        "max map",
+        "artifact rate",
+        "precision",
+        "recall",
+        "IoU",
+        "top-p IoU",
+    ]
+    rows = []
+    for i, layer in enumerate(attn.get("layers", [])):
+        a = _at(attn.get("agreement"), i) or {}
+        rows.append(
+            [
+                str(layer),
+                *(num(attn[k][i]) for k in ks),
+                num(_at(attn.get("entropy_normalized"), i)),
+                num(_at(attn.get("cls_to_patch_max"), i)),
+                pct(_at(attn.get("artifact_rate"), i)),
+                *(num(a.get(k)) for k in ("precision", "recall", "iou", "top_p_iou")),
+            ]
+        )
+    s.blocks.append(Table(header, rows))
+    s.blocks += [f"Note: {n}" for n in attn.get("notes", [])]
+    return s
+
+
+def _redundancy(doc: dict[str, Any]) -> Section:
+    s = Section("redundancy", "Where outliers sit: local redundancy")
+    red = doc["results"].get("redundancy")
+    if not red:
+        s.blocks.append(_unavailable(doc, "redundancy", "redundancy"))
+        return s
+    s.blocks.append(
+        f"Local redundancy: {red.get('measure', 'neighbour cosine similarity')}, at the patch "
+        f"embedding (`{red.get('embed_site')}`) and at `{red.get('layer_site')}`. Outliers there: "
+        f"{red.get('n_outliers')} patches ({pct(red.get('outlier_rate'))}) by the "
+        f"`{red.get('outlier_method')}` rule ({red.get('outlier_method_reason')})."
+    )
+    if red.get("note"):
+        s.blocks.append(f"Note: {red['note']}")
+    vs = red.get("outlier_vs_normal") or {}
+    if vs:
+        s.blocks.append(
+            "AUC = probability that an outlier's redundancy exceeds a normal patch's (0.5: no "
+            "difference; above: outliers sit in more redundant regions)."
+        )
+        rows = [
+            [
+                f"`{m}`",
+                num(v.get("outlier", {}).get("median")),
+                num(v.get("normal", {}).get("median")),
+                num(v.get("auc")),
+            ]
+            for m, v in vs.items()
+        ]
+        s.blocks.append(Table(["measure", "outlier median", "normal median", "AUC"], rows))
+    curve = red.get("rate_by_redundancy") or {}
+    if curve.get("bins"):
+        s.blocks.append(
+            f"Outlier rate by `{curve.get('measure')}` redundancy ({curve.get('binning')}):"
+        )
+        rows = [
+            [
+                f"{num(b.get('lo'))} – {num(b.get('hi'))}",
+                num(b.get("n")),
+                pct(b.get("outlier_rate")),
+            ]
+            for b in curve["bins"]
+        ]
+        s.blocks.append(Table(["redundancy bin", "patches", "outlier rate"], rows))
+    border, bg = red.get("border") or {}, red.get("background") or {}
+    if border:
+        s.blocks.append(
+            f"Border ({border.get('definition')}): outlier rate {pct(border.get('outlier_rate_border'))} "
+            f"vs {pct(border.get('outlier_rate_interior'))} inside."
+        )
+    if bg:
+        s.blocks.append(
+            f"Background ({bg.get('definition')}): outlier rate "
+            f"{pct(bg.get('outlier_rate_background'))} vs {pct(bg.get('outlier_rate_foreground'))} "
+            f"elsewhere; {pct(bg.get('outlier_share_in_background'))} of outliers are background."
+        )
+    return s
+
+
+def _at(values: list[Any] | None, i: int) -> Any:
+    return values[i] if values is not None and i < len(values) else None
+
+
+def _ln(doc: dict[str, Any]) -> Section:
+    s = Section("ln_separation", "[CLS]/patch separation by LayerNorm")
+    ln = doc["results"].get("ln_separation")
+    if not ln:
+        s.blocks.append(_unavailable(doc, "ln_separation", "LayerNorm separation"))
+        return s
+    pairs = ["cls_patch", "patch_patch"] + (["register_patch"] if ln.get("has_registers") else [])
+    header = ["block"]
+    for p in pairs:
+        header += [f"{p} before norm1", f"{p} after norm1"]
+    header += ["owned channels", "norm1 gain owned/other"]
+    rows = []
+    for b, sim in enumerate(ln["similarity"]):
+        row = [str(b)]
+        for p in pairs:
+            row += [num(sim.get(pt, {}).get(p, {}).get("mean")) for pt in ("pre_ln1", "post_ln1")]
+        row += [pct(ln["owned_channel_fraction"][b]), num(ln["ln1_gain_owned_over_other"][b])]
+        rows.append(row)
+    if ln.get("has_cls"):
+        pre, post = (
+            _mean(sim.get(pt, {}).get("cls_patch", {}).get("mean") for sim in ln["similarity"])
+            for pt in ("pre_ln1", "post_ln1")
+        )
+        s.blocks.append(
+            f"Mean [CLS]–patch cosine similarity over blocks: {num(pre)} before norm1, "
+            f"{num(post)} after. A drop to about zero after norm1 means the norm separates [CLS] "
+            "from patches (Marouani et al., ICLR 2026)."
+        )
+    s.blocks.append(
+        f"Mean cosine similarity averaged over images; owned channels: {ln['owned_threshold']}, "
+        "measured at each block's input."
+    )
+    s.blocks.append(Table(header, rows))
+    return s
+
+
+def _mean(values: Iterable[Any]) -> float | None:
+    v = [float(x) for x in values if x is not None]
+    return sum(v) / len(v) if v else None
+
+
+def _not_applicable(doc: dict[str, Any]) -> Section:
+    s = Section("not_applicable", "What did not apply")
+    na = doc["results"].get("not_applicable", {})
+    s.blocks += [f"`{k}`: {v}" for k, v in na.items()] or ["Every analysis that ran applied."]
+    return s
+
+
+def _provenance(doc: dict[str, Any]) -> Section:
+    keys = ("vitreg_version", "torch_version", "timm_version", "transformers_version")
+    rows = [[k, str(doc.get(k))] for k in (*keys, "open_clip_version", "python_version")]
+    rows += [["created (UTC)", doc["created"]], ["command", f"`{doc['command']}`"]]
+    rows += [[f"config: {k}", f"`{v}`"] for k, v in doc["config"].items()]
+    return Section("provenance", "Provenance", [Table(["", ""], rows)])
+
+
+def render_markdown(report: Report) -> str:
+    """The report as Markdown; its first line is the synthetic-model banner when there is one."""
+    lines: list[str] = []
+    if report.banner:
+        lines += [report.banner, ""]
+    lines += [f"# {report.title}", ""]
+    for s in report.sections:
+        lines += [f"## {s.title}", ""]
+        for b in s.blocks:
+            lines += [*_md_block(b), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def markdown_table(table: Table) -> str:
+    """One table as Markdown."""
+    return "\n".join(_md_block(table)) + "\n"
+
+
+def _md_block(b: Block) -> list[str]:
+    if isinstance(b, Table):
+        cell = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        return [
+            "| " + " | ".join(map(cell, b.header)) + " |",
+            "|" + "---|" * len(b.header),
+            *("| " + " | ".join(map(cell, r)) + " |" for r in b.rows),
+        ]
+    if isinstance(b, FigureRef):
+        stem = b.filename.rsplit("/", 1)[-1].removesuffix(".png")
+        return [f"![{stem}]({b.filename})", "", f"*{b.caption}*"]
+    return [b]

@@ -1,0 +1,366 @@
+"""The metrics.json schema: provenance, model, data, config, results and traceable headline metrics.
+
+Every headline metric names the JSON pointer (``source``) of the number it repeats inside the
+same file, with an optional aggregate over a ``*`` wildcard, so a reader (and
+:func:`validate_metrics`) can check that each headline equals a number in ``results``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import math
+import platform
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = "1.0"
+Number = bool | int | float | None
+
+
+class Metric(BaseModel):
+    """One headline number, where it sits in ``results`` and which direction is better."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    value: Number
+    higher_is_better: bool | None
+    unit: str | None = None
+    layer: int | None = None
+    description: str = ""
+    source: str = Field(description="JSON pointer into this file; '*' matches every list item")
+    aggregate: Literal["mean"] | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: Number) -> Number:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("metric values must be finite numbers or null")
+        return v
+
+
+class ModelInfo(BaseModel):
+    """What was analysed: spec, family, token layout, dimensions, attention path, notes."""
+
+    model_config = ConfigDict(extra="allow")
+
+    spec: str | None
+    family: str
+    source: str | None = None
+    class_name: str | None = None
+    synthetic: bool
+    layout: dict[str, Any]
+    dims: dict[str, int | None]
+    image_size: list[int] | None = None
+    attention: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class DataInfo(BaseModel):
+    """Which images: description, how many were used, which files were skipped or converted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    description: str | None = None
+    n_images: int
+    skipped: dict[str, str] = Field(default_factory=dict)
+    converted: dict[str, str] = Field(default_factory=dict)
+
+
+class Results(BaseModel):
+    """``DiagnoseResult.to_dict()``: one block per analysis plus what did not apply and why."""
+
+    model_config = ConfigDict(extra="allow")
+
+    norms: dict[str, Any]
+    attention: dict[str, Any] | None = None
+    redundancy: dict[str, Any] | None = None
+    ln_separation: dict[str, Any] | None = None
+    not_applicable: dict[str, str] = Field(default_factory=dict)
+    attention_source: str | list[str] | None = None
+
+
+class MetricsFile(BaseModel):
+    """The whole metrics.json document."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal["1.0"]
+    vitreg_version: str
+    torch_version: str
+    timm_version: str | None
+    transformers_version: str | None = None
+    open_clip_version: str | None = None
+    python_version: str
+    created: str
+    command: str
+    model: ModelInfo
+    data: DataInfo
+    config: dict[str, Any]
+    results: Results
+    metrics: list[Metric]
+
+    @field_validator("created")
+    @classmethod
+    def _utc_iso(cls, v: str) -> str:
+        if _dt.datetime.fromisoformat(v).utcoffset() != _dt.timedelta(0):
+            raise ValueError("created must be an ISO timestamp in UTC")
+        return v
+
+    @model_validator(mode="after")
+    def _traceable(self) -> MetricsFile:
+        doc = self.model_dump(mode="json")
+        names = [m.name for m in self.metrics]
+        if len(set(names)) != len(names):
+            raise ValueError("metric names must be unique")
+        for m in self.metrics:
+            expected = resolve(doc, m.source, m.aggregate)
+            if not _same(m.value, expected):
+                raise ValueError(
+                    f"metric {m.name}={m.value!r} differs from {m.source} = {expected!r}"
+                )
+        return self
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of metrics.json (for consumers in other languages)."""
+    return MetricsFile.model_json_schema()
+
+
+def validate_metrics(doc: dict[str, Any]) -> MetricsFile:
+    """Validate a metrics.json document, including that every headline traces to ``results``."""
+    return MetricsFile.model_validate(doc)
+
+
+def resolve(doc: Any, pointer: str, aggregate: str | None = None) -> Any:
+    """The value at JSON ``pointer`` in ``doc``; with ``*`` segments, ``aggregate`` of the matches."""
+    found = [doc]
+    for raw in pointer.split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        nxt = []
+        for node in found:
+            if part == "*":
+                nxt += list(node.values() if isinstance(node, dict) else node)
+            elif isinstance(node, list):
+                nxt.append(node[int(part)])
+            elif aggregate is None or (isinstance(node, dict) and part in node):
+                nxt.append(node[part])  # aggregates skip items without the key
+        found = nxt
+    if aggregate is None:
+        if len(found) != 1:
+            raise ValueError(f"pointer {pointer} matches {len(found)} values; give an aggregate")
+        return found[0]
+    values = [float(v) for v in found if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a == b
+    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of vitreg, python and the model libraries (optional ones: ``None`` if absent)."""
+    import torch
+
+    import vitreg
+
+    def dist(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "vitreg_version": vitreg.__version__,
+        "torch_version": torch.__version__,
+        "timm_version": dist("timm"),
+        "transformers_version": dist("transformers"),
+        "open_clip_version": dist("open_clip_torch"),
+        "python_version": platform.python_version(),
+    }
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def plain(obj: Any) -> Any:
+    """JSON/YAML-ready copy: tuples to lists, tensors/arrays to lists, paths to strings."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set):
+        return [plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return plain(obj.to_dict())
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return str(obj)
+
+
+def is_synthetic(model: dict[str, Any]) -> bool:
+    """A ``planted:`` spec or a note saying so: the report must say it in its first line."""
+    spec = model.get("spec") or ""
+    notes = " ".join(model.get("notes") or []).lower()
+    return spec.startswith("planted:") or "synthetic" in notes
+
+
+def model_info(described: dict[str, Any]) -> dict[str, Any]:
+    """``Model.describe()`` regrouped for metrics.json (dimensions together, synthetic flag)."""
+    dims = ("n_layers", "d_model", "d_mlp", "n_heads", "n_params")
+    known = {"spec", "family", "source", "class", "layout", "image_size", "attention", "notes"}
+    return {
+        "spec": described.get("spec"),
+        "family": described.get("family", "unknown"),
+        "source": described.get("source"),
+        "class_name": described.get("class"),
+        "synthetic": is_synthetic(described),
+        "layout": plain(described.get("layout", {})),
+        "dims": {k: described.get(k) for k in dims},
+        "image_size": plain(described.get("image_size")),
+        "attention": described.get("attention"),
+        "notes": list(described.get("notes") or []),
+        **{k: plain(v) for k, v in described.items() if k not in known and k not in dims},
+    }
+
+
+def data_info(data: dict[str, Any]) -> dict[str, Any]:
+    """The diagnose ``data`` block: description, counts, skipped/converted files, the rest as is."""
+    rest = {k: plain(v) for k, v in data.items() if k not in ("description", "n_images")}
+    desc = data.get("description") or data.get("source") or data.get("images")
+    return {
+        **rest,
+        "description": None if desc is None else str(desc),
+        "n_images": int(data.get("n_images", 0)),
+        "skipped": {str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
+        "converted": {str(k): str(v) for k, v in (data.get("converted") or {}).items()},
+    }
+
+
+def headline_metrics(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The flat list of headline numbers, each read from ``results`` at its stated pointer."""
+    doc = {"results": results}
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, pointer: str, better: bool | None, **kw: Any) -> None:
+        value = resolve(doc, pointer, kw.get("aggregate"))
+        out.append(
+            {"name": name, "value": value, "higher_is_better": better, "source": pointer, **kw}
+        )
+
+    norms = results["norms"]
+    layers = norms["layers"]
+    n = "/results/norms"
+    add("artifacts_present", f"{n}/artifacts_present", False, description="the artifact verdict")
+    add(
+        "emergence_layer",
+        f"{n}/emergence_layer",
+        None,
+        description="first layer with an outlier mode that persists; null: none",
+    )
+    add(
+        "outlier_rate",
+        f"{n}/evidence/outlier_rate",
+        False,
+        unit="fraction",
+        layer=norms["evidence"].get("strongest_layer"),
+        description="share of patch tokens in the outlier mode (auto rule) at the strongest layer; 0 without artifacts",
+    )
+    picks = {"last_layer": len(layers) - 1}
+    if norms.get("emergence_layer") is not None:
+        picks = {"emergence_layer": norms["emergence_layer"], **picks}
+    for where, i in picks.items():
+        layer = layers[i]["layer"]
+        for rule in layers[i]["outlier_rate"]:
+            add(
+                f"outlier_rate.{rule}.{where}",
+                f"{n}/layers/{i}/outlier_rate/{rule}",
+                False,
+                unit="fraction",
+                layer=layer,
+                description=f"patch tokens flagged by the {rule} rule, residual stream",
+            )
+    if layers:
+        i = len(layers) - 1
+        for ratio in ("max_over_median", "p98_over_median"):
+            add(
+                f"norm_ratio.{ratio}.last_layer",
+                f"{n}/layers/{i}/{ratio}",
+                False,
+                layer=layers[i]["layer"],
+                description="patch-token norm ratio on the residual stream",
+            )
+        peak = max(range(len(layers)), key=lambda j: layers[j]["max_over_median"])
+        add(
+            "norm_ratio.max_over_median.peak",
+            f"{n}/layers/{peak}/max_over_median",
+            False,
+            layer=layers[peak]["layer"],
+            description="largest max/median patch-norm ratio over layers (residual stream)",
+        )
+    if norms.get("after_final_norm"):
+        for ratio in ("max_over_median", "p98_over_median"):
+            add(
+                f"norm_ratio.{ratio}.after_final_norm",
+                f"{n}/after_final_norm/{ratio}",
+                False,
+                description="patch-token norm ratio after the final norm (outliers may vanish here)",
+            )
+    shown = shown_layer(norms)
+    agreement = (results.get("attention") or {}).get("agreement") or []
+    site = layers[shown]["site"] if layers else None
+    i = next((j for j, a in enumerate(agreement) if a.get("norm_site") == site), None)
+    for key in ("iou", "precision", "recall", "top_p_iou") if i is not None else ():
+        if key in agreement[i]:
+            add(
+                f"attention_norm_{key}",
+                f"/results/attention/agreement/{i}/{key}",
+                None,
+                layer=layers[shown]["layer"],
+                description=f"{key} of attention-map artifacts against norm outliers "
+                f"({agreement[i].get('norm_method')} rule) at the strongest outlier layer "
+                "(last layer without artifacts)",
+            )
+    red = results.get("redundancy") or {}
+    if (red.get("outlier_vs_normal") or {}).get("embed_n4", {}).get("auc") is not None:
+        add(
+            "redundancy_auc.embed_n4",
+            "/results/redundancy/outlier_vs_normal/embed_n4/auc",
+            None,
+            layer=red.get("layer"),
+            description="P(an outlier's embedding redundancy > a normal patch's): above 0.5, "
+            "outliers sit in redundant regions",
+        )
+    ln = results.get("ln_separation") or {}
+    if ln.get("has_cls"):
+        for point in ("pre_ln1", "post_ln1"):
+            add(
+                f"cls_patch_similarity.{point}.mean_over_blocks",
+                f"/results/ln_separation/similarity/*/{point}/cls_patch/mean",
+                None,
+                aggregate="mean",
+                description=f"mean cosine [CLS]-patch similarity ({point}), averaged over blocks",
+            )
+        add(
+            "owned_channel_fraction.mean_over_blocks",
+            "/results/ln_separation/owned_channel_fraction/*",
+            None,
+            aggregate="mean",
+            unit="fraction",
+            description="channels owned by [CLS] or patches (|log ratio| > log 4), averaged over blocks",
+        )
+    return out
+
+
+def shown_layer(norms: dict[str, Any]) -> int:
+    """Index of the layer headline numbers describe: the strongest outlier layer, else the last."""
+    strongest = norms["evidence"].get("strongest_layer")
+    return strongest if strongest is not None else len(norms["layers"]) - 1

@@ -1,0 +1,110 @@
+"""report.html in headless Chromium: no console errors, and the layer slider changes the maps.
+
+Needs the Debian ``chromium`` and ``chromium-driver`` packages (.ci/run installs them). Without
+them the test skips locally; under CI (``CI=true``) a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import vitreg
+from vitreg.analysis.diagnose import diagnose
+from vitreg.report.run import write_run
+from vitreg.testing.images import synthetic_images
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+)
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A report of a small random-weight ViT with registers, every analysis, 4 images."""
+    torch.manual_seed(0)
+    model = vitreg.load(
+        "timm:vit_small_patch14_reg4_dinov2", pretrained=False, img_size=56, depth=3
+    )
+    x = synthetic_images(4, 56, seed=0)
+    result = diagnose(model, x, max_maps=4)
+    out = tmp_path_factory.mktemp("browser") / "run"
+    return write_run(out, result, images=x, config={}, command="test") / "report.html"
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if BROWSER is None or DRIVER is None:
+        missing = "chromium" if BROWSER is None else "chromedriver"
+        reason = f"{missing} is not installed (apt-get install chromium chromium-driver)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; .ci/run must install it")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = BROWSER
+    for flag in (*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
+    yield drv
+    drv.quit()
+
+
+def test_slider_changes_the_maps_without_console_errors(report_html: Path, driver: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(report_html.as_uri())
+    WebDriverWait(driver, 10).until(
+        lambda d: d.execute_script("return document.body.dataset.ready")
+    )
+
+    def state() -> dict:
+        return driver.execute_script(
+            "return {label: document.getElementById('layer-label').textContent,"
+            " value: document.getElementById('layer-slider').value,"
+            " norm: document.getElementById('norm-0').toDataURL(),"
+            " attn: document.getElementById('attn-0').toDataURL(),"
+            " blank: document.createElement('canvas').toDataURL()}"
+        )
+
+    before = state()
+    assert before["label"].startswith(
+        "layer 2 (blocks.2.hook_resid_post"
+    )  # last block (no artifacts)
+    slider = driver.find_element(By.ID, "layer-slider")
+    slider.send_keys(Keys.ARROW_LEFT)
+    after = state()
+    assert after["value"] == "1" and after["label"].startswith("layer 1 (blocks.1.hook_resid_post")
+    assert after["norm"] != before["norm"] and after["attn"] != before["attn"]
+    slider.send_keys(Keys.END)  # the last position: after the final norm, no attention map
+    final = state()
+    assert final["label"].startswith("after final norm (ln_final.hook_out")
+    assert final["norm"] != after["norm"]
+    assert "no attention map at this position" in driver.find_element(By.ID, "scale-label").text
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
+    sources = driver.execute_script(
+        "return Array.from(document.querySelectorAll('[src],[href]'))"
+        ".map(e => e.getAttribute('src') || e.getAttribute('href'))"
+    )
+    assert sources and all(s.startswith(("data:", "#")) for s in sources)  # nothing external
