@@ -281,3 +281,26 @@ def test_attention_bias_substitute_removes_outliers_without_a_register(images):
     # the substitute stays closer to the test-time-register output than plain ablation
     assert (out - ttr_out).norm() < (ablated - ttr_out).norm()
     assert model.layout.n_extra == 0
+
+
+def test_calibration_over_several_resolutions():
+    from vitreg.neurons.calibrate import calibrate_top_k
+
+    model = vitreg.load(
+        "timm:vit_small_patch14_dinov2", pretrained=False, depth=3, dynamic_img_size=True
+    )
+    x = torch.randn(4, 3, 56, 56, generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(x, names="blocks.2.hook_resid_post", reduce="norm")
+    value = float(cache["blocks.2.hook_resid_post"].quantile(0.9))
+    ranked = NeuronSet(
+        [1, 2, 0],
+        [5, 6, 7],
+        [3.0, 2.0, 1.0],
+        settings={"detect_layer": 2, "threshold": "absolute", "threshold_value": value},
+    )
+    _, curve = calibrate_top_k(model, ranked, x, target=0.0, image_sizes=(56, 84), ks=(0, 1, 3))
+    assert set(curve.outlier_rate) == {56, 84}
+    assert len(curve.outlier_rate[56]) == len(curve.outlier_rate[84]) == len(curve.ks)
+    # a random model keeps its top-decile tokens whatever the fix: the target is never met
+    assert curve.chosen_k is None and curve.notes and curve.ks == [0, 1, 3]
+    assert curve.outlier_rate[56][0] == pytest.approx(0.1, abs=0.03)
