@@ -9,17 +9,16 @@ key/value per head and nothing else (its own output is discarded like any insert
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from vitreg.errors import HookError
+from vitreg.fix.base import Fix
 from vitreg.fix.controls import ablate
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.sites import Handle, HookContext
-from vitreg.models.model import Model, _batches
+from vitreg.models.model import Model
 from vitreg.neurons.neuron_set import NeuronSet
 
 
@@ -48,20 +47,14 @@ def estimate_register_kv(
             (f"blocks.{i}.attn.hook_k", grab(k_sum, i)),
             (f"blocks.{i}.attn.hook_v", grab(v_sum, i)),
         ]
-    done = 0
-    with torch.no_grad(), ttr.applied(model), model.hooks(hooks):
-        for batch in _batches(data, batch_size):
-            if limit is not None and done >= limit:
-                break
-            batch = batch if limit is None else batch[: limit - done]
-            model.features(batch)
-            done += batch.shape[0]
+    with ttr.applied(model), model.hooks(hooks):
+        done = model.run_batches(data, batch_size, limit)
     if done == 0:
         raise HookError("no images to estimate the register's key and value from")
     return torch.stack(k_sum).float() / done, torch.stack(v_sum).float() / done
 
 
-class AttentionBiasSubstitute:
+class AttentionBiasSubstitute(Fix):
     """Zeroed register neurons plus one fixed key/value slot per head and layer."""
 
     def __init__(self, neurons: NeuronSet, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -121,11 +114,3 @@ class AttentionBiasSubstitute:
             handle.remove()
             raise
         return handle
-
-    @contextmanager
-    def applied(self, model: Model) -> Iterator[Model]:
-        handle = self.apply(model)
-        try:
-            yield model
-        finally:
-            handle.remove()

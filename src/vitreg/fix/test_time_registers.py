@@ -11,13 +11,12 @@ the batch (the official code only edits the first).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from vitreg.errors import InputError
+from vitreg.fix.base import Fix
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
 from vitreg.neurons.neuron_set import NeuronSet
@@ -33,7 +32,7 @@ def signed_abs_max(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return torch.where(hi.abs() >= lo.abs(), hi, lo)
 
 
-class TestTimeRegisters:
+class TestTimeRegisters(Fix):
     """Training-free registers: ``.apply(model)`` (removable handle) or ``with ttr.applied(model)``."""
 
     __test__ = False  # not a pytest class
@@ -142,11 +141,3 @@ class TestTimeRegisters:
             handle.remove()
             raise
         return handle
-
-    @contextmanager
-    def applied(self, model: Model) -> Iterator[Model]:
-        handle = self.apply(model)
-        try:
-            yield model
-        finally:
-            handle.remove()

@@ -37,8 +37,20 @@ class TraceResult:
         return found
 
 
-def _batches(data: Any, batch_size: int) -> Iterable[torch.Tensor]:
-    """Image batches from a tensor, a DataLoader, or an iterable of tensors/tuples/dicts."""
+def iter_batches(data: Any, batch_size: int, limit: int | None = None) -> Iterable[torch.Tensor]:
+    """Image batches from a tensor, a DataLoader, or an iterable of tensors/tuples/dicts,
+    cut so that at most ``limit`` images come out in total."""
+    done = 0
+    for batch in _raw_batches(data, batch_size):
+        if limit is not None:
+            if done >= limit:
+                return
+            batch = batch[: limit - done]
+        done += batch.shape[0]
+        yield batch
+
+
+def _raw_batches(data: Any, batch_size: int) -> Iterable[torch.Tensor]:
     if isinstance(data, torch.Tensor):
         if data.dim() == 3:
             data = data.unsqueeze(0)
@@ -330,16 +342,30 @@ class Model:
             return fn
 
         with torch.no_grad(), self.hooks([(n, feed(n)) for n in by_site], attention):
-            for batch in _batches(data, batch_size):
-                if limit is not None and offset >= limit:
-                    break
-                if limit is not None:
-                    batch = batch[: limit - offset]
+            for batch in iter_batches(data, batch_size, limit):
                 self.features(batch)
                 offset += batch.shape[0]
                 if progress is not None:
                     progress(offset)
         return TraceResult(list(reducers), offset, layouts, sources)
+
+    def run_batches(
+        self,
+        data: Any,
+        batch_size: int = 32,
+        limit: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """``features`` over every batch of ``data`` (no grad) for the hooks attached; returns
+        the number of images seen."""
+        done = 0
+        with torch.no_grad():
+            for batch in iter_batches(data, batch_size, limit):
+                self.features(batch)
+                done += batch.shape[0]
+                if progress is not None:
+                    progress(done)
+        return done
 
     # token insertion --------------------------------------------------------------------
     def insert_tokens(self, values: torch.Tensor | int) -> Handle:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from vitreg.errors import VitregError
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.sites import HookContext
-from vitreg.models.model import Model, _batches
+from vitreg.models.model import Model, iter_batches
 from vitreg.neurons.discover import outlier_mask
 from vitreg.neurons.neuron_set import NeuronSet
 
@@ -69,14 +69,9 @@ def fixed_outlier_stats(
         medians.append(patches.median())
 
     ttr = TestTimeRegisters(neurons, **ttr_options)
-    done = 0
     with torch.no_grad(), ttr.applied(model), model.hooks([(site, record)]):
-        for batch in _batches(data, batch_size):
-            if limit is not None and done >= limit:
-                break
-            batch = batch if limit is None else batch[: limit - done]
+        for batch in iter_batches(data, batch_size, limit):
             model.features(_resize(batch, size))
-            done += batch.shape[0]
     if not counted[0]:
         raise VitregError("calibration got no images")
     return (

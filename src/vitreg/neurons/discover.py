@@ -19,7 +19,7 @@ import torch.distributed as dist
 from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.errors import VitregError
 from vitreg.hooks.sites import HookContext
-from vitreg.models.model import Model, _batches
+from vitreg.models.model import Model
 from vitreg.neurons.neuron_set import NeuronSet, weights_fingerprint
 
 THRESHOLDS = ("auto", "absolute", "mean3std", "robust")
@@ -161,16 +161,8 @@ def discover(
         data = data[dist.get_rank() :: dist.get_world_size()]  # each rank scores its shard
     hooks = [(f"blocks.{layer}.mlp.hook_post", keep(layer)) for layer in searched]
     hooks.append((f"blocks.{detect}.hook_resid_post", score))
-    done = 0
-    with torch.no_grad(), model.hooks(hooks):
-        for batch in _batches(data, batch_size):
-            if limit is not None and done >= limit:
-                break
-            batch = batch if limit is None else batch[: limit - done]
-            model.features(batch)
-            done += batch.shape[0]
-            if progress is not None:
-                progress(done)
+    with model.hooks(hooks):
+        model.run_batches(data, batch_size, limit, progress)
     if distributed:
         for t in (score_sum, images_with, images_seen):
             dist.all_reduce(t)
