@@ -5,8 +5,10 @@ from __future__ import annotations
 import typer
 
 from vitreg.cli.diagnose_cmd import diagnose_model
+from vitreg.cli.fix_cmd import fix_command
 from vitreg.cli.inspect_cmd import inspect_model
 from vitreg.cli.models_cmd import models
+from vitreg.cli.neurons_cmd import neurons_command
 
 app = typer.Typer(
     name="vitreg",
@@ -18,6 +20,8 @@ app = typer.Typer(
 app.command("models")(models)
 app.command("inspect")(inspect_model)
 app.command("diagnose")(diagnose_model)
+app.command("neurons")(neurons_command)
+app.command("fix")(fix_command)
 
 
 def _version(value: bool) -> None:

@@ -42,7 +42,7 @@ class Figure:
         return write_bytes_atomic(Path(folder) / self.filename, self.png)
 
 
-def _canvas(width: float, height: float) -> Any:
+def new_canvas(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure as MplFigure
 
@@ -52,7 +52,7 @@ def _canvas(width: float, height: float) -> Any:
     return fig
 
 
-def _png(fig: Any) -> bytes:
+def png_bytes(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
@@ -109,7 +109,7 @@ def _overlay_grid(
     counts = [m.shape[0] for m in maps] + ([len(images)] if images is not None else [])
     n = min(MAX_ROWS, *counts)
     cols = len(maps)
-    fig = _canvas(1.8 * cols, 1.8 * n + 0.9)
+    fig = new_canvas(1.8 * cols, 1.8 * n + 0.9)
     axes = fig.subplots(n, cols, squeeze=False)
     fig.subplots_adjust(
         left=0.02,
@@ -143,7 +143,7 @@ def _overlay_grid(
         bar.ax.tick_params(labelsize=6)
         bar.ax.xaxis.set_major_locator(MaxNLocator(3))
     fig.text(0.5, 0.01, label + " (colour scale under each column)", ha="center", fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def map_layers(n_layers: int, emergence: int | None) -> list[int]:
@@ -182,7 +182,7 @@ def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
 
 def norm_quantiles(report: Any) -> Figure:
     """Per-layer patch-norm quantile curves (p1..max) on a log axis, emergence layer marked."""
-    fig = _canvas(6.5, 3.6)
+    fig = new_canvas(6.5, 3.6)
     ax = fig.subplots()
     x = [lo.layer for lo in report.layers]
     for name in ("p1", "p25", "p50", "p75", "p98", "p99", "max"):
@@ -208,7 +208,7 @@ def norm_quantiles(report: Any) -> Figure:
         "crosses: median and max after the final norm. A high max/p98 far above the median marks "
         "an outlier mode; the dotted line is the emergence layer."
     )
-    return Figure("norm_quantiles", caption, _png(fig))
+    return Figure("norm_quantiles", caption, png_bytes(fig))
 
 
 def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
@@ -224,7 +224,7 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
     lo, hi = min(v.min() for v in logs), max(v.max() for v in logs)
     edges = np.linspace(lo, hi + 1e-9, bins + 1)
     counts = np.stack([np.histogram(v, bins=edges)[0] for v in logs]).astype(float)
-    fig = _canvas(7.0, 0.28 * len(entries) + 1.4)
+    fig = new_canvas(7.0, 0.28 * len(entries) + 1.4)
     ax = fig.subplots()
     masked = np.ma.masked_equal(counts, 0)
     im = ax.pcolormesh(
@@ -262,7 +262,7 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
         "(valley of the two-mode fit; absent when there is no outlier mode). Light-blue dotted: the "
         "top_p cut, which flags p% of tokens in every model. * marks layers with an outlier mode."
     )
-    return Figure("norm_histograms", caption, _png(fig))
+    return Figure("norm_histograms", caption, png_bytes(fig))
 
 
 def attention_maps(
@@ -300,7 +300,7 @@ def _attention_what(attn: Any) -> str:
 
 def attention_agreement(attn: Any) -> Figure:
     """Precision, recall and IoU of attention-map artifacts against norm outliers per layer."""
-    fig = _canvas(6.0, 3.2)
+    fig = new_canvas(6.0, 3.2)
     ax = fig.subplots()
     x = [layer if layer is not None else i for i, layer in enumerate(attn.layers)]
     for key in ("precision", "recall", "iou", "top_p_iou"):
@@ -317,12 +317,12 @@ def attention_agreement(attn: Any) -> Figure:
         "(attention artifacts that are norm outliers), recall, IoU, and top_p_iou (top p% "
         "attention vs top p% norms)."
     )
-    return Figure("attention_agreement", caption, _png(fig))
+    return Figure("attention_agreement", caption, png_bytes(fig))
 
 
 def ln_similarity(ln: Any) -> Figure:
     """Mean cosine similarity per token pair before/after norm1 and norm2, per block."""
-    fig = _canvas(9.0, 3.4)
+    fig = new_canvas(9.0, 3.4)
     axes = fig.subplots(1, 2, sharey=True)
     colours = {"cls_patch": "C0", "patch_patch": "C1", "register_patch": "C2", "register_cls": "C3"}
     blocks = list(range(len(ln.similarity)))
@@ -345,12 +345,12 @@ def ln_similarity(ln: Any) -> Figure:
         "Mean cosine similarity between token types in every block, before and after the "
         "pre-attention norm (norm1, left) and the pre-MLP norm (norm2, right), averaged over images."
     )
-    return Figure("ln_similarity", caption, _png(fig))
+    return Figure("ln_similarity", caption, png_bytes(fig))
 
 
 def channel_ownership(ln: Any) -> Figure:
     """Fraction of channels owned by [CLS] or patches per block, and norm1's gain on them."""
-    fig = _canvas(6.5, 3.2)
+    fig = new_canvas(6.5, 3.2)
     ax = fig.subplots()
     x = list(range(len(ln.owned_fraction)))
     ax.bar(x, [v if v is not None else 0.0 for v in ln.owned_fraction], color="C0")
@@ -366,7 +366,7 @@ def channel_ownership(ln: Any) -> Figure:
         "|log(E|x_cls| / E|x_patch|)| > log 4 (bars) and the mean |gain| of norm1 on owned over "
         "other channels (red)."
     )
-    return Figure("channel_ownership", caption, _png(fig))
+    return Figure("channel_ownership", caption, png_bytes(fig))
 
 
 def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:

@@ -89,15 +89,15 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
         )
     sections = [
         _verdict(doc),
-        _model(doc),
-        _data(doc),
+        model_section(doc),
+        data_section(doc),
         _norms(doc),
         _final_norm(doc),
         _attention(doc),
         _redundancy(doc),
         _ln(doc),
         _not_applicable(doc),
-        _provenance(doc),
+        provenance_section(doc),
     ]
     by_key = {s.key: s for s in sections}
     for fig in figures:
@@ -142,7 +142,7 @@ def _verdict(doc: dict[str, Any]) -> Section:
     return s
 
 
-def _model(doc: dict[str, Any]) -> Section:
+def model_section(doc: dict[str, Any]) -> Section:
     m = doc["model"]
     lay = m.get("layout", {})
     rows = [
@@ -164,7 +164,7 @@ def _model(doc: dict[str, Any]) -> Section:
     return s
 
 
-def _data(doc: dict[str, Any]) -> Section:
+def data_section(doc: dict[str, Any]) -> Section:
     d = doc["data"]
     s = Section("data", "Images")
     desc = f" (source: {d['description']})" if d.get("description") else ""
@@ -449,7 +449,7 @@ def _not_applicable(doc: dict[str, Any]) -> Section:
     return s
 
 
-def _provenance(doc: dict[str, Any]) -> Section:
+def provenance_section(doc: dict[str, Any]) -> Section:
     keys = ("vitreg_version", "torch_version", "timm_version", "transformers_version")
     rows = [[k, str(doc.get(k))] for k in (*keys, "open_clip_version", "python_version")]
     rows += [["created (UTC)", doc["created"]], ["command", f"`{doc['command']}`"]]

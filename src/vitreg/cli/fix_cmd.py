@@ -1,0 +1,279 @@
+"""``vitreg fix [SPEC] --neurons FILE|builtin``: test-time registers with a before/after report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, _progress, default_run_dir, slug
+from vitreg.cli.neurons_cmd import (
+    find_neurons,
+    image_source,
+    layer_counts,
+    load_model,
+    results_of,
+)
+from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.errors import InputError
+from vitreg.fix.test_time_registers import MODES, PATCH_STRATEGIES
+from vitreg.report.fix_report import MAX_ROWS
+
+
+def load_neurons(
+    model: Any, spec: str, neurons: str | None, source: Any, opts: dict[str, Any]
+) -> tuple[Any, dict[str, Any], Any]:
+    """The NeuronSet (file, built-in, or discovered first), what it is, and the discovery."""
+    from vitreg.neurons import NeuronSet, builtin_neurons
+    from vitreg.neurons.neuron_set import weights_fingerprint
+
+    found = None
+    if neurons is None:
+        console.print(
+            "[yellow]No --neurons given: discovering register neurons on these images first "
+            "(as `vitreg neurons` does); the fix is then evaluated on the same images.[/yellow]"
+        )
+        found = find_neurons(
+            model, source, top_k=None, target=opts["target"], batch_size=opts["batch_size"]
+        )
+        chosen = found.chosen
+        origin = (
+            "discovered on these images by this run (3 of every 4; top-k calibrated on the 4th)"
+        )
+    elif neurons == "builtin":
+        chosen = builtin_neurons(model.spec or spec)
+        origin = f"the built-in set for {chosen.model_spec}"
+    else:
+        chosen = NeuronSet.load(neurons)
+        origin = f"the file {neurons}"
+    chosen.check_fits(model)  # another architecture or out-of-range units: a clear error
+    matches = None
+    if chosen.fingerprint is not None:
+        matches = chosen.fingerprint == weights_fingerprint(model.module)
+        if not matches:
+            console.print(
+                f"[yellow]warning: this NeuronSet was made for {escape(str(chosen.model_spec))} "
+                f"with other weights than {escape(str(model.spec))} (same shape, different "
+                "weight fingerprint); the neurons may not be this model's register neurons.[/yellow]"
+            )
+    info = {
+        "source": origin,
+        "model_spec": chosen.model_spec,
+        "n_neurons": len(chosen),
+        "layers": layer_counts(chosen),
+        "fingerprint": chosen.fingerprint,
+        "fingerprint_matches": matches,
+        "settings": chosen.settings,
+    }
+    return chosen, info, found
+
+
+def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
+    """Constructor arguments that rebuild this timm model (planted: its ground truth's)."""
+    truth = getattr(model.module, "vitreg_planted", None)
+    if truth is not None:
+        return dict(truth.model_args)
+    args: dict[str, Any] = {}
+    if spec.startswith("local:"):
+        config = Path(spec.removeprefix("local:")).expanduser() / "config.json"
+        args.update(json.loads(config.read_text()).get("model_args", {}))
+    if img_size:
+        args["img_size"] = img_size
+    return args
+
+
+def _two_passes(progress: Callable[[int], None], total: int) -> Callable[[int], None]:
+    """compare_fix counts images from 0 twice (without, then with the fix): one bar over both."""
+    state = {"offset": 0, "last": 0}
+
+    def update(n: int) -> None:
+        if n <= state["last"]:
+            state["offset"] += total
+        state["last"] = n
+        progress(state["offset"] + n)
+
+    return update
+
+
+def fix_command(
+    spec: str | None = typer.Argument(
+        None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC})."
+    ),
+    neurons: str | None = typer.Option(
+        None,
+        "--neurons",
+        help="NeuronSet file (neurons.json from `vitreg neurons`) or 'builtin' (the published "
+        "set for SPEC); default: discover them first on these images.",
+    ),
+    images: Path | None = typer.Option(
+        None, "--images", help="Folder of images (searched recursively; bad files are skipped)."
+    ),
+    samples: bool = typer.Option(
+        False, "--samples", help="Use the photos bundled with scikit-image."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Run directory (default runs/<time>_<model>_fix)."
+    ),
+    save: Path | None = typer.Option(
+        None, "--save", help="Also save the fixed model here (timm models; load it as local:DIR)."
+    ),
+    registers: int = typer.Option(1, "--registers", min=1, help="Test-time registers to insert."),
+    cls: str = typer.Option("zero", "--cls", help="Register neurons on [CLS]: zero or keep."),
+    patches: str = typer.Option(
+        "zero", "--patches", help="Register neurons on patches: zero, mean or keep."
+    ),
+    mode: str = typer.Option(
+        "paper",
+        "--mode",
+        help="paper (per-neuron max, Algorithm 2) or reference (the official code's edit).",
+    ),
+    target: float = typer.Option(
+        0.01, "--target", min=0.0, max=1.0, help="Outlier rate for top-k when discovering first."
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Use at most N images."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Images per forward pass."),
+    img_size: int | None = typer.Option(
+        None, "--img-size", min=1, help="Input size in pixels (passed as img_size where taken)."
+    ),
+    random_init: bool = typer.Option(
+        False, "--random-init", help="Build the architecture with random weights (no download)."
+    ),
+) -> None:
+    """Apply test-time registers and report before/after: norm maps, outlier rate, embeddings."""
+    if images is not None and samples:
+        raise fail("--images and --samples exclude each other; pass one of them")
+    for name, value, allowed in (
+        ("--cls", cls, ("zero", "keep")),
+        ("--patches", patches, PATCH_STRATEGIES),
+        ("--mode", mode, MODES),
+    ):
+        if value not in allowed:
+            raise fail(f"{name} takes one of {', '.join(allowed)}, got {value!r}")
+    if spec is None:
+        console.print(
+            f"[yellow]No model given: running the embedded demo, {DEFAULT_SPEC}, a synthetic "
+            "ViT with planted register neurons, on synthetic images. Pass a SPEC (see `vitreg "
+            "models`) for a real model.[/yellow]"
+        )
+    spec = spec or DEFAULT_SPEC
+    opts = {
+        "images": images,
+        "samples": samples,
+        "limit": limit,
+        "batch_size": batch_size,
+        "target": target,
+    }
+    fix_opts = {"registers": registers, "cls": cls, "patches": patches, "mode": mode}
+    with cli_errors():
+        run_dir = out if out is not None else default_run_dir(slug(spec), verb="fix")
+        shown = {"neurons": neurons, **opts, **fix_opts, "img_size": img_size}
+        shown |= {"random_init": random_init, "save": save, "out": run_dir}
+        command = _command(spec, shown, verb="fix")
+        model = load_model(spec, random_init, img_size, None)
+        if model.layout.n_extra:
+            raise InputError(
+                f"{spec} is loaded with test-time registers already applied (a model saved by "
+                "`vitreg fix --save`), so there is no 'before' to compare; run `vitreg fix` on "
+                f"the original model, or `vitreg diagnose {spec}` to check the fixed one"
+            )
+        if save is not None and not getattr(model.module, "pretrained_cfg", {}).get("architecture"):
+            raise InputError(
+                f"--save writes timm checkpoints and {spec} is a {model.adapter.source} model; "
+                "drop --save (the report is still written), or use the timm build of this model"
+            )
+        source = image_source(model, spec, opts, keep=MAX_ROWS)
+        chosen, info, found = load_neurons(model, spec, neurons, source, opts)
+        result = run_fix(model, chosen, source, fix_opts, batch_size)
+        results = {
+            "neurons": info,
+            "discovery": results_of(found, target) if found is not None else None,
+            "saved": None,
+        }
+        if save is not None:
+            from vitreg.models.loaders.local import save_fixed
+
+            with err_console.status(f"saving the fixed model to {save}"):
+                save_fixed(model, result[0], save, **save_args(model, spec, img_size))
+            results["saved"] = str(save)
+        write(run_dir, model, source, result[1], results, shown, command)
+    show(result[1], run_dir, save)
+
+
+def run_fix(
+    model: Any, neurons: Any, source: Any, fix_opts: dict[str, Any], batch_size: int
+) -> tuple[Any, Any]:
+    """The TestTimeRegisters and its before/after comparison on ``source``."""
+    from vitreg.fix import TestTimeRegisters, compare_fix
+
+    ttr = TestTimeRegisters(
+        neurons,
+        n_registers=fix_opts["registers"],
+        cls=fix_opts["cls"],
+        patches=fix_opts["patches"],
+        mode=fix_opts["mode"],
+    )
+    with _progress(2 * source.total, "without, then with the fix") as progress:
+        comparison = compare_fix(
+            model, ttr, source, batch_size=batch_size, progress=_two_passes(progress, source.total)
+        )
+    return ttr, comparison
+
+
+def write(
+    run_dir: Path,
+    model: Any,
+    source: Any,
+    comparison: Any,
+    results: dict[str, Any],
+    shown: dict[str, Any],
+    command: str,
+) -> None:
+    """The report, config.yaml and metrics.json (last) of one fix."""
+    from vitreg.report.fix_report import write_fix_run
+
+    config = {"command": "fix", "spec": model.spec, **shown}
+    with err_console.status("writing the report"):
+        write_fix_run(
+            run_dir,
+            comparison,
+            described=model.describe(),
+            data=source.description(),
+            config={k: str(v) if isinstance(v, Path) else v for k, v in config.items()},
+            results=results,
+            command=command,
+            images=source.display_images(),
+        )
+
+
+def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
+    """The console summary: outlier rate, norms and embedding cosine before and after."""
+    c = comparison.to_dict()
+    layer = c["detect_layer"]
+    table = Table(title="vitreg fix")
+    for column in ("", "before", "after"):
+        table.add_column(column, style="bold" if not column else None)
+    table.add_row(
+        f"patch outlier rate (block {layer})",
+        f"{c['outlier_rate_before']:.2%}",
+        f"{c['outlier_rate_after']:.2%}",
+    )
+    table.add_row(
+        f"max patch norm (block {layer})",
+        f"{c['max_patch_norm_before'][layer]:.4g}",
+        f"{c['max_patch_norm_after'][layer]:.4g}",
+    )
+    table.add_row("register norm", "-", f"{c['register_norm_after'][layer]:.4g}")
+    cos = c["pooled_cosine"]
+    if cos is not None:
+        table.add_row("pooled embedding cosine", "", f"{cos['mean']:.4f} (min {cos['min']:.4f})")
+    console.print(table)
+    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
+    if save is not None:
+        console.print(
+            f"fixed model: {escape(str(save))} (load it with vitreg.load('local:{escape(str(save))}'))"
+        )

@@ -1,0 +1,438 @@
+"""Run directories of ``vitreg neurons`` and ``vitreg fix``: figures, report.md, config.yaml and
+metrics.json (written last, atomically, after a stale one is removed; every headline number
+names the JSON pointer of the value it repeats in ``results``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitreg.report.figures import Figure, clip_range, display_images, new_canvas, png_bytes
+from vitreg.report.io import write_json_atomic, write_text_atomic
+from vitreg.report.markdown import (
+    FigureRef,
+    Report,
+    Section,
+    Table,
+    data_section,
+    model_section,
+    num,
+    pct,
+    provenance_section,
+    render_markdown,
+)
+from vitreg.report.schema import (
+    SCHEMA_VERSION,
+    Metric,
+    data_info,
+    is_synthetic,
+    model_info,
+    plain,
+    resolve,
+    utc_now,
+    versions,
+)
+
+MAX_ROWS = 4  # images shown in the before/after norm maps
+
+
+# metrics.json ---------------------------------------------------------------------------------
+def document(
+    command: str,
+    described: dict[str, Any],
+    data: dict[str, Any],
+    config: dict[str, Any],
+    results: dict[str, Any],
+    headlines: list[tuple],
+) -> dict[str, Any]:
+    """The metrics.json document; ``headlines`` are ``(name, pointer, higher_is_better, extra)``."""
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        **versions(),
+        "created": utc_now(),
+        "command": command,
+        "model": model_info(described),
+        "data": data_info(data),
+        "config": plain(config),
+        "results": plain(results),
+    }
+    doc["metrics"] = [
+        Metric(
+            name=name, value=resolve(doc, pointer), higher_is_better=better, source=pointer, **extra
+        ).model_dump(mode="json")
+        for name, pointer, better, extra in headlines
+    ]
+    return doc
+
+
+def _write(out: Path, doc: dict[str, Any], report: Report, figures: list[Figure]) -> Path:
+    """Figures, report.md and config.yaml first, metrics.json last (a stale one removed first)."""
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").unlink(missing_ok=True)
+    for fig in figures:
+        fig.save(out / "figures")
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
+    write_text_atomic(out / "report.md", render_markdown(report))
+    write_json_atomic(out / "metrics.json", doc)
+    return out
+
+
+def _banner(doc: dict[str, Any]) -> str | None:
+    model = doc["model"]
+    if not is_synthetic(model):
+        return None
+    return (
+        f"**SYNTHETIC MODEL:** `{model.get('spec')}` has random weights with planted register "
+        "neurons; it is not a trained ViT. Use this report to check the tool, not to draw "
+        "conclusions about real models."
+    )
+
+
+def _figure_section(title: str, figures: list[Figure]) -> Section:
+    return Section(
+        "figures", title, [FigureRef(f"figures/{f.filename}", f.caption) for f in figures]
+    )
+
+
+# vitreg neurons -------------------------------------------------------------------------------
+def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
+    """Discovery scores of every ranked neuron, coloured by layer, the chosen top-k marked."""
+    fig = new_canvas(6.5, 3.4)
+    fig.subplots_adjust(right=0.97)
+    ax = fig.subplots()
+    scores = np.array([r["score"] for r in ranking], dtype=float)
+    layers = np.array([r["layer"] for r in ranking])
+    ranks = np.arange(1, len(ranking) + 1)
+    for i, layer in enumerate(sorted(set(layers.tolist()))):
+        sel = layers == layer
+        ax.scatter(ranks[sel], scores[sel], s=18, color=f"C{i % 10}", label=f"layer {layer}")
+    if chosen_k:
+        ax.axvline(chosen_k + 0.5, color="k", ls=":", label=f"top-k = {chosen_k}")
+    if len(scores) and scores.min() > 0:
+        ax.set_yscale("log")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("score (mean |activation| on outliers)")
+    ax.legend(fontsize=7, ncol=2)
+    caption = (
+        f"Discovery scores of the {len(ranking)} highest-ranked MLP units (`mlp.hook_post`), "
+        "best first, coloured by layer: each unit's mean activation over the outlier patches of an "
+        "image, averaged over the images with outliers. The dotted line closes the chosen top-k."
+    )
+    return Figure("neuron_scores", caption, png_bytes(fig))
+
+
+def calibration_curve(curve: dict[str, Any]) -> Figure:
+    """k against the held-out outlier rate (target marked) and max/median patch norm."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig = new_canvas(6.5, 5.0)
+    rate_ax, norm_ax = fig.subplots(2, 1, sharex=True)
+    fig.subplots_adjust(left=0.12, right=0.96, bottom=0.1, top=0.95, hspace=0.12)
+    ks = curve["ks"]
+    for key, rates in curve["outlier_rate"].items():
+        size = "" if int(key) == 0 else f" ({key} px)"
+        rate_ax.plot(ks, rates, marker="o", label=f"outlier rate{size}")
+        norm_ax.plot(ks, curve["max_norm"][key], marker="o", label=f"max{size}")
+        norm_ax.plot(ks, curve["median_norm"][key], marker=".", ls="--", label=f"median{size}")
+    rate_ax.axhline(curve["target"], color="r", ls=":", label=f"target {curve['target']:g}")
+    for ax in (rate_ax, norm_ax):
+        if curve["chosen_k"] is not None:
+            ax.axvline(curve["chosen_k"], color="k", ls=":")
+        ax.legend(fontsize=7)
+    rate_ax.set_ylabel("patch outlier rate")
+    norm_ax.set_yscale("log")
+    norm_ax.set_ylabel("patch norm")
+    norm_ax.set_xlabel("k (top-ranked neurons moved into the register)")
+    norm_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    caption = (
+        f"Top-k calibration on the held-out images, at the detection layer "
+        f"(`blocks.{curve['detect_layer']}.hook_resid_post`, residual stream): the share of patch "
+        "tokens above the outlier threshold (top) and the max and median patch norm (bottom) with "
+        "test-time registers on the top k neurons. The search stops at the first k that meets the "
+        "target (dotted vertical line)."
+    )
+    return Figure("calibration_curve", caption, png_bytes(fig))
+
+
+def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+    """report.md of ``vitreg neurons``: the result, the neurons, figures, images, model."""
+    r = doc["results"]
+    held = r["held_out"]
+    summary = Section("summary", "Register neurons")
+    summary.blocks.append(
+        f"**{r['n_neurons']} register neurons** in layers "
+        f"{', '.join(str(x['layer']) for x in r['layers'])}. Outliers are patch tokens above the "
+        f"`{r['threshold']}` threshold ({num(r['threshold_value'])}) at layer "
+        f"{r['detect_layer']} (`blocks.{r['detect_layer']}.hook_resid_post`, residual stream); "
+        f"units of layers {r['lowest_layer']} to {r['highest_layer']} were searched."
+    )
+    how = (
+        f"the smallest k that brings the held-out outlier rate to the target "
+        f"{pct(r['target'])} or below"
+        if r["top_k_mode"] == "calibrated"
+        else "fixed by --top-k"
+    )
+    summary.blocks.append(
+        f"Top-k = {r['chosen_k']} ({how}). On the {held['n_images']} held-out images the patch "
+        f"outlier rate goes from {pct(held['outlier_rate_before'])} without the fix to "
+        f"{pct(held['outlier_rate_after'])} with test-time registers on these neurons (max patch "
+        f"norm {num(held['max_patch_norm_before'])} → {num(held['max_patch_norm_after'])})."
+    )
+    summary.blocks += [f"Note: {n}" for n in r["notes"]]
+    summary.blocks.append(
+        f"Saved as `{r['files']['json']}` + `{r['files']['tensors']}`; apply them with "
+        f"`vitreg fix {doc['model']['spec']} --neurons {r['files']['json']}` (path relative to "
+        "this run directory)."
+    )
+    rows = [
+        [str(i + 1), str(n["layer"]), str(n["unit"]), num(n["score"])]
+        for i, n in enumerate(r["neurons"])
+    ]
+    table = Section("neurons", "The neurons", [Table(["rank", "layer", "unit", "score"], rows)])
+    return Report(
+        _banner(doc),
+        f"vitreg neurons: {doc['model']['spec']}",
+        [
+            summary,
+            table,
+            _figure_section("Scores and calibration", figures),
+            _images(doc),
+            model_section(doc),
+            provenance_section(doc),
+        ],
+    )
+
+
+def _images(doc: dict[str, Any]) -> Section:
+    s = data_section(doc)
+    split = doc["data"].get("split")
+    if split:
+        s.blocks.insert(
+            1,
+            f"Split: {split['rule']}: {split['n_discovery']} images for discovery, "
+            f"{split['n_held_out']} held out.",
+        )
+    return s
+
+
+def write_neurons_run(
+    out_dir: str | Path,
+    *,
+    described: dict[str, Any],
+    data: dict[str, Any],
+    config: dict[str, Any],
+    results: dict[str, Any],
+    command: str,
+) -> Path:
+    """Write the ``vitreg neurons`` run directory (the NeuronSet files are the caller's)."""
+    pointers = [
+        ("n_neurons", "/results/n_neurons", None, {"description": "register neurons kept"}),
+        ("chosen_k", "/results/chosen_k", None, {"description": "top-k (calibrated or fixed)"}),
+        ("detect_layer", "/results/detect_layer", None, {"description": "outlier detection layer"}),
+    ]
+    for when in ("before", "after"):
+        pointers.append(
+            (
+                f"held_out_outlier_rate_{when}",
+                f"/results/held_out/outlier_rate_{when}",
+                False,
+                {
+                    "unit": "fraction",
+                    "layer": results["detect_layer"],
+                    "description": f"patch outlier rate on held-out images {when} the fix at top-k",
+                },
+            )
+        )
+    doc = document(command, described, data, config, results, pointers)
+    figures = [neuron_scores(doc["results"]["ranking"], results["chosen_k"])]
+    if results.get("calibration"):
+        figures.append(calibration_curve(doc["results"]["calibration"]))
+    return _write(Path(out_dir), doc, neurons_report(doc, figures), figures)
+
+
+# vitreg fix -----------------------------------------------------------------------------------
+def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
+    """Patch norm maps at the detection layer before and after the fix, side by side."""
+    trace_b, trace_a = comparison.before.trace, comparison.after.trace
+    layer = comparison.detect_layer
+    before = trace_b.patch_maps(trace_b.sites[layer]).numpy()
+    after = trace_a.patch_maps(trace_a.sites[layer]).numpy()
+    n = min(MAX_ROWS, len(before), *([len(images)] if images is not None else []))
+    lo, hi = clip_range(np.concatenate([before[:n], after[:n]]))
+    columns = [("before", before, (lo, hi)), ("after (same scale)", after, (lo, hi))]
+    columns.append(("after (own scale)", after, clip_range(after[:n])))
+    cols = len(columns) + (images is not None)
+    fig = new_canvas(1.9 * cols, 1.9 * n + 0.8)
+    axes = fig.subplots(n, cols, squeeze=False)
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.92, bottom=0.12, wspace=0.06, hspace=0.06)
+    for r in range(n):
+        row = list(axes[r])
+        if images is not None:
+            ax = row.pop(0)
+            ax.imshow(images[r])
+            ax.set_axis_off()
+            if r == 0:
+                ax.set_title("image", fontsize=9)
+        for ax, (title, maps, (vmin, vmax)) in zip(row, columns, strict=True):
+            im = ax.imshow(maps[r], cmap="inferno", vmin=vmin, vmax=vmax, interpolation="nearest")
+            ax.set_axis_off()
+            if r == 0:
+                ax.set_title(title, fontsize=9)
+            if r == n - 1:
+                cax = ax.inset_axes((0.05, -0.16, 0.9, 0.07))
+                fig.colorbar(im, cax=cax, orientation="horizontal").ax.tick_params(labelsize=6)
+    caption = (
+        f"L2 norm of each patch token at layer {layer} (`{trace_b.sites[layer]}`, residual "
+        f"stream) over the first {n} images, without and with test-time registers. The first two "
+        "maps share one colour scale (1st to 99th percentile of both, clipped); the last column "
+        "is the fixed model on its own scale, to show what structure is left."
+    )
+    return Figure("fix_norm_maps", caption, png_bytes(fig))
+
+
+def fix_norm_curves(results: dict[str, Any]) -> Figure:
+    """Max and median patch norm per layer before/after, and the register's norm after."""
+    c = results["comparison"]
+    fig = new_canvas(6.5, 3.6)
+    fig.subplots_adjust(right=0.97)
+    ax = fig.subplots()
+    x = list(range(len(c["max_patch_norm_before"])))
+    ax.plot(x, c["max_patch_norm_before"], marker="o", color="C3", label="max patch, before")
+    ax.plot(x, c["max_patch_norm_after"], marker="o", color="C0", label="max patch, after")
+    ax.plot(x, results["median_patch_norm_before"], ls="--", color="C3", label="median, before")
+    ax.plot(x, results["median_patch_norm_after"], ls="--", color="C0", label="median, after")
+    ax.plot(x, c["register_norm_after"], marker="s", color="C2", label="test-time register, after")
+    ax.axvline(c["detect_layer"], color="k", ls=":", label="detection layer")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("token norm")
+    ax.legend(fontsize=7, ncol=2)
+    caption = (
+        "Per layer, on the residual stream (block outputs, before the final norm): the largest "
+        "and the median patch-token norm without (red) and with (blue) the fix, and the mean "
+        "norm of the test-time register with the fix (green). The high norm should move from "
+        "patches into the register."
+    )
+    return Figure("fix_norm_curves", caption, png_bytes(fig))
+
+
+def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+    """report.md of ``vitreg fix``: before/after numbers, the fix settings, figures, images."""
+    r = doc["results"]
+    c = r["comparison"]
+    fx = c["fix"]
+    layer = c["detect_layer"]
+    s = Section("summary", "Before and after")
+    cos = c["pooled_cosine"]
+    rows = [
+        [
+            f"patch outlier rate at layer {layer}",
+            pct(c["outlier_rate_before"]),
+            pct(c["outlier_rate_after"]),
+        ],
+        [
+            f"max patch norm at layer {layer}",
+            num(c["max_patch_norm_before"][layer]),
+            num(c["max_patch_norm_after"][layer]),
+        ],
+        [f"test-time register norm at layer {layer}", "–", num(c["register_norm_after"][layer])],
+        ["artifact verdict (diagnose rule)", num(c["verdict_before"]), num(c["verdict_after"])],
+    ]
+    s.blocks.append(Table(["", "before", "after"], rows))
+    s.blocks.append(
+        f"Outliers: patch tokens above the `{c['rule']}` threshold ({num(c['threshold_value'])}) "
+        f"at `blocks.{layer}.hook_resid_post` (residual stream), the neurons' detection layer."
+    )
+    if cos is not None:
+        s.blocks.append(
+            f"Global information is kept: the cosine similarity between each image's pooled "
+            f"embedding (`ln_final.hook_out`: [CLS], or the patch mean without one) before and "
+            f"after the fix is {num(cos['mean'])} on average (lowest {num(cos['min'])}, "
+            f"{cos['n']} images)."
+        )
+    n = r["neurons"]
+    settings = Section("fix", "The fix")
+    rows = [
+        ["neurons", f"{fx['n_neurons']} in layers {', '.join(map(str, fx['layers']))}"],
+        ["from", n["source"]],
+        ["made for", f"`{n['model_spec']}`" if n["model_spec"] else "–"],
+        ["weights fingerprint", _fingerprint(n)],
+        ["registers", str(fx["n_registers"])],
+        ["[CLS]", fx["cls"]],
+        ["patches", fx["patches"]],
+        ["mode", fx["mode"]],
+        ["seed", str(fx["seed"])],
+    ]
+    settings.blocks.append(Table(["", ""], rows))
+    if r.get("saved"):
+        settings.blocks.append(
+            f'Saved to `{r["saved"]}`: `vitreg.load("local:{r["saved"]}")` loads it with the '
+            "fix applied; timm's own API loads the same weights without the fix."
+        )
+    return Report(
+        _banner(doc),
+        f"vitreg fix: {doc['model']['spec']}",
+        [
+            s,
+            settings,
+            _figure_section("Figures", figures),
+            _images(doc),
+            model_section(doc),
+            provenance_section(doc),
+        ],
+    )
+
+
+def _fingerprint(n: dict[str, Any]) -> str:
+    if n.get("fingerprint_matches") is None:
+        return "not recorded"
+    return "matches this model" if n["fingerprint_matches"] else "differs from this model's"
+
+
+def write_fix_run(
+    out_dir: str | Path,
+    comparison: Any,
+    *,
+    described: dict[str, Any],
+    data: dict[str, Any],
+    config: dict[str, Any],
+    results: dict[str, Any],
+    command: str,
+    images: Any = None,
+) -> Path:
+    """Write the ``vitreg fix`` run directory; ``images`` are display copies in [0, 1]."""
+    results = {"comparison": comparison.to_dict(), **results}
+    layer = comparison.detect_layer
+    results["median_patch_norm_before"] = [
+        lo.quantiles["p50"] for lo in comparison.before.report.layers
+    ]
+    results["median_patch_norm_after"] = [
+        lo.quantiles["p50"] for lo in comparison.after.report.layers
+    ]
+    c = "/results/comparison"
+    at = {"layer": layer}
+    pointers = [
+        ("outlier_rate_before", f"{c}/outlier_rate_before", False, {"unit": "fraction", **at}),
+        ("outlier_rate_after", f"{c}/outlier_rate_after", False, {"unit": "fraction", **at}),
+        ("max_patch_norm_before", f"{c}/max_patch_norm_before/{layer}", False, at),
+        ("max_patch_norm_after", f"{c}/max_patch_norm_after/{layer}", False, at),
+        ("register_norm_after", f"{c}/register_norm_after/{layer}", None, at),
+    ]
+    if comparison.pooled_cosine is not None:
+        for stat in ("mean", "min"):
+            pointers.append(
+                (
+                    f"pooled_cosine_{stat}",
+                    f"{c}/pooled_cosine/{stat}",
+                    True,
+                    {"description": "cosine of the pooled embedding before vs after the fix"},
+                )
+            )
+    doc = document(command, described, data, config, results, pointers)
+    shown = display_images(images)
+    figures = [fix_norm_maps(comparison, shown), fix_norm_curves(doc["results"])]
+    return _write(Path(out_dir), doc, fix_report(doc, figures), figures)

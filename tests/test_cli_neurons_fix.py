@@ -1,0 +1,282 @@
+"""``vitreg neurons`` and ``vitreg fix``: run directories, numbers equal to the library's, export,
+and clear errors for sets that do not fit the model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import vitreg
+from vitreg.cli import neurons_cmd
+from vitreg.cli.app import app
+from vitreg.data.images import synthetic_images
+from vitreg.fix import TestTimeRegisters, compare_fix
+from vitreg.neurons import NeuronSet, builtin_neurons, calibrate_top_k, discover
+from vitreg.testing.planted import build_unplanted
+
+SPEC = "planted:dinov2_s14"
+SIZE = ["--img-size", "112"]
+SMALL = [*SIZE, "--limit", "8", "--batch-size", "4"]
+FEW = [*SIZE, "--limit", "4", "--batch-size", "4"]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cached_models() -> Iterator[dict]:
+    """Build each model once for this module (the commands leave no hook behind)."""
+    built: dict[tuple, object] = {}
+    real = neurons_cmd._load
+
+    def cached(spec, pretrained, weights, img_size):
+        key = (spec, pretrained, weights, img_size)
+        if key not in built:
+            built[key] = real(spec, pretrained, weights, img_size)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(neurons_cmd, "_load", cached)
+        yield built
+
+
+def model(cached_models: dict):
+    return cached_models[(SPEC, True, None, 112)]
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def assert_clean_failure(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    err = flat(result.stderr)
+    assert err.startswith("error:") and "Traceback" not in result.output
+    for needle in needles:
+        assert needle in err, err
+
+
+def the_images(m, n: int = 8) -> torch.Tensor:
+    """The first ``n`` synthetic images (the commands' default source for planted models)."""
+    return torch.cat(list(synthetic_images(m, n=n, batch_size=8)))
+
+
+@pytest.fixture(scope="module")
+def neurons_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    run_dir = tmp_path_factory.mktemp("neurons") / "run"
+    result = runner.invoke(app, ["neurons", *SMALL, "--out", str(run_dir)])
+    return run_dir, result
+
+
+@pytest.fixture(scope="module")
+def fix_run(tmp_path_factory: pytest.TempPathFactory, neurons_run) -> tuple[Path, Path, object]:
+    root = tmp_path_factory.mktemp("fix")
+    run_dir, saved = root / "run", root / "saved"
+    args = ["fix", "--neurons", str(neurons_run[0] / "neurons.json"), *FEW]
+    result = runner.invoke(app, [*args, "--out", str(run_dir), "--save", str(saved)])
+    return run_dir, saved, result
+
+
+def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, cached_models):
+    run_dir, result = neurons_run
+    assert result.exit_code == 0, result.output
+    out = flat(result.stdout)
+    assert "embedded demo" in out and "synthetic" in out and "6 images for discovery" in out
+    for name in ("neurons.json", "neurons.safetensors", "report.md", "metrics.json"):
+        assert (run_dir / name).is_file(), name
+    figures = {p.name for p in (run_dir / "figures").iterdir()}
+    assert figures == {"neuron_scores.png", "calibration_curve.png"}
+    assert "SYNTHETIC" in (run_dir / "report.md").read_text().splitlines()[0]
+    m = metrics(run_dir)
+    r = m["results"]
+    saved = NeuronSet.load(run_dir / "neurons.json")
+    # the library on the same split: images 0,1,2 of every 4 for discovery, the 4th held out
+    x = the_images(model(cached_models))
+    held = torch.arange(len(x)) % 4 == 3
+    ranking = discover(model(cached_models), x[~held], batch_size=4)
+    chosen, curve = calibrate_top_k(model(cached_models), ranking, x[held], batch_size=4)
+    assert saved.pairs() == chosen.pairs() == [(n["layer"], n["unit"]) for n in r["neurons"]]
+    assert r["chosen_k"] == curve.chosen_k == len(saved) > 0
+    assert [(n["layer"], n["unit"]) for n in r["ranking"]] == ranking.pairs()
+    assert r["detect_layer"] == ranking.settings["detect_layer"] == saved.settings["detect_layer"]
+    assert r["threshold_value"] == pytest.approx(ranking.settings["threshold_value"], rel=1e-5)
+    assert r["held_out"]["n_images"] == 2 and m["data"]["split"]["n_discovery"] == 6
+    assert r["held_out"]["outlier_rate_before"] == pytest.approx(curve.outlier_rate[0][0])
+    assert r["held_out"]["outlier_rate_after"] == pytest.approx(curve.outlier_rate[0][-1])
+    assert r["held_out"]["outlier_rate_after"] <= 0.01 < r["held_out"]["outlier_rate_before"]
+    assert r["calibration"]["ks"] == curve.ks
+    truth = set(model(cached_models).module.vitreg_planted.units)
+    assert set(saved.pairs()) <= truth  # every chosen neuron is a planted one
+    headline = {h["name"]: h["value"] for h in m["metrics"]}
+    assert headline["n_neurons"] == len(saved) and headline["detect_layer"] == r["detect_layer"]
+    assert {x["layer"] for x in r["layers"]} == set(saved.by_layer())
+
+
+def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run, cached_models):
+    run_dir, _, result = fix_run
+    assert result.exit_code == 0, result.output
+    figures = {p.name for p in (run_dir / "figures").iterdir()}
+    assert figures == {"fix_norm_maps.png", "fix_norm_curves.png"}
+    report = (run_dir / "report.md").read_text()
+    assert "SYNTHETIC" in report.splitlines()[0] and "Global information is kept" in report
+    c = metrics(run_dir)["results"]["comparison"]
+    assert c["outlier_rate_before"] > 0.01 >= c["outlier_rate_after"]  # the planted default
+    m = model(cached_models)
+    neurons = NeuronSet.load(neurons_run[0] / "neurons.json")
+    lib = compare_fix(m, TestTimeRegisters(neurons), the_images(m, 4), batch_size=4).to_dict()
+    assert c["fix"] == lib["fix"] and c["detect_layer"] == lib["detect_layer"]
+    for key in ("outlier_rate_before", "outlier_rate_after"):
+        assert c[key] == pytest.approx(lib[key]), key
+    assert c["pooled_cosine"]["mean"] == pytest.approx(lib["pooled_cosine"]["mean"], rel=1e-5)
+    assert c["register_norm_after"] == pytest.approx(lib["register_norm_after"], rel=1e-5)
+    layer = c["detect_layer"]
+    assert c["register_norm_after"][layer] > c["max_patch_norm_after"][layer]
+    headline = {h["name"]: h["value"] for h in metrics(run_dir)["metrics"]}
+    assert headline["outlier_rate_after"] == c["outlier_rate_after"]
+    assert headline["pooled_cosine_mean"] == c["pooled_cosine"]["mean"]
+    assert metrics(run_dir)["results"]["neurons"]["fingerprint_matches"] is True
+
+
+def test_saved_fixed_model_loads_and_behaves_like_the_fixed_model(fix_run, cached_models):
+    _, saved, result = fix_run
+    assert result.exit_code == 0, result.output
+    m = model(cached_models)
+    x = the_images(m, 4)[:3]
+    neurons = NeuronSet.load(saved / "neurons.json")
+    with TestTimeRegisters(neurons).applied(m):
+        fixed = m.features(x)
+    bare = m.features(x)
+    spec = f"local:{saved}"
+    again = runner.invoke(app, ["fix", spec, "--neurons", str(saved / "neurons.json"), *FEW])
+    assert_clean_failure(again, "already applied")  # no second fix on top of the saved one
+    loaded = cached_models[(spec, True, None, 112)]  # what vitreg.load(spec, img_size=112) gave
+    assert loaded.layout.n_extra == 1
+    assert torch.allclose(loaded.features(x), fixed, atol=1e-5)
+    assert not torch.allclose(bare, fixed, atol=1e-3)  # the fix changes the features
+
+
+def test_a_set_for_another_architecture_names_both_models(tmp_path: Path) -> None:
+    other = builtin_neurons("timm:vit_large_patch14_dinov2.lvd142m")
+    path = other.save(tmp_path / "large")
+    args = [
+        "fix",
+        SPEC,
+        "--neurons",
+        str(path),
+        *SIZE,
+        "--limit",
+        "4",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    result = runner.invoke(app, args)
+    assert_clean_failure(result, "timm:vit_large_patch14_dinov2.lvd142m", SPEC)
+    assert not (tmp_path / "r" / "metrics.json").exists()
+    builtin = runner.invoke(app, ["fix", SPEC, "--neurons", "builtin", *SIZE, "--limit", "4"])
+    assert_clean_failure(builtin, "no built-in neuron set", SPEC)
+
+
+def test_out_of_range_units_exit_2(tmp_path: Path) -> None:
+    path = NeuronSet([3], [99999], [1.0]).save(tmp_path / "bad")
+    result = runner.invoke(app, ["fix", SPEC, "--neurons", str(path), *SIZE, "--limit", "4"])
+    assert_clean_failure(result, "outside the model", SPEC, "99999")
+
+
+def test_a_model_without_outliers_is_a_discovery_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean = vitreg.wrap(build_unplanted("dinov2_s14", img_size=112), spec="unplanted:dinov2_s14")
+    monkeypatch.setattr(neurons_cmd, "_load", lambda *a: clean)
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["neurons", SPEC, *FEW, "--out", str(out)])
+    assert_clean_failure(result, "no high-norm outliers")
+    assert not out.exists()
+
+
+def test_bad_options_exit_2_before_any_work(tmp_path: Path) -> None:
+    cases = [
+        (["neurons", "--top-k", "many"], "--top-k"),
+        (["neurons", "--threshold", "median"], "--threshold"),
+        (["neurons", "--images", str(tmp_path), "--samples"], "exclude"),
+        (["fix", "--cls", "drop"], "--cls"),
+        (["fix", "--mode", "official"], "--mode"),
+    ]
+    for args, needle in cases:
+        assert_clean_failure(runner.invoke(app, args), needle)
+
+
+def test_too_few_images_to_hold_out_any(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["neurons", *SIZE, "--limit", "3", "--out", str(tmp_path / "r")])
+    assert_clean_failure(result, "at least 4 images")
+
+
+def test_fix_without_neurons_discovers_first_and_fixed_top_k(tmp_path: Path) -> None:
+    run_dir = tmp_path / "fix"
+    result = runner.invoke(app, ["fix", *SMALL, "--out", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert "discovering register neurons" in flat(result.stdout)
+    r = metrics(run_dir)["results"]
+    assert r["comparison"]["outlier_rate_after"] <= 0.01
+    assert r["discovery"]["chosen_k"] == r["neurons"]["n_neurons"] > 0
+    fixed = tmp_path / "k5"
+    result = runner.invoke(app, ["neurons", *FEW, "--top-k", "5", "--out", str(fixed)])
+    assert result.exit_code == 0, result.output
+    r = metrics(fixed)["results"]
+    assert r["top_k_mode"] == "fixed" and r["n_neurons"] == 5 and r["calibration"] is None
+    assert r["held_out"]["outlier_rate_after"] <= 0.01
+    assert not (fixed / "figures" / "calibration_curve.png").exists()
+
+
+def test_neurons_on_an_image_folder_lists_the_split_and_skipped_files(tmp_path: Path) -> None:
+    from vitreg.testing.images import synthetic_pil
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i, img in enumerate(synthetic_pil(8, 112, seed=0, flat_fraction=0.1)):
+        img.save(folder / f"{i:02d}.png")
+    (folder / "notes.txt").write_text("not an image\n")
+    run_dir = tmp_path / "run"
+    args = ["neurons", SPEC, "--images", str(folder), *SIZE, "--out", str(run_dir)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    m = metrics(run_dir)
+    assert m["data"]["source"] == "folder" and m["data"]["n_images"] == 8
+    assert [Path(k).name for k in m["data"]["skipped"]] == ["notes.txt"]
+    assert m["data"]["split"] == {
+        "rule": neurons_cmd.SPLIT_RULE,
+        "n_discovery": 6,
+        "n_held_out": 2,
+    }
+    saved = NeuronSet.load(run_dir / "neurons.json")
+    assert saved.data["split"]["n_held_out"] == 2 and str(folder) in saved.data["images"]
+    assert "notes.txt" in (run_dir / "report.md").read_text()
+
+
+def test_fix_options_reach_the_fix_and_the_report(tmp_path: Path, neurons_run) -> None:
+    run_dir = tmp_path / "run"
+    other = NeuronSet.load(neurons_run[0] / "neurons.json")
+    other.fingerprint = "0" * 16  # same architecture, other weights
+    args = ["fix", SPEC, "--neurons", str(other.save(tmp_path / "other")), *FEW]
+    args += ["--registers", "2", "--cls", "keep", "--patches", "mean", "--out", str(run_dir)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    m = metrics(run_dir)
+    fix = m["results"]["comparison"]["fix"]
+    assert (fix["n_registers"], fix["cls"], fix["patches"], fix["mode"]) == (
+        2,
+        "keep",
+        "mean",
+        "paper",
+    )
+    assert m["config"]["registers"] == 2 and m["results"]["saved"] is None
+    assert "other weights" in flat(result.stdout)
+    assert m["results"]["neurons"]["fingerprint_matches"] is False
+    report = (run_dir / "report.md").read_text()
+    assert "| registers | 2 |" in report and "| patches | mean |" in report
