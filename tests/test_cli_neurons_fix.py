@@ -123,9 +123,10 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     run_dir, _, result = fix_run
     assert result.exit_code == 0, result.output
     figures = {p.name for p in (run_dir / "figures").iterdir()}
-    assert figures == {"fix_norm_maps.png", "fix_norm_curves.png"}
+    assert figures == {"fix_norm_maps.png", "fix_attention_maps.png", "fix_norm_curves.png"}
     report = (run_dir / "report.md").read_text()
     assert "SYNTHETIC" in report.splitlines()[0] and "Global information is kept" in report
+    assert "Causal controls" in report and "as many random neurons zeroed" in report
     c = metrics(run_dir)["results"]["comparison"]
     assert c["outlier_rate_before"] > 0.01 >= c["outlier_rate_after"]  # the planted default
     m = model(cached_models)

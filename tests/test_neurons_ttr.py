@@ -221,6 +221,15 @@ def test_compare_fix_before_after(images):
     )
     assert d["max_patch_norm_after"][-1] < d["max_patch_norm_before"][-1] / 5
     assert 0 < d["pooled_cosine"]["mean"] <= 1 and d["pooled_cosine"]["n"] == 8
+    # controls: zeroing the register neurons also removes the outliers; random neurons do not
+    ctl = d["controls"]
+    assert ctl["ablate_register_neurons"]["outlier_rate"] <= 0.01
+    assert ctl["ablate_random_neurons"]["outlier_rate"] > 0.03
+    assert ctl["ablate_random_neurons"]["n_neurons"] == len(found)
+    # attention: after the fix no patch draws the [CLS] attention the outliers drew
+    sink = truth.first_outlier_layer + 1
+    assert d["cls_attention_max_after"][sink] < d["cls_attention_max_before"][sink]
+    assert cmp.attention_before.layer_maps[-1].shape[0] == 4
     import json
 
     json.dumps(d)

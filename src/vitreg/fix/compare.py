@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from vitreg.analysis.attention import AttentionAnalysis, AttentionResult
 from vitreg.analysis.base import Analysis, run_analyses
 from vitreg.analysis.norms import NormAnalysis, NormsResult
+from vitreg.fix.controls import ablate, random_like
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
@@ -69,6 +71,9 @@ class FixComparison:
     max_norm_after: list[float]
     pooled_cosine: torch.Tensor | None  # per image
     fix: dict[str, Any]
+    attention_before: AttentionResult | None = None
+    attention_after: AttentionResult | None = None
+    controls: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         cos = self.pooled_cosine
@@ -84,10 +89,22 @@ class FixComparison:
             "register_norm_after": self.register_norm,
             "verdict_before": self.before.report.verdict,
             "verdict_after": self.after.report.verdict,
-            "pooled_cosine": None
-            if cos is None
-            else {"mean": float(cos.mean()), "min": float(cos.min()), "n": int(cos.numel())},
+            "pooled_cosine": _cosine_stats(cos),
+            "cls_attention_max_before": _attn_max(self.attention_before),
+            "cls_attention_max_after": _attn_max(self.attention_after),
+            "controls": self.controls,
         }
+
+
+def _cosine_stats(cos: torch.Tensor | None) -> dict[str, Any] | None:
+    if cos is None:
+        return None
+    return {"mean": float(cos.mean()), "min": float(cos.min()), "n": int(cos.numel())}
+
+
+def _attn_max(attn: AttentionResult | None) -> list[float] | None:
+    """Per layer, the largest head-mean attention a patch receives ([CLS] row or mean query)."""
+    return None if attn is None else list(attn.cls_to_patch_max)
 
 
 def _rate(result: NormsResult, layer: int, rule: str, value: float | None) -> float:
@@ -105,13 +122,23 @@ def compare_fix(
     batch_size: int = 32,
     limit: int | None = None,
     progress: Callable[[int], None] | None = None,
+    controls: bool = True,
+    max_maps: int = 4,
 ) -> FixComparison:
-    """Run ``data`` without and with ``ttr`` and compare at the neurons' detection layer."""
+    """Run ``data`` without and with ``ttr`` and compare at the neurons' detection layer.
+
+    Attention maps are kept for the first ``max_maps`` images. With ``controls``, two more passes
+    measure the paper's causal controls: the register neurons zeroed with no register, and as
+    many random neurons of the same layers zeroed.
+    """
     settings = ttr.neurons.settings
-    analyses = [NormAnalysis(), PooledAnalysis()]
-    before, _, _ = run_analyses(model, data, analyses, batch_size, limit, progress)
+
+    def analyses() -> list[Analysis]:
+        return [NormAnalysis(), AttentionAnalysis(max_maps=max_maps), PooledAnalysis()]
+
+    before, _, _ = run_analyses(model, data, analyses(), batch_size, limit, progress)
     with ttr.applied(model):
-        after, _, _ = run_analyses(model, data, analyses, batch_size, limit, progress)
+        after, _, _ = run_analyses(model, data, analyses(), batch_size, limit, progress)
     nb, na = before["norms"], after["norms"]
     detect = settings.get("detect_layer", nb.report.evidence.get("strongest_layer"))
     if detect is None:
@@ -126,9 +153,24 @@ def compare_fix(
         registers.append(
             float(lay.take(na.trace.norms[site], "extra").mean()) if lay.n_extra else 0.0
         )
-    cos = None
-    if "pooled" in before and "pooled" in after:
-        cos = torch.nn.functional.cosine_similarity(before["pooled"], after["pooled"], dim=-1)
+    cos = _cosine(before, after)
+    checks = None
+    if controls:
+        checks = {}
+        others = random_like(ttr.neurons, model.d_mlp, seed=ttr.seed)
+        for name, neurons in (
+            ("ablate_register_neurons", ttr.neurons),
+            ("ablate_random_neurons", others),
+        ):
+            with ablate(model, neurons):
+                ran, _, _ = run_analyses(
+                    model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit
+                )
+            checks[name] = {
+                "n_neurons": len(neurons),
+                "outlier_rate": _rate(ran["norms"], detect, rule, value),
+                "pooled_cosine": _cosine_stats(_cosine(before, ran)),
+            }
     return FixComparison(
         nb,
         na,
@@ -142,4 +184,14 @@ def compare_fix(
         [lo.quantiles["max"] for lo in na.report.layers],
         cos,
         ttr.describe(),
+        before.get("attention"),
+        after.get("attention"),
+        checks,
     )
+
+
+def _cosine(a: dict[str, Any], b: dict[str, Any]) -> torch.Tensor | None:
+    """Per-image cosine between the pooled embeddings of two runs (None without them)."""
+    if "pooled" not in a or "pooled" not in b:
+        return None
+    return torch.nn.functional.cosine_similarity(a["pooled"], b["pooled"], dim=-1)

@@ -255,12 +255,10 @@ def write_neurons_run(
 
 
 # vitreg fix -----------------------------------------------------------------------------------
-def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
-    """Patch norm maps at the detection layer before and after the fix, side by side."""
-    trace_b, trace_a = comparison.before.trace, comparison.after.trace
-    layer = comparison.detect_layer
-    before = trace_b.patch_maps(trace_b.sites[layer]).numpy()
-    after = trace_a.patch_maps(trace_a.sites[layer]).numpy()
+def before_after_maps(
+    name: str, before: np.ndarray, after: np.ndarray, images: np.ndarray | None, caption: str
+) -> Figure:
+    """Maps ``[n, h, w]`` before and after a fix, side by side (shared scale, then own scale)."""
     n = min(MAX_ROWS, len(before), *([len(images)] if images is not None else []))
     lo, hi = clip_range(np.concatenate([before[:n], after[:n]]))
     columns = [("before", before, (lo, hi)), ("after (same scale)", after, (lo, hi))]
@@ -285,13 +283,38 @@ def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
             if r == n - 1:
                 cax = ax.inset_axes((0.05, -0.16, 0.9, 0.07))
                 fig.colorbar(im, cax=cax, orientation="horizontal").ax.tick_params(labelsize=6)
+    scale = (
+        " The first two maps share one colour scale (1st to 99th percentile of both, clipped); "
+        "the last column is the fixed model on its own scale, to show what structure is left."
+    )
+    return Figure(name, caption.format(n=n) + scale, png_bytes(fig))
+
+
+def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
+    """Patch norm maps at the detection layer before and after the fix, side by side."""
+    trace_b, trace_a = comparison.before.trace, comparison.after.trace
+    layer = comparison.detect_layer
+    before = trace_b.patch_maps(trace_b.sites[layer]).numpy()
+    after = trace_a.patch_maps(trace_a.sites[layer]).numpy()
     caption = (
         f"L2 norm of each patch token at layer {layer} (`{trace_b.sites[layer]}`, residual "
-        f"stream) over the first {n} images, without and with test-time registers. The first two "
-        "maps share one colour scale (1st to 99th percentile of both, clipped); the last column "
-        "is the fixed model on its own scale, to show what structure is left."
+        "stream) over the first {n} images, without and with test-time registers."
     )
-    return Figure("fix_norm_maps", caption, png_bytes(fig))
+    return before_after_maps("fix_norm_maps", before, after, images, caption)
+
+
+def fix_attention_maps(comparison: Any, images: np.ndarray | None) -> Figure | None:
+    """Last-layer head-mean attention maps before and after the fix, side by side."""
+    ab, aa = comparison.attention_before, comparison.attention_after
+    if ab is None or aa is None:
+        return None
+    what = "[CLS] attention to each patch" if ab.query == "cls" else "mean attention received"
+    caption = (
+        f"{what} in the last layer (`{ab.sites[-1]}`, head mean) over the first {{n}} images, "
+        "without and with test-time registers (the register's own column is not shown)."
+    )
+    before, after = ab.layer_maps[-1].numpy(), aa.layer_maps[-1].numpy()
+    return before_after_maps("fix_attention_maps", before, after, images, caption)
 
 
 def fix_norm_curves(results: dict[str, Any]) -> Figure:
@@ -353,6 +376,36 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             f"embedding (`ln_final.hook_out`: [CLS], or the patch mean without one) before and "
             f"after the fix is {num(cos['mean'])} on average (lowest {num(cos['min'])}, "
             f"{cos['n']} images)."
+        )
+    if c.get("controls"):
+        rows = [
+            [
+                label,
+                str(ctl["n_neurons"]),
+                pct(ctl["outlier_rate"]),
+                num(ctl["pooled_cosine"]["mean"]) if ctl["pooled_cosine"] else "–",
+            ]
+            for label, ctl in (
+                ("register neurons zeroed, no register", c["controls"]["ablate_register_neurons"]),
+                ("as many random neurons zeroed", c["controls"]["ablate_random_neurons"]),
+            )
+        ]
+        rows.insert(
+            0,
+            [
+                "test-time registers",
+                str(fx["n_neurons"]),
+                pct(c["outlier_rate_after"]),
+                num(cos["mean"]) if cos else "–",
+            ],
+        )
+        s.blocks.append(
+            "Causal controls (the paper's: the neurons decide the outliers; a register keeps what they carry):"
+        )
+        s.blocks.append(
+            Table(
+                ["", "neurons", f"outlier rate at layer {layer}", "pooled cosine to before"], rows
+            )
         )
     n = r["neurons"]
     settings = Section("fix", "The fix")
@@ -435,4 +488,7 @@ def write_fix_run(
     doc = document(command, described, data, config, results, pointers)
     shown = display_images(images)
     figures = [fix_norm_maps(comparison, shown), fix_norm_curves(doc["results"])]
+    attention = fix_attention_maps(comparison, shown)
+    if attention is not None:
+        figures.insert(1, attention)
     return _write(Path(out_dir), doc, fix_report(doc, figures), figures)
