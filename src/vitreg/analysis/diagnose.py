@@ -10,7 +10,9 @@ from vitreg.analysis.base import Analysis, run_analyses
 from vitreg.models.model import Model
 
 
-def default_analyses(rules: dict[str, dict[str, float]] | None = None, max_maps: int = 8) -> list[Analysis]:
+def default_analyses(
+    rules: dict[str, dict[str, float]] | None = None, max_maps: int = 8
+) -> list[Analysis]:
     """Norms/outliers first (the others use its outlier masks), then attention, redundancy, LN."""
     from vitreg.analysis.attention import AttentionAnalysis
     from vitreg.analysis.ln_separation import LNAnalysis
