@@ -89,7 +89,7 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
     assert result.exit_code == 0, result.output
     out = flat(result.stdout)
     assert "embedded demo" in out and "synthetic" in out and "6 images for discovery" in out
-    for name in ("neurons.json", "neurons.safetensors", "report.md", "metrics.json"):
+    for name in ("neurons.json", "neurons.safetensors", "report.md", "report.html", "metrics.json"):
         assert (run_dir / name).is_file(), name
     figures = {p.name for p in (run_dir / "figures").iterdir()}
     assert figures == {"neuron_scores.png", "calibration_curve.png"}
@@ -127,6 +127,12 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     report = (run_dir / "report.md").read_text()
     assert "SYNTHETIC" in report.splitlines()[0] and "Global information is kept" in report
     assert "Causal controls" in report and "as many random neurons zeroed" in report
+    page = (run_dir / "report.html").read_text()
+    assert (
+        "data:image/png;base64," in page
+        and "Causal controls" in page
+        and "http" not in page.split("<body")[0]
+    )
     c = metrics(run_dir)["results"]["comparison"]
     assert c["outlier_rate_before"] > 0.01 >= c["outlier_rate_after"]  # the planted default
     m = model(cached_models)

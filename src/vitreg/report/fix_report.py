@@ -68,8 +68,11 @@ def document(
 
 
 def _write(out: Path, doc: dict[str, Any], report: Report, figures: list[Figure]) -> Path:
-    """Figures, report.md and config.yaml first, metrics.json last (a stale one removed first)."""
+    """Figures, report.md, report.html and config.yaml first, metrics.json last (a stale one
+    removed first)."""
     import yaml
+
+    from vitreg.report.html import render_html
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").unlink(missing_ok=True)
@@ -77,6 +80,7 @@ def _write(out: Path, doc: dict[str, Any], report: Report, figures: list[Figure]
         fig.save(out / "figures")
     write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
     write_text_atomic(out / "report.md", render_markdown(report))
+    write_text_atomic(out / "report.html", render_html(report, figures, None))
     write_json_atomic(out / "metrics.json", doc)
     return out
 
