@@ -127,6 +127,7 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     report = (run_dir / "report.md").read_text()
     assert "SYNTHETIC" in report.splitlines()[0] and "Global information is kept" in report
     assert "Causal controls" in report and "as many random neurons zeroed" in report
+    assert "outlier moved to patch 0" in report
     page = (run_dir / "report.html").read_text()
     assert (
         "data:image/png;base64," in page

@@ -226,6 +226,7 @@ def test_compare_fix_before_after(images):
     assert ctl["ablate_register_neurons"]["outlier_rate"] <= 0.01
     assert ctl["ablate_random_neurons"]["outlier_rate"] > 0.03
     assert ctl["ablate_random_neurons"]["n_neurons"] == len(found)
+    assert ctl["shift_to_patch"]["share_of_images_with_top_norm_at_patch"] == 1.0
     # attention: after the fix no patch draws the [CLS] attention the outliers drew
     sink = truth.first_outlier_layer + 1
     assert d["cls_attention_max_after"][sink] < d["cls_attention_max_before"][sink]

@@ -12,7 +12,7 @@ import torch
 from vitreg.analysis.attention import AttentionAnalysis, AttentionResult
 from vitreg.analysis.base import Analysis, run_analyses
 from vitreg.analysis.norms import NormAnalysis, NormsResult
-from vitreg.fix.controls import ablate, random_like
+from vitreg.fix.controls import ablate, random_like, shift_to_patch
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
@@ -128,8 +128,8 @@ def compare_fix(
     """Run ``data`` without and with ``ttr`` and compare at the neurons' detection layer.
 
     Attention maps are kept for the first ``max_maps`` images. With ``controls``, two more passes
-    measure the paper's causal controls: the register neurons zeroed with no register, and as
-    many random neurons of the same layers zeroed.
+    measure the paper's causal controls: the register neurons zeroed with no register, as many
+    random neurons of the same layers zeroed, and the outlier moved to the first patch.
     """
     settings = ttr.neurons.settings
 
@@ -171,6 +171,19 @@ def compare_fix(
                 "outlier_rate": _rate(ran["norms"], detect, rule, value),
                 "pooled_cosine": _cosine_stats(_cosine(before, ran)),
             }
+        with shift_to_patch(model, ttr.neurons, 0):
+            ran, _, _ = run_analyses(
+                model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit
+            )
+        site = ran["norms"].trace.sites[detect]
+        top = ran["norms"].trace.patch_norms(site).argmax(dim=1)
+        checks["shift_to_patch"] = {
+            "n_neurons": len(ttr.neurons),
+            "patch": 0,
+            "share_of_images_with_top_norm_at_patch": float((top == 0).float().mean()),
+            "outlier_rate": _rate(ran["norms"], detect, rule, value),
+            "pooled_cosine": _cosine_stats(_cosine(before, ran)),
+        }
     return FixComparison(
         nb,
         na,

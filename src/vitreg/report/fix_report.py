@@ -394,6 +394,17 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
                 ("as many random neurons zeroed", c["controls"]["ablate_random_neurons"]),
             )
         ]
+        shift = c["controls"].get("shift_to_patch")
+        if shift:
+            share = pct(shift["share_of_images_with_top_norm_at_patch"])
+            rows.append(
+                [
+                    "outlier moved to patch 0 (top-left)",
+                    str(shift["n_neurons"]),
+                    f"{pct(shift['outlier_rate'])} (top norm at patch 0 in {share} of images)",
+                    num(shift["pooled_cosine"]["mean"]) if shift["pooled_cosine"] else "–",
+                ]
+            )
         rows.insert(
             0,
             [
