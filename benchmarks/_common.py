@@ -59,6 +59,21 @@ def run_child(script: str, args: list[str]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def child_flags(args: Any, keys: tuple[str, ...]) -> list[str]:
+    """Command-line flags repeating the options ``keys`` of ``args`` for a child process."""
+    return [
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in keys and v is not None
+    ]
+
+
+def write_result(args: Any, benchmark: str, **fields: Any) -> Path:
+    """Write ``args.out``: the benchmark name, its settings (every option but --out/--child),
+    the environment (measured here unless a child's is given) and ``fields``."""
+    settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
+    fields.setdefault("environment", environment())
+    return write_json(args.out, {"benchmark": benchmark, "settings": settings, **fields})
+
+
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

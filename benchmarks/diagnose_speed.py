@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import RESULTS, build, environment, peak_rss_mb, write_json
+from _common import RESULTS, build, peak_rss_mb, write_result
 
 MODEL = "vit_small_patch14_dinov2"
 TARGET = 2.0  # (diagnose + report) / (plain forward + report)
@@ -108,16 +108,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     res = measure(args)
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    out = write_json(
-        args.out,
-        {
-            "benchmark": "diagnose_speed",
-            "target": f"(diagnose + report) / (plain forward + report) <= {TARGET}",
-            "settings": settings,
-            "environment": environment(),
-            **res,
-        },
+    out = write_result(
+        args,
+        "diagnose_speed",
+        target=f"(diagnose + report) / (plain forward + report) <= {TARGET}",
+        **res,
     )
     s, ratio = res["seconds"], res["ratios"]
     main_ratio = ratio["diagnose_plus_report_over_plain_plus_report"]

@@ -26,7 +26,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from _common import RESULTS, build, environment, peak_rss_mb, rss_mb, run_child, write_json
+from _common import (
+    RESULTS,
+    build,
+    child_flags,
+    environment,
+    peak_rss_mb,
+    rss_mb,
+    run_child,
+    write_result,
+)
 
 MODEL = "vit_base_patch16_224"
 TARGET = 0.7  # discover images/s over plain images/s
@@ -162,12 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(json.dumps(res))
         return
-    shared = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in vars(args).items()
-        if k in ("n_images", "batch_size", "repeats", "model", "img_size", "depth")
-        and v is not None
-    ]
+    shared = child_flags(args, ("n_images", "batch_size", "repeats", "model", "img_size", "depth"))
     runs = []
     for n in (args.small_n_images, args.n_images):
         print(f"discovery over {n} images in a fresh process ...", file=sys.stderr, flush=True)
@@ -175,20 +179,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"timing plain vs discover over {args.n_images} images ...", file=sys.stderr, flush=True)
     speed = run_child(__file__, ["--child=speed", *shared])
     growth = runs[-1]["peak_rss_mb"] - runs[0]["peak_rss_mb"]
-    settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
-    out = write_json(
-        args.out,
-        {
-            "benchmark": "discovery_speed",
-            "target": f"discover images/s >= {TARGET} x plain forward_features images/s; "
-            "peak RSS independent of the image count",
-            "target_ratio": TARGET,
-            "settings": settings,
-            "environment": [r.pop("environment") for r in runs][-1],
-            **speed,
-            "memory_runs": runs,
-            "peak_rss_growth_mb": growth,
-        },
+    out = write_result(
+        args,
+        "discovery_speed",
+        target=f"discover images/s >= {TARGET} x plain forward_features images/s; "
+        "peak RSS independent of the image count",
+        target_ratio=TARGET,
+        environment=[r.pop("environment") for r in runs][-1],
+        **speed,
+        memory_runs=runs,
+        peak_rss_growth_mb=growth,
     )
     ips, ratio = speed["images_per_s"], speed["ratio_discover_over_plain"]
     verdict = "ok" if ratio >= TARGET else "BELOW TARGET"

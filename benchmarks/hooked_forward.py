@@ -18,7 +18,16 @@ import sys
 import time
 from typing import Any
 
-from _common import RESULTS, build, environment, peak_rss_mb, rss_mb, run_child, write_json
+from _common import (
+    RESULTS,
+    build,
+    child_flags,
+    environment,
+    peak_rss_mb,
+    rss_mb,
+    run_child,
+    write_result,
+)
 
 MODELS = "vit_small_patch14_dinov2,vit_base_patch16_224"
 TARGET = 0.85  # hooked images/s over plain images/s
@@ -106,25 +115,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(measure(args.child, args)))
         return
-    shared = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in vars(args).items()
-        if k in ("batch_size", "repeats", "warmup", "img_size", "depth") and v is not None
-    ]
+    shared = child_flags(args, ("batch_size", "repeats", "warmup", "img_size", "depth"))
     results = []
     for name in args.models.split(","):
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
         results.append(run_child(__file__, [f"--child={name}", *shared]))
-    settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
-    out = write_json(
-        args.out,
-        {
-            "benchmark": "hooked_forward",
-            "target_ratio": TARGET,
-            "settings": settings,
-            "environment": [r.pop("environment") for r in results][0],
-            "results": results,
-        },
+    out = write_result(
+        args,
+        "hooked_forward",
+        target_ratio=TARGET,
+        environment=[r.pop("environment") for r in results][0],
+        results=results,
     )
     print(f"batch {args.batch_size}, {args.img_size} px, {args.repeats} interleaved repeats")
     for r in results:

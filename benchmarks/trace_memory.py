@@ -18,7 +18,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from _common import RESULTS, build, environment, peak_rss_mb, rss_mb, run_child, write_json
+from _common import (
+    RESULTS,
+    build,
+    child_flags,
+    environment,
+    peak_rss_mb,
+    rss_mb,
+    run_child,
+    write_result,
+)
 
 TARGET_MB = 300.0  # largest allowed growth of the peak from the smallest to the largest run
 
@@ -76,26 +85,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.child is not None:
         print(json.dumps(measure(args.child, args)))
         return
-    shared = [f"--batch-size={args.batch_size}", f"--model={args.model}"]
-    shared += [f"--img-size={args.img_size}"]
-    shared += [f"--depth={args.depth}"] if args.depth is not None else []
+    shared = child_flags(args, ("batch_size", "model", "img_size", "depth"))
     counts = [int(n) for n in args.n_images.split(",")]
     runs = []
     for n in counts:
         print(f"tracing {n} images in a fresh process ...", file=sys.stderr, flush=True)
         runs.append(run_child(__file__, [f"--child={n}", *shared]))
     growth = runs[-1]["peak_rss_mb"] - runs[0]["peak_rss_mb"]
-    settings = {k: v for k, v in vars(args).items() if k not in ("child", "out")}
-    out = write_json(
-        args.out,
-        {
-            "benchmark": "trace_memory",
-            "target_mb": TARGET_MB,
-            "settings": settings,
-            "environment": [r.pop("environment") for r in runs][0],
-            "runs": runs,
-            "peak_growth_mb": growth,
-        },
+    out = write_result(
+        args,
+        "trace_memory",
+        target_mb=TARGET_MB,
+        environment=[r.pop("environment") for r in runs][0],
+        runs=runs,
+        peak_growth_mb=growth,
     )
     print(
         f"{args.model} at {args.img_size} px, batch {args.batch_size}, TokenNorms + Max per block"

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import RESULTS, build, environment, peak_rss_mb, write_json
+from _common import RESULTS, build, peak_rss_mb, write_result
 
 MODEL = "vit_base_patch16_224"
 TARGET = 0.9  # ttr images/s over bare images/s
@@ -127,17 +127,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     res = measure(args)
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    out = write_json(
-        args.out,
-        {
-            "benchmark": "ttr_speed",
-            "target": f"ttr images/s >= {TARGET} x bare forward_features images/s",
-            "target_ratio": TARGET,
-            "settings": settings,
-            "environment": environment(),
-            **res,
-        },
+    out = write_result(
+        args,
+        "ttr_speed",
+        target=f"ttr images/s >= {TARGET} x bare forward_features images/s",
+        target_ratio=TARGET,
+        **res,
     )
     ips, ratio = res["images_per_s"], res["ratio_ttr_over_bare"]
     verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
