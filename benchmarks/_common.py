@@ -59,6 +59,13 @@ def run_child(script: str, args: list[str]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def add_size_and_out_options(p: Any, benchmark: str) -> None:
+    """The options every benchmark takes: input size, a shallower model for smoke runs, --out."""
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
+    p.add_argument("--out", default=str(RESULTS / f"{benchmark}.json"))
+
+
 def child_flags(args: Any, keys: tuple[str, ...]) -> list[str]:
     """Command-line flags repeating the options ``keys`` of ``args`` for a child process."""
     return [

@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import RESULTS, build, peak_rss_mb, write_result
+from _common import add_size_and_out_options, build, peak_rss_mb, write_result
 
 MODEL = "vit_small_patch14_dinov2"
 TARGET = 2.0  # (diagnose + report) / (plain forward + report)
@@ -99,9 +99,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved")
     p.add_argument("--max-maps", type=int, default=8, help="images kept for figures")
     p.add_argument("--model", default=MODEL, help="timm model name")
-    p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
-    p.add_argument("--out", default=str(RESULTS / "diagnose_speed.json"))
+    add_size_and_out_options(p, "diagnose_speed")
     return p.parse_args(argv)
 
 

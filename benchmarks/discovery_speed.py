@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from _common import (
-    RESULTS,
+    add_size_and_out_options,
     build,
     child_flags,
     environment,
@@ -156,9 +156,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="timed passes per arm, interleaved")
     p.add_argument("--model", default=MODEL, help="timm model name")
-    p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
-    p.add_argument("--out", default=str(RESULTS / "discovery_speed.json"))
+    add_size_and_out_options(p, "discovery_speed")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

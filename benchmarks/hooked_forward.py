@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from _common import (
-    RESULTS,
+    add_size_and_out_options,
     build,
     child_flags,
     environment,
@@ -103,9 +103,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7, help="timed runs per arm, interleaved")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per arm first")
     p.add_argument("--models", default=MODELS, help="comma-separated timm names")
-    p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
-    p.add_argument("--out", default=str(RESULTS / "hooked_forward.json"))
+    add_size_and_out_options(p, "hooked_forward")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

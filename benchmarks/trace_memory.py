@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from _common import (
-    RESULTS,
+    add_size_and_out_options,
     build,
     child_flags,
     environment,
@@ -73,9 +73,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n-images", default="20,200", help="comma-separated image counts")
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--model", default="vit_small_patch14_dinov2")
-    p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
-    p.add_argument("--out", default=str(RESULTS / "trace_memory.json"))
+    add_size_and_out_options(p, "trace_memory")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

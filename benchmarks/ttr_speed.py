@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import RESULTS, build, peak_rss_mb, write_result
+from _common import add_size_and_out_options, build, peak_rss_mb, write_result
 
 MODEL = "vit_base_patch16_224"
 TARGET = 0.9  # ttr images/s over bare images/s
@@ -118,9 +118,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n-neurons", type=int, default=10)
     p.add_argument("--layers", default="3-5", help="inclusive layer range of the neurons")
     p.add_argument("--model", default=MODEL, help="timm model name")
-    p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
-    p.add_argument("--out", default=str(RESULTS / "ttr_speed.json"))
+    add_size_and_out_options(p, "ttr_speed")
     return p.parse_args(argv)
 
 

@@ -1,25 +1,13 @@
 """Smoke runs of the register-neuron benchmark scripts with tiny settings (issue 4)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench_helpers import run_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model=vit_small_patch16_224", "--img-size=32", "--depth=3", "--batch-size=2"]
-
-
-def run_benchmark(script: str, tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / f"{script}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, f"--out={out}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "wrote" in proc.stdout
-    return json.loads(out.read_text())
 
 
 @pytest.mark.slow

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 import vitreg
+from bench_helpers import run_benchmark
 from vitreg.cli.app import app
 from vitreg.cli.inspect_cmd import compress_names, size_kwargs
 from vitreg.cli.output import cli_errors
@@ -177,16 +175,6 @@ def test_compress_names() -> None:
     depths = (2, 2, 6)
     hier = [f"layers.{s}.blocks.{b}.x" for s, d in enumerate(depths) for b in range(d)]
     assert compress_names(hier) == ["layers.{0,1}.blocks.{0,1}.x", "layers.2.blocks.{0..5}.x"]
-
-
-def run_benchmark(script: str, tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / f"{script}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, f"--out={out}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "wrote" in proc.stdout
-    return json.loads(out.read_text())
 
 
 @pytest.mark.slow
