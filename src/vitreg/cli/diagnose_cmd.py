@@ -15,11 +15,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from vitreg.cli import options as opt
 from vitreg.cli.inspect_cmd import _load
+from vitreg.cli.options import DEFAULT_SPEC
 from vitreg.cli.output import cli_errors, console, err_console, fail
 from vitreg.errors import InputError, VitregError
 
-DEFAULT_SPEC = "planted:dinov2_s14"
 DEFAULT_SYNTHETIC = 16  # images in the embedded demo (and for planted models without --images)
 
 
@@ -224,30 +225,18 @@ def write_comparison(parent: Path, labelled: list[tuple[str, Any]], dirs: list[P
 
 
 def diagnose_model(
-    spec: str | None = typer.Argument(
-        None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC})."
-    ),
-    images: Path | None = typer.Option(
-        None, "--images", help="Folder of images (searched recursively; bad files are skipped)."
-    ),
-    samples: bool = typer.Option(
-        False, "--samples", help="Use the photos bundled with scikit-image."
-    ),
-    out: Path | None = typer.Option(
-        None, "--out", help="Run directory (default runs/<time>_<model>_diagnose)."
-    ),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Use at most N images."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Images per forward pass."),
-    device: str | None = typer.Option(None, "--device", help="torch device, e.g. cpu or cuda:0."),
+    spec: str | None = opt.SPEC,
+    images: Path | None = opt.IMAGES,
+    samples: bool = opt.SAMPLES,
+    out: Path | None = opt.out_dir("diagnose"),
+    limit: int | None = opt.LIMIT,
+    batch_size: int = opt.BATCH_SIZE,
+    device: str | None = opt.DEVICE,
     max_maps: int = typer.Option(
         8, "--max-maps", min=1, help="Images whose per-layer maps are kept for figures."
     ),
-    random_init: bool = typer.Option(
-        False, "--random-init", help="Build the architecture with random weights (no download)."
-    ),
-    img_size: int | None = typer.Option(
-        None, "--img-size", min=1, help="Input size in pixels (passed as img_size where taken)."
-    ),
+    random_init: bool = opt.RANDOM_INIT,
+    img_size: int | None = opt.IMG_SIZE,
     models: str | None = typer.Option(
         None, "--models", help="Comma-separated specs: diagnose each and compare them."
     ),

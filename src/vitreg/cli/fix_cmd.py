@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, _progress, default_run_dir, slug
 from vitreg.cli.neurons_cmd import (
     find_neurons,
@@ -101,24 +102,16 @@ def _two_passes(progress: Callable[[int], None], total: int) -> Callable[[int], 
 
 
 def fix_command(
-    spec: str | None = typer.Argument(
-        None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC})."
-    ),
+    spec: str | None = opt.SPEC,
     neurons: str | None = typer.Option(
         None,
         "--neurons",
         help="NeuronSet file (neurons.json from `vitreg neurons`) or 'builtin' (the published "
         "set for SPEC); default: discover them first on these images.",
     ),
-    images: Path | None = typer.Option(
-        None, "--images", help="Folder of images (searched recursively; bad files are skipped)."
-    ),
-    samples: bool = typer.Option(
-        False, "--samples", help="Use the photos bundled with scikit-image."
-    ),
-    out: Path | None = typer.Option(
-        None, "--out", help="Run directory (default runs/<time>_<model>_fix)."
-    ),
+    images: Path | None = opt.IMAGES,
+    samples: bool = opt.SAMPLES,
+    out: Path | None = opt.out_dir("fix"),
     save: Path | None = typer.Option(
         None, "--save", help="Also save the fixed model here (timm models; load it as local:DIR)."
     ),
@@ -135,14 +128,10 @@ def fix_command(
     target: float = typer.Option(
         0.01, "--target", min=0.0, max=1.0, help="Outlier rate for top-k when discovering first."
     ),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Use at most N images."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Images per forward pass."),
-    img_size: int | None = typer.Option(
-        None, "--img-size", min=1, help="Input size in pixels (passed as img_size where taken)."
-    ),
-    random_init: bool = typer.Option(
-        False, "--random-init", help="Build the architecture with random weights (no download)."
-    ),
+    limit: int | None = opt.LIMIT,
+    batch_size: int = opt.BATCH_SIZE,
+    img_size: int | None = opt.IMG_SIZE,
+    random_init: bool = opt.RANDOM_INIT,
 ) -> None:
     """Apply test-time registers and report before/after: norm maps, outlier rate, embeddings."""
     if images is not None and samples:

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import (
     DEFAULT_SPEC,
     _command,
@@ -210,15 +211,9 @@ def parse_threshold(value: str) -> str | float:
 
 
 def neurons_command(
-    spec: str | None = typer.Argument(
-        None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC})."
-    ),
-    images: Path | None = typer.Option(
-        None, "--images", help="Folder of images (searched recursively; bad files are skipped)."
-    ),
-    samples: bool = typer.Option(
-        False, "--samples", help="Use the photos bundled with scikit-image."
-    ),
+    spec: str | None = opt.SPEC,
+    images: Path | None = opt.IMAGES,
+    samples: bool = opt.SAMPLES,
     top_k: str = typer.Option(
         "auto",
         "--top-k",
@@ -227,17 +222,11 @@ def neurons_command(
     target: float = typer.Option(
         0.01, "--target", min=0.0, max=1.0, help="Held-out patch outlier rate top-k must reach."
     ),
-    out: Path | None = typer.Option(
-        None, "--out", help="Run directory (default runs/<time>_<model>_neurons)."
-    ),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Use at most N images."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Images per forward pass."),
-    img_size: int | None = typer.Option(
-        None, "--img-size", min=1, help="Input size in pixels (passed as img_size where taken)."
-    ),
-    random_init: bool = typer.Option(
-        False, "--random-init", help="Build the architecture with random weights (no download)."
-    ),
+    out: Path | None = opt.out_dir("neurons"),
+    limit: int | None = opt.LIMIT,
+    batch_size: int = opt.BATCH_SIZE,
+    img_size: int | None = opt.IMG_SIZE,
+    random_init: bool = opt.RANDOM_INIT,
     detect_layer: int | None = typer.Option(
         None, "--detect-layer", help="Block whose output defines outliers (default: strongest)."
     ),
