@@ -1,0 +1,249 @@
+"""Feature cache: extract token views once, store safetensors shards + a manifest, reuse, resume.
+
+``extract(model, dataset, root=...)`` writes ``root/<key>/shard-00000.safetensors ...`` and
+``manifest.json``. The key hashes everything the features depend on, so a changed model, fix,
+dataset, layer or view list gets its own folder. Every file is written atomically (temporary
+file + rename), so an interrupted run leaves only complete shards; the next run reuses them and
+extracts the rest. Under ``torchrun`` rank ``r`` extracts shards ``i % world == r`` and rank 0
+writes the manifest after a barrier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vitreg.data.datasets import LabeledDataset
+from vitreg.data.transforms import model_input
+from vitreg.errors import InputError, VitregError
+from vitreg.fix.base import Fix
+from vitreg.models.layout import TokenLayout
+from vitreg.models.model import Model
+from vitreg.neurons.neuron_set import weights_fingerprint
+from vitreg.probe.features import CachedFeatures
+from vitreg.probe.shards import MANIFEST, ShardWriter, is_complete, shard_meta, shard_name
+from vitreg.probe.views import absent_views, check_views
+from vitreg.report.io import write_json_atomic
+
+FORMAT = 1
+FINAL = "ln_final.hook_out"
+BLOCK_OUTPUT = "hook_resid_post"
+
+
+@dataclass
+class Plan:
+    """What one extraction computes: hook names (with the request each came from) and views."""
+
+    names: list[str]
+    requests: list[int | str]
+    views: list[str]
+    absent: dict[str, dict[str, str]]  # hook name -> {view: reason}
+    layouts: dict[str, TokenLayout]  # static layouts (prefix counts right; grids from the hooks)
+
+
+def resolve_layers(model: Model, layers: Sequence[int | str]) -> list[str]:
+    """Hook names for ``layers``: ints index the block outputs, ``"final"`` is the final norm."""
+    blocks = [n for n in model.hook_names() if n.endswith(BLOCK_OUTPUT)]
+    names: list[str] = []
+    for layer in layers:
+        if isinstance(layer, int):
+            if not -len(blocks) <= layer < len(blocks):
+                raise InputError(
+                    f"layer {layer} is out of range: this model has {len(blocks)} blocks "
+                    f"(use 0..{len(blocks) - 1}, negatives from the end, 'final' or a hook name)"
+                )
+            name = blocks[layer]
+        else:
+            name = FINAL if layer == "final" else model.site(layer).name
+        if name in names:
+            raise InputError(f"layer {layer!r} repeats {name!r}; list each layer once")
+        names.append(name)
+    if not names:
+        raise InputError("no layers given; e.g. layers=(-1,) for the last block")
+    return names
+
+
+def make_plan(model: Model, layers: Sequence[int | str], views: Sequence[str]) -> Plan:
+    """Resolve layers and views against the model as it is now (call inside the fix)."""
+    names = resolve_layers(model, layers)
+    chosen = check_views(views)
+    layouts: dict[str, TokenLayout] = {}
+    absent: dict[str, dict[str, str]] = {}
+    for name in names:
+        layout = model.site(name).context(lambda: model.layout).layout
+        if layout is None:
+            raise InputError(f"{name!r} is not a token sequence; pick a block output or 'final'")
+        layouts[name] = layout
+        absent[name] = absent_views(layout, chosen)
+        if len(absent[name]) == len(chosen):
+            reasons = "; ".join(f"{v}: {r}" for v, r in absent[name].items())
+            raise InputError(
+                f"none of the views {chosen} exists at {name!r} ({reasons}); "
+                "ask for a patch view such as 'patch_mean' or 'patches'"
+            )
+    return Plan(names, list(layers), chosen, absent, layouts)
+
+
+def describe_fix(fix: Fix | None) -> dict[str, Any] | None:
+    """The fix's identity for the cache key: class, settings and, if any, its exact neurons."""
+    if fix is None:
+        return None
+    desc: dict[str, Any] = {"class": f"{type(fix).__module__}.{type(fix).__qualname__}"}
+    desc.update(fix.describe() if hasattr(fix, "describe") else {})
+    neurons = getattr(fix, "neurons", None)
+    if neurons is not None and hasattr(neurons, "pairs"):
+        desc["neurons"] = [list(p) for p in neurons.pairs()]
+    return desc
+
+
+def input_config(model: Model) -> dict[str, Any]:
+    """Model input size and normalisation the samples are prepared with."""
+    size, mean, std = model_input(model)
+    return {"size": size, "mean": list(mean), "std": list(std)}
+
+
+def cache_identity(
+    model: Model,
+    dataset: LabeledDataset,
+    plan: Plan,
+    fix: Fix | None,
+    dtype: torch.dtype,
+    pixels: bool,
+    shard_size: int,
+) -> dict[str, Any]:
+    """Everything the cached tensors depend on (hashed into the folder name)."""
+    return {
+        "format": FORMAT,
+        "model": model.describe(),
+        "weights": weights_fingerprint(model.module),
+        "fix": describe_fix(fix),
+        "dataset": dataset.describe(),
+        "targets": list(dataset.targets),
+        "layers": plan.names,
+        "views": plan.views,
+        "dtype": str(dtype).removeprefix("torch."),
+        "pixels": pixels,
+        "input": input_config(model),
+        "shard_size": shard_size,
+    }
+
+
+def cache_key(identity: dict[str, Any]) -> str:
+    blob = json.dumps(identity, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def world() -> tuple[int, int, Any]:
+    """(rank, world size, torch.distributed or None) of this process."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), dist
+    return 0, 1, None
+
+
+def extract(
+    model: Model,
+    dataset: LabeledDataset,
+    *,
+    layers: Sequence[int | str] = (-1,),
+    views: Sequence[str] = ("cls", "reg", "extra", "patch_mean"),
+    fix: Fix | None = None,
+    root: str | Path,
+    batch_size: int = 32,
+    shard_size: int = 256,
+    dtype: torch.dtype = torch.float16,
+    pixels: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> CachedFeatures:
+    """Token views of every sample at ``layers`` (optionally under ``fix``), cached on disk.
+
+    Views a site cannot give (no [CLS] on a Swin stage, no ``extra`` without a fix) are left out
+    and listed in ``manifest["absent"]``. ``progress(n)`` gets the samples extracted so far.
+    """
+    if batch_size < 1 or shard_size < 1:
+        raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size}, {shard_size}")
+    if len(dataset) == 0:
+        raise InputError(f"the dataset {dataset.describe().get('spec')!r} has no samples")
+    rank, size, group = world()
+    model.eval()
+    scope = fix.applied(model) if fix is not None else contextlib.nullcontext()
+    with scope:
+        plan = make_plan(model, layers, views)
+        identity = cache_identity(model, dataset, plan, fix, dtype, pixels, shard_size)
+        key = cache_key(identity)
+        folder = Path(root) / key
+        n_shards = -(-len(dataset) // shard_size)
+        writer = ShardWriter(
+            model,
+            dataset,
+            plan.names,
+            plan.views,
+            key=key,
+            input=identity["input"],
+            batch_size=batch_size,
+            dtype=dtype,
+            pixels=pixels,
+            progress=progress,
+        )
+        for i in range(rank, n_shards, size):
+            path = folder / shard_name(i)
+            if is_complete(path, key, i):
+                continue
+            for stale in folder.glob(f".{path.name}.*.tmp"):  # left by a killed writer
+                stale.unlink(missing_ok=True)
+            writer.write(path, i, i * shard_size, min(len(dataset), (i + 1) * shard_size))
+    if group is not None:
+        group.barrier()
+    if rank == 0:
+        write_manifest(folder, identity, plan, key, n_shards)
+    if group is not None:
+        group.barrier()
+    return CachedFeatures(folder, forward_passes=writer.forward_passes)
+
+
+def write_manifest(
+    folder: Path, identity: dict[str, Any], plan: Plan, key: str, n_shards: int
+) -> dict[str, Any]:
+    """Gather every shard's metadata into ``manifest.json`` (fails if a shard is missing)."""
+    shards: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
+    layouts = {n: lay.to_dict() for n, lay in plan.layouts.items()}
+    seen_layouts = False
+    for i in range(n_shards):
+        meta = shard_meta(folder / shard_name(i))
+        if meta is None or meta.get("key") != key:
+            raise VitregError(f"shard {i} of {folder} is missing; run extract again to finish it")
+        dropped = json.loads(meta["skipped"])
+        for item in dropped:
+            skipped[item["reason"]] = skipped.get(item["reason"], 0) + 1
+        if int(meta["n"]) and not seen_layouts:
+            layouts, seen_layouts = json.loads(meta["layouts"]), True
+        shards.append(
+            {
+                "file": shard_name(i),
+                "start": int(meta["start"]),
+                "stop": int(meta["stop"]),
+                "n": int(meta["n"]),
+                "skipped": dropped,
+            }
+        )
+    manifest = {
+        **identity,
+        "key": key,
+        "requests": plan.requests,
+        "absent": plan.absent,
+        "layouts": layouts,
+        "n": sum(s["n"] for s in shards),
+        "n_skipped": sum(skipped.values()),
+        "skipped": skipped,
+        "shards": shards,
+    }
+    write_json_atomic(folder / MANIFEST, manifest)
+    return manifest

@@ -1,0 +1,76 @@
+"""Feature-cache fixtures, and a script run by tests/test_probe_cache.py in a child process.
+
+``python cache_worker.py ROOT slow`` extracts many small shards slowly (the test kills it);
+under ``torchrun ... cache_worker.py ROOT dist`` two ranks extract one cache together.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+import vitreg
+from vitreg.data.datasets import DataLog, Sample, SkipSample
+
+SPEC = "timm:vit_small_patch14_reg4_dinov2"
+
+
+class ToyDataset:
+    """Seeded random RGB images with labels and masks; listed indices are bad and get skipped."""
+
+    def __init__(
+        self, n: int = 6, size: int = 40, seed: int = 0, bad: tuple[int, ...] = (), delay: float = 0
+    ) -> None:
+        self.name, self.split = "toy", "train"
+        self.targets = ("label", "mask", "boxes")
+        self.num_classes, self.class_names = 3, ["a", "b", "c"]
+        self.log = DataLog()
+        self.n, self.size, self.seed, self.bad, self.delay = n, size, seed, bad, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Sample:
+        time.sleep(self.delay)
+        key = f"toy/{i:04d}"
+        if i in self.bad:
+            self.log.count("unreadable_image", key=key)
+            raise SkipSample("unreadable_image", key)
+        rng = np.random.default_rng([self.seed, i])
+        pixels = rng.integers(0, 256, (self.size, self.size, 3), dtype=np.uint8)
+        mask = rng.integers(0, 3, (self.size, self.size)).astype(np.int64)
+        box = np.array([[2, 3, 20 + i, 30]], dtype=np.float32)
+        return Sample(Image.fromarray(pixels), key, label=i % 3, mask=mask, boxes=box)
+
+    def describe(self) -> dict:
+        return {"spec": "toy", "n": self.n, "size": self.size, "seed": self.seed, "bad": self.bad}
+
+
+def small_vit() -> vitreg.Model:
+    """A seeded 2-block DINOv2-reg4 ViT-S at 28 px (1 cls + 4 registers + 2x2 patches)."""
+    torch.manual_seed(0)
+    return vitreg.load(SPEC, pretrained=False, img_size=28, depth=2)
+
+
+def main(root: str, mode: str) -> None:
+    torch.set_num_threads(1)
+    from vitreg.probe import extract
+
+    if mode == "slow":
+        data = ToyDataset(n=40, delay=0.05)
+        extract(small_vit(), data, root=root, views=("cls", "patches"), shard_size=2, batch_size=2)
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    feats = extract(small_vit(), ToyDataset(n=9, bad=(4,)), root=root, shard_size=2, batch_size=2)
+    print(f"rank {dist.get_rank()} forward_passes {feats.forward_passes}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
