@@ -1,5 +1,6 @@
 """vitreg: diagnose, fix and avoid token artifacts in Vision Transformers."""
 
+from vitreg.arch.autoregister import install as _install_timm_names
 from vitreg.errors import (
     HookError,
     InputError,
@@ -16,6 +17,8 @@ from vitreg.models.model import Model, TraceResult
 from vitreg.neurons.neuron_set import NeuronSet
 
 __version__ = "0.1.0"
+
+_install_timm_names()  # the vitreg_* timm model names, registered once timm is imported
 
 __all__ = [
     "ActivationCache",

@@ -10,9 +10,7 @@ from typing import Any
 import numpy as np
 
 from vitreg.report.figures import Figure, clip_range, display_images, new_canvas, png_bytes
-from vitreg.report.io import write_json_atomic, write_text_atomic
 from vitreg.report.markdown import (
-    FigureRef,
     Report,
     Section,
     Table,
@@ -21,85 +19,10 @@ from vitreg.report.markdown import (
     num,
     pct,
     provenance_section,
-    render_markdown,
 )
-from vitreg.report.schema import (
-    SCHEMA_VERSION,
-    Metric,
-    data_info,
-    is_synthetic,
-    model_info,
-    plain,
-    resolve,
-    utc_now,
-    versions,
-)
+from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
 
 MAX_ROWS = 4  # images shown in the before/after norm maps
-
-
-# metrics.json ---------------------------------------------------------------------------------
-def document(
-    command: str,
-    described: dict[str, Any],
-    data: dict[str, Any],
-    config: dict[str, Any],
-    results: dict[str, Any],
-    headlines: list[tuple],
-) -> dict[str, Any]:
-    """The metrics.json document; ``headlines`` are ``(name, pointer, higher_is_better, extra)``."""
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        **versions(),
-        "created": utc_now(),
-        "command": command,
-        "model": model_info(described),
-        "data": data_info(data),
-        "config": plain(config),
-        "results": plain(results),
-    }
-    doc["metrics"] = [
-        Metric(
-            name=name, value=resolve(doc, pointer), higher_is_better=better, source=pointer, **extra
-        ).model_dump(mode="json")
-        for name, pointer, better, extra in headlines
-    ]
-    return doc
-
-
-def _write(out: Path, doc: dict[str, Any], report: Report, figures: list[Figure]) -> Path:
-    """Figures, report.md, report.html and config.yaml first, metrics.json last (a stale one
-    removed first)."""
-    import yaml
-
-    from vitreg.report.html import render_html
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").unlink(missing_ok=True)
-    for fig in figures:
-        fig.save(out / "figures")
-    write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
-    write_text_atomic(out / "report.md", render_markdown(report))
-    write_text_atomic(out / "report.html", render_html(report, figures, None))
-    write_json_atomic(out / "metrics.json", doc)
-    return out
-
-
-def _banner(doc: dict[str, Any]) -> str | None:
-    model = doc["model"]
-    if not is_synthetic(model):
-        return None
-    return (
-        f"**SYNTHETIC MODEL:** `{model.get('spec')}` has random weights with planted register "
-        "neurons; it is not a trained ViT. Use this report to check the tool, not to draw "
-        "conclusions about real models."
-    )
-
-
-def _figure_section(title: str, figures: list[Figure]) -> Section:
-    return Section(
-        "figures", title, [FigureRef(f"figures/{f.filename}", f.caption) for f in figures]
-    )
 
 
 # vitreg neurons -------------------------------------------------------------------------------
@@ -198,12 +121,12 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     ]
     table = Section("neurons", "The neurons", [Table(["rank", "layer", "unit", "score"], rows)])
     return Report(
-        _banner(doc),
+        synthetic_banner(doc),
         f"vitreg neurons: {doc['model']['spec']}",
         [
             summary,
             table,
-            _figure_section("Scores and calibration", figures),
+            figure_section("Scores and calibration", figures),
             _images(doc),
             model_section(doc),
             provenance_section(doc),
@@ -255,7 +178,7 @@ def write_neurons_run(
     figures = [neuron_scores(doc["results"]["ranking"], results["chosen_k"])]
     if results.get("calibration"):
         figures.append(calibration_curve(doc["results"]["calibration"]))
-    return _write(Path(out_dir), doc, neurons_report(doc, figures), figures)
+    return write_files(Path(out_dir), doc, neurons_report(doc, figures), figures)
 
 
 # vitreg fix -----------------------------------------------------------------------------------
@@ -442,12 +365,12 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             "fix applied; timm's own API loads the same weights without the fix."
         )
     return Report(
-        _banner(doc),
+        synthetic_banner(doc),
         f"vitreg fix: {doc['model']['spec']}",
         [
             s,
             settings,
-            _figure_section("Figures", figures),
+            figure_section("Figures", figures),
             _images(doc),
             model_section(doc),
             provenance_section(doc),
@@ -506,4 +429,4 @@ def write_fix_run(
     attention = fix_attention_maps(comparison, shown)
     if attention is not None:
         figures.insert(1, attention)
-    return _write(Path(out_dir), doc, fix_report(doc, figures), figures)
+    return write_files(Path(out_dir), doc, fix_report(doc, figures), figures)

@@ -150,9 +150,10 @@ class TimmViTAdapter(Adapter):
             v_to, v_from = qkv_part(2, attn.num_heads)
 
             def compute(q: torch.Tensor, k: torch.Tensor, kw: dict, attn: nn.Module = attn):
-                return softmax_pattern(
-                    q, k, attn.scale, kw.get("attn_mask"), kw.get("is_causal", False)
-                )
+                mask, causal = kw.get("attn_mask"), kw.get("is_causal", False)
+                if hasattr(attn, "recompute_pattern"):  # extra key slot (vitreg.arch attn_bias)
+                    return attn.recompute_pattern(q, k, mask, causal)
+                return softmax_pattern(q, k, attn.scale, mask, causal)
 
             sites.update(
                 {

@@ -1,0 +1,86 @@
+"""Run-directory files shared by the verbs that write them (neurons, fix, probe): the metrics.json
+document with traceable headlines, the synthetic-model banner, and the write order (figures,
+report.md, report.html, config.yaml, then metrics.json last, a stale one removed first)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitreg.report.figures import Figure
+from vitreg.report.io import write_json_atomic, write_text_atomic
+from vitreg.report.markdown import FigureRef, Report, Section, render_markdown
+from vitreg.report.schema import (
+    SCHEMA_VERSION,
+    Metric,
+    data_info,
+    is_synthetic,
+    model_info,
+    plain,
+    resolve,
+    utc_now,
+    versions,
+)
+
+
+def document(
+    command: str,
+    described: dict[str, Any],
+    data: dict[str, Any],
+    config: dict[str, Any],
+    results: dict[str, Any],
+    headlines: list[tuple],
+) -> dict[str, Any]:
+    """The metrics.json document; ``headlines`` are ``(name, pointer, higher_is_better, extra)``."""
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        **versions(),
+        "created": utc_now(),
+        "command": command,
+        "model": model_info(described),
+        "data": data_info(data),
+        "config": plain(config),
+        "results": plain(results),
+    }
+    doc["metrics"] = [
+        Metric(
+            name=name, value=resolve(doc, pointer), higher_is_better=better, source=pointer, **extra
+        ).model_dump(mode="json")
+        for name, pointer, better, extra in headlines
+    ]
+    return doc
+
+
+def write_files(out: Path, doc: dict[str, Any], report: Report, figures: list[Figure]) -> Path:
+    """Figures, report.md, report.html and config.yaml first, metrics.json last (a stale one
+    removed first)."""
+    import yaml
+
+    from vitreg.report.html import render_html
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").unlink(missing_ok=True)
+    for fig in figures:
+        fig.save(out / "figures")
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
+    write_text_atomic(out / "report.md", render_markdown(report))
+    write_text_atomic(out / "report.html", render_html(report, figures, None))
+    write_json_atomic(out / "metrics.json", doc)
+    return out
+
+
+def synthetic_banner(doc: dict[str, Any]) -> str | None:
+    model = doc["model"]
+    if not is_synthetic(model):
+        return None
+    return (
+        f"**SYNTHETIC MODEL:** `{model.get('spec')}` has random weights with planted register "
+        "neurons; it is not a trained ViT. Use this report to check the tool, not to draw "
+        "conclusions about real models."
+    )
+
+
+def figure_section(title: str, figures: list[Figure]) -> Section:
+    return Section(
+        "figures", title, [FigureRef(f"figures/{f.filename}", f.caption) for f in figures]
+    )
