@@ -1,0 +1,144 @@
+"""Checkpoints: tensors in safetensors, scalars in JSON, both written atomically; never pickle.
+
+``checkpoints/step-00000100.safetensors`` holds the trained module (``module.*``), the recipe's
+state (``recipe.*``: teacher, centres) and the optimiser's tensors (``optimizer.<i>.<key>``).
+``step-00000100.json`` (written second) holds the step, the run config, the optimiser's scalar
+state and param groups, the loss scaler, and the size and SHA-256 of the tensor file, so a
+truncated or corrupted pair is detected. Augmentation and data order are pure functions of
+(seed, step), and the torch RNG is reseeded from (seed, step, rank) every step, so the seed in
+the config and the step are the whole RNG state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitreg.errors import WeightsError
+from vitreg.models.load import read_state_dict
+from vitreg.report.io import write_bytes_atomic, write_json_atomic
+
+FORMAT = "vitreg-train-checkpoint"
+FIX = "delete it to restart from the previous checkpoint, or pass --no-resume (resume=False)"
+
+
+@dataclass
+class Checkpoint:
+    """One loaded checkpoint: its step, tensors by prefix, and JSON metadata."""
+
+    step: int
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    path: Path
+
+    def part(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Tensors under ``prefix.`` with the prefix removed."""
+        n = len(prefix) + 1
+        return {k[n:]: v for k, v in self.tensors.items() if k.startswith(prefix + ".")}
+
+
+def _cpu(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
+
+
+def save_checkpoint(
+    folder: Path,
+    step: int,
+    module_state: dict[str, torch.Tensor],
+    recipe_state: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    meta: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write the pair for ``step`` (tensors first, then JSON), then prune to the newest ``keep``."""
+    from safetensors.torch import save
+
+    opt = optimizer.state_dict()
+    tensors = {**_cpu(module_state, "module"), **_cpu(recipe_state, "recipe")}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, state in opt["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer.{idx}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    blob = save(tensors)
+    name = f"step-{step:08d}"
+    write_bytes_atomic(folder / f"{name}.safetensors", blob)
+    info = {
+        "format": FORMAT,
+        "version": 1,
+        "step": step,
+        "tensors": f"{name}.safetensors",
+        "bytes": len(blob),
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "optimizer": {"param_groups": opt["param_groups"], "scalars": scalars},
+        **meta,
+    }
+    path = write_json_atomic(folder / f"{name}.json", info)
+    for old in sorted(folder.glob("step-*.json"))[:-keep]:
+        old.with_suffix(".safetensors").unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+    return path
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The JSON of the newest checkpoint in ``folder``, or None."""
+    found = sorted(folder.glob("step-*.json")) if folder.is_dir() else []
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and verify a checkpoint pair; anything unreadable is a :class:`WeightsError`."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format is {meta.get('format')!r}, not {FORMAT!r}")
+        tensor_path = path.with_name(meta["tensors"])
+        blob = tensor_path.read_bytes()
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WeightsError(f"checkpoint {str(path)!r} is unreadable ({e}); {FIX}") from None
+    if len(blob) != meta.get("bytes") or hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
+        raise WeightsError(
+            f"checkpoint {str(tensor_path)!r} is truncated or corrupted ({len(blob)} bytes, "
+            f"expected {meta.get('bytes')}; checksum mismatch); {FIX}"
+        )
+    tensors = read_state_dict(tensor_path)
+    return Checkpoint(step=int(meta["step"]), tensors=tensors, meta=meta, path=path)
+
+
+def optimizer_state(ckpt: Checkpoint) -> dict[str, Any]:
+    """The optimiser ``state_dict`` rebuilt from a checkpoint's tensors and JSON scalars."""
+    opt = ckpt.meta["optimizer"]
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in ckpt.part("optimizer").items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    for idx, values in opt["scalars"].items():
+        state.setdefault(int(idx), {}).update(values)
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+        for g in opt["param_groups"]
+    ]
+    return {"state": state, "param_groups": groups}
+
+
+def load_into(
+    ckpt: Checkpoint, module: torch.nn.Module, optimizer: torch.optim.Optimizer, recipe: Any
+) -> None:
+    """Restore module, optimiser and recipe state; a shape or key mismatch is a WeightsError."""
+    try:
+        module.load_state_dict(ckpt.part("module"))
+        recipe.load_extra_state(ckpt.part("recipe"))
+        optimizer.load_state_dict(optimizer_state(ckpt))
+    except (RuntimeError, KeyError, ValueError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise WeightsError(
+            f"checkpoint {str(ckpt.path)!r} does not fit this model or recipe ({first}); "
+            "train with the same model and options, or pass --no-resume / another --out"
+        ) from None

@@ -1,0 +1,113 @@
+"""The resolved settings of one training run: defaults per recipe, validation, resume checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from vitreg.errors import InputError, SpecError
+
+RECIPES = ("supervised", "dino")
+AMP = ("auto", "off", "bf16", "fp16")
+# base learning rate per 256 images, weight decay, gradient clipping (DeiT III / DINO defaults)
+DEFAULTS = {"supervised": (2.5e-4, 0.05, None), "dino": (5e-4, 0.04, 3.0)}
+# settings that may change between a checkpoint and its resume without changing the trajectory
+FREE_ON_RESUME = (
+    "steps",
+    "warmup_steps",
+    "accum_steps",
+    "amp",
+    "checkpoint_every",
+    "keep_checkpoints",
+)
+
+
+@dataclass
+class TrainConfig:
+    """Every number that shapes a run (stored in each checkpoint and in train.json)."""
+
+    recipe: str
+    steps: int
+    batch_size: int  # global: images per optimizer step over all ranks and accumulation steps
+    lr: float
+    min_lr: float
+    weight_decay: float
+    warmup_steps: int
+    clip_grad: float | None
+    accum_steps: int
+    amp: str
+    seed: int
+    img_size: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    model: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def check_resume(self, saved: dict[str, Any]) -> None:
+        """Raise :class:`InputError` if the checkpoint was made with different settings."""
+        ours = self.to_dict()
+        diff = [
+            f"{k}: checkpoint {saved.get(k)!r}, now {ours[k]!r}"
+            for k in ours
+            if k not in FREE_ON_RESUME and _norm(saved.get(k)) != _norm(ours[k])
+        ]
+        if diff:
+            raise InputError(
+                "cannot resume: the checkpoint in this directory was made with other settings ("
+                + "; ".join(diff)
+                + "). Use the same settings, another --out, or --no-resume to start over"
+            )
+
+
+def _norm(v: Any) -> Any:
+    """Tuples and lists compare equal (JSON has no tuples)."""
+    if isinstance(v, tuple | list):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    return v
+
+
+def resolve_steps(steps: int | None, epochs: float | None, n: int, batch_size: int) -> int:
+    """Optimizer steps from ``steps`` or ``epochs`` (exactly one of them)."""
+    if (steps is None) == (epochs is None):
+        raise SpecError("give exactly one of steps and epochs (--steps N or --epochs E)")
+    total = steps if steps is not None else math.ceil(epochs * n / batch_size)
+    if total < 1:
+        raise SpecError(f"training needs at least one step, got {total}")
+    return int(total)
+
+
+def check_batch(batch_size: int, world: int, accum_steps: int) -> None:
+    """The global batch must split evenly over ranks and accumulation steps."""
+    if accum_steps < 1 or batch_size < 1:
+        raise SpecError("batch_size and accum_steps must be positive")
+    if batch_size % (world * accum_steps):
+        raise SpecError(
+            f"the global batch size {batch_size} must be divisible by ranks x accumulation steps "
+            f"= {world} x {accum_steps}; pick a multiple of {world * accum_steps}"
+        )
+
+
+def check_recipe(recipe: str) -> None:
+    if recipe not in RECIPES:
+        raise SpecError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
+
+
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype: "auto" is bf16 (or fp16) on CUDA and off on CPU, for exact CPU runs."""
+    if amp not in AMP:
+        raise SpecError(f"unknown amp mode {amp!r}; choose one of {', '.join(AMP)}")
+    if amp == "off" or (amp == "auto" and device.type != "cuda"):
+        return None
+    if amp == "fp16" and device.type != "cuda":
+        raise SpecError("fp16 autocast needs a CUDA device; use amp='bf16' or 'off' on CPU")
+    if amp == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if amp == "bf16" else torch.float16

@@ -1,0 +1,294 @@
+"""``train``: one optimisation loop for every recipe, data-parallel, resumable, logged per step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitreg.report.io import write_bytes_atomic, write_json_atomic
+from vitreg.train import checkpoint as ckpt_io
+from vitreg.train.config import (
+    DEFAULTS,
+    TrainConfig,
+    amp_dtype,
+    check_batch,
+    check_recipe,
+    resolve_steps,
+)
+from vitreg.train.data import derive_seed, num_classes, open_data
+from vitreg.train.distributed import DistContext, rank_slice, setup
+from vitreg.train.log import append_record, read_records, trim_after
+from vitreg.train.model import build_model, describe
+from vitreg.train.recipe import BatchSpec, norm_stats, parse_options
+from vitreg.train.schedule import warmup_cosine
+
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+@dataclass
+class TrainResult:
+    """The trained model (the EMA teacher's backbone for DINO) and the per-step log records.
+
+    On rank 0 ``history`` is the whole log (steps before a resume included); on other ranks it
+    holds the steps this call ran.
+    """
+
+    model: nn.Module
+    out_dir: Path
+    config: TrainConfig
+    history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+
+    @property
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.history]
+
+    @property
+    def steps(self) -> int:
+        return self.history[-1]["step"] if self.history else 0
+
+
+def train(
+    model_or_spec: nn.Module | str | Mapping[str, Any],
+    data: Any,
+    recipe: str = "supervised",
+    out_dir: str | Path = "runs/train",
+    *,
+    steps: int | None = None,
+    epochs: float | None = None,
+    batch_size: int = 64,
+    lr: float | None = None,
+    min_lr: float | None = None,
+    weight_decay: float | None = None,
+    warmup_steps: int | None = None,
+    clip_grad: float | None = None,
+    accum_steps: int = 1,
+    amp: str = "auto",
+    seed: int = 0,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int = 2,
+    resume: bool = True,
+    progress: Progress | None = None,
+    img_size: int | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    device: str | torch.device | None = None,
+) -> TrainResult:
+    """Train a timm ViT with ``recipe`` on ``data``; under torchrun every rank takes its slice.
+
+    ``batch_size`` is global (all ranks and accumulation steps); ``lr`` defaults to the recipe's
+    base rate x batch_size/256; ``options`` are recipe settings (see ``SupervisedOptions`` and
+    ``DinoOptions``); ``progress(step, total, record)`` is called after every step (rank 0 only).
+    Writes ``log.jsonl``, ``checkpoints/``, ``model.safetensors`` and ``train.json`` to ``out_dir``.
+    """
+    args = dict(locals())
+    check_recipe(recipe)
+    ctx = setup(device)
+    devices = [ctx.device.index or 0] if ctx.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return _run(ctx, args)
+
+
+def _run(ctx: DistContext, a: dict[str, Any]) -> TrainResult:
+    recipe_name, out = a["recipe"], Path(a["out_dir"])
+    data = open_data(a["data"])
+    check_batch(a["batch_size"], ctx.world, a["accum_steps"])
+    total = resolve_steps(a["steps"], a["epochs"], len(data), a["batch_size"])
+    autocast_dtype = amp_dtype(a["amp"], ctx.device)
+    base_lr, base_wd, base_clip = DEFAULTS[recipe_name]
+    lr = a["lr"] if a["lr"] is not None else base_lr * a["batch_size"] / 256
+
+    torch.manual_seed(a["seed"])
+    dino = recipe_name == "dino"
+    classes = 0 if dino else num_classes(data)
+    model = build_model(
+        a["model_or_spec"],
+        dynamic=dino,
+        img_size=a["img_size"],
+        num_classes=classes,
+        kwargs=a["model_kwargs"],
+    )
+    img_size = a["img_size"] or int(model.patch_embed.img_size[0])
+    mean, std = norm_stats(model)
+    spec = BatchSpec(data, a["seed"], a["batch_size"], img_size, mean, std)
+    recipe, opts = _make_recipe(recipe_name, model, spec, classes, a["options"], total)
+    recipe.to(ctx.device)
+
+    config = TrainConfig(
+        recipe=recipe_name,
+        steps=total,
+        batch_size=a["batch_size"],
+        lr=lr,
+        min_lr=a["min_lr"] if a["min_lr"] is not None else lr * 1e-3,
+        weight_decay=a["weight_decay"] if a["weight_decay"] is not None else base_wd,
+        warmup_steps=a["warmup_steps"] if a["warmup_steps"] is not None else total // 10,
+        clip_grad=a["clip_grad"] if a["clip_grad"] is not None else base_clip,
+        accum_steps=a["accum_steps"],
+        amp=a["amp"],
+        seed=a["seed"],
+        img_size=img_size,
+        checkpoint_every=a["checkpoint_every"] or min(1000, total),
+        keep_checkpoints=a["keep_checkpoints"],
+        model=describe(a["model_or_spec"], a["model_kwargs"] or {}),
+        options=opts,
+    )
+    optimizer = torch.optim.AdamW(param_groups(recipe.module, config.weight_decay), lr=lr)
+    scaler = torch.amp.GradScaler("cuda") if autocast_dtype == torch.float16 else None
+
+    start, resumed = _restore(ctx, out, config, recipe, optimizer, scaler, a["resume"])
+    module: nn.Module = recipe.module
+    if ctx.world > 1:
+        ids = [ctx.device] if ctx.device.type == "cuda" else None
+        module = nn.parallel.DistributedDataParallel(recipe.module, device_ids=ids)
+
+    history: list[dict[str, Any]] = []
+    for step in range(start, total):
+        record = _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype)
+        history.append(record)
+        if ctx.is_main:
+            append_record(out / "log.jsonl", record)
+            if record["step"] % config.checkpoint_every == 0 or record["step"] == total:
+                _save(out, config, recipe, optimizer, scaler, ctx, record["step"])
+            if a["progress"] is not None:
+                a["progress"](record["step"], total, record)
+
+    exported = recipe.export()
+    if ctx.is_main:
+        _export(out, exported, config, history)
+        history = read_records(out / "log.jsonl")
+    ctx.barrier()
+    return TrainResult(exported, out, config, history, resumed)
+
+
+def _make_recipe(
+    name: str, model: nn.Module, spec: BatchSpec, classes: int, options: Any, total: int
+) -> tuple[Any, dict[str, Any]]:
+    if name == "dino":
+        from vitreg.train.dino import DinoOptions, DinoRecipe
+
+        opts = parse_options(DinoOptions, options, name)
+        return DinoRecipe(model, spec, opts, total), asdict(opts)
+    from vitreg.train.supervised import SupervisedOptions, SupervisedRecipe
+
+    opts = parse_options(SupervisedOptions, options, name)
+    return SupervisedRecipe(model, spec, classes, opts), asdict(opts)
+
+
+def param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: no decay on biases, norms, tokens and position embeddings."""
+    skip = set()
+    for prefix, sub in module.named_modules():
+        if hasattr(sub, "no_weight_decay"):
+            skip |= {f"{prefix}.{n}" if prefix else n for n in sub.no_weight_decay()}
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        plain = p.ndim <= 1 or name in skip or name.endswith(("token", "pos_embed"))
+        (no_decay if plain else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def _restore(ctx, out, config, recipe, optimizer, scaler, resume: bool) -> tuple[int, int | None]:
+    """Load the newest checkpoint (resume) or clear this run's old files (no resume)."""
+    folder = out / "checkpoints"
+    latest = ckpt_io.latest_checkpoint(folder)
+    if not resume or latest is None:
+        if ctx.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            for old in [*folder.glob("step-*"), out / "log.jsonl"]:
+                old.unlink(missing_ok=True)
+        ctx.barrier()
+        return 0, None
+    ckpt = ckpt_io.load_checkpoint(latest)
+    config.check_resume(ckpt.meta["config"])
+    ckpt_io.load_into(ckpt, recipe.module, optimizer, recipe)
+    if scaler is not None and ckpt.meta.get("scaler"):
+        scaler.load_state_dict(ckpt.meta["scaler"])
+    if ctx.is_main:
+        trim_after(out / "log.jsonl", ckpt.step)
+    ctx.barrier()
+    return ckpt.step, ckpt.step
+
+
+def _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype) -> dict[str, Any]:
+    """One optimizer step over the global batch: this rank's slice in ``accum_steps`` chunks."""
+    t0 = time.perf_counter()
+    lr = warmup_cosine(step, config.steps, config.lr, config.warmup_steps, config.min_lr)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    torch.manual_seed(derive_seed(config.seed, "torch", step, ctx.rank))  # dropout, drop-path
+    optimizer.zero_grad(set_to_none=True)
+    mine = rank_slice(config.batch_size, ctx.rank, ctx.world)
+    k = config.accum_steps
+    per = len(mine) // k
+    sums: dict[str, torch.Tensor] = {}
+    for m in range(k):
+        batch = recipe.batch(step, mine[m * per : (m + 1) * per])
+        batch = {key: v.to(ctx.device, non_blocking=True) for key, v in batch.items()}
+        last = m == k - 1
+        sync = module.no_sync() if ctx.world > 1 and not last else nullcontext()
+        with sync:
+            with torch.autocast(
+                ctx.device.type, autocast_dtype, enabled=autocast_dtype is not None
+            ):
+                loss, parts = recipe.loss(module, batch, step)
+            scaled = loss / k
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        for key, v in {"loss": loss, **parts}.items():
+            sums[key] = sums.get(key, 0) + v.detach().float() / k
+    if config.clip_grad is not None:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(recipe.module.parameters(), config.clip_grad)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    extra = recipe.end_step(step, ctx.reduce_sum)
+    keys = list(sums)
+    means = ctx.reduce_sum(torch.stack([sums[key] for key in keys])) / ctx.world
+    elapsed = time.perf_counter() - t0
+    record = {"step": step + 1, "lr": lr, "images_per_s": config.batch_size / elapsed}
+    record.update({key: float(v) for key, v in zip(keys, means, strict=True)})
+    record.update(extra)
+    return record
+
+
+def _save(out, config, recipe, optimizer, scaler, ctx, step: int) -> None:
+    meta = {
+        "config": config.to_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "world_size": ctx.world,
+        "rng": {"seed": config.seed, "scheme": "derived from (seed, step, sample / rank)"},
+    }
+    ckpt_io.save_checkpoint(
+        out / "checkpoints",
+        step,
+        recipe.module.state_dict(),
+        recipe.extra_state(),
+        optimizer,
+        meta,
+        keep=config.keep_checkpoints,
+    )
+
+
+def _export(out: Path, model: nn.Module, config: TrainConfig, history: list[dict]) -> None:
+    """``model.safetensors`` (the trained backbone) and ``train.json`` (config + last record)."""
+    from safetensors.torch import save
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    write_bytes_atomic(out / "model.safetensors", save(state))
+    last = history[-1] if history else None
+    write_json_atomic(out / "train.json", {"config": config.to_dict(), "last": last})

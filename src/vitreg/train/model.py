@@ -1,0 +1,112 @@
+"""The model to train: a timm ViT instance, a timm / vitreg variant name, or a variant spec."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from vitreg.errors import SpecError, UnsupportedModelError
+
+VIT_API = ("patch_embed", "forward_features", "forward_head", "num_prefix_tokens", "embed_dim")
+
+
+def _register_variants() -> None:
+    """Import ``vitreg.arch.registry`` (when present) so ``vitreg_*`` names are in timm's registry."""
+    try:
+        importlib.import_module("vitreg.arch.registry")
+    except ImportError:
+        return
+
+
+def describe(model_or_spec: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON identity of the model argument (compared on resume)."""
+    if isinstance(model_or_spec, nn.Module):
+        n = sum(p.numel() for p in model_or_spec.parameters())
+        return {"instance": type(model_or_spec).__name__, "params": n}
+    if isinstance(model_or_spec, Mapping):
+        return {"variant": {k: _plain(v) for k, v in model_or_spec.items()}, "kwargs": dict(kwargs)}
+    return {"name": str(model_or_spec), "kwargs": dict(kwargs)}
+
+
+def _plain(v: Any) -> Any:
+    return v if isinstance(v, str | int | float | bool | type(None) | list | dict) else repr(v)
+
+
+def build_model(
+    model_or_spec: Any,
+    *,
+    dynamic: bool,
+    img_size: int | None,
+    num_classes: int,
+    kwargs: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """A timm ViT with ``num_classes`` outputs (0 = features only), dynamic input size if asked."""
+    kwargs = dict(kwargs or {})
+    if isinstance(model_or_spec, nn.Module):
+        model = model_or_spec
+    else:
+        build = {"pretrained": False, "num_classes": num_classes, **kwargs}
+        if img_size is not None:
+            build["img_size"] = img_size
+        if dynamic:
+            build["dynamic_img_size"] = True
+        model = _create(model_or_spec, build)
+    missing = [a for a in VIT_API if not hasattr(model, a)]
+    if missing:
+        raise UnsupportedModelError(
+            f"training needs a timm VisionTransformer-like model; {type(model).__name__} lacks "
+            f"{', '.join(missing)}. Pass a timm ViT name (e.g. vit_tiny_patch16_224) or instance"
+        )
+    if getattr(model, "num_classes", num_classes) != num_classes:
+        model.reset_classifier(num_classes)
+    if dynamic and not getattr(model, "dynamic_img_size", False):
+        enable_dynamic_size(model)
+    return model
+
+
+def _create(spec: Any, build: dict[str, Any]) -> nn.Module:
+    import timm
+
+    if isinstance(spec, Mapping):
+        try:
+            from vitreg.arch import create_variant
+        except ImportError:
+            raise SpecError("variant specs need vitreg.arch, which is not available") from None
+        options = dict(spec)
+        base = options.pop("base", None)
+        if base is None:
+            raise SpecError(
+                "a variant spec needs 'base' (a timm ViT name), e.g. {'base': 'vit_tiny_patch16_224', 'registers': 4}"
+            )
+        return create_variant(base, **options, **build)
+    if not isinstance(spec, str):
+        raise SpecError(
+            f"expected a model, a timm name or a variant spec, got {type(spec).__name__}"
+        )
+    _register_variants()
+    if not timm.is_model(spec):
+        close = timm.list_models(f"*{spec.split('_')[0]}*")[:5]
+        hint = f" (similar: {', '.join(close)})" if close else ""
+        raise SpecError(
+            f"unknown model {spec!r}{hint}; pass a timm ViT name such as vit_tiny_patch16_224 "
+            "or a vitreg variant name (timm.list_models('vitreg_*'))"
+        )
+    try:
+        return timm.create_model(spec, **build)
+    except TypeError as e:
+        raise SpecError(f"cannot build {spec!r} with {sorted(build)}: {e}") from None
+
+
+def enable_dynamic_size(model: nn.Module) -> None:
+    """Let a timm ViT take any multiple of its patch size (pos-embed interpolation), as
+    ``dynamic_img_size=True`` at construction would; needed for DINO's smaller local crops."""
+    from timm.layers import Format
+
+    pe = model.patch_embed
+    model.dynamic_img_size = True
+    pe.strict_img_size = False
+    pe.flatten = False
+    pe.output_fmt = Format.NHWC
