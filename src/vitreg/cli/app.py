@@ -9,6 +9,8 @@ from vitreg.cli.fix_cmd import fix_command
 from vitreg.cli.inspect_cmd import inspect_model
 from vitreg.cli.models_cmd import models
 from vitreg.cli.neurons_cmd import neurons_command
+from vitreg.cli.probe_cmd import compare_command, probe_command
+from vitreg.cli.train_cmd import train_command
 
 app = typer.Typer(
     name="vitreg",
@@ -22,6 +24,9 @@ app.command("inspect")(inspect_model)
 app.command("diagnose")(diagnose_model)
 app.command("neurons")(neurons_command)
 app.command("fix")(fix_command)
+app.command("probe")(probe_command)
+app.command("compare")(compare_command)
+app.command("train")(train_command)
 
 
 def _version(value: bool) -> None:

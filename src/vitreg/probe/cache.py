@@ -214,6 +214,7 @@ def write_manifest(
     """Gather every shard's metadata into ``manifest.json`` (fails if a shard is missing)."""
     shards: list[dict[str, Any]] = []
     skipped: dict[str, int] = {}
+    repairs: dict[str, int] = {}  # pixels set to ignore / invalid, by reason
     layouts = {n: lay.to_dict() for n, lay in plan.layouts.items()}
     seen_layouts = False
     for i in range(n_shards):
@@ -221,6 +222,8 @@ def write_manifest(
         if meta is None or meta.get("key") != key:
             raise VitregError(f"shard {i} of {folder} is missing; run extract again to finish it")
         dropped = json.loads(meta["skipped"])
+        for reason, n in json.loads(meta.get("repairs", "{}")).items():
+            repairs[reason] = repairs.get(reason, 0) + n
         for item in dropped:
             skipped[item["reason"]] = skipped.get(item["reason"], 0) + 1
         if int(meta["n"]) and not seen_layouts:
@@ -243,6 +246,7 @@ def write_manifest(
         "n": sum(s["n"] for s in shards),
         "n_skipped": sum(skipped.values()),
         "skipped": skipped,
+        "repairs": repairs,
         "shards": shards,
     }
     write_json_atomic(folder / MANIFEST, manifest)

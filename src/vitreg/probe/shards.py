@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as save_tensors
 
-from vitreg.data.datasets import LabeledDataset, SkipSample
+from vitreg.data.datasets import DataLog, LabeledDataset, SkipSample
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.models.layout import TokenLayout
@@ -74,13 +74,39 @@ class ShardWriter:
     _layouts: dict[str, dict] = field(default_factory=dict, repr=False)
 
     def write(self, path: Path, index: int, start: int, stop: int) -> None:
-        """Extract samples ``start..stop`` (bad ones skipped and listed) into shard ``path``."""
+        """Extract samples ``start..stop`` (bad ones skipped and listed, repaired pixels counted)
+        into shard ``path``."""
         self._parts, self._layouts = {}, {}
         keys: list[str] = []
         boxes: list[list[list[float]]] = []
         skipped: list[dict[str, Any]] = []
+        outer, self.dataset.log = self.dataset.log, DataLog()  # this shard's counts alone
+        try:
+            self._read(range(start, stop), keys, boxes, skipped)
+            repairs = self.dataset.log.to_dict()
+        finally:
+            self.dataset.log = outer
+        for item in skipped:
+            repairs.pop(item["reason"], None)
+        tensors = {k: torch.cat(v).contiguous() for k, v in self._parts.items()}
+        meta = {
+            "key": self.key,
+            "index": str(index),
+            "start": str(start),
+            "stop": str(stop),
+            "n": str(len(keys)),
+            "keys": json.dumps(keys),
+            "skipped": json.dumps(skipped),
+            "repairs": json.dumps(repairs),
+            "boxes": json.dumps(boxes if "boxes" in self.dataset.targets else None),
+            "layouts": json.dumps(self._layouts),
+        }
+        write_bytes_atomic(path, save_tensors(tensors, metadata=meta))
+
+    def _read(self, indices: range, keys: list, boxes: list, skipped: list) -> None:
+        """Read, prepare and run the samples at ``indices`` batch by batch."""
         batch: list[dict[str, Any]] = []
-        for i in range(start, stop):
+        for i in indices:
             try:
                 sample = self.dataset[i]
             except SkipSample as e:
@@ -96,19 +122,6 @@ class ShardWriter:
                 batch = []
         if batch:
             self._run(batch)
-        tensors = {k: torch.cat(v).contiguous() for k, v in self._parts.items()}
-        meta = {
-            "key": self.key,
-            "index": str(index),
-            "start": str(start),
-            "stop": str(stop),
-            "n": str(len(keys)),
-            "keys": json.dumps(keys),
-            "skipped": json.dumps(skipped),
-            "boxes": json.dumps(boxes if "boxes" in self.dataset.targets else None),
-            "layouts": json.dumps(self._layouts),
-        }
-        write_bytes_atomic(path, save_tensors(tensors, metadata=meta))
 
     def _add(self, name: str, t: torch.Tensor) -> None:
         self._parts.setdefault(name, []).append(t)

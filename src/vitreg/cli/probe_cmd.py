@@ -1,0 +1,211 @@
+"""``vitreg probe SPEC --task T --data D [--fix ...]``: frozen-feature probes, base and fixed side
+by side; ``vitreg compare RUN...``: the headline metrics of several runs in one table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from vitreg.cli import options as opt
+from vitreg.cli.diagnose_cmd import _command, _progress, default_run_dir, slug
+from vitreg.cli.fix_cmd import load_neurons
+from vitreg.cli.neurons_cmd import image_source, load_model
+from vitreg.cli.options import DEFAULT_SPEC
+from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.errors import InputError
+
+DEFAULT_DATA = "synthetic-cls:n=200"
+CACHE = Path(".vitreg-cache") / "features"
+
+
+def parse_layers(text: str) -> list[int | str]:
+    """``-1,0,final`` -> ``[-1, 0, "final"]`` (hook names pass through)."""
+    out: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(int(part))
+        except ValueError:
+            out.append(part)
+    if not out:
+        raise InputError(f"--layers {text!r} names no layer; use e.g. -1 or 0,6,-1 or final")
+    return out
+
+
+def fix_plan(fix: str, neurons: str | None) -> tuple[bool, str | None, bool]:
+    """(run base?, neuron source, run fixed?) from ``--fix none|both|FILE|builtin``."""
+    if fix == "none":
+        if neurons is not None:
+            raise InputError("--neurons is used with --fix both; with --fix none there is no fix")
+        return True, None, False
+    if fix == "both":
+        return True, neurons, True
+    if neurons is not None:
+        raise InputError("give the neurons once: --fix FILE, or --fix both --neurons FILE")
+    if fix != "builtin" and not Path(fix).exists():
+        raise InputError(
+            f"--fix {fix!r} is neither none, both, builtin nor an existing NeuronSet file "
+            "(neurons.json from `vitreg neurons`)"
+        )
+    return False, fix, True
+
+
+def probe_command(
+    spec: str | None = opt.SPEC,
+    task: str = typer.Option(
+        "classification",
+        "--task",
+        help="classification, token-type, position, reconstruction, segmentation, depth or "
+        "object-discovery.",
+    ),
+    data: str = typer.Option(
+        DEFAULT_DATA,
+        "--data",
+        help="Dataset: imagefolder:DIR, voc:DIR, voc-boxes:DIR, ade20k:DIR, nyu:DIR, or "
+        "synthetic[-cls|-seg|-depth|-boxes]:n=200,size=64,seed=0. Train split -> probe, "
+        "val split -> scores.",
+    ),
+    fix: str = typer.Option(
+        "none",
+        "--fix",
+        help="none (the bare model), both (bare and with test-time registers, side by side), "
+        "or a NeuronSet file / 'builtin' (with the fix only).",
+    ),
+    neurons: str | None = typer.Option(
+        None,
+        "--neurons",
+        help="With --fix both: NeuronSet file or 'builtin' (default: discover them first, as "
+        "`vitreg neurons` does).",
+    ),
+    layers: str = typer.Option(
+        "-1",
+        "--layers",
+        help="Comma-separated blocks (negative from the end), 'final', or hook names.",
+    ),
+    out: Path | None = opt.out_dir("probe"),
+    cache: Path = typer.Option(CACHE, "--cache", help="Feature cache folder (reused across runs)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Probe training seeds (mean and 95% CI)."),
+    epochs: int = typer.Option(30, "--epochs", min=1, help="Epochs per probe (early stopping)."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw or sgd."),
+    registers: int = typer.Option(1, "--registers", min=1, help="Test-time registers to insert."),
+    batch_size: int = opt.BATCH_SIZE,
+    img_size: int | None = opt.IMG_SIZE,
+    random_init: bool = opt.RANDOM_INIT,
+    device: str | None = opt.DEVICE,
+) -> None:
+    """Linear probes on frozen tokens, with and without test-time registers."""
+    from vitreg.probe.linear import ProbeConfig
+    from vitreg.probe.run import run
+    from vitreg.probe.tasks import TASKS
+
+    if task not in TASKS:
+        raise fail(f"unknown --task {task!r}; choose from {', '.join(sorted(TASKS))}")
+    if optimizer not in ("adamw", "sgd"):
+        raise fail(f"--optimizer takes adamw or sgd, got {optimizer!r}")
+    spec = spec or DEFAULT_SPEC
+    shown = {"task": task, "data": data, "fix": fix, "neurons": neurons, "layers": layers}
+    shown |= {"seeds": seeds, "epochs": epochs, "optimizer": optimizer, "img_size": img_size}
+    shown |= {"random_init": random_init}
+    with cli_errors():
+        base, neuron_source, fixed = fix_plan(fix, neurons)
+        wanted = parse_layers(layers)
+        run_dir = out if out is not None else default_run_dir(slug(spec), verb="probe")
+        command = _command(spec, shown | {"out": run_dir}, verb="probe")
+        model = load_model(spec, random_init, img_size, device)
+        ttr = None
+        if fixed:
+            ttr = test_time_registers(model, spec, neuron_source, registers, batch_size)
+        config = ProbeConfig(seeds=tuple(range(seeds)), epochs=epochs, optimizer=optimizer)
+        with _progress(1, "extracting features") as bar:
+            state = {"stage": None}
+
+            def progress(stage: str, done: int, total: int) -> None:
+                if stage != state["stage"]:
+                    state["stage"] = stage
+                    console.print(f"extracting {stage}: {total} samples")
+                bar(done / max(total, 1))
+
+            result = run(
+                model,
+                task,
+                data,
+                fix=ttr,
+                base=base,
+                layers=wanted,
+                cache_dir=cache,
+                config=config,
+                batch_size=batch_size,
+                progress=progress,
+            )
+        from vitreg.report.probe_report import write_probe_run
+
+        doc = result.to_dict()
+        with err_console.status("writing the report"):
+            config_shown = {"command": "probe", "spec": spec, **shown, "cache": str(cache)}
+            write_probe_run(run_dir, doc, result.model, config_shown, command)
+    show(doc, run_dir)
+
+
+def test_time_registers(model: Any, spec: str, neurons: str | None, registers: int, batch: int):
+    """The TestTimeRegisters fix from a NeuronSet file, the built-in set, or discovery."""
+    from vitreg.fix import TestTimeRegisters
+
+    opts = {"images": None, "samples": False, "limit": None, "batch_size": batch, "target": 0.01}
+    source = image_source(model, spec, opts) if neurons is None else None
+    chosen, _, _ = load_neurons(model, spec, neurons, source, opts)
+    return TestTimeRegisters(chosen, n_registers=registers)
+
+
+def show(doc: dict[str, Any], run_dir: Path) -> None:
+    """Console table: every score, base and fixed side by side."""
+    conditions = list(doc["conditions"])
+    table = Table(title=f"vitreg probe: {doc['task']}")
+    for column in ("layer", "feature", "tokens", "metric", *conditions):
+        table.add_column(column)
+    for li, layer in enumerate(next(iter(doc["conditions"].values()))):
+        by_key: dict[tuple, list[str]] = {}
+        for ci, c in enumerate(conditions):
+            for s in doc["conditions"][c][li]["scores"]:
+                key = (s["feature"], s["group"], s["metric"])
+                cell = "–" if s["mean"] is None else f"{s['mean']:.4g}"
+                if s["ci95"] is not None:
+                    cell += f" ± {s['ci95']:.2g}"
+                by_key.setdefault(key, ["–"] * len(conditions))[ci] = cell
+        for (feature, group, metric), cells in by_key.items():
+            table.add_row(layer["layer"], feature, group, metric, *cells)
+    console.print(table)
+    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
+
+
+def compare_command(
+    runs: list[Path] = typer.Argument(..., help="Run directories (each with a metrics.json)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Also write compare.md and compare.json to this folder."
+    ),
+    contains: str | None = typer.Option(
+        None, "--filter", help="Only metrics whose name contains this text."
+    ),
+) -> None:
+    """Merge the headline metrics of several runs into one table (one column per run)."""
+    from vitreg.report.compare import compare_runs, write_compare
+
+    with cli_errors():
+        merged = compare_runs(runs, contains)
+        if out is not None:
+            write_compare(out, merged)
+    table = Table(title="vitreg compare")
+    table.add_column("metric")
+    for label in merged["runs"]:
+        table.add_column(label)
+    for row in merged["rows"]:
+        cells = ["–" if v is None else f"{v:.4g}" for v in row["values"]]
+        arrow = {True: " ↑", False: " ↓"}.get(row["higher_is_better"], "")
+        table.add_row(escape(row["metric"]) + arrow, *cells)
+    console.print(table)
+    if out is not None:
+        console.print(f"written: [bold]{escape(str(out))}[/bold]")

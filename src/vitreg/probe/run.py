@@ -1,0 +1,135 @@
+"""``probe.run``: extract (or reuse) features of the train and test splits, with and/or without a
+fix, and score one task at each layer; the result is what ``vitreg probe`` writes to disk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitreg.data.datasets import LabeledDataset, open_dataset
+from vitreg.errors import InputError
+from vitreg.fix.base import Fix
+from vitreg.models.model import Model
+from vitreg.probe.cache import extract
+from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.tasks import TaskResult, get_task
+
+CONDITIONS = ("base", "fixed")
+
+
+@dataclass
+class ProbeRun:
+    """Scores per condition ("base", "fixed") and layer, plus what produced them."""
+
+    task: str
+    model: dict[str, Any]
+    data: dict[str, Any]
+    layers: list[str]
+    results: dict[str, list[TaskResult]]
+    caches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fix: dict[str, Any] | None = None
+    description: str = ""
+    seeds: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "description": self.description,
+            "seeds": self.seeds,
+            "layers": self.layers,
+            "data": self.data,
+            "conditions": {c: [r.to_dict() for r in rs] for c, rs in self.results.items()},
+            "caches": self.caches,
+            "fix": self.fix,
+        }
+
+
+def splits(data: str | tuple[LabeledDataset, LabeledDataset]) -> tuple[Any, Any]:
+    """(train, test) datasets of a spec (its ``train`` and ``val`` splits) or a given pair."""
+    if isinstance(data, str):
+        return open_dataset(data, "train"), open_dataset(data, "val")
+    train, test = data
+    return train, test
+
+
+def run(
+    model: Model,
+    task: str,
+    data: str | tuple[LabeledDataset, LabeledDataset],
+    *,
+    fix: Fix | None = None,
+    base: bool = True,
+    layers: Sequence[int | str] = (-1,),
+    cache_dir: str | Path,
+    config: ProbeConfig | None = None,
+    batch_size: int = 32,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> ProbeRun:
+    """Score ``task`` on ``data`` at ``layers``: the bare model (``base``) and/or under ``fix``.
+
+    Features are cached under ``cache_dir`` and reused by later runs (no forward pass then);
+    ``progress(stage, done, total)`` reports extraction."""
+    probe = get_task(task)
+    train, test = splits(data)
+    for ds in (train, test):
+        probe.check(tuple(ds.targets), ds.describe().get("spec", ds.name))
+    conditions = {"base": None} if base else {}
+    if fix is not None:
+        conditions["fixed"] = fix
+    if not conditions:
+        raise InputError("nothing to probe: base=False needs a fix")
+    config = config or ProbeConfig()
+    results: dict[str, list[TaskResult]] = {}
+    caches: dict[str, dict[str, Any]] = {}
+    names: list[str] = []
+    for condition, applied in conditions.items():
+        cached = {}
+        for split, ds in (("train", train), ("test", test)):
+            stage = f"{condition}/{split}"
+            report = (lambda n, s=stage, t=len(ds): progress(s, n, t)) if progress else None
+            cached[split] = extract(
+                model,
+                ds,
+                layers=layers,
+                views=probe.views,
+                fix=applied,
+                root=cache_dir,
+                batch_size=batch_size,
+                pixels=probe.pixels,
+                progress=report,
+            )
+            caches[stage] = {
+                "folder": str(cached[split].folder),
+                "n": cached[split].n,
+                "forward_passes": cached[split].forward_passes,
+                "skipped": cached[split].manifest["skipped"],
+                "repairs": cached[split].manifest.get("repairs", {}),
+            }
+        names = cached["train"].layers
+        results[condition] = [
+            probe.evaluate(cached["train"], cached["test"], name, config) for name in names
+        ]
+    described = None
+    if fix is not None:
+        described = {
+            "name": type(fix).__name__,
+            **(fix.describe() if hasattr(fix, "describe") else {}),
+        }
+    data_desc = {"train": _data(train), "test": _data(test)}
+    return ProbeRun(
+        task,
+        model.describe(),
+        data_desc,
+        names,
+        results,
+        caches,
+        described,
+        probe.description,
+        list(config.seeds),
+    )
+
+
+def _data(ds: LabeledDataset) -> dict[str, Any]:
+    return ds.describe() | {"log": ds.log.to_dict()}

@@ -1,0 +1,174 @@
+"""What a probe task is (lm-eval style): the views and targets it needs, the metrics it reports
+and which way they point, and how it scores cached train/test features."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from vitreg.errors import InputError, SpecError
+from vitreg.probe.features import CachedFeatures
+from vitreg.probe.linear import FitResult, ProbeConfig, fit_seeds
+from vitreg.probe.metrics import mean_ci
+
+
+@dataclass
+class Score:
+    """One metric of one feature (optionally of one token group), over seeds."""
+
+    feature: str
+    metric: str
+    values: list[float]
+    higher_is_better: bool
+    group: str = "all"  # e.g. "normal" / "outlier" tokens
+    n_test: int = 0
+    lrs: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        mean, ci = mean_ci(self.values) if self.values else (math.nan, math.nan)
+        return {
+            "feature": self.feature,
+            "group": self.group,
+            "metric": self.metric,
+            "mean": _finite(mean),
+            "ci95": _finite(ci),
+            "values": [_finite(v) for v in self.values],
+            "higher_is_better": self.higher_is_better,
+            "n_test": self.n_test,
+            "lrs": self.lrs,
+        }
+
+
+@dataclass
+class TaskResult:
+    """Every score of one task at one layer, plus what was skipped and why."""
+
+    task: str
+    layer: str
+    scores: list[Score]
+    notes: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "layer": self.layer,
+            "scores": [s.to_dict() for s in self.scores],
+            "notes": self.notes,
+            "info": self.info,
+        }
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+class Task(ABC):
+    """A probe: ``evaluate(train, test, layer, config)`` on features cached by ``extract``."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    target: ClassVar[str | None]  # dataset target the task needs ("label", "mask", ...)
+    views: ClassVar[tuple[str, ...]]  # cache views to extract
+    metrics: ClassVar[dict[str, bool]]  # metric -> higher is better
+    pixels: ClassVar[bool] = False
+    token_level: ClassVar[bool] = False  # also runs on stage tokens of Swin / PVT
+
+    def check(self, targets: tuple[str, ...], spec: str) -> None:
+        """Fail early when the dataset lacks this task's target."""
+        if self.target is not None and self.target not in targets:
+            raise InputError(
+                f"task {self.name!r} needs {self.target!r} targets and {spec} provides "
+                f"{list(targets) or 'none'}; use a dataset with {self.target}s (see `vitreg probe --help`)"
+            )
+
+    @abstractmethod
+    def evaluate(
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+    ) -> TaskResult:
+        """Scores of this task at ``layer`` (a cached hook name)."""
+
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: make a task available by its ``name``."""
+    TASKS[cls.name] = cls
+    return cls
+
+
+def get_task(name: str) -> Task:
+    """The task called ``name`` (a SpecError lists the known ones)."""
+    if name not in TASKS:
+        raise SpecError(f"unknown probe task {name!r}; choose from {', '.join(sorted(TASKS))}")
+    return TASKS[name]()
+
+
+# helpers shared by the tasks ------------------------------------------------------------------
+def available(cache: CachedFeatures, view: str, layer: str) -> bool:
+    """Whether ``view`` exists at ``layer`` (absent views: no [CLS], no registers, no fix)."""
+    return view not in cache.manifest["absent"].get(layer, {})
+
+
+def num_classes(cache: CachedFeatures, labels: Tensor) -> int:
+    """The dataset's class count (or, failing that, one more than the largest label)."""
+    n = cache.manifest["dataset"].get("num_classes")
+    return int(n) if n else int(labels.max()) + 1
+
+
+def outlier_threshold(train_norms: Tensor) -> tuple[float, dict[str, Any]]:
+    """The norm above which a patch is an outlier at this layer, from the train patches'
+    bimodal fit (``inf`` when the norms show no outlier mode)."""
+    from vitreg.analysis.thresholds import bimodal_fit
+
+    fit = bimodal_fit(train_norms.reshape(-1).double().numpy())
+    return float(fit.threshold), fit.to_dict()
+
+
+def seeded_rows(n: int, k: int | None, seed: int) -> Tensor:
+    """``k`` of ``n`` row indices drawn without replacement (all rows when ``k`` is None/≥ n)."""
+    if k is None or k >= n:
+        return torch.arange(n)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=g)[:k].sort().values
+
+
+def probe_scores(
+    feature: str,
+    x_train: Tensor,
+    y_train: Tensor,
+    loss: str,
+    evaluate: Callable[[FitResult], Mapping[str, float]],
+    metrics: dict[str, bool],
+    config: ProbeConfig,
+    n_test: int,
+    groups: Mapping[str, int] | None = None,
+    **kw: Any,
+) -> list[Score]:
+    """Fit one linear probe per seed and turn ``evaluate``'s metrics into Scores.
+
+    ``evaluate`` may return keys ``metric`` or ``metric/group``; ``groups`` maps a group to the
+    n_test it was scored on (defaults to ``n_test``)."""
+    runs = fit_seeds(x_train, y_train, loss, evaluate, config=config, **kw)
+    scores = []
+    for key, values in runs.values.items():
+        metric, _, group = key.partition("/")
+        scores.append(
+            Score(
+                feature,
+                metric,
+                values,
+                metrics[metric],
+                group or "all",
+                int((groups or {}).get(group, n_test)),
+                runs.lrs,
+            )
+        )
+    return scores
