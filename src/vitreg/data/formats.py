@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -430,26 +430,23 @@ def _dir_arg(name: str, arg: str) -> Path:
     return Path(arg).expanduser()
 
 
-@register_dataset("imagefolder")
-def _imagefolder(name: str, arg: str, split: str, spec: str) -> ImageFolderDataset:
-    return ImageFolderDataset(spec, split, _dir_arg(name, arg))
+FOLDER_FORMATS: dict[str, type] = {
+    "imagefolder": ImageFolderDataset,
+    "voc": VOCSegmentation,
+    "voc-boxes": VOCBoxes,
+    "ade20k": ADE20k,
+    "nyu": NYUDepth,
+}
 
 
-@register_dataset("voc")
-def _voc(name: str, arg: str, split: str, spec: str) -> VOCSegmentation:
-    return VOCSegmentation(spec, split, _dir_arg(name, arg))
+def _folder_builder(cls: type) -> Callable[..., Any]:
+    """The ``name:DIR`` builder of a folder format."""
+
+    def build(name: str, arg: str, split: str, spec: str) -> Any:
+        return cls(spec, split, _dir_arg(name, arg))
+
+    return build
 
 
-@register_dataset("voc-boxes")
-def _voc_boxes(name: str, arg: str, split: str, spec: str) -> VOCBoxes:
-    return VOCBoxes(spec, split, _dir_arg(name, arg))
-
-
-@register_dataset("ade20k")
-def _ade20k(name: str, arg: str, split: str, spec: str) -> ADE20k:
-    return ADE20k(spec, split, _dir_arg(name, arg))
-
-
-@register_dataset("nyu")
-def _nyu(name: str, arg: str, split: str, spec: str) -> NYUDepth:
-    return NYUDepth(spec, split, _dir_arg(name, arg))
+for _name, _cls in FOLDER_FORMATS.items():
+    register_dataset(_name)(_folder_builder(_cls))
