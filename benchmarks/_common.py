@@ -66,6 +66,13 @@ def add_size_and_out_options(p: Any, benchmark: str) -> None:
     p.add_argument("--out", default=str(RESULTS / f"{benchmark}.json"))
 
 
+def add_timing_options(p: Any, batch_size: int, repeats: int = 7, warmup: int = 2) -> None:
+    """Batch size and the interleaved timed / untimed runs per arm of a speed comparison."""
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--repeats", type=int, default=repeats, help="timed runs per arm, interleaved")
+    p.add_argument("--warmup", type=int, default=warmup, help="untimed runs per arm first")
+
+
 def child_flags(args: Any, keys: tuple[str, ...]) -> list[str]:
     """Command-line flags repeating the options ``keys`` of ``args`` for a child process."""
     return [

@@ -20,6 +20,7 @@ from typing import Any
 
 from _common import (
     add_size_and_out_options,
+    add_timing_options,
     build,
     child_flags,
     environment,
@@ -99,9 +100,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=7, help="timed runs per arm, interleaved")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per arm first")
+    add_timing_options(p, batch_size=16)
     p.add_argument("--models", default=MODELS, help="comma-separated timm names")
     add_size_and_out_options(p, "hooked_forward")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import add_size_and_out_options, build, peak_rss_mb, write_result
+from _common import add_size_and_out_options, add_timing_options, build, peak_rss_mb, write_result
 
 MODEL = "vit_base_patch16_224"
 TARGET = 0.9  # ttr images/s over bare images/s
@@ -112,9 +112,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=7, help="timed runs per arm, interleaved")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per arm first")
+    add_timing_options(p, batch_size=32)
     p.add_argument("--n-neurons", type=int, default=10)
     p.add_argument("--layers", default="3-5", help="inclusive layer range of the neurons")
     p.add_argument("--model", default=MODEL, help="timm model name")

@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import add_size_and_out_options, peak_rss_mb, write_result
+from _common import add_size_and_out_options, add_timing_options, peak_rss_mb, write_result
 
 MODEL = "deit3_base_patch16_224"
 TARGET = 0.95  # variant images/s over baseline images/s
@@ -79,9 +79,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=7, help="timed runs per arm, interleaved")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per arm first")
+    add_timing_options(p, batch_size=8)
     p.add_argument("--specialize", default="norm,ls,qkv", help="comma-separated components")
     p.add_argument("--model", default=MODEL, help="timm model name (needs LayerScale for 'ls')")
     add_size_and_out_options(p, "variant_speed")
