@@ -72,7 +72,12 @@ def _load(spec: str, pretrained: bool, weights: Path | None, img_size: int | Non
     from vitreg.models.load import parse_spec
 
     source, _ = parse_spec(spec)
-    kwargs = size_kwargs(source, img_size, random_weights=not pretrained and weights is None)
+    random_weights = not pretrained and weights is None
+    kwargs = size_kwargs(source, img_size, random_weights=random_weights)
+    if random_weights:  # the same random weights on every run and every torchrun rank
+        import torch
+
+        torch.manual_seed(0)
     # loader notes are shown by describe(); source libraries' own chatter is not
     logging.disable(logging.WARNING)
     try:

@@ -3,6 +3,7 @@ by side; ``vitreg compare RUN...``: the headline metrics of several runs in one 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,12 @@ def probe_command(
     shown |= {"seeds": seeds, "epochs": epochs, "optimizer": optimizer, "img_size": img_size}
     shown |= {"random_init": random_init}
     with cli_errors():
+        ctx = None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: join the group
+            from vitreg.train.distributed import setup
+
+            ctx = setup(device)
+            device = str(ctx.device)
         base, neuron_source, fixed = fix_plan(fix, neurons)
         wanted = parse_layers(layers)
         run_dir = out if out is not None else default_run_dir(slug(spec), verb="probe")
@@ -142,6 +149,8 @@ def probe_command(
                 batch_size=batch_size,
                 progress=progress,
             )
+        if ctx is not None and not ctx.is_main:
+            return
         from vitreg.report.probe_report import write_probe_run
 
         doc = result.to_dict()

@@ -141,6 +141,18 @@ def cache_key(identity: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def check_same_key(group: Any, key: str, size: int) -> None:
+    """Every torchrun rank must extract the same thing (same weights, data, options)."""
+    keys: list[Any] = [None] * size
+    group.all_gather_object(keys, key)
+    if len(set(keys)) > 1:
+        raise InputError(
+            f"the torchrun ranks would fill different feature caches ({sorted(set(keys))}): "
+            "their models, data or options differ; load the same weights on every rank (seed "
+            "random initialisation) and pass the same options"
+        )
+
+
 def world() -> tuple[int, int, Any]:
     """(rank, world size, torch.distributed or None) of this process."""
     if dist.is_available() and dist.is_initialized():
@@ -178,6 +190,8 @@ def extract(
         plan = make_plan(model, layers, views)
         identity = cache_identity(model, dataset, plan, fix, dtype, pixels, shard_size)
         key = cache_key(identity)
+        if group is not None:
+            check_same_key(group, key, size)
         folder = Path(root) / key
         n_shards = -(-len(dataset) // shard_size)
         writer = ShardWriter(

@@ -12,7 +12,7 @@ from vitreg.data.datasets import LabeledDataset, open_dataset
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
-from vitreg.probe.cache import extract
+from vitreg.probe.cache import extract, world
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.tasks import TaskResult, get_task
 
@@ -70,7 +70,9 @@ def run(
     """Score ``task`` on ``data`` at ``layers``: the bare model (``base``) and/or under ``fix``.
 
     Features are cached under ``cache_dir`` and reused by later runs (no forward pass then);
-    ``progress(stage, done, total)`` reports extraction."""
+    ``progress(stage, done, total)`` reports extraction. Under ``torchrun`` each rank extracts
+    its share of the shards and only rank 0 trains and scores the probes (the other ranks return
+    a run without results)."""
     probe = get_task(task)
     train, test = splits(data)
     for ds in (train, test):
@@ -108,6 +110,8 @@ def run(
                 "repairs": cached[split].manifest.get("repairs", {}),
             }
         names = cached["train"].layers
+        if world()[0] != 0:  # under torchrun every rank extracts its shards; rank 0 scores
+            continue
         results[condition] = [
             probe.evaluate(cached["train"], cached["test"], name, config) for name in names
         ]

@@ -110,16 +110,21 @@ class Depth(Task):
         x_test = grid_features(test, layer, with_cls)
         x_train = grid_features(train, layer, with_cls)
         y_train = train_labels(d_train, train.layout[layer].grid)
+        # the regression head learns the offset from the train mean depth: a head started at
+        # zero metres would spend its (early-stopped) steps on the bias, not on the features
+        mean_depth = float(d_train[valid].mean())
+        offsets = {"regression": mean_depth, "bins": 0.0}
         scores = []
         for head, (loss, kw) in heads.items():
+            offset = offsets[head]
 
-            def evaluate(fit: FitResult) -> dict[str, float]:
-                return depth_metrics(fit.head.predict_dense(x_test, size), d_test)
+            def evaluate(fit: FitResult, offset: float = offset) -> dict[str, float]:
+                return depth_metrics(fit.head.predict_dense(x_test, size) + offset, d_test)
 
             scores += probe_scores(
                 f"{feature} ({head})",
                 x_train,
-                y_train,
+                y_train - offset,
                 loss,
                 evaluate,
                 self.metrics,
@@ -129,5 +134,5 @@ class Depth(Task):
                 **kw,
             )
         invalid = int((~(torch.isfinite(d_test) & (d_test > 0))).sum())
-        info = {"max_depth": max_depth, "invalid_test_pixels": invalid}
+        info = {"max_depth": max_depth, "mean_depth": mean_depth, "invalid_test_pixels": invalid}
         return TaskResult(self.name, layer, scores, [], info)
