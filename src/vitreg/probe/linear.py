@@ -387,10 +387,11 @@ class _Trainer:
         scorer = scorer or self.loss.score
         gen = torch.Generator().manual_seed(self.seed)
         order = torch.randperm(n, generator=gen)
-        n_hold = round(cfg.val_fraction * n) if cfg.val_fraction > 0 else 0
-        if cfg.val_fraction > 0 and not 1 <= n_hold < n:
+        n_hold = max(1, round(cfg.val_fraction * n)) if cfg.val_fraction > 0 else 0
+        if cfg.val_fraction > 0 and not n_hold < n:
             raise InputError(
-                f"val_fraction={cfg.val_fraction} leaves no held-out or no train rows of {n}"
+                f"val_fraction={cfg.val_fraction} leaves no train rows of {n}: the probe needs "
+                "at least 2 training samples (images, for dense heads); use more data"
             )
         if n_hold == 0 and val is None:
             raise InputError("set val_fraction > 0 or pass val=(x, y) to choose the learning rate")

@@ -121,7 +121,10 @@ def run(
             "name": type(fix).__name__,
             **(fix.describe() if hasattr(fix, "describe") else {}),
         }
-    data_desc = {"train": _data(train), "test": _data(test)}
+    first = next(iter(conditions))
+    data_desc = {
+        s: _data(ds, caches[f"{first}/{s}"]) for s, ds in (("train", train), ("test", test))
+    }
     return ProbeRun(
         task,
         model.describe(),
@@ -135,5 +138,8 @@ def run(
     )
 
 
-def _data(ds: LabeledDataset) -> dict[str, Any]:
-    return ds.describe() | {"log": ds.log.to_dict()}
+def _data(ds: LabeledDataset, cache: dict[str, Any]) -> dict[str, Any]:
+    """The dataset's identity and its counted bad input, read from the cache manifest: samples
+    skipped and pixels repaired by reason (the extraction, not ``ds.log``, saw them, and a reused
+    cache reads no sample at all)."""
+    return ds.describe() | {"log": dict(sorted({**cache["skipped"], **cache["repairs"]}.items()))}

@@ -73,13 +73,13 @@ class TokenType(Task):
                 continue
             x_tr, keep_tr = token(train, name, layer, threshold)
             x_te, keep_te = token(test, name, layer, threshold)
-            counts[name] = {"train": int(keep_tr.sum()), "test": int(keep_te.sum())}
             if name == "patch_top" and not math.isfinite(threshold):
                 notes.append(
                     "patch_top: no outlier mode at this layer, so the top-norm patch of every "
                     "image is probed (it is not an outlier)"
                 )
                 keep_tr, keep_te = torch.ones_like(keep_tr), torch.ones_like(keep_te)
+            counts[name] = {"train": int(keep_tr.sum()), "test": int(keep_te.sum())}
             if keep_tr.sum() < 2 or keep_te.sum() < 1:
                 notes.append(f"{name}: skipped, too few qualifying images ({counts[name]})")
                 continue

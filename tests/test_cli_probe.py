@@ -1,0 +1,132 @@
+"""``vitreg probe`` and ``vitreg compare`` through the CLI: run directories, base and fixed
+columns, merged tables, and one-paragraph errors (exit 2) for bad tasks, data and fix files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from vitreg.cli.app import app
+from vitreg.neurons.neuron_set import NeuronSet
+
+SPEC = "timm:vit_tiny_patch16_224"
+DATA = "synthetic-cls:n=16,size=32"
+FAST = ["--random-init", "--img-size", "32", "--epochs", "2", "--seeds", "2", "--batch-size", "8"]
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def probe(tmp: Path, *args: str):
+    return runner.invoke(app, ["probe", SPEC, *FAST, "--cache", str(tmp / "cache"), *args])
+
+
+def assert_clean_failure(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error:") and "Traceback" not in result.output
+    assert "\n\n" not in err  # one paragraph
+    flat = " ".join(err.split())
+    for needle in needles:
+        assert needle in flat, flat
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A plain run and a ``--fix both`` run of the same model and data."""
+    tmp = tmp_path_factory.mktemp("probe")
+    plain = probe(tmp, "--data", DATA, "--layers", "0,-1", "--out", str(tmp / "plain"))
+    assert plain.exit_code == 0, plain.output
+    neurons = NeuronSet([0, 1], [5, 9], [1.0, 0.5]).save(tmp / "neurons")
+    both = probe(tmp, "--data", DATA, "--fix", "both", "--neurons", str(neurons),
+                 "--layers", "0,-1", "--out", str(tmp / "both"))  # fmt: skip
+    assert both.exit_code == 0, both.output
+    return tmp, tmp / "plain", tmp / "both"
+
+
+def metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_probe_writes_the_run_directory(runs) -> None:
+    _, plain, _ = runs
+    for name in ("metrics.json", "report.md", "report.html", "config.yaml"):
+        assert (plain / name).is_file(), name
+    doc = metrics(plain)
+    results = doc["results"]
+    assert results["task"] == "classification" and list(results["conditions"]) == ["base"]
+    assert results["layers"] == ["blocks.0.hook_resid_post", "blocks.11.hook_resid_post"]
+    assert results["seeds"] == [0, 1]
+    names = [m["name"] for m in doc["metrics"]]
+    assert "base/blocks.11.hook_resid_post/cls/all/top1" in names
+    assert all(
+        len(s["values"]) == 2 for layer in results["conditions"]["base"] for s in layer["scores"]
+    )
+    assert doc["model"]["spec"] == SPEC and doc["data"]["n_images"] == 32
+    report = (plain / "report.md").read_text()
+    assert (
+        "| feature | tokens | metric | base |" in report
+        and "fixed" not in report.split("## Data")[0]
+    )
+
+
+def test_fix_both_shows_base_and_fixed_columns(runs) -> None:
+    _, _, both = runs
+    doc = metrics(both)
+    assert list(doc["results"]["conditions"]) == ["base", "fixed"]
+    assert doc["results"]["fix"]["name"] == "TestTimeRegisters"
+    fixed = {s["feature"] for s in doc["results"]["conditions"]["fixed"][0]["scores"]}
+    assert {"test_time_registers", "test_time_registers+cls"} <= fixed
+    report = (both / "report.md").read_text()
+    assert "| feature | tokens | metric | base | fixed | Δ (fixed − base) |" in report
+    assert "*fixed* = the same model under TestTimeRegisters" in report
+    # the base condition of the second run reuses the features of the first
+    assert "Features reused from the cache (no forward pass): base/train, base/test" in report
+
+
+def test_compare_merges_runs_one_column_each(runs) -> None:
+    tmp, plain, both = runs
+    out = tmp / "compare"
+    result = runner.invoke(app, ["compare", str(plain), str(both), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    merged = json.loads((out / "compare.json").read_text())
+    assert merged["runs"] == ["plain", "both"]
+    rows = {r["metric"]: r["values"] for r in merged["rows"]}
+    name = "base/blocks.0.hook_resid_post/cls/all/top1"
+    values = [{m["name"]: m["value"] for m in metrics(r)["metrics"]} for r in (plain, both)]
+    assert rows[name] == [values[0][name], values[1][name]]
+    fixed = "fixed/blocks.0.hook_resid_post/test_time_registers/all/top1"
+    assert rows[fixed][0] is None and rows[fixed][1] is not None  # absent from the plain run
+    table = (out / "compare.md").read_text()
+    assert "| metric | plain | both |" in table
+
+
+def test_errors_exit_2_with_one_paragraph(tmp_path: Path) -> None:
+    assert_clean_failure(
+        probe(tmp_path, "--task", "colour"), "unknown --task 'colour'", "token-type"
+    )
+    assert_clean_failure(
+        probe(tmp_path, "--task", "segmentation", "--data", DATA),
+        "task 'segmentation' needs 'mask' targets",
+        "use a dataset with masks",
+    )
+    missing = tmp_path / "nowhere.json"
+    assert_clean_failure(
+        probe(tmp_path, "--fix", str(missing), "--data", DATA),
+        "neither none, both, builtin",
+        "NeuronSet",
+    )
+    (tmp_path / "empty").mkdir()
+    assert_clean_failure(probe(tmp_path, "--data", f"imagefolder:{tmp_path / 'empty'}"), "empty")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
