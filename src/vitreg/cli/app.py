@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from vitreg.cli.diagnose_cmd import diagnose_model
+from vitreg.cli.experiment_cmd import experiment_app
 from vitreg.cli.fix_cmd import fix_command
 from vitreg.cli.inspect_cmd import inspect_model
 from vitreg.cli.models_cmd import models
@@ -27,6 +28,7 @@ app.command("fix")(fix_command)
 app.command("probe")(probe_command)
 app.command("compare")(compare_command)
 app.command("train")(train_command)
+app.add_typer(experiment_app, name="experiment")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,148 @@
+"""Evaluate one trained variant: frozen-feature probes, artifact diagnosis, parameters and FLOPs.
+
+Each number kept in the compact result names where it came from: probe scores are
+``ProbeRun`` means (the full runs are written beside them), the diagnosis numbers are read from
+``DiagnoseResult.to_dict()`` (norms verdict and outlier rate, [CLS]/patch cosine per block
+before and after ``norm1``), parameters from ``param_report`` and FLOPs from ``flop_report``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitreg.experiment.grid import Settings
+from vitreg.report.io import write_json_atomic
+
+# probe task -> the dataset target it needs
+TASK_TARGETS = {"classification": "label", "segmentation": "mask", "depth": "depth"}
+
+
+def applicable_tasks(targets: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """(tasks the data supports, {skipped task: why})."""
+    run, skipped = [], {}
+    for task, target in TASK_TARGETS.items():
+        if target in targets:
+            run.append(task)
+        else:
+            skipped[task] = f"the data has no {target} targets (it provides {list(targets)})"
+    return run, skipped
+
+
+def majority_rate(val: Any) -> float | None:
+    """Share of the most frequent label in the val split (None without labels)."""
+    from collections import Counter
+
+    from vitreg.data.datasets import iter_samples
+
+    if "label" not in val.targets:
+        return None
+    labels = Counter(s.label for _, s in iter_samples(val))
+    return max(labels.values()) / sum(labels.values()) if labels else None
+
+
+def probe_scores(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"feature/metric": {mean, ci95, values}}`` of the last layer's base condition."""
+    layer = run["conditions"]["base"][-1]
+    return {
+        f"{s['feature']}/{s['metric']}": {k: s[k] for k in ("mean", "ci95", "values")}
+        for s in layer["scores"]
+        if s["group"] == "all"
+    }
+
+
+def run_probes(
+    model: Any, data: tuple[Any, Any], tasks: list[str], folder: Path, settings: Settings
+) -> dict[str, Any]:
+    """Every applicable probe on the last block; full runs go to ``folder/probes/<task>.json``."""
+    from vitreg.probe.linear import ProbeConfig
+    from vitreg.probe.run import run
+
+    config = ProbeConfig(
+        epochs=settings.probe_epochs,
+        seeds=tuple(range(settings.probe_seeds)),
+        lrs=settings.probe_lrs,
+    )
+    out = {}
+    for task in tasks:
+        result = run(
+            model,
+            task,
+            data,
+            cache_dir=folder / "cache",
+            config=config,
+            batch_size=settings.batch_eval,
+        ).to_dict()
+        write_json_atomic(folder / "probes" / f"{task}.json", result)
+        notes = result["conditions"]["base"][-1]["notes"]
+        out[task] = {"scores": probe_scores(result), "notes": notes}
+    return out
+
+
+def diagnosis_images(dataset: Any, model: Any, n: int) -> torch.Tensor:
+    """The first ``n`` readable images of ``dataset`` as the model's normalised input batch."""
+    from vitreg.data.datasets import iter_samples
+    from vitreg.data.transforms import model_input, prepare
+
+    size, mean, std = model_input(model)
+    images = []
+    for _, sample in iter_samples(dataset):
+        images.append(prepare(sample, size, mean, std)["image"])
+        if len(images) == n:
+            break
+    return torch.stack(images)
+
+
+def run_diagnosis(model: Any, images: torch.Tensor, batch_size: int) -> dict[str, Any]:
+    """Outlier verdict and rate, and per-block token-pair cosines around ``norm1``."""
+    from vitreg.analysis.diagnose import diagnose
+
+    doc = diagnose(model, images, batch_size=batch_size).to_dict()
+    norms = doc["norms"]
+    out: dict[str, Any] = {
+        "verdict": norms["verdict"],
+        "artifacts_present": norms["artifacts_present"],
+        "outlier_rate": norms["evidence"]["outlier_rate"],
+        "emergence_layer": norms["emergence_layer"],
+        "n_images": int(images.shape[0]),
+        "not_applicable": doc["not_applicable"],
+    }
+    ln = doc.get("ln_separation")
+    if ln is not None:
+        for point in ("pre_ln1", "post_ln1"):
+            for pair in ("cls_patch", "patch_patch", "register_patch"):
+                values = [b.get(point, {}).get(pair, {}).get("mean") for b in ln["similarity"]]
+                if any(v is not None for v in values):
+                    out[f"{pair}_{point}"] = values
+        out["owned_channel_fraction"] = ln["owned_channel_fraction"]
+    return out
+
+
+def costs(model: nn.Module) -> dict[str, Any]:
+    """``param_report`` and ``flop_report`` of the trained backbone."""
+    from vitreg.arch import flop_report, param_report
+
+    return {"params": param_report(model).as_dict(), "flops": flop_report(model)}
+
+
+def evaluate(
+    trained: nn.Module,
+    data: tuple[Any, Any],
+    tasks: list[str],
+    folder: Path,
+    settings: Settings,
+) -> dict[str, Any]:
+    """Probes, diagnosis and costs of one trained backbone (evaluated in eval mode)."""
+    import vitreg
+
+    trained.eval()
+    model = vitreg.wrap(trained)
+    images = diagnosis_images(data[1], model, settings.diagnose_images)
+    return {
+        "probes": run_probes(model, data, tasks, folder, settings),
+        "diagnose": run_diagnosis(model, images, settings.batch_eval),
+        **costs(trained),
+    }

@@ -1,0 +1,453 @@
+"""The comparison report of ``vitreg experiment variants``: metrics.json (every headline traced to
+``results``), report.md, report.html and figures, rewritten after each variant.
+
+The "What can and cannot be concluded" section is written from the numbers: it states the
+scale, whether seed-to-seed noise was measured, the specialisation deltas per high-norm
+handling and whether their signs agree, the measured costs, and the artifact verdicts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
+from vitreg.experiment.variants import SUMMARY
+from vitreg.report.figures import Figure, new_canvas, png_bytes
+from vitreg.report.markdown import Report, Section, Table, num, provenance_section
+from vitreg.report.run_files import document, figure_section, write_files
+
+COLUMNS = (  # summary key, column title
+    ("params", "params"),
+    ("params_extra_pct", "extra params %"),
+    ("flops", "MFLOPs"),
+    ("cls_top1", "[CLS] top-1 ↑"),
+    ("patch_mean_top1", "mean-patch top-1 ↑"),
+    ("seg_miou", "seg mIoU ↑"),
+    ("depth_rmse", "depth RMSE ↓"),
+    ("artifacts_present", "artifacts"),
+    ("outlier_rate", "outlier rate"),
+    ("cls_patch_post_ln1", "[CLS]/patch cos after LN1"),
+    ("final_loss", "final loss"),
+)
+DELTAS = (("seg_miou", "Δ mIoU"), ("depth_rmse", "Δ depth RMSE"), ("cls_top1", "Δ [CLS] top-1"))
+
+
+def headlines(variants: list[dict[str, Any]]) -> list[tuple]:
+    """``<variant>/<key>`` -> the mean over seeds in ``results.variants[i].summary``."""
+    out = []
+    for i, v in enumerate(variants):
+        for key, (_, better) in SUMMARY.items():
+            if v["summary"][key]["mean"] is not None:
+                pointer = f"/results/variants/{i}/summary/{key}/mean"
+                out.append((f"{v['name']}/{key}", pointer, better, {}))
+    return out
+
+
+def _mean(v: dict[str, Any], key: str) -> float | None:
+    return v["summary"][key]["mean"]
+
+
+def _cell(v: dict[str, Any], key: str) -> str:
+    s = v["summary"][key]
+    if s["mean"] is None:
+        return "–"
+    if key == "artifacts_present":
+        return "yes" if s["mean"] >= 0.5 else "no"
+    if key == "params":
+        return f"{s['mean'] / 1e6:.3f}M"
+    if key == "flops":
+        return f"{s['mean'] / 1e6:.1f}"
+    if key == "params_extra_pct":
+        return f"{s['mean']:.2f}"
+    text = num(s["mean"])
+    return f"{text} ± {num(s['std'], 2)}" if s["std"] is not None else text
+
+
+def _title(v: dict[str, Any]) -> str:
+    spec = SPECIALISATION_TITLES[v["specialisation"]]
+    return f"{spec} · {HANDLING_TITLES[v['handling']]}" if v["handling"] != "none" else spec
+
+
+def comparison_table(variants: list[dict[str, Any]]) -> Table:
+    header = ["variant", "specialised", "high-norm handling", *(t for _, t in COLUMNS)]
+    rows = [
+        [
+            f"`{v['name']}`",
+            SPECIALISATION_TITLES[v["specialisation"]],
+            HANDLING_TITLES[v["handling"]],
+            *(_cell(v, k) for k, _ in COLUMNS),
+        ]
+        for v in variants
+    ]
+    return Table(header, rows)
+
+
+def deltas(variants: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """``{specialisation: {handling: {key: variant - baseline of the same handling}}}``."""
+    by = {(v["specialisation"], v["handling"]): v for v in variants}
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for (spec, handling), v in by.items():
+        base = by.get(("baseline", handling))
+        if spec in ("norm_ls", "qkv") and base is not None:
+            out.setdefault(spec, {})[handling] = {
+                key: (
+                    _mean(v, key) - _mean(base, key)
+                    if _mean(v, key) is not None and _mean(base, key) is not None
+                    else None
+                )
+                for key, _ in DELTAS
+            }
+    return out
+
+
+def delta_table(d: dict[str, dict[str, dict[str, float | None]]]) -> Table:
+    rows = [
+        [SPECIALISATION_TITLES[spec], HANDLING_TITLES[h], *(num(vals[k]) for k, _ in DELTAS)]
+        for spec, per in d.items()
+        for h, vals in per.items()
+    ]
+    return Table(["variant", "high-norm handling", *(t for _, t in DELTAS)], rows)
+
+
+def block_table(variants: list[dict[str, Any]]) -> Table | None:
+    with_ln = [v for v in variants if "cls_patch_post_ln1" in v["per_block"]]
+    if not with_ln:
+        return None
+    depth = len(with_ln[0]["per_block"]["cls_patch_post_ln1"])
+    rows = [
+        [f"`{v['name']}`", *(num(x, 2) for x in v["per_block"]["cls_patch_post_ln1"])]
+        for v in with_ln
+    ]
+    return Table(["variant", *(f"block {b}" for b in range(depth))], rows)
+
+
+def _pooled_std(variants: list[dict[str, Any]], key: str) -> float | None:
+    var = [v["summary"][key]["std"] ** 2 for v in variants if v["summary"][key]["std"] is not None]
+    return math.sqrt(sum(var) / len(var)) if var else None
+
+
+def conclusions(results: dict[str, Any]) -> list[str]:
+    """Plain statements of what the numbers support, and what they cannot."""
+    s, variants = results["settings"], results["variants"]
+    out = [
+        f"**Scale.** Every variant is a {s['depth']}-block, {s['embed_dim']}-wide ViT "
+        f"(patch {s['patch_size']}, {s['img_size']} px) trained from scratch for {s['steps']} "
+        f"steps of {s['batch_size']} images ({s['recipe']}) on `{results['data']}`. The paper's "
+        "claims (> 2 mIoU on ADE20k, unchanged classification) concern ViT-S/B/L trained for "
+        "hundreds of thousands of steps on natural images; these runs cannot confirm or refute "
+        "them. They show that every variant trains, is probed and diagnosed end to end, what "
+        "each option costs, and the direction of the effects at this toy scale."
+    ]
+    seeds = s["seeds"]
+    noise = _pooled_std(variants, "seg_miou")
+    if seeds == 1 or noise is None:
+        out.append(
+            "**Noise.** Each variant was trained once (one seed), so seed-to-seed variation is "
+            "not measured; probe ± values (if any) only cover probe training. Differences of a "
+            "few mIoU points here can be seed noise: rerun with `--seeds 3` before reading them."
+        )
+    else:
+        out.append(
+            f"**Noise.** Over {seeds} training seeds the pooled std of seg mIoU is {num(noise)}; "
+            f"a difference under about {num(2 * noise)} (2 std) is within seed noise."
+        )
+    out += floors(results)
+    d = deltas(variants)
+    for spec, per in d.items():
+        vals = {h: x["seg_miou"] for h, x in per.items() if x["seg_miou"] is not None}
+        if not vals:
+            continue
+        shown = ", ".join(f"{num(x)} ({HANDLING_TITLES[h]})" for h, x in vals.items())
+        signs = {math.copysign(1, x) for x in vals.values() if x}
+        agree = (
+            "no change under any high-norm handling"
+            if not signs
+            else "the sign is mixed across high-norm handlings"
+            if len(signs) > 1
+            else "the sign agrees across high-norm handlings"
+            if len(vals) > 1
+            else "a single comparison"
+        )
+        within = ""
+        if noise is not None:
+            big = [h for h, x in vals.items() if abs(x) > 2 * noise]
+            within = (
+                f"; beyond 2 seed std: {', '.join(HANDLING_TITLES[h] for h in big)}"
+                if big
+                else "; all within 2 seed std"
+            )
+        out.append(
+            f"**{SPECIALISATION_TITLES[spec]} vs baseline.** Δ seg mIoU = {shown}: {agree}{within}."
+        )
+    costs = {
+        v["specialisation"]: _mean(v, "params_extra_pct")
+        for v in variants
+        if v["handling"] == "none" and v["specialisation"] in ("norm_ls", "qkv")
+    }
+    if costs:
+        flops_same = all(v["summary"]["flops_delta_specialisation"]["mean"] == 0 for v in variants)
+        shown = ", ".join(f"{SPECIALISATION_TITLES[k]} +{num(p)}%" for k, p in costs.items())
+        out.append(
+            f"**Cost.** Extra parameters: {shown} (the paper's ≈0.05% / ≈8% are for ViT-L; "
+            "norm and LayerScale copies weigh more in a narrow model). Specialisation changes "
+            + ("no FLOPs in any variant (measured)." if flops_same else "FLOPs in some variants.")
+        )
+    flagged = [v["name"] for v in variants if (_mean(v, "artifacts_present") or 0) >= 0.5]
+    out.append(
+        f"**Artifacts.** High-norm outlier tokens were found in {len(flagged)} of "
+        f"{len(variants)} variants"
+        + (f" ({', '.join(flagged)})." if flagged else ".")
+        + (
+            " Outliers emerge in large models trained long; at this length their absence says "
+            "nothing about whether registers or attention bias remove them."
+            if not flagged
+            else ""
+        )
+    )
+    ln = [
+        (v["name"], _mean(v, "cls_patch_pre_ln1"), _mean(v, "cls_patch_post_ln1")) for v in variants
+    ]
+    ln = [(n, a, b) for n, a, b in ln if b is not None]
+    if ln:
+        shown = ", ".join(f"{n} {num(a, 2)} → {num(b, 2)}" for n, a, b in ln)
+        out.append(
+            "**[CLS]/patch cosine before → after LN1** (mean over blocks): "
+            f"{shown}. The paper reports ≈ 0 after LN1 in trained vanilla ViTs; values near the "
+            "pre-LN1 level mean the blocks have not (yet) learned to separate the token types."
+        )
+    return out
+
+
+def floors(results: dict[str, Any]) -> list[str]:
+    """Say when a probe sits at its trivial level, so no variant can be told apart by it."""
+    out = []
+    miou = [x for v in results["variants"] if (x := _mean(v, "seg_miou")) is not None]
+    if len(miou) > 1 and max(miou) - min(miou) < 1e-3:
+        out.append(
+            f"**Segmentation is at its floor.** Every variant scores mIoU {num(miou[0])} (to "
+            "0.001), the value of predicting one class (background) everywhere: at this scale "
+            "the patch tokens carry no linearly readable shape class, so this metric, the "
+            "paper's main one, cannot separate the variants here."
+        )
+    majority = results.get("majority_rate")
+    top1 = [
+        x
+        for v in results["variants"]
+        for k in ("cls_top1", "patch_mean_top1")
+        if (x := _mean(v, k)) is not None
+    ]
+    if majority is not None and top1:
+        out.append(
+            f"**Classification vs chance.** Top-1 ranges {num(min(top1))}–{num(max(top1))}; "
+            f"always predicting the most frequent val class scores {num(majority)}"
+            + (
+                ": no variant beats it, so no class signal is readable here."
+                if max(top1) <= majority
+                else "."
+            )
+        )
+    return out
+
+
+def _style(v: dict[str, Any]) -> dict[str, Any]:
+    colours = {"baseline": "C0", "norm_ls": "C1", "qkv": "C2", "gap": "C7", "finetune": "C4"}
+    lines = {"none": "-", "registers": "--", "attn_bias": ":"}
+    markers = {"none": "o", "registers": "s", "attn_bias": "^"}
+    return {
+        "color": colours[v["specialisation"]],
+        "linestyle": lines[v["handling"]],
+        "marker": markers[v["handling"]],
+    }
+
+
+def ln_figure(variants: list[dict[str, Any]]) -> Figure | None:
+    from matplotlib.ticker import MaxNLocator
+
+    with_ln = [v for v in variants if "cls_patch_post_ln1" in v["per_block"]]
+    if not with_ln:
+        return None
+    fig = new_canvas(9.0, 3.6)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, key, title in (
+        (axes[0], "cls_patch_pre_ln1", "before norm1"),
+        (axes[1], "cls_patch_post_ln1", "after norm1"),
+    ):
+        for v in with_ln:
+            vals = v["per_block"].get(key, [])
+            pts = [(b, x) for b, x in enumerate(vals) if x is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=v["name"], ms=4, **_style(v))
+        ax.axhline(0, color="0.7", lw=0.8)
+        ax.set_title(f"[CLS]/patch cosine {title}", fontsize=9)
+        ax.set_xlabel("block")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].set_ylabel("mean cosine similarity")
+    axes[1].legend(fontsize=6)
+    caption = (
+        "Mean cosine similarity between [CLS] and the patch tokens entering each block (left) "
+        "and after that block's norm1 (right; the [CLS]-stream copy in specialised variants), "
+        "averaged over the diagnosis images and the training seeds."
+    )
+    return Figure("cls_patch_cosine_ln1", caption, png_bytes(fig))
+
+
+def scatter_figure(variants: list[dict[str, Any]]) -> Figure | None:
+    key = next(
+        (
+            k
+            for k in ("seg_miou", "patch_mean_top1")
+            if any(_mean(v, k) is not None for v in variants)
+        ),
+        None,
+    )
+    if key is None:
+        return None
+    fig = new_canvas(6.0, 4.0)
+    ax = fig.subplots()
+    for v in variants:
+        x, y = _mean(v, "params_extra_pct"), _mean(v, key)
+        if x is not None and y is not None:
+            ax.plot(
+                [x],
+                [y],
+                ls="none",
+                ms=7,
+                **{k: s for k, s in _style(v).items() if k != "linestyle"},
+            )
+            ax.annotate(v["name"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    label = "segmentation mIoU" if key == "seg_miou" else "mean-patch top-1"
+    ax.set_xlabel("extra parameters over the shared model (%)")
+    ax.set_ylabel(label)
+    caption = (
+        f"{label} (linear probe, val split) against the extra parameters of each variant "
+        "(colour: specialisation; marker: none / registers / attention bias)."
+    )
+    return Figure(f"{key}_vs_params", caption, png_bytes(fig))
+
+
+def loss_figure(variants: list[dict[str, Any]]) -> Figure:
+    fig = new_canvas(6.5, 3.6)
+    ax = fig.subplots()
+    for v in variants:
+        curve = v["losses"][0]
+        ax.plot(
+            range(1, len(curve) + 1),
+            curve,
+            label=v["name"],
+            lw=1,
+            **{k: s for k, s in _style(v).items() if k != "marker"},
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=6)
+    caption = "Training loss per step (first seed) of every variant."
+    return Figure("training_loss", caption, png_bytes(fig))
+
+
+def build_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+    r = doc["results"]
+    s = r["settings"]
+    status = (
+        f"complete: {r['n_done']} variants"
+        if r["complete"]
+        else f"**partial: {r['n_done']} of {r['n_total']} variants done** (rerun the command to continue)"
+    )
+    summary = Section("summary", "Summary")
+    summary.blocks.append(
+        f"{status}. Base: {s['depth']} blocks, width {s['embed_dim']}, {s['num_heads']} heads, "
+        f"patch {s['patch_size']}, {s['img_size']} px, LayerScale init {s['init_values']}; "
+        f"{s['recipe']} recipe, {s['steps']} steps x {s['batch_size']} images, lr {s['lr']}, "
+        f"{s['seeds']} training seed(s). Probes: linear, last block, {s['probe_seeds']} probe "
+        f"seed(s), train split -> val split of `{r['data']}`."
+    )
+    if r["skipped_tasks"]:
+        for task, why in r["skipped_tasks"].items():
+            summary.blocks.append(f"Probe **{task}** not run: {why}.")
+    t = r["timing"]
+    summary.blocks.append(
+        f"Time: {num(t['wall_s'], 4)} s wall for this invocation; {num(t['compute_s'], 4)} s "
+        f"of training and evaluation summed over the variants ({t['reused']} reused from an "
+        "earlier invocation)."
+    )
+    table = Section("comparison", "Comparison", [comparison_table(r["variants"])])
+    table.blocks.append(
+        "Means over training seeds (± sample std when there are several). Classification uses "
+        "the [CLS] token or the mean patch token; segmentation a linear head on patch tokens "
+        "(mIoU); depth a linear regression head on patch tokens (+[CLS]) (RMSE, metres). "
+        "artifacts = the diagnose norms verdict; cos after LN1 averaged over blocks."
+    )
+    sections = [summary, table]
+    d = deltas(r["variants"])
+    if d:
+        sections.append(
+            Section(
+                "deltas",
+                "Specialisation minus baseline (same high-norm handling)",
+                [delta_table(d)],
+            )
+        )
+    blocks = block_table(r["variants"])
+    if blocks is not None:
+        sections.append(Section("ln1", "[CLS]/patch cosine after LN1, per block", [blocks]))
+    sections.append(Section("conclusions", "What can and cannot be concluded", r["conclusions"]))
+    if figures:
+        sections.append(figure_section("Figures", figures))
+    notes = [f"`{v['name']}`: {n}" for v in r["variants"] for n in v["notes"]]
+    if notes:
+        sections.append(Section("notes", "Notes", notes))
+    sections.append(provenance_section(doc))
+    return Report(None, "vitreg experiment: ViT variants", sections)
+
+
+def write_report(
+    out: Path,
+    plan: dict[str, Any],
+    variants: list[dict[str, Any]],
+    total: int,
+    wall_s: float,
+    command: str,
+    splits: tuple[Any, Any],
+) -> Path:
+    """Write the comparison report of the variants done so far (all files atomically)."""
+    s = plan["settings"]
+    results = {
+        "complete": len(variants) == total,
+        "n_done": len(variants),
+        "n_total": total,
+        "settings": s,
+        "data": plan["data"],
+        "tasks": plan["tasks"],
+        "skipped_tasks": plan["skipped_tasks"],
+        "variants": variants,
+        "timing": {
+            "wall_s": wall_s,
+            "compute_s": sum(v["time_s"]["train"] + v["time_s"]["evaluate"] for v in variants),
+            "reused": sum(v["reused"] for v in variants),
+        },
+    }
+    results["majority_rate"] = plan.get("majority_rate")
+    results["conclusions"] = conclusions(results)
+    described = {
+        "spec": f"vitreg.arch variants of a {s['depth']}-block ViT (width {s['embed_dim']})",
+        "family": "vit",
+        "source": "timm",
+        "class": "VisionTransformer",
+        "n_layers": s["depth"],
+        "d_model": s["embed_dim"],
+        "n_heads": s["num_heads"],
+        "image_size": [s["img_size"], s["img_size"]],
+        "notes": ["trained from scratch by this experiment; see results.variants for each one"],
+    }
+    train, val = splits
+    data = {
+        "description": plan["data"],
+        "n_images": len(train) + len(val),
+        "train": train.describe(),
+        "val": val.describe(),
+    }
+    doc = document(command, described, data, s, results, headlines(variants))
+    figures = [f for f in (ln_figure(variants), scatter_figure(variants)) if f is not None]
+    figures.append(loss_figure(variants))
+    return write_files(out, doc, build_report(doc, figures), figures)

@@ -1,0 +1,333 @@
+"""``run_variants``: train, probe and diagnose every grid entry and write one comparison report.
+
+Each (variant, seed) works in ``OUT/variants/<name>/seed-<k>/``: ``train/`` (checkpoints, so an
+interrupted run resumes mid-training), ``cache/`` (probe features), ``probes/`` and, once
+complete, ``result.json``; a rerun with the same settings reuses a complete result and skips
+the work. The comparison report (metrics.json, report.md, report.html, figures) is rewritten
+atomically after every variant, so a partial experiment always has a readable report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
+from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
+from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
+from vitreg.report.io import write_json_atomic
+from vitreg.report.schema import plain
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class ExperimentResult:
+    """Per-variant summaries (means over training seeds) and where the report is."""
+
+    out_dir: Path
+    variants: list[dict[str, Any]]
+    complete: bool
+    wall_time_s: float
+
+
+def data_spec(data: str) -> str:
+    """A dataset spec; a plain existing directory means ``imagefolder:DIR``."""
+    if ":" not in data and Path(data).is_dir():
+        return f"imagefolder:{data}"
+    return data
+
+
+def open_splits(spec: str) -> tuple[Any, Any]:
+    """(train, val) splits of ``spec``; an empty image folder raises :class:`InputError`."""
+    from vitreg.data.datasets import open_dataset
+
+    train, val = open_dataset(spec, "train"), open_dataset(spec, "val")
+    for split, ds in (("train", train), ("val", val)):
+        if len(ds) == 0:
+            raise InputError(f"the {split} split of {spec} has no images; add images to it")
+    return train, val
+
+
+def check_finetune(name: str, settings: Settings) -> None:
+    """Fail before any training if ``name`` is not a timm ViT the variants can convert."""
+    import timm
+
+    from vitreg.arch.variant import check_model
+
+    if not timm.is_model(name):
+        raise SpecError(
+            f"--finetune {name!r} is not a timm model name; pick a ViT, e.g. vit_tiny_patch16_224"
+        )
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False, img_size=settings.img_size)
+    check_model(model)
+
+
+def source_model(
+    v: Variant, settings: Settings, seed: int, pretrained: bool
+) -> tuple[nn.Module, list[str]]:
+    """The fine-tuning entry's model: the timm model, converted when the entry specialises."""
+    import timm
+
+    from vitreg.arch import create_variant
+    from vitreg.models.load import offline_hint
+
+    torch.manual_seed(seed)
+    try:
+        model = timm.create_model(
+            v.finetune, pretrained=pretrained, img_size=settings.img_size, num_classes=0
+        )
+    except (OSError, RuntimeError) as err:
+        if not pretrained:
+            raise
+        raise WeightsError(offline_hint(f"timm weights of {v.finetune}", err)) from None
+    notes = [] if pretrained else ["random init (pretrained=False): no weights were loaded"]
+    comps = tuple(v.options["specialize"])
+    if "ls" in comps and not all(hasattr(b.ls1, "gamma") for b in model.blocks):
+        comps = tuple(c for c in comps if c != "ls")
+        notes.append(f"{v.finetune} has no LayerScale, so 'ls' was not specialised")
+    if comps:
+        model = create_variant(model, specialize=comps)
+    return model, notes
+
+
+def train_variant(
+    v: Variant, seed: int, out: Path, settings: Settings, data: Any, pretrained: bool
+) -> tuple[Any, list[str]]:
+    """Train one entry (resuming from ``out``'s checkpoints); returns (TrainResult, notes)."""
+    from vitreg.train import train
+
+    common = {
+        "steps": settings.steps,
+        "batch_size": settings.batch_size,
+        "lr": settings.lr,
+        "seed": seed,
+        "img_size": settings.img_size,
+        "options": settings.dino if settings.recipe == "dino" else None,
+        "checkpoint_every": max(1, settings.steps // 4),
+        "resume": True,
+    }
+    if v.finetune is not None:
+        model, notes = source_model(v, settings, seed, pretrained)
+        return train(model, data, settings.recipe, out, **common), notes
+    spec = {"base": BASE, **{k: plain(x) for k, x in v.options.items()}}
+    kwargs = settings.model_kwargs()
+    return train(spec, data, settings.recipe, out, model_kwargs=kwargs, **common), []
+
+
+def run_config(v: Variant, seed: int, settings: Settings, spec: str, pretrained: bool) -> dict:
+    """What a (variant, seed) result depends on; a saved result is reused only if it matches."""
+    return plain(
+        {
+            "variant": v.as_dict(),
+            "seed": seed,
+            "settings": settings.as_dict(),
+            "data": spec,
+            "pretrained": pretrained and v.finetune is not None,
+        }
+    )
+
+
+def run_one(
+    v: Variant,
+    seed: int,
+    out: Path,
+    settings: Settings,
+    spec: str,
+    data: tuple[Any, Any],
+    tasks: list[str],
+    pretrained: bool,
+    log: Log,
+) -> dict[str, Any]:
+    """Train and evaluate one (variant, seed), or reuse its complete ``result.json``."""
+    folder = out / "variants" / v.name / f"seed-{seed}"
+    config = run_config(v, seed, settings, spec, pretrained)
+    done = folder / "result.json"
+    if done.exists():
+        saved = json.loads(done.read_text())
+        if saved.get("config") != config:
+            raise InputError(
+                f"{done} was made with other settings; use the same settings, another --out, "
+                "or delete that folder to recompute it"
+            )
+        log(f"{v.name} seed {seed}: complete, reused")
+        return saved | {"reused": True}
+    log(f"{v.name} seed {seed}: training {settings.steps} steps ({settings.recipe})")
+    t0 = time.perf_counter()
+    result, notes = train_variant(v, seed, folder / "train", settings, data[0], pretrained)
+    t_train = time.perf_counter() - t0
+    log(f"{v.name} seed {seed}: probing ({', '.join(tasks)}) and diagnosing")
+    evaluated = evaluate(result.model, data, tasks, folder, settings)
+    losses = result.losses
+    record = {
+        "config": config,
+        "train": {
+            "steps": result.steps,
+            "first_loss": losses[0] if losses else None,
+            "final_loss": losses[-1] if losses else None,
+            "losses": losses,
+            "resumed_from": result.resumed_from,
+            "notes": notes,
+        },
+        **evaluated,
+        "time_s": {"train": t_train, "evaluate": time.perf_counter() - t0 - t_train},
+    }
+    write_json_atomic(done, plain(record))
+    return plain(record) | {"reused": False}
+
+
+def _score(run: dict[str, Any], task: str, key: str) -> float | None:
+    """A probe score's mean by ``feature/metric`` key; a leading ``*`` matches any prefix."""
+    scores = run["probes"].get(task, {}).get("scores", {})
+    match = (lambda k: k.endswith(key[1:])) if key.startswith("*") else key.__eq__
+    return next((s["mean"] for k, s in scores.items() if match(k)), None)
+
+
+def _block_mean(values: list[float | None] | None) -> float | None:
+    vals = [v for v in values or [] if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+# headline key -> (how to read it from one run's result, higher is better)
+SUMMARY: dict[str, tuple[Callable[[dict[str, Any]], Any], bool | None]] = {
+    "cls_top1": (lambda r: _score(r, "classification", "cls/top1"), True),
+    "patch_mean_top1": (lambda r: _score(r, "classification", "patch_mean/top1"), True),
+    "seg_miou": (lambda r: _score(r, "segmentation", "patches/miou"), True),
+    "depth_rmse": (lambda r: _score(r, "depth", "*(regression)/rmse"), False),
+    "artifacts_present": (lambda r: float(r["diagnose"]["artifacts_present"]), False),
+    "outlier_rate": (lambda r: r["diagnose"]["outlier_rate"], False),
+    "cls_patch_pre_ln1": (lambda r: _block_mean(r["diagnose"].get("cls_patch_pre_ln1")), None),
+    "cls_patch_post_ln1": (lambda r: _block_mean(r["diagnose"].get("cls_patch_post_ln1")), None),
+    "params": (lambda r: r["params"]["total"], None),
+    "params_extra_pct": (
+        lambda r: 100 * r["params"]["extra_total"] / r["params"]["baseline"],
+        None,
+    ),
+    "flops": (lambda r: r["flops"]["flops"], False),
+    "flops_delta_specialisation": (lambda r: r["flops"]["delta"]["specialisation"], None),
+    "final_loss": (lambda r: r["train"]["final_loss"], None),
+}
+PER_BLOCK = ("cls_patch_pre_ln1", "cls_patch_post_ln1", "register_patch_post_ln1")
+
+
+def _stats(values: list[Any]) -> dict[str, Any]:
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not vals:
+        return {"mean": None, "std": None, "values": []}
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
+    return {"mean": mean, "std": std, "values": vals}
+
+
+def summarise(v: Variant, runs: list[dict[str, Any]], folder: str) -> dict[str, Any]:
+    """One variant's numbers over its training seeds (mean, sample std, values)."""
+    summary = {key: _stats([get(r) for r in runs]) for key, (get, _) in SUMMARY.items()}
+    blocks: dict[str, list[float | None]] = {}
+    for key in PER_BLOCK:
+        per_seed = [r["diagnose"].get(key) for r in runs if r["diagnose"].get(key)]
+        if per_seed:
+            blocks[key] = [_stats(list(col))["mean"] for col in zip(*per_seed, strict=True)]
+    notes = sorted({n for r in runs for n in r["train"]["notes"]})
+    first = runs[0]
+    return {
+        **v.as_dict(),
+        "folder": folder,
+        "seeds": [r["config"]["seed"] for r in runs],
+        "summary": summary,
+        "per_block": blocks,
+        "params": first["params"],
+        "flops": first["flops"],
+        "verdicts": [r["diagnose"]["verdict"] for r in runs],
+        "losses": [r["train"]["losses"] for r in runs],
+        "time_s": {
+            "train": sum(r["time_s"]["train"] for r in runs),
+            "evaluate": sum(r["time_s"]["evaluate"] for r in runs),
+        },
+        "reused": all(r.get("reused") for r in runs),
+        "notes": notes,
+    }
+
+
+def check_plan(out: Path, plan: dict[str, Any]) -> None:
+    """Write ``experiment.json``, or check that an existing one has the same settings and data."""
+    path = out / "experiment.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        diff = [k for k in ("settings", "data") if saved.get(k) != plan[k]]
+        if diff:
+            raise InputError(
+                f"{out} holds an experiment with other {' and '.join(diff)}; rerun with the "
+                "same settings to continue it, or pass another --out"
+            )
+    write_json_atomic(path, plan)
+
+
+def run_variants(
+    data: str,
+    out_dir: str | Path,
+    settings: Settings | None = None,
+    *,
+    variants: Sequence[Variant] | None = None,
+    finetune: str | None = None,
+    pretrained: bool = False,
+    log: Log | None = None,
+    command: str = "",
+) -> ExperimentResult:
+    """Train, probe and diagnose each entry of the grid on ``data``; write the comparison report.
+
+    ``variants`` defaults to :func:`grid` (plus the fine-tuning pair with ``finetune``).
+    Complete entries in ``out_dir`` are reused, so an interrupted experiment continues.
+    """
+    from vitreg.experiment.report import write_report
+
+    t0 = time.perf_counter()
+    settings = settings or preset("tiny")
+    log = log or (lambda _: None)
+    spec = data_spec(data)
+    splits = open_splits(spec)
+    if settings.recipe == "supervised" and not splits[0].num_classes:
+        raise InputError("the supervised recipe needs class labels; use --recipe dino")
+    tasks, skipped = applicable_tasks(tuple(splits[0].targets))
+    chosen = list(variants) if variants is not None else grid()
+    if finetune is not None:
+        check_finetune(finetune, settings)
+        chosen += finetune_variants(finetune)
+    names = [v.name for v in chosen]
+    if len(set(names)) != len(names) or not names:
+        raise SpecError(f"variant names must be unique and at least one given, got {names}")
+    out = Path(out_dir)
+    plan = plain(
+        {
+            "settings": settings.as_dict(),
+            "data": spec,
+            "variants": [v.as_dict() for v in chosen],
+            "tasks": tasks,
+            "skipped_tasks": skipped,
+            "majority_rate": majority_rate(splits[1]),
+            "pretrained": pretrained,
+        }
+    )
+    check_plan(out, plan)
+    done: list[dict[str, Any]] = []
+    for i, v in enumerate(chosen):
+        log(f"[{i + 1}/{len(chosen)}] {v.name}")
+        try:
+            runs = [
+                run_one(v, s, out, settings, spec, splits, tasks, pretrained, log)
+                for s in range(settings.seeds)
+            ]
+        except UnsupportedModelError as err:
+            raise SpecError(f"variant {v.name}: {err}") from None
+        done.append(summarise(v, runs, f"variants/{v.name}"))
+        wall = time.perf_counter() - t0
+        write_report(out, plan, done, len(chosen), wall, command, splits)
+    return ExperimentResult(out, done, len(done) == len(chosen), time.perf_counter() - t0)

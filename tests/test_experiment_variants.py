@@ -1,0 +1,192 @@
+"""The variant experiment: grid, smallest-setting smoke run (2 variants, 2 steps), resume/skip,
+traceable headlines, clear errors; the full tiny grid is a slow test."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from vitreg.errors import InputError, SpecError
+from vitreg.experiment import grid, preset, run_variants
+from vitreg.experiment.variants import open_splits
+from vitreg.report.schema import resolve
+
+DATA = "synthetic:n=8,size=32"
+TINIER = {
+    "steps": 2,
+    "batch_size": 4,
+    "img_size": 32,
+    "depth": 2,
+    "embed_dim": 32,
+    "num_heads": 2,
+    "probe_epochs": 2,
+    "diagnose_images": 4,
+    "batch_eval": 8,
+    "dino": {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16, "n_local_crops": 1},
+}
+
+
+def smoke_settings(**kw):
+    return preset("tiny").with_(**{**TINIER, **kw})
+
+
+def two_variants():
+    return [v for v in grid() if v.name in ("baseline-none", "qkv-registers")]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One smoke run shared by the tests that only read its output."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("exp")
+    t0 = time.perf_counter()
+    result = run_variants(DATA, out, smoke_settings(), variants=two_variants(), command="test")
+    return result, time.perf_counter() - t0
+
+
+def test_grid_is_three_specialisations_by_three_handlings_plus_gap():
+    entries = grid()
+    assert len(entries) == 10 and len({v.name for v in entries}) == 10
+    qkv_reg = next(v for v in entries if v.name == "qkv-registers")
+    assert qkv_reg.options == {"specialize": ("norm", "ls", "qkv"), "registers": 4}
+    gap = entries[-1]
+    assert gap.options == {"specialize": (), "pool": "avg"} and gap.specialisation == "gap"
+    assert len(grid(include_gap=False)) == 9
+    bias = [v for v in entries if v.handling == "attn_bias"]
+    assert len(bias) == 3 and all(v.options["attn_bias"] is True for v in bias)
+
+
+def test_smoke_run_writes_report_with_traceable_headlines(smoke):
+    result, seconds = smoke
+    assert seconds < 60 and result.complete
+    out = result.out_dir
+    for name in ("metrics.json", "report.md", "report.html", "experiment.json"):
+        assert (out / name).exists(), name
+    assert list((out / "figures").glob("*.png"))
+    doc = json.loads((out / "metrics.json").read_text())
+    assert doc["metrics"], "no headline metrics"
+    for m in doc["metrics"]:
+        assert resolve(doc, m["source"]) == pytest.approx(m["value"]), m["name"]
+    names = {m["name"] for m in doc["metrics"]}
+    assert {"baseline-none/seg_miou", "qkv-registers/depth_rmse"} <= names
+    assert "qkv-registers/flops_delta_specialisation" in names
+    report = (out / "report.md").read_text()
+    assert "What can and cannot be concluded" in report and "`qkv-registers`" in report
+
+
+def test_smoke_variants_differ_as_configured(smoke):
+    result, _ = smoke
+    base, qkv = result.variants
+    assert base["params"]["extra_total"] == 0
+    assert qkv["params"]["extra"]["qkv"] > 0 and qkv["params"]["extra"]["registers"] > 0
+    assert qkv["flops"]["delta"]["specialisation"] == 0
+    assert len(qkv["per_block"]["cls_patch_post_ln1"]) == TINIER["depth"]
+    assert "register_patch_post_ln1" in qkv["per_block"]
+    for v in result.variants:
+        run = json.loads((result.out_dir / v["folder"] / "seed-0" / "result.json").read_text())
+        assert run["train"]["steps"] == TINIER["steps"]
+        assert set(run["probes"]) == {"classification", "segmentation", "depth"}
+
+
+def test_rerun_reuses_complete_variants_and_rejects_other_settings(smoke):
+    result, _ = smoke
+    again = run_variants(DATA, result.out_dir, smoke_settings(), variants=two_variants())
+    assert all(v["reused"] for v in again.variants)
+    assert [v["summary"]["seg_miou"] for v in again.variants] == [
+        v["summary"]["seg_miou"] for v in result.variants
+    ]
+    with pytest.raises(InputError, match="other settings"):
+        run_variants(DATA, result.out_dir, smoke_settings(steps=3), variants=two_variants())
+
+
+def test_interrupted_experiment_continues_and_partial_report_says_so(tmp_path, monkeypatch):
+    import vitreg.experiment.variants as mod
+
+    calls = []
+    real = mod.evaluate
+
+    def flaky(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mod, "evaluate", flaky)
+    settings = smoke_settings(steps=1, probe_epochs=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_variants(DATA, tmp_path, settings, variants=two_variants())
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert doc["results"]["n_done"] == 1 and not doc["results"]["complete"]
+    assert "partial: 1 of 2" in (tmp_path / "report.md").read_text()
+    again = run_variants(DATA, tmp_path, settings, variants=two_variants())
+    assert [v["reused"] for v in again.variants] == [True, False] and again.complete
+    assert len(calls) == 3  # the finished variant was not evaluated again
+
+
+def test_image_folder_without_images_is_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="empty|no images"):
+        open_splits(f"imagefolder:{tmp_path}")
+
+
+def test_cli_empty_folder_exits_2(tmp_path):
+    from vitreg.cli.experiment_cmd import experiment_app
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = CliRunner().invoke(
+        experiment_app, ["variants", "--data", str(empty), "--out", str(tmp_path / "o")]
+    )
+    assert res.exit_code == 2
+    assert "empty" in res.output or "no images" in res.output
+
+
+def test_bad_options_are_clear_errors(tmp_path):
+    with pytest.raises(SpecError, match="unknown size"):
+        preset("huge")
+    with pytest.raises(SpecError, match="recipe"):
+        preset("tiny", recipe="mae")
+    with pytest.raises(SpecError, match="not a timm model"):
+        run_variants(DATA, tmp_path, smoke_settings(), variants=[], finetune="no_such_vit")
+
+
+def test_finetune_pair_converts_a_timm_model(tmp_path):
+    settings = smoke_settings(steps=1, probe_epochs=1)
+    result = run_variants(DATA, tmp_path, settings, variants=[], finetune="vit_tiny_patch16_224")
+    names = [v["name"] for v in result.variants]
+    assert names == ["finetune-baseline", "finetune-qkv"]
+    base, qkv = result.variants
+    assert base["params"]["extra_total"] == 0 and qkv["params"]["extra"]["qkv"] > 0
+    assert any("random init" in n for n in qkv["notes"])
+    assert any("LayerScale" in n for n in qkv["notes"])  # vit_tiny has none: 'ls' dropped
+
+
+@pytest.mark.slow
+def test_full_tiny_grid_under_twenty_minutes(tmp_path):
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    result = run_variants("synthetic:n=256,size=48", tmp_path, preset("tiny"))
+    assert result.complete and len(result.variants) == 10
+    assert time.perf_counter() - t0 < 20 * 60
+
+
+def test_image_folder_gets_the_classification_probe_only(tmp_path):
+    from PIL import Image
+
+    rng = torch.Generator().manual_seed(0)
+    for c in ("a", "b"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(5):
+            px = (torch.rand(32, 32, 3, generator=rng) * 255).to(torch.uint8).numpy()
+            Image.fromarray(px).save(tmp_path / "imgs" / c / f"{i}.png")
+    settings = smoke_settings(steps=1, probe_epochs=1)
+    baseline = [v for v in grid() if v.name == "baseline-none"]
+    result = run_variants(str(tmp_path / "imgs"), tmp_path / "out", settings, variants=baseline)
+    plan = json.loads((tmp_path / "out" / "experiment.json").read_text())
+    assert plan["data"].startswith("imagefolder:") and plan["tasks"] == ["classification"]
+    assert set(plan["skipped_tasks"]) == {"segmentation", "depth"}
+    assert result.variants[0]["summary"]["seg_miou"]["mean"] is None
+    assert "Probe **segmentation** not run" in (tmp_path / "out" / "report.md").read_text()
