@@ -17,6 +17,15 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices (probe heads): extra threads only add spin-wait overhead and noise."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def images(b: int = 2, size: int = 56, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(b, 3, size, size, generator=g)

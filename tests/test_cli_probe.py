@@ -4,11 +4,9 @@ columns, merged tables, and one-paragraph errors (exit 2) for bad tasks, data an
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from vitreg.cli.app import app
@@ -20,12 +18,7 @@ FAST = ["--random-init", "--img-size", "32", "--epochs", "2", "--seeds", "2", "-
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def probe(tmp: Path, *args: str):

@@ -20,13 +20,7 @@ from vitreg.probe.metrics import miou
 C, D = 10, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: extra threads only add spin-wait overhead on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def blobs(n: int, seed: int, noise_labels: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,6 @@ metrics.json, and bad input (VOC / NYU layouts) counted and reported end to end.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +25,7 @@ from vitreg.report.schema import resolve
 CFG = ProbeConfig(seeds=(0, 1), epochs=3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ is there by construction, chance where it is not (issue 5, first "done means")."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +24,7 @@ ONE_SEED = ProbeConfig(seeds=(0,), epochs=10)
 COLOURS = np.array([[220, 40, 40], [40, 200, 40], [40, 40, 220], [210, 210, 40]], float)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny matrices: extra threads only add spin-wait overhead (and run-to-run noise)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Colours(BaseDataset):
