@@ -67,6 +67,10 @@ class Segmentation(Task):
             pred = fit.head.predict_dense(x_test, size)
             return {"miou": miou(pred, y_test, k, IGNORE_INDEX)}
 
+        def by_miou(pred: Tensor, target: Tensor) -> Tensor:
+            """The lr is chosen by held-out mIoU (DINOv2), not pixel accuracy."""
+            return torch.tensor([miou(p, target, k, IGNORE_INDEX) for p in pred])
+
         scores = probe_scores(
             "patches",
             grid_features(train, layer),
@@ -79,6 +83,7 @@ class Segmentation(Task):
             dense=True,
             out_dim=k,
             ignore_index=IGNORE_INDEX,
+            scorer=by_miou,
         )
         ignored = int((y_test == IGNORE_INDEX).sum())
         return TaskResult(
