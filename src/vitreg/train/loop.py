@@ -182,7 +182,8 @@ def _make_recipe(
 
 
 def param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no decay on biases, norms, tokens and position embeddings."""
+    """AdamW groups: no decay on biases, norms, tokens and position embeddings. The attention-bias
+    slots (``k_bias``/``v_bias``, 4-D) are decayed like weights, as An et al.'s code does."""
     skip = set()
     for prefix, sub in module.named_modules():
         if hasattr(sub, "no_weight_decay"):
