@@ -288,3 +288,19 @@ def test_token_level_tasks_run_on_swin_stage_tokens(tmp_path: Path) -> None:
     notes = " ".join(kinds.results["base"][0].notes)
     assert "cls: skipped, this site has no [CLS] token" in notes
     assert "register: skipped" in notes
+
+
+def test_token_level_tasks_run_on_pvt_stage_tokens_at_a_chosen_size(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    pvt = vitreg.load("timm:pvt_v2_b0", pretrained=False)  # takes any input size
+    stage = "stages.1.blocks.0.hook_resid_post"  # 64 px input -> 8 x 8 grid at stage 1
+    position = run(pvt, "position", "synthetic:n=8,size=64", layers=(stage,),
+                   cache_dir=tmp_path, config=ONE_SEED, image_size=64)  # fmt: skip
+    result = position.results["base"][0]
+    assert result.info["tokens"]["all"] == 8 * 64
+    top1 = scores(position)[("patch_token", "all", "top1")][0]
+    assert 0.0 <= top1 <= 1.0
+    data = (Colours("train", n=24, size=64), Colours("val", n=24, size=64))
+    kinds = run(pvt, "token-type", data, layers=(stage,), cache_dir=tmp_path, config=ONE_SEED,
+                image_size=64)  # fmt: skip
+    assert {f for f, _, _ in scores(kinds)} == {"patch_center", "patch_top"}

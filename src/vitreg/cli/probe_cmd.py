@@ -147,6 +147,7 @@ def probe_command(
                 cache_dir=cache,
                 config=config,
                 batch_size=batch_size,
+                image_size=img_size,
                 progress=progress,
             )
         if ctx is not None and not ctx.is_main:

@@ -104,10 +104,10 @@ def describe_fix(fix: Fix | None) -> dict[str, Any] | None:
     return desc
 
 
-def input_config(model: Model) -> dict[str, Any]:
-    """Model input size and normalisation the samples are prepared with."""
+def input_config(model: Model, image_size: int | None = None) -> dict[str, Any]:
+    """Input size (the model's default unless given) and normalisation of the samples."""
     size, mean, std = model_input(model)
-    return {"size": size, "mean": list(mean), "std": list(std)}
+    return {"size": image_size or size, "mean": list(mean), "std": list(std)}
 
 
 def cache_identity(
@@ -118,6 +118,7 @@ def cache_identity(
     dtype: torch.dtype,
     pixels: bool,
     shard_size: int,
+    image_size: int | None = None,
 ) -> dict[str, Any]:
     """Everything the cached tensors depend on (hashed into the folder name)."""
     return {
@@ -131,7 +132,7 @@ def cache_identity(
         "views": plan.views,
         "dtype": str(dtype).removeprefix("torch."),
         "pixels": pixels,
-        "input": input_config(model),
+        "input": input_config(model, image_size),
         "shard_size": shard_size,
     }
 
@@ -172,12 +173,15 @@ def extract(
     shard_size: int = 256,
     dtype: torch.dtype = torch.float16,
     pixels: bool = False,
+    image_size: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> CachedFeatures:
     """Token views of every sample at ``layers`` (optionally under ``fix``), cached on disk.
 
     Views a site cannot give (no [CLS] on a Swin stage, no ``extra`` without a fix) are left out
-    and listed in ``manifest["absent"]``. ``progress(n)`` gets the samples extracted so far.
+    and listed in ``manifest["absent"]``. Samples are resized and centre-cropped to
+    ``image_size`` (default: the model's own input size; models that take any size, such as
+    PVT-v2, can be probed smaller). ``progress(n)`` gets the samples extracted so far.
     """
     if batch_size < 1 or shard_size < 1:
         raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size}, {shard_size}")
@@ -188,7 +192,7 @@ def extract(
     scope = fix.applied(model) if fix is not None else contextlib.nullcontext()
     with scope:
         plan = make_plan(model, layers, views)
-        identity = cache_identity(model, dataset, plan, fix, dtype, pixels, shard_size)
+        identity = cache_identity(model, dataset, plan, fix, dtype, pixels, shard_size, image_size)
         key = cache_key(identity)
         if group is not None:
             check_same_key(group, key, size)

@@ -65,6 +65,7 @@ def run(
     cache_dir: str | Path,
     config: ProbeConfig | None = None,
     batch_size: int = 32,
+    image_size: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> ProbeRun:
     """Score ``task`` on ``data`` at ``layers``: the bare model (``base``) and/or under ``fix``.
@@ -100,6 +101,7 @@ def run(
                 root=cache_dir,
                 batch_size=batch_size,
                 pixels=probe.pixels,
+                image_size=image_size,
                 progress=report,
             )
             caches[stage] = {
