@@ -187,7 +187,9 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
                     cell += f" ± {s['ci95']:.2g}"
                 by_key.setdefault(key, ["–"] * len(conditions))[ci] = cell
         for (feature, group, metric), cells in by_key.items():
-            table.add_row(layer["layer"], feature, group, metric, *cells)
+            table.add_row(
+                layer["layer"].removesuffix(".hook_resid_post"), feature, group, metric, *cells
+            )
     console.print(table)
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
 
