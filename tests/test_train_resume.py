@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from train_helpers import run
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the same thread count as the killed worker
 
 
 def test_sigkill_then_resume_gives_identical_losses(tmp_path):

@@ -15,6 +15,7 @@ from train_helpers import run
 
 mode, out = sys.argv[1], sys.argv[2]
 if mode == "kill":
+    torch.set_num_threads(1)  # as the test's own runs: bit-identical losses need equal threads
     kill_at = int(sys.argv[3])
 
     def die(step, total, record):
