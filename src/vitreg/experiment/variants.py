@@ -48,9 +48,9 @@ def data_spec(data: str) -> str:
 
 def open_splits(spec: str) -> tuple[Any, Any]:
     """(train, val) splits of ``spec``; an empty image folder raises :class:`InputError`."""
-    from vitreg.data.datasets import open_dataset
+    from vitreg.probe.run import splits
 
-    train, val = open_dataset(spec, "train"), open_dataset(spec, "val")
+    train, val = splits(spec)
     for split, ds in (("train", train), ("val", val)):
         if len(ds) == 0:
             raise InputError(f"the {split} split of {spec} has no images; add images to it")

@@ -513,8 +513,9 @@ def fit_dense(
 ) -> FitResult:
     """Linear head on each patch token of ``x [n, h, w, d]``; the loss is taken on outputs
     upsampled bilinearly to the label size of ``target [n, H, W]`` (DINOv2 linear protocol).
-    Segmentation: ``loss="ce"`` (``ignore_index`` defaults to 255 here, the data convention); depth: ``"mse"`` (1 output, NaN = invalid) or
-    ``"depth_bins"``. The held-out split is over images. Predict with ``head.predict_dense``."""
+    Segmentation: ``loss="ce"`` (``ignore_index`` defaults to 255 here, the data convention);
+    depth: ``"mse"`` (1 output, NaN = invalid) or ``"depth_bins"``. The held-out split is over
+    images. Predict with ``head.predict_dense``."""
     if x.dim() != 4 or target.dim() != 3 or len(x) != len(target):
         raise InputError(
             f"fit_dense wants x [n, h, w, d] and target [n, H, W]; got {tuple(x.shape)}, {tuple(target.shape)}"

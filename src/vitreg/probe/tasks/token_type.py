@@ -27,13 +27,13 @@ from vitreg.probe.views import center_index
 def token(cache: CachedFeatures, name: str, layer: str, threshold: float) -> tuple[Tensor, Tensor]:
     """The token ``name`` of every image and which images qualify (centre patch not an
     outlier; top-norm patch an outlier)."""
-    norms = cache.get("patch_norms", layer)
     if name == "cls":
         x = cache.get("cls", layer)
         return x, torch.ones(len(x), dtype=torch.bool)
     if name in ("register", "test_time_register"):
         x = cache.get("reg" if name == "register" else "extra", layer)[:, 0]
         return x, torch.ones(len(x), dtype=torch.bool)
+    norms = cache.get("patch_norms", layer)  # read from every shard: only where needed
     if name == "patch_center":
         centre = center_index(cache.layout[layer])
         return cache.get("patch_center", layer), norms[:, centre] <= threshold
