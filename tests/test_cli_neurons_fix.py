@@ -16,7 +16,8 @@ from vitreg.cli import neurons_cmd
 from vitreg.cli.app import app
 from vitreg.data.images import synthetic_images
 from vitreg.fix import TestTimeRegisters, compare_fix
-from vitreg.neurons import NeuronSet, builtin_neurons, calibrate_top_k, discover
+from vitreg.neurons import NeuronSet, builtin_neurons
+from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 from vitreg.testing.planted import build_unplanted
 
 SPEC = "planted:dinov2_s14"
@@ -97,23 +98,26 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
     m = metrics(run_dir)
     r = m["results"]
     saved = NeuronSet.load(run_dir / "neurons.json")
-    # the library on the same split: images 0,1,2 of every 4 for discovery, the 4th held out
-    x = the_images(model(cached_models))
-    held = torch.arange(len(x)) % 4 == 3
-    ranking = discover(model(cached_models), x[~held], batch_size=4)
-    chosen, curve = calibrate_top_k(model(cached_models), ranking, x[held], batch_size=4)
-    assert saved.pairs() == chosen.pairs() == [(n["layer"], n["unit"]) for n in r["neurons"]]
-    assert r["chosen_k"] == curve.chosen_k == len(saved) > 0
-    assert [(n["layer"], n["unit"]) for n in r["ranking"]] == ranking.pairs()
-    assert r["detect_layer"] == ranking.settings["detect_layer"] == saved.settings["detect_layer"]
-    assert r["threshold_value"] == pytest.approx(ranking.settings["threshold_value"], rel=1e-5)
+    # the library's automatic path on the same images gives the same numbers
+    found = find_neurons(model(cached_models), the_images(model(cached_models)), batch_size=4)
+    assert saved.pairs() == found.chosen.pairs() == [(n["layer"], n["unit"]) for n in r["neurons"]]
+    assert r["chosen_k"] == found.curve.chosen_k == len(saved) > 0
+    assert [(n["layer"], n["unit"]) for n in r["ranking"]] == found.ranking.pairs()
+    assert r["detect_layer"] == found.detection.detect_layer == saved.settings["detect_layer"]
+    assert r["threshold_value"] == pytest.approx(found.detection.threshold_value, rel=1e-5)
     assert r["held_out"]["n_images"] == 2 and m["data"]["split"]["n_discovery"] == 6
-    assert r["held_out"]["outlier_rate_before"] == pytest.approx(curve.outlier_rate[0][0])
-    assert r["held_out"]["outlier_rate_after"] == pytest.approx(curve.outlier_rate[0][-1])
-    assert r["held_out"]["outlier_rate_after"] <= 0.01 < r["held_out"]["outlier_rate_before"]
-    assert r["calibration"]["ks"] == curve.ks
-    truth = set(model(cached_models).module.vitreg_planted.units)
-    assert set(saved.pairs()) <= truth  # every chosen neuron is a planted one
+    for key in ("outlier_rate_before", "outlier_rate_after", "max_over_median_after"):
+        assert r["held_out"][key] == pytest.approx(found.held_out[key])
+    # judged by what the fix leaves: no outlier mode at any block on the held-out images
+    assert r["status"] == "clean" and r["held_out"]["blocks_with_outlier_mode_after"] == []
+    assert r["held_out"]["blocks_with_outlier_mode_before"]
+    assert r["calibration"]["ks"] == found.curve.ks
+    truth = model(cached_models).module.vitreg_planted
+    causes = {u for u in truth.units if u[0] == truth.first_outlier_layer}
+    assert set(saved.pairs()) == causes  # the units that write the outliers, no reader
+    assert all(n["effect_in_set"] > 0.01 for n in r["neurons"])
+    assert r["highest_layer"] == r["emergence_layer"] == truth.first_outlier_layer
+    assert "first appear at the output of block" in r["reasons"]["highest_layer"]
     headline = {h["name"]: h["value"] for h in m["metrics"]}
     assert headline["n_neurons"] == len(saved) and headline["detect_layer"] == r["detect_layer"]
     assert {x["layer"] for x in r["layers"]} == set(saved.by_layer())
@@ -258,7 +262,7 @@ def test_neurons_on_an_image_folder_lists_the_split_and_skipped_files(tmp_path: 
     assert m["data"]["source"] == "folder" and m["data"]["n_images"] == 8
     assert [Path(k).name for k in m["data"]["skipped"]] == ["notes.txt"]
     assert m["data"]["split"] == {
-        "rule": neurons_cmd.SPLIT_RULE,
+        "rule": SPLIT_RULE,
         "n_discovery": 6,
         "n_held_out": 2,
     }

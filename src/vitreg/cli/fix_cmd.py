@@ -13,13 +13,7 @@ from rich.table import Table
 
 from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, _progress, default_run_dir, slug
-from vitreg.cli.neurons_cmd import (
-    find_neurons,
-    image_source,
-    layer_counts,
-    load_model,
-    results_of,
-)
+from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model
 from vitreg.cli.output import cli_errors, console, err_console, fail
 from vitreg.errors import InputError
 from vitreg.fix.test_time_registers import MODES, PATCH_STRATEGIES
@@ -31,6 +25,7 @@ def load_neurons(
 ) -> tuple[Any, dict[str, Any], Any]:
     """The NeuronSet (file, built-in, or discovered first), what it is, and the discovery."""
     from vitreg.neurons import NeuronSet, builtin_neurons
+    from vitreg.neurons.auto import layer_counts
     from vitreg.neurons.neuron_set import weights_fingerprint
 
     found = None
@@ -44,7 +39,8 @@ def load_neurons(
         )
         chosen = found.chosen
         origin = (
-            "discovered on these images by this run (3 of every 4; top-k calibrated on the 4th)"
+            "discovered on these images by this run (3 of every 4; the causal check and top-k "
+            "on the 4th)"
         )
     elif neurons == "builtin":
         chosen = builtin_neurons(model.spec or spec)
@@ -180,7 +176,7 @@ def fix_command(
         result = run_fix(model, chosen, source, fix_opts, batch_size)
         results = {
             "neurons": info,
-            "discovery": results_of(found, target) if found is not None else None,
+            "discovery": found.results() if found is not None else None,
             "saved": None,
         }
         if save is not None:
@@ -240,12 +236,30 @@ def write(
 
 
 def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
-    """The console summary: outlier rate, norms and embedding cosine before and after."""
+    """The console summary: the verdict per block first, then the detection layer's numbers."""
+    from vitreg.report.fix_report import blocks_text
+
     c = comparison.to_dict()
+    res = c["residual"]
     layer = c["detect_layer"]
     table = Table(title="vitreg fix")
     for column in ("", "before", "after"):
         table.add_column(column, style="bold" if not column else None)
+    table.add_row(
+        "verdict", "artifacts" if res["blocks_with_mode_before"] else "no artifacts", res["verdict"]
+    )
+    table.add_row(
+        "blocks with an outlier mode",
+        blocks_text(res["blocks_with_mode_before"]),
+        blocks_text(res["blocks_with_mode_after"]),
+    )
+    ordinary = res["ordinary_max_over_median"]
+    table.add_row(
+        f"max/median patch norm (block {layer})",
+        f"{res['max_over_median_before'][layer]:.3g}",
+        f"{res['max_over_median_after'][layer]:.3g}"
+        + (f" (ordinary {ordinary:.3g})" if ordinary is not None else ""),
+    )
     table.add_row(
         f"patch outlier rate (block {layer})",
         f"{c['outlier_rate_before']:.2%}",

@@ -17,6 +17,7 @@ from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.neurons.calibrate import TOLERANCE
 from vitreg.neurons.discover import outlier_mask
 
 
@@ -74,6 +75,30 @@ class FixComparison:
     attention_before: AttentionResult | None = None
     attention_after: AttentionResult | None = None
     controls: dict[str, dict[str, Any]] | None = None
+    ordinary_max_over_median: float | None = None  # non-outlier patches before, detection layer
+    tolerance: float = TOLERANCE
+
+    def residual(self) -> dict[str, Any]:
+        """What the fix leaves, judged by a criterion it was not tuned on: the presence test at
+        every block and the max/median patch norm against the ordinary patches' level."""
+        layers_b, layers_a = self.before.report.layers, self.after.report.layers
+        d = self.detect_layer
+        after = [i for i, lo in enumerate(layers_a) if lo.present]
+        ratio_a = _ratio(layers_a[d])
+        clean = not after and (
+            self.ordinary_max_over_median is None
+            or ratio_a <= self.tolerance * self.ordinary_max_over_median
+        )
+        return {
+            "clean": clean,
+            "verdict": "no artifacts after the fix" if clean else "artifacts remain after the fix",
+            "blocks_with_mode_before": [i for i, lo in enumerate(layers_b) if lo.present],
+            "blocks_with_mode_after": after,
+            "max_over_median_before": [_ratio(lo) for lo in layers_b],
+            "max_over_median_after": [_ratio(lo) for lo in layers_a],
+            "ordinary_max_over_median": self.ordinary_max_over_median,
+            "tolerance": self.tolerance,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         cos = self.pooled_cosine
@@ -93,7 +118,12 @@ class FixComparison:
             "cls_attention_max_before": _attn_max(self.attention_before),
             "cls_attention_max_after": _attn_max(self.attention_after),
             "controls": self.controls,
+            "residual": self.residual(),
         }
+
+
+def _ratio(layer: Any) -> float:
+    return layer.quantiles["max"] / max(layer.quantiles["p50"], 1e-12)
 
 
 def _cosine_stats(cos: torch.Tensor | None) -> dict[str, Any] | None:
@@ -107,12 +137,23 @@ def _attn_max(attn: AttentionResult | None) -> list[float] | None:
     return None if attn is None else list(attn.cls_to_patch_max)
 
 
-def _rate(result: NormsResult, layer: int, rule: str, value: float | None) -> float:
+def _flagged(result: NormsResult, layer: int, rule: str, value: float | None) -> torch.Tensor:
+    """``[n_images, n_patches]`` patches flagged as outliers at ``layer``."""
     site = result.trace.sites[layer]
-    norms = result.trace.norms[site]
     lay = result.trace.layouts[site]
-    mask = outlier_mask(norms, rule, value)[:, lay.patches]
-    return float(mask.float().mean())
+    return outlier_mask(result.trace.norms[site], rule, value)[:, lay.patches]
+
+
+def _rate(result: NormsResult, layer: int, rule: str, value: float | None) -> float:
+    return float(_flagged(result, layer, rule, value).float().mean())
+
+
+def _ordinary(result: NormsResult, layer: int, rule: str, value: float | None) -> float:
+    """Max/median patch norm of the patches that are not outliers (the level a fix should reach)."""
+    patches = result.trace.patch_norms(result.trace.sites[layer])
+    normal = patches[~_flagged(result, layer, rule, value)]
+    kept = normal if normal.numel() else patches.flatten()
+    return float(kept.max()) / max(float(patches.median()), 1e-12)
 
 
 def compare_fix(
@@ -200,6 +241,7 @@ def compare_fix(
         before.get("attention"),
         after.get("attention"),
         checks,
+        _ordinary(nb, detect, rule, value),
     )
 
 

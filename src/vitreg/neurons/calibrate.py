@@ -1,6 +1,13 @@
-"""Choose top-k for test-time registers: the smallest k whose fix brings the outlier rate on
-held-out images below a target -- at one or several input resolutions (a set chosen at one
-resolution is known to fail at another)."""
+"""Choose top-k for test-time registers by what the fix leaves on held-out images.
+
+A k passes when, with the first k neurons fixed, (1) no block shows an outlier mode any more (the
+presence test of ``vitreg diagnose``, at every block), (2) the max/median patch norm at the
+detection layer is back within ``tolerance`` x the level of the ordinary patches before the fix,
+and (3) the patch outlier rate under the discovery threshold is at most ``target``. (3) alone is
+what the fix was tuned on and can read 0% while the outliers only shrank below the threshold, so
+it never decides by itself. Checked at one or several input resolutions (a set chosen at one
+resolution is known to fail at another). When no k passes, the result is "partial".
+"""
 
 from __future__ import annotations
 
@@ -11,31 +18,32 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.errors import VitregError
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
 from vitreg.neurons.discover import outlier_mask
 from vitreg.neurons.neuron_set import NeuronSet
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
+TOLERANCE = 1.5  # max/median after the fix, relative to the ordinary patches' max/median before
 
 
 @dataclass
-class TopKCurve:
-    """Outlier rate and patch-norm statistics at the detection layer for each k and resolution."""
+class FixCheck:
+    """What a fix leaves at one resolution: per-block outlier modes and the detection layer."""
 
-    target: float
-    detect_layer: int
-    ks: list[int]
-    outlier_rate: dict[int, list[float]]  # resolution -> rate per k
-    max_norm: dict[int, list[float]]
-    median_norm: dict[int, list[float]]
-    chosen_k: int | None
-    notes: list[str] = field(default_factory=list)
+    k: int
+    outlier_rate: float
+    max_norm: float
+    median_norm: float
+    max_over_median: float
+    ordinary_max_over_median: float  # non-outlier patches before any fix
+    blocks_with_mode: list[int]
+    clean: bool  # no outlier mode anywhere and max/median at the ordinary level
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return dict(self.__dict__)
 
 
 def _resize(batch: torch.Tensor, size: int | None) -> torch.Tensor:
@@ -44,41 +52,109 @@ def _resize(batch: torch.Tensor, size: int | None) -> torch.Tensor:
     return F.interpolate(batch, size=(size, size), mode="bicubic", align_corners=False)
 
 
-def fixed_outlier_stats(
+def check_fix(
     model: Model,
     neurons: NeuronSet,
     data: Any,
     detect_layer: int,
     rule: str,
     value: float | None,
+    *,
+    ordinary: float | None = None,
+    tolerance: float = TOLERANCE,
     size: int | None = None,
     batch_size: int = 32,
     limit: int | None = None,
     **ttr_options: Any,
-) -> tuple[float, float, float]:
-    """(patch outlier rate, max patch norm, median patch norm) at ``detect_layer`` with the fix."""
-    rates, maxima, medians, counted = [], [], [], [0]
-    site = f"blocks.{detect_layer}.hook_resid_post"
+) -> FixCheck:
+    """Trace every block with the first-k fix applied (k = ``len(neurons)``; 0 = no fix).
 
-    def record(t: torch.Tensor, hook: HookContext) -> None:
-        norms = t.detach().float().norm(dim=-1)
-        patches = hook.layout.take(norms, "patches")
-        rates.append(outlier_mask(norms, rule, value)[:, hook.layout.patches].float().sum())
-        counted[0] += patches.numel()
-        maxima.append(patches.max())
-        medians.append(patches.median())
-
-    ttr = TestTimeRegisters(neurons, **ttr_options)
-    with torch.no_grad(), ttr.applied(model), model.hooks([(site, record)]):
-        for batch in iter_batches(data, batch_size, limit):
-            model.features(_resize(batch, size))
-    if not counted[0]:
+    ``ordinary``: the ordinary patches' max/median before the fix; measured here when ``None``
+    (which is right only for the unfixed model, k = 0).
+    """
+    batches = [_resize(b, size) for b in iter_batches(data, batch_size, limit)]
+    if not batches:
         raise VitregError("calibration got no images")
-    return (
-        float(sum(rates) / counted[0]),
-        float(torch.stack(maxima).max()),
-        float(torch.stack(medians).median()),
+    with TestTimeRegisters(neurons, **ttr_options).applied(model):
+        trace = trace_norms(model, batches, batch_size=batch_size)
+    report = outliers(trace)
+    site = trace.sites[detect_layer]
+    lay = trace.layouts[site]
+    patches = trace.patch_norms(site)
+    flagged = outlier_mask(trace.norms[site], rule, value)[:, lay.patches]
+    median = float(patches.median())
+    ratio = float(patches.max()) / max(median, 1e-12)
+    if ordinary is None:
+        normal = patches[~flagged]
+        ordinary = float(normal.max()) / max(median, 1e-12) if normal.numel() else ratio
+    modes = [i for i, lo in enumerate(report.layers) if lo.present]
+    return FixCheck(
+        len(neurons),
+        float(flagged.float().mean()),
+        float(patches.max()),
+        median,
+        ratio,
+        ordinary,
+        modes,
+        not modes and ratio <= tolerance * ordinary,
     )
+
+
+@dataclass
+class TopKCurve:
+    """Per k and resolution: what the fix leaves; the chosen k and whether it is clean."""
+
+    target: float
+    tolerance: float
+    detect_layer: int
+    ks: list[int]
+    checks: dict[int, list[FixCheck]]  # resolution (0: native) -> one check per k
+    chosen_k: int | None
+    status: str = "clean"  # or "partial": no k leaves the model without artifacts
+    notes: list[str] = field(default_factory=list)
+
+    def series(self, name: str, size: int = 0) -> list[Any]:
+        return [getattr(c, name) for c in self.checks[size]]
+
+    @property
+    def outlier_rate(self) -> dict[int, list[float]]:
+        return {z: self.series("outlier_rate", z) for z in self.checks}
+
+    @property
+    def max_norm(self) -> dict[int, list[float]]:
+        return {z: self.series("max_norm", z) for z in self.checks}
+
+    @property
+    def median_norm(self) -> dict[int, list[float]]:
+        return {z: self.series("median_norm", z) for z in self.checks}
+
+    def passes(self, i: int) -> bool:
+        """Whether the i-th k passes at every resolution."""
+        return all(c[i].clean and c[i].outlier_rate <= self.target for c in self.checks.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "tolerance": self.tolerance,
+            "detect_layer": self.detect_layer,
+            "ks": self.ks,
+            "chosen_k": self.chosen_k,
+            "status": self.status,
+            "criteria": "after the fix: no outlier mode at any block (diagnose presence test), "
+            f"max/median patch norm at block {self.detect_layer} <= {self.tolerance:g} x the "
+            "ordinary patches' level before the fix, and patch outlier rate <= "
+            f"{self.target:g} under the discovery threshold",
+            "outlier_rate": self.outlier_rate,
+            "max_norm": self.max_norm,
+            "median_norm": self.median_norm,
+            "max_over_median": {z: self.series("max_over_median", z) for z in self.checks},
+            "ordinary_max_over_median": {
+                z: c[0].ordinary_max_over_median for z, c in self.checks.items()
+            },
+            "blocks_with_mode": {z: self.series("blocks_with_mode", z) for z in self.checks},
+            "clean": {z: self.series("clean", z) for z in self.checks},
+            "notes": self.notes,
+        }
 
 
 def calibrate_top_k(
@@ -87,6 +163,7 @@ def calibrate_top_k(
     data: Any,
     *,
     target: float = 0.01,
+    tolerance: float = TOLERANCE,
     ks: Sequence[int] | None = None,
     image_sizes: Sequence[int | None] = (None,),
     batch_size: int = 32,
@@ -94,11 +171,12 @@ def calibrate_top_k(
     progress: Callable[[int], None] | None = None,
     **ttr_options: Any,
 ) -> tuple[NeuronSet, TopKCurve]:
-    """The smallest k (over the ranked ``neurons``) meeting ``target`` at every resolution.
+    """The smallest k (first k of ``neurons`` in stored order) whose fix passes everywhere.
 
-    ``data`` should be held-out images (not those used for discovery). The curve stops at the
-    first k that meets the target everywhere; if none does, every k is tried and the largest is
-    returned with a note.
+    ``data`` should be held-out images (not those used for discovery). k = 0 is always measured
+    first (the "before" and the ordinary level). The curve stops at the first passing k; if none
+    does, every k is tried, the one leaving the fewest outlier blocks (then the lowest max/median)
+    is returned and the status is "partial".
     """
     s = neurons.settings
     detect = s.get("detect_layer")
@@ -106,44 +184,67 @@ def calibrate_top_k(
     value = s.get("threshold_value")
     if detect is None:
         raise VitregError("this NeuronSet records no detection layer; rediscover or pass one")
-    candidates = sorted({k for k in (ks or DEFAULT_KS) if 0 <= k <= len(neurons)} | {len(neurons)})
+    grid = ks if ks is not None else DEFAULT_KS
+    candidates = sorted({0, len(neurons)} | {k for k in grid if 0 <= k <= len(neurons)})
     sizes = [None if z is None else int(z) for z in image_sizes]
-    curve = TopKCurve(target, detect, [], {}, {}, {}, None)
-    for z in sizes:
-        key = z or 0
-        curve.outlier_rate[key], curve.max_norm[key], curve.median_norm[key] = [], [], []
+    curve = TopKCurve(target, tolerance, detect, [], {z or 0: [] for z in sizes}, None)
     for i, k in enumerate(candidates):
-        ok = True
         for z in sizes:
-            rate, mx, med = fixed_outlier_stats(
+            before = curve.checks[z or 0]
+            check = check_fix(
                 model,
-                neurons.top(k),
+                neurons.first(k),
                 data,
                 detect,
                 rule,
                 value,
-                z,
-                batch_size,
-                limit,
+                ordinary=before[0].ordinary_max_over_median if before else None,
+                tolerance=tolerance,
+                size=z,
+                batch_size=batch_size,
+                limit=limit,
                 **ttr_options,
             )
-            key = z or 0
-            curve.outlier_rate[key].append(rate)
-            curve.max_norm[key].append(mx)
-            curve.median_norm[key].append(med)
-            ok = ok and rate <= target
+            before.append(check)
         curve.ks.append(k)
         if progress is not None:
             progress(i + 1)
-        if ok:
+        if k > 0 and curve.passes(i):
             curve.chosen_k = k
             break
     if curve.chosen_k is None:
-        curve.notes.append(
-            f"no k up to {len(neurons)} brings the outlier rate below {target}; using all "
-            "neurons. Discover more neurons (larger top_k) or search more layers"
+        curve.status = "partial"
+        native = next(iter(curve.checks.values()))
+        tried = range(1, len(curve.ks)) or range(len(curve.ks))
+        best = min(
+            tried,
+            key=lambda i: (
+                sum(len(c[i].blocks_with_mode) for c in curve.checks.values()),
+                native[i].max_over_median,
+            ),
         )
-    k = curve.chosen_k if curve.chosen_k is not None else len(neurons)
-    chosen = neurons.top(k)
+        curve.chosen_k = curve.ks[best]
+        left = native[best]
+        curve.notes.append(
+            f"partial: no k up to {len(neurons)} passes on the held-out images; the best, "
+            f"k = {left.k}, leaves {_shortfall(left, target, tolerance, detect)}. Search more "
+            "layers (--highest-layer), use more images, or accept the residual"
+        )
+    chosen = neurons.first(curve.chosen_k)
     chosen.settings = {**chosen.settings, "calibration": curve.to_dict()}
     return chosen, curve
+
+
+def _shortfall(check: FixCheck, target: float, tolerance: float, detect: int) -> str:
+    """What keeps a check from passing, in words."""
+    parts = []
+    if check.blocks_with_mode:
+        parts.append(f"an outlier mode at blocks {check.blocks_with_mode}")
+    if check.max_over_median > tolerance * check.ordinary_max_over_median:
+        parts.append(
+            f"max/median {check.max_over_median:.3g} at block {detect} (ordinary level "
+            f"{check.ordinary_max_over_median:.3g}, allowed {tolerance:g}x)"
+        )
+    if check.outlier_rate > target:
+        parts.append(f"a patch outlier rate of {check.outlier_rate:.2%} (target {target:.2%})")
+    return " and ".join(parts) or "nothing (at the native resolution; another one fails)"

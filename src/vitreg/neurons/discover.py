@@ -10,56 +10,18 @@ the current batch (memory independent of the image count); the statistics are su
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.errors import VitregError
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model
+from vitreg.neurons.detection import RULES, Detection, choose_detection, layer_index
 from vitreg.neurons.neuron_set import NeuronSet, weights_fingerprint
 
-THRESHOLDS = ("auto", "absolute", "mean3std", "robust")
-
-
-@dataclass
-class Calibration:
-    """Where and how outliers are detected: chosen from data unless given."""
-
-    detect_layer: int
-    highest_layer: int
-    threshold: str
-    value: float | None  # absolute / auto threshold in norm units (None for per-image rules)
-    n_images: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def calibrate_detection(
-    model: Model,
-    data: Any,
-    n_images: int = 32,
-    batch_size: int = 32,
-) -> Calibration:
-    """Detection layer = the strongest outlier layer; search up to it; threshold = the valley.
-
-    Raises when the images show no outlier mode: discovery would then rank noise.
-    """
-    trace = trace_norms(model, data, batch_size=batch_size, limit=n_images)
-    report = outliers(trace)
-    if not report.verdict:
-        raise VitregError(
-            "no high-norm outliers found on these images (no layer shows a separate outlier "
-            "mode), so there are no register neurons to find; check the images (natural photos, "
-            "the model's own preprocessing) or run `vitreg diagnose` to see the norm distribution"
-        )
-    strongest = report.evidence["strongest_layer"]
-    value = report.layers[strongest].thresholds["auto"]
-    return Calibration(strongest, strongest, "auto", value, trace.n_images)
+THRESHOLDS = RULES
 
 
 def outlier_mask(
@@ -93,45 +55,77 @@ def discover(
     batch_size: int = 32,
     limit: int | None = None,
     calibration_images: int = 32,
+    detection: Detection | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> NeuronSet:
     """Rank register neurons; returns the ``top_k`` best as a :class:`NeuronSet`.
 
-    ``threshold``: 'auto' (valley of the bimodal norm distribution, from a calibration pass over
-    the first ``calibration_images``), a number (absolute norm), 'mean3std' (per image, paper
-    A.4) or 'robust' (per image, median + 3.5 MAD on log norms). ``signed=False`` averages
-    ``|activation|`` like the official code; ``sparsity=(a, f)`` keeps a unit's per-image score
-    only if at least a fraction ``f`` of tokens have activation below ``a`` (the reference
-    notebook's filter). Outliers are patch tokens unless ``include_prefix``.
+    ``threshold``: 'auto' (valley of the bimodal norm distribution), a number (absolute norm),
+    'mean3std' (per image, paper A.4) or 'robust' (per image, median + 3.5 MAD on log norms).
+    What is not given -- detection layer, 'auto' threshold, and (then) the highest searched
+    layer -- is chosen by :func:`~vitreg.neurons.detection.choose_detection` on the first
+    ``calibration_images`` (or taken from ``detection``): the searched range then ends at the
+    emergence layer. With ``detect_layer`` and a numeric or per-image ``threshold`` given, nothing
+    is surveyed and ``highest_layer`` defaults to the detection layer (the paper's settings
+    reproduce its ranking); a ``highest_layer`` above the detection layer is honoured (those
+    units are scored against the outliers found below them, as the official code scores all).
+
+    ``signed=False`` averages ``|activation|`` like the official code; ``sparsity=(a, f)`` keeps a
+    unit's per-image score only if at least a fraction ``f`` of tokens have activation below
+    ``a`` (the reference notebook's filter). Outliers are patch tokens unless ``include_prefix``
+    (the official code counts [CLS] among them: ``include_prefix=True`` reproduces it).
 
     Under ``torch.distributed`` an image tensor is sharded by rank (pass each rank its own shard
-    of any other data source); the calibration pass reads the same first images on every rank,
-    and the sums are all-reduced, so every rank returns the single-process ranking.
+    of any other data source); the survey reads the same first images on every rank, and the
+    sums are all-reduced, so every rank returns the single-process ranking.
     """
     n_layers = model.n_layers
-    value: float | None = None
     rule = "absolute" if isinstance(threshold, (int, float)) else threshold
     if rule not in THRESHOLDS:
         raise ValueError(f"threshold must be one of {THRESHOLDS} or a number, got {threshold!r}")
-    cal = None
-    if rule == "auto" or detect_layer is None:
-        cal = calibrate_detection(model, data, calibration_images, batch_size)
-    detect = _layer(detect_layer if detect_layer is not None else cal.detect_layer, n_layers)
-    highest = _layer(highest_layer if highest_layer is not None else detect, n_layers)
-    highest = min(highest, detect)
-    if rule == "auto":
-        value = cal.value
-    elif rule == "absolute":
-        value = float(threshold)
+    if detection is None and (rule == "auto" or detect_layer is None):
+        detection = choose_detection(
+            model,
+            data,
+            detect_layer=detect_layer,
+            highest_layer=highest_layer,
+            lowest_layer=max(0, lowest_layer),
+            threshold=threshold,
+            n_images=calibration_images,
+            batch_size=batch_size,
+        )
+    if detection is not None:
+        detect, highest = detection.detect_layer, detection.highest_layer
+        rule, value = detection.threshold, detection.threshold_value
+        lowest_layer = detection.lowest_layer
+    else:
+        detect = layer_index(detect_layer, n_layers, "detection layer")
+        highest = layer_index(highest_layer if highest_layer is not None else detect, n_layers)
+        value = float(threshold) if rule == "absolute" else None
     searched = list(range(max(0, lowest_layer), highest + 1))
     score_sum = torch.zeros(len(searched), model.d_mlp, dtype=torch.float64)
     images_with = torch.zeros((), dtype=torch.float64)
     images_seen = torch.zeros((), dtype=torch.float64)
     held: dict[int, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
 
-    def keep(layer_idx: int):
+    def add(j: int, acts: torch.Tensor) -> None:
+        """Add each image's mean activation over its outlier tokens to layer j's scores."""
+        w, has = state["weights"], state["has"]
+        per_image = torch.einsum("bn,bnu->bu", w, acts)
+        if sparsity is not None:
+            a, f = sparsity
+            sparse = (acts < a).float().mean(1) >= f  # [B, U]
+            per_image = per_image * sparse
+        score_sum[j] += per_image[has].double().sum(0).cpu()
+
+    def keep(j: int, layer: int):
         def fn(t: torch.Tensor, hook: HookContext) -> None:
-            held[layer_idx] = t.detach().float() if signed else t.detach().float().abs()
+            acts = t.detach().float() if signed else t.detach().float().abs()
+            if layer <= detect:
+                held[j] = acts  # scored once the detection layer has found the outliers
+            else:
+                add(j, acts)
 
         return fn
 
@@ -143,23 +137,17 @@ def discover(
         if not include_prefix:
             mask[:, : lay.n_prefix] = False
         count = mask.sum(1)  # [B]
-        has = count > 0
+        state["has"] = count > 0
         images_seen += t.shape[0]
-        images_with += has.sum()
-        w = mask.float() / count.clamp_min(1)[:, None]  # mean over outlier tokens
-        for j, layer in enumerate(searched):
-            acts = held.pop(layer)
-            per_image = torch.einsum("bn,bnu->bu", w, acts)
-            if sparsity is not None:
-                a, f = sparsity
-                sparse = (acts < a).float().mean(1) >= f  # [B, U]
-                per_image = per_image * sparse
-            score_sum[j] += per_image[has].double().sum(0).cpu()
+        images_with += state["has"].sum()
+        state["weights"] = mask.float() / count.clamp_min(1)[:, None]  # mean over outliers
+        for j in list(held):
+            add(j, held.pop(j))
 
     distributed = dist.is_available() and dist.is_initialized()
     if distributed and isinstance(data, torch.Tensor):
         data = data[dist.get_rank() :: dist.get_world_size()]  # each rank scores its shard
-    hooks = [(f"blocks.{layer}.mlp.hook_post", keep(layer)) for layer in searched]
+    hooks = [(f"blocks.{layer}.mlp.hook_post", keep(j, layer)) for j, layer in enumerate(searched)]
     hooks.append((f"blocks.{detect}.hook_resid_post", score))
     with model.hooks(hooks):
         model.run_batches(data, batch_size, limit, progress)
@@ -188,7 +176,7 @@ def discover(
         "sparsity": list(sparsity) if sparsity else None,
         "include_prefix": include_prefix,
         "top_k": k,
-        "calibration": cal.to_dict() if cal else None,
+        "detection": detection.to_dict() if detection else None,
     }
     data_desc = {
         "n_images": int(images_seen.item()),
@@ -206,10 +194,3 @@ def discover(
         settings,
         data_desc,
     )
-
-
-def _layer(i: int, n: int) -> int:
-    j = i + n if i < 0 else i
-    if not 0 <= j < n:
-        raise ValueError(f"layer {i} is outside a {n}-layer model")
-    return j

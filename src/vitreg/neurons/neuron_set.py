@@ -64,8 +64,15 @@ class NeuronSet:
         return dict(sorted(out.items()))
 
     def top(self, k: int) -> NeuronSet:
-        """The ``k`` highest-scoring neurons (the set is kept sorted by score)."""
-        order = sorted(range(len(self)), key=lambda i: -self.scores[i])[:k]
+        """The ``k`` highest-scoring neurons."""
+        return self.pick(sorted(range(len(self)), key=lambda i: -self.scores[i])[:k])
+
+    def first(self, k: int) -> NeuronSet:
+        """The first ``k`` neurons in stored order (a ranking's best; a causal set's first chosen)."""
+        return self.pick(list(range(min(k, len(self)))))
+
+    def pick(self, order: list[int]) -> NeuronSet:
+        """The neurons at positions ``order``, in that order."""
         return NeuronSet(
             [self.layers[i] for i in order],
             [self.units[i] for i in order],
@@ -75,7 +82,7 @@ class NeuronSet:
             self.n_layers,
             self.d_mlp,
             self.fingerprint,
-            {**self.settings, "top_k": k},
+            {**self.settings, "top_k": len(order)},
             dict(self.data),
         )
 

@@ -270,8 +270,70 @@ def fix_norm_curves(results: dict[str, Any]) -> Figure:
     return Figure("fix_norm_curves", caption, png_bytes(fig))
 
 
+def blocks_text(blocks: list[int]) -> str:
+    """``[6, 7, 8, 10]`` -> ``6-8, 10``; ``[]`` -> ``none``."""
+    if not blocks:
+        return "none"
+    runs = []
+    start = prev = blocks[0]
+    for b in blocks[1:]:
+        if b != prev + 1:
+            runs.append((start, prev))
+            start = b
+        prev = b
+    runs.append((start, prev))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def verdict_section(c: dict[str, Any]) -> Section:
+    """The verdict after the fix, per block, by the diagnose presence test and max/median."""
+    res = c["residual"]
+    layer = c["detect_layer"]
+    s = Section("verdict", "Verdict after the fix")
+    ordinary = res["ordinary_max_over_median"]
+    level = (
+        f"; the ordinary (non-outlier) patches before the fix reach {num(ordinary)}, and the "
+        f"fix counts as clean up to {num(res['tolerance'])}× that"
+        if ordinary is not None
+        else ""
+    )
+    after = res["blocks_with_mode_after"]
+    head = (
+        "**No artifacts after the fix**: no block shows an outlier mode"
+        if res["clean"]
+        else f"**Artifacts remain after the fix**: an outlier mode at blocks {blocks_text(after)}"
+        if after
+        else "**Artifacts remain after the fix**: no outlier mode, but the largest patch norms "
+        "stay above the ordinary level"
+    )
+    s.blocks.append(
+        f"{head} (before: at blocks {blocks_text(res['blocks_with_mode_before'])}). Max/median "
+        f"patch norm at block {layer}: {num(res['max_over_median_before'][layer])} before, "
+        f"{num(res['max_over_median_after'][layer])} after{level}. The outlier mode is the "
+        "presence test of `vitreg diagnose` (a separate mode of patch norms, ≥ 3× the bulk)."
+    )
+    rows = [
+        [
+            str(i),
+            "yes" if i in res["blocks_with_mode_before"] else "no",
+            "yes" if i in after else "no",
+            num(before),
+            num(res["max_over_median_after"][i]),
+        ]
+        for i, before in enumerate(res["max_over_median_before"])
+    ]
+    s.blocks.append(
+        Table(
+            ["block", "outlier mode before", "after", "max/median before", "after"],
+            rows,
+        )
+    )
+    return s
+
+
 def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """report.md of ``vitreg fix``: before/after numbers, the fix settings, figures, images."""
+    """report.md of ``vitreg fix``: the verdict after the fix per block, before/after numbers,
+    the fix settings, figures, images."""
     r = doc["results"]
     c = r["comparison"]
     fx = c["fix"]
@@ -368,6 +430,7 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         synthetic_banner(doc),
         f"vitreg fix: {doc['model']['spec']}",
         [
+            verdict_section(c),
             s,
             settings,
             figure_section("Figures", figures),
@@ -407,6 +470,18 @@ def write_fix_run(
     c = "/results/comparison"
     at = {"layer": layer}
     pointers = [
+        (
+            "clean_after",
+            f"{c}/residual/clean",
+            True,
+            {"description": "no outlier mode at any block and max/median at the ordinary level"},
+        ),
+        (
+            "max_over_median_after",
+            f"{c}/residual/max_over_median_after/{layer}",
+            False,
+            {"description": "max/median patch norm after the fix", **at},
+        ),
         ("outlier_rate_before", f"{c}/outlier_rate_before", False, {"unit": "fraction", **at}),
         ("outlier_rate_after", f"{c}/outlier_rate_after", False, {"unit": "fraction", **at}),
         ("max_patch_norm_before", f"{c}/max_patch_norm_before/{layer}", False, at),

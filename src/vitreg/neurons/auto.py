@@ -1,0 +1,259 @@
+"""The automatic path behind ``vitreg neurons``: split, survey, discovery, causal selection and
+calibration, each decision recorded with its evidence.
+
+1. **Split**: every 4th image is held out; discovery never sees it.
+2. **Survey** (:mod:`~vitreg.neurons.detection`): emergence layer, searched range 0..E, detection
+   layer and threshold, each with its reason.
+3. **Discovery** (Algorithm 1 of Jiang et al.) ranks candidates within the range.
+4. **Causal selection** (:mod:`~vitreg.neurons.causal`) on held-out images keeps the units whose
+   zeroing removes the outliers and drops readers and bystanders.
+5. **Calibration** (:mod:`~vitreg.neurons.calibrate`) on held-out images: the smallest k whose fix
+   leaves no outlier mode at any block and the max/median patch norm at the ordinary level;
+   otherwise the result is "partial", with what is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vitreg.errors import InputError, VitregError
+from vitreg.models.model import Model
+from vitreg.neurons.calibrate import DEFAULT_KS, TOLERANCE, TopKCurve, calibrate_top_k
+from vitreg.neurons.causal import CausalSelection, select_causal
+from vitreg.neurons.detection import Detection, choose_detection
+from vitreg.neurons.discover import discover
+from vitreg.neurons.neuron_set import NeuronSet
+
+HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
+SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"
+DISCOVER_K = 64  # candidates ranked by discovery when top-k is chosen automatically
+MAX_HELD_OUT = 64  # held-out images used at most (memory and time flat in the image count)
+CAUSAL_IMAGES = 16  # held-out images used by the causal check
+
+Progress = Callable[[int | None, str], AbstractContextManager[Callable[[int], None]]]
+
+
+def no_progress(total: int | None, label: str) -> AbstractContextManager[Callable[[int], None]]:
+    return nullcontext(lambda n: None)
+
+
+class Split:
+    """The held-out part of an image source (every ``HOLD_OUT``-th image) or the rest; re-iterable."""
+
+    def __init__(self, source: Any, held_out: bool) -> None:
+        self.source = source
+        self.held_out = held_out
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        from vitreg.models.model import iter_batches
+
+        seen = 0
+        for batch in iter_batches(self.source, 32):
+            index = torch.arange(seen, seen + batch.shape[0])
+            seen += batch.shape[0]
+            keep = (index % HOLD_OUT == HOLD_OUT - 1) == self.held_out
+            if keep.any():
+                yield batch[keep]
+
+
+def split_sizes(n: int) -> tuple[int, int]:
+    """(discovery, held-out) image counts for ``n`` images."""
+    return n - n // HOLD_OUT, n // HOLD_OUT
+
+
+def held_out_images(source: Any, cap: int = MAX_HELD_OUT) -> torch.Tensor:
+    """The first ``cap`` held-out images as one tensor."""
+    out: list[torch.Tensor] = []
+    have = 0
+    for batch in Split(source, held_out=True):
+        out.append(batch[: cap - have])
+        have += out[-1].shape[0]
+        if have >= cap:
+            break
+    if not out:
+        raise InputError("no held-out images: pass at least 4 images")
+    return torch.cat(out)
+
+
+@dataclass
+class Found:
+    """Discovery, causal selection and top-k calibration on one image source."""
+
+    ranking: NeuronSet  # every ranked candidate, best first
+    chosen: NeuronSet  # the set to apply, in selection order
+    detection: Detection
+    causal: CausalSelection | None  # None with a fixed top-k or causal=False
+    curve: TopKCurve
+    held_out: dict[str, Any]  # k = 0 vs the chosen k on held-out images
+    split: dict[str, Any]
+    mode: str  # "calibrated" or "fixed" (top-k given)
+
+    @property
+    def status(self) -> str:
+        return self.curve.status
+
+    def results(self) -> dict[str, Any]:
+        """The ``results`` block of a neurons run's metrics.json."""
+        s = self.ranking.settings
+        curve = self.curve.to_dict()
+        return {
+            "n_neurons": len(self.chosen),
+            "chosen_k": len(self.chosen),
+            "top_k_mode": self.mode,
+            "selection": "causal" if self.causal is not None else "score",
+            "status": self.status,
+            "target": self.curve.target,
+            "tolerance": self.curve.tolerance,
+            **{k: s[k] for k in ("detect_layer", "highest_layer", "lowest_layer", "threshold")},
+            "threshold_value": s["threshold_value"],
+            "emergence_layer": self.detection.emergence_layer,
+            "reasons": self.detection.reasons,
+            "survey": self.detection.layers,
+            "layers": layer_counts(self.chosen),
+            "neurons": neuron_rows(self.chosen, self.causal),
+            "ranking": neuron_rows(self.ranking),
+            "causal": self.causal.to_dict() if self.causal is not None else None,
+            "held_out": self.held_out,
+            "calibration": curve if self.mode == "calibrated" else None,
+            "discovery": self.ranking.data,
+            "notes": list(self.curve.notes),
+        }
+
+
+def neuron_rows(neurons: NeuronSet, causal: CausalSelection | None = None) -> list[dict[str, Any]]:
+    """One row per neuron: layer, unit, discovery score, and its causal effects when measured."""
+    rows = []
+    for layer, unit, score in zip(neurons.layers, neurons.units, neurons.scores, strict=True):
+        row: dict[str, Any] = {"layer": layer, "unit": unit, "score": score}
+        if causal is not None and (layer, unit) in causal.effects:
+            e = causal.effects[(layer, unit)]
+            row.update(effect_alone=e["alone"], effect_in_set=e["in_set"])
+        rows.append(row)
+    return rows
+
+
+def layer_counts(neurons: NeuronSet) -> list[dict[str, int]]:
+    return [{"layer": k, "n_neurons": len(v)} for k, v in neurons.by_layer().items()]
+
+
+def find_neurons(
+    model: Model,
+    images: Any,
+    *,
+    n_images: int | None = None,
+    top_k: int | None = None,
+    causal: bool = True,
+    target: float = 0.01,
+    tolerance: float = TOLERANCE,
+    detect_layer: int | None = None,
+    highest_layer: int | None = None,
+    threshold: str | float = "auto",
+    batch_size: int = 32,
+    max_held_out: int = MAX_HELD_OUT,
+    causal_images: int = CAUSAL_IMAGES,
+    progress: Progress = no_progress,
+) -> Found:
+    """Register neurons of ``model`` from preprocessed ``images`` with nothing to set by hand.
+
+    ``top_k=None`` chooses k (causal selection, then calibration); a number keeps the top
+    ``top_k`` of the paper's ranking instead, and the fix it makes is still checked on held-out
+    images. ``n_images`` is the image count when ``images`` has no ``len`` (a stream).
+    """
+    total = n_images if n_images is not None else len(images)
+    n_disc, n_held = split_sizes(total)
+    if n_held < 1:
+        raise InputError(
+            f"discovery holds out every {HOLD_OUT}th image to check the neurons it finds, so it "
+            f"needs at least {HOLD_OUT} images and got {total}; pass more (--limit, --images DIR)"
+        )
+    disc = Split(images, held_out=False)
+    detection = choose_detection(
+        model,
+        disc,
+        detect_layer=detect_layer,
+        highest_layer=highest_layer,
+        threshold=threshold,
+        batch_size=batch_size,
+    )
+    with progress(n_disc, "discovering register neurons") as update:
+        ranking = discover(
+            model,
+            disc,
+            top_k=top_k or DISCOVER_K,
+            batch_size=batch_size,
+            detection=detection,
+            progress=update,
+        )
+    held = held_out_images(images, max_held_out)
+    options = {"target": target, "tolerance": tolerance, "batch_size": batch_size}
+    selection = None
+    if top_k is not None:
+        order = ranking
+        ks: tuple[int, ...] = (0, len(ranking))
+    elif causal:
+        with progress(None, "causal check: zeroing candidates on held-out images") as update:
+            selection = select_causal(
+                model,
+                held[:causal_images],
+                ranking.pairs(),
+                detection.detect_layer,
+                detection.threshold,
+                detection.threshold_value,
+                batch_size=min(batch_size, 16),
+                progress=update,
+            )
+        if not selection.chosen:
+            raise VitregError(
+                f"no candidate unit in blocks {detection.lowest_layer}-{detection.highest_layer} "
+                f"removes the outliers at block {detection.detect_layer} when zeroed; they may be "
+                "written by attention or by units outside this range: pass --highest-layer, or "
+                "a fixed --top-k to apply the paper's ranking as it is"
+            )
+        order = _ordered(ranking, selection.chosen)
+        ks = DEFAULT_KS
+    else:
+        order, ks = ranking, DEFAULT_KS
+    ks = tuple(k for k in ks if k <= len(order)) + (len(order),)
+    with progress(len(set(ks)), "checking the fix on held-out images") as update:
+        chosen, curve = calibrate_top_k(model, order, held, ks=ks, progress=update, **options)
+    before, after = curve.checks[0][0], curve.checks[0][-1]
+    if top_k is None and before.clean and before.outlier_rate <= target:
+        raise InputError(
+            f"the {len(held)} held-out images show no artifacts without any fix (no outlier "
+            f"mode at any block, patch outlier rate {before.outlier_rate:.2%}) at block "
+            f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
+            "(--limit, --images DIR) or a fixed --top-k K"
+        )
+    if curve.chosen_k is not None and curve.chosen_k != after.k:
+        after = curve.checks[0][curve.ks.index(curve.chosen_k)]
+    held_out = {"n_images": len(held), "k": len(chosen)}
+    for when, check in (("before", before), ("after", after)):
+        held_out.update(
+            {
+                f"outlier_rate_{when}": check.outlier_rate,
+                f"max_patch_norm_{when}": check.max_norm,
+                f"median_patch_norm_{when}": check.median_norm,
+                f"max_over_median_{when}": check.max_over_median,
+                f"blocks_with_outlier_mode_{when}": check.blocks_with_mode,
+            }
+        )
+    held_out["ordinary_max_over_median"] = before.ordinary_max_over_median
+    chosen.settings = {
+        **chosen.settings,
+        "selection": selection.to_dict() if selection is not None else None,
+        "status": curve.status,
+    }
+    split = {"rule": SPLIT_RULE, "n_discovery": ranking.data["n_images"], "n_held_out": len(held)}
+    mode = "fixed" if top_k is not None else "calibrated"
+    return Found(ranking, chosen, detection, selection, curve, held_out, split, mode)
+
+
+def _ordered(ranking: NeuronSet, units: list[tuple[int, int]]) -> NeuronSet:
+    """``units`` (a subset of the ranking) in the given order, with their discovery scores."""
+    index = {pair: i for i, pair in enumerate(ranking.pairs())}
+    return ranking.pick([index[u] for u in units])

@@ -1,0 +1,305 @@
+"""Causal selection of register neurons: keep the units that *create* the outliers.
+
+Algorithm 1 of Jiang et al. ranks units by their activation on outlier tokens, which ranks units
+that *read* an existing outlier (and fire because of it) as high as the units that write it. Here
+each candidate is judged by what zeroing it does to the outliers at the detection layer, on
+held-out images:
+
+- **excess**: for the base run's outlier patches ``O``, the mean over ``O`` of
+  ``max(0, log(norm / m))`` (``m``: the base median patch norm), minus the same mean over the
+  ordinary patches -- 0 when the outlier patches look like ordinary ones;
+- **greedy forward selection**: at each step, one forward and backward pass with the current set
+  zeroed measures the excess exactly and estimates, through a gate on every candidate unit, how
+  much zeroing each remaining one would remove (``activation x gradient``); the best ones are
+  added. Weak units that only matter together are found because each removes part of the excess;
+  a reader stops firing once the outlier it reads is gone, so it adds nothing late;
+- **pruning**: each chosen unit is restored alone with the others zeroed (an exact pass); a unit
+  whose restoration brings back no excess is a reader or a bystander and is dropped;
+- the **effect** of every kept unit is measured exactly, zeroed alone and within the set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vitreg.hooks.sites import HookContext
+from vitreg.models.model import Model, iter_batches
+from vitreg.neurons.discover import outlier_mask
+
+Unit = tuple[int, int]
+
+
+class _Reached(Exception):
+    """Ends a forward pass at the detection layer: later blocks cannot change its output."""
+
+
+@dataclass
+class Baseline:
+    """The base run on the causal images: outlier patches, the median and the ordinary excess."""
+
+    threshold: float | None
+    median: float
+    ordinary_excess: float
+    outlier_excess: float
+    n_outliers: int
+    masks: list[torch.Tensor]  # per batch, [B, N] bool outlier patches
+
+
+@dataclass
+class CausalSelection:
+    """The chosen units in selection order, each with its measured effect, and the path there."""
+
+    detect_layer: int
+    chosen: list[Unit]
+    baseline: dict[str, float]
+    residual: float  # excess left with the chosen set zeroed, as a fraction of the base excess
+    effects: dict[Unit, dict[str, float]]  # alone / in_set (exact), estimated (first step)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[dict[str, Any]] = field(default_factory=list)
+    candidates: int = 0
+    n_images: int = 0
+    passes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": "greedy forward selection on the outlier excess at the detection layer "
+            "(gradient-estimated marginals, exact passes), then drop-one pruning",
+            "detect_layer": self.detect_layer,
+            "n_candidates": self.candidates,
+            "n_images": self.n_images,
+            "passes": self.passes,
+            "baseline": self.baseline,
+            "residual_fraction": self.residual,
+            "chosen": [list(u) for u in self.chosen],
+            "effects": [{"layer": u[0], "unit": u[1], **self.effects[u]} for u in self.chosen],
+            "steps": self.steps,
+            "dropped": self.dropped,
+        }
+
+
+class CausalProbe:
+    """Exact excess (and gate gradients) of the model with a set of units zeroed."""
+
+    def __init__(
+        self,
+        model: Model,
+        images: torch.Tensor,
+        detect_layer: int,
+        rule: str,
+        value: float | None,
+        candidates: Sequence[Unit],
+        batch_size: int = 16,
+    ) -> None:
+        self.model = model
+        self.images = images
+        self.detect = detect_layer
+        self.batch_size = batch_size
+        self.layers = sorted({layer for layer, _ in candidates})
+        self.passes = 0
+        self.base = self._baseline(rule, value)
+
+    # one pass ---------------------------------------------------------------------------------
+    def _run(
+        self, zeroed: Sequence[Unit], grad: bool, batch_fn: Callable[[int, torch.Tensor], Any]
+    ) -> dict[int, torch.Tensor] | None:
+        """Forward every batch up to the detection layer with ``zeroed`` units gated to 0.
+
+        ``batch_fn(i, norms)`` turns batch ``i``'s ``[B, N]`` norms into a scalar to add up (its
+        gradient flows to the gates when ``grad``). Returns the gate gradients when ``grad``.
+        """
+        model = self.model
+        gates = {}
+        for layer in self.layers:
+            g = torch.ones(model.d_mlp, device=model.device, dtype=model.dtype)
+            off = [u for lay, u in zeroed if lay == layer]  # zeroed units are candidates
+            if off:
+                g[off] = 0
+            gates[layer] = g.requires_grad_(grad)
+        grads = {layer: torch.zeros(model.d_mlp, dtype=torch.float64) for layer in self.layers}
+        state: dict[str, Any] = {}
+
+        def gate(layer: int):
+            def fn(t: torch.Tensor, hook: HookContext) -> torch.Tensor:
+                return t * gates[layer]
+
+            return fn
+
+        def detach(t: torch.Tensor, hook: HookContext) -> torch.Tensor:
+            return t.detach()  # branch inputs: gradients take only the direct (residual) path
+
+        def reach(t: torch.Tensor, hook: HookContext) -> None:
+            state["value"] = batch_fn(state["batch"], t.float().norm(dim=-1))
+            raise _Reached
+
+        hooks = [(f"blocks.{lay}.mlp.hook_post", gate(lay)) for lay in self.layers]
+        if grad:
+            for i in range(self.layers[0] + 1, self.detect + 1):
+                hooks += [(f"blocks.{i}.{ln}.hook_out", detach) for ln in ("ln1", "ln2")]
+        hooks.append((f"blocks.{self.detect}.hook_resid_post", reach))
+        with model.hooks(hooks), torch.set_grad_enabled(grad):
+            for i, batch in enumerate(iter_batches(self.images, self.batch_size)):
+                state["batch"] = i
+                try:
+                    model.features(batch)
+                except _Reached:
+                    pass
+                if grad:
+                    used = [gates[lay] for lay in self.layers]
+                    got = torch.autograd.grad(state["value"], used, allow_unused=True)
+                    for lay, g in zip(self.layers, got, strict=True):
+                        if g is not None:
+                            grads[lay] += g.detach().double().cpu()
+        self.passes += 1
+        return grads if grad else None
+
+    def _baseline(self, rule: str, value: float | None) -> Baseline:
+        norms: list[torch.Tensor] = []
+        self._run([], False, lambda i, n: norms.append(n.detach().cpu()))
+        lay = self.model.layout
+        patches = [lay.take(n, "patches") for n in norms]
+        flat = torch.cat([p.flatten() for p in patches])
+        median = float(flat.median())
+        masks = []
+        for n in norms:
+            m = outlier_mask(n, rule, value)
+            m[:, : lay.n_prefix] = False  # patches only
+            masks.append(m)
+        logs = (flat / median).log().clamp_min(0)
+        outlier = torch.cat([m[:, lay.patches].flatten() for m in masks])
+        n_out = int(outlier.sum())
+        ordinary = float(logs[~outlier].mean()) if (~outlier).any() else 0.0
+        above = float(logs[outlier].mean()) if n_out else 0.0
+        return Baseline(value, median, ordinary, above, n_out, masks)
+
+    # the excess ------------------------------------------------------------------------------
+    def excess(self, zeroed: Sequence[Unit], grad: bool = False) -> tuple[float, dict | None]:
+        """Mean log-excess of the base outlier patches over the ordinary level with ``zeroed`` off,
+        and (``grad``) its gradient wrt every candidate unit's gate."""
+        b = self.base
+        total: list[torch.Tensor] = []
+
+        def batch_fn(i: int, norms: torch.Tensor) -> torch.Tensor:
+            m = b.masks[i].to(norms.device)
+            s = (norms[m] / b.median).log().clamp_min(0).sum() / max(b.n_outliers, 1)
+            total.append(s.detach())
+            return s
+
+        grads = self._run(zeroed, grad, batch_fn)
+        value = float(sum(total)) - b.ordinary_excess if total else 0.0
+        return value, grads
+
+
+def select_causal(
+    model: Model,
+    images: torch.Tensor,
+    candidates: Sequence[Unit],
+    detect_layer: int,
+    rule: str,
+    value: float | None,
+    *,
+    residual_target: float = 0.1,
+    max_units: int = 64,
+    min_gain: float = 0.01,
+    batch_size: int = 16,
+    progress: Callable[[int], None] | None = None,
+) -> CausalSelection:
+    """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs).
+
+    Steps add the remaining candidates whose estimated removal is at least half the best one's
+    (and above ``min_gain`` of the base excess) until the excess left is below
+    ``residual_target`` of the base, nothing is left to gain, or ``max_units`` are chosen.
+    """
+    probe = CausalProbe(model, images, detect_layer, rule, value, candidates, batch_size)
+    base_excess, grads = probe.excess([], grad=True)
+    n_img = int(images.shape[0])
+    selection = CausalSelection(
+        detect_layer,
+        [],
+        {
+            "threshold": rule,
+            "threshold_value": value,
+            "median_patch_norm": probe.base.median,
+            "n_outlier_patches": probe.base.n_outliers,
+            "outlier_excess": probe.base.outlier_excess,
+            "ordinary_excess": probe.base.ordinary_excess,
+            "excess": base_excess,
+        },
+        1.0,
+        {},
+        candidates=len(candidates),
+        n_images=n_img,
+    )
+    if probe.base.n_outliers == 0 or base_excess <= 0:
+        selection.passes = probe.passes
+        return selection
+    first = _estimates(grads, candidates)
+    chosen: list[Unit] = []
+    excess = base_excess
+    estimates = first
+    while len(chosen) < max_units and excess > residual_target * base_excess:
+        rest = [(est, u) for u, est in estimates.items() if u not in chosen]
+        rest.sort(reverse=True)
+        if not rest or rest[0][0] < min_gain * base_excess:
+            break
+        best = rest[0][0]
+        added = [u for est, u in rest if est >= 0.5 * best][: max_units - len(chosen)]
+        chosen += added
+        excess, grads = probe.excess(chosen, grad=True)
+        estimates = _estimates(grads, candidates)
+        selection.steps.append(
+            {"added": [list(u) for u in added], "residual_fraction": excess / base_excess}
+        )
+        if progress is not None:
+            progress(len(selection.steps))
+    kept, effects = _prune(probe, chosen, excess, base_excess, min_gain, selection.dropped)
+    for u in kept:
+        effects[u]["estimated"] = first.get(u, 0.0) / base_excess
+    residual, _ = probe.excess(kept)
+    selection.chosen = kept
+    selection.effects = effects
+    selection.residual = residual / base_excess
+    selection.passes = probe.passes
+    return selection
+
+
+def _estimates(grads: dict[int, torch.Tensor], candidates: Sequence[Unit]) -> dict[Unit, float]:
+    """Estimated excess removed by zeroing each candidate: the gradient wrt its gate."""
+    return {(lay, u): float(grads[lay][u]) for lay, u in candidates}
+
+
+def _prune(
+    probe: CausalProbe,
+    chosen: list[Unit],
+    excess: float,
+    base_excess: float,
+    min_gain: float,
+    dropped: list[dict[str, Any]],
+) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
+    """Restore each chosen unit alone (others zeroed): keep it only if the excess comes back."""
+    kept: list[Unit] = []
+    in_set: dict[Unit, float] = {}
+    for u in chosen:
+        restored, _ = probe.excess([v for v in chosen if v != u])
+        gain = (restored - excess) / base_excess
+        if gain >= min_gain:
+            kept.append(u)
+            in_set[u] = gain
+        else:
+            dropped.append(
+                {
+                    "layer": u[0],
+                    "unit": u[1],
+                    "in_set": gain,
+                    "reason": "restoring it alone with the others zeroed brings back no outlier "
+                    "excess: a downstream reader or a bystander",
+                }
+            )
+    effects: dict[Unit, dict[str, float]] = {}
+    for u in kept:
+        alone, _ = probe.excess([u])
+        effects[u] = {"alone": (base_excess - alone) / base_excess, "in_set": in_set[u]}
+    return kept, effects

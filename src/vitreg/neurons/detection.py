@@ -1,0 +1,163 @@
+"""Where register neurons are searched and outliers detected, chosen from data with reasons.
+
+One streaming pass over a few images gives every block's patch-norm distribution and the
+presence test of ``vitreg diagnose``. From it:
+
+- **emergence layer** E: the first block whose output shows an outlier mode (and the next too);
+- **layer range** 0..E: the units that write the outliers sit in blocks up to E; units of later
+  blocks can only read outliers that already exist (the paper's ``top_layer``, set by hand there);
+- **detection layer**: among blocks E..last with an outlier mode, the cleanest split (largest
+  Ashman D); the last block is passed over when another qualifies, since its norms change just
+  before the final norm (the paper uses the second-to-last block of DINOv2 for this reason);
+- **threshold**: the valley between the bulk and the outlier mode at the detection layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.errors import InputError, VitregError
+from vitreg.models.model import Model
+
+RULES = ("auto", "absolute", "mean3std", "robust")
+
+
+@dataclass
+class Detection:
+    """The detection layer, threshold and searched layers, each with why it was chosen."""
+
+    detect_layer: int
+    highest_layer: int
+    lowest_layer: int
+    threshold: str  # auto, absolute, mean3std or robust
+    threshold_value: float | None  # norm units for auto/absolute; None for per-image rules
+    emergence_layer: int | None = None
+    n_images: int = 0
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def layer_index(i: int, n: int, what: str = "layer") -> int:
+    """``i`` (negative counts from the end) as an index into ``n`` blocks, or a clear error."""
+    j = i + n if i < 0 else i
+    if not 0 <= j < n:
+        raise InputError(f"{what} {i} is outside a {n}-block model (blocks 0..{n - 1})")
+    return j
+
+
+def choose_detection(
+    model: Model,
+    data: Any,
+    *,
+    detect_layer: int | None = None,
+    highest_layer: int | None = None,
+    lowest_layer: int = 0,
+    threshold: str | float = "auto",
+    n_images: int = 32,
+    batch_size: int = 32,
+) -> Detection:
+    """Survey ``n_images`` of ``data`` and choose what is not given (given values are kept).
+
+    Raises when the images show no outlier mode and the choice depends on one.
+    """
+    n = model.n_layers
+    rule = "absolute" if isinstance(threshold, (int, float)) else threshold
+    if rule not in RULES:
+        raise InputError(f"threshold must be one of {RULES} or a number, got {threshold!r}")
+    trace = trace_norms(model, data, batch_size=batch_size, limit=n_images)
+    report = outliers(trace)
+    layers = [
+        {
+            "layer": lo.layer,
+            "outlier_mode": lo.present,
+            "ashman_d": lo.bimodal.ashman_d,
+            "mode_ratio": lo.bimodal.mode_ratio,
+            "max_over_median": lo.quantiles["max"] / max(lo.quantiles["p50"], 1e-12),
+        }
+        for lo in report.layers
+    ]
+    emergence = report.emergence_layer
+    if emergence is None and (detect_layer is None or highest_layer is None or rule == "auto"):
+        raise VitregError(
+            "no high-norm outliers found on these images (no block shows a separate outlier "
+            "mode), so there are no register neurons to find; check the images (natural photos, "
+            "the model's own preprocessing) or run `vitreg diagnose` to see the norm distribution"
+        )
+    reasons: dict[str, str] = {}
+    if detect_layer is not None:
+        detect = layer_index(detect_layer, n, "--detect-layer")
+        reasons["detect_layer"] = f"block {detect}: given"
+    else:
+        detect, reasons["detect_layer"] = _detect(report.layers, emergence, n)
+    if highest_layer is not None:
+        highest = layer_index(highest_layer, n, "--highest-layer")
+        reasons["highest_layer"] = f"blocks {lowest_layer}-{highest}: given"
+    else:
+        highest = emergence
+        reasons["highest_layer"] = (
+            f"blocks {lowest_layer}-{highest}: the outliers first appear at the output of block "
+            f"{emergence} (an outlier mode there and in the next block), so the units that write "
+            f"them are in blocks <= {emergence}; units of later blocks can only read outliers "
+            "that already exist"
+        )
+    if not 0 <= lowest_layer <= highest:
+        raise InputError(f"the lowest searched block {lowest_layer} is above the highest {highest}")
+    value: float | None = None
+    if rule == "auto":
+        value = report.layers[detect].thresholds["auto"]
+        if value == float("inf"):
+            raise VitregError(
+                f"block {detect} shows no outlier mode on these images, so the 'auto' threshold "
+                "(the valley between the bulk and the outlier mode) does not exist there; pick "
+                f"another --detect-layer (blocks with a mode: {_with_mode(report.layers)}) or "
+                "give --threshold as a norm"
+            )
+        reasons["threshold"] = (
+            f"{value:.4g}: the valley between the bulk of the patch norms and the outlier mode "
+            f"at block {detect}"
+        )
+    elif rule == "absolute":
+        value = float(threshold)
+        reasons["threshold"] = f"{value:.4g}: given"
+    else:
+        reasons["threshold"] = f"{rule}: given (per image)"
+    return Detection(
+        detect,
+        highest,
+        lowest_layer,
+        rule,
+        value,
+        emergence,
+        trace.n_images,
+        layers,
+        reasons,
+    )
+
+
+def _with_mode(layers: list[Any]) -> list[int]:
+    return [lo.layer for lo in layers if lo.present]
+
+
+def _detect(layers: list[Any], emergence: int, n: int) -> tuple[int, str]:
+    """The cleanest outlier split from the emergence layer on, the last block only if alone."""
+    candidates = [lo for lo in layers[emergence:] if lo.present]
+    passed_over = len(candidates) > 1 and candidates[-1].layer == n - 1
+    if passed_over:
+        candidates = candidates[:-1]
+    best = max(candidates, key=lambda lo: lo.bimodal.ashman_d)  # ties: the earliest
+    why = (
+        f"block {best.layer}: the cleanest outlier mode (Ashman D {best.bimodal.ashman_d:.3g}, "
+        f"outlier mode {best.bimodal.mode_ratio:.3g}x the bulk) among blocks "
+        f"{emergence}-{n - 1} with one"
+    )
+    if passed_over:
+        why += (
+            "; the last block is passed over because its norms change just before the final "
+            "norm (as the paper does for DINOv2)"
+        )
+    return best.layer, why
