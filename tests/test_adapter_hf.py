@@ -179,11 +179,14 @@ def test_insertion_matches_hand_built_reference(kind: str) -> None:
     x = images(2, size_of(model))
     k = 2
     values = torch.randn(k, model.d_model)
-    _, cache = model.run_with_cache(x, names="hook_tokens")
     layout = model.layout.with_extra(k)
-    tokens = cache["hook_tokens"]
     src = layout.with_extra(0)
-    h = torch.cat([tokens[:, src.prefix], values.expand(2, -1, -1), tokens[:, src.patches]], 1)
+    # the tokens join before CLIP's pre_layrnorm (DINOv2 and SigLIP have no pre-norm)
+    pre_norm = getattr(tower, "pre_layrnorm", torch.nn.Identity())
+    with torch.no_grad():
+        tokens = tower.embeddings(x)
+        raw = [tokens[:, src.prefix], values.expand(2, -1, -1), tokens[:, src.patches]]
+        h = pre_norm(torch.cat(raw, 1))
     states = [h]
     with torch.no_grad():
         for layer in adapter.layers:

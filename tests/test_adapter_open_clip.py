@@ -54,6 +54,17 @@ def bare_features(tower: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return tokens if tower.final_ln_after_pool else tower.ln_post(tokens)
 
 
+def embeds_before_ln_pre(tower: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``[CLS, patches]`` with positions, as ``ln_pre`` receives them (read off ``_embeds``)."""
+    seen = []
+    handle = tower.ln_pre.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    try:
+        tower._embeds(x)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
 def run_blocks(tower: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     seq_first = not tower.transformer.batch_first
     h = tokens.transpose(0, 1) if seq_first else tokens
@@ -216,12 +227,11 @@ def test_insertion_matches_hand_built_reference(key):
     extra = torch.randn(3, model.d_model)
     src = model.layout
     lay = src.with_extra(3)
-    _, cache = model.run_with_cache(x, names="hook_tokens")
     with torch.inference_mode():
         tokens = torch.empty(2, lay.n_tokens, model.d_model)
-        tokens[:, lay.source_indices()] = cache["hook_tokens"]
-        tokens[:, lay.extra] = extra
-        final = run_blocks(tower, tokens)
+        tokens[:, lay.source_indices()] = embeds_before_ln_pre(tower, x)
+        tokens[:, lay.extra] = extra  # joined before ln_pre, as in the official TTR code
+        final = run_blocks(tower, tower.ln_pre(tokens))
         kept = lay.strip_extra(final)
         ref_feats = kept if tower.final_ln_after_pool else tower.ln_post(kept)
         ref_pooled, ref_tokens = tower._pool(kept)

@@ -11,15 +11,17 @@ from vitreg import HookError, InputError
 
 
 def hand_built(model, x, extra):
-    """Assemble [prefix, extra, patches] explicitly and run the blocks and final norm by hand."""
-    _, cache = model.run_with_cache(x, names=["hook_tokens"])
-    tokens = cache["hook_tokens"]
+    """Assemble [prefix, extra, patches] before ``norm_pre`` (where trained registers enter) and
+    run the pre-norm, the blocks and the final norm by hand."""
+    m = model.module
     p = model.layout.n_source_prefix
-    seq = torch.cat([tokens[:, :p], extra.expand(x.shape[0], -1, -1), tokens[:, p:]], dim=1)
     with torch.no_grad():
-        for blk in model.module.blocks:
+        tokens = m.patch_drop(m._pos_embed(m.patch_embed(x)))
+        seq = torch.cat([tokens[:, :p], extra.expand(x.shape[0], -1, -1), tokens[:, p:]], dim=1)
+        seq = m.norm_pre(seq)
+        for blk in m.blocks:
             seq = blk(seq)
-        return model.module.norm(seq)
+        return m.norm(seq)
 
 
 @pytest.mark.parametrize("key", ["dinov2", "dinov2_reg4", "siglip", "clip_quickgelu", "deit3"])
@@ -87,7 +89,7 @@ def test_dynamic_size_model_keeps_pos_embed_right_across_calls():
     ref_a, ref_b = model.features(a), model.features(b)
     with model.insert_tokens(torch.zeros(1, model.d_model)) as handle:
         model.features(a)
-        # the prefix count was bumped in block 0 and must be reset before the next _pos_embed
+        # the prefix count was bumped at norm_pre and must be reset before the next _pos_embed
         out_b = model.features(b)
         assert out_b.shape == ref_b.shape and model.layout.grid == (5, 5)
     assert handle is not None and module.num_prefix_tokens == 1

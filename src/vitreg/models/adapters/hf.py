@@ -388,33 +388,55 @@ class HFViTAdapter(Adapter):
         return self.module(x, **self._call_kwargs())
 
     def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
-        """Insert ``k`` tokens after [CLS] + registers at layer 0's input; strip them at the encoder's
-        output and from the tower's collected ``hidden_states``/``attentions``."""
+        """Insert ``k`` tokens after [CLS] + registers before the pre-norm; strip them at the
+        encoder's output and from the tower's collected ``hidden_states``/``attentions``.
+
+        CLIP towers take the tokens at ``pre_layrnorm``'s input (HF's spelling of ``ln_pre``), as
+        trained registers and the official test-time-registers code do, so a zero token reaches
+        layer 0 as ``pre_layrnorm(0)``; towers without a pre-norm (DINOv2, SigLIP) take them at
+        layer 0's input. An ``attention_mask`` reaching layer 0 raises :class:`InputError`.
+        """
         state: dict[str, TokenLayout] = {}
+        pre_norm = getattr(self.tower, "pre_layrnorm", None)
+        first = self.layers[0]
 
         def record(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
             h, w = (args[0] if args else kwargs["pixel_values"]).shape[-2:]
             ph, pw = self.patch_size  # the conv's floor, whatever size the caller passes
             state["layout"] = self.base_layout().with_grid((h // ph, w // pw)).with_extra(k)
 
-        def insert(_mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+        def guard(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
             mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
             if mask is not None:
                 raise InputError("attention_mask is not supported while tokens are inserted")
-            by_kw = not args
-            x = kwargs["hidden_states"] if by_kw else args[0]
-            layout = state["layout"]
-            p = layout.n_source_prefix
-            x = torch.cat([x[:, :p], values_fn(x.shape[0], x), x[:, p:]], dim=1)
-            layout.check(x)
-            return (args, {**kwargs, "hidden_states": x}) if by_kw else ((x, *args[1:]), kwargs)
+
+        def inserter(key: str) -> Callable:
+            def insert(_mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+                by_kw = not args
+                x = kwargs[key] if by_kw else args[0]
+                layout = state["layout"]
+                p = layout.n_source_prefix
+                x = torch.cat([x[:, :p], values_fn(x.shape[0], x), x[:, p:]], dim=1)
+                layout.check(x)
+                return (args, {**kwargs, key: x}) if by_kw else ((x, *args[1:]), kwargs)
+
+            return insert
 
         def strip(_mod: nn.Module, _args: tuple, out: Any) -> Any:
             return _strip(out, state["layout"]) if "layout" in state else None
 
+        if pre_norm is None:
+            entry = first.register_forward_pre_hook(
+                inserter("hidden_states"), with_kwargs=True, prepend=True
+            )
+        else:  # nn.LayerNorm names its argument ``input``
+            entry = pre_norm.register_forward_pre_hook(
+                inserter("input"), with_kwargs=True, prepend=True
+            )
         handles = [
             self.tower.embeddings.register_forward_pre_hook(record, with_kwargs=True),
-            self.layers[0].register_forward_pre_hook(insert, with_kwargs=True, prepend=True),
+            entry,
+            first.register_forward_pre_hook(guard, with_kwargs=True, prepend=True),
             self.tower.encoder.register_forward_hook(strip, prepend=True),
             self.tower.register_forward_hook(strip, prepend=True),
         ]

@@ -2,7 +2,8 @@
 
 Where things are (open_clip 3.3; reference/timm_internals.md §6.2):
 
-- tokens ``[CLS, patches]`` enter ``transformer.resblocks[0]`` after ``ln_pre``; each block is a
+- tokens ``[CLS, patches]`` enter ``transformer.resblocks[0]`` after ``ln_pre`` (inserted tokens
+  join before ``ln_pre``, as in the official test-time-registers code); each block is a
   ``ResidualAttentionBlock`` (``ln_1``, ``attn`` = ``nn.MultiheadAttention``, ``ln_2``,
   ``mlp`` = ``c_fc -> gelu -> c_proj``). ``transformer.batch_first`` says whether the blocks
   see ``[B, N, C]`` or ``[N, B, C]``; canonical tensors are batch-first either way.
@@ -328,7 +329,15 @@ class OpenClipViTAdapter(Adapter):
         return seen[-1]
 
     def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
-        """Insert ``k`` tokens after [CLS] at block 0; strip them where the transformer ends.
+        """Insert ``k`` tokens after [CLS] at ``ln_pre``'s input; strip them where the transformer
+        ends.
+
+        The tokens enter before the pre-norm, as in the official test-time-registers code
+        (conv1 -> [CLS] -> pos-embed -> zero tokens -> patch_dropout -> ``ln_pre`` -> blocks),
+        so a zero token reaches block 0 as ``ln_pre(0)``. ``ln_pre`` (Identity with
+        ``no_ln_pre``) always sees batch-first ``[B, N, C]``; only the blocks may run
+        sequence-first. They enter after ``patch_dropout`` (inactive in eval), so patch dropout
+        in training never drops them. Towers without ``ln_pre`` take them at block 0's input.
 
         Stripping happens in a forward hook on ``transformer`` and, for ``forward_intermediates``
         (which calls ``transformer.forward_intermediates`` and hard-codes one prefix token), in a
@@ -338,15 +347,19 @@ class OpenClipViTAdapter(Adapter):
         tr = self.module.transformer
         source = self.base_layout()
         layout = source.with_extra(k)
-        to, back = token_convert(self.seq_first)
+        entry = getattr(self.module, "ln_pre", None)
+        if entry is None:
+            entry, key, (to, back) = self.blocks[0], "q_x", token_convert(self.seq_first)
+        else:  # before the transformer: batch-first in every open_clip version
+            key, (to, back) = "input", token_convert(False)
 
         def insert(_mod: nn.Module, args: tuple, kwargs: dict) -> Any:
             by_kw = not args
-            raw = kwargs["q_x"] if by_kw else args[0]
+            raw = kwargs[key] if by_kw else args[0]
             x = to(raw)
             extra = values_fn(x.shape[0], x)
             x = back(torch.cat([x[:, source.prefix], extra, x[:, source.patches]], dim=1), raw)
-            return (args, {**kwargs, "q_x": x}) if by_kw else ((x, *args[1:]), kwargs)
+            return (args, {**kwargs, key: x}) if by_kw else ((x, *args[1:]), kwargs)
 
         original = tr.forward_intermediates
         previous = vars(tr).get("forward_intermediates")
@@ -361,7 +374,7 @@ class OpenClipViTAdapter(Adapter):
             else:
                 tr.forward_intermediates = previous
 
-        h_insert = self.blocks[0].register_forward_pre_hook(insert, with_kwargs=True, prepend=True)
+        h_insert = entry.register_forward_pre_hook(insert, with_kwargs=True, prepend=True)
         h_strip = tr.register_forward_hook(lambda _m, _a, out: layout.strip_extra(out))
         tr.forward_intermediates = forward_intermediates
         return Handle([restore_intermediates, h_strip.remove, h_insert.remove])

@@ -154,12 +154,17 @@ class TimmEvaAdapter(TimmViTAdapter):
     def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
         """Insert after the prefix (rope needs them there); prefix counts of every attention follow.
 
-        With ``global_pool='map'`` Eva's attention pool reads every token, prefix included, so it
-        sees inserted tokens just as it sees [CLS] and registers.
+        The tokens enter at ``norm_pre``'s input, before the pre-norm, as trained registers do
+        (``_pos_embed`` -> ``norm_pre`` -> blocks; ``norm_pre`` is a LayerNorm only with
+        ``use_pre_transformer_norm``, e.g. Perception Encoder, and Identity for DINOv3/EVA-02).
+        ``_pos_embed`` returns the rope table for the patches alone; the tokens sit in the
+        (unrotated) prefix, so they get no position. With ``global_pool='map'`` Eva's attention
+        pool reads every token, prefix included, so it sees inserted tokens just as it sees [CLS]
+        and registers.
         """
         m = self.module
         attns = [b.attn for b in m.blocks]
-        return insert_after_prefix(m, m.blocks[0], k, values_fn, attn_modules=attns)
+        return insert_after_prefix(m, k, values_fn, attn_modules=attns)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``forward_features``: tokens after ``norm`` (Identity for EVA-02 MIM, whose LN is fc_norm)."""

@@ -200,9 +200,13 @@ class TimmViTAdapter(Adapter):
         return self.module.forward_features(x)
 
     def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
-        return insert_after_prefix(
-            self.module, self.module.blocks[0], k, values_fn, attn_modules=[]
-        )
+        """Insert ``k`` tokens after [CLS] + registers at ``norm_pre``'s input (before the pre-norm).
+
+        That is where trained registers enter and where the official test-time-registers code
+        appends its token (before ``ln_pre``): on CLIP-style models a zero token reaches block 0
+        as ``norm_pre(0)``. ``norm_pre`` is Identity for DINOv2, SigLIP and DeiT.
+        """
+        return insert_after_prefix(self.module, k, values_fn, attn_modules=[])
 
     def data_config(self) -> dict:
         from timm.data import resolve_model_data_config
@@ -214,19 +218,31 @@ class TimmViTAdapter(Adapter):
 
 def insert_after_prefix(
     model: nn.Module,
-    first_block: nn.Module,
     k: int,
     values_fn: ValuesFn,
     attn_modules: list[nn.Module],
 ) -> Handle:
-    """Insert ``k`` tokens after timm's prefix at the input of ``first_block``.
+    """Insert ``k`` tokens after timm's prefix at the input of ``model.norm_pre``.
+
+    The tokens enter before the pre-norm, as trained registers do (``_pos_embed`` ->
+    ``patch_drop`` -> ``norm_pre`` -> blocks) and as the official test-time-registers code does
+    (it appends before ``ln_pre``): a zero token reaches block 0 as ``norm_pre(0)``, the LayerNorm
+    bias on CLIP-style models (``norm_pre`` is Identity elsewhere). Models without a ``norm_pre``
+    attribute take the tokens at block 0's input. The tokens get no position (no pos-embed, and
+    rope skips them as part of the prefix).
 
     ``model.num_prefix_tokens`` (and that of every module in ``attn_modules``, e.g. Eva's rope
-    attention) is P + k from block 0 on, so pooling, heads and ``forward_intermediates`` skip the
-    tokens; it is reset to P when the next image enters ``patch_embed`` (``_pos_embed`` reads it)
-    and when the handle is removed.
+    attention) is P + k from ``norm_pre`` on, so pooling, heads and ``forward_intermediates`` skip
+    the tokens; it is reset to P when the next image enters ``patch_embed`` (``_pos_embed`` reads
+    it) and when the handle is removed. An ``attn_mask`` reaching block 0 raises
+    :class:`InputError` (its size would not count the inserted tokens).
     """
     prefix = int(model.num_prefix_tokens)
+    first_block = model.blocks[0]
+    entry = getattr(model, "norm_pre", None)
+    key = "input"  # nn.LayerNorm / nn.Identity name their argument ``input``
+    if entry is None:
+        entry, key = first_block, "x"
 
     def set_prefix(n: int) -> None:
         model.num_prefix_tokens = n
@@ -234,18 +250,21 @@ def insert_after_prefix(
             a.num_prefix_tokens = n
 
     def insert(_mod: nn.Module, args: tuple, kwargs: dict) -> Any:
-        if kwargs.get("attn_mask") is not None:
-            raise InputError("attn_mask is not supported while tokens are inserted")
         by_kw = not args
-        x = kwargs["x"] if by_kw else args[0]
+        x = kwargs[key] if by_kw else args[0]
         extra = values_fn(x.shape[0], x)
         x = torch.cat([x[:, :prefix], extra, x[:, prefix:]], dim=1)
         set_prefix(prefix + k)
-        return (args, {**kwargs, "x": x}) if by_kw else ((x, *args[1:]), kwargs)
+        return (args, {**kwargs, key: x}) if by_kw else ((x, *args[1:]), kwargs)
+
+    def guard(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        if kwargs.get("attn_mask") is not None:
+            raise InputError("attn_mask is not supported while tokens are inserted")
 
     def reset(_mod: nn.Module, _args: tuple) -> None:
         set_prefix(prefix)
 
-    h_insert = first_block.register_forward_pre_hook(insert, with_kwargs=True, prepend=True)
+    h_insert = entry.register_forward_pre_hook(insert, with_kwargs=True, prepend=True)
+    h_guard = first_block.register_forward_pre_hook(guard, with_kwargs=True, prepend=True)
     h_reset = model.patch_embed.register_forward_pre_hook(reset, prepend=True)
-    return Handle([lambda: set_prefix(prefix), h_reset.remove, h_insert.remove])
+    return Handle([lambda: set_prefix(prefix), h_reset.remove, h_guard.remove, h_insert.remove])
