@@ -88,7 +88,7 @@ def reference_edit(acts, units, reg):
     for b in range(acts.shape[0]):
         block = acts[b][:, units]
         hi, lo = block.max(), block.min()
-        v = hi if hi.abs() >= lo.abs() else lo
+        v = hi if hi.abs() > lo.abs() else lo  # sign_max: a tie goes to the min
         for u in units:
             out[b, 2:, u] = 0  # patches (tokens after [CLS] and the register)
             out[b, reg, u] = v
@@ -111,6 +111,8 @@ def test_edits_match_hand_written_rules():
     assert torch.equal(ref, reference_edit(acts, units, lay.extra.start))
     assert ref[1, lay.extra.start, 2] == -50.0
     assert signed_abs_max(torch.tensor([[1.0, -3.0, 2.0]]), (1,)).item() == -3.0
+    # the official tie rule: |max| == |min| gives the min
+    assert signed_abs_max(torch.tensor([[2.0, -2.0, 1.0]]), (1,)).item() == -2.0
 
 
 def test_several_registers_get_a_seeded_assignment():

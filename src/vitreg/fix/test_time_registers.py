@@ -3,9 +3,11 @@ extra, untrained tokens at inference.
 
 ``paper`` mode, per image and per register neuron: the register takes the neuron's maximum over
 all tokens, every other token's activation is zeroed ([CLS] too unless ``cls='keep'``).
-``reference`` mode reproduces the official code: one signed abs-max scalar over all tokens and
-all of that layer's register neurons, patches zeroed, [CLS] kept -- applied to every image of
-the batch (the official code only edits the first).
+``reference`` mode reproduces the official code's edit: one signed abs-max scalar over all
+tokens ([CLS], registers and patches) and all of that layer's register neurons, with the
+official tie rule (``|max| == |min|`` gives the min), patches zeroed, [CLS] kept -- applied to
+every image of the batch (the official code only edits the first). The official discovery also
+counts [CLS] among the outlier tokens: ``discover(..., include_prefix=True)`` reproduces that.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ PATCH_STRATEGIES = ("zero", "mean", "keep")
 
 
 def signed_abs_max(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """The entry of largest magnitude over ``dims``, with its sign (the official ``sign_max``)."""
+    """The entry of largest magnitude over ``dims``, with its sign (the official ``sign_max``:
+    the max if ``|max| > |min|``, otherwise the min -- so a tie goes to the min)."""
     hi = x.amax(dim=dims)
     lo = x.amin(dim=dims)
-    return torch.where(hi.abs() >= lo.abs(), hi, lo)
+    return torch.where(hi.abs() > lo.abs(), hi, lo)
 
 
 class TestTimeRegisters(Fix):

@@ -172,14 +172,15 @@ def find_neurons(
             f"needs at least {HOLD_OUT} images and got {total}; pass more (--limit, --images DIR)"
         )
     disc = Split(images, held_out=False)
-    detection = choose_detection(
-        model,
-        disc,
-        detect_layer=detect_layer,
-        highest_layer=highest_layer,
-        threshold=threshold,
-        batch_size=batch_size,
-    )
+    with progress(None, "surveying patch norms per block"):
+        detection = choose_detection(
+            model,
+            disc,
+            detect_layer=detect_layer,
+            highest_layer=highest_layer,
+            threshold=threshold,
+            batch_size=batch_size,
+        )
     with progress(n_disc, "discovering register neurons") as update:
         ranking = discover(
             model,
@@ -220,7 +221,9 @@ def find_neurons(
         order, ks = ranking, DEFAULT_KS
     ks = tuple(k for k in ks if k <= len(order)) + (len(order),)
     with progress(len(set(ks)), "checking the fix on held-out images") as update:
-        chosen, curve = calibrate_top_k(model, order, held, ks=ks, progress=update, **options)
+        chosen, curve = calibrate_top_k(
+            model, order, held, ks=ks, progress=update, keep_all=selection is not None, **options
+        )
     before, after = curve.checks[0][0], curve.checks[0][-1]
     if top_k is None and before.clean and before.outlier_rate <= target:
         raise InputError(

@@ -169,6 +169,7 @@ def calibrate_top_k(
     batch_size: int = 32,
     limit: int | None = None,
     progress: Callable[[int], None] | None = None,
+    keep_all: bool = False,
     **ttr_options: Any,
 ) -> tuple[NeuronSet, TopKCurve]:
     """The smallest k (first k of ``neurons`` in stored order) whose fix passes everywhere.
@@ -176,7 +177,9 @@ def calibrate_top_k(
     ``data`` should be held-out images (not those used for discovery). k = 0 is always measured
     first (the "before" and the ordinary level). The curve stops at the first passing k; if none
     does, every k is tried, the one leaving the fewest outlier blocks (then the lowest max/median)
-    is returned and the status is "partial".
+    is returned and the status is "partial". ``keep_all``: the whole set is the choice (a causal
+    set, every unit of which was measured to matter) when its fix passes; every k is still
+    measured for the curve.
     """
     s = neurons.settings
     detect = s.get("detect_layer")
@@ -209,9 +212,12 @@ def calibrate_top_k(
         curve.ks.append(k)
         if progress is not None:
             progress(i + 1)
-        if k > 0 and curve.passes(i):
+        if k > 0 and curve.passes(i) and not keep_all:
             curve.chosen_k = k
             break
+    passing = [k for i, k in enumerate(curve.ks) if k > 0 and curve.passes(i)]
+    if keep_all and passing:
+        curve.chosen_k = len(neurons) if len(neurons) in passing else passing[0]
     if curve.chosen_k is None:
         curve.status = "partial"
         native = next(iter(curve.checks.values()))

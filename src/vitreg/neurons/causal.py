@@ -12,10 +12,10 @@ held-out images:
   zeroed measures the excess exactly and estimates, through a gate on every candidate unit, how
   much zeroing each remaining one would remove (``activation x gradient``); the best ones are
   added. Weak units that only matter together are found because each removes part of the excess;
-  a reader stops firing once the outlier it reads is gone, so it adds nothing late;
-- **pruning**: each chosen unit is restored alone with the others zeroed (an exact pass); a unit
-  whose restoration brings back no excess is a reader or a bystander and is dropped;
-- the **effect** of every kept unit is measured exactly, zeroed alone and within the set.
+  a unit that fires only because of an outlier stops firing once it is gone, so it adds nothing;
+- **pruning**: each chosen unit is measured exactly, zeroed alone (the others active) and restored
+  alone (the others zeroed); a unit that moves the excess neither way is dropped. Units that read
+  an outlier that already exists sit after the emergence layer, outside the searched range.
 """
 
 from __future__ import annotations
@@ -201,21 +201,23 @@ def select_causal(
     rule: str,
     value: float | None,
     *,
-    residual_target: float = 0.1,
-    max_units: int = 64,
     min_gain: float = 0.01,
+    clean_at: float = 0.02,
+    max_units: int = 64,
     batch_size: int = 16,
     progress: Callable[[int], None] | None = None,
 ) -> CausalSelection:
     """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs).
 
-    Steps add the remaining candidates whose estimated removal is at least half the best one's
-    (and above ``min_gain`` of the base excess) until the excess left is below
-    ``residual_target`` of the base, nothing is left to gain, or ``max_units`` are chosen.
+    Each step adds the remaining candidates whose estimated removal is at least half the best
+    one's and at least ``min_gain`` of the base excess. It stops when the excess left is below
+    ``clean_at`` of the base (the outlier patches look ordinary), when no candidate would remove
+    ``min_gain`` more, or at ``max_units``. Estimates come from the direct (residual-stream) path
+    of each unit's write, so a unit that only feeds other units (a feature detector upstream of
+    the writers) is not taken for a writer; every measured excess is exact.
     """
     probe = CausalProbe(model, images, detect_layer, rule, value, candidates, batch_size)
     base_excess, grads = probe.excess([], grad=True)
-    n_img = int(images.shape[0])
     selection = CausalSelection(
         detect_layer,
         [],
@@ -231,22 +233,20 @@ def select_causal(
         1.0,
         {},
         candidates=len(candidates),
-        n_images=n_img,
+        n_images=int(images.shape[0]),
     )
     if probe.base.n_outliers == 0 or base_excess <= 0:
         selection.passes = probe.passes
         return selection
     first = _estimates(grads, candidates)
     chosen: list[Unit] = []
-    excess = base_excess
-    estimates = first
-    while len(chosen) < max_units and excess > residual_target * base_excess:
-        rest = [(est, u) for u, est in estimates.items() if u not in chosen]
-        rest.sort(reverse=True)
+    excess, estimates = base_excess, first
+    while len(chosen) < max_units and excess > clean_at * base_excess:
+        rest = sorted(((est, u) for u, est in estimates.items() if u not in chosen), reverse=True)
         if not rest or rest[0][0] < min_gain * base_excess:
             break
-        best = rest[0][0]
-        added = [u for est, u in rest if est >= 0.5 * best][: max_units - len(chosen)]
+        floor = max(0.5 * rest[0][0], min_gain * base_excess)
+        added = [u for est, u in rest if est >= floor][: max_units - len(chosen)]
         chosen += added
         excess, grads = probe.excess(chosen, grad=True)
         estimates = _estimates(grads, candidates)
@@ -258,7 +258,7 @@ def select_causal(
     kept, effects = _prune(probe, chosen, excess, base_excess, min_gain, selection.dropped)
     for u in kept:
         effects[u]["estimated"] = first.get(u, 0.0) / base_excess
-    residual, _ = probe.excess(kept)
+    residual = excess if kept == chosen else probe.excess(kept)[0]
     selection.chosen = kept
     selection.effects = effects
     selection.residual = residual / base_excess
@@ -279,27 +279,25 @@ def _prune(
     min_gain: float,
     dropped: list[dict[str, Any]],
 ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
-    """Restore each chosen unit alone (others zeroed): keep it only if the excess comes back."""
+    """Measure each chosen unit exactly, zeroed alone and restored alone (the others zeroed); a
+    unit that changes the excess neither way is a bystander of the set and is dropped."""
     kept: list[Unit] = []
-    in_set: dict[Unit, float] = {}
+    effects: dict[Unit, dict[str, float]] = {}
     for u in chosen:
-        restored, _ = probe.excess([v for v in chosen if v != u])
-        gain = (restored - excess) / base_excess
-        if gain >= min_gain:
+        alone = (base_excess - probe.excess([u])[0]) / base_excess
+        in_set = (probe.excess([v for v in chosen if v != u])[0] - excess) / base_excess
+        if max(alone, in_set) >= min_gain:
             kept.append(u)
-            in_set[u] = gain
+            effects[u] = {"alone": alone, "in_set": in_set}
         else:
             dropped.append(
                 {
                     "layer": u[0],
                     "unit": u[1],
-                    "in_set": gain,
-                    "reason": "restoring it alone with the others zeroed brings back no outlier "
-                    "excess: a downstream reader or a bystander",
+                    "alone": alone,
+                    "in_set": in_set,
+                    "reason": "zeroing it alone removes no outlier excess, and restoring it "
+                    "alone with the others zeroed brings none back",
                 }
             )
-    effects: dict[Unit, dict[str, float]] = {}
-    for u in kept:
-        alone, _ = probe.excess([u])
-        effects[u] = {"alone": (base_excess - alone) / base_excess, "in_set": in_set[u]}
     return kept, effects
