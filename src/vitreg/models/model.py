@@ -369,7 +369,9 @@ class Model:
 
     # token insertion --------------------------------------------------------------------
     def insert_tokens(self, values: torch.Tensor | int) -> Handle:
-        """Insert tokens right after [CLS] and trained registers, before block 0.
+        """Insert tokens right after [CLS] and trained registers, where trained registers enter:
+        before the pre-norm (CLIP's ``ln_pre``/timm ``norm_pre``) when the model has one, so a
+        zero token reaches block 0 as ``norm_pre(0)``; else before block 0.
 
         ``values``: an int k (k zero tokens), a ``[k, C]`` tensor shared by every image, or a
         ``[B, k, C]`` tensor. The source's bookkeeping (``num_prefix_tokens`` and its kin) is

@@ -116,7 +116,8 @@ class Adapter(ABC):
         return self.module(x)
 
     def insert_tokens(self, k: int, values_fn: ValuesFn) -> Handle:
-        """Insert ``k`` tokens right after the trained prefix before block 0; keep bookkeeping."""
+        """Insert ``k`` tokens right after the trained prefix where trained registers enter (before
+        the pre-norm when the model has one, else before block 0); keep the bookkeeping."""
         raise UnsupportedModelError(
             f"{self.family} models cannot take extra tokens (their blocks assume exactly h*w "
             "tokens); test-time registers apply to plain ViTs only"
