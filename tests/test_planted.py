@@ -61,6 +61,8 @@ def test_list_planted_names_and_descriptions() -> None:
         "dinov2_s14_swiglu",
         "clip_b16",
         "deit3_s16",
+        "dinov2_s14_early",
+        "dinov2_s14_multiblock",
     }
     assert all(isinstance(d, str) and d for d in names.values())
 

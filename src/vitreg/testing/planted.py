@@ -21,6 +21,10 @@ The planted mechanism mimics trained register neurons (Darcet et al. 2024; Jiang
 A reserved zero channel is read alongside every reserved channel, which cancels LayerNorm's mean
 and makes the flat/textured decision independent of the rest of the token. Random writes into
 the reserved channels are removed up to the first planted layer.
+
+:class:`GroundTruth` gives each unit a role: causal units (the first planted layer), readers
+(the next one) and, in the fixtures of :mod:`vitreg.testing.planted_circuits` (``groups`` in
+their specs), causes spread over several blocks, strong downstream readers and distractors.
 """
 
 from __future__ import annotations
@@ -38,12 +42,34 @@ from vitreg.models.layout import TokenLayout
 
 
 @dataclass(frozen=True)
+class _Group:
+    """``n`` units of one role in block ``layer`` of a role-annotated fixture (planted_circuits).
+
+    ``reads``: "flag" (the flat flag), "seed" / "v" (cosine with the seed / outlier direction
+    after LayerNorm), "ref" (the patch-vs-prefix reference channel). ``writes``: "v", "seed" or
+    "random" (a fixed direction orthogonal to both). ``target``: for causes, the flat patches'
+    median norm over the median patch norm at the block output; for readers, their relative
+    norm gain; for distractors, their write norm relative to the median patch ([CLS]) norm.
+    ``act``: median activation of the units where they fire.
+    """
+
+    role: str  # "cause" | "reader" | "texture" | "cls"
+    layer: int
+    n: int
+    reads: str
+    writes: str
+    target: float
+    act: float
+
+
+@dataclass(frozen=True)
 class _Spec:
     architecture: str
     description: str
-    layers: tuple[int, int]
-    n_units: tuple[int, int]
+    layers: tuple[int, ...]
+    n_units: tuple[int, ...]
     args: dict = field(default_factory=dict)
+    groups: tuple[_Group, ...] = ()  # role-annotated fixtures: built by planted_circuits
 
 
 SPECS: dict[str, _Spec] = {
@@ -77,6 +103,35 @@ SPECS: dict[str, _Spec] = {
         "DeiT-III ViT-S/16 (LayerScale, no pos-embed on [CLS]); neurons in layers 5-6",
         (5, 6),
         (3, 2),
+    ),
+    "dinov2_s14_early": _Spec(
+        "vit_small_patch14_dinov2",
+        "DINOv2 ViT-S/14: 3 register neurons in block 2 create 20x outliers on flat patches; "
+        "readers in blocks 5 and 8 reinforce them",
+        (),
+        (),
+        groups=(
+            _Group("cause", 2, 3, "flag", "v", 20.0, 60.0),
+            _Group("reader", 5, 1, "v", "v", 0.15, 150.0),
+            _Group("reader", 8, 1, "v", "v", 0.15, 150.0),
+        ),
+    ),
+    "dinov2_s14_multiblock": _Spec(
+        "vit_small_patch14_dinov2",
+        "DINOv2 ViT-S/14: weak seeds in blocks 2-3 gate amplifiers in block 4 (outliers from "
+        "block 4); strong readers in blocks 6-9; texture and [CLS] distractors",
+        (),
+        (),
+        groups=(
+            _Group("texture", 2, 1, "flag", "random", 0.25, 30.0),
+            _Group("cause", 2, 2, "flag", "seed", 1.3, 25.0),
+            _Group("cls", 3, 1, "ref", "random", 0.3, 300.0),
+            _Group("cause", 3, 2, "flag", "seed", 1.8, 25.0),
+            _Group("texture", 4, 1, "flag", "random", 0.25, 30.0),
+            _Group("cls", 4, 1, "ref", "random", 0.3, 300.0),
+            _Group("cause", 4, 2, "seed", "v", 25.0, 40.0),
+            *(_Group("reader", layer, 1, "v", "v", 0.1, 150.0) for layer in (6, 7, 8, 9)),
+        ),
     ),
 }
 
@@ -165,6 +220,13 @@ class GroundTruth:
     ``blocks.{first_outlier_layer}.hook_resid_post`` on, patches selected by
     :meth:`outlier_mask` have norms around ``expected_norm_ratio`` x the median patch norm;
     ``helper_units`` are the upstream circuit (texture energy in block 0, flat flag in block 1).
+
+    Roles: ``causal_units`` is the minimal set whose zeroing removes the outliers;
+    ``reader_units`` fire because a token already is an outlier (they read its direction) and
+    reinforce it; ``units`` is causal + reader units. ``distractor_units`` are
+    ``(layer, unit, kind)`` with kind "texture" (fire on textured patches) or "cls" (fire on
+    [CLS] only); they do not touch the outliers. ``emergence_layer`` is the first block whose
+    output shows the outlier mode (the last causal block; = ``first_outlier_layer``).
     """
 
     name: str
@@ -180,10 +242,22 @@ class GroundTruth:
     helper_units: tuple[tuple[int, int, str], ...]
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    causal_units: tuple[tuple[int, int], ...] = ()
+    reader_units: tuple[tuple[int, int], ...] = ()
+    distractor_units: tuple[tuple[int, int, str], ...] = ()
+    emergence_layer: int | None = None  # None: first_outlier_layer
 
-    def units_by_layer(self) -> dict[int, list[int]]:
+    def __post_init__(self) -> None:
+        if self.emergence_layer is None:
+            object.__setattr__(self, "emergence_layer", self.first_outlier_layer)
+
+    def units_by_layer(self, role: str = "all") -> dict[int, list[int]]:
+        """Units per layer; ``role``: "all" (causal + readers), "causal" or "reader"."""
+        pairs = {"all": self.units, "causal": self.causal_units, "reader": self.reader_units}
+        if role not in pairs:
+            raise InputError(f"role must be one of {sorted(pairs)}, got {role!r}")
         out: dict[int, list[int]] = {}
-        for layer, unit in self.units:
+        for layer, unit in pairs[role]:
             out.setdefault(layer, []).append(unit)
         return out
 
@@ -213,6 +287,9 @@ class GroundTruth:
             units=[list(u) for u in self.units],
             sink_layers=list(self.sink_layers),
             helper_units=[list(u) for u in self.helper_units],
+            causal_units=[list(u) for u in self.causal_units],
+            reader_units=[list(u) for u in self.reader_units],
+            distractor_units=[list(u) for u in self.distractor_units],
             mean=list(self.mean),
             std=list(self.std),
         )
@@ -351,8 +428,9 @@ def _plan(module: nn.Module, spec: _Spec, g: torch.Generator) -> _Plan:
     return _Plan(*chans[:4], chans[4:], units, v / v.norm())
 
 
-def _reserve(module: nn.Module, plan: _Plan, spec: _Spec, rule: FlatRule) -> None:
-    """Embed texture filters and the constant reference; keep random writes off reserved channels."""
+def _reserve(module: nn.Module, plan: _Plan, protect: int, rule: FlatRule) -> None:
+    """Embed texture filters and the constant reference; keep random writes off reserved channels
+    in blocks ``0..protect``."""
     res = plan.reserved
     layout = _layout(module)
     pe = module.patch_embed.proj
@@ -371,7 +449,7 @@ def _reserve(module: nn.Module, plan: _Plan, spec: _Spec, rule: FlatRule) -> Non
         if isinstance(norm, nn.LayerNorm):
             norm.weight[res] = 1.0
             norm.bias[res] = 0.0
-    for blk in module.blocks[: spec.layers[0] + 1]:
+    for blk in module.blocks[: protect + 1]:
         for lin in (blk.attn.proj, blk.mlp.fc2):
             lin.weight[res] = 0
             lin.bias[res] = 0
@@ -461,10 +539,8 @@ def _onehot(d: int, *pairs: tuple[int, float]) -> torch.Tensor:
     return v
 
 
-def _plant(
-    module: nn.Module, plan: _Plan, spec: _Spec, sc: _Scales, g: torch.Generator
-) -> list[tuple[int, int, str]]:
-    """Write the texture-energy, flat-flag, register-neuron and attention-sink weights."""
+def _plant_flag(module: nn.Module, plan: _Plan, sc: _Scales) -> list[tuple[int, int, str]]:
+    """Blocks 0-1: the texture-energy channel and the flat flag (no random numbers drawn)."""
     d = module.embed_dim
     blocks = module.blocks
     z, k = plan.zero, N_FILTERS
@@ -497,6 +573,17 @@ def _plant(
         w_in = _onehot(d, (plan.energy, -a1), (z, a1))
         _set_unit(blocks[1].mlp, j, w_in, b, _onehot(d, (plan.flag, s * c_f)))
         helpers.append((1, j, "flat flag"))
+    return helpers
+
+
+def _plant(
+    module: nn.Module, plan: _Plan, spec: _Spec, sc: _Scales, g: torch.Generator
+) -> list[tuple[int, int, str]]:
+    """Write the texture-energy, flat-flag, register-neuron and attention-sink weights."""
+    helpers = _plant_flag(module, plan, sc)
+    d = module.embed_dim
+    blocks = module.blocks
+    z = plan.zero
     first, second = spec.layers
     # first planted layer: act_j = a_j (flag - t); their writes sum to NORM_RATIO x median norm
     amps = 25 + 15 * torch.rand(len(plan.units[first]), generator=g)
@@ -576,6 +663,10 @@ def _sinks(module: nn.Module, v: torch.Tensor, layers: range, g: torch.Generator
 def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, GroundTruth]:
     """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth."""
     spec = _spec(name)
+    if spec.groups:
+        from vitreg.testing.planted_circuits import build_circuit
+
+        return build_circuit(name, spec, img_size, seed)
     module = _create(spec, img_size)
     patch = int(module.patch_embed.patch_size[0])
     rule = FlatRule(patch, THRESHOLD, N_FILTERS, filter_seed=seed)
@@ -584,11 +675,11 @@ def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, Gro
     g = torch.Generator().manual_seed(seed + 7919)
     with torch.no_grad():
         _random_init(module, g)
-        _reserve(module, plan, spec, rule)
+        _reserve(module, plan, spec.layers[0], rule)
         scales = _calibrate(module, plan, spec, img_size)
         helpers = _plant(module, plan, spec, scales, g)
     module.eval()
-    first = spec.layers[0]
+    first, second = spec.layers
     cfg = module.pretrained_cfg
     truth = GroundTruth(
         name=name,
@@ -604,6 +695,9 @@ def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, Gro
         helper_units=tuple(helpers),
         mean=tuple(float(m) for m in cfg["mean"]),
         std=tuple(float(s) for s in cfg["std"]),
+        causal_units=tuple((first, u) for u in plan.units[first]),
+        reader_units=tuple((second, u) for u in plan.units[second]),
+        emergence_layer=first,
     )
     return module, truth
 

@@ -30,11 +30,20 @@ def load_planted(
         raise SpecError(f"planted:{name} takes only img_size and seed, got {sorted(kwargs)}")
     module, truth = build(name, img_size=img_size, seed=seed)
     module.vitreg_planted = truth
-    units = ", ".join(f"{layer}:{unit}" for layer, unit in truth.units)
+
+    def pairs(units) -> str:
+        return ", ".join(f"{u[0]}:{u[1]}" for u in units)
+
+    roles = f"; readers {pairs(truth.reader_units)} reinforce them" if truth.reader_units else ""
+    if truth.distractor_units:
+        kinds = ", ".join(
+            f"{layer}:{unit} ({kind})" for layer, unit, kind in truth.distractor_units
+        )
+        roles += f"; distractors {kinds} do not touch them"
     note = (
-        f"synthetic: planted register neurons on random weights ({name}, seed {seed}); units "
-        f"{units} write high-norm outliers into flat patches from layer "
-        f"{truth.first_outlier_layer}. Not a trained model: use it to test tools, not to "
-        "draw conclusions about real ViTs"
+        f"synthetic: planted register neurons on random weights ({name}, seed {seed}); causal "
+        f"units {pairs(truth.causal_units)} write high-norm outliers into flat patches from "
+        f"layer {truth.emergence_layer}{roles}. Not a trained model: use it to test tools, not "
+        "to draw conclusions about real ViTs"
     )
     return Loaded(module, notes=[note])

@@ -1,0 +1,338 @@
+"""Planted fixtures with roles: multi-block causes, downstream readers and distractors.
+
+A selection of register neurons must pick the units that *create* the outliers. These fixtures
+plant, beside the causes, units that a selection can confuse with them (see ``SPECS`` in
+:mod:`vitreg.testing.planted` for the layouts and :class:`GroundTruth` for the roles):
+
+* causes reading the flat flag and writing along the outlier direction ``v`` (one block makes
+  the outliers), or weak *seeds* writing along a second direction ``seed`` (orthogonal to ``v``)
+  whose output is no outlier mode, followed by *amplifiers* that read ``seed`` after LayerNorm
+  and write ``v``: all of them are needed, and zeroing any causal block weakens the outliers;
+* readers: units of later blocks that read ``v`` after LayerNorm, so they fire only on tokens
+  that already are outliers, with large activations (they top a mean-|activation|-on-outliers
+  ranking) and writes along ``v`` that reinforce the outliers without creating them;
+* distractors: "texture" units firing on every non-flat token (flag off) and "cls" units firing
+  on [CLS] only (the reference channel is -1 on prefix tokens), both writing a moderate vector
+  orthogonal to ``v`` and ``seed``.
+
+Each group is calibrated block by block on synthetic images: the calibration tokens are stepped
+through the blocks as they are planted, so thresholds and write sizes are set on the inputs the
+units really see. ``v`` and ``seed`` avoid the reserved channels, which stay free of random
+writes up to the last block that reads them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from vitreg.testing.planted import (
+    N_FILTERS,
+    THRESHOLD,
+    FlatRule,
+    GroundTruth,
+    _create,
+    _Group,
+    _layout,
+    _onehot,
+    _Plan,
+    _plant_flag,
+    _random_init,
+    _reserve,
+    _Scales,
+    _set_unit,
+    _sinks,
+    _Spec,
+)
+
+_FLAG_CUT = 0.25  # flag readers fire above this fraction of the flat patches' median flag
+_SEED_CUT = 0.75  # amplifiers fire above this fraction of the seeded patches' median cosine
+_READ_COS = 0.4  # readers fire above this cosine with v after LayerNorm
+_CALIB_TOKENS = 512  # calibration patches (2 to 16 synthetic images)
+
+
+def _direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> torch.Tensor:
+    """Unit vector from ``x``: zero on reserved channels, zero mean, orthogonal to ``others``."""
+    x = x.clone()
+    keep = torch.ones_like(x, dtype=torch.bool)
+    keep[reserved] = False
+    x[~keep] = 0
+    x[keep] -= x[keep].mean()
+    for o in others:  # others are unit, zero-mean and zero on reserved channels already
+        x -= (x @ o) * o
+    return x / x.norm()
+
+
+def _circuit_plan(
+    module: nn.Module, spec: _Spec, g: torch.Generator
+) -> tuple[_Plan, torch.Tensor, list[list[int]]]:
+    """Reserved channels, the flag circuit's units, each group's units, ``v`` and ``seed``."""
+    d = module.embed_dim
+    hidden = module.blocks[0].mlp.fc2.in_features
+    chans = torch.randperm(d, generator=g)[: 4 + N_FILTERS].tolist()
+    counts = {0: 2 * N_FILTERS + 2, 1: 2}
+    for gr in spec.groups:
+        if gr.layer < 2:
+            raise ValueError(f"planted groups start at block 2 (blocks 0-1 hold the flag): {gr}")
+        counts[gr.layer] = counts.get(gr.layer, 0) + gr.n
+    drawn = {k: torch.randperm(hidden, generator=g)[:n].tolist() for k, n in counts.items()}
+    groups = []
+    for gr in spec.groups:
+        groups.append(sorted(drawn[gr.layer][: gr.n]))
+        drawn[gr.layer] = drawn[gr.layer][gr.n :]
+    v = _direction(torch.randn(d, generator=g), chans)
+    seed = _direction(torch.randn(d, generator=g), chans, v)
+    plan = _Plan(*chans[:4], chans[4:], {0: sorted(drawn[0]), 1: sorted(drawn[1])}, v)
+    return plan, seed, groups
+
+
+def _hat(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm without its affine part: every token has norm ``sqrt(d)``."""
+    c = x - x.mean(-1, keepdim=True)
+    return c * (c.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
+
+
+def _mid(blk: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The residual stream after ``blk``'s attention (the MLP's input before norm2)."""
+    return h + blk.drop_path1(blk.ls1(blk.attn(blk.norm1(h))))
+
+
+def _out(blk: nn.Module, mid: torch.Tensor) -> torch.Tensor:
+    """The block's output from ``_mid``."""
+    return mid + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(mid))))
+
+
+def _bisect(f, target: float, hi: float) -> float:
+    """``T >= 0`` with ``f(T) = target`` for increasing ``f`` with ``f(0) < target``."""
+    if f(0.0) >= target:
+        raise RuntimeError(f"planted calibration: target {target:g} reached without any write")
+    for _ in range(60):
+        if f(hi) >= target:
+            break
+        hi *= 2
+    else:
+        raise RuntimeError(f"planted calibration: target {target:g} not reachable")
+    lo = 0.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return hi
+
+
+class _Planter:
+    """Plants the groups of one spec, stepping calibration images through the blocks."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        spec: _Spec,
+        plan: _Plan,
+        seed: torch.Tensor,
+        units: list[list[int]],
+        rule: FlatRule,
+        size: int,
+        g: torch.Generator,
+    ) -> None:
+        from vitreg.testing.images import synthetic_images
+
+        self.module, self.spec, self.plan, self.g = module, spec, plan, g
+        self.seed, self.units = seed, units  # the seed direction; each group's units
+        self.d = module.embed_dim
+        cfg = module.pretrained_cfg
+        mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
+        std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
+        n_img = min(max(math.ceil(_CALIB_TOKENS / _layout(module).n_patches), 2), 16)
+        x = (synthetic_images(n_img, size, seed=12345) - mean) / std
+        energy = (rule.texture_energy(x) / rule.threshold).flatten(1)
+        self.flat, self.textured = energy < 0.9, energy > 1.1  # clear of the threshold
+        layout = _layout(module)
+        self.patches, self.cls = layout.patches, layout.cls
+        m = module
+        self.h0 = m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(x))))
+
+    # features read by the units, per token, from the LayerNorm hat --------------------------
+    def _feature(self, reads: str, hat: torch.Tensor) -> torch.Tensor:
+        p = self.plan
+        if reads == "flag":
+            return hat[..., p.flag] - hat[..., p.zero]
+        if reads == "ref":  # prefix tokens: +inv_std; patches: -inv_std
+            return hat[..., p.zero] - hat[..., p.ref]
+        direction = {"v": p.direction, "seed": self.seed}[reads]
+        return hat @ direction / math.sqrt(self.d)
+
+    def _reads(
+        self, norm: nn.LayerNorm, reads: str, gains: torch.Tensor, cut: float
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Input weights and biases giving ``pre_j = gains_j * (feature - cut)``."""
+        p, d = self.plan, self.d
+        if reads in ("flag", "ref"):
+            sign = 1.0 if reads == "flag" else -1.0
+            ch = p.flag if reads == "flag" else p.ref
+            w = [_onehot(d, (ch, sign * a), (p.zero, -sign * a)) for a in gains.tolist()]
+            return w, -gains * cut
+        direction = {"v": p.direction, "seed": self.seed}[reads]
+        offset = float((direction * norm.bias / norm.weight).sum())
+        unit = direction / norm.weight / math.sqrt(self.d)
+        w = [a * unit for a in gains.tolist()]
+        return w, -gains * (cut + offset / math.sqrt(self.d))
+
+    def _where(self, role: str) -> torch.Tensor:
+        """Bool ``[B, T]``: the calibration tokens on which units of ``role`` fire."""
+        b, t = self.h0.shape[:2]
+        rows = torch.zeros(b, t, dtype=torch.bool)
+        if role == "cls":
+            rows[:, self.cls] = True
+        else:
+            rows[:, self.patches] = self.textured if role == "texture" else self.flat
+        return rows
+
+    def _writes(self, gr: _Group) -> torch.Tensor:
+        """``[n, d]`` unit write directions near the group's direction, times random weights."""
+        p, n = self.plan, gr.n
+        if gr.writes == "random":
+            base = torch.randn(self.d, generator=self.g)
+            base = _direction(base, p.reserved, p.direction, self.seed)
+        else:
+            base = {"v": p.direction, "seed": self.seed}[gr.writes]
+        noise = torch.randn(n, self.d, generator=self.g)
+        dirs = torch.stack([_direction(base + 0.25 * _direction(z, p.reserved), []) for z in noise])
+        return dirs * (0.7 + 0.6 * torch.rand(n, generator=self.g))[:, None]
+
+    def group(
+        self, blk: nn.Module, mid: torch.Tensor, out: torch.Tensor, gr: _Group, units: list[int]
+    ) -> torch.Tensor:
+        """Plant one group (thresholds and gains from the block's input, write size to target)
+        into a block whose output is ``out`` without it; return the output with it."""
+        feature = self._feature(gr.reads, _hat(blk.norm2, mid))
+        rows = self._where(gr.role)
+        # texture units are set from the flag's level on the flat patches they must stay off
+        med = float(feature[self._where("cause") if gr.role == "texture" else rows].median())
+        acts = gr.act * (0.8 + 0.4 * torch.rand(gr.n, generator=self.g))
+        if gr.role == "texture":  # fires where the flag is off: pre = act (1 - flag / cut)
+            cut = _FLAG_CUT * med
+            w_in, b_in = self._reads(blk.norm2, "flag", -acts / cut, 0.0)
+            b_in = b_in + acts
+        else:
+            cut = {"flag": _FLAG_CUT * med, "seed": _SEED_CUT * med, "v": _READ_COS, "ref": 0.0}
+            gains = acts / (med - cut[gr.reads])
+            w_in, b_in = self._reads(blk.norm2, gr.reads, gains, cut[gr.reads])
+        dirs = self._writes(gr)
+        # the units' summed write per token for a unit scale (GLU units have up = 1)
+        pre = blk.norm2(mid) @ torch.stack(w_in).T + b_in
+        push = blk.mlp.act(pre) @ dirs
+        pn = self.patches
+        o, q = out[:, pn], push[:, pn]
+        n0 = o.norm(dim=-1)
+        terms = (n0.square(), 2 * (o * q).sum(-1), q.square().sum(-1))
+
+        def norms(s: float) -> torch.Tensor:  # patch norms after a write of scale ``s``
+            return (terms[0] + s * terms[1] + s * s * terms[2]).clamp_min(0).sqrt()
+
+        if gr.role == "cause":
+
+            def ratio(s: float) -> float:
+                n = norms(s)
+                return float(n[self.flat].median() / n.median())
+
+            scale = _bisect(ratio, gr.target, 1.0)
+        elif gr.role == "reader":
+            base = float(n0[self.flat].median())
+            scale = _bisect(
+                lambda s: float(norms(s)[self.flat].median()) / base, 1 + gr.target, 1.0
+            )
+        else:  # distractors: a write of ``target`` x the median norm of their tokens
+            ref = n0.median() if gr.role == "texture" else out[:, self.cls].norm(dim=-1).median()
+            scale = float(gr.target * ref / push[rows].norm(dim=-1).median())
+        gamma = blk.ls2.gamma.detach() if hasattr(blk.ls2, "gamma") else torch.ones(self.d)
+        for i, j in enumerate(units):
+            _set_unit(blk.mlp, j, w_in[i], float(b_in[i]), scale * dirs[i] / gamma)
+        return out + scale * push
+
+    def run(self) -> list[tuple[int, int, str]]:
+        """Plant the flag circuit, then every group in block order; return the helper units."""
+        blocks, p, groups = self.module.blocks, self.plan, self.spec.groups
+        first = min(gr.layer for gr in groups if gr.reads == "flag")
+        h, inv = self.h0, {}
+        for i in range(first + 1):  # LayerNorm scales before planting (as planted._calibrate)
+            mid = _mid(blocks[i], h)
+            hat = _hat(blocks[i].norm2, mid)[:, self.patches]
+            c = mid[:, self.patches] - mid[:, self.patches].mean(-1, keepdim=True)
+            inv[i] = float((c.pow(2).mean(-1) + blocks[i].norm2.eps).rsqrt().median())
+            if i == 0:
+                s0 = float((hat[..., p.ref] - hat[..., p.zero]).median())
+            h = _out(blocks[i], mid)
+        helpers = _plant_flag(self.module, p, _Scales(s0, inv[1], inv[first], 0.0))
+        emergence = max(gr.layer for gr in groups if gr.role == "cause")
+        h = self.h0
+        for i in range(max(gr.layer for gr in groups) + 1):
+            blk = blocks[i]
+            if i == emergence + 1:  # later blocks see outliers: make them attention sinks
+                _sinks(self.module, p.direction, range(i, len(blocks)), self.g)
+            mid = _mid(blk, h)
+            here = [k for k, gr in enumerate(groups) if gr.layer == i]
+            for k in here:  # silence the units first: the block's output without any group
+                blk.mlp.fc2.weight[:, self.units[k]] = 0
+            h = _out(blk, mid)
+            for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
+                h = self.group(blk, mid, h, groups[k], self.units[k])
+        if max(gr.layer for gr in groups) <= emergence:
+            _sinks(self.module, p.direction, range(emergence + 1, len(blocks)), self.g)
+        return helpers
+
+
+def build_circuit(
+    name: str, spec: _Spec, img_size: int = 224, seed: int = 0
+) -> tuple[nn.Module, GroundTruth]:
+    """A role-annotated planted fixture (``spec.groups``) and its ground truth."""
+    module = _create(spec, img_size)
+    patch = int(module.patch_embed.patch_size[0])
+    rule = FlatRule(patch, THRESHOLD, N_FILTERS, filter_seed=seed)
+    plan, seed_dir, units = _circuit_plan(module, spec, torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed + 7919)
+    groups = spec.groups
+    protect = max(gr.layer for gr in groups if gr.reads in ("flag", "ref"))
+    module.eval()
+    with torch.no_grad():
+        _random_init(module, g)
+        _reserve(module, plan, protect, rule)
+        helpers = _Planter(module, spec, plan, seed_dir, units, rule, img_size, g).run()
+
+    def pairs(role: str) -> tuple[tuple[int, int], ...]:
+        got = [(gr.layer, us) for gr, us in zip(groups, units, strict=True) if gr.role == role]
+        return tuple(sorted((layer, u) for layer, us in got for u in us))
+
+    causal, readers = pairs("cause"), pairs("reader")
+    distractors = tuple(
+        sorted(
+            (gr.layer, u, gr.role)
+            for gr, us in zip(groups, units, strict=True)
+            if gr.role in ("texture", "cls")
+            for u in us
+        )
+    )
+    emergence = max(layer for layer, _ in causal)
+    cfg = module.pretrained_cfg
+    truth = GroundTruth(
+        name=name,
+        architecture=spec.architecture,
+        model_args=dict(img_size=img_size, num_classes=0, **spec.args),
+        seed=seed,
+        layers=tuple(sorted({layer for layer, _ in causal + readers})),
+        units=causal + readers,
+        rule=rule,
+        first_outlier_layer=emergence,
+        expected_norm_ratio=next(
+            gr.target for gr in groups if gr.layer == emergence and gr.role == "cause"
+        ),
+        sink_layers=tuple(range(emergence + 1, len(module.blocks))),
+        helper_units=tuple(helpers),
+        mean=tuple(float(m) for m in cfg["mean"]),
+        std=tuple(float(s) for s in cfg["std"]),
+        causal_units=causal,
+        reader_units=readers,
+        distractor_units=distractors,
+        emergence_layer=emergence,
+    )
+    return module, truth
