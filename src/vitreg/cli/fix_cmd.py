@@ -13,7 +13,7 @@ from rich.table import Table
 
 from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, _progress, default_run_dir, slug
-from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model
+from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model, planted_rows
 from vitreg.cli.output import cli_errors, console, err_console, fail
 from vitreg.errors import InputError
 from vitreg.fix.test_time_registers import MODES, PATCH_STRATEGIES
@@ -178,6 +178,7 @@ def fix_command(
             "neurons": info,
             "discovery": found.results() if found is not None else None,
             "saved": None,
+            "planted": planted_rows(model, chosen.pairs()),
         }
         if save is not None:
             from vitreg.models.loaders.local import save_fixed

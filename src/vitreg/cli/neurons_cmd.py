@@ -79,6 +79,21 @@ def find_neurons(
     )
 
 
+def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any]] | None:
+    """A planted fixture's units with their role and whether ``pairs`` includes them."""
+    truth = getattr(model.module, "vitreg_planted", None)
+    if truth is None:
+        return None
+    roles = [(*u, "cause (writes the outliers)") for u in truth.causal_units]
+    roles += [(*u, "reader (fires on outliers)") for u in truth.reader_units]
+    roles += [(lay, u, f"distractor ({kind})") for lay, u, kind in truth.distractor_units]
+    chosen = set(pairs)
+    return [
+        {"layer": lay, "unit": u, "role": role, "chosen": (lay, u) in chosen}
+        for lay, u, role in roles
+    ]
+
+
 def parse_top_k(value: str) -> int | None:
     """``auto`` -> None (calibrate), else a positive integer."""
     if value == "auto":
@@ -207,6 +222,7 @@ def write(
         (run_dir / "metrics.json").unlink(missing_ok=True)  # never beside a newer neuron set
         found.chosen.save(run_dir / "neurons")
         results = found.results()
+        results["planted"] = planted_rows(model, found.chosen.pairs())
         results["files"] = {"json": "neurons.json", "tensors": "neurons.safetensors"}
         config = {
             "command": "neurons",

@@ -53,61 +53,74 @@ def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
 
 
 def calibration_curve(curve: dict[str, Any]) -> Figure:
-    """k against the held-out outlier rate (target marked) and max/median patch norm."""
+    """k against what the fix leaves on held-out images: blocks with an outlier mode, and the
+    max/median patch norm at the detection layer against the allowed level."""
     from matplotlib.ticker import MaxNLocator
 
     fig = new_canvas(6.5, 5.0)
-    rate_ax, norm_ax = fig.subplots(2, 1, sharex=True)
+    mode_ax, norm_ax = fig.subplots(2, 1, sharex=True)
     fig.subplots_adjust(left=0.12, right=0.96, bottom=0.1, top=0.95, hspace=0.12)
     ks = curve["ks"]
-    for key, rates in curve["outlier_rate"].items():
+    for key, blocks in curve["blocks_with_mode"].items():
         size = "" if int(key) == 0 else f" ({key} px)"
-        rate_ax.plot(ks, rates, marker="o", label=f"outlier rate{size}")
-        norm_ax.plot(ks, curve["max_norm"][key], marker="o", label=f"max{size}")
-        norm_ax.plot(ks, curve["median_norm"][key], marker=".", ls="--", label=f"median{size}")
-    rate_ax.axhline(curve["target"], color="r", ls=":", label=f"target {curve['target']:g}")
-    for ax in (rate_ax, norm_ax):
+        mode_ax.plot(ks, [len(b) for b in blocks], marker="o", label=f"blocks with a mode{size}")
+        norm_ax.plot(ks, curve["max_over_median"][key], marker="o", label=f"max/median{size}")
+        allowed = curve["tolerance"] * curve["ordinary_max_over_median"][key]
+        norm_ax.axhline(allowed, color="r", ls=":", label=f"allowed{size}: {allowed:.3g}")
+    for ax in (mode_ax, norm_ax):
         if curve["chosen_k"] is not None:
             ax.axvline(curve["chosen_k"], color="k", ls=":")
         ax.legend(fontsize=7)
-    rate_ax.set_ylabel("patch outlier rate")
+    mode_ax.set_ylabel("blocks with an outlier mode")
+    mode_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     norm_ax.set_yscale("log")
-    norm_ax.set_ylabel("patch norm")
-    norm_ax.set_xlabel("k (top-ranked neurons moved into the register)")
+    norm_ax.set_ylabel("max / median patch norm")
+    norm_ax.set_xlabel("k (first neurons of the set moved into the register)")
     norm_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     caption = (
-        f"Top-k calibration on the held-out images, at the detection layer "
-        f"(`blocks.{curve['detect_layer']}.hook_resid_post`, residual stream): the share of patch "
-        "tokens above the outlier threshold (top) and the max and median patch norm (bottom) with "
-        "test-time registers on the top k neurons. The search stops at the first k that meets the "
-        "target (dotted vertical line)."
+        "What the fix leaves on the held-out images with test-time registers on the first k "
+        "neurons: the number of blocks whose patch norms still show an outlier mode (the presence "
+        "test of `vitreg diagnose`, top) and the max/median patch norm at the detection layer "
+        f"(`blocks.{curve['detect_layer']}.hook_resid_post`, bottom) against the allowed level "
+        f"({curve['tolerance']:g}x the ordinary patches' level before the fix, red). The dotted "
+        f"vertical line marks the chosen k ({curve['status']})."
     )
     return Figure("calibration_curve", caption, png_bytes(fig))
 
 
 def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """report.md of ``vitreg neurons``: the result, the neurons, figures, images, model."""
+    """report.md of ``vitreg neurons``: the verdict after the fix, how each choice was made, the
+    neurons with their causal effects, figures, images, model."""
     r = doc["results"]
     held = r["held_out"]
     summary = Section("summary", "Register neurons")
+    after = held["blocks_with_outlier_mode_after"]
+    verdict = (
+        "**No artifacts after the fix**: no block shows an outlier mode"
+        if r["status"] == "clean"
+        else f"**PARTIAL**: an outlier mode remains at blocks {blocks_text(after)}"
+        if after
+        else "**PARTIAL**: the largest patch norms stay above the ordinary level"
+    )
     summary.blocks.append(
-        f"**{r['n_neurons']} register neurons** in layers "
-        f"{', '.join(str(x['layer']) for x in r['layers'])}. Outliers are patch tokens above the "
-        f"`{r['threshold']}` threshold ({num(r['threshold_value'])}) at layer "
-        f"{r['detect_layer']} (`blocks.{r['detect_layer']}.hook_resid_post`, residual stream); "
-        f"units of layers {r['lowest_layer']} to {r['highest_layer']} were searched."
+        f"{verdict} on the {held['n_images']} held-out images with test-time registers on these "
+        f"neurons (before: at blocks {blocks_text(held['blocks_with_outlier_mode_before'])}). "
+        f"Max/median patch norm at block {r['detect_layer']}: "
+        f"{num(held['max_over_median_before'])} → {num(held['max_over_median_after'])} (ordinary "
+        f"patches: {num(held['ordinary_max_over_median'])}); patch outlier rate "
+        f"{pct(held['outlier_rate_before'])} → {pct(held['outlier_rate_after'])}."
     )
     how = (
-        f"the smallest k that brings the held-out outlier rate to the target "
-        f"{pct(r['target'])} or below"
-        if r["top_k_mode"] == "calibrated"
-        else "fixed by --top-k"
+        "the units whose zeroing removes the outliers (causal check), their fix then checked on "
+        "held-out images"
+        if r["selection"] == "causal"
+        else "fixed by --top-k (the paper's ranking)"
+        if r["top_k_mode"] == "fixed"
+        else "the smallest k of the paper's ranking whose fix passes on held-out images"
     )
     summary.blocks.append(
-        f"Top-k = {r['chosen_k']} ({how}). On the {held['n_images']} held-out images the patch "
-        f"outlier rate goes from {pct(held['outlier_rate_before'])} without the fix to "
-        f"{pct(held['outlier_rate_after'])} with test-time registers on these neurons (max patch "
-        f"norm {num(held['max_patch_norm_before'])} → {num(held['max_patch_norm_after'])})."
+        f"**{r['n_neurons']} register neurons** in layers "
+        f"{', '.join(str(x['layer']) for x in r['layers'])}: {how}."
     )
     summary.blocks += [f"Note: {n}" for n in r["notes"]]
     summary.blocks.append(
@@ -115,23 +128,108 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         f"`vitreg fix {doc['model']['spec']} --neurons {r['files']['json']}` (path relative to "
         "this run directory)."
     )
-    rows = [
-        [str(i + 1), str(n["layer"]), str(n["unit"]), num(n["score"])]
-        for i, n in enumerate(r["neurons"])
-    ]
-    table = Section("neurons", "The neurons", [Table(["rank", "layer", "unit", "score"], rows)])
     return Report(
         synthetic_banner(doc),
         f"vitreg neurons: {doc['model']['spec']}",
         [
             summary,
-            table,
+            _decisions(r),
+            _neuron_table(r),
+            *([planted_section(r["planted"])] if r.get("planted") else []),
             figure_section("Scores and calibration", figures),
             _images(doc),
             model_section(doc),
             provenance_section(doc),
         ],
     )
+
+
+def _decisions(r: dict[str, Any]) -> Section:
+    """Each automatic choice with the reason the survey or the causal check gave."""
+    s = Section("decisions", "How each choice was made")
+    reasons = r["reasons"]
+    rows = [
+        ["searched blocks", reasons["highest_layer"]],
+        ["detection layer", reasons["detect_layer"]],
+        ["threshold", reasons.get("threshold", f"{r['threshold']}")],
+    ]
+    causal = r.get("causal")
+    if causal:
+        base = causal["baseline"]
+        rows.append(
+            [
+                "causal check",
+                f"{causal['n_candidates']} candidates of the ranking, {causal['n_images']} "
+                f"held-out images, {causal['passes']} passes; {base['n_outlier_patches']} outlier "
+                f"patches; outlier excess left with the set zeroed: "
+                f"{pct(max(causal['residual_fraction'], 0.0))} of the base",
+            ]
+        )
+    calibration = r.get("calibration")
+    if calibration:
+        rows.append(
+            ["top-k", f"k = {r['chosen_k']} ({calibration['status']}): {calibration['criteria']}"]
+        )
+    s.blocks.append(Table(["", "why"], rows))
+    if causal:
+        s.blocks.append(
+            "Causal effect: the share of the outlier excess at the detection layer (mean "
+            "log-norm of the base outlier patches above the median, less the ordinary patches' "
+            "level) that goes away when the unit is zeroed alone, and that comes back when it "
+            "alone is restored with the rest of the set zeroed (in the set)."
+        )
+    return s
+
+
+def _neuron_table(r: dict[str, Any]) -> Section:
+    s = Section("neurons", "The neurons")
+    causal = r.get("causal") is not None
+    header = ["rank", "layer", "unit", "score"] + (["effect alone", "in the set"] if causal else [])
+    rows = []
+    for i, n in enumerate(r["neurons"]):
+        row = [str(i + 1), str(n["layer"]), str(n["unit"]), num(n["score"])]
+        if causal:
+            row += [pct(n.get("effect_alone")), pct(n.get("effect_in_set"))]
+        rows.append(row)
+    s.blocks.append(Table(header, rows))
+    dropped = (r.get("causal") or {}).get("dropped", [])
+    if dropped:
+        s.blocks.append("Dropped by the causal check:")
+        s.blocks.append(
+            Table(
+                ["layer", "unit", "effect alone", "in the set", "why"],
+                [
+                    [
+                        str(d["layer"]),
+                        str(d["unit"]),
+                        pct(d["alone"]),
+                        pct(d["in_set"]),
+                        d["reason"],
+                    ]
+                    for d in dropped
+                ],
+            )
+        )
+    return s
+
+
+def planted_section(rows: list[dict[str, Any]]) -> Section:
+    """The planted fixture's units, their role, and whether the set includes them."""
+    s = Section("planted", "Planted ground truth (synthetic model)")
+    s.blocks.append(
+        "The model is a planted fixture, so the truth is known: causes write the outliers, "
+        "readers fire because a token already is one, distractors fire elsewhere."
+    )
+    s.blocks.append(
+        Table(
+            ["layer", "unit", "role", "in this set"],
+            [
+                [str(x["layer"]), str(x["unit"]), x["role"], "yes" if x["chosen"] else "no"]
+                for x in rows
+            ],
+        )
+    )
+    return s
 
 
 def _images(doc: dict[str, Any]) -> Section:
@@ -433,6 +531,7 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             verdict_section(c),
             s,
             settings,
+            *([planted_section(r["planted"])] if r.get("planted") else []),
             figure_section("Figures", figures),
             _images(doc),
             model_section(doc),
