@@ -154,6 +154,19 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     assert headline["outlier_rate_after"] == c["outlier_rate_after"]
     assert headline["pooled_cosine_mean"] == c["pooled_cosine"]["mean"]
     assert metrics(run_dir)["results"]["neurons"]["fingerprint_matches"] is True
+    # the verdict at every block comes first, judged by the presence test, not the threshold
+    res = c["residual"]
+    assert res["clean"] and res["blocks_with_mode_after"] == [] and res["blocks_with_mode_before"]
+    assert report.index("## Verdict after the fix") < report.index("## Before and after")
+    assert "**No artifacts after the fix**" in report
+    assert headline["clean_after"] is True
+    assert "no artifacts after the fix" in flat(result.stdout)
+    # the demo's planted units are all shown, causes chosen and readers not
+    rows = metrics(run_dir)["results"]["planted"]
+    truth = m.module.vitreg_planted
+    assert {(r["layer"], r["unit"]) for r in rows} == set(truth.units)
+    assert {(r["layer"], r["unit"]) for r in rows if r["chosen"]} == set(truth.causal_units)
+    assert "Planted ground truth" in report
 
 
 def test_saved_fixed_model_loads_and_behaves_like_the_fixed_model(fix_run, cached_models):
