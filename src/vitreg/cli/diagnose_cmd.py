@@ -18,7 +18,7 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.inspect_cmd import _load
 from vitreg.cli.options import DEFAULT_SPEC
-from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.cli.output import cli_errors, console, err_console, fail, is_main, join_torchrun
 from vitreg.errors import InputError, VitregError
 
 DEFAULT_SYNTHETIC = 16  # images in the embedded demo (and for planted models without --images)
@@ -97,6 +97,7 @@ def run_one(spec: str, out_dir: Path, opts: dict[str, Any], command: str) -> Any
     """Load ``spec``, diagnose it on the chosen images, write its run directory; the result."""
     from vitreg.analysis.diagnose import diagnose
     from vitreg.analysis.norms import DEFAULT_RULES
+    from vitreg.distributed import barrier
 
     with err_console.status(f"loading {spec}"):
         model = _load(spec, not opts["random_init"], None, opts["img_size"])
@@ -129,11 +130,18 @@ def run_one(spec: str, out_dir: Path, opts: dict[str, Any], command: str) -> Any
         "samples": opts["samples"],
     }
     write_run, _ = _report()
-    with err_console.status("writing the report"):
-        shown = source.display_images()
-        write_run(
-            out_dir, result, images=shown, config=config, command=command, max_maps=opts["max_maps"]
-        )
+    if is_main():  # under torchrun every rank has the result; rank 0 writes it
+        with err_console.status("writing the report"):
+            shown = source.display_images()
+            write_run(
+                out_dir,
+                result,
+                images=shown,
+                config=config,
+                command=command,
+                max_maps=opts["max_maps"],
+            )
+    barrier()
     return result
 
 
@@ -270,6 +278,7 @@ def diagnose_model(
             "[/yellow]"
         )
     with cli_errors():
+        opts["device"] = join_torchrun(device)
         if images is not None:
             from vitreg.data.folder import list_images
 
@@ -290,7 +299,7 @@ def diagnose_model(
                 raise typer.Exit(code=130) from None
             dirs.append(target)
         show_summary(labelled)
-        if len(specs) > 1:
+        if len(specs) > 1 and is_main():
             comparison = write_comparison(run_dir, labelled, dirs)
             console.print(f"comparison: {comparison}")
     for label, d in zip(specs, dirs, strict=True):

@@ -14,7 +14,8 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, _progress, default_run_dir, slug
 from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model, planted_rows
-from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.cli.output import cli_errors, console, err_console, fail, is_main, join_torchrun
+from vitreg.distributed import on_main
 from vitreg.errors import InputError
 from vitreg.fix.test_time_registers import MODES, PATCH_STRATEGIES
 from vitreg.report.fix_report import MAX_ROWS
@@ -159,7 +160,7 @@ def fix_command(
         shown = {"neurons": neurons, **opts, **fix_opts, "img_size": img_size}
         shown |= {"random_init": random_init, "save": save, "out": run_dir}
         command = _command(spec, shown, verb="fix")
-        model = load_model(spec, random_init, img_size, None)
+        model = load_model(spec, random_init, img_size, join_torchrun(None))
         if model.layout.n_extra:
             raise InputError(
                 f"{spec} is loaded with test-time registers already applied (a model saved by "
@@ -183,10 +184,11 @@ def fix_command(
         if save is not None:
             from vitreg.models.loaders.local import save_fixed
 
-            with err_console.status(f"saving the fixed model to {save}"):
-                save_fixed(model, result[0], save, **save_args(model, spec, img_size))
+            if is_main():
+                with err_console.status(f"saving the fixed model to {save}"):
+                    save_fixed(model, result[0], save, **save_args(model, spec, img_size))
             results["saved"] = str(save)
-        write(run_dir, model, source, result[1], results, shown, command)
+        on_main(write, run_dir, model, source, result[1], results, shown, command)
     show(result[1], run_dir, save)
 
 

@@ -20,7 +20,8 @@ from vitreg.cli.diagnose_cmd import (
     slug,
 )
 from vitreg.cli.inspect_cmd import _load
-from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.cli.output import cli_errors, console, err_console, fail, join_torchrun
+from vitreg.distributed import on_main
 
 THRESHOLDS = ("auto", "mean3std", "robust")
 
@@ -187,7 +188,7 @@ def neurons_command(
             },
             verb="neurons",
         )
-        model = load_model(spec, random_init, img_size, None)
+        model = load_model(spec, random_init, img_size, join_torchrun(None))
         source = image_source(model, spec, opts)
         found = find_neurons(
             model,
@@ -199,7 +200,7 @@ def neurons_command(
             highest_layer=highest_layer,
             threshold=rule,
         )
-        write(run_dir, model, source, found, opts, set_opts, img_size, command)
+        on_main(write, run_dir, model, source, found, opts, set_opts, img_size, command)
     show(found, spec, run_dir)
 
 

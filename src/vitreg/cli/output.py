@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,8 +12,10 @@ from rich.text import Text
 
 from vitreg.errors import VitregError
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+RANK = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 prints (errors: every rank)
+console = Console(highlight=False, quiet=RANK != 0)
+err_console = Console(stderr=True, highlight=False, quiet=RANK != 0)
+_errors = Console(stderr=True, highlight=False)
 
 # optional libraries and the pip extra that installs each
 EXTRAS = {"transformers": "hf", "open_clip": "openclip", "skimage": "samples"}
@@ -20,7 +23,8 @@ EXTRAS = {"transformers": "hf", "open_clip": "openclip", "skimage": "samples"}
 
 def fail(message: str) -> typer.Exit:
     """Print ``message`` as one red paragraph on stderr; return the exit (code 2) to raise."""
-    err_console.print(Text(f"error: {message}", style="red"))
+    where = f"rank {RANK}: " if RANK else ""
+    _errors.print(Text(f"{where}error: {message}", style="red"))
     return typer.Exit(code=2)
 
 
@@ -41,3 +45,23 @@ def cli_errors() -> Iterator[None]:
         raise fail(str(e)) from None
     except ImportError as e:
         raise fail(missing_dependency(e)) from None
+
+
+def join_torchrun(device: str | None) -> str | None:
+    """Under torchrun (``WORLD_SIZE > 1``) join the process group (gloo on CPU, NCCL on GPUs);
+    the device this rank runs on: ``cuda:LOCAL_RANK`` when none is given on GPUs, else
+    ``device`` unchanged. Every rank then runs the verb on the same images; the library shards
+    the forward passes and merges the statistics, and only rank 0 prints and writes files."""
+    from vitreg import distributed
+
+    if not distributed.under_torchrun():
+        return device
+    ctx = distributed.setup(device)
+    return str(ctx.device) if device is None and ctx.device.type == "cuda" else device
+
+
+def is_main() -> bool:
+    """Whether this process writes the run directory (rank 0, or the only process)."""
+    from vitreg import distributed
+
+    return distributed.is_main()

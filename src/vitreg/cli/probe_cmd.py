@@ -3,7 +3,6 @@ by side; ``vitreg compare RUN...``: the headline metrics of several runs in one 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from vitreg.cli.diagnose_cmd import _command, _progress, default_run_dir, slug
 from vitreg.cli.fix_cmd import load_neurons
 from vitreg.cli.neurons_cmd import image_source, load_model
 from vitreg.cli.options import DEFAULT_SPEC
-from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.cli.output import cli_errors, console, err_console, fail, is_main, join_torchrun
 from vitreg.errors import InputError
 
 DEFAULT_DATA = "synthetic-cls:n=200"
@@ -113,12 +112,7 @@ def probe_command(
     shown |= {"seeds": seeds, "epochs": epochs, "optimizer": optimizer, "img_size": img_size}
     shown |= {"random_init": random_init}
     with cli_errors():
-        ctx = None
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: join the group
-            from vitreg.train.distributed import setup
-
-            ctx = setup(device)
-            device = str(ctx.device)
+        device = join_torchrun(device)
         base, neuron_source, fixed = fix_plan(fix, neurons)
         wanted = parse_layers(layers)
         run_dir = out if out is not None else default_run_dir(slug(spec), verb="probe")
@@ -150,7 +144,7 @@ def probe_command(
                 image_size=img_size,
                 progress=progress,
             )
-        if ctx is not None and not ctx.is_main:
+        if not is_main():
             return
         from vitreg.report.probe_report import write_probe_run
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg import distributed
 from vitreg.errors import HookError, InputError
 from vitreg.hooks.cache import ActivationCache
 from vitreg.hooks.reducers import Reducer
@@ -322,6 +323,12 @@ class Model:
         ``data``: an image tensor ``[N, 3, H, W]`` (split into ``batch_size`` batches), a
         DataLoader, or any iterable of batches. ``progress(n)`` is called with the number of
         images done after each batch. Memory stays bounded by the reducers' own state.
+
+        Under torchrun (a process group of several ranks) every rank must call this with the
+        same data and reducers: each forwards its part of every batch
+        (:func:`vitreg.distributed.shard`), then the reducers are merged across ranks, so every
+        rank returns the single-process result (per-image rows in global image order).
+        Inside ``vitreg.distributed.local()`` each rank traces all the data by itself.
         """
         by_site: dict[str, list[Reducer]] = {}
         for r in reducers:
@@ -341,13 +348,18 @@ class Model:
 
             return fn
 
+        stream = distributed.shard(iter_batches(data, batch_size, limit))
         with torch.no_grad(), self.hooks([(n, feed(n)) for n in by_site], attention):
-            for batch in iter_batches(data, batch_size, limit):
+            for batch in stream:
+                offset = stream.offset  # global index of this part's first image
                 self.features(batch)
-                offset += batch.shape[0]
                 if progress is not None:
-                    progress(offset)
-        return TraceResult(list(reducers), offset, layouts, sources)
+                    progress(stream.seen)
+        if stream.world > 1:  # every rank gets the statistics of all images
+            distributed.merge_reducers(reducers)
+            layouts = distributed.merge_dicts(layouts)
+            sources = distributed.merge_dicts(sources)
+        return TraceResult(list(reducers), stream.seen, layouts, sources)
 
     def run_batches(
         self,

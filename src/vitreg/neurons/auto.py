@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from vitreg import distributed
 from vitreg.errors import InputError, VitregError
 from vitreg.models.model import Model
 from vitreg.neurons.calibrate import DEFAULT_KS, TOLERANCE, TopKCurve, calibrate_top_k
@@ -190,6 +191,10 @@ def find_neurons(
             detection=detection,
             progress=update,
         )
+    # Under torchrun the survey and discovery above are sharded over the ranks (one sharded
+    # Model.trace, all-reduced sums). The held-out steps below run on a small tensor (at most
+    # ``max_held_out`` images): every rank runs them whole, on the same images with the same
+    # weights, and gets the same result -- simpler than sharding them.
     held = held_out_images(images, max_held_out)
     options = {"target": target, "tolerance": tolerance, "batch_size": batch_size}
     selection = None
@@ -197,7 +202,10 @@ def find_neurons(
         order = ranking
         ks: tuple[int, ...] = (0, len(ranking))
     elif causal:
-        with progress(None, "causal check: zeroing candidates on held-out images") as update:
+        with (
+            progress(None, "causal check: zeroing candidates on held-out images") as update,
+            distributed.local(),
+        ):
             selection = select_causal(
                 model,
                 held[:causal_images],
@@ -220,7 +228,10 @@ def find_neurons(
     else:
         order, ks = ranking, DEFAULT_KS
     ks = tuple(k for k in ks if k <= len(order)) + (len(order),)
-    with progress(len(set(ks)), "checking the fix on held-out images") as update:
+    with (
+        progress(len(set(ks)), "checking the fix on held-out images") as update,
+        distributed.local(),
+    ):
         chosen, curve = calibrate_top_k(
             model, order, held, ks=ks, progress=update, keep_all=selection is not None, **options
         )

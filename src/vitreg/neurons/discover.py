@@ -4,7 +4,7 @@ For every image with outliers at the detection layer, each MLP unit of the searc
 the mean activation over the outlier positions; scores are those means averaged over such
 images, ranked globally over (layer, unit). Activations of the searched layers are held only for
 the current batch (memory independent of the image count); the statistics are sums, so under
-``torch.distributed`` they are all-reduced and every rank gets the single-process ranking.
+torchrun they are all-reduced and every rank gets the single-process ranking.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from vitreg import distributed
 from vitreg.errors import VitregError
 from vitreg.hooks.sites import HookContext
-from vitreg.models.model import Model
+from vitreg.models.model import Model, iter_batches
 from vitreg.neurons.detection import RULES, Detection, choose_detection, layer_index
 from vitreg.neurons.neuron_set import NeuronSet, weights_fingerprint
 
@@ -75,9 +75,9 @@ def discover(
     ``a`` (the reference notebook's filter). Outliers are patch tokens unless ``include_prefix``
     (the official code counts [CLS] among them: ``include_prefix=True`` reproduces it).
 
-    Under ``torch.distributed`` an image tensor is sharded by rank (pass each rank its own shard
-    of any other data source); the survey reads the same first images on every rank, and the
-    sums are all-reduced, so every rank returns the single-process ranking.
+    Under torchrun every rank passes the same ``data``: each scores its part of every batch
+    (:func:`vitreg.distributed.shard`), the survey is one sharded ``Model.trace``, and the sums
+    are all-reduced, so every rank returns the single-process ranking.
     """
     n_layers = model.n_layers
     rule = "absolute" if isinstance(threshold, (int, float)) else threshold
@@ -144,16 +144,15 @@ def discover(
         for j in list(held):
             add(j, held.pop(j))
 
-    distributed = dist.is_available() and dist.is_initialized()
-    if distributed and isinstance(data, torch.Tensor):
-        data = data[dist.get_rank() :: dist.get_world_size()]  # each rank scores its shard
+    stream = distributed.shard(iter_batches(data, batch_size, limit))  # this rank's images
     hooks = [(f"blocks.{layer}.mlp.hook_post", keep(j, layer)) for j, layer in enumerate(searched)]
     hooks.append((f"blocks.{detect}.hook_resid_post", score))
+    done = None if progress is None else (lambda n: progress(stream.seen))  # images of all ranks
     with model.hooks(hooks):
-        model.run_batches(data, batch_size, limit, progress)
-    if distributed:
+        model.run_batches(stream, batch_size, None, done)
+    if stream.world > 1:
         for t in (score_sum, images_with, images_seen):
-            dist.all_reduce(t)
+            distributed.all_reduce_sum(t)
     if images_with.item() == 0:
         raise VitregError(
             f"none of the {int(images_seen.item())} images has an outlier token at layer {detect} "

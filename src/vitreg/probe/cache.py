@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from vitreg import distributed
 from vitreg.data.datasets import LabeledDataset
 from vitreg.data.transforms import model_input
 from vitreg.errors import InputError, VitregError
@@ -142,23 +142,15 @@ def cache_key(identity: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def check_same_key(group: Any, key: str, size: int) -> None:
+def check_same_key(key: str) -> None:
     """Every torchrun rank must extract the same thing (same weights, data, options)."""
-    keys: list[Any] = [None] * size
-    group.all_gather_object(keys, key)
+    keys = distributed.all_gather(key)
     if len(set(keys)) > 1:
         raise InputError(
             f"the torchrun ranks would fill different feature caches ({sorted(set(keys))}): "
             "their models, data or options differ; load the same weights on every rank (seed "
             "random initialisation) and pass the same options"
         )
-
-
-def world() -> tuple[int, int, Any]:
-    """(rank, world size, torch.distributed or None) of this process."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), dist
-    return 0, 1, None
 
 
 def extract(
@@ -187,15 +179,15 @@ def extract(
         raise InputError(f"batch_size and shard_size must be >= 1, got {batch_size}, {shard_size}")
     if len(dataset) == 0:
         raise InputError(f"the dataset {dataset.describe().get('spec')!r} has no samples")
-    rank, size, group = world()
+    rank, size = distributed.rank(), distributed.world()
     model.eval()
     scope = fix.applied(model) if fix is not None else contextlib.nullcontext()
     with scope:
         plan = make_plan(model, layers, views)
         identity = cache_identity(model, dataset, plan, fix, dtype, pixels, shard_size, image_size)
         key = cache_key(identity)
-        if group is not None:
-            check_same_key(group, key, size)
+        if size > 1:
+            check_same_key(key)
         folder = Path(root) / key
         n_shards = -(-len(dataset) // shard_size)
         writer = ShardWriter(
@@ -217,12 +209,8 @@ def extract(
             for stale in folder.glob(f".{path.name}.*.tmp"):  # left by a killed writer
                 stale.unlink(missing_ok=True)
             writer.write(path, i, i * shard_size, min(len(dataset), (i + 1) * shard_size))
-    if group is not None:
-        group.barrier()
-    if rank == 0:
-        write_manifest(folder, identity, plan, key, n_shards)
-    if group is not None:
-        group.barrier()
+    distributed.barrier()  # every shard is written
+    distributed.on_main(write_manifest, folder, identity, plan, key, n_shards)
     return CachedFeatures(folder, forward_passes=writer.forward_passes)
 
 

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitreg import distributed
 from vitreg.data.datasets import LabeledDataset, open_dataset
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
-from vitreg.probe.cache import extract, world
+from vitreg.probe.cache import extract
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.tasks import TaskResult, get_task
 
@@ -112,7 +113,7 @@ def run(
                 "repairs": cached[split].manifest.get("repairs", {}),
             }
         names = cached["train"].layers
-        if world()[0] != 0:  # under torchrun every rank extracts its shards; rank 0 scores
+        if not distributed.is_main():  # under torchrun every rank extracts; rank 0 scores
             continue
         results[condition] = [
             probe.evaluate(cached["train"], cached["test"], name, config) for name in names

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.distributed import DistContext, rank_slice, setup
 from vitreg.report.io import write_bytes_atomic, write_json_atomic
 from vitreg.train import checkpoint as ckpt_io
 from vitreg.train.config import (
@@ -23,7 +24,6 @@ from vitreg.train.config import (
     resolve_steps,
 )
 from vitreg.train.data import derive_seed, num_classes, open_data
-from vitreg.train.distributed import DistContext, rank_slice, setup
 from vitreg.train.log import append_record, read_records, trim_after
 from vitreg.train.model import build_model, describe
 from vitreg.train.recipe import BatchSpec, norm_stats, parse_options
