@@ -69,6 +69,9 @@ def test_smoke_run_writes_report_with_traceable_headlines(smoke):
     assert list((out / "figures").glob("*.png"))
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["metrics"], "no headline metrics"
+    from vitreg.cli.validate_cmd import check_run
+
+    assert check_run(out).startswith("experiment run, schema 1.1")
     for m in doc["metrics"]:
         assert resolve(doc, m["source"]) == pytest.approx(m["value"]), m["name"]
     names = {m["name"] for m in doc["metrics"]}

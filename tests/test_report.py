@@ -135,7 +135,9 @@ def test_metrics_json_validates_and_traces_to_the_result(
 ) -> None:
     doc = load_metrics(planted_run)
     validate_metrics(doc)
-    assert doc["schema_version"] == "1.0" and doc["command"] == COMMAND
+    assert (
+        doc["schema_version"] == "1.1" and doc["verb"] == "diagnose" and doc["command"] == COMMAND
+    )
     assert doc["torch_version"] == torch.__version__ and doc["timm_version"]
     assert doc["created"].endswith("+00:00")
     assert doc["model"]["spec"] == "planted:dinov2_s14" and doc["model"]["synthetic"]

@@ -12,6 +12,7 @@ from vitreg.cli.models_cmd import models
 from vitreg.cli.neurons_cmd import neurons_command
 from vitreg.cli.probe_cmd import compare_command, probe_command
 from vitreg.cli.train_cmd import train_command
+from vitreg.cli.validate_cmd import validate_command
 
 app = typer.Typer(
     name="vitreg",
@@ -28,6 +29,7 @@ app.command("fix")(fix_command)
 app.command("probe")(probe_command)
 app.command("compare")(compare_command)
 app.command("train")(train_command)
+app.command("validate")(validate_command)
 app.add_typer(experiment_app, name="experiment")
 
 

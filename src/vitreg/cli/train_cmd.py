@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from vitreg.cli.diagnose_cmd import default_run_dir, slug
+from vitreg.cli.diagnose_cmd import _command, default_run_dir, slug
 from vitreg.cli.output import cli_errors, console, fail
 
 
@@ -120,10 +120,48 @@ def train_command(
             bar.close()
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    shown = {
+        "data": data,
+        "recipe": recipe,
+        "out": str(run_dir),
+        "steps": steps,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "img_size": img_size,
+        "accum_steps": accum_steps,
+        "amp": amp,
+        "seed": seed,
+        "checkpoint_every": checkpoint_every,
+        "device": device,
+        "model_arg": model_kwargs or None,
+        "option": options or None,
+    }
+    with cli_errors():
+        write_result(run_dir, result, variant, shown)
     if result.resumed_from is not None:
         console.print(f"resumed from the checkpoint at step {result.resumed_from}")
     last = result.history[-1] if result.history else {}
     console.print(
         f"{recipe}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "
-        f"run directory: [bold]{escape(str(run_dir))}[/bold] (log.jsonl, model.safetensors)"
+        f"run directory: [bold]{escape(str(run_dir))}[/bold] (log.jsonl, model.safetensors, "
+        "metrics.json)"
+    )
+
+
+def write_result(run_dir: Path, result: Any, variant: str, shown: dict[str, Any]) -> None:
+    """The run's result document (config.yaml, metrics.json), with the data it trained on."""
+    from vitreg.report.train_report import write_train_run
+    from vitreg.train.data import open_data
+
+    plain = {k: v for k, v in shown.items() if not isinstance(v, dict)}
+    command = _command(variant, plain, verb="train")
+    write_train_run(
+        run_dir,
+        result,
+        spec=variant,
+        data=shown["data"],
+        n_samples=len(open_data(shown["data"])),
+        config={"command": "train", "variant": variant, **shown},
+        command=command,
     )

@@ -447,7 +447,7 @@ def write_report(
         "train": train.describe(),
         "val": val.describe(),
     }
-    doc = document(command, described, data, s, results, headlines(variants))
+    doc = document("experiment", command, described, data, s, results, headlines(variants))
     figures = [f for f in (ln_figure(variants), scatter_figure(variants)) if f is not None]
     figures.append(loss_figure(variants))
     return write_files(out, doc, build_report(doc, figures), figures)

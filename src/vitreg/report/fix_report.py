@@ -272,7 +272,7 @@ def write_neurons_run(
                 },
             )
         )
-    doc = document(command, described, data, config, results, pointers)
+    doc = document("neurons", command, described, data, config, results, pointers)
     figures = [neuron_scores(doc["results"]["ranking"], results["chosen_k"])]
     if results.get("calibration"):
         figures.append(calibration_curve(doc["results"]["calibration"]))
@@ -597,7 +597,7 @@ def write_fix_run(
                     {"description": "cosine of the pooled embedding before vs after the fix"},
                 )
             )
-    doc = document(command, described, data, config, results, pointers)
+    doc = document("fix", command, described, data, config, results, pointers)
     shown = display_images(images)
     figures = [fix_norm_maps(comparison, shown), fix_norm_curves(doc["results"])]
     attention = fix_attention_maps(comparison, shown)

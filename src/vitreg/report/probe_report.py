@@ -127,5 +127,7 @@ def write_probe_run(
     command: str,
 ) -> Path:
     """Write config.yaml, report.md, report.html and (last) metrics.json of one probe run."""
-    doc = document(command, described, data_block(results), config, results, headlines(results))
+    doc = document(
+        "probe", command, described, data_block(results), config, results, headlines(results)
+    )
     return write_files(Path(out_dir), doc, probe_report(doc), [])

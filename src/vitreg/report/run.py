@@ -31,6 +31,7 @@ def build_document(result: Any, config: dict[str, Any], command: str) -> dict[st
     results = plain(result.to_dict())
     doc = {
         "schema_version": SCHEMA_VERSION,
+        "verb": "diagnose",
         **versions(),
         "created": utc_now(),
         "command": command,

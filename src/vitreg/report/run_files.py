@@ -19,11 +19,13 @@ from vitreg.report.schema import (
     plain,
     resolve,
     utc_now,
+    validate_metrics,
     versions,
 )
 
 
 def document(
+    verb: str,
     command: str,
     described: dict[str, Any],
     data: dict[str, Any],
@@ -31,9 +33,11 @@ def document(
     results: dict[str, Any],
     headlines: list[tuple],
 ) -> dict[str, Any]:
-    """The metrics.json document; ``headlines`` are ``(name, pointer, higher_is_better, extra)``."""
+    """The validated metrics.json document of one ``verb`` run; ``headlines`` are ``(name,
+    pointer, higher_is_better, extra)`` with a JSON pointer into the document."""
     doc = {
         "schema_version": SCHEMA_VERSION,
+        "verb": verb,
         **versions(),
         "created": utc_now(),
         "command": command,
@@ -48,12 +52,14 @@ def document(
         ).model_dump(mode="json")
         for name, pointer, better, extra in headlines
     ]
-    return doc
+    return validate_metrics(doc).model_dump(mode="json")
 
 
-def write_files(out: Path, doc: dict[str, Any], report: Report, figures: list[Figure]) -> Path:
-    """Figures, report.md, report.html and config.yaml first, metrics.json last (a stale one
-    removed first)."""
+def write_files(
+    out: Path, doc: dict[str, Any], report: Report | None, figures: list[Figure]
+) -> Path:
+    """Figures, report.md, report.html (with a report) and config.yaml first, metrics.json last
+    (a stale one removed first): the one writer of every verb's run directory."""
     import yaml
 
     from vitreg.report.html import render_html
@@ -63,8 +69,9 @@ def write_files(out: Path, doc: dict[str, Any], report: Report, figures: list[Fi
     for fig in figures:
         fig.save(out / "figures")
     write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
-    write_text_atomic(out / "report.md", render_markdown(report))
-    write_text_atomic(out / "report.html", render_html(report, figures, None))
+    if report is not None:
+        write_text_atomic(out / "report.md", render_markdown(report))
+        write_text_atomic(out / "report.html", render_html(report, figures, None))
     write_json_atomic(out / "metrics.json", doc)
     return out
 

@@ -1,8 +1,11 @@
-"""The metrics.json schema: provenance, model, data, config, results and traceable headline metrics.
+"""The metrics.json schema of every verb: one envelope (verb, command, versions, model, data,
+config, creation time, headline metrics) around a ``results`` block typed per verb.
 
 Every headline metric names the JSON pointer (``source``) of the number it repeats inside the
 same file, with an optional aggregate over a ``*`` wildcard, so a reader (and
 :func:`validate_metrics`) can check that each headline equals a number in ``results``.
+Version 1.1 added ``verb`` and the per-verb results types; 1.0 documents (diagnose only) still
+validate.
 """
 
 from __future__ import annotations
@@ -14,9 +17,17 @@ import platform
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+VERBS = ("diagnose", "neurons", "fix", "probe", "train", "experiment")
 Number = bool | int | float | None
 
 
@@ -83,12 +94,100 @@ class Results(BaseModel):
     attention_source: str | list[str] | None = None
 
 
+class NeuronsResults(BaseModel):
+    """``vitreg neurons``: the chosen set, how it was chosen, and what its fix leaves."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: Literal["clean", "partial"]
+    n_neurons: int
+    chosen_k: int
+    top_k_mode: Literal["calibrated", "fixed"]
+    selection: Literal["causal", "score"]
+    detect_layer: int
+    highest_layer: int
+    lowest_layer: int
+    threshold: str
+    threshold_value: float | None
+    reasons: dict[str, str]
+    neurons: list[dict[str, Any]]
+    ranking: list[dict[str, Any]]
+    held_out: dict[str, Any]
+    causal: dict[str, Any] | None
+    calibration: dict[str, Any] | None
+
+
+class FixResults(BaseModel):
+    """``vitreg fix``: before/after comparison (with the per-block residual) and the neurons."""
+
+    model_config = ConfigDict(extra="allow")
+
+    comparison: dict[str, Any]
+    neurons: dict[str, Any]
+    discovery: dict[str, Any] | None = None
+    saved: str | None = None
+
+    @field_validator("comparison")
+    @classmethod
+    def _residual(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "residual" not in v or "clean" not in v["residual"]:
+            raise ValueError("comparison needs the residual verdict (residual.clean)")
+        return v
+
+
+class ProbeResults(BaseModel):
+    """``vitreg probe``: per condition (base, fixed) and layer, each task's scores over seeds."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str
+    seeds: list[int] | int
+    layers: list[Any]
+    conditions: dict[str, list[dict[str, Any]]]
+
+
+class TrainResults(BaseModel):
+    """``vitreg train``: steps done, losses, the checkpoint and the data it trained on."""
+
+    model_config = ConfigDict(extra="allow")
+
+    recipe: str
+    steps: int
+    total_steps: int | None = None
+    final_loss: float | None
+    loss_first: float | None
+    resumed_from: int | None
+    weights: str | None
+
+
+class ExperimentResults(BaseModel):
+    """``vitreg experiment``: every variant's costs, probes and diagnosis."""
+
+    model_config = ConfigDict(extra="allow")
+
+    complete: bool
+    n_done: int
+    n_total: int
+    variants: list[dict[str, Any]]
+
+
+RESULTS: dict[str, type[BaseModel]] = {
+    "diagnose": Results,
+    "neurons": NeuronsResults,
+    "fix": FixResults,
+    "probe": ProbeResults,
+    "train": TrainResults,
+    "experiment": ExperimentResults,
+}
+
+
 class MetricsFile(BaseModel):
     """The whole metrics.json document."""
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal["1.0"]
+    schema_version: Literal["1.0", "1.1"]
+    verb: Literal[VERBS] = "diagnose"  # type: ignore[valid-type]  # 1.0 documents: diagnose
     vitreg_version: str
     torch_version: str
     timm_version: str | None
@@ -100,8 +199,20 @@ class MetricsFile(BaseModel):
     model: ModelInfo
     data: DataInfo
     config: dict[str, Any]
-    results: Results
+    results: dict[str, Any]
     metrics: list[Metric]
+
+    @model_validator(mode="after")
+    def _typed_results(self) -> MetricsFile:
+        """``results`` must be the verb's results type (its fields named on failure)."""
+        try:
+            RESULTS[self.verb].model_validate(self.results)
+        except ValidationError as e:
+            fields = "; ".join(
+                f"results.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()
+            )
+            raise ValueError(f"not the results of a {self.verb} run: {fields}") from None
+        return self
 
     @field_validator("created")
     @classmethod
