@@ -27,6 +27,7 @@ from torch import Tensor
 
 from vitreg.errors import InputError
 from vitreg.probe.metrics import IGNORE_INDEX, METRICS, mean_ci
+from vitreg.train.schedule import warmup_cosine
 
 DINOV2_LRS: tuple[float, ...] = tuple(m * 10.0**e for e in range(-5, -1) for m in (1, 2, 5)) + (
     0.1,
@@ -417,6 +418,7 @@ class _Trainer:
         bs = cfg.dense_batch_size if self.size else cfg.batch_size
         steps = math.ceil(len(fit) / bs)
         total, warm = cfg.epochs * steps, round(cfg.warmup_epochs * steps)
+        end = 0.0 if cfg.cosine else 1.0  # lr factor: warm-up, then cosine to 0 (or constant)
         x_hold, y_hold = self.x[hold], self.y[hold].to(cfg.device)
         step = 0
         for epoch in range(1, cfg.epochs + 1):
@@ -424,7 +426,8 @@ class _Trainer:
                 out = self.forward(W, b, self.x[part])
                 per = self.loss.per_head(out, self.target(self.y[part]))
                 gW, gb = torch.autograd.grad(per.sum(), (W, b))
-                opt.step((gW, gb), lrs * _schedule(step, total, warm, cfg.cosine) * active)
+                factor = warmup_cosine(step, total, 1.0, warm, end)
+                opt.step((gW, gb), lrs * factor * active)
                 step += 1
             epochs_run += active.cpu().long()
             if n_hold == 0:
@@ -463,15 +466,6 @@ class _Trainer:
             epochs_run.tolist(),
             self.seed,
         )
-
-
-def _schedule(step: int, total: int, warmup: int, cosine: bool) -> float:
-    """Learning-rate factor: linear warm-up, then cosine decay to 0 (or constant)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if not cosine:
-        return 1.0
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
 def _loss(loss: str | Loss, out_dim: int | None, y: Tensor, kw: dict) -> Loss:

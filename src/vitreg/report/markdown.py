@@ -471,18 +471,21 @@ def render_markdown(report: Report) -> str:
 
 
 def markdown_table(table: Table) -> str:
-    """One table as Markdown."""
-    return "\n".join(_md_block(table)) + "\n"
+    """A table as GitHub-flavoured Markdown, one line per row; every report table is rendered here."""
+    row = lambda cells: "| " + " | ".join(map(_cell, cells)) + " |"  # noqa: E731
+    lines = [row(table.header), "|" + "---|" * len(table.header), *map(row, table.rows)]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(x: Any) -> str:
+    """A cell's text: ``|`` escaped, line breaks as spaces (a table row is one line)."""
+    text = str(x).replace("\r\n", "\n").replace("\r", "\n")
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _md_block(b: Block) -> list[str]:
     if isinstance(b, Table):
-        cell = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        return [
-            "| " + " | ".join(map(cell, b.header)) + " |",
-            "|" + "---|" * len(b.header),
-            *("| " + " | ".join(map(cell, r)) + " |" for r in b.rows),
-        ]
+        return markdown_table(b).splitlines()
     if isinstance(b, FigureRef):
         stem = b.filename.rsplit("/", 1)[-1].removesuffix(".png")
         return [f"![{stem}]({b.filename})", "", f"*{b.caption}*"]

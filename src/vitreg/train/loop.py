@@ -182,21 +182,27 @@ def _make_recipe(
 
 
 def param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no decay on biases, norms, tokens and position embeddings. The attention-bias
-    slots (``k_bias``/``v_bias``, 4-D) are decayed like weights, as An et al.'s code does."""
-    skip = set()
-    for prefix, sub in module.named_modules():
-        if hasattr(sub, "no_weight_decay"):
-            skip |= {f"{prefix}.{n}" if prefix else n for n in sub.no_weight_decay()}
-    decay, no_decay = [], []
-    for name, p in module.named_parameters():
-        if not p.requires_grad:
-            continue
-        plain = p.ndim <= 1 or name in skip or name.endswith(("token", "pos_embed"))
-        (no_decay if plain else decay).append(p)
+    """AdamW groups ``[decay, no decay]`` by timm's ``param_groups_weight_decay``: no decay on 1-D
+    parameters (biases, norms), on the names any submodule's ``no_weight_decay()`` lists, and on
+    every ``*token`` and ``*pos_embed``. The attention-bias slots (``k_bias``/``v_bias``, 4-D) are
+    decayed like weights, as An et al.'s code does."""
+    from timm.optim import param_groups_weight_decay
+
+    skip = [
+        f"{prefix}.{n}" if prefix else n
+        for prefix, sub in module.named_modules()
+        if hasattr(sub, "no_weight_decay")
+        for n in sub.no_weight_decay()
+    ]
+    # weight decay 1.0 only sorts: timm puts everything in one group when it is 0, and drops
+    # empty groups; checkpoints index the optimiser state by the two groups in this order
+    groups = param_groups_weight_decay(
+        module, 1.0, no_weight_decay_list=[*skip, "*token", "*pos_embed"]
+    )
+    by_decay = {g["weight_decay"] > 0: g["params"] for g in groups}
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": by_decay.get(True, []), "weight_decay": weight_decay},
+        {"params": by_decay.get(False, []), "weight_decay": 0.0},
     ]
 
 

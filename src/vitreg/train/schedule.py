@@ -1,4 +1,12 @@
-"""Step schedules: linear warmup + cosine learning rate, cosine EMA momentum, linear warmups."""
+"""Step schedules: linear warmup + cosine learning rate, cosine EMA momentum, linear warmups.
+
+:func:`warmup_cosine` is the one learning-rate schedule of vitreg: the training loop uses it for
+the optimiser's lr and the linear probe (:mod:`vitreg.probe.linear`) for the factor applied to its
+batched grid of learning rates (``peak=1``). timm's ``CosineLRScheduler`` is not used because its
+warmup differs: it gives ``peak * t / warmup`` at step ``t`` and reaches ``peak`` only when the
+cosine starts, where this warmup gives ``peak * (t + 1) / warmup`` (``peak`` already at its last
+step, then again at the cosine's first). Switching would move every learning rate by one step.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +20,9 @@ def cosine(step: int, total: int, start: float, end: float) -> float:
 
 
 def warmup_cosine(step: int, total: int, peak: float, warmup: int, final: float) -> float:
-    """Learning rate at 0-based ``step``: linear up to ``peak`` over ``warmup`` steps, then cosine."""
+    """Value at 0-based ``step`` of ``total``: linear up to ``peak`` over ``warmup`` steps (``peak``
+    at step ``warmup - 1``), then cosine from ``peak`` (step ``warmup``) to ``final`` (step
+    ``total``). ``final == peak`` holds ``peak`` after the warmup."""
     if step < warmup:
         return peak * (step + 1) / warmup
     return cosine(step - warmup, max(total - warmup, 1), peak, final)
