@@ -13,7 +13,8 @@ the source uses fused attention; the result records which) in the same single pa
   reduced keys), row entropy in nats, and the largest map value (max [CLS]->patch attention).
 - **Attention artifacts** per image and layer: patches whose log attention exceeds that image's
   median + 3.5 x 1.4826 x MAD (the robust z-score rule of the norm analysis, applied to each
-  map; with MAD 0, 1.2533 x the mean absolute deviation instead; a constant map flags nothing).
+  map, :func:`vitreg.analysis.rules.robust_mask`; with MAD 0, 1.2533 x the mean absolute
+  deviation instead; a constant map flags nothing).
 - **Agreement** at each layer with the norm outliers of the same block's output: precision
   (artifacts that are norm outliers), recall (norm outliers that are artifacts), IoU and overlap
   coefficient (|A and N| / min(|A|, |N|)), pooled over images; 0/0 is ``None``. Norm outliers use the
@@ -30,12 +31,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from vitreg.analysis.base import Analysis
-from vitreg.analysis.thresholds import threshold
+from vitreg.analysis.rules import MAD_SCALE, Z_CUT, robust_mask, threshold
 from vitreg.errors import InputError
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
@@ -43,9 +43,6 @@ from vitreg.models.adapters.timm_hier import ReducedPatternSite, WindowPatternSi
 from vitreg.models.layout import TokenLayout
 from vitreg.models.model import Model, TraceResult
 
-Z_CUT = 3.5
-MAD_SCALE = 1.4826
-MEAN_AD_SCALE = 1.2533  # sqrt(pi / 2): mean absolute deviation -> sigma
 Grid = tuple[int, int]
 
 
@@ -229,18 +226,11 @@ class AttentionMaps(Reducer):
 def artifact_masks(maps: torch.Tensor, z: float = Z_CUT) -> torch.Tensor:
     """Bool like ``maps [n, h, w]``: log attention above each image's median + z * 1.4826 * MAD.
 
-    When more than half of a map is one value (MAD 0), 1.2533 x the mean absolute deviation
-    stands in for the MAD (the usual modified z-score fallback); a constant map flags nothing.
+    The robust rule of :mod:`vitreg.analysis.rules` on each map: when more than half of a map is
+    one value (MAD 0), 1.2533 x the mean absolute deviation stands in for the MAD (the usual
+    modified z-score fallback); a constant map flags nothing.
     """
-    x = np.log(np.clip(maps.flatten(1).double().numpy(), 1e-30, None))
-    if not x.size:
-        return torch.zeros(maps.shape, dtype=torch.bool)
-    med = np.median(x, axis=1, keepdims=True)
-    dev = np.abs(x - med)
-    mad = MAD_SCALE * np.median(dev, axis=1, keepdims=True)
-    spread = np.where(mad > 0, mad, MEAN_AD_SCALE * dev.mean(axis=1, keepdims=True))
-    cut = np.where(spread > 0, med + z * spread, np.inf)
-    return torch.from_numpy(x > cut).reshape(maps.shape)
+    return robust_mask(maps.flatten(1), z, floor=1e-30).reshape(maps.shape)
 
 
 def agreement(attn_mask: torch.Tensor, norm_mask: torch.Tensor) -> dict[str, Any]:

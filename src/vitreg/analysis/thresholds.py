@@ -2,9 +2,14 @@
 
 - ``absolute``: norm > a given value (Darcet's hand-picked 150 for DINOv2-g).
 - ``top_p``: the top p% (the reassessment's 98th percentile; flags p% of *every* model).
-- ``robust_z``: log-norm above median + z * 1.4826 * MAD (Iglewicz-Hoaglin modified z-score).
+- ``robust_z``: log-norm above median + z * 1.4826 * MAD (Iglewicz-Hoaglin modified z-score;
+  with MAD 0, 1.2533 x the mean absolute deviation, see :mod:`vitreg.analysis.rules`).
 - ``auto``: the valley of a two-component Gaussian mixture fitted to log10 norms, used only
   when the distribution is really bimodal (see :func:`bimodal_fit`), else nothing is flagged.
+
+The rule names (:data:`METHODS`) and :func:`threshold` live in :mod:`vitreg.analysis.rules`
+(shared with attention artifacts and register neurons) and are re-exported here; the mixture
+fit is this module's own.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-METHODS = ("absolute", "top_p", "robust_z", "auto")
+from vitreg.analysis.rules import SET_RULES as METHODS
+from vitreg.analysis.rules import threshold
+
+__all__ = ["METHODS", "BimodalFit", "bimodal_fit", "threshold"]
 
 # presence criteria for a bimodal split of log10 norms (documented in the report)
 MIN_BIC_GAIN = 10.0  # two Gaussians must beat one by this much BIC
@@ -128,26 +136,3 @@ def _valley(mean: np.ndarray, std: np.ndarray, weight: np.ndarray) -> float:
     above = np.nonzero(ll[:, 1] > ll[:, 0])[0]
     log_t = grid[above[0]] if above.size else (mean[0] + mean[1]) / 2
     return float(10**log_t)
-
-
-def threshold(norms: np.ndarray, method: str, **params: float) -> float:
-    """The norm above which ``method`` flags a token (``inf``: flags nothing)."""
-    x = np.asarray(norms, dtype=np.float64).ravel()
-    if method == "absolute":
-        if "value" not in params:
-            raise ValueError("the absolute rule needs a threshold value (e.g. value=150)")
-        return float(params["value"])
-    if method == "top_p":
-        p = float(params.get("p", 2.0))
-        if not 0 < p < 100:
-            raise ValueError(f"top_p takes a percentage in (0, 100), got {p}")
-        return float(np.quantile(x, 1 - p / 100)) if x.size else math.inf
-    if method == "robust_z":
-        z = float(params.get("z", 3.5))
-        logs = np.log10(np.clip(x, 1e-12, None))
-        med = np.median(logs)
-        mad = 1.4826 * np.median(np.abs(logs - med))
-        return float(10 ** (med + z * mad)) if mad > 0 else math.inf
-    if method == "auto":
-        return bimodal_fit(x).threshold
-    raise ValueError(f"unknown outlier method {method!r}; choose from {METHODS}")

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.analysis.rules import image_mask
 from vitreg.errors import VitregError
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model, iter_batches
-from vitreg.neurons.discover import outlier_mask
 from vitreg.neurons.neuron_set import NeuronSet
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
@@ -81,7 +81,7 @@ def check_fix(
     site = trace.sites[detect_layer]
     lay = trace.layouts[site]
     patches = trace.patch_norms(site)
-    flagged = outlier_mask(trace.norms[site], rule, value)[:, lay.patches]
+    flagged = image_mask(trace.norms[site], rule, value)[:, lay.patches]
     median = float(patches.median())
     ratio = float(patches.max()) / max(median, 1e-12)
     if ordinary is None:

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.analysis.rules import MASK_RULES
 from vitreg.errors import InputError, VitregError
 from vitreg.models.model import Model
 
-RULES = ("auto", "absolute", "mean3std", "robust")
+RULES = MASK_RULES  # the rules of vitreg.analysis.rules that give a mask batch by batch
 
 
 @dataclass
