@@ -88,3 +88,47 @@ def test_validate_command_lists_each_run_and_fails_on_a_broken_one(runs, tmp_pat
     assert result.exit_code == 2 and "differs from" in " ".join(result.output.split())
     result = runner.invoke(app, ["validate", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "no metrics.json" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("verb", ["neurons", "fix"])
+def test_config_rerun_reproduces_the_headlines(runs, verb, tmp_path):
+    again = tmp_path / "again"
+    args = [verb, "--config", str(runs[verb] / "config.yaml"), "--out", str(again)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+    def headlines(run: Path) -> list:
+        return [
+            (m["name"], m["value"])
+            for m in json.loads((run / "metrics.json").read_text())["metrics"]
+        ]
+
+    assert headlines(again) == headlines(runs[verb])
+    first, second = (yaml_of(p) for p in (runs[verb], again))
+    assert {**first, "out": None} == {**second, "out": None}
+
+
+def yaml_of(run: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run / "config.yaml").read_text())
+
+
+def test_bad_configs_name_the_file_and_the_field(runs, tmp_path):
+    import yaml
+
+    config = yaml_of(runs["neurons"])
+    cases = [
+        ({**config, "verb": "fix"}, "config of a fix run"),
+        ({**config, "top_kk": 3}, "top_kk: Extra inputs are not permitted"),
+        ({**config, "batch_size": -1}, "batch_size: Input should be greater than 0"),
+        ({**config, "threshold": -5.0}, "threshold"),
+        (["not", "a", "mapping"], "not a mapping"),
+    ]
+    for content, needle in cases:
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(content))
+        result = runner.invoke(app, ["neurons", "--config", str(path)])
+        assert result.exit_code == 2, content
+        err = " ".join(result.stderr.split())
+        assert needle in err and str(path) in err and "Traceback" not in result.output, err

@@ -14,15 +14,14 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, _progress, default_run_dir, slug
 from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model, planted_rows
-from vitreg.cli.output import cli_errors, console, err_console, fail, is_main, join_torchrun
+from vitreg.cli.output import cli_errors, console, err_console, is_main, join_torchrun
 from vitreg.distributed import on_main
 from vitreg.errors import InputError
-from vitreg.fix.test_time_registers import MODES, PATCH_STRATEGIES
 from vitreg.report.fix_report import MAX_ROWS
 
 
 def load_neurons(
-    model: Any, spec: str, neurons: str | None, source: Any, opts: dict[str, Any]
+    model: Any, spec: str, neurons: str | None, source: Any, cfg: Any
 ) -> tuple[Any, dict[str, Any], Any]:
     """The NeuronSet (file, built-in, or discovered first), what it is, and the discovery."""
     from vitreg.neurons import NeuronSet, builtin_neurons
@@ -36,7 +35,14 @@ def load_neurons(
             "(as `vitreg neurons` does); the fix is then evaluated on the same images.[/yellow]"
         )
         found = find_neurons(
-            model, source, top_k=None, target=opts["target"], batch_size=opts["batch_size"]
+            model,
+            source,
+            top_k=None if cfg.top_k == "auto" else cfg.top_k,
+            target=cfg.target,
+            batch_size=cfg.batch_size,
+            detect_layer=cfg.detect_layer,
+            highest_layer=cfg.highest_layer,
+            threshold=cfg.threshold,
         )
         chosen = found.chosen
         origin = (
@@ -99,6 +105,7 @@ def _two_passes(progress: Callable[[int], None], total: int) -> Callable[[int], 
 
 
 def fix_command(
+    ctx: typer.Context,
     spec: str | None = opt.SPEC,
     neurons: str | None = typer.Option(
         None,
@@ -129,17 +136,20 @@ def fix_command(
     batch_size: int = opt.BATCH_SIZE,
     img_size: int | None = opt.IMG_SIZE,
     random_init: bool = opt.RANDOM_INIT,
+    device: str | None = opt.DEVICE,
+    config: Path | None = opt.CONFIG,
 ) -> None:
     """Apply test-time registers and report before/after: norm maps, outlier rate, embeddings."""
-    if images is not None and samples:
-        raise fail("--images and --samples exclude each other; pass one of them")
-    for name, value, allowed in (
-        ("--cls", cls, ("zero", "keep")),
-        ("--patches", patches, PATCH_STRATEGIES),
-        ("--mode", mode, MODES),
-    ):
-        if value not in allowed:
-            raise fail(f"{name} takes one of {', '.join(allowed)}, got {value!r}")
+    from vitreg.configs import FixConfig
+
+    with cli_errors():
+        cfg = opt.resolve_config(ctx, FixConfig, config, dict(locals()))
+    run_fix_command(cfg)
+
+
+def run_fix_command(cfg: Any) -> None:
+    """The fix verb on a typed :class:`~vitreg.configs.FixConfig`."""
+    spec, neurons, save, batch_size = cfg.spec, cfg.neurons, cfg.save, cfg.batch_size
     if spec is None:
         console.print(
             f"[yellow]No model given: running the embedded demo, {DEFAULT_SPEC}, a synthetic "
@@ -148,19 +158,22 @@ def fix_command(
         )
     spec = spec or DEFAULT_SPEC
     opts = {
-        "images": images,
-        "samples": samples,
-        "limit": limit,
+        "images": cfg.images,
+        "samples": cfg.samples,
+        "limit": cfg.limit,
         "batch_size": batch_size,
-        "target": target,
     }
-    fix_opts = {"registers": registers, "cls": cls, "patches": patches, "mode": mode}
+    fix_opts = {
+        "registers": cfg.registers,
+        "cls": cfg.cls,
+        "patches": cfg.patches,
+        "mode": cfg.mode,
+    }
     with cli_errors():
-        run_dir = out if out is not None else default_run_dir(slug(spec), verb="fix")
-        shown = {"neurons": neurons, **opts, **fix_opts, "img_size": img_size}
-        shown |= {"random_init": random_init, "save": save, "out": run_dir}
-        command = _command(spec, shown, verb="fix")
-        model = load_model(spec, random_init, img_size, join_torchrun(None))
+        run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="fix")
+        cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
+        command = _command(spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, "fix")
+        model = load_model(spec, cfg.random_init, cfg.img_size, join_torchrun(cfg.device))
         if model.layout.n_extra:
             raise InputError(
                 f"{spec} is loaded with test-time registers already applied (a model saved by "
@@ -173,7 +186,7 @@ def fix_command(
                 "drop --save (the report is still written), or use the timm build of this model"
             )
         source = image_source(model, spec, opts, keep=MAX_ROWS)
-        chosen, info, found = load_neurons(model, spec, neurons, source, opts)
+        chosen, info, found = load_neurons(model, spec, neurons, source, cfg)
         result = run_fix(model, chosen, source, fix_opts, batch_size)
         results = {
             "neurons": info,
@@ -186,9 +199,9 @@ def fix_command(
 
             if is_main():
                 with err_console.status(f"saving the fixed model to {save}"):
-                    save_fixed(model, result[0], save, **save_args(model, spec, img_size))
+                    save_fixed(model, result[0], save, **save_args(model, spec, cfg.img_size))
             results["saved"] = str(save)
-        on_main(write, run_dir, model, source, result[1], results, shown, command)
+        on_main(write, run_dir, model, source, result[1], results, cfg.to_file(), command)
     show(result[1], run_dir, save)
 
 
@@ -218,20 +231,19 @@ def write(
     source: Any,
     comparison: Any,
     results: dict[str, Any],
-    shown: dict[str, Any],
+    config: dict[str, Any],
     command: str,
 ) -> None:
     """The report, config.yaml and metrics.json (last) of one fix."""
     from vitreg.report.fix_report import write_fix_run
 
-    config = {"command": "fix", "spec": model.spec, **shown}
     with err_console.status("writing the report"):
         write_fix_run(
             run_dir,
             comparison,
             described=model.describe(),
             data=source.description(),
-            config={k: str(v) if isinstance(v, Path) else v for k, v in config.items()},
+            config=config,
             results=results,
             command=command,
             images=source.display_images(),

@@ -20,10 +20,8 @@ from vitreg.cli.diagnose_cmd import (
     slug,
 )
 from vitreg.cli.inspect_cmd import _load
-from vitreg.cli.output import cli_errors, console, err_console, fail, join_torchrun
+from vitreg.cli.output import cli_errors, console, err_console, join_torchrun
 from vitreg.distributed import on_main
-
-THRESHOLDS = ("auto", "mean3std", "robust")
 
 
 def load_model(spec: str, random_init: bool, img_size: int | None, device: str | None) -> Any:
@@ -95,29 +93,8 @@ def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any
     ]
 
 
-def parse_top_k(value: str) -> int | None:
-    """``auto`` -> None (calibrate), else a positive integer."""
-    if value == "auto":
-        return None
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    raise fail(f"--top-k takes 'auto' or a positive integer, got {value!r}")
-
-
-def parse_threshold(value: str) -> str | float:
-    """``auto``, ``mean3std``, ``robust`` or an absolute norm."""
-    if value in THRESHOLDS:
-        return value
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if number > 0:
-        return number
-    raise fail(f"--threshold takes {', '.join(THRESHOLDS)} or a positive number, got {value!r}")
-
-
 def neurons_command(
+    ctx: typer.Context,
     spec: str | None = opt.SPEC,
     images: Path | None = opt.IMAGES,
     samples: bool = opt.SAMPLES,
@@ -154,12 +131,20 @@ def neurons_command(
         "--threshold",
         help="Outlier rule: auto (valley of the norm histogram), mean3std, robust, or a norm.",
     ),
+    device: str | None = opt.DEVICE,
+    config: Path | None = opt.CONFIG,
 ) -> None:
-    """Find register neurons: discovery, top-k calibration on held-out images, a NeuronSet file."""
-    if images is not None and samples:
-        raise fail("--images and --samples exclude each other; pass one of them")
-    k = parse_top_k(top_k)
-    rule = parse_threshold(threshold)
+    """Find register neurons: discovery, a causal check and the fix checked on held-out images."""
+    from vitreg.configs import NeuronsConfig
+
+    with cli_errors():
+        cfg = opt.resolve_config(ctx, NeuronsConfig, config, dict(locals()))
+    run_neurons(cfg)
+
+
+def run_neurons(cfg: Any) -> None:
+    """The neurons verb on a typed :class:`~vitreg.configs.NeuronsConfig`."""
+    spec = cfg.spec
     if spec is None:
         console.print(
             f"[yellow]No model given: running the embedded demo, {DEFAULT_SPEC}, a synthetic "
@@ -167,40 +152,31 @@ def neurons_command(
             "models`) for a real model.[/yellow]"
         )
     spec = spec or DEFAULT_SPEC
-    opts = {"images": images, "samples": samples, "limit": limit, "batch_size": batch_size}
+    opts = {
+        "images": cfg.images,
+        "samples": cfg.samples,
+        "limit": cfg.limit,
+        "batch_size": cfg.batch_size,
+    }
     with cli_errors():
-        run_dir = out if out is not None else default_run_dir(slug(spec), verb="neurons")
-        set_opts = {
-            "top_k": top_k,
-            "target": target,
-            "detect_layer": detect_layer,
-            "highest_layer": highest_layer,
-        }
+        run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="neurons")
+        cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
         command = _command(
-            spec,
-            {
-                **opts,
-                **set_opts,
-                "threshold": threshold,
-                "img_size": img_size,
-                "random_init": random_init,
-                "out": run_dir,
-            },
-            verb="neurons",
+            spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, "neurons"
         )
-        model = load_model(spec, random_init, img_size, join_torchrun(None))
+        model = load_model(spec, cfg.random_init, cfg.img_size, join_torchrun(cfg.device))
         source = image_source(model, spec, opts)
         found = find_neurons(
             model,
             source,
-            top_k=k,
-            target=target,
-            batch_size=batch_size,
-            detect_layer=detect_layer,
-            highest_layer=highest_layer,
-            threshold=rule,
+            top_k=None if cfg.top_k == "auto" else cfg.top_k,
+            target=cfg.target,
+            batch_size=cfg.batch_size,
+            detect_layer=cfg.detect_layer,
+            highest_layer=cfg.highest_layer,
+            threshold=cfg.threshold,
         )
-        on_main(write, run_dir, model, source, found, opts, set_opts, img_size, command)
+        on_main(write, run_dir, model, source, found, cfg.to_file(), command)
     show(found, spec, run_dir)
 
 
@@ -209,9 +185,7 @@ def write(
     model: Any,
     source: Any,
     found: Any,
-    opts: dict,
-    set_opts: dict,
-    img_size: int | None,
+    config: dict[str, Any],
     command: str,
 ) -> None:
     """The NeuronSet files, then the report (metrics.json last)."""
@@ -225,16 +199,6 @@ def write(
         results = found.results()
         results["planted"] = planted_rows(model, found.chosen.pairs())
         results["files"] = {"json": "neurons.json", "tensors": "neurons.safetensors"}
-        config = {
-            "command": "neurons",
-            "spec": model.spec,
-            **{k: str(v) if isinstance(v, Path) else v for k, v in opts.items()},
-            **set_opts,
-            "threshold": found.ranking.settings["threshold"],
-            "threshold_value": found.ranking.settings["threshold_value"],
-            "img_size": img_size,
-            "split": found.split["rule"],
-        }
         write_neurons_run(
             run_dir,
             described=model.describe(),

@@ -25,3 +25,30 @@ DEVICE = typer.Option(None, "--device", help="torch device, e.g. cpu or cuda:0."
 def out_dir(verb: str) -> typer.models.OptionInfo:
     """The ``--out`` run-directory option of ``verb``."""
     return typer.Option(None, "--out", help=f"Run directory (default runs/<time>_<model>_{verb}).")
+
+
+CONFIG = typer.Option(
+    None,
+    "--config",
+    help="A run's config.yaml: rerun with its settings (options given here override them).",
+)
+
+
+def resolve_config(
+    ctx: typer.Context, cls: type, config: object | None, params: dict[str, object]
+) -> object:
+    """The verb's typed config from the command's options, or from ``--config`` with the options
+    given on the command line on top; raises ``InputError`` naming each wrong field."""
+    from vitreg.configs import build_config, read_config
+
+    values = {k: v for k, v in params.items() if k in cls.model_fields}
+    if config is None:
+        return build_config(cls, values, "bad option", flags=True)
+    given = {
+        k: v
+        for k, v in values.items()
+        # by name: typer may vendor its own click, whose enum is not click's
+        if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
+    }
+    merged = {**read_config(config, cls.verb), **given}
+    return build_config(cls, merged, f"--config {config} (or the options given with it)")

@@ -1,0 +1,224 @@
+"""Typed run configurations, one per verb, shared by the Python API and the CLI.
+
+Each run writes its config as ``config.yaml`` (the model's fields plus ``verb``), and
+``vitreg <verb> --config config.yaml`` reads it back through the same model, so a rerun uses
+exactly the same settings. Validation happens here, before any model is loaded, and every
+message names the field (and the file) that is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from vitreg.errors import InputError
+
+Threshold = Literal["auto", "mean3std", "robust"] | float
+
+
+def _finite(v: float | None, name: str) -> float | None:
+    if v is not None and not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v}")
+    return v
+
+
+class RunConfig(BaseModel):
+    """Settings every verb shares: where results go."""
+
+    model_config = ConfigDict(extra="forbid")
+    verb: ClassVar[str] = ""
+
+    out: Path | None = Field(None, description="run directory (default runs/<time>_<model>_<verb>)")
+
+    def to_file(self) -> dict[str, Any]:
+        """What config.yaml holds: ``verb`` and every field, JSON-typed."""
+        return {"verb": self.verb, **self.model_dump(mode="json")}
+
+
+class ModelImages(RunConfig):
+    """A model and the images it runs on."""
+
+    spec: str | None = Field(None, description="model spec; None: the synthetic demo")
+    images: Path | None = None
+    samples: bool = False
+    limit: PositiveInt | None = None
+    batch_size: PositiveInt = 32
+    img_size: PositiveInt | None = None
+    random_init: bool = False
+    device: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelImages:
+        if self.images is not None and self.samples:
+            raise ValueError("images and samples exclude each other; pass one of them")
+        return self
+
+
+class DiagnoseConfig(ModelImages):
+    verb: ClassVar[str] = "diagnose"
+
+    max_maps: PositiveInt = 8
+    models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
+
+    @model_validator(mode="after")
+    def _spec_or_models(self) -> DiagnoseConfig:
+        if self.spec and self.models:
+            raise ValueError("pass either one spec or models A,B,C, not both")
+        return self
+
+
+class NeuronSearch(ModelImages):
+    """How register neurons are found (shared by neurons, and by fix when it discovers first)."""
+
+    target: float = Field(0.01, ge=0.0, le=1.0)
+    top_k: Literal["auto"] | PositiveInt = "auto"
+    detect_layer: int | None = None
+    highest_layer: int | None = None
+    threshold: Threshold = "auto"
+
+    @field_validator("threshold")
+    @classmethod
+    def _positive(cls, v: Threshold) -> Threshold:
+        if isinstance(v, float) and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"a numeric threshold must be a positive norm, got {v}")
+        return v
+
+
+class NeuronsConfig(NeuronSearch):
+    verb: ClassVar[str] = "neurons"
+
+
+class FixConfig(NeuronSearch):
+    verb: ClassVar[str] = "fix"
+
+    neurons: str | None = Field(None, description="NeuronSet file, 'builtin', or None: discover")
+    save: Path | None = None
+    registers: PositiveInt = 1
+    cls: Literal["zero", "keep"] = "zero"
+    patches: Literal["zero", "mean", "keep"] = "zero"
+    mode: Literal["paper", "reference"] = "paper"
+
+
+class ProbeRunConfig(RunConfig):
+    verb: ClassVar[str] = "probe"
+
+    spec: str | None = None
+    task: str = "classification"
+    data: str = "synthetic-cls:n=200"
+    fix: str = "none"
+    neurons: str | None = None
+    layers: str = "-1"
+    cache: Path = Path("runs/cache")
+    seeds: PositiveInt = 3
+    epochs: PositiveInt = 30
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    registers: PositiveInt = 1
+    batch_size: PositiveInt = 32
+    img_size: PositiveInt | None = None
+    random_init: bool = False
+    device: str | None = None
+
+
+class TrainRunConfig(RunConfig):
+    verb: ClassVar[str] = "train"
+
+    variant: str
+    data: str
+    recipe: Literal["supervised", "dino"] = "supervised"
+    steps: PositiveInt | None = None
+    epochs: float | None = Field(None, gt=0)
+    batch_size: PositiveInt = 64
+    lr: float | None = Field(None, gt=0)
+    img_size: PositiveInt | None = None
+    accum_steps: PositiveInt = 1
+    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
+    seed: int = 0
+    checkpoint_every: PositiveInt | None = None
+    resume: bool = True
+    device: str | None = None
+    model_arg: list[str] | None = None
+    option: list[str] | None = None
+
+    @field_validator("epochs", "lr")
+    @classmethod
+    def _finite_number(cls, v: float | None, info: Any) -> float | None:
+        return _finite(v, info.field_name)
+
+    @model_validator(mode="after")
+    def _length(self) -> TrainRunConfig:
+        if self.steps is None and self.epochs is None:
+            raise ValueError("pass steps or epochs")
+        return self
+
+
+CONFIGS: dict[str, type[RunConfig]] = {
+    c.verb: c for c in (DiagnoseConfig, NeuronsConfig, FixConfig, ProbeRunConfig, TrainRunConfig)
+}
+
+
+def describe_errors(e: ValidationError, where: str, flags: bool = False) -> str:
+    """One clause per wrong field: its name (``--flag`` form with ``flags``), what it got and
+    what it expects (the alternatives of a union joined by "or")."""
+    fields: dict[str, tuple[Any, list[str]]] = {}
+    for err in e.errors():
+        loc = [str(x) for x in err["loc"]]
+        name = loc[0] if loc else "the config"
+        if flags and loc:
+            name = "--" + name.replace("_", "-")
+        got, msgs = fields.setdefault(name, (err.get("input"), []))
+        msg = err["msg"].removeprefix("Value error, ")
+        if msg not in msgs:
+            msgs.append(msg)
+    parts = []
+    for name, (got, msgs) in fields.items():
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        parts.append(f"{name}: {' or '.join(msgs)}{shown}")
+    return f"{where}: " + "; ".join(parts)
+
+
+def build_config(
+    cls: type[RunConfig], values: dict[str, Any], where: str, flags: bool = False
+) -> RunConfig:
+    """``cls`` from ``values``, or an :class:`InputError` naming every wrong field."""
+    try:
+        return cls.model_validate(values)
+    except ValidationError as e:
+        raise InputError(describe_errors(e, where, flags)) from None
+
+
+def read_config(path: str | Path, verb: str) -> dict[str, Any]:
+    """The settings of ``verb`` in a config.yaml written by a run (checked, not yet validated)."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--config {p}: no such file (pass the config.yaml of a run)")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise InputError(f"--config {p} is not YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
+    found = raw.pop("verb", None)
+    if found != verb:
+        raise InputError(
+            f"--config {p} is the config of a {found or 'pre-1.1 or unknown'} run, not of "
+            f"`vitreg {verb}`; pass the config.yaml written by a {verb} run"
+        )
+    return raw
+
+
+def load_config(path: str | Path, verb: str) -> RunConfig:
+    """The typed config of ``verb`` stored at ``path`` (a run's config.yaml)."""
+    return build_config(CONFIGS[verb], read_config(path, verb), f"--config {path}")
