@@ -22,9 +22,10 @@ from pydantic import (
     model_validator,
 )
 
+from vitreg.analysis.rules import NAMED_THRESHOLDS
 from vitreg.errors import InputError
 
-Threshold = Literal["auto", "mean3std", "robust"] | float
+Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or an absolute norm
 
 
 def _finite(v: float | None, name: str) -> float | None:
