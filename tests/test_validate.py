@@ -90,7 +90,7 @@ def test_validate_command_lists_each_run_and_fails_on_a_broken_one(runs, tmp_pat
     assert result.exit_code == 2 and "no metrics.json" in " ".join(result.output.split())
 
 
-@pytest.mark.parametrize("verb", ["neurons", "fix"])
+@pytest.mark.parametrize("verb", ["diagnose", "neurons", "fix"])
 def test_config_rerun_reproduces_the_headlines(runs, verb, tmp_path):
     again = tmp_path / "again"
     args = [verb, "--config", str(runs[verb] / "config.yaml"), "--out", str(again)]

@@ -93,10 +93,12 @@ def _move(model: Any, device: str | None) -> Any:
         ) from None
 
 
-def run_one(spec: str, out_dir: Path, opts: dict[str, Any], command: str) -> Any:
-    """Load ``spec``, diagnose it on the chosen images, write its run directory; the result."""
+def run_one(
+    spec: str, out_dir: Path, opts: dict[str, Any], command: str, config: dict[str, Any]
+) -> Any:
+    """Load ``spec``, diagnose it on the chosen images, write its run directory (``config``: its
+    typed config, as config.yaml); the result."""
     from vitreg.analysis.diagnose import diagnose
-    from vitreg.analysis.norms import DEFAULT_RULES
     from vitreg.distributed import barrier
 
     with err_console.status(f"loading {spec}"):
@@ -117,18 +119,6 @@ def run_one(spec: str, out_dir: Path, opts: dict[str, Any], command: str) -> Any
             progress=progress,
         )
     result.data.update(source.description())
-    config = {
-        "command": "diagnose",
-        "spec": spec,
-        "data": {
-            k: v for k, v in result.data.items() if k not in ("converted", "skipped", "n_images")
-        },
-        "rules": DEFAULT_RULES,
-        **{k: opts[k] for k in ("limit", "batch_size", "device", "max_maps", "random_init")},
-        "img_size": opts["img_size"],
-        "images": str(opts["images"]) if opts["images"] is not None else None,
-        "samples": opts["samples"],
-    }
     write_run, _ = _report()
     if is_main():  # under torchrun every rank has the result; rank 0 writes it
         with err_console.status("writing the report"):
@@ -233,6 +223,7 @@ def write_comparison(parent: Path, labelled: list[tuple[str, Any]], dirs: list[P
 
 
 def diagnose_model(
+    ctx: typer.Context,
     spec: str | None = opt.SPEC,
     images: Path | None = opt.IMAGES,
     samples: bool = opt.SAMPLES,
@@ -248,12 +239,19 @@ def diagnose_model(
     models: str | None = typer.Option(
         None, "--models", help="Comma-separated specs: diagnose each and compare them."
     ),
+    config: Path | None = opt.CONFIG,
 ) -> None:
     """Find token artifacts: norms and outliers by every rule, attention sinks, LN separation."""
-    if images is not None and samples:
-        raise fail("--images and --samples exclude each other; pass one of them")
-    if spec and models:
-        raise fail("pass either one SPEC or --models A,B,C, not both")
+    from vitreg.configs import DiagnoseConfig
+
+    with cli_errors():
+        cfg = opt.resolve_config(ctx, DiagnoseConfig, config, dict(locals()))
+    run_diagnose(cfg)
+
+
+def run_diagnose(cfg: Any) -> None:
+    """The diagnose verb on a typed :class:`~vitreg.configs.DiagnoseConfig`."""
+    spec, models, out, images = cfg.spec, cfg.models, cfg.out, cfg.images
     specs = (
         [s.strip() for s in models.split(",") if s.strip()] if models else [spec or DEFAULT_SPEC]
     )
@@ -263,13 +261,13 @@ def diagnose_model(
         )
     opts = {
         "images": images,
-        "samples": samples,
-        "limit": limit,
-        "batch_size": batch_size,
-        "device": device,
-        "max_maps": max_maps,
-        "random_init": random_init,
-        "img_size": img_size,
+        "samples": cfg.samples,
+        "limit": cfg.limit,
+        "batch_size": cfg.batch_size,
+        "device": cfg.device,
+        "max_maps": cfg.max_maps,
+        "random_init": cfg.random_init,
+        "img_size": cfg.img_size,
     }
     if spec is None and models is None:
         console.print(
@@ -278,7 +276,7 @@ def diagnose_model(
             "[/yellow]"
         )
     with cli_errors():
-        opts["device"] = join_torchrun(device)
+        opts["device"] = join_torchrun(cfg.device)
         if images is not None:
             from vitreg.data.folder import list_images
 
@@ -290,8 +288,9 @@ def diagnose_model(
         for s in specs:
             target = run_dir if len(specs) == 1 else _unique(run_dir / slug(s), dirs)
             command = _command(s, {**opts, "out": target})
+            config = cfg.model_copy(update={"spec": s, "models": None, "out": target}).to_file()
             try:
-                labelled.append((s, run_one(s, target, opts, command)))
+                labelled.append((s, run_one(s, target, opts, command, config)))
             except KeyboardInterrupt:
                 err_console.print(
                     f"[red]interrupted: no metrics.json was written for {escape(s)}[/red]"
