@@ -163,7 +163,8 @@ class Shard:
     Iterating yields this rank's non-empty parts in stream order; while a part is out,
     :attr:`offset` is the global index of its first image and :attr:`seen` the number of images
     of the whole stream up to the end of its batch. After the loop :attr:`seen` is the stream's
-    image count (every rank knows it) and :attr:`mine` this rank's.
+    image count (every rank knows it) and :attr:`mine` this rank's. Rank 0 has a part of every
+    non-empty batch, so a progress bar shown by rank 0 sees every batch.
     """
 
     def __init__(

@@ -2,7 +2,9 @@
 
 ``run_analyses`` attaches every analysis' reducers to a single ``Model.trace`` so a diagnose
 run costs one forward per image, then calls each ``finish`` in order (later analyses may use
-earlier results, e.g. attention/norm agreement uses the norm outliers).
+earlier results, e.g. attention/norm agreement uses the norm outliers). Under torchrun the
+trace is sharded over the ranks and its reducers merged (see ``Model.trace``), so every rank
+finishes the analyses on the statistics of all images and gets the single-process results.
 """
 
 from __future__ import annotations
