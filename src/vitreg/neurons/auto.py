@@ -216,6 +216,12 @@ def find_neurons(
                 batch_size=min(batch_size, 16),
                 progress=update,
             )
+        if selection.baseline["n_outlier_patches"] == 0:
+            raise InputError(
+                f"the {min(len(held), causal_images)} held-out images checked have no outlier "
+                f"patch at block {detection.detect_layer}, so the causal check has nothing to "
+                "remove; use more images (--limit, --images DIR) or a fixed --top-k K"
+            )
         if not selection.chosen:
             raise VitregError(
                 f"no candidate unit in blocks {detection.lowest_layer}-{detection.highest_layer} "
