@@ -10,7 +10,16 @@ from vitreg.errors import (
     WeightsError,
 )
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.hooks import ActivationCache, Histogram, HookContext, Max, Mean, TokenNorms, TopK
+from vitreg.hooks import (
+    ActivationCache,
+    Histogram,
+    HookContext,
+    Max,
+    Mean,
+    TokenNorms,
+    TopK,
+    hook_name,
+)
 from vitreg.models.layout import TokenLayout
 from vitreg.models.load import load, wrap
 from vitreg.models.model import Model, TraceResult
@@ -40,6 +49,7 @@ __all__ = [
     "VitregError",
     "WeightsError",
     "__version__",
+    "hook_name",
     "load",
     "wrap",
 ]

@@ -17,6 +17,7 @@ from vitreg.errors import HookError
 from vitreg.fix.base import Fix
 from vitreg.fix.controls import ablate
 from vitreg.fix.test_time_registers import TestTimeRegisters
+from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
 from vitreg.neurons.neuron_set import NeuronSet
@@ -44,8 +45,8 @@ def estimate_register_kv(
     hooks = []
     for i in range(n):
         hooks += [
-            (f"blocks.{i}.attn.hook_k", grab(k_sum, i)),
-            (f"blocks.{i}.attn.hook_v", grab(v_sum, i)),
+            (hook_name(i, "attn.hook_k"), grab(k_sum, i)),
+            (hook_name(i, "attn.hook_v"), grab(v_sum, i)),
         ]
     with ttr.applied(model), model.hooks(hooks):
         done = model.run_batches(data, batch_size, limit)
@@ -80,7 +81,7 @@ class AttentionBiasSubstitute(Fix):
         return cls(neurons, keys, values)
 
     def apply(self, model: Model) -> Handle:
-        for name in ("blocks.0.attn.hook_k", "blocks.0.attn.hook_v"):
+        for name in (hook_name(0, "attn.hook_k"), hook_name(0, "attn.hook_v")):
             if not model.site(name).writable:
                 raise HookError(
                     f"{model.family} models expose {name} read-only, so the attention-bias "
@@ -105,8 +106,8 @@ class AttentionBiasSubstitute(Fix):
             hooks = []
             for i in range(model.n_layers):
                 hooks += [
-                    (f"blocks.{i}.attn.hook_k", put(self.keys, i)),
-                    (f"blocks.{i}.attn.hook_v", put(self.values, i)),
+                    (hook_name(i, "attn.hook_k"), put(self.keys, i)),
+                    (hook_name(i, "attn.hook_v"), put(self.values, i)),
                 ]
             handle.add(model.hooks(hooks).remove)
             handle.add(ablate(model, self.neurons).remove)

@@ -14,6 +14,7 @@ import random
 import torch
 
 from vitreg.errors import InputError
+from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
 from vitreg.neurons.neuron_set import NeuronSet
@@ -32,7 +33,7 @@ def ablate(model: Model, neurons: NeuronSet) -> Handle:
         return fn
 
     hooks = [
-        (f"blocks.{layer}.mlp.hook_post", zero(us)) for layer, us in neurons.by_layer().items()
+        (hook_name(layer, "mlp.hook_post"), zero(us)) for layer, us in neurons.by_layer().items()
     ]
     return model.hooks(hooks)
 
@@ -83,6 +84,6 @@ def shift_to_patch(model: Model, neurons: NeuronSet, patch: int | tuple[int, int
         return fn
 
     hooks = [
-        (f"blocks.{layer}.mlp.hook_post", move(us)) for layer, us in neurons.by_layer().items()
+        (hook_name(layer, "mlp.hook_post"), move(us)) for layer, us in neurons.by_layer().items()
     ]
     return model.hooks(hooks)

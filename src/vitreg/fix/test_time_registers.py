@@ -19,6 +19,7 @@ import torch
 
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix
+from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
 from vitreg.neurons.neuron_set import NeuronSet
@@ -136,7 +137,7 @@ class TestTimeRegisters(Fix):
         handle.add(model.insert_tokens(self.n_registers).remove)
         try:
             hooks = [
-                (f"blocks.{layer}.mlp.hook_post", self._edit(layer, units))
+                (hook_name(layer, "mlp.hook_post"), self._edit(layer, units))
                 for layer, units in self.neurons.by_layer().items()
             ]
             handle.add(model.hooks(hooks).remove)

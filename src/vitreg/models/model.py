@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -20,6 +20,15 @@ from vitreg.models.adapters.base import Adapter, adapter_for
 from vitreg.models.layout import TokenLayout
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
+
+
+class _StopForward(Exception):  # noqa: N818 - control flow, never seen by callers
+    """Ends a forward pass at ``stop_at_layer``; carries the residual stream reached there."""
+
+    def __init__(self, owner: object, value: torch.Tensor) -> None:
+        super().__init__("stop_at_layer reached")
+        self.owner = owner
+        self.value = value
 
 
 @dataclass
@@ -246,11 +255,124 @@ class Model:
         self.adapter.check_images(x)
         return x.to(device=self.device, dtype=self.dtype)
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Final token sequence ``[B, N, C]`` after the final norm, inserted tokens removed."""
+    def features(self, x: torch.Tensor, *, stop_at_layer: int | None = None) -> torch.Tensor:
+        """Final token sequence ``[B, N, C]`` after the final norm, inserted tokens removed.
+
+        ``stop_at_layer=k`` (TransformerLens' name and meaning) runs blocks ``0..k-1`` only:
+        the pass ends where block ``k`` would start, and the residual stream entering it is
+        returned instead (what ``hook_resid_pre`` of block ``k`` sees: the output of block
+        ``k-1``, or after a hierarchical stage's patch merging; ``k=0``: the tokens entering
+        block 0; ``k = n_layers``: the output of the last block, with no final norm), as
+        ``[B, N, C]`` with inserted tokens removed (stage grids flattened row-major).
+        Negative ``k`` counts from the end (``-1``: every block but the last); ``None`` runs
+        the whole model. Nothing of block ``k`` and later runs, so their hooks never fire --
+        except, for ``k=0``, hooks attached beforehand at ``blocks.0.hook_resid_pre``, the
+        point where ``hook_tokens`` reads (runs started with ``stop_at_layer`` do not attach
+        the hooks of blocks ``>= k``). :meth:`stop_layer` gives the smallest ``k`` that serves
+        a set of sites; nothing ever stops unless ``stop_at_layer`` is passed.
+        """
         x = self._prepare(x)
-        tokens = self.adapter.features(x)
-        return tokens if self.adapter.strips_extra else self.layout.strip_extra(tokens)
+        if stop_at_layer is None:
+            tokens = self.adapter.features(x)
+            return tokens if self.adapter.strips_extra else self.layout.strip_extra(tokens)
+        return self._features_until(x, self.stop_index(stop_at_layer))
+
+    def stop_index(self, stop_at_layer: int) -> int:
+        """``stop_at_layer`` as a block count in ``0..n_layers``, or a clear :class:`InputError`."""
+        n = self.n_layers
+        if isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int):
+            raise InputError(
+                f"stop_at_layer takes an int (blocks to run) or None, got {stop_at_layer!r}"
+            )
+        k = stop_at_layer + n if stop_at_layer < 0 else stop_at_layer
+        if not 0 <= k <= n:
+            raise InputError(
+                f"stop_at_layer={stop_at_layer} is outside this {n}-block model: take 0..{n} "
+                f"(run blocks 0..k-1), -{n}..-1 from the end, or None for the whole model"
+            )
+        return k
+
+    def stop_layer(self, names: NameFilter) -> int | None:
+        """The smallest ``stop_at_layer`` whose run still reaches every site of ``names``.
+
+        A site of block ``i`` needs ``i + 1``; sites before the blocks (``hook_embed``,
+        ``hook_tokens``) need 0; a site between blocks (a hierarchical stage output) needs the
+        blocks before it; ``None`` when a site needs the whole forward pass (the final norm).
+        Nothing stops unless the caller passes this on.
+        """
+        chosen = set(self.resolve(names))
+        sites = list(self.adapter.sites().items())
+        need, started = 0, False
+        for i, (name, site) in enumerate(sites):
+            started = started or site.layer is not None
+            if name not in chosen:
+                continue
+            if site.layer is not None:
+                need = max(need, site.layer + 1)
+            elif started:  # between blocks: it runs before the next block starts
+                after = next((s.layer for _, s in sites[i + 1 :] if s.layer is not None), None)
+                if after is None:
+                    return None
+                need = max(need, after)
+        return need
+
+    def _block_site(self, layer: int, suffix: str) -> Site:
+        for name, site in self.adapter.sites().items():
+            if site.layer == layer and name.endswith(f".{suffix}"):
+                return site
+        raise HookError(
+            f"this {self.family} model has no {suffix} site for block {layer}, so stop_at_layer "
+            "cannot end its forward pass there"
+        )
+
+    def _features_until(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Run blocks ``0..k-1`` of ``x`` (prepared); the residual stream after them.
+
+        A hook at the input of block ``k`` (its ``hook_resid_pre`` site) raises an exception
+        that ends the pass; it is removed before this returns. For ``k >= 1`` it fires before
+        any other hook of block ``k``; for ``k = 0`` after every other hook there, so inserted
+        tokens and ``hook_tokens`` edits are in. ``k = n_layers`` ends at the output of the
+        last block (``hook_resid_post``), after the hooks there.
+        """
+        owner = object()
+
+        def stop(t: torch.Tensor, hook: HookContext) -> None:
+            raise _StopForward(owner, t)
+
+        site: Site
+        if k == self.n_layers:
+            site = self._block_site(k - 1, "hook_resid_post")
+        else:
+            site = self._block_site(k, "hook_resid_pre")
+            if k > 0:
+                site = replace(site, prepend=True)  # block k's own hooks never see it
+        handle = site.attach(stop, lambda: self.layout)
+        try:
+            self.adapter.features(x)
+        except _StopForward as e:
+            if e.owner is not owner:
+                raise
+            value = e.value
+        else:  # pragma: no cover - the site belongs to a block every forward runs
+            raise HookError(f"the forward pass never reached {site.name!r}")
+        finally:
+            handle.remove()
+        if self.adapter.hierarchical:
+            return value.flatten(1, 2) if value.dim() == 4 else value
+        return self.layout.strip_extra(value)
+
+    def _until(
+        self, fwd_hooks: Sequence[tuple[str, HookFn]], k: int | None
+    ) -> list[tuple[str, HookFn]]:
+        """``fwd_hooks`` without the sites of blocks ``k`` and later (they never run)."""
+        if k is None:
+            return list(fwd_hooks)
+        return [
+            (name, fn)
+            for pattern, fn in fwd_hooks
+            for name in self.resolve(pattern)
+            if (layer := self.site(name).layer) is None or layer < k
+        ]
 
     def __call__(self, x: torch.Tensor) -> Any:
         """The source model's own forward (pooled embedding, logits, HF output object)."""
@@ -261,10 +383,13 @@ class Model:
         x: torch.Tensor,
         fwd_hooks: Sequence[tuple[str, HookFn]],
         attention: str = "auto",
+        stop_at_layer: int | None = None,
     ) -> torch.Tensor:
-        """``features(x)`` with the given hooks attached for this call only."""
-        with self.hooks(fwd_hooks, attention):
-            return self.features(x)
+        """``features(x, stop_at_layer=...)`` with the given hooks attached for this call only
+        (hooks of blocks ``stop_at_layer`` and later are not attached: they would never run)."""
+        k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
+        with self.hooks(self._until(fwd_hooks, k), attention):
+            return self.features(x, stop_at_layer=k)
 
     def run_with_cache(
         self,
@@ -273,12 +398,19 @@ class Model:
         reduce: str | Callable[[torch.Tensor, HookContext], torch.Tensor] | None = None,
         device: str | torch.device | None = "cpu",
         attention: str = "auto",
+        stop_at_layer: int | None = None,
     ) -> tuple[torch.Tensor, ActivationCache]:
         """Run ``features(x)`` and record the named sites.
 
         ``reduce='norm'`` stores per-token L2 norms (float32) instead of full activations; a
         callable ``reduce(tensor, hook)`` stores whatever it returns. Tensors are detached and
         moved to ``device`` (``None`` keeps them where they are).
+
+        ``stop_at_layer=k`` runs blocks ``0..k-1`` only (see :meth:`features`): the first value
+        returned is then the residual stream after block ``k-1``, not the final-norm output,
+        and the cache holds the named sites that ran (those of blocks ``< k`` and before the
+        blocks). It never stops by itself: pass :meth:`stop_layer` of ``names`` to stop as soon
+        as every named site has run.
         """
         from vitreg.hooks.reducers import token_norms
 
@@ -304,8 +436,9 @@ class Model:
                 sources[hook.name] = hook.attn_source
 
         chosen = self.resolve(names)
-        with torch.no_grad(), self.hooks([(n, save) for n in chosen], attention):
-            out = self.features(x)
+        k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
+        with torch.no_grad(), self.hooks(self._until([(n, save) for n in chosen], k), attention):
+            out = self.features(x, stop_at_layer=k)
         ordered = {n: store[n] for n in chosen if n in store}
         return out, ActivationCache(ordered, layouts, sources)
 
@@ -317,12 +450,15 @@ class Model:
         attention: str = "auto",
         limit: int | None = None,
         progress: Callable[[int], None] | None = None,
+        stop_at_layer: int | None = None,
     ) -> TraceResult:
         """Stream ``data`` through the model, feeding each reducer its site; keep only statistics.
 
         ``data``: an image tensor ``[N, 3, H, W]`` (split into ``batch_size`` batches), a
         DataLoader, or any iterable of batches. ``progress(n)`` is called with the number of
         images done after each batch. Memory stays bounded by the reducers' own state.
+        ``stop_at_layer=k`` runs blocks ``0..k-1`` of every batch only (see :meth:`features`);
+        reducers of later sites are then fed nothing.
 
         Under torchrun (a process group of several ranks) every rank must call this with the
         same data and reducers: each forwards its part of every batch
@@ -348,11 +484,13 @@ class Model:
 
             return fn
 
+        k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
+        feeds = self._until([(n, feed(n)) for n in by_site], k)
         stream = distributed.shard(iter_batches(data, batch_size, limit))
-        with torch.no_grad(), self.hooks([(n, feed(n)) for n in by_site], attention):
+        with torch.no_grad(), self.hooks(feeds, attention):
             for batch in stream:
                 offset = stream.offset  # global index of this part's first image
-                self.features(batch)
+                self.features(batch, stop_at_layer=k)
                 if progress is not None:
                     progress(stream.seen)
         if stream.world > 1:  # every rank gets the statistics of all images
@@ -367,13 +505,15 @@ class Model:
         batch_size: int = 32,
         limit: int | None = None,
         progress: Callable[[int], None] | None = None,
+        stop_at_layer: int | None = None,
     ) -> int:
         """``features`` over every batch of ``data`` (no grad) for the hooks attached; returns
-        the number of images seen."""
+        the number of images seen. ``stop_at_layer``: as in :meth:`features`."""
+        k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
         done = 0
         with torch.no_grad():
             for batch in iter_batches(data, batch_size, limit):
-                self.features(batch)
+                self.features(batch, stop_at_layer=k)
                 done += batch.shape[0]
                 if progress is not None:
                     progress(done)

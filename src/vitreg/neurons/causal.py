@@ -26,15 +26,12 @@ from typing import Any
 
 import torch
 
+from vitreg.analysis.rules import image_mask
+from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
-from vitreg.neurons.discover import outlier_mask
 
 Unit = tuple[int, int]
-
-
-class _Reached(Exception):
-    """Ends a forward pass at the detection layer: later blocks cannot change its output."""
 
 
 @dataclass
@@ -133,20 +130,17 @@ class CausalProbe:
 
         def reach(t: torch.Tensor, hook: HookContext) -> None:
             state["value"] = batch_fn(state["batch"], t.float().norm(dim=-1))
-            raise _Reached
 
-        hooks = [(f"blocks.{lay}.mlp.hook_post", gate(lay)) for lay in self.layers]
+        hooks = [(hook_name(lay, "mlp.hook_post"), gate(lay)) for lay in self.layers]
         if grad:
             for i in range(self.layers[0] + 1, self.detect + 1):
-                hooks += [(f"blocks.{i}.{ln}.hook_out", detach) for ln in ("ln1", "ln2")]
-        hooks.append((f"blocks.{self.detect}.hook_resid_post", reach))
+                hooks += [(hook_name(i, f"{ln}.hook_out"), detach) for ln in ("ln1", "ln2")]
+        hooks.append((hook_name(self.detect, "hook_resid_post"), reach))
         with model.hooks(hooks), torch.set_grad_enabled(grad):
             for i, batch in enumerate(iter_batches(self.images, self.batch_size)):
                 state["batch"] = i
-                try:
-                    model.features(batch)
-                except _Reached:
-                    pass
+                # later blocks cannot change the detection layer's output: stop after it
+                model.features(batch, stop_at_layer=self.detect + 1)
                 if grad:
                     used = [gates[lay] for lay in self.layers]
                     got = torch.autograd.grad(state["value"], used, allow_unused=True)
@@ -165,7 +159,7 @@ class CausalProbe:
         median = float(flat.median())
         masks = []
         for n in norms:
-            m = outlier_mask(n, rule, value)
+            m = image_mask(n, rule, value)
             m[:, : lay.n_prefix] = False  # patches only
             masks.append(m)
         logs = (flat / median).log().clamp_min(0)

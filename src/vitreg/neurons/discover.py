@@ -15,29 +15,16 @@ from typing import Any
 import torch
 
 from vitreg import distributed
+from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.errors import VitregError
+from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
-from vitreg.neurons.detection import RULES, Detection, choose_detection, layer_index
+from vitreg.neurons.detection import Detection, choose_detection, layer_index
 from vitreg.neurons.neuron_set import NeuronSet, weights_fingerprint
 
-THRESHOLDS = RULES
-
-
-def outlier_mask(
-    norms: torch.Tensor, rule: str, value: float | None, z: float = 3.5
-) -> torch.Tensor:
-    """``[B, N]`` outlier mask from per-token norms under ``rule``."""
-    if rule in ("auto", "absolute"):
-        return norms > value
-    if rule == "mean3std":
-        return norms > (norms.mean(1, keepdim=True) + 3 * norms.std(1, keepdim=True))
-    if rule == "robust":
-        logs = norms.clamp_min(1e-12).log()
-        med = logs.median(1, keepdim=True).values
-        mad = 1.4826 * (logs - med).abs().median(1, keepdim=True).values
-        return logs > med + z * mad
-    raise ValueError(f"threshold must be one of {THRESHOLDS} or a number")
+THRESHOLDS = MASK_RULES
+outlier_mask = image_mask  # ``[B, N]`` outlier mask from per-token norms under a rule
 
 
 def discover(
@@ -61,7 +48,8 @@ def discover(
     """Rank register neurons; returns the ``top_k`` best as a :class:`NeuronSet`.
 
     ``threshold``: 'auto' (valley of the bimodal norm distribution), a number (absolute norm),
-    'mean3std' (per image, paper A.4) or 'robust' (per image, median + 3.5 MAD on log norms).
+    'mean3std' (per image, paper A.4) or 'robust' (per image, median + 3.5 MAD on log norms);
+    the rules are those of :mod:`vitreg.analysis.rules`.
     What is not given -- detection layer, 'auto' threshold, and (then) the highest searched
     layer -- is chosen by :func:`~vitreg.neurons.detection.choose_detection` on the first
     ``calibration_images`` (or taken from ``detection``): the searched range then ends at the
@@ -133,7 +121,7 @@ def discover(
         nonlocal images_with, images_seen
         lay = hook.layout
         norms = t.detach().float().norm(dim=-1)
-        mask = outlier_mask(norms, rule, value)
+        mask = image_mask(norms, rule, value)
         if not include_prefix:
             mask[:, : lay.n_prefix] = False
         count = mask.sum(1)  # [B]
@@ -145,11 +133,14 @@ def discover(
             add(j, held.pop(j))
 
     stream = distributed.shard(iter_batches(data, batch_size, limit))  # this rank's images
-    hooks = [(f"blocks.{layer}.mlp.hook_post", keep(j, layer)) for j, layer in enumerate(searched)]
-    hooks.append((f"blocks.{detect}.hook_resid_post", score))
+    hooks = [
+        (hook_name(layer, "mlp.hook_post"), keep(j, layer)) for j, layer in enumerate(searched)
+    ]
+    hooks.append((hook_name(detect, "hook_resid_post"), score))
+    last = max(detect, highest) + 1  # later blocks feed none of these hooks: they don't run
     done = None if progress is None else (lambda n: progress(stream.seen))  # images of all ranks
     with model.hooks(hooks):
-        model.run_batches(stream, batch_size, None, done)
+        model.run_batches(stream, batch_size, None, done, stop_at_layer=last)
     if stream.world > 1:
         for t in (score_sum, images_with, images_seen):
             distributed.all_reduce_sum(t)

@@ -131,7 +131,10 @@ class ShardWriter:
         x = torch.stack([item["image"] for item in batch])
         specs: dict[str, list] = {}
         reduce = reducer(self.views, specs)
-        _, cache = self.model.run_with_cache(x, names=list(self.names), reduce=reduce)
+        names = list(self.names)
+        # blocks after the deepest requested layer feed no view: they are not run
+        stop = self.model.stop_layer(names)
+        _, cache = self.model.run_with_cache(x, names=names, reduce=reduce, stop_at_layer=stop)
         self.forward_passes += 1
         for name in self.names:
             self._layouts[name] = cache.layout(name).to_dict()
