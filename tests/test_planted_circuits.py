@@ -164,25 +164,47 @@ def test_zeroing_readers_or_distractors_keeps_the_outliers(fixtures, name: str) 
             assert change < 0.05, (i, change)
 
 
-def test_multiblock_causes_are_needed_together(fixtures) -> None:
+def test_multiblock_weak_units_add_up_to_the_outliers(fixtures) -> None:
+    """Weak units of blocks 2-3 (flat patches at ~2.5x, no outlier mode) and strong units of
+    block 4 all write along the outlier direction: every one of the 6 is needed."""
     model, truth, x = fixtures("dinov2_s14_multiblock")
     sel, _ = masks(truth, x)
     first = truth.emergence_layer
-    full = ratios(patch_norms(model, x))[first][sel].median()
+    causal = list(truth.causal_units)
+    weak = [c for c in causal if c[0] < first]
+    assert sorted({layer for layer, _ in weak}) == [2, 3] and len(weak) == 4
 
-    def without(layers: set[int]) -> dict[int, torch.Tensor]:
-        return patch_norms(model, x, [c for c in truth.causal_units if c[0] in layers])
+    def flat(zero=()) -> tuple[dict[int, float], dict]:
+        """Median ratio of the selected patches and the presence fit, per block."""
+        norms = patch_norms(model, x, zero)
+        r = ratios(norms)
+        fits = {i: bimodal_fit(n.numpy()) for i, n in norms.items()}
+        return {i: r[i][sel].median().item() for i in r}, fits
 
-    # the weak blocks alone: no outlier mode anywhere (their seeds stay below 3x the median)
-    seeds_only = without({4})
-    assert not any(present(seeds_only).values())
-    assert ratios(seeds_only)[3][sel].median() < 2.5
-    # the amplifiers alone: nothing to amplify
-    assert not any(present(without({2, 3})).values())
-    # any single seed block missing: visibly weaker outliers at the emergence block
+    full, fits = flat()
+    ordinary, _ = flat(causal)  # the selected patches with no causal unit: ~0.85
+    # the weak units: flat patches well above ordinary at block 3, but no outlier mode
+    assert 2.2 < full[3] < 2.8, full[3]
     for layer in (2, 3):
-        weaker = ratios(without({layer}))[first][sel].median()
-        assert weaker < 0.75 * full, (layer, weaker, full)
+        assert not fits[layer].present and fits[layer].mode_ratio < 2.85, fits[layer]
+    assert fits[first].present and full[first] > 20
+    # the block-4 units alone removed: no mode at block 4, flat patches still far above ordinary
+    # (the readers of blocks 6-9 fire on the weak units' v and rebuild a mode later)
+    no_strong, no_strong_fits = flat([c for c in causal if c[0] == first])
+    assert not any(no_strong_fits[i].present for i in range(first + 2))
+    assert no_strong[first] > 2 * ordinary[first]
+    assert no_strong_fits[model.n_layers - 2].present
+    # the weak units removed: much weaker outliers (the strong units lose part of their input)
+    no_weak, _ = flat(weak)
+    assert no_weak[first] < 0.5 * full[first], (no_weak[first], full[first])
+    # any one weak unit zeroed (the others active): lower outliers, by about equal amounts
+    drops = [full[first] - flat([u])[0][first] for u in weak]
+    assert min(drops) > 0.005 * full[first], drops
+    assert max(drops) < 2 * min(drops), drops
+    # any one weak unit alone (the other 5 causal units zeroed): flat patches above ordinary
+    for u in weak:
+        alone, _ = flat([c for c in causal if c != u])
+        assert alone[first] >= 1.15 and alone[first] >= 1.15 * ordinary[first], (u, alone)
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -228,19 +250,36 @@ def test_readers_top_the_mean_activation_on_outliers_ranking(fixtures, name: str
     assert min(scores[u] for u in readers) > 2 * max(scores[u] for u in truth.causal_units)
 
 
-@pytest.mark.parametrize("name", NEW)
-def test_readers_need_outliers(fixtures, name: str) -> None:
-    """With the block that creates the outliers zeroed, the readers stay silent."""
-    model, truth, x = fixtures(name)
-    first = truth.emergence_layer
-    creators = [c for c in truth.causal_units if c[0] == first]
+def reader_acts(model: vitreg.Model, truth, x: torch.Tensor, zero) -> dict:
+    """Each reader's activations ``[B, T]`` with the ``(layer, unit)`` pairs zeroed."""
     by_layer: dict[int, list[int]] = {}
-    for layer, unit in creators:
+    for layer, unit in zero:
         by_layer.setdefault(layer, []).append(unit)
     with model.hooks([(f"blocks.{i}.mlp.hook_post", _zero(u)) for i, u in by_layer.items()]):
         _, cache = model.run_with_cache(x, names="blocks.*.mlp.hook_post")
-    for layer, unit in truth.reader_units:
-        assert cache[f"blocks.{layer}.mlp.hook_post"][..., unit].abs().max() < 0.1
+    return {(i, u): cache[f"blocks.{i}.mlp.hook_post"][..., u] for i, u in truth.reader_units}
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_readers_need_outliers(fixtures, name: str) -> None:
+    """With the causal units zeroed, the readers stay silent."""
+    model, truth, x = fixtures(name)
+    for unit, a in reader_acts(model, truth, x, truth.causal_units).items():
+        assert a.abs().max() < 0.1, unit
+
+
+def test_multiblock_readers_fire_on_the_weak_units_v(fixtures) -> None:
+    """The readers read the cosine with v: the weak units alone (flat patches at ~2.5x, mostly
+    along v) are enough for them to fire, at a good part of their full activation."""
+    model, truth, x = fixtures("dinov2_s14_multiblock")
+    sel, _ = masks(truth, x)
+    layout = model.layout
+    strong = [c for c in truth.causal_units if c[0] == truth.emergence_layer]
+    full = reader_acts(model, truth, x, [])
+    weak_only = reader_acts(model, truth, x, strong)
+    for unit in truth.reader_units:
+        on = [layout.take(a[unit], "patches").reshape(sel.shape)[sel] for a in (full, weak_only)]
+        assert on[1].median() > 0.5 * on[0].median(), unit
 
 
 def test_build_is_deterministic_and_small_sizes_work() -> None:

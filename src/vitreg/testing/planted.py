@@ -45,12 +45,15 @@ from vitreg.models.layout import TokenLayout
 class _Group:
     """``n`` units of one role in block ``layer`` of a role-annotated fixture (planted_circuits).
 
-    ``reads``: "flag" (the flat flag), "seed" / "v" (cosine with the seed / outlier direction
-    after LayerNorm), "ref" (the patch-vs-prefix reference channel). ``writes``: "v", "seed" or
-    "random" (a fixed direction orthogonal to both). ``target``: for causes, the flat patches'
-    median norm over the median patch norm at the block output; for readers, their relative
-    norm gain; for distractors, their write norm relative to the median patch ([CLS]) norm.
-    ``act``: median activation of the units where they fire.
+    ``reads``: "flag" (the flat flag), "v" (cosine with the outlier direction after LayerNorm),
+    "flag/v" (the flag plus that cosine, weighted so that the input does not change, to first
+    order, when earlier writes along ``v`` are removed and LayerNorm's scale shrinks), "ref" (the
+    patch-vs-prefix reference channel). ``writes``: "v" or "random" (a fixed
+    direction orthogonal to ``v``). ``target``: for causes, the flat patches' median norm over
+    the median patch norm at the block output; for readers, their relative norm gain; for
+    distractors, their write norm relative to the median patch ([CLS]) norm. ``act``: median
+    activation of the units where they fire. ``equal``: the units write equal shares (the same
+    write norm at their median activation) instead of randomly weighted ones.
     """
 
     role: str  # "cause" | "reader" | "texture" | "cls"
@@ -60,6 +63,7 @@ class _Group:
     writes: str
     target: float
     act: float
+    equal: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,18 +122,19 @@ SPECS: dict[str, _Spec] = {
     ),
     "dinov2_s14_multiblock": _Spec(
         "vit_small_patch14_dinov2",
-        "DINOv2 ViT-S/14: weak seeds in blocks 2-3 gate amplifiers in block 4 (outliers from "
-        "block 4); strong readers in blocks 6-9; texture and [CLS] distractors",
+        "DINOv2 ViT-S/14: weak register neurons in blocks 2-3 (flat patches at 2.5x the median, "
+        "no outlier mode) and strong ones in block 4 add up to 25x outliers; strong readers in "
+        "blocks 6-9; texture and [CLS] distractors",
         (),
         (),
         groups=(
             _Group("texture", 2, 1, "flag", "random", 0.25, 30.0),
-            _Group("cause", 2, 2, "flag", "seed", 1.3, 25.0),
+            _Group("cause", 2, 2, "flag", "v", 2.0, 25.0, equal=True),
             _Group("cls", 3, 1, "ref", "random", 0.3, 300.0),
-            _Group("cause", 3, 2, "flag", "seed", 1.8, 25.0),
+            _Group("cause", 3, 2, "flag", "v", 2.5, 25.0, equal=True),
             _Group("texture", 4, 1, "flag", "random", 0.25, 30.0),
             _Group("cls", 4, 1, "ref", "random", 0.3, 300.0),
-            _Group("cause", 4, 2, "seed", "v", 25.0, 40.0),
+            _Group("cause", 4, 2, "flag/v", "v", 25.0, 40.0),
             *(_Group("reader", layer, 1, "v", "v", 0.1, 150.0) for layer in (6, 7, 8, 9)),
         ),
     ),

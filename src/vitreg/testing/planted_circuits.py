@@ -4,21 +4,25 @@ A selection of register neurons must pick the units that *create* the outliers. 
 plant, beside the causes, units that a selection can confuse with them (see ``SPECS`` in
 :mod:`vitreg.testing.planted` for the layouts and :class:`GroundTruth` for the roles):
 
-* causes reading the flat flag and writing along the outlier direction ``v`` (one block makes
-  the outliers), or weak *seeds* writing along a second direction ``seed`` (orthogonal to ``v``)
-  whose output is no outlier mode, followed by *amplifiers* that read ``seed`` after LayerNorm
-  and write ``v``: all of them are needed, and zeroing any causal block weakens the outliers;
+* causes reading the flat flag and writing along the outlier direction ``v``: one block makes
+  the outliers, or weak units of several blocks (no outlier mode at their output) and strong ones
+  of a later block add up to them. After LayerNorm a flag reader sees the flag divided by the
+  token's scale, which earlier writes along ``v`` grow, so it fires harder when they are zeroed:
+  later weak units partly make up for a zeroed earlier one (the earlier ones write more, so that
+  zeroing any one weak unit lowers the outliers about equally), and the strong units ("flag/v")
+  also read the cosine with ``v``, weighted to cancel that to first order (without any weak
+  unit they still fire, at a fraction of their strength);
 * readers: units of later blocks that read ``v`` after LayerNorm, so they fire only on tokens
   that already are outliers, with large activations (they top a mean-|activation|-on-outliers
   ranking) and writes along ``v`` that reinforce the outliers without creating them;
 * distractors: "texture" units firing on every non-flat token (flag off) and "cls" units firing
   on [CLS] only (the reference channel is -1 on prefix tokens), both writing a moderate vector
-  orthogonal to ``v`` and ``seed``.
+  orthogonal to ``v``.
 
 Each group is calibrated block by block on synthetic images: the calibration tokens are stepped
 through the blocks as they are planted, so thresholds and write sizes are set on the inputs the
-units really see. ``v`` and ``seed`` avoid the reserved channels, which stay free of random
-writes up to the last block that reads them.
+units really see. ``v`` avoids the reserved channels, which stay free of random writes up to
+the last block that reads them.
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ from vitreg.testing.planted import (
 )
 
 _FLAG_CUT = 0.25  # flag readers fire above this fraction of the flat patches' median flag
-_SEED_CUT = 0.75  # amplifiers fire above this fraction of the seeded patches' median cosine
 _READ_COS = 0.4  # readers fire above this cosine with v after LayerNorm
 _CALIB_TOKENS = 512  # calibration patches (2 to 16 synthetic images)
 
@@ -67,8 +70,8 @@ def _direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> t
 
 def _circuit_plan(
     module: nn.Module, spec: _Spec, g: torch.Generator
-) -> tuple[_Plan, torch.Tensor, list[list[int]]]:
-    """Reserved channels, the flag circuit's units, each group's units, ``v`` and ``seed``."""
+) -> tuple[_Plan, list[list[int]]]:
+    """Reserved channels, the flag circuit's units, ``v`` and each group's units."""
     d = module.embed_dim
     hidden = module.blocks[0].mlp.fc2.in_features
     chans = torch.randperm(d, generator=g)[: 4 + N_FILTERS].tolist()
@@ -83,9 +86,8 @@ def _circuit_plan(
         groups.append(sorted(drawn[gr.layer][: gr.n]))
         drawn[gr.layer] = drawn[gr.layer][gr.n :]
     v = _direction(torch.randn(d, generator=g), chans)
-    seed = _direction(torch.randn(d, generator=g), chans, v)
     plan = _Plan(*chans[:4], chans[4:], {0: sorted(drawn[0]), 1: sorted(drawn[1])}, v)
-    return plan, seed, groups
+    return plan, groups
 
 
 def _hat(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +131,6 @@ class _Planter:
         module: nn.Module,
         spec: _Spec,
         plan: _Plan,
-        seed: torch.Tensor,
         units: list[list[int]],
         rule: FlatRule,
         size: int,
@@ -138,7 +139,7 @@ class _Planter:
         from vitreg.testing.images import synthetic_images
 
         self.module, self.spec, self.plan, self.g = module, spec, plan, g
-        self.seed, self.units = seed, units  # the seed direction; each group's units
+        self.units = units  # each group's units
         self.d = module.embed_dim
         cfg = module.pretrained_cfg
         mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
@@ -159,8 +160,7 @@ class _Planter:
             return hat[..., p.flag] - hat[..., p.zero]
         if reads == "ref":  # prefix tokens: +inv_std; patches: -inv_std
             return hat[..., p.zero] - hat[..., p.ref]
-        direction = {"v": p.direction, "seed": self.seed}[reads]
-        return hat @ direction / math.sqrt(self.d)
+        return hat @ p.direction / math.sqrt(self.d)
 
     def _reads(
         self, norm: nn.LayerNorm, reads: str, gains: torch.Tensor, cut: float
@@ -172,11 +172,25 @@ class _Planter:
             ch = p.flag if reads == "flag" else p.ref
             w = [_onehot(d, (ch, sign * a), (p.zero, -sign * a)) for a in gains.tolist()]
             return w, -gains * cut
-        direction = {"v": p.direction, "seed": self.seed}[reads]
-        offset = float((direction * norm.bias / norm.weight).sum())
-        unit = direction / norm.weight / math.sqrt(self.d)
+        offset = float((p.direction * norm.bias / norm.weight).sum())
+        unit = p.direction / norm.weight / math.sqrt(self.d)
         w = [a * unit for a in gains.tolist()]
         return w, -gains * (cut + offset / math.sqrt(self.d))
+
+    def _balance(self, norm: nn.LayerNorm, mid: torch.Tensor, rows: torch.Tensor) -> float:
+        """Weight ``c`` of the cosine with ``v`` in ``flag + c cos`` that makes the feature flat,
+        to first order, in the size of the tokens' ``v`` component on ``rows``.
+
+        LayerNorm divides the flag by the token's scale, which writes along ``v`` grow: a pure
+        flag reader downstream of such writes fires harder when they are zeroed.
+        """
+        v = self.plan.direction
+        eps = 0.01
+        less = mid - eps * (mid @ v)[..., None] * v  # each token's v component 1% smaller
+        a, b = _hat(norm, mid)[rows], _hat(norm, less)[rows]
+        flag = self._feature("flag", a) - self._feature("flag", b)
+        cos = self._feature("v", a) - self._feature("v", b)
+        return float(-flag.mean() / cos.mean())
 
     def _where(self, role: str) -> torch.Tensor:
         """Bool ``[B, T]``: the calibration tokens on which units of ``role`` fire."""
@@ -193,9 +207,9 @@ class _Planter:
         p, n = self.plan, gr.n
         if gr.writes == "random":
             base = torch.randn(self.d, generator=self.g)
-            base = _direction(base, p.reserved, p.direction, self.seed)
+            base = _direction(base, p.reserved, p.direction)
         else:
-            base = {"v": p.direction, "seed": self.seed}[gr.writes]
+            base = p.direction
         noise = torch.randn(n, self.d, generator=self.g)
         dirs = torch.stack([_direction(base + 0.25 * _direction(z, p.reserved), []) for z in noise])
         return dirs * (0.7 + 0.6 * torch.rand(n, generator=self.g))[:, None]
@@ -205,8 +219,13 @@ class _Planter:
     ) -> torch.Tensor:
         """Plant one group (thresholds and gains from the block's input, write size to target)
         into a block whose output is ``out`` without it; return the output with it."""
-        feature = self._feature(gr.reads, _hat(blk.norm2, mid))
         rows = self._where(gr.role)
+        hat = _hat(blk.norm2, mid)
+        if gr.reads == "flag/v":
+            c = self._balance(blk.norm2, mid, rows)
+            feature = self._feature("flag", hat) + c * self._feature("v", hat)
+        else:
+            feature = self._feature(gr.reads, hat)
         # texture units are set from the flag's level on the flat patches they must stay off
         med = float(feature[self._where("cause") if gr.role == "texture" else rows].median())
         acts = gr.act * (0.8 + 0.4 * torch.rand(gr.n, generator=self.g))
@@ -214,11 +233,19 @@ class _Planter:
             cut = _FLAG_CUT * med
             w_in, b_in = self._reads(blk.norm2, "flag", -acts / cut, 0.0)
             b_in = b_in + acts
+        elif gr.reads == "flag/v":  # pre = gains (flag + c cos - cut)
+            gains = acts / (med * (1 - _FLAG_CUT))
+            w_in, b_in = self._reads(blk.norm2, "flag", gains, _FLAG_CUT * med)
+            w_v, b_v = self._reads(blk.norm2, "v", c * gains, 0.0)
+            w_in = [a + b for a, b in zip(w_in, w_v, strict=True)]
+            b_in = b_in + b_v
         else:
-            cut = {"flag": _FLAG_CUT * med, "seed": _SEED_CUT * med, "v": _READ_COS, "ref": 0.0}
+            cut = {"flag": _FLAG_CUT * med, "v": _READ_COS, "ref": 0.0}
             gains = acts / (med - cut[gr.reads])
             w_in, b_in = self._reads(blk.norm2, gr.reads, gains, cut[gr.reads])
         dirs = self._writes(gr)
+        if gr.equal:  # unit i's write at its median activation acts[i] has the same norm for all
+            dirs = dirs / (dirs.norm(dim=1, keepdim=True) * acts[:, None])
         # the units' summed write per token for a unit scale (GLU units have up = 1)
         pre = blk.norm2(mid) @ torch.stack(w_in).T + b_in
         push = blk.mlp.act(pre) @ dirs
@@ -253,7 +280,7 @@ class _Planter:
     def run(self) -> list[tuple[int, int, str]]:
         """Plant the flag circuit, then every group in block order; return the helper units."""
         blocks, p, groups = self.module.blocks, self.plan, self.spec.groups
-        first = min(gr.layer for gr in groups if gr.reads == "flag")
+        first = min(gr.layer for gr in groups if gr.reads in ("flag", "flag/v"))
         h, inv = self.h0, {}
         for i in range(first + 1):  # LayerNorm scales before planting (as planted._calibrate)
             mid = _mid(blocks[i], h)
@@ -289,15 +316,15 @@ def build_circuit(
     module = _create(spec, img_size)
     patch = int(module.patch_embed.patch_size[0])
     rule = FlatRule(patch, THRESHOLD, N_FILTERS, filter_seed=seed)
-    plan, seed_dir, units = _circuit_plan(module, spec, torch.Generator().manual_seed(seed))
+    plan, units = _circuit_plan(module, spec, torch.Generator().manual_seed(seed))
     g = torch.Generator().manual_seed(seed + 7919)
     groups = spec.groups
-    protect = max(gr.layer for gr in groups if gr.reads in ("flag", "ref"))
+    protect = max(gr.layer for gr in groups if gr.reads in ("flag", "flag/v", "ref"))
     module.eval()
     with torch.no_grad():
         _random_init(module, g)
         _reserve(module, plan, protect, rule)
-        helpers = _Planter(module, spec, plan, seed_dir, units, rule, img_size, g).run()
+        helpers = _Planter(module, spec, plan, units, rule, img_size, g).run()
 
     def pairs(role: str) -> tuple[tuple[int, int], ...]:
         got = [(gr.layer, us) for gr, us in zip(groups, units, strict=True) if gr.role == role]
