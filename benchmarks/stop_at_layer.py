@@ -1,0 +1,110 @@
+"""What ``stop_at_layer`` saves: probing an early block without running the blocks after it.
+
+ViT-B/16 (timm ``vit_base_patch16_224``, random weights, 12 blocks), one batch of
+``--batch-size`` random images at ``--img-size`` px, both arms record the same site:
+
+- **full**: ``model.run_with_cache(x, names="blocks.{L}.hook_resid_post")`` (every block runs);
+- **stopped**: the same call with ``stop_at_layer=L + 1`` (blocks ``0..L`` run).
+
+``L`` is ``--layer`` (default 2). After ``--warmup`` untimed runs of each arm, ``--repeats`` timed
+runs alternate full/stopped (ABBA) so both arms see the same machine load; medians are compared.
+The cached activations must be equal. Target: full seconds / stopped seconds >= 3 (12 blocks
+against 3, minus what both pay outside the blocks: patch embedding, caching).
+
+    python benchmarks/stop_at_layer.py [--batch-size 16] [--layer 2] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from _common import add_size_and_out_options, add_timing_options, build, peak_rss_mb, write_result
+
+MODEL = "vit_base_patch16_224"
+TARGET = 3.0  # stopped images/s over full images/s
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Time both arms on one model and batch in this process."""
+    import torch
+
+    torch.manual_seed(0)
+    model = build(args.model, args.img_size, args.depth)
+    layer = args.layer if args.layer >= 0 else model.n_layers + args.layer
+    name = f"blocks.{layer}.hook_resid_post"
+    stop = model.stop_layer(name)
+    x = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
+
+    def full() -> Any:
+        return model.run_with_cache(x, names=name)[1][name]
+
+    def stopped() -> Any:
+        return model.run_with_cache(x, names=name, stop_at_layer=stop)[1][name]
+
+    arms = {"full": full, "stopped": stopped}
+    for _ in range(args.warmup):
+        ref = full()
+    for _ in range(args.warmup):
+        got = stopped()
+    times: dict[str, list[float]] = {"full": [], "stopped": []}
+    for r in range(args.repeats):
+        order = ("full", "stopped") if r % 2 == 0 else ("stopped", "full")
+        for arm in order:
+            t0 = time.perf_counter()
+            arms[arm]()
+            times[arm].append(time.perf_counter() - t0)
+    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    return {
+        "model": args.model,
+        "n_layers": model.n_layers,
+        "site": name,
+        "stop_at_layer": stop,
+        "blocks_run": {"full": model.n_layers, "stopped": stop},
+        "activations_equal": bool(torch.equal(got, ref)),
+        "seconds": times,
+        "median_s": med,
+        "images_per_s": {arm: args.batch_size / s for arm, s in med.items()},
+        "ratio_full_over_stopped": med["full"] / med["stopped"],
+        "ratio_per_round": [f / s for f, s in zip(times["full"], times["stopped"], strict=True)],
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_timing_options(p, batch_size=16)
+    p.add_argument("--layer", type=int, default=2, help="block whose hook_resid_post is probed")
+    p.add_argument("--model", default=MODEL, help="timm model name")
+    add_size_and_out_options(p, "stop_at_layer")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    res = measure(args)
+    out = write_result(
+        args,
+        "stop_at_layer",
+        target=f"full seconds / stopped seconds >= {TARGET}",
+        target_ratio=TARGET,
+        **res,
+    )
+    ips, ratio = res["images_per_s"], res["ratio_full_over_stopped"]
+    verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+    print(f"{args.model} ({res['n_layers']} blocks), batch {args.batch_size}, {args.img_size} px")
+    print(
+        f"run_with_cache of {res['site']}: full vs stop_at_layer={res['stop_at_layer']}; "
+        f"median of {args.repeats} interleaved runs; activations equal: {res['activations_equal']}"
+    )
+    print(
+        f"full {ips['full']:.1f} img/s, stopped {ips['stopped']:.1f} img/s, speed-up "
+        f"{ratio:.2f}x (target >= {TARGET}: {verdict})"
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
