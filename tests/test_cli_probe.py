@@ -107,7 +107,10 @@ def test_compare_merges_runs_one_column_each(runs) -> None:
 
 def test_errors_exit_2_with_one_paragraph(tmp_path: Path) -> None:
     assert_clean_failure(
-        probe(tmp_path, "--task", "colour"), "unknown --task 'colour'", "token-type"
+        probe(tmp_path, "--task", "colour"),
+        "--task: not a probe task",
+        "token-type",
+        "(got 'colour')",
     )
     assert_clean_failure(
         probe(tmp_path, "--task", "segmentation", "--data", DATA),

@@ -90,7 +90,7 @@ def test_validate_command_lists_each_run_and_fails_on_a_broken_one(runs, tmp_pat
     assert result.exit_code == 2 and "no metrics.json" in " ".join(result.output.split())
 
 
-@pytest.mark.parametrize("verb", ["diagnose", "neurons", "fix"])
+@pytest.mark.parametrize("verb", ["diagnose", "neurons", "fix", "probe", "train"])
 def test_config_rerun_reproduces_the_headlines(runs, verb, tmp_path):
     again = tmp_path / "again"
     args = [verb, "--config", str(runs[verb] / "config.yaml"), "--out", str(again)]
@@ -132,3 +132,199 @@ def test_bad_configs_name_the_file_and_the_field(runs, tmp_path):
         assert result.exit_code == 2, content
         err = " ".join(result.stderr.split())
         assert needle in err and str(path) in err and "Traceback" not in result.output, err
+
+
+def write_yaml(path: Path, content: object) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(content))
+    return path
+
+
+EXPERIMENT = {"verb": "experiment", "data": "synthetic:n=8,size=32", "size": "tiny", "steps": 1}
+BAD = {
+    "probe": [
+        ({"seedz": 2}, "seedz: Extra inputs are not permitted"),
+        ({"epochs": "many"}, "epochs: Input should be a valid integer"),
+        ({"seeds": 0}, "seeds: Input should be greater than 0"),
+        ({"task": "colour"}, "task: not a probe task; choose from classification"),
+        ({"optimizer": "adam"}, "optimizer: Input should be 'adamw' or 'sgd'"),
+        ({"fix": "nowhere.json"}, "fix: neither none, both, builtin nor an existing NeuronSet"),
+        ({"neurons": "builtin"}, "neurons: applies to fix both only"),
+        ({"layers": ","}, "layers: names no layer"),
+    ],
+    "train": [
+        ({"stepz": 1}, "stepz: Extra inputs are not permitted"),
+        ({"lr": "fast"}, "lr: Input should be a valid number"),
+        ({"lr": -1.0}, "lr: Input should be greater than 0"),
+        ({"epochs": float("inf")}, "epochs: epochs must be a finite number"),
+        ({"accum_steps": 0}, "accum_steps: Input should be greater than 0"),
+        ({"recipe": "mae"}, "recipe: Input should be 'supervised' or 'dino'"),
+        ({"amp": "fp8"}, "amp: Input should be 'auto', 'off', 'bf16' or 'fp16'"),
+        ({"model_arg": ["depth"]}, "model_arg: 'depth' is not KEY=VALUE"),
+        ({"data": None}, "data: Input should be a valid string"),
+        ({"steps": None, "epochs": None}, "pass steps or epochs"),
+    ],
+    "experiment": [
+        ({"sizes": "tiny"}, "sizes: Extra inputs are not permitted"),
+        ({"steps": "few"}, "steps: Input should be a valid integer"),
+        ({"threads": 0}, "threads: Input should be greater than 0"),
+        ({"size": "huge"}, "size: unknown size preset; choose one of tiny, small"),
+        ({"recipe": "mae"}, "recipe: Input should be 'supervised' or 'dino'"),
+        ({"pretrained": True}, "pretrained applies to finetune NAME"),
+    ],
+}
+
+
+@pytest.mark.parametrize("verb", ["probe", "train", "experiment"])
+def test_bad_configs_of_probe_train_and_experiment_name_the_file_and_the_field(
+    runs, verb, tmp_path
+):
+    config = EXPERIMENT if verb == "experiment" else yaml_of(runs[verb])
+    command = ["experiment", "variants"] if verb == "experiment" else [verb]
+    for change, needle in BAD[verb]:
+        path = write_yaml(tmp_path / "config.yaml", {**config, **change})
+        result = runner.invoke(app, [*command, "--config", str(path)])
+        assert result.exit_code == 2, (change, result.output)
+        err = " ".join(result.stderr.split())
+        assert needle in err and str(path) in err and "Traceback" not in result.output, err
+    path = write_yaml(tmp_path / "config.yaml", {**config, "verb": "neurons"})
+    result = runner.invoke(app, [*command, "--config", str(path)])
+    assert result.exit_code == 2 and "config of a neurons run" in " ".join(result.stderr.split())
+
+
+def test_probe_library_call_gives_the_cli_numbers(runs, tmp_path):
+    """``vitreg.probe.run.run`` on the typed config's values scores what `vitreg probe` did."""
+    import torch
+
+    import vitreg
+    from vitreg.configs import ProbeRunConfig, load_config
+    from vitreg.probe.linear import ProbeConfig
+    from vitreg.probe.run import run
+    from vitreg.report.schema import plain, resolve
+
+    cfg = load_config(runs["probe"] / "config.yaml", "probe")
+    assert isinstance(cfg, ProbeRunConfig) and cfg.fix == "none" and cfg.random_init
+    torch.manual_seed(0)  # the CLI builds random-init weights from seed 0
+    model = vitreg.load(cfg.spec, pretrained=False, img_size=cfg.img_size)
+    result = run(
+        model,
+        cfg.task,
+        cfg.data,
+        layers=[int(x) for x in cfg.layers.split(",")],
+        cache_dir=tmp_path / "cache",  # a fresh cache: features computed again
+        config=ProbeConfig(
+            seeds=tuple(range(cfg.seeds)), epochs=cfg.epochs, optimizer=cfg.optimizer
+        ),
+        batch_size=cfg.batch_size,
+        image_size=cfg.img_size,
+    )
+    doc = {"results": json.loads(json.dumps(plain(result.to_dict())))}
+    metrics = json.loads((runs["probe"] / "metrics.json").read_text())["metrics"]
+    assert metrics
+    for m in metrics:
+        assert resolve(doc, m["source"]) == pytest.approx(m["value"], abs=1e-6), m["name"]
+
+
+def test_train_library_call_gives_the_cli_numbers(runs, tmp_path):
+    """``vitreg.train.train`` on the typed config's values trains what `vitreg train` did."""
+    from vitreg.configs import load_config
+    from vitreg.train import train
+
+    cfg = load_config(runs["train"] / "config.yaml", "train")
+    assert cfg.model_arg == ["depth=1"] and cfg.option is None
+    result = train(
+        cfg.variant,
+        cfg.data,
+        cfg.recipe,
+        tmp_path / "lib",
+        steps=cfg.steps,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        img_size=cfg.img_size,
+        accum_steps=cfg.accum_steps,
+        amp=cfg.amp,
+        seed=cfg.seed,
+        model_kwargs={"depth": 1},
+        device=cfg.device,
+    )
+    doc = json.loads((runs["train"] / "metrics.json").read_text())["results"]
+    assert result.steps == doc["steps"] == 1
+    assert result.losses[-1] == doc["final_loss"]
+
+
+def test_experiment_config_round_trips_and_reruns_the_same_call(tmp_path, monkeypatch):
+    """The experiment's config.yaml loads as its typed config, and ``--config`` calls
+    ``run_variants`` exactly as the options did (the experiment itself is not run here)."""
+    import torch
+
+    import vitreg.experiment
+    from vitreg.configs import ExperimentConfig, load_config
+    from vitreg.experiment import ExperimentResult
+
+    cfg = ExperimentConfig(data="synthetic:n=8,size=32", out=tmp_path / "exp", steps=1)
+    path = write_yaml(tmp_path / "config.yaml", cfg.to_file())
+    assert load_config(path, "experiment") == cfg
+
+    calls: list[dict] = []
+
+    def fake(data, out, **kw):
+        calls.append({"data": data, "out": out, **{k: v for k, v in kw.items() if k != "log"}})
+        write_yaml(tmp_path / f"config-{len(calls)}.yaml", kw["config"])
+        return ExperimentResult(Path(out), [], True, 0.0)
+
+    monkeypatch.setattr(vitreg.experiment, "run_variants", fake)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append({"threads": n}))
+    args = ["experiment", "variants", "--data", "synthetic:n=8,size=32", "--size", "tiny"]
+    args += ["--steps", "1", "--no-gap", "--threads", "2", "--out", str(tmp_path / "exp")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    first = tmp_path / "config-2.yaml"
+    written = load_config(first, "experiment")
+    assert written.size == "tiny" and written.include_gap is False and written.threads == 2
+    result = runner.invoke(app, ["experiment", "variants", "--config", str(first)])
+    assert result.exit_code == 0, result.output
+    assert calls[:2] == calls[2:]  # same threads, settings, variants, command and config
+    assert calls[1]["settings"].steps == 1 and len(calls[1]["variants"]) == 9
+    result = runner.invoke(app, ["experiment", "variants", "--config", str(first), "--steps", "3"])
+    assert result.exit_code == 0 and calls[-1]["settings"].steps == 3  # the option wins
+
+
+@pytest.mark.parametrize("verb", ["neurons", "fix", "probe", "train", "experiment"])
+def test_config_fields_are_the_command_options(verb):
+    """Every option of the command is a field of its config, with the same default."""
+    import inspect
+
+    from vitreg.cli import experiment_cmd, fix_cmd, neurons_cmd, probe_cmd, train_cmd
+    from vitreg.configs import CONFIGS
+
+    command = {
+        "neurons": neurons_cmd.neurons_command,
+        "fix": fix_cmd.fix_command,
+        "probe": probe_cmd.probe_command,
+        "train": train_cmd.train_command,
+        "experiment": experiment_cmd.variants_command,
+    }[verb]
+    params = inspect.signature(command).parameters
+    fields = CONFIGS[verb].model_fields
+    options = set(params) - {"ctx", "config"}
+    assert options <= set(fields)
+    if verb in ("probe", "train", "experiment"):
+        assert options == set(fields)  # (fix discovers with the neurons defaults, not options)
+    for name in options:
+        field = fields[name]
+        default = params[name].default.default
+        assert default == (None if field.is_required() else field.default), name
+
+
+def test_train_and_experiment_configs_allow_what_the_trainer_does():
+    from typing import get_args
+
+    from vitreg.configs import ExperimentConfig, TrainRunConfig
+    from vitreg.train.config import AMP, RECIPES
+
+    fields = TrainRunConfig.model_fields
+    assert get_args(fields["recipe"].annotation) == RECIPES
+    assert get_args(fields["amp"].annotation) == AMP
+    assert set(get_args(ExperimentConfig.model_fields["recipe"].annotation)) == set(RECIPES)

@@ -112,15 +112,17 @@ class FixConfig(NeuronSearch):
 
 
 class ProbeRunConfig(RunConfig):
+    """``vitreg probe``: linear probes on frozen tokens, with and without test-time registers."""
+
     verb: ClassVar[str] = "probe"
 
-    spec: str | None = None
+    spec: str | None = Field(None, description="model spec; None: the synthetic demo")
     task: str = "classification"
     data: str = "synthetic-cls:n=200"
-    fix: str = "none"
-    neurons: str | None = None
-    layers: str = "-1"
-    cache: Path = Path("runs/cache")
+    fix: str = Field("none", description="none, both, builtin or a NeuronSet file")
+    neurons: str | None = Field(None, description="with fix both: NeuronSet file or 'builtin'")
+    layers: str = Field("-1", description="comma-separated blocks, 'final' or hook names")
+    cache: Path = Path(".vitreg-cache") / "features"
     seeds: PositiveInt = 3
     epochs: PositiveInt = 30
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -130,41 +132,132 @@ class ProbeRunConfig(RunConfig):
     random_init: bool = False
     device: str | None = None
 
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from vitreg.probe.tasks import TASKS
+
+        if v not in TASKS:
+            raise ValueError(f"not a probe task; choose from {', '.join(sorted(TASKS))}")
+        return v
+
+    @field_validator("fix")
+    @classmethod
+    def _fix_source(cls, v: str) -> str:
+        if v not in ("none", "both", "builtin") and not Path(v).exists():
+            raise ValueError(
+                "neither none, both, builtin nor an existing NeuronSet file (neurons.json from "
+                "`vitreg neurons`)"
+            )
+        return v
+
+    @field_validator("neurons")
+    @classmethod
+    def _neurons_with_fix_both(cls, v: str | None, info: Any) -> str | None:
+        fix = info.data.get("fix")  # absent when fix itself is wrong
+        if v is not None and fix == "none":
+            raise ValueError("applies to fix both only; with fix none there is no fix")
+        if v is not None and fix not in (None, "both"):
+            raise ValueError("give the neurons once: fix FILE, or fix both with neurons FILE")
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _some_layer(cls, v: str) -> str:
+        if not any(p.strip() for p in v.split(",")):
+            raise ValueError("names no layer; use e.g. -1 or 0,6,-1 or final")
+        return v
+
+
+TRAIN_RECIPES = ("supervised", "dino")  # vitreg.train.config.RECIPES
+AMP_MODES = ("auto", "off", "bf16", "fp16")  # vitreg.train.config.AMP
+
 
 class TrainRunConfig(RunConfig):
+    """``vitreg train``: train a ViT (supervised DeiT-III or DINO/iBOT)."""
+
     verb: ClassVar[str] = "train"
 
-    variant: str
+    variant: str = Field(description="timm ViT name or vitreg variant (vitreg_*)")
     data: str
-    recipe: Literal["supervised", "dino"] = "supervised"
+    recipe: Literal[TRAIN_RECIPES] = "supervised"  # type: ignore[valid-type]
     steps: PositiveInt | None = None
     epochs: float | None = Field(None, gt=0)
     batch_size: PositiveInt = 64
     lr: float | None = Field(None, gt=0)
     img_size: PositiveInt | None = None
     accum_steps: PositiveInt = 1
-    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
+    amp: Literal[AMP_MODES] = "auto"  # type: ignore[valid-type]
     seed: int = 0
     checkpoint_every: PositiveInt | None = None
     resume: bool = True
     device: str | None = None
-    model_arg: list[str] | None = None
-    option: list[str] | None = None
+    model_arg: list[str] | None = Field(None, description="model constructor KEY=VALUE pairs")
+    option: list[str] | None = Field(None, description="recipe option KEY=VALUE pairs")
 
     @field_validator("epochs", "lr")
     @classmethod
     def _finite_number(cls, v: float | None, info: Any) -> float | None:
         return _finite(v, info.field_name)
 
+    @field_validator("model_arg", "option")
+    @classmethod
+    def _key_value(cls, v: list[str] | None) -> list[str] | None:
+        for pair in v or []:
+            key, sep, _ = pair.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"{pair!r} is not KEY=VALUE (e.g. depth=2)")
+        return v
+
     @model_validator(mode="after")
     def _length(self) -> TrainRunConfig:
         if self.steps is None and self.epochs is None:
-            raise ValueError("pass steps or epochs")
+            raise ValueError("pass steps or epochs (--steps N or --epochs E)")
+        return self
+
+
+class ExperimentConfig(RunConfig):
+    """``vitreg experiment variants``: train, probe and diagnose the ViT variant grid."""
+
+    verb: ClassVar[str] = "experiment"
+
+    data: str = Field(description="dataset spec or image folder")
+    size: str | None = Field(None, description="size preset; None: small on a GPU, else tiny")
+    steps: PositiveInt | None = None
+    recipe: Literal[TRAIN_RECIPES] = "dino"  # type: ignore[valid-type]
+    include_gap: bool = True
+    finetune: str | None = Field(None, description="also fine-tune this timm ViT")
+    pretrained: bool = False
+    seeds: PositiveInt | None = None
+    batch_size: PositiveInt | None = None
+    threads: PositiveInt | None = None
+
+    @field_validator("size")
+    @classmethod
+    def _known_size(cls, v: str | None) -> str | None:
+        from vitreg.experiment.grid import SIZES
+
+        if v is not None and v not in SIZES:
+            raise ValueError(f"unknown size preset; choose one of {', '.join(SIZES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _pretrained_needs_finetune(self) -> ExperimentConfig:
+        if self.pretrained and self.finetune is None:
+            raise ValueError("pretrained applies to finetune NAME; pass both or neither")
         return self
 
 
 CONFIGS: dict[str, type[RunConfig]] = {
-    c.verb: c for c in (DiagnoseConfig, NeuronsConfig, FixConfig, ProbeRunConfig, TrainRunConfig)
+    c.verb: c
+    for c in (
+        DiagnoseConfig,
+        NeuronsConfig,
+        FixConfig,
+        ProbeRunConfig,
+        TrainRunConfig,
+        ExperimentConfig,
+    )
 }
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
 
+from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import default_run_dir
-from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.cli.output import cli_errors, console, err_console
 
 experiment_app = typer.Typer(
     help="Controlled experiments that train several models and compare them.",
@@ -35,11 +37,13 @@ def _threads(threads: int | None, size: str, device_is_cpu: bool) -> int | None:
 
 @experiment_app.command("variants")
 def variants_command(
-    data: str = typer.Option(
-        ...,
+    ctx: typer.Context,
+    data: str | None = typer.Option(
+        None,
         "--data",
         help="Dataset spec or image folder: synthetic:n=256,size=48 (labels, masks, depth: all "
-        "probes) or imagefolder:DIR (labels only: classification probe only).",
+        "probes) or imagefolder:DIR (labels only: classification probe only); required unless "
+        "--config gives it.",
     ),
     out: Path | None = typer.Option(
         None, "--out", help="Experiment folder (default runs/<time>_variants_experiment)."
@@ -70,43 +74,86 @@ def variants_command(
     threads: int | None = typer.Option(
         None, "--threads", min=1, help="torch CPU threads (default: 1 for tiny on CPU)."
     ),
+    config: Path | None = opt.CONFIG,
 ) -> None:
     """Train baseline, +norm/LS and +early-QKV ViTs x {none, registers, attention bias} (and the
     GAP baseline), probe and diagnose each, and write one comparison report."""
+    from vitreg.cli.train_cmd import without_none
+    from vitreg.configs import ExperimentConfig
+
+    params = dict(locals())
+    with cli_errors():
+        cfg = opt.resolve_config(ctx, ExperimentConfig, config, without_none(params))
+    run_experiment(cfg)
+
+
+def resolved(cfg: Any) -> Any:
+    """``cfg`` with the machine-dependent defaults filled in (size, threads, run directory), so
+    that its config.yaml reruns the same experiment elsewhere."""
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    size = cfg.size or ("tiny" if cpu else "small")
+    run_dir = cfg.out if cfg.out is not None else default_run_dir("variants", verb="experiment")
+    return cfg.model_copy(
+        update={"size": size, "threads": _threads(cfg.threads, size, cpu), "out": run_dir}
+    )
+
+
+def experiment_args(cfg: Any) -> dict[str, Any]:
+    """The arguments of :func:`vitreg.experiment.run_variants` (after data and out) that a
+    resolved :class:`~vitreg.configs.ExperimentConfig` sets."""
+    from vitreg.experiment import grid, preset
+
+    settings = preset(
+        cfg.size,
+        steps=cfg.steps,
+        recipe=cfg.recipe,
+        seeds=cfg.seeds,
+        batch_size=cfg.batch_size,
+    )
+    return {
+        "settings": settings,
+        "variants": grid(include_gap=cfg.include_gap),
+        "finetune": cfg.finetune,
+        "pretrained": cfg.pretrained,
+    }
+
+
+def command_line(cfg: Any) -> str:
+    """The command line that reproduces the run of a resolved ``cfg``."""
+    parts = ["vitreg", "experiment", "variants", "--data", cfg.data]
+    shown = {k: getattr(cfg, k) for k in ("out", "size", "steps", "recipe", "seeds")}
+    shown |= {"batch-size": cfg.batch_size, "threads": cfg.threads}
+    parts += [f"--{k}={v}" for k, v in shown.items() if v is not None]
+    parts += [] if cfg.include_gap else ["--no-gap"]
+    parts += [f"--finetune={cfg.finetune}"] if cfg.finetune else []
+    parts += ["--pretrained"] if cfg.pretrained else []
+    return shlex.join(parts)
+
+
+def run_experiment(cfg: Any) -> None:
+    """The experiment verb on a typed :class:`~vitreg.configs.ExperimentConfig`."""
     import time
 
     import torch
 
-    from vitreg.experiment import grid, preset, run_variants
+    from vitreg.experiment import run_variants
 
-    if finetune is None and pretrained:
-        raise fail("--pretrained applies to --finetune NAME; pass both or neither")
-    size = size or ("small" if torch.cuda.is_available() else "tiny")
-    n_threads = _threads(threads, size, not torch.cuda.is_available())
-    if n_threads is not None:
-        torch.set_num_threads(n_threads)
-    shown = {"out": out, "size": size, "steps": steps, "recipe": recipe, "seeds": seeds}
     with cli_errors():
-        settings = preset(size, steps=steps, recipe=recipe, seeds=seeds, batch_size=batch_size)
-        run_dir = out if out is not None else default_run_dir("variants", verb="experiment")
-        shown["out"] = run_dir
-        parts = ["vitreg", "experiment", "variants", "--data", data]
-        parts += [f"--{k}={v}" for k, v in shown.items() if v is not None]
-        parts += [] if include_gap else ["--no-gap"]
-        parts += [f"--finetune={finetune}"] if finetune else []
-        parts += ["--pretrained"] if pretrained else []
+        cfg = resolved(cfg)
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
         t0 = time.perf_counter()
         result = run_variants(
-            data,
-            run_dir,
-            settings,
-            variants=grid(include_gap=include_gap),
-            finetune=finetune,
-            pretrained=pretrained,
+            cfg.data,
+            cfg.out,
+            **experiment_args(cfg),
             log=lambda msg: err_console.print(escape(msg)),
-            command=shlex.join(parts),
+            command=command_line(cfg),
+            config=cfg.to_file(),
         )
     console.print(
         f"{len(result.variants)} variants in {time.perf_counter() - t0:.0f} s; report: "
-        f"[bold]{escape(str(run_dir / 'report.md'))}[/bold] (metrics.json, report.html, figures/)"
+        f"[bold]{escape(str(cfg.out / 'report.md'))}[/bold] (metrics.json, report.html, figures/)"
     )

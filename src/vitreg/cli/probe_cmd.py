@@ -15,15 +15,15 @@ from vitreg.cli.diagnose_cmd import _command, _progress, default_run_dir, slug
 from vitreg.cli.fix_cmd import load_neurons
 from vitreg.cli.neurons_cmd import image_source, load_model
 from vitreg.cli.options import DEFAULT_SPEC
-from vitreg.cli.output import cli_errors, console, err_console, fail, is_main, join_torchrun
-from vitreg.errors import InputError
+from vitreg.cli.output import cli_errors, console, err_console, is_main, join_torchrun
 
 DEFAULT_DATA = "synthetic-cls:n=200"
 CACHE = Path(".vitreg-cache") / "features"
 
 
 def parse_layers(text: str) -> list[int | str]:
-    """``-1,0,final`` -> ``[-1, 0, "final"]`` (hook names pass through)."""
+    """``-1,0,final`` -> ``[-1, 0, "final"]`` (hook names pass through; the config checks that
+    at least one is named)."""
     out: list[int | str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -32,30 +32,21 @@ def parse_layers(text: str) -> list[int | str]:
             out.append(int(part))
         except ValueError:
             out.append(part)
-    if not out:
-        raise InputError(f"--layers {text!r} names no layer; use e.g. -1 or 0,6,-1 or final")
     return out
 
 
 def fix_plan(fix: str, neurons: str | None) -> tuple[bool, str | None, bool]:
-    """(run base?, neuron source, run fixed?) from ``--fix none|both|FILE|builtin``."""
+    """(run base?, neuron source, run fixed?) from ``--fix none|both|FILE|builtin`` (the config
+    has checked ``fix`` and that ``neurons`` goes with ``--fix both`` only)."""
     if fix == "none":
-        if neurons is not None:
-            raise InputError("--neurons is used with --fix both; with --fix none there is no fix")
         return True, None, False
     if fix == "both":
         return True, neurons, True
-    if neurons is not None:
-        raise InputError("give the neurons once: --fix FILE, or --fix both --neurons FILE")
-    if fix != "builtin" and not Path(fix).exists():
-        raise InputError(
-            f"--fix {fix!r} is neither none, both, builtin nor an existing NeuronSet file "
-            "(neurons.json from `vitreg neurons`)"
-        )
     return False, fix, True
 
 
 def probe_command(
+    ctx: typer.Context,
     spec: str | None = opt.SPEC,
     task: str = typer.Option(
         "classification",
@@ -97,31 +88,39 @@ def probe_command(
     img_size: int | None = opt.IMG_SIZE,
     random_init: bool = opt.RANDOM_INIT,
     device: str | None = opt.DEVICE,
+    config: Path | None = opt.CONFIG,
 ) -> None:
     """Linear probes on frozen tokens, with and without test-time registers."""
-    from vitreg.probe.linear import ProbeConfig
-    from vitreg.probe.run import run
-    from vitreg.probe.tasks import TASKS
+    from vitreg.configs import ProbeRunConfig
 
-    if task not in TASKS:
-        raise fail(f"unknown --task {task!r}; choose from {', '.join(sorted(TASKS))}")
-    if optimizer not in ("adamw", "sgd"):
-        raise fail(f"--optimizer takes adamw or sgd, got {optimizer!r}")
-    spec = spec or DEFAULT_SPEC
-    shown = {"task": task, "data": data, "fix": fix, "neurons": neurons, "layers": layers}
-    shown |= {"seeds": seeds, "epochs": epochs, "optimizer": optimizer, "img_size": img_size}
-    shown |= {"random_init": random_init}
     with cli_errors():
-        device = join_torchrun(device)
-        base, neuron_source, fixed = fix_plan(fix, neurons)
-        wanted = parse_layers(layers)
-        run_dir = out if out is not None else default_run_dir(slug(spec), verb="probe")
-        command = _command(spec, shown | {"out": run_dir}, verb="probe")
-        model = load_model(spec, random_init, img_size, device)
+        cfg = opt.resolve_config(ctx, ProbeRunConfig, config, dict(locals()))
+    run_probe(cfg)
+
+
+def probe_config(cfg: Any) -> Any:
+    """The probe-training settings (:class:`~vitreg.probe.linear.ProbeConfig`) of a run config."""
+    from vitreg.probe.linear import ProbeConfig
+
+    return ProbeConfig(seeds=tuple(range(cfg.seeds)), epochs=cfg.epochs, optimizer=cfg.optimizer)
+
+
+def run_probe(cfg: Any) -> None:
+    """The probe verb on a typed :class:`~vitreg.configs.ProbeRunConfig`."""
+    from vitreg.probe.run import run
+
+    spec = cfg.spec or DEFAULT_SPEC
+    with cli_errors():
+        run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="probe")
+        cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
+        command = _command(
+            spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, verb="probe"
+        )
+        base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
+        model = load_model(spec, cfg.random_init, cfg.img_size, join_torchrun(cfg.device))
         ttr = None
         if fixed:
-            ttr = test_time_registers(model, spec, neuron_source, registers, batch_size)
-        config = ProbeConfig(seeds=tuple(range(seeds)), epochs=epochs, optimizer=optimizer)
+            ttr = test_time_registers(model, spec, neuron_source, cfg.registers, cfg.batch_size)
         with _progress(1, "extracting features") as bar:
             state = {"stage": None}
 
@@ -133,15 +132,15 @@ def probe_command(
 
             result = run(
                 model,
-                task,
-                data,
+                cfg.task,
+                cfg.data,
                 fix=ttr,
                 base=base,
-                layers=wanted,
-                cache_dir=cache,
-                config=config,
-                batch_size=batch_size,
-                image_size=img_size,
+                layers=parse_layers(cfg.layers),
+                cache_dir=cfg.cache,
+                config=probe_config(cfg),
+                batch_size=cfg.batch_size,
+                image_size=cfg.img_size,
                 progress=progress,
             )
         if not is_main():
@@ -150,18 +149,20 @@ def probe_command(
 
         doc = result.to_dict()
         with err_console.status("writing the report"):
-            config_shown = {"command": "probe", "spec": spec, **shown, "cache": str(cache)}
-            write_probe_run(run_dir, doc, result.model, config_shown, command)
+            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command)
     show(doc, run_dir)
 
 
 def test_time_registers(model: Any, spec: str, neurons: str | None, registers: int, batch: int):
-    """The TestTimeRegisters fix from a NeuronSet file, the built-in set, or discovery."""
+    """The TestTimeRegisters fix from a NeuronSet file, the built-in set, or discovery (with
+    the defaults of `vitreg neurons`)."""
+    from vitreg.configs import NeuronsConfig
     from vitreg.fix import TestTimeRegisters
 
-    opts = {"images": None, "samples": False, "limit": None, "batch_size": batch, "target": 0.01}
+    search = NeuronsConfig(batch_size=batch)
+    opts = {"images": None, "samples": False, "limit": None, "batch_size": batch}
     source = image_source(model, spec, opts) if neurons is None else None
-    chosen, _, _ = load_neurons(model, spec, neurons, source, opts)
+    chosen, _, _ = load_neurons(model, spec, neurons, source, search)
     return TestTimeRegisters(chosen, n_registers=registers)
 
 

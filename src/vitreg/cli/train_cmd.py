@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
+from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import _command, default_run_dir, slug
 from vitreg.cli.output import cli_errors, console, fail
 
 
-def parse_pairs(pairs: list[str] | None, flag: str) -> dict[str, Any]:
-    """``["depth=2", "mask_ratio=[0.1,0.5]"]`` -> ``{"depth": 2, "mask_ratio": [0.1, 0.5]}``."""
+def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
+    """``["depth=2", "mask_ratio=[0.1,0.5]"]`` -> ``{"depth": 2, "mask_ratio": [0.1, 0.5]}``
+    (values are JSON where they parse, else strings; the config has checked the KEY=VALUE form)."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise fail(f"{flag} takes KEY=VALUE (e.g. {flag} depth=2), got {pair!r}")
+        key, _, raw = pair.partition("=")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -49,11 +50,17 @@ class ProgressBar:
 
 
 def train_command(
-    variant: str = typer.Argument(
-        ..., help="timm ViT name (e.g. vit_tiny_patch16_224) or vitreg variant (vitreg_*)."
+    ctx: typer.Context,
+    variant: str | None = typer.Argument(
+        None,
+        help="timm ViT name (e.g. vit_tiny_patch16_224) or vitreg variant (vitreg_*); "
+        "required unless --config gives it.",
     ),
-    data: str = typer.Option(
-        ..., "--data", help="Dataset spec: imagefolder:DIR, synthetic-cls:n=64,size=32, ..."
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        help="Dataset spec: imagefolder:DIR, synthetic-cls:n=64,size=32, ... (required unless "
+        "--config gives it).",
     ),
     recipe: str = typer.Option("supervised", "--recipe", help="supervised (DeiT III) or dino."),
     out: Path | None = typer.Option(
@@ -82,86 +89,86 @@ def train_command(
     option: list[str] | None = typer.Option(
         None, "--option", help="Recipe option KEY=VALUE (repeatable), e.g. n_local_crops=2."
     ),
+    config: Path | None = opt.CONFIG,
 ) -> None:
     """Train a ViT (supervised DeiT-III or DINO/iBOT); run under torchrun for data parallelism."""
-    if steps is None and epochs is None:
-        raise fail("pass --steps N or --epochs E")
-    if out is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from vitreg.configs import TrainRunConfig
+
+    params = dict(locals())
+    with cli_errors():
+        cfg = opt.resolve_config(ctx, TrainRunConfig, config, without_none(params))
+    run_train(cfg)
+
+
+def without_none(params: dict[str, Any]) -> dict[str, Any]:
+    """The command's options without those left unset (``None``), so that a required setting
+    neither given nor in ``--config`` is reported as missing, by name."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def train_args(cfg: Any) -> dict[str, Any]:
+    """The keyword arguments of :func:`vitreg.train.train` (after variant, data, recipe and the
+    run directory) that a :class:`~vitreg.configs.TrainRunConfig` sets."""
+    names = ("steps", "epochs", "batch_size", "lr", "accum_steps", "amp", "seed")
+    names += ("checkpoint_every", "resume", "img_size", "device")
+    return {
+        **{k: getattr(cfg, k) for k in names},
+        "model_kwargs": parse_pairs(cfg.model_arg),
+        "options": parse_pairs(cfg.option),
+    }
+
+
+def run_train(cfg: Any) -> None:
+    """The train verb on a typed :class:`~vitreg.configs.TrainRunConfig`."""
+    if cfg.out is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise fail("under torchrun pass --out DIR, so that every rank uses the same run directory")
-    model_kwargs = parse_pairs(model_arg, "--model-arg")
-    options = parse_pairs(option, "--option")
     from vitreg.train import train
 
-    run_dir = out if out is not None else default_run_dir(slug(variant), verb="train")
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(cfg.variant), verb="train")
+    cfg = cfg.model_copy(update={"out": run_dir})
     bar = ProgressBar()  # train() reports progress on rank 0 only
     with cli_errors():
         try:
             result = train(
-                variant,
-                data,
-                recipe,
-                run_dir,
-                steps=steps,
-                epochs=epochs,
-                batch_size=batch_size,
-                lr=lr,
-                accum_steps=accum_steps,
-                amp=amp,
-                seed=seed,
-                checkpoint_every=checkpoint_every,
-                resume=resume,
-                progress=bar,
-                img_size=img_size,
-                model_kwargs=model_kwargs,
-                options=options,
-                device=device,
+                cfg.variant, cfg.data, cfg.recipe, run_dir, progress=bar, **train_args(cfg)
             )
         finally:
             bar.close()
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    shown = {
-        "data": data,
-        "recipe": recipe,
-        "out": str(run_dir),
-        "steps": steps,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "img_size": img_size,
-        "accum_steps": accum_steps,
-        "amp": amp,
-        "seed": seed,
-        "checkpoint_every": checkpoint_every,
-        "device": device,
-        "model_arg": model_kwargs or None,
-        "option": options or None,
-    }
     with cli_errors():
-        write_result(run_dir, result, variant, shown)
+        write_result(run_dir, result, cfg)
     if result.resumed_from is not None:
         console.print(f"resumed from the checkpoint at step {result.resumed_from}")
     last = result.history[-1] if result.history else {}
     console.print(
-        f"{recipe}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "
+        f"{cfg.recipe}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "
         f"run directory: [bold]{escape(str(run_dir))}[/bold] (log.jsonl, model.safetensors, "
         "metrics.json)"
     )
 
 
-def write_result(run_dir: Path, result: Any, variant: str, shown: dict[str, Any]) -> None:
+def command_line(cfg: Any) -> str:
+    """The command line that reproduces the run of ``cfg`` (repeatable options repeated)."""
+    values = cfg.model_dump(exclude={"variant", "model_arg", "option", "resume"})
+    parts = shlex.split(_command(cfg.variant, values, verb="train"))
+    parts += [] if cfg.resume else ["--no-resume"]
+    for flag, pairs in (("--model-arg", cfg.model_arg), ("--option", cfg.option)):
+        parts += [x for pair in pairs or [] for x in (flag, pair)]
+    return shlex.join(parts)
+
+
+def write_result(run_dir: Path, result: Any, cfg: Any) -> None:
     """The run's result document (config.yaml, metrics.json), with the data it trained on."""
     from vitreg.report.train_report import write_train_run
     from vitreg.train.data import open_data
 
-    plain = {k: v for k, v in shown.items() if not isinstance(v, dict)}
-    command = _command(variant, plain, verb="train")
     write_train_run(
         run_dir,
         result,
-        spec=variant,
-        data=shown["data"],
-        n_samples=len(open_data(shown["data"])),
-        config={"command": "train", "variant": variant, **shown},
-        command=command,
+        spec=cfg.variant,
+        data=cfg.data,
+        n_samples=len(open_data(cfg.data)),
+        config=cfg.to_file(),
+        command=command_line(cfg),
     )

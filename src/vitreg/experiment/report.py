@@ -409,8 +409,10 @@ def write_report(
     wall_s: float,
     command: str,
     splits: tuple[Any, Any],
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the comparison report of the variants done so far (all files atomically)."""
+    """Write the comparison report of the variants done so far (all files atomically); the
+    document's ``config`` (and config.yaml) is ``config``, by default the settings."""
     s = plan["settings"]
     results = {
         "complete": len(variants) == total,
@@ -447,7 +449,9 @@ def write_report(
         "train": train.describe(),
         "val": val.describe(),
     }
-    doc = document("experiment", command, described, data, s, results, headlines(variants))
+    doc = document(
+        "experiment", command, described, data, config or s, results, headlines(variants)
+    )
     figures = [f for f in (ln_figure(variants), scatter_figure(variants)) if f is not None]
     figures.append(loss_figure(variants))
     return write_files(out, doc, build_report(doc, figures), figures)

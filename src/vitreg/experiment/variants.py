@@ -281,11 +281,15 @@ def run_variants(
     pretrained: bool = False,
     log: Log | None = None,
     command: str = "",
+    config: dict[str, Any] | None = None,
 ) -> ExperimentResult:
     """Train, probe and diagnose each entry of the grid on ``data``; write the comparison report.
 
     ``variants`` defaults to :func:`grid` (plus the fine-tuning pair with ``finetune``).
     Complete entries in ``out_dir`` are reused, so an interrupted experiment continues.
+    ``config`` is the run's config.yaml (and metrics.json ``config``): the CLI passes its typed
+    :class:`~vitreg.configs.ExperimentConfig` (``to_file()``) so that ``--config`` reruns it;
+    by default it is ``settings``.
     """
     from vitreg.experiment.report import write_report
 
@@ -329,5 +333,5 @@ def run_variants(
             raise SpecError(f"variant {v.name}: {err}") from None
         done.append(summarise(v, runs, f"variants/{v.name}"))
         wall = time.perf_counter() - t0
-        write_report(out, plan, done, len(chosen), wall, command, splits)
+        write_report(out, plan, done, len(chosen), wall, command, splits, config)
     return ExperimentResult(out, done, len(done) == len(chosen), time.perf_counter() - t0)
