@@ -16,7 +16,7 @@ from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
 SIZE = 112
-FIXTURES = ["dinov2_s14", "dinov2_s14_early", "deit3_s16"]
+FIXTURES = ["dinov2_s14", "dinov2_s14_early", "dinov2_s14_multiblock", "deit3_s16"]
 
 
 @pytest.fixture(scope="module")

@@ -34,16 +34,7 @@ def load_neurons(
             "[yellow]No --neurons given: discovering register neurons on these images first "
             "(as `vitreg neurons` does); the fix is then evaluated on the same images.[/yellow]"
         )
-        found = find_neurons(
-            model,
-            source,
-            top_k=None if cfg.top_k == "auto" else cfg.top_k,
-            target=cfg.target,
-            batch_size=cfg.batch_size,
-            detect_layer=cfg.detect_layer,
-            highest_layer=cfg.highest_layer,
-            threshold=cfg.threshold,
-        )
+        found = find_neurons(model, source, cfg)
         chosen = found.chosen
         origin = (
             "discovered on these images by this run (3 of every 4; the causal check and top-k "

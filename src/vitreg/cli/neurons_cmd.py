@@ -50,15 +50,10 @@ def image_source(model: Any, spec: str, opts: dict[str, Any], keep: int = 0) -> 
 def find_neurons(
     model: Any,
     source: Any,
-    *,
-    top_k: int | None,
-    target: float,
-    batch_size: int,
-    detect_layer: int | None = None,
-    highest_layer: int | None = None,
-    threshold: str | float = "auto",
+    cfg: Any,
 ) -> Any:
-    """The library's automatic path on ``source``, with progress bars and the split announced."""
+    """The library's automatic path on ``source`` with the search settings of ``cfg`` (a
+    :class:`~vitreg.configs.NeuronSearch`), with progress bars and the split announced."""
     from vitreg.neurons.auto import SPLIT_RULE, find_neurons, split_sizes
 
     n_disc, n_held = split_sizes(source.total)
@@ -68,12 +63,12 @@ def find_neurons(
         model,
         source,
         n_images=source.total,
-        top_k=top_k,
-        target=target,
-        batch_size=batch_size,
-        detect_layer=detect_layer,
-        highest_layer=highest_layer,
-        threshold=threshold,
+        top_k=None if cfg.top_k == "auto" else cfg.top_k,
+        target=cfg.target,
+        batch_size=cfg.batch_size,
+        detect_layer=cfg.detect_layer,
+        highest_layer=cfg.highest_layer,
+        threshold=cfg.threshold,
         progress=_progress,
     )
 
@@ -166,16 +161,7 @@ def run_neurons(cfg: Any) -> None:
         )
         model = load_model(spec, cfg.random_init, cfg.img_size, join_torchrun(cfg.device))
         source = image_source(model, spec, opts)
-        found = find_neurons(
-            model,
-            source,
-            top_k=None if cfg.top_k == "auto" else cfg.top_k,
-            target=cfg.target,
-            batch_size=cfg.batch_size,
-            detect_layer=cfg.detect_layer,
-            highest_layer=cfg.highest_layer,
-            threshold=cfg.threshold,
-        )
+        found = find_neurons(model, source, cfg)
         on_main(write, run_dir, model, source, found, cfg.to_file(), command)
     show(found, spec, run_dir)
 
