@@ -12,13 +12,13 @@ import torch
 from vitreg.analysis.attention import AttentionAnalysis, AttentionResult
 from vitreg.analysis.base import Analysis, run_analyses
 from vitreg.analysis.norms import NormAnalysis, NormsResult
+from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
+from vitreg.analysis.rules import image_mask as outlier_mask
 from vitreg.fix.controls import ablate, random_like, shift_to_patch
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
-from vitreg.neurons.calibrate import TOLERANCE
-from vitreg.neurons.discover import outlier_mask
 
 
 class Pooled(Reducer):

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import image_mask
 from vitreg.errors import VitregError
 from vitreg.fix.test_time_registers import TestTimeRegisters
@@ -26,7 +27,6 @@ from vitreg.models.model import Model, iter_batches
 from vitreg.neurons.neuron_set import NeuronSet
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
-TOLERANCE = 1.5  # max/median after the fix, relative to the ordinary patches' max/median before
 
 
 @dataclass
