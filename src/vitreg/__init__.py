@@ -1,5 +1,6 @@
 """vitreg: diagnose, fix and avoid token artifacts in Vision Transformers."""
 
+from vitreg.analysis.diagnose import diagnose
 from vitreg.arch.autoregister import install as _install_timm_names
 from vitreg.errors import (
     HookError,
@@ -23,6 +24,7 @@ from vitreg.hooks import (
 from vitreg.models.layout import TokenLayout
 from vitreg.models.load import load, wrap
 from vitreg.models.model import Model, TraceResult
+from vitreg.neurons.auto import find_neurons
 from vitreg.neurons.neuron_set import NeuronSet
 
 __version__ = "0.1.0"
@@ -49,6 +51,8 @@ __all__ = [
     "VitregError",
     "WeightsError",
     "__version__",
+    "diagnose",
+    "find_neurons",
     "hook_name",
     "load",
     "wrap",
