@@ -31,7 +31,11 @@ def test_bad_files_are_skipped_and_non_rgb_converted(messy):
     names = {p.split("/")[-1] for p in log.used}
     assert names == {"a_rgb.jpg", "b_gray.png", "c_rgba.png", "d_16bit.png"}
     converted = {k.split("/")[-1]: v for k, v in log.converted.items()}
-    assert converted == {"b_gray.png": "L", "c_rgba.png": "RGBA", "d_16bit.png": "I;16"}
+    assert converted == {
+        "b_gray.png": "L",
+        "c_rgba.png": "RGBA",
+        "d_16bit.png": "I;16, values 65535..65535 scaled 0..65535 -> 0..255",
+    }
     skipped = {k.split("/")[-1]: v for k, v in log.skipped.items()}
     assert "decoded" in skipped["e_corrupt.jpg"] and "not an image" in skipped["f_notes.txt"]
     # transparent pixels composite on white; 16-bit white stays white

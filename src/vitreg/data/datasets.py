@@ -6,12 +6,17 @@ in :data:`DATASETS` (filled by :mod:`vitreg.data.formats` and :mod:`vitreg.data.
 How bad input surfaces: every defect of a sample is found when the sample is read.
 ``dataset[i]`` either returns a :class:`Sample` (repaired where the standard protocols repair:
 unknown mask ids -> :data:`IGNORE_INDEX`, invalid depth -> NaN, both counted in pixels) or
-counts the reason and raises :class:`SkipSample` (unreadable image, missing or mis-sized target).
-Counts go to ``dataset.log`` (a :class:`DataLog`), once per (reason, sample key), so reading a
-sample twice (several epochs, a resumed cache) does not inflate them. Files that cannot be
-samples at all (wrong suffix, outside any class folder) are counted when the folder is listed.
-Consumers iterate with :func:`iter_samples`, which skips bad samples. The log lives in the
-process that reads; with DataLoader workers, read in the main process or merge the logs.
+counts the reason and raises :class:`SkipSample` (unreadable or over-budget image, missing,
+mis-sized or wholly invalid target, a target the dataset declares left empty). Counts go to
+``dataset.log`` (a :class:`DataLog`), once per (reason, sample key), so reading a sample twice
+(several epochs, a resumed cache) does not inflate them. Entries that cannot be samples at all
+(wrong suffix, outside any class folder, hidden, dangling links, FIFOs) are counted when the
+folder is listed. Consumers iterate with :func:`iter_samples`, which skips bad samples; a split
+left with no usable sample is an error naming the split and the counted reasons
+(:func:`require_usable`). What the listing alone shows to be suspect (one class only) is in
+``describe()["warnings"]``; :meth:`BaseDataset.scan` reads the samples and counts what is usable.
+The log lives in the process that reads; with DataLoader workers, read in the main process or
+merge the logs.
 
 Boxes are ``xyxy`` in pixel-edge coordinates of the original image: a box over pixel columns
 ``a..b`` (inclusive) is ``x0 = a, x1 = b + 1``.
@@ -22,19 +27,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from PIL import Image
 
-from vitreg.errors import SpecError, VitregError
+from vitreg.errors import InputError, SpecError, VitregError
 
 IGNORE_INDEX = 255
 SPLITS = ("train", "val")
 TARGETS = ("label", "mask", "depth", "boxes")
 EXAMPLES_PER_REASON = 5
+SCAN_LIMIT = 10_000  # samples :meth:`BaseDataset.scan` reads at most (evenly spaced beyond it)
 
 
 @dataclass
@@ -56,6 +62,10 @@ class SkipSample(VitregError):
         super().__init__(f"skipped {key!r}: {reason}")
         self.reason = reason
         self.key = key
+
+
+class DataWarning(UserWarning):
+    """Data that can be used but whose results would mislead (one class, one sample)."""
 
 
 class DataLog:
@@ -110,6 +120,7 @@ class BaseDataset:
         self.targets = targets
         self.log = DataLog()
         self._fingerprint: str | None = None
+        self._scan: tuple[int | None, dict[str, Any]] | None = None
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -125,7 +136,11 @@ class BaseDataset:
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"index {i} out of range for {self.spec} ({n} samples)")
-        return self._read(i % n)
+        sample = self._read(i % n)
+        for target in self.targets:  # a target the dataset declares is never silently absent
+            if getattr(sample, target, None) is None:
+                raise self.skip(f"missing_{target}", sample.key)
+        return sample
 
     def skip(self, reason: str, key: str) -> SkipSample:
         """Count ``reason`` for ``key`` and return the exception to raise."""
@@ -141,9 +156,21 @@ class BaseDataset:
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
+    def warnings(self) -> list[str]:
+        """What the listing shows to be suspect, in words (reading no sample): a labelled set
+        with fewer than two classes, whose classification scores would say nothing."""
+        if "label" in self.targets and self.num_classes is not None and self.num_classes < 2:
+            names = ", ".join(self.class_names or []) or "none"
+            return [
+                f"only {self.num_classes} class ({names}) in {self.spec}: a classifier learns "
+                "nothing from it and top-1 = 1.0 says nothing; add images of other classes"
+            ]
+        return []
+
     def describe(self) -> dict:
-        """JSON-ready identity of the data: spec, split, size, targets, content fingerprint."""
-        return {
+        """JSON-ready identity of the data: spec, split, size, targets, content fingerprint, and
+        ``warnings`` (only when there are any; see :meth:`warnings`)."""
+        out = {
             "spec": self.spec,
             "name": self.name,
             "split": self.split,
@@ -152,6 +179,43 @@ class BaseDataset:
             "num_classes": self.num_classes,
             "fingerprint": self.fingerprint(),
         }
+        warned = self.warnings()
+        return out | ({"warnings": warned} if warned else {})
+
+    def scan(self, limit: int | None = SCAN_LIMIT) -> dict[str, Any]:
+        """Read the samples (all, or ``limit`` evenly spaced ones) and count what is usable:
+        ``{"n", "scanned", "n_usable", "skipped": {reason: samples}, "classes_seen"}``.
+        Skips are counted in :attr:`log` as on any read; the result is kept (a second call with
+        the same ``limit`` reads nothing)."""
+        if self._scan is not None and self._scan[0] == limit:
+            return dict(self._scan[1])
+        n = len(self)
+        if limit is None or n <= limit:
+            indices: Iterable[int] = range(n)
+        else:
+            indices = sorted({int(round(v)) for v in np.linspace(0, n - 1, max(1, limit))})
+        scanned, usable = 0, 0
+        skipped: Counter[str] = Counter()
+        labels: set[int] = set()
+        for i in indices:
+            scanned += 1
+            try:
+                sample = self[i]
+            except SkipSample as e:
+                skipped[e.reason] += 1
+                continue
+            usable += 1
+            if sample.label is not None:
+                labels.add(int(sample.label))
+        result = {
+            "n": n,
+            "scanned": scanned,
+            "n_usable": usable,
+            "skipped": dict(sorted(skipped.items())),
+            "classes_seen": len(labels) if "label" in self.targets else None,
+        }
+        self._scan = (limit, result)
+        return dict(result)
 
 
 Builder = Callable[[str, str, str, str], LabeledDataset]  # (name, arg, split, spec) -> dataset
@@ -185,6 +249,22 @@ def open_dataset(spec: str, split: str = "train") -> LabeledDataset:
             "(e.g. imagefolder:DIR, voc:DIR, synthetic-seg:n=200)"
         )
     return DATASETS[name](name, arg.strip(), split, spec.strip())
+
+
+def require_usable(
+    dataset: LabeledDataset, role: str, n_usable: int, skipped: Mapping[str, int]
+) -> None:
+    """Raise :class:`InputError` when ``dataset`` (used as the ``role`` split, e.g. "test")
+    has no usable sample, naming the split and the reasons its samples were skipped."""
+    if n_usable > 0:
+        return
+    spec = dataset.describe().get("spec", getattr(dataset, "name", "?"))
+    reasons = ", ".join(f"{r}: {k}" for r, k in sorted(skipped.items())) or "no reason counted"
+    split = getattr(dataset, "split", role)
+    raise InputError(
+        f"the {role} split ({split} of {spec}) has no usable sample: all {len(dataset)} listed "
+        f"samples were skipped ({reasons}); fix or remove those files"
+    )
 
 
 def iter_samples(

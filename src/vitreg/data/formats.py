@@ -4,7 +4,12 @@ Folders are listed when the dataset is opened (a missing folder, or one without 
 :class:`InputError` then); files are read on ``dataset[i]``, where bad samples are counted and
 raise :class:`SkipSample` (see :mod:`vitreg.data.datasets`). Repairs follow the standard
 protocols: mask ids outside the label set become :data:`IGNORE_INDEX`, depth <= 0 or non-finite
-becomes NaN; both are counted in pixels.
+becomes NaN; both are counted in pixels (a depth map with no valid pixel at all is skipped).
+
+Every file is size-checked before it is decoded: images, masks and PNG depth maps from their
+header, ``.npy`` depth maps from the array header (shape, dtype, and that the file really holds
+that many bytes), against the dataset's pixel budget ``max_pixels`` (default
+:data:`~vitreg.data.folder.MAX_PIXELS`); over-budget files are skipped and counted.
 """
 
 from __future__ import annotations
@@ -20,13 +25,23 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from vitreg.data.datasets import IGNORE_INDEX, BaseDataset, Sample, register_dataset
-from vitreg.data.folder import IMAGE_SUFFIXES, list_images, load_image
+from vitreg.data.folder import (
+    DECODE_ERRORS,
+    IMAGE_SUFFIXES,
+    MAX_PIXELS,
+    PixelBudgetError,
+    UnusableImage,
+    list_images,
+    load_image,
+    open_image,
+    walk_folder,
+)
 from vitreg.errors import InputError, SpecError
 
 SPLIT_SEED = 0
 VAL_FRACTION = 0.2
 IMAGE_ORDER = tuple(sorted(IMAGE_SUFFIXES, key=lambda s: (s != ".jpg", s)))
-READ_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError)
+READ_ERRORS = (UnidentifiedImageError, *DECODE_ERRORS)
 
 VOC_CLASSES = [
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat",
@@ -66,7 +81,13 @@ class FileItem:
 
 
 class FileDataset(BaseDataset):
-    """A list of :class:`FileItem`; shared image reading and a stat-based fingerprint."""
+    """A list of :class:`FileItem`; shared image reading and a stat-based fingerprint.
+
+    ``max_pixels`` is the pixel budget of every image, mask and depth map read (set it on the
+    instance to change it).
+    """
+
+    max_pixels: int = MAX_PIXELS
 
     def __init__(self, name: str, spec: str, split: str, targets: tuple[str, ...]) -> None:
         super().__init__(name, spec, split, targets)
@@ -80,20 +101,37 @@ class FileDataset(BaseDataset):
             yield [item.key, item.label, _stat(item.image), _stat(item.target)]
 
     def read_image(self, item: FileItem) -> Image.Image:
-        if not item.image.is_file():
+        if not item.image.exists():
             raise self.skip("missing_image", item.key)
+        if not item.image.is_file():
+            raise self.skip("not_a_regular_file", item.key)
         try:
-            img, mode = load_image(item.image)
+            img, mode = load_image(item.image, self.max_pixels)
+        except PixelBudgetError:
+            raise self.skip("image_over_pixel_budget", item.key) from None
+        except UnusableImage:
+            raise self.skip("image_values_unusable", item.key) from None
         except READ_ERRORS:
             raise self.skip("unreadable_image", item.key) from None
         if mode is not None:
             self.log.count("converted_to_rgb", key=item.key)
         return img
 
+    def listed(self, folder: Path, count: bool = True) -> list[Path]:
+        """Regular files under ``folder``; entries the walk does not read (hidden, dangling
+        links, symlink loops, FIFOs, ...) are counted by reason when ``count``."""
+        files, skipped = walk_folder(folder)
+        if not files:
+            list_images(folder)  # the error that says why
+        if count:
+            for s in skipped:
+                self.log.count(s.reason, key=s.path.relative_to(folder).as_posix())
+        return files
+
     def images_in(self, folder: Path) -> list[Path]:
         """Image files under ``folder`` (other files counted); none at all is an error."""
         images = []
-        for p in list_images(folder):
+        for p in self.listed(folder):
             if p.suffix.lower() in IMAGE_SUFFIXES:
                 images.append(p)
             else:
@@ -107,9 +145,13 @@ class FileDataset(BaseDataset):
         if item.target is None:
             raise self.skip("missing_mask", item.key)
         try:
-            with Image.open(item.target) as m:
+            with open_image(item.target, self.max_pixels) as m:
+                if m.size != image.size:  # checked from the header, before decoding
+                    raise self.skip("mask_size_mismatch", item.key)
                 m.load()
                 ids = _mask_ids(m, palette)
+        except PixelBudgetError:
+            raise self.skip("mask_over_pixel_budget", item.key) from None
         except READ_ERRORS:
             raise self.skip("unreadable_mask", item.key) from None
         if ids is None:
@@ -155,7 +197,7 @@ class ImageFolderDataset(FileDataset):
     def _classified(self, root: Path, count: bool) -> list[tuple[str, Path]]:
         """``(class, path)`` for images in ``root/<class>/``; other files are counted."""
         out = []
-        for p in list_images(root):
+        for p in self.listed(root, count):
             rel = p.relative_to(root)
             if p.suffix.lower() not in IMAGE_SUFFIXES:
                 reason = "not_an_image_file"
@@ -171,6 +213,17 @@ class ImageFolderDataset(FileDataset):
     def _read(self, i: int) -> Sample:
         item = self.items[i]
         return Sample(self.read_image(item), item.key, label=item.label)
+
+    def warnings(self) -> list[str]:
+        """Fewer than two classes overall, or in this split's images (from the listing)."""
+        out = super().warnings()
+        present = sorted({item.label for item in self.items if item.label is not None})
+        if not out and len(present) == 1 and self.class_names:
+            out.append(
+                f"the {self.split} split of {self.spec} holds images of one class only "
+                f"({self.class_names[present[0]]}): its classification scores say nothing"
+            )
+        return out
 
 
 def _stratified(files: list[tuple[str, Path]], split: str) -> list[tuple[str, Path]]:
@@ -358,7 +411,9 @@ class NYUDepth(FileDataset):
         if item.target is None:
             raise self.skip("missing_depth", item.key)
         try:
-            depth = read_depth(item.target)
+            depth = read_depth(item.target, self.max_pixels)
+        except PixelBudgetError:
+            raise self.skip("depth_over_pixel_budget", item.key) from None
         except READ_ERRORS:
             raise self.skip("unreadable_depth", item.key) from None
         if depth is None:
@@ -366,23 +421,61 @@ class NYUDepth(FileDataset):
         if depth.shape != (image.height, image.width):
             raise self.skip("depth_size_mismatch", item.key)
         bad = ~np.isfinite(depth) | (depth <= 0)
+        if bad.all():  # nothing to train on or score against
+            raise self.skip("no_valid_depth", item.key)
         if bad.any():
             self.log.count("invalid_depth_pixels", int(bad.sum()), key=item.key)
             depth = np.where(bad, np.nan, depth).astype(np.float32)
         return Sample(image, item.key, depth=depth)
 
 
-def read_depth(path: Path) -> np.ndarray | None:
-    """Depth in metres: ``.npy`` as stored, ``.png`` divided by 1000 (millimetres)."""
+def read_depth(path: Path, max_pixels: int = MAX_PIXELS) -> np.ndarray | None:
+    """Depth in metres: ``.npy`` as stored, ``.png`` divided by 1000 (millimetres); ``None`` if
+    the map is not single-channel. The size is checked from the header before anything is read:
+    above ``max_pixels`` raises :class:`PixelBudgetError`; a ``.npy`` file shorter than its
+    header says, or of a non-numeric dtype, raises ``ValueError``."""
     if path.suffix.lower() == ".npy":
+        shape, dtype, offset = npy_header(path)
+        if len(shape) == 3 and shape[-1] == 1:
+            shape = shape[:2]
+        if len(shape) != 2:
+            return None
+        pixels = int(shape[0]) * int(shape[1])
+        if pixels > max_pixels:
+            raise PixelBudgetError(
+                f"declares {shape[1]}×{shape[0]} = {pixels:,} pixels, above the budget of "
+                f"{max_pixels:,}",
+                pixels,
+                max_pixels,
+            )
+        if os.path.getsize(path) < offset + pixels * dtype.itemsize:
+            raise ValueError(f"{path.name} is shorter than its header declares ({shape} {dtype})")
         arr = np.load(path, allow_pickle=False)
         arr = arr[..., 0] if arr.ndim == 3 and arr.shape[-1] == 1 else arr
         return arr.astype(np.float32) if arr.ndim == 2 else None
-    with Image.open(path) as img:
-        img.load()
+    with open_image(path, max_pixels) as img:
         if img.mode not in ("I;16", "I;16B", "I;16L", "I", "L", "F"):
             return None
+        img.load()
         return np.asarray(img, dtype=np.float32) / 1000.0
+
+
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset a ``.npy`` file declares, read from its header alone (no
+    data is read or allocated); ``ValueError`` for a non-numeric dtype."""
+    fmt = np.lib.format
+    with open(path, "rb") as f:
+        version = fmt.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = fmt.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, _, dtype = fmt.read_array_header_2_0(f)
+        else:
+            raise ValueError(f".npy format version {version} is not read (1.0 and 2.0 are)")
+        offset = f.tell()
+    if dtype.kind not in "biuf":
+        raise ValueError(f"{path.name} holds {dtype} values, not numbers")
+    return tuple(int(d) for d in shape), dtype, offset
 
 
 # ---------------------------------------------------------------- helpers

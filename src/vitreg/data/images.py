@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from vitreg.data.folder import FolderLog, iter_folder, list_images
+from vitreg.data.folder import MAX_PIXELS, FolderLog, iter_folder, list_images
 from vitreg.errors import InputError
 from vitreg.models.model import Model
 
@@ -111,10 +111,13 @@ def folder_images(
     batch_size: int = 32,
     limit: int | None = None,
     keep: int = 8,
+    max_pixels: int = MAX_PIXELS,
 ) -> ImageSource:
-    """Every readable image under ``directory``; unreadable files are skipped and listed.
+    """Every readable image under ``directory``; every other entry is skipped and listed.
 
-    An empty or missing folder raises :class:`InputError` here, before any model work.
+    Images declaring more than ``max_pixels`` pixels are skipped before decoding (see
+    :mod:`vitreg.data.folder`). An empty or missing folder raises :class:`InputError` here,
+    before any model work.
     """
     files = list_images(directory)
     log = FolderLog()
@@ -123,7 +126,7 @@ def folder_images(
     def batches() -> Iterator[torch.Tensor]:
         for record in (log.used, log.converted, log.skipped):  # a fresh record per pass
             record.clear()
-        yield from iter_folder(directory, model.transform, batch_size, limit, log)
+        yield from iter_folder(directory, model.transform, batch_size, limit, log, max_pixels)
 
     path = str(Path(directory).expanduser())
     desc = {
@@ -131,6 +134,7 @@ def folder_images(
         "description": f"the folder {path}",
         "path": path,
         "synthetic": False,
+        "max_pixels": max_pixels,
     }
     return ImageSource(model, batches, desc, total, keep, log)
 

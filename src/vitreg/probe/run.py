@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg import distributed
-from vitreg.data.datasets import LabeledDataset, open_dataset
+from vitreg.data.datasets import DataLog, LabeledDataset, open_dataset, require_usable
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
@@ -112,6 +112,8 @@ def run(
                 "skipped": cached[split].manifest["skipped"],
                 "repairs": cached[split].manifest.get("repairs", {}),
             }
+            # a split all of whose samples were skipped: say which one and why
+            require_usable(ds, split, cached[split].n, cached[split].manifest["skipped"])
         names = cached["train"].layers
         if not distributed.is_main():  # under torchrun every rank extracts; rank 0 scores
             continue
@@ -144,5 +146,9 @@ def run(
 def _data(ds: LabeledDataset, cache: dict[str, Any]) -> dict[str, Any]:
     """The dataset's identity and its counted bad input, read from the cache manifest: samples
     skipped and pixels repaired by reason (the extraction, not ``ds.log``, saw them, and a reused
-    cache reads no sample at all)."""
-    return ds.describe() | {"log": dict(sorted({**cache["skipped"], **cache["repairs"]}.items()))}
+    cache reads no sample at all); ``listing``: entries the folder listing did not take as
+    samples (hidden, not an image, FIFO, dangling link, ...), all ``ds.log`` holds outside the
+    extraction."""
+    log = dict(sorted({**cache["skipped"], **cache["repairs"]}.items()))
+    listing = ds.log.to_dict() if isinstance(getattr(ds, "log", None), DataLog) else {}
+    return ds.describe() | {"log": log} | ({"listing": listing} if listing else {})

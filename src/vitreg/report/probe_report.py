@@ -25,7 +25,8 @@ def headlines(results: dict[str, Any]) -> list[tuple]:
 
 
 def data_block(run: dict[str, Any]) -> dict[str, Any]:
-    """The metrics.json ``data`` block: both splits, samples used, skips and repairs by reason."""
+    """The metrics.json ``data`` block: both splits, samples used, skips and repairs by reason,
+    and the datasets' warnings (e.g. one class only), each prefixed with its split."""
     caches = run["caches"]
     skipped: dict[str, str] = {}
     for stage, c in caches.items():
@@ -34,12 +35,20 @@ def data_block(run: dict[str, Any]) -> dict[str, Any]:
         for reason, n in c.get("repairs", {}).items():
             skipped[f"{stage}: {reason}"] = f"{n} pixels set to ignore/invalid"
     train, test = run["data"]["train"], run["data"]["test"]
+    for split, d in (("train", train), ("test", test)):
+        for reason, n in d.get("listing", {}).items():
+            skipped[f"{split} listing: {reason}"] = f"{n} files not read"
     condition = next(iter(caches), "base").split("/")[0]
     return {
         "description": f"train: {train.get('spec')} ({train.get('split')}), "
         f"test: {test.get('spec')} ({test.get('split')})",
         "n_images": sum(c["n"] for s, c in caches.items() if s.split("/")[0] == condition),
         "skipped": skipped,
+        "warnings": [
+            f"{s}: {w}"
+            for s, d in (("train", train), ("test", test))
+            for w in d.get("warnings", [])
+        ],
         "train": train,
         "test": test,
     }
@@ -112,6 +121,8 @@ def probe_report(doc: dict[str, Any]) -> Report:
     data = Section("data", "Data")
     rows = [[k, v] for k, v in doc["data"]["skipped"].items()]
     data.blocks.append(doc["data"]["description"])
+    for warning in doc["data"].get("warnings", []):
+        data.blocks.append(f"**Warning** — {warning}")
     data.blocks.append(
         Table(["what", "count"], rows) if rows else "No sample was skipped or repaired."
     )

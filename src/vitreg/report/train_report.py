@@ -3,6 +3,7 @@ same envelope as every verb (config.yaml and metrics.json; the step log is log.j
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,15 @@ def write_train_run(
     result: Any,
     *,
     spec: str,
-    data: str,
-    n_samples: int | None,
+    data: str | Mapping[str, Any],
+    n_samples: int | None = None,
     config: dict[str, Any],
     command: str,
 ) -> Path:
-    """config.yaml and (last) metrics.json of a finished training run in ``out_dir``."""
+    """config.yaml and (last) metrics.json of a finished training run in ``out_dir``.
+
+    ``data`` is the data block (:func:`vitreg.train.data.describe_training_data`: usable
+    samples, skips by reason, warnings) or, as before, the spec alone with ``n_samples``."""
     losses = [r["loss"] for r in result.history]
     weights = Path(out_dir) / "model.safetensors"
     results = {
@@ -53,7 +57,9 @@ def write_train_run(
         "train",
         command,
         described,
-        {"description": data, "n_images": n_samples or 0},
+        dict(data)
+        if isinstance(data, Mapping)
+        else {"description": data, "n_images": n_samples or 0},
         config,
         results,
         headlines,

@@ -4,17 +4,25 @@ Sample ``i`` of the global batch at ``step`` is a function of (seed, step, i) on
 a seeded permutation per epoch, and each sample's augmentations draw from a generator seeded
 with (seed, step, i). Ranks take contiguous slices of the global batch, so any world size and
 any gradient-accumulation split see exactly the same images.
+
+Before training, :func:`open_data` reads every sample of a vitreg dataset once
+(:meth:`~vitreg.data.datasets.BaseDataset.scan`, evenly spaced beyond ``SCAN_LIMIT``): no usable
+sample is an error naming the split and the reasons, one usable sample a
+:class:`~vitreg.data.datasets.DataWarning` (one class is one too, from :func:`num_classes`, which
+only the supervised recipe asks); :func:`describe_training_data` is the ``data`` block of the
+run's metrics.json (usable samples, skips by reason, warnings).
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from functools import lru_cache
 from typing import Any
 
 import torch
 
-from vitreg.data.datasets import SkipSample
+from vitreg.data.datasets import SCAN_LIMIT, DataWarning, SkipSample, require_usable
 from vitreg.errors import InputError, SpecError
 
 
@@ -41,8 +49,14 @@ def dataset_index(seed: int, step: int, i: int, batch_size: int, n: int) -> int:
     return _epoch_order(seed, pos // n, n)[pos % n]
 
 
-def open_data(data: Any) -> Any:
-    """A dataset object as is, or a spec string opened with ``open_dataset(spec, "train")``."""
+def open_data(data: Any, scan: bool = True) -> Any:
+    """A dataset object as is, or a spec string opened with ``open_dataset(spec, "train")``.
+
+    With ``scan``, a vitreg dataset (one with ``scan()``) is read once here, so that a set with
+    no usable sample fails before any model is built (naming the split and the skip reasons),
+    and one usable sample warns (:class:`DataWarning`). The scan is kept on the object: pass
+    the opened dataset on (to ``train`` and :func:`describe_training_data`) to read it once.
+    """
     if isinstance(data, str):
         from vitreg.data.datasets import open_dataset
 
@@ -54,12 +68,94 @@ def open_data(data: Any) -> Any:
         )
     if len(data) == 0:
         raise InputError("the training dataset is empty; point --data at a folder with images")
+    if scan and callable(getattr(data, "scan", None)):
+        summary = data.scan(SCAN_LIMIT)
+        require_usable(data, "training", summary["n_usable"], summary["skipped"])
+        _warn_once(data, "_warned_data", data_warnings(data, summary, labels=False))
     return data
+
+
+def _warn_once(data: Any, flag: str, messages: list[str]) -> None:
+    if messages and not getattr(data, flag, False):  # once per dataset object
+        for message in messages:
+            warnings.warn(message, DataWarning, stacklevel=3)
+        setattr(data, flag, True)
+
+
+def data_warnings(data: Any, summary: dict[str, Any] | None, labels: bool = True) -> list[str]:
+    """Why training on ``data`` may mislead: one usable sample only (from the ``scan``
+    summary) and, with ``labels`` (the supervised recipe), fewer than two classes in the
+    listing or among the usable samples."""
+    spec = _spec(data)
+    out = []
+    if summary and summary["n_usable"] == 1 and summary["scanned"] == summary["n"]:
+        out.append(
+            f"only 1 usable sample in {spec} ({summary['n']} listed): training repeats this "
+            "one image; add images"
+        )
+    return out + (class_warnings(data, summary) if labels else [])
+
+
+def class_warnings(data: Any, summary: dict[str, Any] | None) -> list[str]:
+    """Fewer than two classes: in the listing (``describe()["warnings"]``) or, from the
+    ``scan`` summary, among the usable samples."""
+    out = list(data.describe().get("warnings", [])) if hasattr(data, "describe") else []
+    classes = (summary or {}).get("classes_seen")
+    if not out and classes == 1 and (getattr(data, "num_classes", None) or 0) >= 2:
+        out.append(f"the usable samples of {_spec(data)} hold one class only: labels teach nothing")
+    return out
+
+
+def describe_training_data(data: Any, recipe: str = "supervised") -> dict[str, Any]:
+    """The ``data`` block of a training run's metrics.json: what was trained on, how many
+    samples are usable, the skips by reason (``skipped``: reason -> words, ``log``: every count
+    of the dataset), and ``warnings`` (class warnings only for a recipe that uses labels, i.e.
+    not ``"dino"``). ``data`` is a spec (opened and scanned here) or the dataset
+    :func:`open_data` returned (its scan is reused)."""
+    data = open_data(data) if isinstance(data, str) else data
+    n = len(data)
+    if not callable(getattr(data, "scan", None)):
+        return {"description": _spec(data), "n_images": n, "n_listed": n, "warnings": []}
+    summary = data.scan(SCAN_LIMIT)
+    full = summary["scanned"] == n
+    skipped = {r: f"{k} samples skipped" for r, k in summary["skipped"].items()}
+    if not full:
+        skipped = {r: f"{v} (of {summary['scanned']} read)" for r, v in skipped.items()}
+    return {
+        "description": _spec(data),
+        "n_images": summary["n_usable"] if full else n,
+        "n_listed": n,
+        "n_usable": summary["n_usable"],
+        "scanned": summary["scanned"],
+        "skipped": skipped,
+        "log": data.log.to_dict() if hasattr(data, "log") else {},
+        "warnings": data_warnings(data, summary, labels=recipe != "dino"),
+        "dataset": data.describe(),
+    }
+
+
+def _spec(data: Any) -> str:
+    if hasattr(data, "describe"):
+        return str(data.describe().get("spec", type(data).__name__))
+    return type(data).__name__
 
 
 def num_classes(data: Any) -> int:
     """Class count of a labelled dataset (``num_classes``), needed by the supervised recipe."""
+    targets = getattr(data, "targets", None)
+    if (
+        isinstance(targets, tuple)
+        and all(isinstance(t, str) for t in targets)
+        and "label" not in targets
+    ):
+        raise InputError(
+            f"the supervised recipe needs class labels, and {_spec(data)} provides "
+            f"{list(targets) or 'no'} targets, not labels; use a labelled dataset "
+            "(imagefolder:DIR, synthetic-cls:...) or --recipe dino"
+        )
     n = getattr(data, "num_classes", None)
+    if n and callable(getattr(data, "scan", None)):  # labels matter now: say if they cannot teach
+        _warn_once(data, "_warned_classes", class_warnings(data, data.scan(SCAN_LIMIT)))
     if not n:
         raise InputError(
             "the supervised recipe needs class labels, and this dataset has none "
