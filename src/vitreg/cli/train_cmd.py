@@ -161,14 +161,13 @@ def command_line(cfg: Any) -> str:
 def write_result(run_dir: Path, result: Any, cfg: Any) -> None:
     """The run's result document (config.yaml, metrics.json), with the data it trained on."""
     from vitreg.report.train_report import write_train_run
-    from vitreg.train.data import open_data
+    from vitreg.train.data import describe_training_data
 
     write_train_run(
         run_dir,
         result,
         spec=cfg.variant,
-        data=cfg.data,
-        n_samples=len(open_data(cfg.data)),
+        data=describe_training_data(cfg.data, recipe=cfg.recipe),
         config=cfg.to_file(),
         command=command_line(cfg),
     )

@@ -33,7 +33,7 @@ from vitreg.neurons.neuron_set import NeuronSet
 HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
 SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"
 DISCOVER_K = 64  # candidates ranked by discovery when top-k is chosen automatically
-MAX_HELD_OUT = 64  # held-out images used at most (memory and time flat in the image count)
+MAX_HELD_OUT = 32  # held-out images used at most (memory and time flat in the image count)
 CAUSAL_IMAGES = 16  # held-out images used by the causal check
 
 Progress = Callable[[int | None, str], AbstractContextManager[Callable[[int], None]]]
@@ -230,17 +230,26 @@ def find_neurons(
                 "a fixed --top-k to apply the paper's ranking as it is"
             )
         order = _ordered(ranking, selection.chosen)
-        ks = DEFAULT_KS
+        ks = (0, len(order))  # the causal set as a whole; the curve over k only if it fails
     else:
         order, ks = ranking, DEFAULT_KS
     ks = tuple(k for k in ks if k <= len(order)) + (len(order),)
+    keep_all = selection is not None
     with (
         progress(len(set(ks)), "checking the fix on held-out images") as update,
         distributed.local(),
     ):
         chosen, curve = calibrate_top_k(
-            model, order, held, ks=ks, progress=update, keep_all=selection is not None, **options
+            model, order, held, ks=ks, progress=update, keep_all=keep_all, **options
         )
+    if keep_all and curve.status == "partial" and len(order) > 1:
+        with (
+            progress(len(DEFAULT_KS), "the fix failed: its curve over k") as update,
+            distributed.local(),
+        ):
+            chosen, curve = calibrate_top_k(
+                model, order, held, ks=DEFAULT_KS, progress=update, keep_all=True, **options
+            )
     before, after = curve.checks[0][0], curve.checks[0][-1]
     if top_k is None and before.clean and before.outlier_rate <= target:
         raise InputError(
