@@ -267,9 +267,9 @@ def describe_errors(e: ValidationError, where: str, flags: bool = False) -> str:
     fields: dict[str, tuple[Any, list[str]]] = {}
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
-        name = loc[0] if loc else "the config"
+        name = ".".join(loc) if loc else "as a whole"
         if flags and loc:
-            name = "--" + name.replace("_", "-")
+            name = "--" + loc[0].replace("_", "-")
         got, msgs = fields.setdefault(name, (err.get("input"), []))
         msg = err["msg"].removeprefix("Value error, ")
         if msg not in msgs:

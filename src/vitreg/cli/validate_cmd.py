@@ -19,6 +19,7 @@ def check_run(run: Path) -> str:
     """What ``run`` (a run directory or its metrics.json) holds; raises ValueError if invalid."""
     from pydantic import ValidationError
 
+    from vitreg.configs import describe_errors
     from vitreg.report.schema import validate_metrics
 
     path = run / "metrics.json" if run.is_dir() else run
@@ -33,10 +34,7 @@ def check_run(run: Path) -> str:
     try:
         valid = validate_metrics(doc)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(map(str, err['loc'])) or 'document'}: {err['msg']}" for err in e.errors()
-        )
-        raise ValueError(f"{path} does not follow the schema: {problems}") from None
+        raise ValueError(describe_errors(e, f"{path} does not follow the schema")) from None
     missing = [
         name
         for name in COMPANIONS.get(valid.verb, DEFAULT_COMPANIONS)
