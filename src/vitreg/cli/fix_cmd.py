@@ -46,7 +46,7 @@ def load_neurons(
     else:
         chosen = NeuronSet.load(neurons)
         origin = f"the file {neurons}"
-    chosen.check_fits(model)  # another architecture or out-of-range units: a clear error
+    chosen.check_applicable(model)  # other architecture, bad units or settings, empty: clear error
     matches = None
     if chosen.fingerprint is not None:
         matches = chosen.fingerprint == weights_fingerprint(model.module)

@@ -7,6 +7,7 @@ source module and, where the source defines one, its preprocessing transform.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitreg.errors import SpecError, WeightsError
+from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.model import Model
 
 
@@ -96,14 +97,41 @@ def offline_hint(tried: str, cause: BaseException) -> str:
 def check_weights_file(path: str | os.PathLike) -> Path:
     """A weights file must exist and be a safetensors file or a torch state dict."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise WeightsError(
+            f"weights file {str(p)!r} is a folder, not a file; pass the weights file itself "
+            "(e.g. model.safetensors), or load a saved folder as 'local:DIR'"
+        )
     if not p.is_file():
         raise WeightsError(f"weights file {str(p)!r} does not exist; check the path")
-    if p.suffix not in (".safetensors", ".pth", ".pt", ".bin"):
+    if p.suffix not in WEIGHT_SUFFIXES:
         raise WeightsError(
             f"weights file {str(p)!r} has suffix {p.suffix!r}; vitreg reads .safetensors "
             "(preferred) or torch state dicts (.pth/.pt/.bin, loaded with weights_only=True)"
         )
     return p
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+
+
+def weights_read_error(path: str | os.PathLike, e: BaseException) -> WeightsError:
+    """The one-paragraph :class:`WeightsError` for a weights file that could not be read."""
+    import pickle
+
+    if isinstance(e, pickle.UnpicklingError):
+        return WeightsError(
+            f"weights file {str(path)!r} holds pickled Python objects besides tensors, which "
+            "vitreg refuses to unpickle (unpickling can run any code; torch.load(weights_only="
+            "True) stopped at them). If you trust the file, convert it once to safetensors on a "
+            "machine you trust (load it, then safetensors.torch.save_file(state_dict, "
+            "'model.safetensors')) and pass that file instead"
+        )
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    return WeightsError(
+        f"could not read weights file {str(path)!r} ({type(e).__name__}: {first}). The file may "
+        "be truncated or corrupt (re-download it), or not a plain state dict of tensors"
+    )
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -117,16 +145,214 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         else:
             state = torch.load(str(p), map_location="cpu", weights_only=True)
     except Exception as e:
-        raise WeightsError(
-            f"could not read weights file {str(p)!r}: {type(e).__name__}: {e}. The file may be "
-            "truncated or corrupt (re-download it), or not a plain state dict"
-        ) from e
+        raise weights_read_error(p, e) from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise WeightsError(f"{str(p)!r} does not hold a state dict of tensors")
+    if not isinstance(state, dict):
+        raise WeightsError(
+            f"weights file {str(p)!r} holds a {type(state).__name__}, not a state dict "
+            "(a mapping of parameter names to tensors)"
+        )
+    bad = [str(k) for k, v in state.items() if not (isinstance(k, str) and torch.is_tensor(v))]
+    if bad:
+        raise WeightsError(
+            f"weights file {str(p)!r} is not a plain state dict of tensors: {len(bad)} entries "
+            f"are not named tensors (first: {bad[:3]}); save model.state_dict() alone"
+        )
     return state
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(d) for d in t.shape) + ")"
+
+
+def _first(keys: list[str], n: int = 3) -> str:
+    more = f" and {len(keys) - n} more" if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more
+
+
+def head_hint(
+    module: nn.Module,
+    own: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    fix: Callable[[int], str],
+) -> str | None:
+    """What to change when the file's classifier head differs from the model's (else None)."""
+    cfg = getattr(module, "pretrained_cfg", None) or {}
+    names = cfg.get("classifier") or "head"
+    for name in [names] if isinstance(names, str) else list(names):
+        key = f"{name}.weight"
+        mine, theirs = own.get(key), state.get(key)
+        width = getattr(module, "num_features", None) or getattr(module, "embed_dim", None)
+        if theirs is not None and theirs.ndim == 2 and (mine is None or mine.shape != theirs.shape):
+            if mine is not None and mine.shape[1:] != theirs.shape[1:]:
+                return None  # not a class-count difference: another width
+            if mine is None and width is not None and theirs.shape[1] != width:
+                return None
+            n = theirs.shape[0]
+            has = "has none" if mine is None else f"has a {mine.shape[0]}-class one"
+            return f"the file has a {n}-class head ({key} {_shape(theirs)}) and the model {has}: {fix(n)}"
+        if mine is not None and theirs is None and mine.ndim == 2:
+            return (
+                f"the file has no classifier head ({key}) and the model has a {mine.shape[0]}-class "
+                f"one: {fix(0)} (features only)"
+            )
+    return None
+
+
+def load_strict(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    path: str | os.PathLike,
+    what: str,
+    fix_head: Callable[[int], str] = lambda n: f"pass num_classes={n}",
+) -> None:
+    """``module.load_state_dict(state, strict=True)``; any missing or unexpected key or shape
+    mismatch is a :class:`WeightsError` listing the first keys and what to change."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(
+                f"{len(missing)} keys of the model are not in the file ({_first(missing)})"
+            )
+        if unexpected:
+            parts.append(
+                f"{len(unexpected)} keys of the file are not in the model ({_first(unexpected)})"
+            )
+        if shapes:
+            shown = "; ".join(
+                f"{k}: file {_shape(state[k])}, model {_shape(own[k])}" for k in shapes[:3]
+            )
+            more = f" and {len(shapes) - 3} more" if len(shapes) > 3 else ""
+            parts.append(f"{len(shapes)} shapes differ ({shown}{more})")
+        hint = head_hint(module, own, state, fix_head)
+        differ = [*missing, *unexpected, *shapes]
+        if hint is None or any(k.split(".")[0] not in _heads(module) for k in differ):
+            other = (
+                "the file belongs to another architecture or other constructor arguments (check "
+                "width, depth, patch size, registers and img_size)"
+            )
+            hint = f"{other}; also, {hint}" if hint else other
+        raise WeightsError(
+            f"the weights in {str(path)!r} do not fit {what}: " + "; ".join(parts) + f". {hint}. "
+            "vitreg loads weights files strictly, so no parameter is left at its random init"
+        )
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = " ".join(str(e).split())[:300]
+        raise WeightsError(f"the weights in {str(path)!r} do not fit {what}: {first}") from None
+
+
+def _heads(module: nn.Module) -> set[str]:
+    cfg = getattr(module, "pretrained_cfg", None) or {}
+    names = cfg.get("classifier") or "head"
+    return {n.split(".")[0] for n in ([names] if isinstance(names, str) else names)}
+
+
+def read_json(path: Path, what: str, max_bytes: int = 64 * 2**20, allow_nan: bool = False) -> Any:
+    """The JSON in ``path``, or an :class:`InputError` naming the file: unreadable, too large, not
+    UTF-8, not JSON, a key given twice in one object, or (unless ``allow_nan``) NaN/Infinity."""
+
+    class _Twice(Exception):
+        pass
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise _Twice(k)
+            out[k] = v
+        return out
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number; write a finite number")
+
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise InputError(
+                f"{what} {str(path)!r} is {size / 2**20:.0f} MiB; a {what} is at most "
+                f"{max_bytes / 2**20:.0f} MiB, so this is not one"
+            )
+        text = path.read_bytes().decode("utf-8")
+        if allow_nan:
+            return json.loads(text, object_pairs_hook=pairs)
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except _Twice as e:
+        raise InputError(
+            f"{what} {str(path)!r} gives the key {e.args[0]!r} twice in one object; JSON readers "
+            "disagree on which one wins, so vitreg refuses it: keep one"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {str(path)!r} is not UTF-8 text ({e.reason})") from None
+    except (json.JSONDecodeError, ValueError) as e:
+        raise InputError(f"{what} {str(path)!r} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InputError(f"{what} {str(path)!r} nests too deeply to be one") from None
+    except OSError as e:
+        raise InputError(f"could not read {what} {str(path)!r}: {e.strerror or e}") from None
+
+
+def describe_invalid(e: Any, path: str | os.PathLike, what: str) -> str:
+    """One paragraph from a pydantic ``ValidationError``: the file, then per wrong field its
+    dotted name, the expected value and what it holds."""
+    parts = []
+    for err in e.errors()[:6]:
+        field_name = ".".join(str(x) for x in err["loc"]) or "the top level"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            parts.append(f"{field_name}: missing (it is required)")
+            continue
+        got = err.get("input")
+        if isinstance(got, dict):
+            parts.append(f"{field_name}: {msg}")
+            continue
+        shown = repr(got)
+        if len(shown) > 60:
+            shown = f"a {type(got).__name__}" if isinstance(got, list) else shown[:57] + "..."
+        parts.append(f"{field_name}: {msg} (got {shown})")
+    more = f"; and {e.error_count() - 6} more" if e.error_count() > 6 else ""
+    return f"{what} {str(path)!r} is not valid: " + "; ".join(parts) + more
+
+
+def contained(folder: Path, name: str, field_name: str, config: Path) -> Path:
+    """``folder/name`` if it stays inside ``folder``: a relative path without ``..`` whose
+    resolved target (symlinks followed) is inside the folder's resolved path."""
+    rel = Path(name)
+    if rel.is_absolute() or name.startswith("~") or (rel.drive or rel.root):
+        raise InputError(
+            f"{str(config)!r}: {field_name} is the absolute path {name!r}; paths in a local: "
+            "folder are relative to the folder and stay inside it"
+        )
+    if ".." in rel.parts:
+        raise InputError(
+            f"{str(config)!r}: {field_name} {name!r} climbs out of the folder with '..'; paths in "
+            "a local: folder stay inside it"
+        )
+    return inside(folder, folder / rel, field_name, config)
+
+
+def inside(folder: Path, target: Path, field_name: str, config: Path) -> Path:
+    """``target`` if its resolved path (symlinks followed) is inside ``folder``'s."""
+    try:
+        root, resolved = folder.resolve(), target.resolve()
+    except (OSError, RuntimeError) as e:
+        raise InputError(
+            f"{str(config)!r}: {field_name} {str(target)!r} cannot be resolved: {e}"
+        ) from None
+    if resolved != root and root not in resolved.parents:
+        raise InputError(
+            f"{str(config)!r}: {field_name} {str(target)!r} resolves (through a symlink) to "
+            f"{str(resolved)!r}, outside the folder {str(root)!r}; vitreg reads nothing outside a local: folder "
+            "(copy the file into it)"
+        )
+    return target
 
 
 def load(

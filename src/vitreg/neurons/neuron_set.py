@@ -6,17 +6,99 @@ Saved as ``NAME.safetensors`` (the tensors) + ``NAME.json`` (everything else); n
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from vitreg.errors import InputError, VitregError
+from vitreg.analysis.rules import MASK_RULES
+from vitreg.errors import InputError
 from vitreg.report.io import write_bytes_atomic, write_json_atomic
 
 FORMAT = "vitreg.neuron_set/1"
+SUFFIXES = (".json", ".safetensors")
+
+
+class _Row(BaseModel):
+    """One neuron of ``NAME.json``: block index, MLP unit, finite score."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    layer: int = Field(ge=0, le=100_000)
+    unit: int = Field(ge=0, le=100_000_000)
+    score: float = Field(allow_inf_nan=False)
+
+
+class _Settings(BaseModel):
+    """The settings that made a set; the known keys are typed, others are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    detect_layer: int | None = Field(None, ge=0)
+    highest_layer: int | None = Field(None, ge=0)
+    lowest_layer: int | None = Field(None, ge=0)
+    threshold: str | float | None = None
+    threshold_value: float | None = Field(None, gt=0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    signed: bool | None = None
+    include_prefix: bool | None = None
+    sparsity: list[float] | None = None
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _threshold(cls, v: Any) -> Any:
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if v is None or v in MASK_RULES or (number and math.isfinite(v) and v > 0):
+            return v
+        raise ValueError(f"expected one of {list(MASK_RULES)} or a positive norm (a number > 0)")
+
+    @field_validator("sparsity", mode="before")
+    @classmethod
+    def _sparsity(cls, v: Any) -> Any:
+        ok = isinstance(v, list) and len(v) == 2
+        ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+        if v is None or (ok and all(math.isfinite(x) for x in v)):
+            return v
+        raise ValueError("expected [activation, fraction], two finite numbers")
+
+
+class _SetFile(BaseModel):
+    """``NAME.json`` of a :class:`NeuronSet`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: str
+    neurons: list[_Row]
+    model_spec: str | None = None
+    model_family: str | None = None
+    n_layers: int | None = Field(None, ge=1, le=100_000)
+    d_mlp: int | None = Field(None, ge=1, le=100_000_000)
+    fingerprint: str | None = None
+    settings: _Settings = Field(default_factory=_Settings)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+def _settings(raw: dict[str, Any], meta_path: Path) -> dict[str, Any]:
+    """The settings with a numeric threshold written as the ``absolute`` rule and its value."""
+    out = dict(raw)
+    rule, value = out.get("threshold"), out.get("threshold_value")
+    if isinstance(rule, (int, float)):
+        if value is not None and value != rule:
+            raise InputError(
+                f"NeuronSet file {str(meta_path)!r}: settings.threshold is the norm {rule} but "
+                f"settings.threshold_value is {value}; give one (threshold 'absolute' and "
+                "threshold_value N)"
+            )
+        out["threshold"], out["threshold_value"] = "absolute", float(rule)
+    elif rule == "absolute" and value is None:
+        raise InputError(
+            f"NeuronSet file {str(meta_path)!r}: settings.threshold is 'absolute' but "
+            "settings.threshold_value is missing; it needs the norm, a number > 0"
+        )
+    return out
 
 
 def weights_fingerprint(module: torch.nn.Module) -> str:
@@ -94,7 +176,7 @@ class NeuronSet:
             model.n_layers,
             model.d_mlp,
         ):
-            raise VitregError(
+            raise InputError(
                 f"this NeuronSet was made for {mine} but the model is {theirs}; "
                 "run neuron discovery on this model"
             )
@@ -104,8 +186,52 @@ class NeuronSet:
             if not (0 <= l_ < model.n_layers and 0 <= u < model.d_mlp)
         ]
         if bad:
-            raise VitregError(
+            raise InputError(
                 f"NeuronSet names units outside the model {theirs}: {bad[:5]} (made for {mine})"
+            )
+
+    def check_applicable(self, model: Any, where: str | None = None) -> None:
+        """Raise unless applying this set to ``model`` means something: :meth:`check_fits`, at
+        least one neuron, each (layer, unit) once, the settings' detection/highest/lowest layers
+        are blocks of the model, ``top_k`` is not larger than the model, and no block has more
+        than half of its MLP units named (that is not a set of register neurons).
+
+        An empty set is a valid object (applying it is a no-op), but not something to fix with.
+        """
+        what = where or f"the NeuronSet for {self.model_spec or 'an unknown model'}"
+        if len(self) == 0:
+            raise InputError(
+                f"{what} names no neurons, so the fix would change nothing; use a set from "
+                "`vitreg neurons` (neurons.json) or let `vitreg fix` discover one (no --neurons)"
+            )
+        self.check_fits(model)
+        n_layers, d_mlp = model.n_layers, model.d_mlp
+        seen: set[tuple[int, int]] = set()
+        twice = [p for p in self.pairs() if p in seen or seen.add(p)]
+        if twice:
+            raise InputError(f"{what} names the same neuron more than once: {twice[:5]}")
+        for key in ("detect_layer", "highest_layer", "lowest_layer"):
+            value = self.settings.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_layers:
+                raise InputError(
+                    f"{what}: settings.{key} is {value!r}, but the model has blocks 0.."
+                    f"{n_layers - 1}; the set was made for another model or edited"
+                )
+        top_k = self.settings.get("top_k")
+        if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > n_layers * d_mlp:
+            raise InputError(
+                f"{what}: settings.top_k is {top_k}, more than the model's {n_layers * d_mlp} "
+                "MLP units; the set was made for another model or edited"
+            )
+        crowded = {b: len(u) for b, u in self.by_layer().items() if len(u) > d_mlp // 2}
+        if crowded:
+            block, count = next(iter(crowded.items()))
+            raise InputError(
+                f"{what} names {count} of the {d_mlp} MLP units of block {block}; register "
+                "neurons are a few units, and editing most of a block changes the model "
+                "rather than fixing it. Use a smaller top-k (e.g. `vitreg neurons --top-k 20`)"
             )
 
     # persistence -----------------------------------------------------------------------
@@ -125,53 +251,113 @@ class NeuronSet:
             "data": self.data,
         }
 
+    @staticmethod
+    def files(path: str | Path) -> tuple[Path, Path]:
+        """``(NAME.json, NAME.safetensors)`` for either file's path or the stem ``NAME``; the
+        name keeps its dots (``set.v1.json`` and ``set.v1`` both give ``set.v1.*``)."""
+        p = Path(path)
+        base = p.with_suffix("") if p.suffix in SUFFIXES else p
+        if not base.name or base.name in (".", ".."):
+            raise InputError(f"{str(p)!r} names no NeuronSet file (expected NAME.json)")
+        return base.with_name(base.name + ".json"), base.with_name(base.name + ".safetensors")
+
     def save(self, path: str | Path) -> Path:
         """Write ``path.safetensors`` and ``path.json``; returns the JSON path."""
         from safetensors.torch import save
 
-        base = Path(path).with_suffix("")
+        meta_path, tensor_path = self.files(path)
         tensors = {
             "layers": torch.tensor(self.layers, dtype=torch.int64),
             "units": torch.tensor(self.units, dtype=torch.int64),
             "scores": torch.tensor(self.scores, dtype=torch.float64),
         }
-        write_bytes_atomic(
-            base.with_suffix(".safetensors"), save(tensors, metadata={"format": FORMAT})
-        )
-        return write_json_atomic(base.with_suffix(".json"), self.to_dict())
+        write_bytes_atomic(tensor_path, save(tensors, metadata={"format": FORMAT}))
+        return write_json_atomic(meta_path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> NeuronSet:
-        """Read a set saved by :meth:`save` (either file's path, or the common stem)."""
-        from safetensors.torch import load_file
+        """Read a set saved by :meth:`save` (either file's path, or the common stem).
 
-        base = Path(path).with_suffix("")
-        meta_path, tensor_path = base.with_suffix(".json"), base.with_suffix(".safetensors")
+        Both files are validated before anything uses them: the JSON's fields and types (every
+        neuron ``{layer: int >= 0, unit: int >= 0, score: finite}``, typed settings) and the
+        tensors (1-D int64 layers and units, 1-D float scores, equal lengths, equal to the JSON's
+        rows). Any problem is an :class:`InputError` naming the file and the field."""
+        from vitreg.models.load import describe_invalid, read_json
+
+        meta_path, tensor_path = cls.files(path)
         if not meta_path.is_file():
-            raise VitregError(
+            raise InputError(
                 f"no NeuronSet at {str(meta_path)!r} (expected NAME.json + NAME.safetensors)"
             )
+        meta = read_json(meta_path, "NeuronSet file", max_bytes=256 * 2**20, allow_nan=True)
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise InputError(
+                f"{str(meta_path)!r} is not a vitreg NeuronSet (its 'format' must be {FORMAT!r})"
+            )
         try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as e:
-            raise VitregError(f"{str(meta_path)!r} is not valid JSON: {e}") from e
-        if meta.get("format") != FORMAT:
-            raise VitregError(f"{str(meta_path)!r} is not a vitreg NeuronSet ({FORMAT})")
+            parsed = _SetFile.model_validate(meta)
+        except ValidationError as e:
+            raise InputError(describe_invalid(e, meta_path, "NeuronSet file")) from None
+        rows = parsed.neurons
+        layers, units = [r.layer for r in rows], [r.unit for r in rows]
+        scores = [r.score for r in rows]
         if tensor_path.is_file():
-            t = load_file(str(tensor_path))
-            layers, units, scores = t["layers"].tolist(), t["units"].tolist(), t["scores"].tolist()
-        else:
-            rows = meta["neurons"]
-            layers, units, scores = ([r[k] for r in rows] for k in ("layer", "unit", "score"))
+            _check_tensors(tensor_path, layers, units, scores)
         return cls(
             layers,
             units,
             scores,
-            meta.get("model_spec"),
-            meta.get("model_family"),
-            meta.get("n_layers"),
-            meta.get("d_mlp"),
-            meta.get("fingerprint"),
-            meta.get("settings", {}),
-            meta.get("data", {}),
+            parsed.model_spec,
+            parsed.model_family,
+            parsed.n_layers,
+            parsed.d_mlp,
+            parsed.fingerprint,
+            _settings(meta.get("settings") or {}, meta_path),
+            meta.get("data") or {},
+        )
+
+
+def _check_tensors(path: Path, layers: list[int], units: list[int], scores: list[float]) -> None:
+    """``NAME.safetensors`` must hold exactly the JSON's neurons: 1-D int64 ``layers`` and
+    ``units``, 1-D float ``scores``, equal lengths, equal values."""
+    from safetensors.torch import load_file
+
+    try:
+        t = load_file(str(path))
+    except Exception as e:
+        first = " ".join(str(e).split())[:200]
+        raise InputError(
+            f"NeuronSet tensors {str(path)!r} cannot be read ({type(e).__name__}: {first}); the "
+            "file is truncated or not safetensors (delete it to use the JSON's neurons alone)"
+        ) from None
+    if set(t) != {"layers", "units", "scores"}:
+        raise InputError(
+            f"NeuronSet tensors {str(path)!r} hold {sorted(t)}; expected exactly layers, units "
+            "and scores"
+        )
+    for key, kinds in (("layers", "int64"), ("units", "int64"), ("scores", "float")):
+        x = t[key]
+        ok = x.dtype == torch.int64 if kinds == "int64" else x.is_floating_point()
+        if x.ndim != 1 or not ok:
+            raise InputError(
+                f"NeuronSet tensors {str(path)!r}: {key} is a {x.ndim}-D {x.dtype} tensor; "
+                f"expected a 1-D {kinds} tensor"
+            )
+    n = {k: t[k].numel() for k in t}
+    if len(set(n.values())) != 1 or n["layers"] != len(layers):
+        raise InputError(
+            f"NeuronSet tensors {str(path)!r} hold {n['layers']} layers, {n['units']} units and "
+            f"{n['scores']} scores but the JSON lists {len(layers)} neurons; save the set again "
+            "(or delete the .safetensors file to use the JSON's neurons)"
+        )
+    same = t["layers"].tolist() == layers and t["units"].tolist() == units
+    close = all(
+        math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        for a, b in zip(t["scores"].tolist(), scores, strict=True)
+    )
+    if not (same and close):
+        raise InputError(
+            f"NeuronSet tensors {str(path)!r} do not match the neurons in the JSON next to it; "
+            "one file was edited: save the set again (or delete the .safetensors file to use the "
+            "JSON's neurons)"
         )

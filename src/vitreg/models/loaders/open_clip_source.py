@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import pickle
 import warnings
 from typing import Any
 
 from vitreg.errors import SpecError, WeightsError
-from vitreg.models.load import Loaded, offline_hint, register_loader
+from vitreg.models.load import Loaded, offline_hint, register_loader, weights_read_error
 
 
 def _check_name(arch: str, tag: str) -> None:
@@ -120,12 +121,16 @@ def load_open_clip(
     except TypeError:  # a wrong constructor argument, not a weights problem
         raise
     except Exception as e:
+        if isinstance(e, pickle.UnpicklingError) and weights is not None:
+            raise weights_read_error(weights, e) from None
         if weights is not None:
+            first = " ".join(str(e).split())[:300]
             raise WeightsError(
-                f"could not load {str(weights)!r} into open_clip {arch}: {type(e).__name__}: {e}. "
-                "It must be a complete open_clip checkpoint (visual.* and text tower keys) of "
-                "this architecture, as a safetensors file or a torch state dict"
-            ) from e
+                f"could not load {str(weights)!r} into open_clip {arch}: {type(e).__name__}: "
+                f"{first}. It must be a complete open_clip checkpoint (visual.* and text tower "
+                "keys) of this architecture, as a safetensors file or a torch state dict; "
+                "open_clip loads it strictly"
+            ) from None
         if isinstance(e, OSError):  # e.g. an HF text tower whose config lives on the hub
             raise WeightsError(offline_hint(f"the hub files open_clip needs for {arch}", e)) from e
         raise

@@ -1,15 +1,22 @@
-"""``timm:NAME[.tag]``: timm's registry, hub weights, or a local weights file through timm's filters."""
+"""``timm:NAME[.tag]``: timm's registry, hub weights, or a local weights file (timm's filters, strict)."""
 
 from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from vitreg.errors import SpecError, WeightsError
-from vitreg.models.load import Loaded, offline_hint, register_loader
+from vitreg.models.load import (
+    Loaded,
+    load_strict,
+    offline_hint,
+    read_state_dict,
+    register_loader,
+)
 
 
 def timm_notes(name: str, pretrained: bool, kwargs: dict) -> list[str]:
@@ -48,6 +55,55 @@ def _suggest(base: str) -> str:
     return f"; did you mean {close}?" if close else "; see timm.list_models('*dinov2*')"
 
 
+def checkpoint_filter(module: nn.Module, base: str) -> Callable | None:
+    """timm's ``checkpoint_filter_fn`` for ``module`` (converts original DINOv2/OpenAI/open_clip
+    key names and resamples position embeddings to the built size), if its family has one."""
+    import sys
+
+    from timm.models import _registry
+
+    names = [type(module).__module__]
+    family = _registry._model_to_module.get(base)
+    if family:
+        names.append(f"timm.models.{family}")
+    for module_name in names:
+        fn = getattr(sys.modules.get(module_name), "checkpoint_filter_fn", None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def load_timm_weights(
+    module: nn.Module,
+    base: str,
+    path: str | os.PathLike,
+    what: str,
+    fix_head: Callable[[int], str] | None = None,
+) -> None:
+    """Read ``path`` safely, convert it with timm's checkpoint filter, load it strictly.
+
+    Unlike timm's ``pretrained_cfg_overlay=dict(file=...)`` this never drops the classifier when
+    the class count differs from the architecture's default and never loads non-strictly: every
+    parameter comes from the file or the load is a :class:`WeightsError` naming the keys."""
+    state = read_state_dict(path)
+    fn = checkpoint_filter(module, base)
+    if fn is not None:
+        try:
+            try:
+                state = fn(state, module)
+            except TypeError:  # older filters take the state dict only
+                state = fn(state)
+        except Exception as e:
+            first = " ".join(str(e).split())[:200]
+            raise WeightsError(
+                f"the weights in {str(path)!r} do not fit {what}: timm's checkpoint filter "
+                f"could not convert them ({type(e).__name__}: {first}); the file belongs to "
+                "another architecture or other constructor arguments (check width, depth, patch "
+                "size, registers and img_size)"
+            ) from None
+    load_strict(module, state, path, what, fix_head or (lambda n: f"pass num_classes={n}"))
+
+
 def _create(name: str, **kwargs: Any) -> nn.Module:
     import timm
 
@@ -59,7 +115,8 @@ def load_timm(
     name: str, pretrained: bool = True, weights: str | os.PathLike | None = None, **kwargs: Any
 ) -> Loaded:
     """Build ``name`` with timm; weights from the hub, from ``weights`` (through timm's
-    checkpoint filter, so original DINOv2/OpenAI files convert), or none."""
+    checkpoint filter, so original DINOv2/OpenAI files convert, then loaded strictly: a file
+    with a 512-class head needs ``num_classes=512``), or none."""
     import timm
     from timm.models._registry import split_model_name_tag
 
@@ -71,17 +128,8 @@ def load_timm(
         raise SpecError(f"timm has no weights tagged {tag!r} for {base}; tags: {tags}")
     notes = timm_notes(name, pretrained or weights is not None, kwargs)
     if weights is not None:
-        overlay = dict(file=str(weights))
-        try:
-            module = _create(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
-        except TypeError:  # a wrong constructor argument, not a weights problem
-            raise
-        except Exception as e:
-            raise WeightsError(
-                f"could not load weights from {str(weights)!r} into {name}: "
-                f"{type(e).__name__}: {e}. The file may be truncated or corrupt (re-download it), or "
-                "belong to another architecture (check width, depth, patch size and registers)"
-            ) from e
+        module = _create(name, pretrained=False, **kwargs)  # wrong arguments raise TypeError
+        load_timm_weights(module, base, weights, f"{name} (as built with {kwargs or 'defaults'})")
         return Loaded(module, notes=notes)
     if not pretrained:
         return Loaded(_create(name, pretrained=False, **kwargs), notes=notes)
