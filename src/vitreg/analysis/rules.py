@@ -172,3 +172,22 @@ def set_mask(norms: torch.Tensor, method: str, **params: float) -> torch.Tensor:
 # A fix leaves no artifact when no block shows an outlier mode and the max/median patch norm is
 # within this factor of the ordinary (non-outlier) patches' max/median before the fix.
 FIX_TOLERANCE = 1.5
+
+
+def ordinary_level(patches: torch.Tensor, flagged: torch.Tensor) -> float:
+    """Max/median norm of the patches not flagged as outliers (all of them if every one is):
+    the level a fix should bring the largest patch norms back to."""
+    median = max(float(patches.median()), 1e-12)
+    normal = patches[~flagged]
+    return float((normal if normal.numel() else patches).max()) / median
+
+
+def fix_is_clean(
+    blocks_with_mode: list[int],
+    max_over_median: float,
+    ordinary: float | None,
+    tolerance: float = FIX_TOLERANCE,
+) -> bool:
+    """A fix leaves no artifact: no block with an outlier mode, and the max/median patch norm
+    within ``tolerance`` x the ordinary level (when it is known)."""
+    return not blocks_with_mode and (ordinary is None or max_over_median <= tolerance * ordinary)

@@ -13,6 +13,7 @@ from vitreg.analysis.attention import AttentionAnalysis, AttentionResult
 from vitreg.analysis.base import Analysis, run_analyses
 from vitreg.analysis.norms import NormAnalysis, NormsResult
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
+from vitreg.analysis.rules import fix_is_clean, ordinary_level
 from vitreg.analysis.rules import image_mask as outlier_mask
 from vitreg.fix.controls import ablate, random_like, shift_to_patch
 from vitreg.fix.test_time_registers import TestTimeRegisters
@@ -84,10 +85,8 @@ class FixComparison:
         layers_b, layers_a = self.before.report.layers, self.after.report.layers
         d = self.detect_layer
         after = [i for i, lo in enumerate(layers_a) if lo.present]
-        ratio_a = _ratio(layers_a[d])
-        clean = not after and (
-            self.ordinary_max_over_median is None
-            or ratio_a <= self.tolerance * self.ordinary_max_over_median
+        clean = fix_is_clean(
+            after, _ratio(layers_a[d]), self.ordinary_max_over_median, self.tolerance
         )
         return {
             "clean": clean,
@@ -151,9 +150,7 @@ def _rate(result: NormsResult, layer: int, rule: str, value: float | None) -> fl
 def _ordinary(result: NormsResult, layer: int, rule: str, value: float | None) -> float:
     """Max/median patch norm of the patches that are not outliers (the level a fix should reach)."""
     patches = result.trace.patch_norms(result.trace.sites[layer])
-    normal = patches[~_flagged(result, layer, rule, value)]
-    kept = normal if normal.numel() else patches.flatten()
-    return float(kept.max()) / max(float(patches.median()), 1e-12)
+    return ordinary_level(patches, _flagged(result, layer, rule, value))
 
 
 def compare_fix(

@@ -250,7 +250,7 @@ def find_neurons(
             chosen, curve = calibrate_top_k(
                 model, order, held, ks=DEFAULT_KS, progress=update, keep_all=True, **options
             )
-    before, after = curve.checks[0][0], curve.checks[0][-1]
+    before, after = curve.checks[0][0], curve.checks[0][curve.ks.index(curve.chosen_k)]
     if top_k is None and before.clean and before.outlier_rate <= target:
         raise InputError(
             f"the {len(held)} held-out images show no artifacts without any fix (no outlier "
@@ -258,8 +258,6 @@ def find_neurons(
             f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
             "(--limit, --images DIR) or a fixed --top-k K"
         )
-    if curve.chosen_k is not None and curve.chosen_k != after.k:
-        after = curve.checks[0][curve.ks.index(curve.chosen_k)]
     held_out = {"n_images": len(held), "k": len(chosen)}
     for when, check in (("before", before), ("after", after)):
         held_out.update(

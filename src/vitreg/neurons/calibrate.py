@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
-from vitreg.analysis.rules import image_mask
+from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
 from vitreg.errors import VitregError
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model, iter_batches
@@ -85,8 +85,7 @@ def check_fix(
     median = float(patches.median())
     ratio = float(patches.max()) / max(median, 1e-12)
     if ordinary is None:
-        normal = patches[~flagged]
-        ordinary = float(normal.max()) / max(median, 1e-12) if normal.numel() else ratio
+        ordinary = ordinary_level(patches, flagged)
     modes = [i for i, lo in enumerate(report.layers) if lo.present]
     return FixCheck(
         len(neurons),
@@ -96,7 +95,7 @@ def check_fix(
         ratio,
         ordinary,
         modes,
-        not modes and ratio <= tolerance * ordinary,
+        fix_is_clean(modes, ratio, ordinary, tolerance),
     )
 
 
