@@ -6,21 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vitreg
 from conftest import images
 from hook_names import plain_vit_names
+from tiny_models import EVA_MODELS, eva_model
 from vitreg.errors import InputError
 from vitreg.hooks.attention import softmax_pattern
 from vitreg.models.adapters.timm_eva import TimmEvaAdapter
 
-# key -> (timm name, image size); depth=2 everywhere
-MODELS = {
-    "dinov3": ("vit_small_patch16_dinov3", 64),
-    "dinov3_qkvb": ("vit_small_patch16_dinov3_qkvb", 64),
-    "eva02_tiny": ("eva02_tiny_patch14_224", 56),
-    "eva02_base": ("eva02_base_patch14_224", 56),
-    "rope_mixed": ("vit_small_patch16_rope_mixed_224", 64),  # AttentionRope, rope per block
-}
 LAYOUTS = {  # n_cls, n_reg, grid, patch size
     "dinov3": (1, 4, (4, 4), (16, 16)),
     "dinov3_qkvb": (1, 4, (4, 4), (16, 16)),
@@ -29,34 +21,15 @@ LAYOUTS = {  # n_cls, n_reg, grid, patch size
     "rope_mixed": (1, 0, (4, 4), (16, 16)),
 }
 SNAPSHOT = plain_vit_names(2)
-_BUILT: dict[str, vitreg.Model] = {}
-
-
-def get(key: str) -> tuple[vitreg.Model, torch.Tensor]:
-    """The model for ``key`` (built once, with random weights that make every part matter)."""
-    name, size = MODELS[key]
-    if key not in _BUILT:
-        torch.manual_seed(0)
-        m = vitreg.load(f"timm:{name}", pretrained=False, depth=2, img_size=size)
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name_, p in m.module.named_parameters():
-                leaf = name_.rsplit(".", 1)[-1]
-                if leaf in ("cls_token", "reg_token", "q_bias", "v_bias"):
-                    p.copy_(torch.randn(p.shape, generator=g))
-                elif leaf in ("gamma_1", "gamma_2"):
-                    p.fill_(1.0)
-        _BUILT[key] = m
-    return _BUILT[key], images(2, size)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-@pytest.mark.parametrize("key", MODELS)
+@pytest.mark.parametrize("key", EVA_MODELS)
 def test_adapter_layout_and_dims(key: str) -> None:
-    m, x = get(key)
+    m, x = eva_model(key)
     assert isinstance(m.adapter, TimmEvaAdapter) and m.family == "timm-eva"
     n_cls, n_reg, grid, patch = LAYOUTS[key]
     layout = m.layout
@@ -71,38 +44,24 @@ def test_adapter_layout_and_dims(key: str) -> None:
     assert m.features(x).shape == (2, layout.n_tokens, m.d_model)
 
 
-@pytest.mark.parametrize("key", MODELS)
+@pytest.mark.parametrize("key", EVA_MODELS)
 def test_hook_names_snapshot(key: str) -> None:
-    m, _ = get(key)
+    m, _ = eva_model(key)
     assert m.hook_names() == SNAPSHOT
 
 
-@pytest.mark.parametrize("key", MODELS)
-def test_parity_with_every_site_hooked(key: str) -> None:
-    m, x = get(key)
-    mod = m.module
-    with torch.no_grad():
-        bare, bare_out = mod.forward_features(x), mod(x)
-    # reading q/k/patterns and the residual never touches the forward: bit-identical
-    not_v = [n for n in m.hook_names() if not n.endswith("hook_v")]
-    out, cache = m.run_with_cache(x, names=not_v)
-    assert torch.equal(out, bare) and len(cache) == len(not_v)
-    # every site, read (recomputed patterns) or rewritten with itself (native patterns)
-    out, cache = m.run_with_cache(x)
-    assert len(cache) == len(SNAPSHOT) and max_diff(out, bare) <= 1e-5
-    with m.hooks([("*", lambda t, hook: t * 1.0)], attention="native"), torch.no_grad():
-        assert max_diff(m.features(x), bare) <= 1e-5
-        assert max_diff(mod(x), bare_out) <= 1e-5
-    # every flag restored
-    assert all(b.attn.fused_attn for b in mod.blocks)
-    assert not any(getattr(b.attn, "qkv_bias_separate", False) for b in mod.blocks)
-    with torch.no_grad():
-        assert torch.equal(mod(x), bare_out)
+@pytest.mark.parametrize("key", EVA_MODELS)
+def test_native_routing_restores_every_flag(key: str) -> None:
+    m, x = eva_model(key)
+    with m.hooks([("*", lambda t, hook: None)], attention="native"), torch.no_grad():
+        m.features(x)
+    assert all(b.attn.fused_attn for b in m.module.blocks)
+    assert not any(getattr(b.attn, "qkv_bias_separate", False) for b in m.module.blocks)
 
 
-@pytest.mark.parametrize("key", MODELS)
+@pytest.mark.parametrize("key", EVA_MODELS)
 def test_q_k_v_are_the_biased_projections_before_rope(key: str) -> None:
-    m, x = get(key)
+    m, x = eva_model(key)
     attn = m.module.blocks[1].attn
     assert isinstance(attn.q_norm, torch.nn.Identity)
     names = ["blocks.1.ln1.hook_out", *(f"blocks.1.attn.hook_{p}" for p in "qkv")]
@@ -122,9 +81,9 @@ def test_q_k_v_are_the_biased_projections_before_rope(key: str) -> None:
         assert max_diff(got, part.reshape(got.shape)) <= 1e-5
 
 
-@pytest.mark.parametrize("key", MODELS)
+@pytest.mark.parametrize("key", EVA_MODELS)
 def test_recomputed_pattern_matches_native(key: str) -> None:
-    m, x = get(key)
+    m, x = eva_model(key)
     names = ["blocks.*.attn.hook_pattern", "blocks.1.attn.hook_q", "blocks.1.attn.hook_k"]
     _, rec = m.run_with_cache(x, names=names)
     _, nat = m.run_with_cache(x, names="blocks.*.attn.hook_pattern", attention="native")
@@ -140,9 +99,9 @@ def test_recomputed_pattern_matches_native(key: str) -> None:
     assert max_diff(plain, rec["blocks.1.attn.hook_pattern"]) > 1e-4
 
 
-@pytest.mark.parametrize("key", MODELS)
+@pytest.mark.parametrize("key", EVA_MODELS)
 def test_mlp_hook_post_is_the_gated_hidden_unit(key: str) -> None:
-    m, x = get(key)
+    m, x = eva_model(key)
     mlp = m.module.blocks[0].mlp
     _, cache = m.run_with_cache(x, names=["blocks.0.ln2.hook_out", "blocks.0.mlp.hook_post"])
     h, post = cache["blocks.0.ln2.hook_out"], cache["blocks.0.mlp.hook_post"]
@@ -159,9 +118,9 @@ def test_mlp_hook_post_is_the_gated_hidden_unit(key: str) -> None:
     assert max_diff(post, expected) <= 1e-5
 
 
-@pytest.mark.parametrize("key", MODELS)
+@pytest.mark.parametrize("key", EVA_MODELS)
 def test_write_through_mlp_hook_post_changes_output(key: str) -> None:
-    m, x = get(key)
+    m, x = eva_model(key)
     base = m.features(x)
 
     def zero_units(t: torch.Tensor, hook: object) -> torch.Tensor:
@@ -176,7 +135,7 @@ def test_write_through_mlp_hook_post_changes_output(key: str) -> None:
 
 @pytest.mark.parametrize("key", ["dinov3", "eva02_tiny"])
 def test_insertion_matches_hand_built_reference(key: str) -> None:
-    m, x = get(key)
+    m, x = eva_model(key)
     mod, k = m.module, 2
     prefix = m.layout.n_source_prefix
     with torch.no_grad():
@@ -235,16 +194,16 @@ def test_insertion_matches_hand_built_reference(key: str) -> None:
 
 
 def test_wrong_input_sizes_raise_input_error() -> None:
-    eva, _ = get("eva02_tiny")  # fixed 56 px
+    eva, _ = eva_model("eva02_tiny")  # fixed 56 px
     with pytest.raises(InputError, match="56x56"):
         eva.features(images(1, 70))
-    dino, _ = get("dinov3")  # dynamic, any multiple of 16
+    dino, _ = eva_model("dinov3")  # dynamic, any multiple of 16
     with pytest.raises(InputError, match="multiple of the patch size"):
         dino.features(images(1, 60))
 
 
 def test_dinov3_takes_dynamic_sizes() -> None:
-    m, _ = get("dinov3")
+    m, _ = eva_model("dinov3")
     for size in (48, 80):
         x = images(2, size)
         out, cache = m.run_with_cache(

@@ -1,4 +1,4 @@
-"""HF transformers adapters: parity, attention patterns, insertion, edits, loading and errors."""
+"""HF transformers adapters: hooked shapes, attention patterns, insertion, edits, loading and errors."""
 
 from __future__ import annotations
 
@@ -12,92 +12,23 @@ import transformers  # noqa: E402
 
 import vitreg  # noqa: E402
 from conftest import images  # noqa: E402
+from tiny_models import HF_DINO, HF_KINDS, HF_VISION, hf_size, hf_tiny  # noqa: E402
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError  # noqa: E402
 from vitreg.models.loaders.hf_source import BUILTIN_CONFIGS, ProcessorTransform  # noqa: E402
 
-DINO = dict(
-    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=42, patch_size=14
-)
-VISION = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-    image_size=48, patch_size=16,
-)  # fmt: skip
 
-
-T = transformers
-# kind -> (class, config); building the dict at import keeps transformers' import cost out of tests
-KINDS = {
-    "dinov2": (T.Dinov2Model, lambda: T.Dinov2Config(**DINO)),
-    "dinov2_swiglu": (T.Dinov2Model, lambda: T.Dinov2Config(**DINO, use_swiglu_ffn=True)),
-    "dinov2_reg": (
-        T.Dinov2WithRegistersModel,
-        lambda: T.Dinov2WithRegistersConfig(**DINO, num_register_tokens=2),
-    ),
-    "dinov2_cls": (T.Dinov2ForImageClassification, lambda: T.Dinov2Config(**DINO, num_labels=3)),
-    "dinov2_reg_cls": (
-        T.Dinov2WithRegistersForImageClassification,
-        lambda: T.Dinov2WithRegistersConfig(**DINO, num_labels=3),
-    ),
-    "clip": (T.CLIPVisionModel, lambda: T.CLIPVisionConfig(**VISION)),
-    "clip_proj": (
-        T.CLIPVisionModelWithProjection,
-        lambda: T.CLIPVisionConfig(**VISION, projection_dim=16),
-    ),
-    "clip_cls": (
-        T.CLIPForImageClassification,
-        lambda: T.CLIPConfig(vision_config=VISION, num_labels=3),
-    ),
-    "siglip": (T.SiglipVisionModel, lambda: T.SiglipVisionConfig(**VISION)),
-    "siglip_cls": (
-        T.SiglipForImageClassification,
-        lambda: T.SiglipConfig(vision_config=VISION, num_labels=3),
-    ),
-}
-
-
-def tiny(kind: str, attn: str | None = None) -> torch.nn.Module:
-    """A tiny random transformers model of ``kind`` (eval mode, seeded)."""
-    cls, config = KINDS[kind]
-    torch.manual_seed(0)
-    kwargs = {"attn_implementation": attn} if attn else {}
-    module = cls._from_config(config(), **kwargs).eval()
-    for p in module.parameters():  # HF zero-inits registers and biases; make every token distinct
-        p.data.add_(0.02 * torch.randn_like(p))
-    return module
-
-
-def size_of(model: vitreg.Model) -> int:
-    return model.adapter.default_image_size()[0]
-
-
-def compare(a, b) -> float:
-    """Max abs difference over every tensor in two (nested) HF outputs with the same structure."""
-    if isinstance(a, torch.Tensor):
-        return (a - b).abs().max().item()
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        return max(compare(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)):
-        assert len(a) == len(b)
-        return max((compare(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
-    return 0.0
-
-
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_hooks_attached_do_not_change_outputs(kind: str) -> None:
-    module = tiny(kind)
+@pytest.mark.parametrize("kind", list(HF_KINDS))
+def test_hooked_tensors_are_batch_first(kind: str) -> None:
+    module = hf_tiny(kind)
     model = vitreg.wrap(module)
-    x = images(2, size_of(model))
-    bare = module(x, output_hidden_states=True)
+    x = images(2, hf_size(model))
     seen: dict[str, tuple] = {}
 
     def record(t: torch.Tensor, hook) -> None:
         seen[hook.name] = tuple(t.shape)
 
     with model.hooks([(n, record) for n in model.hook_names()]):
-        hooked = module(x, output_hidden_states=True)
-    assert compare(bare, hooked) <= 1e-5
-    assert set(seen) == set(model.hook_names())
+        module(x)
     n = model.layout.n_tokens
     heads, d_head = model.n_heads, model.d_model // model.n_heads
     assert seen["blocks.0.attn.hook_q"] == (2, n, heads, d_head)
@@ -109,7 +40,7 @@ def test_hooks_attached_do_not_change_outputs(kind: str) -> None:
 def test_hook_names_snapshot() -> None:
     expected = plain_vit_names(2)
     for kind in ("dinov2", "dinov2_reg_cls", "clip_proj", "siglip"):
-        assert vitreg.wrap(tiny(kind)).hook_names() == expected, kind
+        assert vitreg.wrap(hf_tiny(kind)).hook_names() == expected, kind
 
 
 @pytest.mark.parametrize(
@@ -121,19 +52,19 @@ def test_hook_names_snapshot() -> None:
     ],
 )
 def test_family_and_layout(kind: str, family: str, layout: tuple) -> None:
-    model = vitreg.wrap(tiny(kind))
+    model = vitreg.wrap(hf_tiny(kind))
     lay = model.layout
     assert model.family == family
     assert (lay.n_cls, lay.n_reg, lay.grid) == layout
-    assert model.features(images(1, size_of(model))).shape == (1, lay.n_tokens, 32)
+    assert model.features(images(1, hf_size(model))).shape == (1, lay.n_tokens, 32)
 
 
 @pytest.mark.parametrize("kind", ["dinov2_reg", "clip", "siglip"])
 def test_recomputed_pattern_matches_eager_attentions(kind: str) -> None:
-    sdpa = tiny(kind)
-    eager = tiny(kind, attn="eager")
+    sdpa = hf_tiny(kind)
+    eager = hf_tiny(kind, attn="eager")
     eager.load_state_dict(sdpa.state_dict())
-    x = images(2, size_of(vitreg.wrap(sdpa)))
+    x = images(2, hf_size(vitreg.wrap(sdpa)))
     reference = eager(x, output_attentions=True).attentions
     for module, source in ((sdpa, "recomputed"), (eager, "native")):
         _, cache = vitreg.wrap(module).run_with_cache(x, names="blocks.*.attn.hook_pattern")
@@ -146,9 +77,9 @@ def test_recomputed_pattern_matches_eager_attentions(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["dinov2", "clip"])
 def test_native_pattern_edits_take_effect(kind: str) -> None:
-    module = tiny(kind)
+    module = hf_tiny(kind)
     model = vitreg.wrap(module)
-    x = images(2, size_of(model))
+    x = images(2, hf_size(model))
     base = model.features(x)
 
     def uniform(t: torch.Tensor, hook) -> torch.Tensor:
@@ -172,11 +103,11 @@ def test_native_pattern_edits_take_effect(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["dinov2_reg", "dinov2_reg_cls", "clip_proj", "siglip"])
 def test_insertion_matches_hand_built_reference(kind: str) -> None:
-    module = tiny(kind)
+    module = hf_tiny(kind)
     model = vitreg.wrap(module)
     adapter = model.adapter
     tower = adapter.tower
-    x = images(2, size_of(model))
+    x = images(2, hf_size(model))
     k = 2
     values = torch.randn(k, model.d_model)
     layout = model.layout.with_extra(k)
@@ -229,7 +160,7 @@ def test_insertion_matches_hand_built_reference(kind: str) -> None:
 
 
 def test_insertion_layouts_seen_by_hooks() -> None:
-    model = vitreg.wrap(tiny("dinov2_reg"))
+    model = vitreg.wrap(hf_tiny("dinov2_reg"))
     layouts = {}
 
     def record(t: torch.Tensor, hook) -> None:
@@ -246,7 +177,7 @@ def test_insertion_layouts_seen_by_hooks() -> None:
 
 
 def test_llava_style_hidden_state_selection_skips_inserted_tokens() -> None:
-    module = tiny("clip")
+    module = hf_tiny("clip")
     model = vitreg.wrap(module)
     x = images(1, 48)
     with model.insert_tokens(2):
@@ -257,8 +188,8 @@ def test_llava_style_hidden_state_selection_skips_inserted_tokens() -> None:
 
 @pytest.mark.parametrize("kind", ["dinov2", "dinov2_swiglu", "clip"])
 def test_mlp_post_is_the_neurons(kind: str) -> None:
-    model = vitreg.wrap(tiny(kind))
-    x = images(2, size_of(model))
+    model = vitreg.wrap(hf_tiny(kind))
+    x = images(2, hf_size(model))
     base = model.features(x)
     last = f"blocks.{model.n_layers - 1}"
     mlp = model.adapter.layers[-1].mlp
@@ -280,7 +211,7 @@ def test_mlp_post_is_the_neurons(kind: str) -> None:
 
 
 def test_qkv_writes_take_effect() -> None:
-    model = vitreg.wrap(tiny("dinov2"))
+    model = vitreg.wrap(hf_tiny("dinov2"))
     x = images(2, 42)
     base = model.features(x)
     with model.hooks([("blocks.0.attn.hook_v", lambda t, h: t.clone())]):
@@ -290,11 +221,11 @@ def test_qkv_writes_take_effect() -> None:
 
 
 def test_image_sizes() -> None:
-    dino = vitreg.wrap(tiny("dinov2"))
+    dino = vitreg.wrap(hf_tiny("dinov2"))
     assert dino.features(images(1, 56)).shape[1] == 1 + 16  # interpolated position embeddings
     with pytest.raises(InputError, match="multiple of the patch size"):
         dino.features(images(1, 50))
-    clip = vitreg.wrap(tiny("clip"))
+    clip = vitreg.wrap(hf_tiny("clip"))
     with pytest.raises(InputError, match="interpolate_pos_encoding"):
         clip.features(images(1, 64))
     clip.adapter.interpolate_pos_encoding = True
@@ -303,16 +234,18 @@ def test_image_sizes() -> None:
 
 
 def test_bad_inputs_and_modules() -> None:
-    model = vitreg.wrap(tiny("dinov2"))
+    model = vitreg.wrap(hf_tiny("dinov2"))
     with pytest.raises(InputError, match="channels"):
         model(images(1, 42)[:, :1])
     full = transformers.CLIPModel(
-        transformers.CLIPConfig(vision_config=VISION, text_config=dict(VISION, num_hidden_layers=1))
+        transformers.CLIPConfig(
+            vision_config=HF_VISION, text_config=dict(HF_VISION, num_hidden_layers=1)
+        )
     )
     with pytest.raises(UnsupportedModelError, match="vision tower"):
         vitreg.wrap(full)
     with pytest.raises(UnsupportedModelError):
-        vitreg.wrap(transformers.Dinov2Backbone(transformers.Dinov2Config(**DINO)))
+        vitreg.wrap(transformers.Dinov2Backbone(transformers.Dinov2Config(**HF_DINO)))
     assert vitreg.wrap(full.vision_model).family == "hf-clip"
 
 
@@ -373,7 +306,9 @@ def test_local_directory_with_processor(tmp_path) -> None:
     from safetensors.torch import save_file
 
     full = transformers.CLIPModel(
-        transformers.CLIPConfig(vision_config=VISION, text_config=dict(VISION, num_hidden_layers=1))
+        transformers.CLIPConfig(
+            vision_config=HF_VISION, text_config=dict(HF_VISION, num_hidden_layers=1)
+        )
     )
     full.save_pretrained(tmp_path)
     transformers.CLIPImageProcessor(
@@ -404,7 +339,7 @@ def test_local_directory_with_processor(tmp_path) -> None:
 
 def test_native_routing_is_scoped_to_the_hooked_layer() -> None:
     """The native route gives one attention module a config copy; the shared config is untouched."""
-    module = tiny("dinov2")
+    module = hf_tiny("dinov2")
     model = vitreg.wrap(module)
     shared = module.config
     attn = model.adapter.layers[0].attention

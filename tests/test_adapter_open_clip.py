@@ -1,4 +1,4 @@
-"""open_clip VisionTransformer adapter and ``open_clip:`` loader: parity, hooks, attention, insertion."""
+"""open_clip VisionTransformer adapter and ``open_clip:`` loader: features, hooks, attention, insertion."""
 
 from __future__ import annotations
 
@@ -12,40 +12,14 @@ from hook_names import PER_BLOCK
 from vitreg import HookError, InputError, SpecError, WeightsError
 
 open_clip = pytest.importorskip("open_clip")
-from open_clip.model import CLIPVisionCfg, _build_vision_tower  # noqa: E402
-
-BASE = dict(width=64, layers=2, head_width=32, patch_size=8, image_size=32)
-# key -> (vision config, quick_gelu, run the blocks sequence-first)
-TOWERS = {
-    "gelu": (BASE, False, False),
-    "quickgelu": ({**BASE, "image_size": (32, 48), "ls_init_value": 0.5}, True, False),
-    "clipa": (
-        {**BASE, "no_ln_pre": True, "pool_type": "avg", "final_ln_after_pool": True},
-        False,
-        False,
-    ),
-    "seq_first": (BASE, False, True),
-}
-
-
-def build(key: str) -> torch.nn.Module:
-    """A tiny open_clip vision tower with every parameter perturbed away from its init."""
-    cfg, quick, seq_first = TOWERS[key]
-    torch.manual_seed(0)
-    tower = _build_vision_tower(16, CLIPVisionCfg(**cfg), quick_gelu=quick).eval()
-    with torch.no_grad():
-        for p in tower.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    if seq_first:  # how older open_clip ran its blocks: [N, B, C]
-        tower.transformer.batch_first = False
-        for blk in tower.transformer.resblocks:
-            blk.attn.batch_first = False
-    return tower
-
-
-def images_for(tower: torch.nn.Module, b: int = 2) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(b, 3, *tower.image_size, generator=g)
+from tiny_models import (  # noqa: E402
+    OPEN_CLIP_BASE,
+    OPEN_CLIP_TOWERS,
+    embeds_before_ln_pre,
+    open_clip_images,
+    open_clip_tower,
+    run_blocks,
+)
 
 
 def bare_features(tower: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -54,64 +28,34 @@ def bare_features(tower: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return tokens if tower.final_ln_after_pool else tower.ln_post(tokens)
 
 
-def embeds_before_ln_pre(tower: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``[CLS, patches]`` with positions, as ``ln_pre`` receives them (read off ``_embeds``)."""
-    seen = []
-    handle = tower.ln_pre.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
-    try:
-        tower._embeds(x)
-    finally:
-        handle.remove()
-    return seen[0]
-
-
-def run_blocks(tower: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    seq_first = not tower.transformer.batch_first
-    h = tokens.transpose(0, 1) if seq_first else tokens
-    for blk in tower.transformer.resblocks:
-        h = blk(h)
-    return h.transpose(0, 1) if seq_first else h
-
-
-@pytest.fixture(params=list(TOWERS))
+@pytest.fixture(params=list(OPEN_CLIP_TOWERS))
 def tower(request):
-    return build(request.param)
+    return open_clip_tower(request.param)
 
 
-# parity and hook coverage -----------------------------------------------------------------
-def test_parity_with_every_hook_attached(tower):
+def test_features_are_the_towers_own_token_sequence(tower):
     model = vitreg.wrap(tower)
     assert model.family == "open_clip-vit"
-    x = images_for(tower)
+    x = open_clip_images(tower)
     with torch.inference_mode():
-        ref_out, ref_feats = tower(x), bare_features(tower, x)
-    seen: list[str] = []
-    with model.hooks([("*", lambda t, hook: seen.append(hook.name))]):
-        with torch.inference_mode():
-            feats, out = model.features(x), model(x)
-    assert (out - ref_out).abs().max() <= 1e-5
-    assert (feats - ref_feats).abs().max() <= 1e-5
-    names = model.hook_names()
-    assert sorted(seen) == sorted(names * 2)
-    layers = [int(n.split(".")[1]) for n in seen[: len(names)] if n.startswith("blocks.")]
-    assert layers == sorted(layers)
+        assert (model.features(x) - bare_features(tower, x)).abs().max() <= 1e-5
 
 
 def test_hook_name_snapshot():
     expected = ["hook_embed", "hook_tokens"] + [
         f"blocks.{i}.{n}" for i in range(2) for n in PER_BLOCK
     ]
-    assert vitreg.wrap(build("gelu")).hook_names() == expected + ["ln_final.hook_out"]
-    clipa = vitreg.wrap(build("clipa"))  # ln_post normalises the pooled vector only
+    assert vitreg.wrap(open_clip_tower("gelu")).hook_names() == expected + ["ln_final.hook_out"]
+    clipa = vitreg.wrap(open_clip_tower("clipa"))  # ln_post normalises the pooled vector only
     assert clipa.hook_names() == expected
     assert any("ln_post" in note for note in clipa.notes)
 
 
 def test_layout_and_shapes_are_batch_first():
-    model = vitreg.wrap(build("quickgelu"))
+    model = vitreg.wrap(open_clip_tower("quickgelu"))
     lay = model.layout
     assert (lay.n_cls, lay.n_reg, lay.grid, lay.patch_size) == (1, 0, (4, 6), (8, 8))
-    _, cache = model.run_with_cache(images_for(model.module))
+    _, cache = model.run_with_cache(open_clip_images(model.module))
     n, h = lay.n_tokens, model.n_heads
     assert cache["hook_tokens"].shape == (2, n, 64)
     assert cache["blocks.0.attn.hook_q"].shape == (2, n, h, 64 // h)
@@ -121,9 +65,9 @@ def test_layout_and_shapes_are_batch_first():
 
 
 def test_sequence_first_blocks_give_the_same_canonical_tensors():
-    x = images_for(build("gelu"))
-    _, batch_first = vitreg.wrap(build("gelu")).run_with_cache(x)
-    _, seq_first = vitreg.wrap(build("seq_first")).run_with_cache(x)
+    x = open_clip_images(open_clip_tower("gelu"))
+    _, batch_first = vitreg.wrap(open_clip_tower("gelu")).run_with_cache(x)
+    _, seq_first = vitreg.wrap(open_clip_tower("seq_first")).run_with_cache(x)
     assert list(batch_first) == list(seq_first)
     for name, value in batch_first.items():
         assert seq_first[name].shape == value.shape, name
@@ -131,12 +75,12 @@ def test_sequence_first_blocks_give_the_same_canonical_tensors():
 
 
 def test_hook_points_are_the_documented_modules():
-    tower = build("quickgelu")
+    tower = open_clip_tower("quickgelu")
     blk = tower.transformer.resblocks[1]
-    _, cache = vitreg.wrap(tower).run_with_cache(images_for(tower))
+    _, cache = vitreg.wrap(tower).run_with_cache(open_clip_images(tower))
     with torch.inference_mode():
         post = blk.mlp.gelu(blk.mlp.c_fc(cache["blocks.1.ln2.hook_out"]))
-        tokens = tower._embeds(images_for(tower))
+        tokens = tower._embeds(open_clip_images(tower))
     assert isinstance(blk.mlp.gelu, open_clip.transformer.QuickGELU)
     assert torch.allclose(cache["blocks.1.mlp.hook_post"], post, atol=1e-6)
     assert torch.allclose(cache["hook_tokens"], tokens, atol=1e-6)  # after ln_pre
@@ -144,7 +88,7 @@ def test_hook_points_are_the_documented_modules():
 
 def test_q_k_v_and_pattern_reproduce_the_attention_branch(tower):
     model = vitreg.wrap(tower)
-    _, cache = model.run_with_cache(images_for(tower), names="blocks.1.*")
+    _, cache = model.run_with_cache(open_clip_images(tower), names="blocks.1.*")
     blk = tower.transformer.resblocks[1]
     pattern, v = cache["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_v"]
     mixed = (pattern @ v.transpose(1, 2)).transpose(1, 2).flatten(2)  # [B, N, C]
@@ -157,7 +101,7 @@ def test_q_k_v_and_pattern_reproduce_the_attention_branch(tower):
 # attention ---------------------------------------------------------------------------------
 def test_native_pattern_equals_recomputed(tower):
     model = vitreg.wrap(tower)
-    x, names = images_for(tower), "blocks.*.attn.hook_pattern"
+    x, names = open_clip_images(tower), "blocks.*.attn.hook_pattern"
     _, rec = model.run_with_cache(x, names=names)
     _, nat = model.run_with_cache(x, names=names, attention="native")
     for name in model.resolve(names):
@@ -169,15 +113,15 @@ def test_native_pattern_equals_recomputed(tower):
 
 
 def test_native_hooks_stack_and_the_override_goes_with_the_last():
-    tower = build("gelu")
+    tower = open_clip_tower("gelu")
     model, blk = vitreg.wrap(tower), tower.transformer.resblocks[0]
     seen: list[str] = []
     first = model.add_hook("blocks.0.attn.hook_pattern", lambda t, h: seen.append("a"), "native")
     second = model.add_hook("blocks.0.attn.hook_pattern", lambda t, h: seen.append("b"), "native")
-    model.features(images_for(tower))
+    model.features(open_clip_images(tower))
     first.remove()
     assert "attention" in vars(blk)
-    model.features(images_for(tower))
+    model.features(open_clip_images(tower))
     second.remove()
     assert "attention" not in vars(blk) and seen == ["a", "b", "b"]
 
@@ -192,17 +136,17 @@ def test_native_hooks_stack_and_the_override_goes_with_the_last():
     ],
 )
 def test_attention_sites_are_read_only(name, attention):
-    tower = build("gelu")
+    tower = open_clip_tower("gelu")
     model = vitreg.wrap(tower)
     with pytest.raises(HookError, match="read-only|cannot be edited"):
-        model.run_with_hooks(images_for(tower), [(name, lambda t, h: t * 0)], attention)
+        model.run_with_hooks(open_clip_images(tower), [(name, lambda t, h: t * 0)], attention)
     assert "attention" not in vars(tower.transformer.resblocks[0])
 
 
 # edits ---------------------------------------------------------------------------------------
 def test_mlp_edit_changes_outputs_and_removal_restores(tower):
     model = vitreg.wrap(tower)
-    x = images_for(tower)
+    x = open_clip_images(tower)
     ref_feats, ref_out = model.features(x), model(x)
 
     def zero_units(t, hook):
@@ -220,10 +164,10 @@ def test_mlp_edit_changes_outputs_and_removal_restores(tower):
 # token insertion -----------------------------------------------------------------------------
 @pytest.mark.parametrize("key", ["gelu", "clipa", "seq_first"])
 def test_insertion_matches_hand_built_reference(key):
-    tower = build(key)
+    tower = open_clip_tower(key)
     tower.output_tokens = True  # forward returns (pooled, tokens)
     model = vitreg.wrap(tower)
-    x = images_for(tower)
+    x = open_clip_images(tower)
     extra = torch.randn(3, model.d_model)
     src = model.layout
     lay = src.with_extra(3)
@@ -268,10 +212,10 @@ def test_insertion_matches_hand_built_reference(key):
 
 
 def test_inserted_tokens_receive_hooks_and_attention():
-    tower = build("gelu")
+    tower = open_clip_tower("gelu")
     model = vitreg.wrap(tower)
     with model.insert_tokens(2):
-        _, cache = model.run_with_cache(images_for(tower), names="blocks.0.attn.hook_pattern")
+        _, cache = model.run_with_cache(open_clip_images(tower), names="blocks.0.attn.hook_pattern")
     lay = cache.layout("blocks.0.attn.hook_pattern")
     assert lay.n_extra == 2
     assert cache["blocks.0.attn.hook_pattern"].shape[-1] == lay.n_tokens
@@ -279,7 +223,7 @@ def test_inserted_tokens_receive_hooks_and_attention():
 
 # inputs and preprocessing --------------------------------------------------------------------
 def test_wrong_image_size_names_the_fix():
-    model = vitreg.wrap(build("gelu"))
+    model = vitreg.wrap(open_clip_tower("gelu"))
     with pytest.raises(InputError, match="force_image_size"):
         model.features(torch.randn(1, 3, 48, 48))
 
@@ -287,7 +231,7 @@ def test_wrong_image_size_names_the_fix():
 def test_transform_is_open_clips_eval_preprocess():
     from PIL import Image
 
-    model = vitreg.wrap(build("quickgelu"))
+    model = vitreg.wrap(open_clip_tower("quickgelu"))
     cfg = model.adapter.data_config()
     assert cfg["input_size"] == (3, 32, 48)
     assert cfg["mean"] == tuple(open_clip.OPENAI_DATASET_MEAN)
@@ -305,7 +249,7 @@ def tiny_archs(monkeypatch):
     """Register tiny open_clip architectures (and a fake tag) for the duration of a test."""
     from open_clip import factory, pretrained
 
-    vision = {k: v for k, v in BASE.items()}
+    vision = {k: v for k, v in OPEN_CLIP_BASE.items()}
     timm_vision = dict(timm_model_name="test_vit", timm_pool="", image_size=160)
     monkeypatch.setitem(
         factory._MODEL_CONFIGS,

@@ -12,10 +12,14 @@ from torch import nn
 
 import vitreg
 from conftest import images
-from test_adapter_hf import tiny as hf_tiny
-from test_adapter_open_clip import build as open_clip_tower
-from test_adapter_open_clip import embeds_before_ln_pre, images_for, run_blocks
 from timm_models import build as timm_build
+from tiny_models import (
+    embeds_before_ln_pre,
+    hf_tiny,
+    open_clip_images,
+    open_clip_tower,
+    run_blocks,
+)
 
 K = 2  # inserted tokens in the hand-built comparisons
 
@@ -185,7 +189,7 @@ def test_open_clip_register_enters_before_ln_pre(key: str) -> None:
     tower = open_clip_tower(key)
     model = vitreg.wrap(tower)
     bias = randomize_norm_(tower.ln_pre, seed=5)
-    x = images_for(tower)
+    x = open_clip_images(tower)
     seen = register_at_block0(model, x, 1)
     assert max_diff(seen, bias.expand(2, 1, -1)) <= 1e-5
 
@@ -212,7 +216,7 @@ def no_pre_norm_model(key: str) -> tuple[vitreg.Model, torch.Tensor]:
         return model, images(2, model.adapter.default_image_size()[0])
     if key == "open_clip_clipa":  # no_ln_pre: ln_pre is Identity
         tower = open_clip_tower("clipa")
-        return vitreg.wrap(tower), images_for(tower)
+        return vitreg.wrap(tower), open_clip_images(tower)
     module, size = timm_build(key)
     assert isinstance(module.norm_pre, nn.Identity)
     return vitreg.wrap(module), images(2, size)

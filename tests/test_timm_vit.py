@@ -1,4 +1,4 @@
-"""timm VisionTransformer adapter: parity, hook coverage, attention paths, edits, insertion."""
+"""timm VisionTransformer adapter: hook coverage, attention paths, edits, insertion."""
 
 import pytest
 import torch
@@ -16,26 +16,6 @@ FAMILIES = list(TIMM_VITS)
 def family(request):
     module, size = build(request.param)
     return request.param, vitreg.wrap(module), size
-
-
-def test_parity_with_every_hook_attached(family):
-    _, model, size = family
-    x = images(2, size)
-    with torch.inference_mode():
-        ref_feats = model.module.forward_features(x)
-        ref_out = model.module(x)
-    seen: list[str] = []
-    with model.hooks([("*", lambda t, hook: seen.append(hook.name))]):
-        with torch.inference_mode():
-            feats = model.features(x)
-            out = model(x)
-    assert (feats - ref_feats).abs().max() <= 1e-5
-    assert (out - ref_out).abs().max() <= 1e-5
-    # every site fired exactly once per forward (two forwards), layers in order
-    names = model.hook_names()
-    assert sorted(seen) == sorted(names * 2)
-    layers = [int(n.split(".")[1]) for n in seen[: len(names)] if n.startswith("blocks.")]
-    assert layers == sorted(layers)
 
 
 def test_shapes_are_batch_first(family):

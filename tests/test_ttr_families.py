@@ -5,11 +5,9 @@ import pytest
 import torch
 
 import vitreg
-from test_adapter_eva import get as eva_model
-from test_adapter_hf import tiny as hf_tiny
-from test_adapter_open_clip import build as open_clip_tower
+from tiny_models import eva_model, hf_tiny, open_clip_tower
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.neurons.neuron_set import NeuronSet
 
 
 def family_model(key):
