@@ -45,6 +45,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     both = probe(tmp, "--data", DATA, "--fix", "both", "--neurons", str(neurons),
                  "--layers", "0,-1", "--out", str(tmp / "both"))  # fmt: skip
     assert both.exit_code == 0, both.output
+    (tmp / "both.txt").write_text(both.output)
     return tmp, tmp / "plain", tmp / "both"
 
 
@@ -86,6 +87,29 @@ def test_fix_both_shows_base_and_fixed_columns(runs) -> None:
     assert "*fixed* = the same model under TestTimeRegisters" in report
     # the base condition of the second run reuses the features of the first
     assert "Features reused from the cache (no forward pass): base/train, base/test" in report
+
+
+def test_probe_scores_carry_yardsticks_and_delta_verdicts(runs) -> None:
+    """Chance and majority class in metrics.json, report.md, report.html and the console; a Δ
+    is labelled by whether the 95% intervals separate."""
+    tmp, _, both = runs
+    results = metrics(both)["results"]
+    for condition in ("base", "fixed"):
+        for layer in results["conditions"][condition]:
+            marks = {(y["name"], y["metric"]): y["value"] for y in layer["yardsticks"]}
+            assert marks[("chance", "top1")] == pytest.approx(1 / layer["info"]["num_classes"])
+            assert 0 < marks[("majority class", "top1")] <= 1
+            assert all(
+                set(s["vs_yardsticks"]) == {"chance", "majority class"} for s in layer["scores"]
+            )
+    verdicts = {d["verdict"] for d in results["deltas"]}
+    assert verdicts and verdicts <= {"better", "worse", "within noise"}
+    report = (both / "report.md").read_text()
+    assert "| yardstick | metric | tokens | value | how |" in report and "(within noise)" in report
+    assert "majority class" in (both / "report.html").read_text()
+    console_text = " ".join((tmp / "both.txt").read_text().split())
+    assert "yardsticks at blocks.0: chance top1 0.25, majority class top1" in console_text
+    assert "better/worse only when the 95% intervals separate" in console_text
 
 
 def test_compare_merges_runs_one_column_each(runs) -> None:

@@ -145,11 +145,14 @@ def run_probe(cfg: Any) -> None:
             )
         if not is_main():
             return
+        from vitreg.report.probe_figures import probe_figures
         from vitreg.report.probe_report import write_probe_run
 
         doc = result.to_dict()
         with err_console.status("writing the report"):
-            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command)
+            write_probe_run(
+                run_dir, doc, result.model, cfg.to_file(), command, probe_figures(result, doc)
+            )
     show(doc, run_dir)
 
 
@@ -167,11 +170,14 @@ def test_time_registers(model: Any, spec: str, neurons: str | None, registers: i
 
 
 def show(doc: dict[str, Any], run_dir: Path) -> None:
-    """Console table: every score, base and fixed side by side."""
+    """Console table: every score, base and fixed side by side, the Δ with its verdict, and
+    the yardsticks each layer's scores are read against."""
     conditions = list(doc["conditions"])
+    both = len(conditions) == 2
     table = Table(title=f"vitreg probe: {doc['task']}")
-    for column in ("layer", "feature", "tokens", "metric", *conditions):
+    for column in ("layer", "feature", "tokens", "metric", *conditions, *["Δ"] * both):
         table.add_column(column)
+    deltas = {(d["layer"], d["feature"], d["group"], d["metric"]): d for d in doc["deltas"]}
     for li, layer in enumerate(next(iter(doc["conditions"].values()))):
         by_key: dict[tuple, list[str]] = {}
         for ci, c in enumerate(conditions):
@@ -182,10 +188,22 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
                     cell += f" ± {s['ci95']:.2g}"
                 by_key.setdefault(key, ["–"] * len(conditions))[ci] = cell
         for (feature, group, metric), cells in by_key.items():
-            table.add_row(
-                layer["layer"].removesuffix(".hook_resid_post"), feature, group, metric, *cells
-            )
+            d = deltas.get((layer["layer"], feature, group, metric))
+            extra = [f"{d['delta']:+.3g} ({d['verdict']})" if d else "–"] * both
+            name = layer["layer"].removesuffix(".hook_resid_post")
+            table.add_row(escape(name), escape(feature), group, metric, *cells, *extra)
     console.print(table)
+    for layer in next(iter(doc["conditions"].values())):
+        marks = [
+            f"{y['name']} {y['metric']}{'' if y['group'] == 'all' else '/' + y['group']} "
+            f"{'–' if y['value'] is None else format(y['value'], '.4g')}"
+            for y in layer.get("yardsticks", [])
+        ]
+        if marks:
+            name = escape(layer["layer"].removesuffix(".hook_resid_post"))
+            console.print(f"yardsticks at {name}: " + escape(", ".join(marks)))
+    if both:
+        console.print("Δ: better/worse only when the 95% intervals separate, else within noise")
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
 
 

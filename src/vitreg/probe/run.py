@@ -8,14 +8,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from vitreg import distributed
-from vitreg.data.datasets import DataLog, LabeledDataset, open_dataset, require_usable
+from vitreg.data.datasets import (
+    DataLog,
+    LabeledDataset,
+    SkipSample,
+    open_dataset,
+    require_usable,
+)
+from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
-from vitreg.probe.cache import extract
+from vitreg.probe.cache import extract, input_config
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.tasks import TaskResult, get_task
+from vitreg.probe.verdicts import deltas, yardstick_verdicts
 
 CONDITIONS = ("base", "fixed")
 
@@ -33,15 +43,22 @@ class ProbeRun:
     fix: dict[str, Any] | None = None
     description: str = ""
     seeds: list[int] = field(default_factory=list)
+    images: dict[str, Any] = field(default_factory=dict, repr=False)  # for figures only
 
     def to_dict(self) -> dict[str, Any]:
+        """The results block: scores with their verdicts against the yardsticks, and the
+        fixed − base differences with theirs."""
+        conditions = {c: [r.to_dict() for r in rs] for c, rs in self.results.items()}
+        for layer in (layer for rs in conditions.values() for layer in rs):
+            yardstick_verdicts(layer)
         return {
             "task": self.task,
             "description": self.description,
             "seeds": self.seeds,
             "layers": self.layers,
             "data": self.data,
-            "conditions": {c: [r.to_dict() for r in rs] for c, rs in self.results.items()},
+            "conditions": conditions,
+            "deltas": deltas(conditions),
             "caches": self.caches,
             "fix": self.fix,
         }
@@ -126,6 +143,8 @@ def run(
             "name": type(fix).__name__,
             **(fix.describe() if hasattr(fix, "describe") else {}),
         }
+    shown = [r for rs in results.values() for r in rs if r.examples]
+    images = example_images(test, input_config(model, image_size), shown) if shown else {}
     first = next(iter(conditions))
     data_desc = {
         s: _data(ds, caches[f"{first}/{s}"]) for s, ds in (("train", train), ("test", test))
@@ -140,7 +159,33 @@ def run(
         described,
         probe.description,
         list(config.seeds),
+        images,
     )
+
+
+def example_images(
+    ds: LabeledDataset, input: dict[str, Any], shown: list[TaskResult]
+) -> dict[str, Any]:
+    """The first test samples the extraction kept (skipped ones left out, as in the cache), as
+    the model saw them: ``images [n, 3, S, S]`` normalised with ``mean``/``std``."""
+    n = max(len(r.examples["target"]) for r in shown)
+    images = []
+    logged = isinstance(getattr(ds, "log", None), DataLog)
+    if logged:  # these reads repeat the extraction's: they are not counted twice
+        outer, ds.log = ds.log, DataLog()
+    try:
+        for i in range(len(ds)):
+            if len(images) == n:
+                break
+            try:
+                sample = ds[i]
+            except SkipSample:
+                continue
+            images.append(prepare(sample, input["size"], input["mean"], input["std"])["image"])
+    finally:
+        if logged:
+            ds.log = outer
+    return {"images": torch.stack(images), "mean": input["mean"], "std": input["std"]}
 
 
 def _data(ds: LabeledDataset, cache: dict[str, Any]) -> dict[str, Any]:

@@ -3,13 +3,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vitreg.report.figures import Figure
 from vitreg.report.markdown import Report, Section, Table, model_section, num, provenance_section
-from vitreg.report.run_files import document, synthetic_banner, write_files
+from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
+# a score's verdict against a yardstick, as read in the table
+READ = {
+    "better": "beats",
+    "worse": "trails",
+    "within noise": "within noise of",
+    "no interval": "no interval vs",
+}
 
 
 def headlines(results: dict[str, Any]) -> list[tuple]:
@@ -61,17 +70,51 @@ def _cell(score: dict[str, Any] | None) -> str:
     return f"{num(score['mean'])} ± {num(ci)}" if ci is not None else num(score["mean"])
 
 
-def _delta(base: dict[str, Any] | None, fixed: dict[str, Any] | None) -> str:
-    if not base or not fixed or base["mean"] is None or fixed["mean"] is None:
+def _delta(delta: dict[str, Any] | None) -> str:
+    """fixed − base and its verdict: better/worse only when the 95% intervals separate."""
+    if delta is None:
         return "–"
-    d = fixed["mean"] - base["mean"]
-    better = (d > 0) == base["higher_is_better"] if d else None
-    mark = "" if better is None else (" (better)" if better else " (worse)")
-    return f"{d:+.3g}{mark}"
+    return f"{delta['delta']:+.3g} ({delta['verdict']})"
+
+
+def _vs_yardsticks(by: dict[str, dict[str, Any]]) -> str:
+    """Per condition, the yardsticks a score does not clearly beat (or "beats all")."""
+    parts = []
+    for c, s in by.items():
+        marks = s.get("vs_yardsticks", {})
+        if not marks:
+            continue
+        short = {n: v for n, v in marks.items() if v != "better"}
+        text = "; ".join(f"{READ[v]} {n}" for n, v in short.items()) or "beats all"
+        parts.append(f"{c}: {text}")
+    return " · ".join(parts) or "–"
+
+
+def yardstick_table(layer: dict[str, Any]) -> Table | None:
+    """The trivial baselines of one layer's metrics, with how each was computed."""
+    rows = [
+        [y["name"], y["metric"], y["group"], num(y["value"]), y["description"]]
+        for y in layer.get("yardsticks", [])
+    ]
+    return Table(["yardstick", "metric", "tokens", "value", "how"], rows) if rows else None
+
+
+def class_iou_table(layers: dict[str, dict[str, Any]]) -> Table | None:
+    """Segmentation: IoU of each class per condition (mean over seeds) and its test pixels."""
+    per = {c: layer["info"].get("per_class") for c, layer in layers.items()}
+    if not all(per.values()):
+        return None
+    first = next(iter(per.values()))
+    rows = [
+        [str(row["class"]), str(row["test_pixels"]), *(num(per[c][i]["iou"]) for c in per)]
+        for i, row in enumerate(first)
+    ]
+    return Table(["class", "test pixels", *(f"IoU {c}" for c in per)], rows)
 
 
 def layer_section(results: dict[str, Any], li: int) -> Section:
-    """The side-by-side table of one layer, and the notes of each condition."""
+    """The side-by-side table of one layer with the Δ verdicts and each score against the
+    yardsticks, the yardsticks themselves, per-class IoU (segmentation), and the notes."""
     conditions = list(results["conditions"])
     layers = {c: results["conditions"][c][li] for c in conditions}
     first = layers[conditions[0]]
@@ -79,17 +122,36 @@ def layer_section(results: dict[str, Any], li: int) -> Section:
     for c, layer in layers.items():
         for s in layer["scores"]:
             keyed.setdefault((s["feature"], s["group"], s["metric"]), {})[c] = s
+    deltas = {
+        (d["feature"], d["group"], d["metric"]): d
+        for d in results.get("deltas", [])
+        if d["layer"] == first["layer"]
+    }
     header = ["feature", "tokens", "metric", *conditions]
     header += ["Δ (fixed − base)"] if len(conditions) == 2 else []
+    header += ["vs yardsticks"]
     rows = []
-    for (feature, group, metric), by in keyed.items():
+    for key, by in keyed.items():
+        feature, group, metric = key
         s = next(iter(by.values()))
         arrow = "↑" if s["higher_is_better"] else "↓"
         row = [f"`{feature}`", group, f"{metric} {arrow}", *(_cell(by.get(c)) for c in conditions)]
         if len(conditions) == 2:
-            row.append(_delta(by.get("base"), by.get("fixed")))
-        rows.append(row)
+            row.append(_delta(deltas.get(key)))
+        rows.append([*row, _vs_yardsticks(by)])
     sec = Section(f"layer-{li}", f"Layer `{first['layer']}`", [Table(header, rows)])
+    if len(conditions) == 2:
+        sec.blocks.append(
+            "A Δ is called better or worse only when the two 95% intervals do not overlap; "
+            "otherwise it is within noise (no interval: one seed, nothing can be said)."
+        )
+    marks = yardstick_table(first)
+    if marks is not None:
+        sec.blocks += ["Yardsticks (what a probe that learned nothing scores on this test split):"]
+        sec.blocks.append(marks)
+    classes = class_iou_table(layers)
+    if classes is not None:
+        sec.blocks += ["IoU per class:", classes]
     notes: dict[str, list[str]] = {}
     for c, layer in layers.items():
         for n in layer["notes"]:
@@ -98,7 +160,8 @@ def layer_section(results: dict[str, Any], li: int) -> Section:
     return sec
 
 
-def probe_report(doc: dict[str, Any]) -> Report:
+def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
+    """The probe run's report: summary, one section per layer, figures, data, model."""
     results = doc["results"]
     task = results["task"]
     intro = Section("summary", "Summary")
@@ -126,6 +189,7 @@ def probe_report(doc: dict[str, Any]) -> Report:
     data.blocks.append(
         Table(["what", "count"], rows) if rows else "No sample was skipped or repaired."
     )
+    sections += [figure_section("Figures", list(figures))] if figures else []
     sections += [data, model_section(doc), provenance_section(doc)]
     return Report(synthetic_banner(doc), f"vitreg probe: {task}", sections)
 
@@ -136,9 +200,11 @@ def write_probe_run(
     described: dict[str, Any],
     config: dict[str, Any],
     command: str,
+    figures: Sequence[Figure] = (),
 ) -> Path:
-    """Write config.yaml, report.md, report.html and (last) metrics.json of one probe run."""
+    """Write figures, config.yaml, report.md, report.html and (last) metrics.json of one probe
+    run."""
     doc = document(
         "probe", command, described, data_block(results), config, results, headlines(results)
     )
-    return write_files(Path(out_dir), doc, probe_report(doc), [])
+    return write_files(Path(out_dir), doc, probe_report(doc, figures), list(figures))

@@ -135,8 +135,34 @@ class FixResults(BaseModel):
         return v
 
 
+class ProbeYardstick(BaseModel):
+    """A trivial baseline of one probe metric (chance, majority class, mean depth, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    metric: str
+    group: str = "all"
+    value: float | None
+    description: str
+
+
+class ProbeDelta(BaseModel):
+    """fixed − base of one score, called better/worse only when the 95% intervals separate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layer: str
+    feature: str
+    group: str
+    metric: str
+    delta: float
+    verdict: Literal["better", "worse", "within noise", "no interval"]
+
+
 class ProbeResults(BaseModel):
-    """``vitreg probe``: per condition (base, fixed) and layer, each task's scores over seeds."""
+    """``vitreg probe``: per condition (base, fixed) and layer, each task's scores over seeds
+    with the task's yardsticks, and the fixed − base differences with their verdicts."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -144,6 +170,16 @@ class ProbeResults(BaseModel):
     seeds: list[int] | int
     layers: list[Any]
     conditions: dict[str, list[dict[str, Any]]]
+    deltas: list[ProbeDelta] = Field(default_factory=list)
+
+    @field_validator("conditions")
+    @classmethod
+    def _yardsticks(cls, v: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+        for layers in v.values():
+            for layer in layers:
+                for y in layer.get("yardsticks", []):
+                    ProbeYardstick.model_validate(y)
+        return v
 
 
 class TrainResults(BaseModel):

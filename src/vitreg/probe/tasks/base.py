@@ -16,6 +16,7 @@ from vitreg.errors import InputError, SpecError
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitResult, ProbeConfig, fit_seeds
 from vitreg.probe.metrics import mean_ci
+from vitreg.probe.yardsticks import Yardstick
 
 
 @dataclass
@@ -47,13 +48,16 @@ class Score:
 
 @dataclass
 class TaskResult:
-    """Every score of one task at one layer, plus what was skipped and why."""
+    """Every score of one task at one layer, its yardsticks (trivial baselines), what was
+    skipped and why; ``examples`` holds a few test predictions for figures (not serialised)."""
 
     task: str
     layer: str
     scores: list[Score]
     notes: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    yardsticks: list[Yardstick] = field(default_factory=list)
+    examples: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +66,7 @@ class TaskResult:
             "scores": [s.to_dict() for s in self.scores],
             "notes": self.notes,
             "info": self.info,
+            "yardsticks": [y.to_dict() for y in self.yardsticks],
         }
 
 

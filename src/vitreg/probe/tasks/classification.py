@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitResult, ProbeConfig
 from vitreg.probe.metrics import topk_accuracy
@@ -82,6 +83,7 @@ class Classification(Task):
                 out_dim=k,
             )
         majority = torch.bincount(y_test, minlength=k).max().item() / len(y_test)
-        return TaskResult(
-            self.name, layer, scores, notes, {"num_classes": k, "majority_rate": majority}
-        )
+        info = {"num_classes": k, "majority_rate": majority}
+        metrics = ("top1", "top5") if k > 5 else ("top1",)
+        marks = yardsticks.classification(y_train, y_test, k, metrics)
+        return TaskResult(self.name, layer, scores, notes, info, marks)

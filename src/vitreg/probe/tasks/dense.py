@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitResult, ProbeConfig
-from vitreg.probe.metrics import IGNORE_INDEX, depth_metrics, miou
+from vitreg.probe.metrics import IGNORE_INDEX, depth_metrics, miou, per_class_iou
 from vitreg.probe.tasks.base import (
     Task,
     TaskResult,
@@ -32,6 +33,7 @@ def grid_features(cache: CachedFeatures, layer: str, with_cls: bool = False) -> 
     return x
 
 
+EXAMPLES = 4  # test images whose first seed's prediction is kept for the report's figure
 TRAIN_UPSAMPLING = 4  # training labels are taken at ≤ 4× the patch grid (nearest), for speed
 
 
@@ -44,6 +46,21 @@ def train_labels(target: Tensor, grid: tuple[int, int]) -> Tensor:
         return target
     out = F.interpolate(target[:, None].double(), size=size, mode="nearest")[:, 0]
     return out.to(target.dtype)
+
+
+def class_table(ious: Tensor, y_test: Tensor, k: int) -> list[dict]:
+    """Per class: IoU mean over seeds (``None`` where the class is absent from prediction and
+    target) and its test pixel count."""
+    pixels = torch.bincount(y_test[y_test != IGNORE_INDEX].reshape(-1), minlength=k)
+    mean = ious.nanmean(0)
+    return [
+        {
+            "class": c,
+            "iou": None if torch.isnan(mean[c]) else float(mean[c]),
+            "test_pixels": int(pixels[c]),
+        }
+        for c in range(k)
+    ]
 
 
 @register_task
@@ -62,9 +79,15 @@ class Segmentation(Task):
         k = num_classes(train, valid if len(valid) else torch.zeros(1, dtype=torch.long))
         x_test = grid_features(test, layer)
         size = tuple(y_test.shape[1:])
+        per_class: list[Tensor] = []
+        examples: dict[str, Tensor] = {}
 
         def evaluate(fit: FitResult) -> dict[str, float]:
             pred = fit.head.predict_dense(x_test, size)
+            per_class.append(per_class_iou(pred, y_test, k, IGNORE_INDEX))
+            examples.setdefault(
+                "prediction", pred[:EXAMPLES].to(torch.uint8 if k <= 255 else torch.long)
+            )
             return {"miou": miou(pred, y_test, k, IGNORE_INDEX)}
 
         def by_miou(pred: Tensor, target: Tensor) -> Tensor:
@@ -86,9 +109,11 @@ class Segmentation(Task):
             scorer=by_miou,
         )
         ignored = int((y_test == IGNORE_INDEX).sum())
-        return TaskResult(
-            self.name, layer, scores, [], {"num_classes": k, "ignored_test_pixels": ignored}
-        )
+        info = {"num_classes": k, "ignored_test_pixels": ignored}
+        info["per_class"] = class_table(torch.stack(per_class), y_test, k)
+        examples["target"] = y_test[:EXAMPLES]
+        marks = yardsticks.segmentation(y_train, y_test, k)
+        return TaskResult(self.name, layer, scores, [], info, marks, examples)
 
 
 @register_task
@@ -140,4 +165,5 @@ class Depth(Task):
             )
         invalid = int((~(torch.isfinite(d_test) & (d_test > 0))).sum())
         info = {"max_depth": max_depth, "mean_depth": mean_depth, "invalid_test_pixels": invalid}
-        return TaskResult(self.name, layer, scores, [], info)
+        marks = yardsticks.depth(mean_depth, d_test)
+        return TaskResult(self.name, layer, scores, [], info, marks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.lost import lost
@@ -41,4 +42,5 @@ class ObjectDiscovery(Task):
             scores.append(
                 Score(f"patches (bias {bias:g})", "corloc", [value], True, n_test=len(gts))
             )
-        return TaskResult(self.name, layer, scores, [], {"biases": list(BIASES)})
+        marks = yardsticks.discovery(gts, size)
+        return TaskResult(self.name, layer, scores, [], {"biases": list(BIASES)}, marks)

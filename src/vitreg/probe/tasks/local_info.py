@@ -9,6 +9,7 @@ from abc import abstractmethod
 import torch
 from torch import Tensor
 
+from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitResult, ProbeConfig
 from vitreg.probe.tasks.base import (
@@ -62,6 +63,12 @@ class LocalInfoTask(Task):
     def measure(self, pred: Tensor, target: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
         """Per-token metric values of predictions ``pred`` for ``target``."""
 
+    @abstractmethod
+    def baselines(
+        self, y_train: Tensor, y_test: Tensor, grid: tuple[int, int], masks: dict[str, Tensor]
+    ) -> list[yardsticks.Yardstick]:
+        """The task's trivial baselines on the test tokens, per token group."""
+
     def evaluate(
         self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
     ) -> TaskResult:
@@ -87,7 +94,9 @@ class LocalInfoTask(Task):
         )
         notes = [] if "outlier" in masks else ["no outlier mode at this layer: only normal tokens"]
         info = {"outlier_threshold": threshold, "bimodal_fit": fit, "tokens": sizes}
-        return TaskResult(self.name, layer, scores, notes, info | {"train_tokens": len(x_tr)})
+        marks = self.baselines(y_tr, y_te, grid, masks)
+        info |= {"train_tokens": len(x_tr)}
+        return TaskResult(self.name, layer, scores, notes, info, marks)
 
 
 @register_task
@@ -102,6 +111,11 @@ class PositionTask(LocalInfoTask):
 
     def measure(self, pred: Tensor, target: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
         return {"top1": (pred == target).float(), "mean_distance": distance(pred, target, grid[1])}
+
+    def baselines(
+        self, y_train: Tensor, y_test: Tensor, grid: tuple[int, int], masks: dict[str, Tensor]
+    ) -> list[yardsticks.Yardstick]:
+        return yardsticks.position(y_test, grid, masks)
 
 
 def distance(pred: Tensor, target: Tensor, width: int) -> Tensor:
@@ -123,3 +137,8 @@ class ReconstructionTask(LocalInfoTask):
 
     def measure(self, pred: Tensor, target: Tensor, grid: tuple[int, int]) -> dict[str, Tensor]:
         return {"mse": (pred - target).pow(2).mean(-1)}
+
+    def baselines(
+        self, y_train: Tensor, y_test: Tensor, grid: tuple[int, int], masks: dict[str, Tensor]
+    ) -> list[yardsticks.Yardstick]:
+        return yardsticks.reconstruction(y_train, y_test, masks)

@@ -9,6 +9,7 @@ import math
 import torch
 from torch import Tensor
 
+from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitResult, ProbeConfig
 from vitreg.probe.metrics import topk_accuracy
@@ -100,4 +101,5 @@ class TokenType(Task):
                 out_dim=k,
             )
         info = {"num_classes": k, "outlier_threshold": threshold, "bimodal_fit": fit}
-        return TaskResult(self.name, layer, scores, notes, info | {"images": counts})
+        marks = yardsticks.classification(y_train, y_test, k, ("top1",))
+        return TaskResult(self.name, layer, scores, notes, info | {"images": counts}, marks)

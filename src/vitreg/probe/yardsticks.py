@@ -1,0 +1,117 @@
+"""Yardsticks of the probe tasks: what a probe that learned nothing from the features scores
+(chance, always the majority class, always the mean depth, always the best constant position,
+always the mean pixels, the whole image as the box), computed on the same test split, so every
+score can be read against them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitreg.probe.metrics import IGNORE_INDEX, box_iou, depth_metrics, miou
+
+
+@dataclass
+class Yardstick:
+    """One trivial baseline of one metric (and token group): its name, value and how."""
+
+    name: str
+    metric: str
+    value: float
+    description: str
+    group: str = "all"
+
+    def to_dict(self) -> dict[str, Any]:
+        value = self.value if math.isfinite(self.value) else None
+        return {
+            "name": self.name,
+            "metric": self.metric,
+            "group": self.group,
+            "value": value,
+            "description": self.description,
+        }
+
+
+def classification(y_train: Tensor, y_test: Tensor, k: int, metrics: tuple[str, ...]) -> list:
+    """Chance (``1/k``, ``5/k``) and always predicting the train split's most frequent classes."""
+    counts = torch.bincount(y_train, minlength=k)
+    out = []
+    for metric in metrics:
+        top = 5 if metric == "top5" else 1
+        chosen = counts.argsort(descending=True, stable=True)[:top]
+        rate = torch.isin(y_test, chosen).float().mean().item()
+        out += [
+            Yardstick("chance", metric, min(top / k, 1.0), f"uniform guess over {k} classes"),
+            Yardstick(
+                "majority class",
+                metric,
+                rate,
+                f"always the train split's {top} most frequent class(es) {chosen.tolist()}",
+            ),
+        ]
+    return out
+
+
+def segmentation(y_train: Tensor, y_test: Tensor, k: int) -> list[Yardstick]:
+    """mIoU of labelling every pixel with the train split's most frequent class."""
+    valid = y_train[y_train != IGNORE_INDEX]
+    cls = int(torch.bincount(valid.reshape(-1), minlength=k).argmax()) if len(valid) else 0
+    value = miou(torch.full_like(y_test, cls), y_test, k, IGNORE_INDEX)
+    text = f"every pixel labelled class {cls}, the train split's most frequent"
+    return [Yardstick("majority class", "miou", value, text)]
+
+
+def depth(mean_depth: float, d_test: Tensor) -> list[Yardstick]:
+    """Every depth metric of predicting the train split's mean depth at every pixel."""
+    values = depth_metrics(torch.full_like(d_test, mean_depth), d_test)
+    text = f"every pixel at the train split's mean depth {mean_depth:.3g}"
+    return [Yardstick("mean depth", m, v, text) for m, v in values.items()]
+
+
+def position(target: Tensor, grid: tuple[int, int], masks: dict[str, Tensor]) -> list[Yardstick]:
+    """Chance top-1 (``1/(h·w)``) and the mean distance of the best constant position."""
+    h, w = grid
+    rows = torch.arange(h * w)
+    r, c = (rows // w).float(), (rows % w).float()
+    tr, tc = (target // w).float(), (target % w).float()
+    out = []
+    for group, mask in masks.items():
+        if not mask.any():
+            continue
+        dist = ((r[:, None] - tr[mask][None]) ** 2 + (c[:, None] - tc[mask][None]) ** 2).sqrt()
+        best = dist.mean(1).argmin()
+        out += [
+            Yardstick(
+                "chance", "top1", 1 / (h * w), f"uniform guess over {h}×{w} positions", group
+            ),
+            Yardstick(
+                "best constant",
+                "mean_distance",
+                dist[best].mean().item(),
+                f"always position (row {int(best) // w}, col {int(best) % w}), the best constant",
+                group,
+            ),
+        ]
+    return out
+
+
+def reconstruction(y_train: Tensor, y_test: Tensor, masks: dict[str, Tensor]) -> list[Yardstick]:
+    """MSE of predicting the train tokens' mean pixels for every test token."""
+    mse = (y_test.float() - y_train.float().mean(0)).pow(2).mean(-1)
+    return [
+        Yardstick("mean pixels", "mse", mse[m].mean().item(), "always the train mean patch", g)
+        for g, m in masks.items()
+        if m.any()
+    ]
+
+
+def discovery(gts: list[Tensor], size: tuple[int, int]) -> list[Yardstick]:
+    """CorLoc of taking the whole image as the object box."""
+    whole = torch.tensor([[0.0, 0.0, float(size[1]), float(size[0])]])
+    scored = [bool((box_iou(whole, g) >= 0.5).any()) for g in gts if len(g)]
+    value = sum(scored) / len(scored) if scored else math.nan
+    return [Yardstick("whole image", "corloc", value, "the whole image as the box")]

@@ -1,0 +1,115 @@
+"""Figures of a probe run: each metric per layer (base and fixed, 95% intervals, the yardsticks
+as dashed lines) and, for segmentation, the predictions on a few test images."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vitreg.report.figures import Figure, display_images, new_canvas, png_bytes
+
+MAX_LINES = 8  # score lines per metric panel: the rest are in the tables
+
+
+def _series(results: dict[str, Any]) -> dict[str, dict[tuple, list]]:
+    """metric -> (condition, feature, group) -> [(layer index, mean, ci95)]."""
+    out: dict[str, dict[tuple, list]] = {}
+    for condition, layers in results["conditions"].items():
+        for li, layer in enumerate(layers):
+            for s in layer["scores"]:
+                if s["mean"] is None:
+                    continue
+                key = (condition, s["feature"], s["group"])
+                out.setdefault(s["metric"], {}).setdefault(key, []).append(
+                    (li, s["mean"], s["ci95"] or 0.0)
+                )
+    return out
+
+
+def metric_per_layer(results: dict[str, Any]) -> Figure:
+    """One panel per metric: every score across the probed layers with its 95% interval, base
+    solid and fixed dashed, and the first layer's yardsticks as grey lines."""
+    series = _series(results)
+    layers = [str(x).removesuffix(".hook_resid_post") for x in results["layers"]]
+    fig = new_canvas(7.5, 2.8 * max(1, len(series)))
+    first = next(iter(results["conditions"].values()))[0]
+    for i, (metric, lines) in enumerate(series.items()):
+        ax = fig.add_subplot(len(series), 1, i + 1)
+        for (condition, feature, group), points in list(lines.items())[:MAX_LINES]:
+            x, mean, ci = (np.array(v, dtype=float) for v in zip(*points, strict=True))
+            label = f"{condition}: {feature}" + ("" if group == "all" else f" ({group})")
+            ax.errorbar(
+                x,
+                mean,
+                yerr=ci,
+                capsize=3,
+                marker="o",
+                linestyle="-" if condition == "base" else "--",
+                label=label,
+            )
+        for y in first.get("yardsticks", []):
+            if y["metric"] == metric and y["value"] is not None and y["group"] == "all":
+                ax.axhline(y["value"], color="0.5", linestyle=":", linewidth=1)
+                ax.annotate(y["name"], (0, y["value"]), fontsize=7, color="0.4")
+        ax.set_xticks(range(len(layers)), layers, fontsize=7, rotation=20)
+        ax.set_ylabel(metric)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, borderaxespad=0)
+    fig.subplots_adjust(left=0.1, right=0.62, bottom=0.12, top=0.95, hspace=0.6)
+    styles = " (base solid, fixed dashed)" if len(results["conditions"]) == 2 else ""
+    caption = (
+        f"{results['task']}: each score per probed layer, mean over seeds with its 95% interval"
+        f"{styles}; dotted grey lines: the yardsticks (trivial baselines)."
+    )
+    return Figure("probe_per_layer", caption, png_bytes(fig))
+
+
+def segmentation_examples(
+    results: list[tuple[str, Any]], images: dict[str, Any], layer: str
+) -> Figure:
+    """Rows = test images; columns = the image, its ground truth and each condition's
+    prediction (first seed) at ``layer``; ignored pixels white."""
+    from matplotlib.colors import ListedColormap
+
+    target = results[0][1].examples["target"].numpy()
+    k = int(results[0][1].info["num_classes"])
+    shown = display_images(images.get("images"), images.get("mean"), images.get("std"))
+    n = len(target)
+    columns = ["image"] * (shown is not None) + ["ground truth", *(c for c, _ in results)]
+    fig = new_canvas(1.9 * len(columns), 1.9 * n + 0.4)
+    cmap = ListedColormap(_palette(k)).with_extremes(bad="white")
+    for r in range(n):
+        maps = [target[r]] + [res.examples["prediction"][r].numpy() for _, res in results]
+        for c, title in enumerate(columns):
+            ax = fig.add_subplot(n, len(columns), r * len(columns) + c + 1)
+            ax.set_axis_off()
+            if r == 0:
+                ax.set_title(title, fontsize=9)
+            if shown is not None and c == 0:
+                ax.imshow(shown[r])
+                continue
+            m = maps[c - (shown is not None)].astype(float)
+            m[m >= k] = np.nan  # the ignore label
+            ax.imshow(m, cmap=cmap, vmin=-0.5, vmax=k - 0.5, interpolation="nearest")
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.02, top=0.92, wspace=0.05, hspace=0.08)
+    caption = (
+        f"Segmentation at `{layer}`: the first {n} test images as the model saw them, their "
+        f"ground truth and each condition's prediction (first seed); {k} classes, one colour each."
+    )
+    return Figure("probe_segmentation", caption, png_bytes(fig))
+
+
+def _palette(k: int) -> list:
+    from matplotlib import colormaps
+
+    return [colormaps["tab20"](i % 20) for i in range(k)]
+
+
+def probe_figures(run: Any, results: dict[str, Any]) -> list[Figure]:
+    """The figures of a :class:`~vitreg.probe.run.ProbeRun` (``results`` its ``to_dict()``)."""
+    figures = [metric_per_layer(results)] if _series(results) else []
+    last = {c: rs[-1] for c, rs in run.results.items() if rs and rs[-1].examples}
+    if last and run.images:
+        layer = next(iter(last.values())).layer
+        figures.append(segmentation_examples(list(last.items()), run.images, layer))
+    return figures
