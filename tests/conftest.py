@@ -26,6 +26,29 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def cli_models():
+    """Each model the neurons/fix/probe commands load, built once per test module and keyed by
+    spec (the commands leave no hook behind, so a cached model behaves like a fresh one)."""
+    from vitreg.cli import neurons_cmd
+
+    built: dict[str, object] = {}
+    by_call: dict[str, object] = {}
+    real = neurons_cmd._load
+
+    def cached(*args, **kwargs):
+        key = repr((args, sorted(kwargs.items())))
+        if key not in by_call:
+            by_call[key] = real(*args, **kwargs)
+        spec = args[0] if args else kwargs["spec"]
+        built[spec] = by_call[key]
+        return by_call[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(neurons_cmd, "_load", cached)
+        yield built
+
+
 def images(b: int = 2, size: int = 56, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(b, 3, size, size, generator=g)

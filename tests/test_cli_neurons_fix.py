@@ -4,7 +4,6 @@ and clear errors for sets that do not fit the model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,24 +27,13 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cached_models() -> Iterator[dict]:
-    """Build each model once for this module (the commands leave no hook behind)."""
-    built: dict[tuple, object] = {}
-    real = neurons_cmd._load
-
-    def cached(spec, pretrained, weights, img_size):
-        key = (spec, pretrained, weights, img_size)
-        if key not in built:
-            built[key] = real(spec, pretrained, weights, img_size)
-        return built[key]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(neurons_cmd, "_load", cached)
-        yield built
+def cached_models(cli_models: dict) -> dict:
+    """Every test here builds each model once."""
+    return cli_models
 
 
 def model(cached_models: dict):
-    return cached_models[(SPEC, True, None, 112)]
+    return cached_models[SPEC]
 
 
 def flat(text: str) -> str:
@@ -181,7 +169,7 @@ def test_saved_fixed_model_loads_and_behaves_like_the_fixed_model(fix_run, cache
     spec = f"local:{saved}"
     again = runner.invoke(app, ["fix", spec, "--neurons", str(saved / "neurons.json"), *FEW])
     assert_clean_failure(again, "already applied")  # no second fix on top of the saved one
-    loaded = cached_models[(spec, True, None, 112)]  # what vitreg.load(spec, img_size=112) gave
+    loaded = cached_models[spec]  # what vitreg.load(spec, img_size=112) gave
     assert loaded.layout.n_extra == 1
     assert torch.allclose(loaded.features(x), fixed, atol=1e-5)
     assert not torch.allclose(bare, fixed, atol=1e-3)  # the fix changes the features

@@ -543,25 +543,6 @@ def test_check_applicable(two_blocks) -> None:
             ns.check_applicable(model)
 
 
-@pytest.fixture(scope="module")
-def cached_planted():
-    """Build the planted model once for the fix cases (the commands leave no hook behind)."""
-    from vitreg.cli import neurons_cmd
-
-    built: dict[tuple, object] = {}
-    real = neurons_cmd._load
-
-    def cached(spec, pretrained, weights, img_size):
-        key = (spec, pretrained, weights, img_size)
-        if key not in built:
-            built[key] = real(spec, pretrained, weights, img_size)
-        return built[key]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(neurons_cmd, "_load", cached)
-        yield built
-
-
 BAD_FOR_PLANTED = {
     "json": (neuron_json(neurons=[{"layer": 0, "unit": "five", "score": 1.0}]), "neurons.0.unit"),
     "detect_layer": (
@@ -578,7 +559,7 @@ BAD_FOR_PLANTED = {
 
 @pytest.mark.parametrize("case", sorted(BAD_FOR_PLANTED))
 def test_fix_refuses_bad_sets_before_computing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached_planted: dict, case: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_models: dict, case: str
 ) -> None:
     from vitreg.cli import fix_cmd
     from vitreg.models.model import Model
