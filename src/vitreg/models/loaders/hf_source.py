@@ -5,19 +5,23 @@ architecture from its config: built in for the usual DINOv2 / OpenAI CLIP ids (s
 offline), else from the cache. Extra kwargs override config fields (``image_size=56``,
 ``num_hidden_layers=2``); ``attn_implementation`` ("eager"/"sdpa") and
 ``interpolate_pos_encoding`` (CLIP/SigLIP at other sizes) are passed on. A full ``CLIPModel`` /
-``SiglipModel`` checkpoint yields its vision tower.
+``SiglipModel`` checkpoint yields its vision tower. A CLIP tower keeps a lazily loaded text side
+(:mod:`vitreg.models.text_tower`): the full ``CLIPModel`` and tokenizer of the same source, read
+only when a zero-shot probe asks for them.
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from vitreg.errors import SpecError, WeightsError
+from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.load import Loaded, offline_hint, read_state_dict, register_loader
+from vitreg.models.text_tower import TextTower, attach
 
 _DINOV2 = dict(mlp_ratio=4, patch_size=14, image_size=518, layer_norm_eps=1e-6, hidden_act="gelu")
 _DINOV2_SIZES = {
@@ -233,4 +237,45 @@ def load_hf(
             _load_weights(module, weights)
     if interpolate:
         module.vitreg_interpolate_pos_encoding = True
+    if module.config.model_type == "clip_vision_model":
+        attach(module, TextTower("hf", source, partial(_clip_text, source, pretrained, weights)))
     return Loaded(module, transform=_processor_transform(source))
+
+
+def _clip_text(
+    source: str, pretrained: bool, weights: str | os.PathLike | None
+) -> tuple[nn.Module, Any]:
+    """The full ``CLIPModel`` (its weights when ``pretrained``, else random) and the tokenizer of
+    ``source``, for zero-shot; the vision tower vitreg wraps is not replaced."""
+    from transformers import AutoConfig, AutoTokenizer, CLIPModel
+
+    if weights is not None:
+        raise InputError(
+            f"the vision weights came from the file {str(weights)!r}, which has no text tower "
+            "vitreg can pair with them; save the full CLIPModel with save_pretrained and load "
+            "that directory as hf:DIR"
+        )
+    what = "the CLIP text tower (config, weights and tokenizer files)"
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as e:
+        raise WeightsError(offline_hint(f"{what} of {source!r}", e)) from e
+    if config.model_type != "clip":
+        raise InputError(
+            f"{source!r} holds a {config.model_type!r}, not a full CLIPModel: it has no text "
+            "tower; load a CLIPModel checkpoint (e.g. hf:openai/clip-vit-base-patch16) or a "
+            "directory saved from one"
+        )
+    try:
+        clip = CLIPModel.from_pretrained(source) if pretrained else CLIPModel._from_config(config)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as e:
+        raise WeightsError(offline_hint(f"{what} of {source!r}", e)) from e
+    ids = tokenizer("a photo of a dog", add_special_tokens=False)["input_ids"]
+    if not ids or all(i == tokenizer.unk_token_id for i in ids):  # built without vocab files
+        raise InputError(
+            f"{source!r} has no usable CLIP tokenizer (every word is unknown): save the "
+            "tokenizer next to the model (CLIPTokenizer.save_pretrained writes vocab.json and "
+            "merges.txt) or load the hub id, whose tokenizer files the cache holds"
+        )
+    return clip.eval(), tokenizer

@@ -1,8 +1,10 @@
 """``open_clip:ARCH[/TAG]``: open_clip's model registry, its pretrained tags, or a local weights file.
 
 The module vitreg wraps is the vision tower ``model.visual``; the transform is open_clip's eval
-preprocessing. Towers built on a timm trunk (``TimmModel``: SigLIP, EVA02, ...) are unwrapped to
-``visual.trunk`` so the timm adapters handle them.
+preprocessing; the full CLIP model (text tower, ``logit_scale``) stays reachable through
+:func:`vitreg.models.text_tower.text_tower` for zero-shot probes. Towers built on a timm trunk
+(``TimmModel``: SigLIP, EVA02, ...) are unwrapped to ``visual.trunk`` so the timm adapters
+handle them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from vitreg.errors import SpecError, WeightsError
 from vitreg.models.load import Loaded, offline_hint, register_loader, weights_read_error
+from vitreg.models.text_tower import TextTower, attach
 
 
 def _check_name(arch: str, tag: str) -> None:
@@ -142,4 +145,5 @@ def load_open_clip(
             "projection head (visual.head)"
         )
         return Loaded(visual.trunk, preprocess, notes)
+    attach(visual, TextTower("open_clip", name, lambda: (model, open_clip.get_tokenizer(arch))))
     return Loaded(visual, preprocess, notes)
