@@ -60,6 +60,8 @@ def test_list_planted_names_and_descriptions() -> None:
         "dinov2_s14_reg4",
         "dinov2_s14_swiglu",
         "clip_b16",
+        "clip_t16",
+        "hf_clip_t16",
         "deit3_s16",
         "dinov2_s14_early",
         "dinov2_s14_multiblock",

@@ -111,6 +111,38 @@ class FixConfig(NeuronSearch):
     mode: Literal["paper", "reference"] = "paper"
 
 
+class VlmConfig(NeuronSearch):
+    """``vitreg vlm``: a VLM's answers and language->image attention, without and with
+    test-time registers on its vision tower."""
+
+    verb: ClassVar[str] = "vlm"
+
+    spec: str = Field(description="hf-vlm:ORG/NAME or hf-vlm:DIR (a LLaVA model)")
+    prompt: str = Field(min_length=1)
+    neurons: str = Field("auto", description="NeuronSet file, or 'auto': discover on the images")
+    query: Literal["answer", "last"] = "answer"
+    max_new_tokens: PositiveInt = 32
+    registers: PositiveInt = 1
+    cls: Literal["zero", "keep"] = "zero"
+    patches: Literal["zero", "mean", "keep"] = "zero"
+    mode: Literal["paper", "reference"] = "paper"
+    batch_size: PositiveInt = 8
+
+    @field_validator("spec")
+    @classmethod
+    def _vlm_spec(cls, v: str) -> str:
+        if not v.startswith("hf-vlm:"):
+            raise ValueError("must be an hf-vlm: spec, e.g. hf-vlm:llava-hf/llava-1.5-7b-hf")
+        return v
+
+    @field_validator("neurons")
+    @classmethod
+    def _neurons_source(cls, v: str) -> str:
+        if v != "auto" and not Path(v).is_file():
+            raise ValueError("neither auto nor an existing NeuronSet file (neurons.json)")
+        return v
+
+
 class ProbeRunConfig(RunConfig):
     """``vitreg probe``: linear probes on frozen tokens, with and without test-time registers."""
 
@@ -257,6 +289,7 @@ CONFIGS: dict[str, type[RunConfig]] = {
         ProbeRunConfig,
         TrainRunConfig,
         ExperimentConfig,
+        VlmConfig,
     )
 }
 

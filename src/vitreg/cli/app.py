@@ -13,6 +13,7 @@ from vitreg.cli.neurons_cmd import neurons_command
 from vitreg.cli.probe_cmd import compare_command, probe_command
 from vitreg.cli.train_cmd import train_command
 from vitreg.cli.validate_cmd import validate_command
+from vitreg.cli.vlm_cmd import vlm_command
 
 app = typer.Typer(
     name="vitreg",
@@ -30,6 +31,7 @@ app.command("probe")(probe_command)
 app.command("compare")(compare_command)
 app.command("train")(train_command)
 app.command("validate")(validate_command)
+app.command("vlm")(vlm_command)
 app.add_typer(experiment_app, name="experiment")
 
 

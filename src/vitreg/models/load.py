@@ -1,8 +1,9 @@
 """``vitreg.load(spec)`` and ``vitreg.wrap(module)``: one entry point for every model source.
 
 Specs: ``timm:NAME[.tag]``, ``hf:ORG/NAME``, ``open_clip:ARCH/TAG``, ``local:DIR``,
-``planted:NAME``. Each source has a loader registered in :data:`LOADERS`; a loader returns the
-source module and, where the source defines one, its preprocessing transform.
+``planted:NAME``, ``hf-vlm:ORG/NAME`` (a LLaVA model's vision tower; the VLM is ``model.vlm``).
+Each source has a loader registered in :data:`LOADERS`; a loader returns the source module
+and, where the source defines one, its preprocessing transform.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ SPEC_EXAMPLES = {
     "open_clip": "open_clip:ViT-B-16/laion2b_s34b_b88k",
     "local": "local:./checkpoints/my_vit",
     "planted": "planted:dinov2_s14",
+    "hf-vlm": "hf-vlm:llava-hf/llava-1.5-7b-hf",
 }
 
 

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 SCHEMA_VERSION = "1.1"
-VERBS = ("diagnose", "neurons", "fix", "probe", "train", "experiment")
+VERBS = ("diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm")
 Number = bool | int | float | None
 
 
@@ -207,6 +207,22 @@ class ExperimentResults(BaseModel):
     variants: list[dict[str, Any]]
 
 
+class VlmResults(BaseModel):
+    """``vitreg vlm``: per image, answers and language->image attention without and with the fix
+    on the vision tower, and their means."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: str
+    prompt_text: str
+    query: str | list[int]
+    feature_site: str
+    fix: dict[str, Any]
+    summary: dict[str, Any]
+    images: list[dict[str, Any]]
+    neurons: dict[str, Any] | None = None
+
+
 RESULTS: dict[str, type[BaseModel]] = {
     "diagnose": Results,
     "neurons": NeuronsResults,
@@ -214,6 +230,7 @@ RESULTS: dict[str, type[BaseModel]] = {
     "probe": ProbeResults,
     "train": TrainResults,
     "experiment": ExperimentResults,
+    "vlm": VlmResults,
 }
 
 

@@ -102,6 +102,14 @@ SPECS: dict[str, _Spec] = {
         (6, 7),
         (4, 2),
     ),
+    "clip_t16": _Spec(
+        "vit_base_patch16_clip_quickgelu_224",
+        "CLIP ViT/16 tower at tiny width (192, 3 heads, 10 blocks; norm_pre, QuickGELU); "
+        "neurons in layers 6-7 (the timm twin of hf_clip_t16)",
+        (6, 7),
+        (4, 2),
+        dict(embed_dim=192, num_heads=3, depth=10),
+    ),
     "deit3_s16": _Spec(
         "deit3_small_patch16_224",
         "DeiT-III ViT-S/16 (LayerScale, no pos-embed on [CLS]); neurons in layers 5-6",
@@ -154,7 +162,12 @@ _FLAG_T = 1.0  # planted units fire above this flag value
 
 def list_planted() -> dict[str, str]:
     """Planted fixture names with one-line descriptions."""
-    return {name: spec.description for name, spec in SPECS.items()}
+    from vitreg.testing.planted_hf import HF_FIXTURES
+
+    return {
+        **{name: spec.description for name, spec in SPECS.items()},
+        **{name: fixture.description for name, fixture in HF_FIXTURES.items()},
+    }
 
 
 def _spec(name: str) -> _Spec:
@@ -667,6 +680,10 @@ def _sinks(module: nn.Module, v: torch.Tensor, layers: range, g: torch.Generator
 
 def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, GroundTruth]:
     """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth."""
+    from vitreg.testing.planted_hf import HF_FIXTURES, build_hf
+
+    if name in HF_FIXTURES:
+        return build_hf(name, img_size=img_size, seed=seed)
     spec = _spec(name)
     if spec.groups:
         from vitreg.testing.planted_circuits import build_circuit
