@@ -32,7 +32,7 @@ def neuron_set(model: Any, n: int, layers: range, seed: int = 0) -> Any:
     """``n`` distinct seeded (layer, unit) pairs spread over ``layers``."""
     import torch
 
-    from vitreg.neurons.neuron_set import NeuronSet
+    from vitreg.fix.neuron_set import NeuronSet
 
     g = torch.Generator().manual_seed(seed)
     flat = torch.randperm(len(layers) * model.d_mlp, generator=g)[:n].tolist()

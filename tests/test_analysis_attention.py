@@ -16,12 +16,12 @@ from vitreg.analysis.attention import (
     AttentionMaps,
     agreement,
     artifact_masks,
-    read_global,
 )
 from vitreg.analysis.base import run_analyses
 from vitreg.analysis.norms import NormAnalysis
+from vitreg.core.layout import TokenLayout
+from vitreg.hooks.patterns import read_global
 from vitreg.hooks.sites import HookContext
-from vitreg.models.layout import TokenLayout
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 

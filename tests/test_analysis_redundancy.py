@@ -16,9 +16,9 @@ from vitreg.analysis.redundancy import (
     neighbour_similarity,
     placement,
 )
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError, VitregError
 from vitreg.hooks.sites import HookContext
-from vitreg.models.layout import TokenLayout
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 

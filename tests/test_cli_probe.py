@@ -117,7 +117,7 @@ def test_compare_merges_runs_one_column_each(runs) -> None:
     out = tmp / "compare"
     result = runner.invoke(app, ["compare", str(plain), str(both), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    merged = json.loads((out / "compare.json").read_text())
+    merged = json.loads((out / "comparison.json").read_text())
     assert merged["runs"] == ["plain", "both"]
     rows = {r["metric"]: r["values"] for r in merged["rows"]}
     name = "base/blocks.0.hook_resid_post/cls/all/top1"
@@ -125,7 +125,7 @@ def test_compare_merges_runs_one_column_each(runs) -> None:
     assert rows[name] == [values[0][name], values[1][name]]
     fixed = "fixed/blocks.0.hook_resid_post/test_time_registers/all/top1"
     assert rows[fixed][0] is None and rows[fixed][1] is not None  # absent from the plain run
-    table = (out / "compare.md").read_text()
+    table = (out / "comparison.md").read_text()
     assert "| metric | plain | both |" in table
 
 

@@ -6,11 +6,11 @@ import torch
 import vitreg
 from timm_models import build as build_timm
 from vitreg import VitregError
+from vitreg.core.layout import TokenLayout
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters, signed_abs_max
 from vitreg.hooks.sites import HookContext
-from vitreg.models.layout import TokenLayout
 from vitreg.neurons.discover import discover
-from vitreg.neurons.neuron_set import NeuronSet
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
@@ -245,7 +245,7 @@ def test_compare_fix_before_after(images):
 def test_export_fixed_model_loads_back_fixed(tmp_path, images):
     import timm
 
-    from vitreg.models.loaders.local import save_fixed
+    from vitreg.fix.saved import save_fixed
 
     module, truth = build("dinov2_s14", img_size=SIZE)
     model = vitreg.wrap(module)

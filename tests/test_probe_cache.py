@@ -19,8 +19,8 @@ import vitreg
 from cache_worker import ToyDataset, small_vit
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.neurons.neuron_set import NeuronSet
 from vitreg.probe import CachedFeatures, extract
 
 WORKER = Path(__file__).with_name("cache_worker.py")

@@ -14,8 +14,8 @@ from PIL import Image
 
 import vitreg
 from vitreg.errors import InputError
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.neurons.neuron_set import NeuronSet
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.run import run

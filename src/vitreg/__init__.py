@@ -2,6 +2,8 @@
 
 from vitreg.analysis.diagnose import diagnose
 from vitreg.arch.autoregister import install as _install_timm_names
+from vitreg.core.layout import TokenLayout
+from vitreg.core.version import __version__
 from vitreg.errors import (
     HookError,
     InputError,
@@ -10,6 +12,7 @@ from vitreg.errors import (
     VitregError,
     WeightsError,
 )
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks import (
     ActivationCache,
@@ -21,13 +24,14 @@ from vitreg.hooks import (
     TopK,
     hook_name,
 )
-from vitreg.models.layout import TokenLayout
 from vitreg.models.load import load, wrap
 from vitreg.models.model import Model, TraceResult
 from vitreg.neurons.auto import find_neurons
-from vitreg.neurons.neuron_set import NeuronSet
 
-__version__ = "0.1.0"
+# packages that fill the model loaders' registries on import: a local: folder's saved fix
+# (config.json's vitreg_fix) and the planted: specs
+from vitreg.fix import saved as _saved_fix  # noqa: F401  # isort: skip
+from vitreg.testing import loader as _planted  # noqa: F401  # isort: skip
 
 _install_timm_names()  # the vitreg_* timm model names, registered once timm is imported
 

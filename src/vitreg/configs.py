@@ -26,6 +26,8 @@ from vitreg.analysis.rules import NAMED_THRESHOLDS
 from vitreg.errors import InputError
 
 Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or an absolute norm
+FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format (PNG always)
+FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
 
 
 def _finite(v: float | None, name: str) -> float | None:
@@ -70,6 +72,7 @@ class DiagnoseConfig(ModelImages):
     verb: ClassVar[str] = "diagnose"
 
     max_maps: PositiveInt = 8
+    figure_format: FigureFormat = FIGURE_FORMAT
     models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
 
     @model_validator(mode="after")
@@ -99,6 +102,8 @@ class NeuronSearch(ModelImages):
 class NeuronsConfig(NeuronSearch):
     verb: ClassVar[str] = "neurons"
 
+    figure_format: FigureFormat = FIGURE_FORMAT
+
 
 class FixConfig(NeuronSearch):
     verb: ClassVar[str] = "fix"
@@ -109,6 +114,7 @@ class FixConfig(NeuronSearch):
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
+    figure_format: FigureFormat = FIGURE_FORMAT
 
 
 class VlmConfig(NeuronSearch):
@@ -163,6 +169,7 @@ class ProbeRunConfig(RunConfig):
     img_size: PositiveInt | None = None
     random_init: bool = False
     device: str | None = None
+    figure_format: FigureFormat = FIGURE_FORMAT
 
     @field_validator("task")
     @classmethod
@@ -263,6 +270,7 @@ class ExperimentConfig(RunConfig):
     seeds: PositiveInt | None = None
     batch_size: PositiveInt | None = None
     threads: PositiveInt | None = None
+    figure_format: FigureFormat = FIGURE_FORMAT
 
     @field_validator("size")
     @classmethod

@@ -26,99 +26,22 @@ the source uses fused attention; the result records which) in the same single pa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
 
 from vitreg.analysis.base import Analysis
 from vitreg.analysis.rules import MAD_SCALE, Z_CUT, robust_mask, threshold
 from vitreg.errors import InputError
+from vitreg.hooks.attention import PatternSite
+from vitreg.hooks.patterns import PatternReading, Reader
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
-from vitreg.models.adapters.timm_hier import ReducedPatternSite, WindowPatternSite
-from vitreg.models.layout import TokenLayout
 from vitreg.models.model import Model, TraceResult
 
 Grid = tuple[int, int]
-
-
-@dataclass
-class PatternRead:
-    """One batch of a pattern site, reduced: per-head maps and the rows sink statistics use."""
-
-    heads: torch.Tensor  # [B, H, h, w] per-head map
-    rows: torch.Tensor  # [B, ..., K] attention rows (probabilities over K keys)
-    weights: torch.Tensor | None = None  # weights of rows.shape[1:-1] (None: all equal)
-    token_grid: Grid | None = None  # grid of the tokens the map positions are (None: not tokens)
-
-
-Reader = Callable[[torch.Tensor, TokenLayout], PatternRead]
-
-
-def read_global(p: torch.Tensor, layout: TokenLayout, query: str = "cls") -> PatternRead:
-    """Global attention ``[B, H, N, N]``: [CLS] row (``query='cls'``) or mean received attention."""
-    layout.check(p, dim=-1)
-    b, h = p.shape[:2]
-    if query == "cls":
-        rows = layout.take(p, "cls", dim=2)  # [B, H, 1, N]
-        per_head = rows.mean(2)
-    else:
-        rows = p
-        per_head = p.mean(2)
-    heads = layout.take(per_head, "patches", dim=-1).reshape(b, h, *layout.grid)
-    return PatternRead(heads, rows, None, layout.grid)
-
-
-def read_windows(p: torch.Tensor, layout: TokenLayout, block: nn.Module) -> PatternRead:
-    """Swin ``[B*nW, H, A, A]``: received attention per key, averaged over the valid queries of
-    its window, put back on the grid (padding cropped, cyclic shift undone)."""
-    (gh, gw), (wh, ww), (sh, sw) = layout.grid, block.window_size, block.shift_size
-    nh, nw = -(-gh // wh), -(-gw // ww)
-    n_win, area, heads = nh * nw, wh * ww, p.shape[1]
-    if p.shape[0] % n_win or p.shape[-1] != area:
-        raise InputError(
-            f"Swin pattern {tuple(p.shape)} does not fit {n_win} windows of {wh}x{ww} on a "
-            f"{gh}x{gw} grid"
-        )
-    b = p.shape[0] // n_win
-    valid = torch.zeros(nh * wh, nw * ww, device=p.device)
-    valid[:gh, :gw] = 1.0  # the block rolls, then pads bottom/right: padding is never a real token
-    valid = valid.view(nh, wh, nw, ww).permute(0, 2, 1, 3).reshape(n_win, area)
-    win = p.view(b, n_win, heads, area, area)
-    received = torch.einsum("bnhqk,nq->bnhk", win, valid) / valid.sum(1)[None, :, None, None]
-    grid = received.view(b, nh, nw, heads, wh, ww).permute(0, 3, 1, 4, 2, 5)
-    grid = grid.reshape(b, heads, nh * wh, nw * ww)[:, :, :gh, :gw]
-    grid = torch.roll(grid, shifts=(sh, sw), dims=(2, 3))
-    return PatternRead(grid, win, valid[:, None, :], layout.grid)
-
-
-def reduced_key_grid(attn: nn.Module, grid: Grid) -> Grid:
-    """The key grid of a PVT-v2 attention module on a token ``grid`` (pooled, strided, or same)."""
-    if getattr(attn, "pool", None) is not None:
-        size = attn.pool.output_size
-        return (size, size) if isinstance(size, int) else tuple(size)
-    sr = getattr(attn, "sr", None)
-    if sr is None:
-        return grid
-    out = []
-    for dim, n in enumerate(grid):
-        k, s, pad, d = sr.kernel_size[dim], sr.stride[dim], sr.padding[dim], sr.dilation[dim]
-        out.append((n + 2 * pad - d * (k - 1) - 1) // s + 1)
-    return tuple(out)
-
-
-def read_reduced(p: torch.Tensor, layout: TokenLayout, attn: nn.Module) -> PatternRead:
-    """PVT-v2 ``[B, H, N, N_kv]``: mean attention received by each reduced key, on the key grid."""
-    kh, kw = reduced_key_grid(attn, layout.grid)
-    if p.shape[-1] != kh * kw:
-        raise InputError(f"PVT-v2 pattern {tuple(p.shape)} does not match a {kh}x{kw} key grid")
-    heads = p.mean(2).reshape(p.shape[0], p.shape[1], kh, kw)
-    same = (kh, kw) == tuple(layout.grid) and getattr(attn, "pool", None) is None
-    return PatternRead(heads, p, None, layout.grid if same else None)
 
 
 def row_stats(
@@ -331,39 +254,20 @@ def _pattern_sites(model: Model) -> list[str]:
     return [n for n in model.hook_names() if n.endswith("attn.hook_pattern")]
 
 
-def _reader(model: Model, name: str) -> tuple[Reader, str]:
-    """How to read one pattern site, and the query definition it uses."""
+def _reading(model: Model, name: str) -> PatternReading:
+    """How one pattern site is read (the site knows its geometry)."""
     site = model.site(name)
-    if isinstance(site, WindowPatternSite):
-        adapter: Any = model.adapter
-        blocks = [b for s in adapter.stages() for b in adapter.stage_blocks(s)]
-        block = next(b for b in blocks if b.attn is site.attn)
-        return partial(read_windows, block=block), "mean_received"
-    if isinstance(site, ReducedPatternSite):
-        return partial(read_reduced, attn=site.attn), "mean_received"
-    query = "cls" if model.layout.n_cls else "mean_received"
-    return partial(read_global, query=query), query
+    if not isinstance(site, PatternSite):
+        raise InputError(f"{name!r} is not an attention pattern site")
+    return site.reading(model.layout)
 
 
-def _definitions(model: Model, query: str, ks: Sequence[int], z: float) -> dict[str, str]:
-    site = model.site(_pattern_sites(model)[0])
-    if isinstance(site, WindowPatternSite):
-        how = "mean attention received from the queries of the patch's window (shift undone)"
-        keys = "the query's window"
-    elif isinstance(site, ReducedPatternSite):
-        how = "mean attention received by each spatially reduced key, on the key grid"
-        keys = "the reduced keys"
-    elif query == "cls":
-        how = "[CLS] row restricted to patch columns"
-        keys = "every token (prefix included)"
-    else:
-        how = "mean over all queries of the attention each patch receives"
-        keys = "every token (prefix included)"
-    queries = "the [CLS] row" if query == "cls" else "every query, averaged"
+def _definitions(reading: PatternReading, ks: Sequence[int], z: float) -> dict[str, str]:
+    queries = "the [CLS] row" if reading.query == "cls" else "every query, averaged"
     return {
-        "map": f"head mean; {how}",
-        "sink_mass": f"mass of the top-k keys (k in {tuple(ks)}) of {queries}; keys: {keys}; "
-        "mean over images and heads",
+        "map": f"head mean; {reading.how}",
+        "sink_mass": f"mass of the top-k keys (k in {tuple(ks)}) of {queries}; keys: "
+        f"{reading.keys}; mean over images and heads",
         "entropy": f"entropy in nats of {queries}; mean over images and heads",
         "cls_to_patch_max": "largest value of the head-mean map, mean over images",
         "artifact": f"log attention > median + {z} * {MAD_SCALE} * MAD of the image's map",
@@ -401,7 +305,7 @@ class AttentionAnalysis(Analysis):
         names = _pattern_sites(model)
         last = len(names) - 1
         return [
-            AttentionMaps(n, _reader(model, n)[0], self.ks, self.max_maps if i == last else 0)
+            AttentionMaps(n, _reading(model, n).read, self.ks, self.max_maps if i == last else 0)
             for i, n in enumerate(names)
         ]
 
@@ -410,7 +314,7 @@ class AttentionAnalysis(Analysis):
             raise InputError("no images were traced, so there is no attention to analyse")
         reducers = [r for r in trace.reducers if isinstance(r, AttentionMaps)]
         sites = [r.site for r in reducers]
-        query = _reader(model, sites[0])[1]
+        reading = _reading(model, sites[0])
         norms = done.get("norms")
         method = None if norms is None else ("auto" if norms.report.verdict else "top_p")
         notes = [] if norms is not None else ["no norm results: run NormAnalysis first"]
@@ -430,7 +334,7 @@ class AttentionAnalysis(Analysis):
         reasons = sorted({a["reason"] for a in agree if "reason" in a})
         notes += [f"agreement not computed at some layers: {why}" for why in reasons]
         return AttentionResult(
-            query=query,
+            query=reading.query,
             sites=sites,
             layers=[model.site(s).layer for s in sites],
             layer_maps=maps,
@@ -444,7 +348,7 @@ class AttentionAnalysis(Analysis):
             agreement=agree,
             norm_method=method,
             attn_source={s: trace.attn_source[s] for s in sites if s in trace.attn_source},
-            definitions=_definitions(model, query, self.ks, self.z),
+            definitions=_definitions(reading, self.ks, self.z),
             notes=notes,
         )
 

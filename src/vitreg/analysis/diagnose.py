@@ -13,8 +13,10 @@ from vitreg.models.model import Model
 def default_analyses(
     rules: dict[str, dict[str, float]] | None = None, max_maps: int = 8
 ) -> list[Analysis]:
-    """Norms/outliers first (the others use its outlier masks), then attention, redundancy, LN."""
+    """Norms/outliers first (the others use its outlier masks), then attention, redundancy, LN,
+    and the feature pictures (PCA colours, centre-patch similarity)."""
     from vitreg.analysis.attention import AttentionAnalysis
+    from vitreg.analysis.feature_pictures import FeaturePictureAnalysis
     from vitreg.analysis.ln_separation import LNAnalysis
     from vitreg.analysis.norms import NormAnalysis
     from vitreg.analysis.redundancy import RedundancyAnalysis
@@ -24,6 +26,7 @@ def default_analyses(
         AttentionAnalysis(max_maps=max_maps),
         RedundancyAnalysis(max_maps=max_maps),
         LNAnalysis(),
+        FeaturePictureAnalysis(keep=min(max_maps, 4)),
     ]
 
 

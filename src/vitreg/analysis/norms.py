@@ -17,8 +17,8 @@ import torch
 
 from vitreg.analysis.base import Analysis, run_analyses
 from vitreg.analysis.thresholds import METHODS, BimodalFit, bimodal_fit, threshold
+from vitreg.core.layout import TokenLayout
 from vitreg.hooks.reducers import Reducer, TokenNorms
-from vitreg.models.layout import TokenLayout
 from vitreg.models.model import Model, TraceResult
 
 QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.98, 0.99, 1.0)

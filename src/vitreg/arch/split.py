@@ -1,6 +1,6 @@
 """Token-type specialisation: one module copy for the global stream, one for the patch stream.
 
-The sequence is ``[CLS, registers, (inserted), patches]`` (``vitreg.models.layout.TokenLayout``).
+The sequence is ``[CLS, registers, (inserted), patches]`` (``vitreg.core.layout.TokenLayout``).
 ``TokenSplit`` sends the first ``n_global`` tokens ([CLS], plus the registers when they join the
 [CLS] stream) through ``glob`` and the rest through ``patch``: two slices and one concatenation,
 so every token passes through exactly one copy and the FLOPs equal the shared module's.

@@ -19,8 +19,8 @@ from torch import nn
 from vitreg.arch.attention import BiasAttention
 from vitreg.arch.config import BlockSelection, VariantConfig
 from vitreg.arch.split import TokenSplit, split
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import SpecError, UnsupportedModelError
-from vitreg.models.layout import TokenLayout
 
 
 def create_variant(

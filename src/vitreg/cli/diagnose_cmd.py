@@ -205,21 +205,13 @@ def _command(spec: str, options: dict[str, Any], verb: str = "diagnose") -> str:
     return shlex.join(parts)
 
 
-def write_comparison(parent: Path, labelled: list[tuple[str, Any]], dirs: list[Path]) -> Path:
-    """comparison.md and comparison.json in ``parent`` (the report layer's compare table)."""
-    from vitreg.report.io import write_json_atomic, write_text_atomic
+def write_comparison(
+    parent: Path, labelled: list[tuple[str, Any]], dirs: list[Path], figure_format: str | None
+) -> Path:
+    """comparison.md, report.html and comparison.json in ``parent`` (the report layer's)."""
+    from vitreg.report.compare import write_model_comparison
 
-    _, compare_table = _report()
-    markdown, rows = compare_table(labelled)
-    runs = [
-        {"model": label, "run_dir": d.name} for (label, _), d in zip(labelled, dirs, strict=True)
-    ]
-    write_json_atomic(parent / "comparison.json", {"runs": runs, "rows": rows})
-    lines = ["# vitreg diagnose: model comparison", "", markdown, ""]
-    lines += [
-        f"- `{r['model']}`: [{r['run_dir']}/report.md]({r['run_dir']}/report.md)" for r in runs
-    ]
-    return write_text_atomic(parent / "comparison.md", "\n".join(lines) + "\n")
+    return write_model_comparison(parent, labelled, dirs, figure_format)
 
 
 def diagnose_model(
@@ -239,6 +231,7 @@ def diagnose_model(
     models: str | None = typer.Option(
         None, "--models", help="Comma-separated specs: diagnose each and compare them."
     ),
+    figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
 ) -> None:
     """Find token artifacts: norms and outliers by every rule, attention sinks, LN separation."""
@@ -268,6 +261,7 @@ def run_diagnose(cfg: Any) -> None:
         "max_maps": cfg.max_maps,
         "random_init": cfg.random_init,
         "img_size": cfg.img_size,
+        "figure_format": cfg.figure_format,
     }
     if spec is None and models is None:
         console.print(
@@ -299,7 +293,7 @@ def run_diagnose(cfg: Any) -> None:
             dirs.append(target)
         show_summary(labelled)
         if len(specs) > 1 and is_main():
-            comparison = write_comparison(run_dir, labelled, dirs)
+            comparison = write_comparison(run_dir, labelled, dirs, cfg.figure_format)
             console.print(f"comparison: {comparison}")
     for label, d in zip(specs, dirs, strict=True):
         console.print(f"run directory ({escape(label)}): [bold]{escape(str(d))}[/bold]")

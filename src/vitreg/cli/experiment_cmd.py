@@ -74,6 +74,7 @@ def variants_command(
     threads: int | None = typer.Option(
         None, "--threads", min=1, help="torch CPU threads (default: 1 for tiny on CPU)."
     ),
+    figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
 ) -> None:
     """Train baseline, +norm/LS and +early-QKV ViTs x {none, registers, attention bias} (and the

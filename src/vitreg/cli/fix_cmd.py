@@ -128,6 +128,7 @@ def fix_command(
     img_size: int | None = opt.IMG_SIZE,
     random_init: bool = opt.RANDOM_INIT,
     device: str | None = opt.DEVICE,
+    figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
 ) -> None:
     """Apply test-time registers and report before/after: norm maps, outlier rate, embeddings."""

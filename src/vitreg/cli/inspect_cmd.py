@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli.output import cli_errors, console, err_console, fail
-from vitreg.models.layout import TokenLayout
+from vitreg.core.layout import TokenLayout
 
 
 def _ranges(values: list[int]) -> str:

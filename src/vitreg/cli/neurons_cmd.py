@@ -127,6 +127,7 @@ def neurons_command(
         help="Outlier rule: auto (valley of the norm histogram), mean3std, robust, or a norm.",
     ),
     device: str | None = opt.DEVICE,
+    figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
 ) -> None:
     """Find register neurons: discovery, a causal check and the fix checked on held-out images."""

@@ -20,6 +20,11 @@ RANDOM_INIT = typer.Option(
     False, "--random-init", help="Build the architecture with random weights (no download)."
 )
 DEVICE = typer.Option(None, "--device", help="torch device, e.g. cpu or cuda:0.")
+FIGURE_FORMAT = typer.Option(
+    None,
+    "--figure-format",
+    help="Also write every figure as svg or pdf (next to its 200 dpi PNG).",
+)
 
 
 def out_dir(verb: str) -> typer.models.OptionInfo:

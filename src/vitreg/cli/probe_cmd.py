@@ -88,6 +88,7 @@ def probe_command(
     img_size: int | None = opt.IMG_SIZE,
     random_init: bool = opt.RANDOM_INIT,
     device: str | None = opt.DEVICE,
+    figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
 ) -> None:
     """Linear probes on frozen tokens, with and without test-time registers."""
@@ -210,27 +211,42 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
 def compare_command(
     runs: list[Path] = typer.Argument(..., help="Run directories (each with a metrics.json)."),
     out: Path | None = typer.Option(
-        None, "--out", help="Also write compare.md and compare.json to this folder."
+        None,
+        "--out",
+        help="Also write comparison.md, report.html (wide table, curves) and comparison.json here.",
     ),
     contains: str | None = typer.Option(
         None, "--filter", help="Only metrics whose name contains this text."
     ),
+    figure_format: str | None = opt.FIGURE_FORMAT,
 ) -> None:
-    """Merge the headline metrics of several runs into one table (one column per run)."""
-    from vitreg.report.compare import compare_runs, write_compare
+    """Merge the headline metrics of several runs: run, metric, value, direction (folders that
+    are not runs are skipped with a note)."""
+    from vitreg.errors import InputError
+    from vitreg.report.compare import compare_runs, long_rows, write_compare
+    from vitreg.report.figures import VECTOR_FORMATS
+    from vitreg.report.markdown import num
 
     with cli_errors():
         merged = compare_runs(runs, contains)
         if out is not None:
-            write_compare(out, merged)
+            if figure_format not in (None, *VECTOR_FORMATS):
+                raise InputError(f"--figure-format: choose svg or pdf (got {figure_format!r})")
+            write_compare(out, merged, figure_format)
+    for path, why in merged["skipped"].items():
+        console.print(f"[yellow]skipped {escape(path)}: {escape(why)}[/yellow]")
     table = Table(title="vitreg compare")
-    table.add_column("metric")
-    for label in merged["runs"]:
-        table.add_column(label)
-    for row in merged["rows"]:
-        cells = ["–" if v is None else f"{v:.4g}" for v in row["values"]]
-        arrow = {True: " ↑", False: " ↓"}.get(row["higher_is_better"], "")
-        table.add_row(escape(row["metric"]) + arrow, *cells)
+    table.add_column("run", overflow="fold", max_width=28)
+    table.add_column("metric", overflow="fold")
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("direction", no_wrap=True)
+    previous = None
+    for row in long_rows(merged):
+        run = "" if row["run"] == previous else row["run"]
+        if run and previous is not None:
+            table.add_section()
+        previous = row["run"]
+        table.add_row(escape(run), escape(row["metric"]), num(row["value"], 4), row["direction"])
     console.print(table)
     if out is not None:
         console.print(f"written: [bold]{escape(str(out))}[/bold]")

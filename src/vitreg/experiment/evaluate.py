@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.core.io import write_json_atomic
 from vitreg.experiment.grid import Settings
-from vitreg.report.io import write_json_atomic
 
 # probe task -> the dataset target it needs
 TASK_TARGETS = {"classification": "label", "segmentation": "mask", "depth": "depth"}
@@ -136,10 +136,10 @@ def evaluate(
     settings: Settings,
 ) -> dict[str, Any]:
     """Probes, diagnosis and costs of one trained backbone (evaluated in eval mode)."""
-    import vitreg
+    from vitreg.models.load import wrap
 
     trained.eval()
-    model = vitreg.wrap(trained)
+    model = wrap(trained)
     images = diagnosis_images(data[1], model, settings.diagnose_images)
     return {
         "probes": run_probes(model, data, tasks, folder, settings),

@@ -14,7 +14,7 @@ from typing import Any
 
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
 from vitreg.experiment.variants import SUMMARY
-from vitreg.report.figures import Figure, new_canvas, png_bytes
+from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
 from vitreg.report.markdown import Report, Section, Table, num, provenance_section
 from vitreg.report.run_files import document, figure_section, write_files
 
@@ -284,13 +284,13 @@ def ln_figure(variants: list[dict[str, Any]]) -> Figure | None:
         ax.set_xlabel("block")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_ylabel("mean cosine similarity")
-    axes[1].legend(fontsize=6)
+    outside_legend(axes[1])
     caption = (
         "Mean cosine similarity between [CLS] and the patch tokens entering each block (left) "
         "and after that block's norm1 (right; the [CLS]-stream copy in specialised variants), "
         "averaged over the diagnosis images and the training seeds."
     )
-    return Figure("cls_patch_cosine_ln1", caption, png_bytes(fig))
+    return figure("cls_patch_cosine_ln1", caption, fig)
 
 
 def scatter_figure(variants: list[dict[str, Any]]) -> Figure | None:
@@ -324,7 +324,7 @@ def scatter_figure(variants: list[dict[str, Any]]) -> Figure | None:
         f"{label} (linear probe, val split) against the extra parameters of each variant "
         "(colour: specialisation; marker: none / registers / attention bias)."
     )
-    return Figure(f"{key}_vs_params", caption, png_bytes(fig))
+    return figure(f"{key}_vs_params", caption, fig)
 
 
 def loss_figure(variants: list[dict[str, Any]]) -> Figure:
@@ -341,9 +341,9 @@ def loss_figure(variants: list[dict[str, Any]]) -> Figure:
         )
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
-    ax.legend(fontsize=6)
+    outside_legend(ax)
     caption = "Training loss per step (first seed) of every variant."
-    return Figure("training_loss", caption, png_bytes(fig))
+    return figure("training_loss", caption, fig)
 
 
 def build_report(doc: dict[str, Any], figures: list[Figure]) -> Report:

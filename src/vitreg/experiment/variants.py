@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
 from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
-from vitreg.report.io import write_json_atomic
 from vitreg.report.schema import plain
 
 Log = Callable[[str], None]

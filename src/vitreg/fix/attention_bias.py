@@ -16,11 +16,11 @@ import torch
 from vitreg.errors import HookError
 from vitreg.fix.base import Fix
 from vitreg.fix.controls import ablate
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
-from vitreg.neurons.neuron_set import NeuronSet
 
 
 def estimate_register_kv(

@@ -11,6 +11,7 @@ import torch
 
 from vitreg.analysis.attention import AttentionAnalysis, AttentionResult
 from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.analysis.feature_pictures import FeaturePictureAnalysis, FeaturePicturesResult
 from vitreg.analysis.norms import NormAnalysis, NormsResult
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, ordinary_level
@@ -78,6 +79,8 @@ class FixComparison:
     controls: dict[str, dict[str, Any]] | None = None
     ordinary_max_over_median: float | None = None  # non-outlier patches before, detection layer
     tolerance: float = TOLERANCE
+    pictures_before: FeaturePicturesResult | None = None  # features at the detection layer
+    pictures_after: FeaturePicturesResult | None = None
 
     def residual(self) -> dict[str, Any]:
         """What the fix leaves, judged by a criterion it was not tuned on: the presence test at
@@ -172,7 +175,8 @@ def compare_fix(
     settings = ttr.neurons.settings
 
     def analyses() -> list[Analysis]:
-        return [NormAnalysis(), AttentionAnalysis(max_maps=max_maps), PooledAnalysis()]
+        pictures = FeaturePictureAnalysis(keep=max_maps, layer=settings.get("detect_layer"))
+        return [NormAnalysis(), AttentionAnalysis(max_maps=max_maps), PooledAnalysis(), pictures]
 
     before, _, _ = run_analyses(model, data, analyses(), batch_size, limit, progress)
     with ttr.applied(model):
@@ -239,6 +243,8 @@ def compare_fix(
         after.get("attention"),
         checks,
         _ordinary(nb, detect, rule, value),
+        pictures_before=before.get("feature_pictures"),
+        pictures_after=after.get("feature_pictures"),
     )
 
 

@@ -14,10 +14,10 @@ import random
 import torch
 
 from vitreg.errors import InputError
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
-from vitreg.neurons.neuron_set import NeuronSet
 
 
 def ablate(model: Model, neurons: NeuronSet) -> Handle:

@@ -15,8 +15,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vitreg.analysis.rules import MASK_RULES
+from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.errors import InputError
-from vitreg.report.io import write_bytes_atomic, write_json_atomic
 
 FORMAT = "vitreg.neuron_set/1"
 SUFFIXES = (".json", ".safetensors")

@@ -19,10 +19,10 @@ import torch
 
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
-from vitreg.neurons.neuron_set import NeuronSet
 
 MODES = ("paper", "reference")
 PATCH_STRATEGIES = ("zero", "mean", "keep")

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError
+from vitreg.hooks.patterns import PatternReading, global_reading
 from vitreg.hooks.sites import Handle, HookContext, HookFn, LayoutFn, Site, _check_replacement
 
 NATIVE = "native"
@@ -78,6 +80,10 @@ class PatternSite(Site):
 
     def attn_source(self) -> str | None:
         return self.resolve_source("auto")
+
+    def reading(self, layout: TokenLayout) -> PatternReading:
+        """How analyses turn this site's probabilities into maps (global attention here)."""
+        return global_reading(layout)
 
     def attach(self, fn: HookFn, get_layout: LayoutFn, attention: str = "auto") -> Handle:
         source = self.resolve_source(attention)

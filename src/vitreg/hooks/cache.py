@@ -7,8 +7,8 @@ from fnmatch import fnmatchcase
 
 import torch
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError
-from vitreg.models.layout import TokenLayout
 
 
 class ActivationCache(Mapping[str, torch.Tensor]):

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError
-from vitreg.models.layout import TokenLayout
 
 
 @dataclass

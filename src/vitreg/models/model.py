@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 from vitreg import distributed
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError, InputError
 from vitreg.hooks.cache import ActivationCache
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import Handle, HookContext, HookFn, Site
 from vitreg.models.adapters.base import Adapter, adapter_for
-from vitreg.models.layout import TokenLayout
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 

@@ -23,12 +23,12 @@ import torch
 
 from vitreg import distributed
 from vitreg.errors import InputError, VitregError
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
 from vitreg.neurons.calibrate import DEFAULT_KS, TOLERANCE, TopKCurve, calibrate_top_k
 from vitreg.neurons.causal import CausalSelection, select_causal
 from vitreg.neurons.detection import Detection, choose_detection
 from vitreg.neurons.discover import discover
-from vitreg.neurons.neuron_set import NeuronSet
 
 HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
 SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vitreg.errors import VitregError
-from vitreg.neurons.neuron_set import NeuronSet
+from vitreg.fix.neuron_set import NeuronSet
 
 # DINOv2 ViT-L/14 (LVD-142M): the 45 neurons hard-coded for torch hub by the official
 # test-time-registers code (dinov2/hub/register_neurons.py, LARGE_REGISTER_NEURONS), layers 12-17.

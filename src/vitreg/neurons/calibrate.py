@@ -22,9 +22,9 @@ from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
 from vitreg.errors import VitregError
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model, iter_batches
-from vitreg.neurons.neuron_set import NeuronSet
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 

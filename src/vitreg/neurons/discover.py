@@ -17,11 +17,11 @@ import torch
 from vitreg import distributed
 from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.errors import VitregError
+from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
 from vitreg.neurons.detection import Detection, choose_detection, layer_index
-from vitreg.neurons.neuron_set import NeuronSet, weights_fingerprint
 
 THRESHOLDS = MASK_RULES
 outlier_mask = image_mask  # ``[B, N]`` outlier mask from per-token norms under a rule

@@ -21,17 +21,17 @@ from typing import Any
 import torch
 
 from vitreg import distributed
+from vitreg.core.io import write_json_atomic
+from vitreg.core.layout import TokenLayout
 from vitreg.data.datasets import LabeledDataset
 from vitreg.data.transforms import model_input
 from vitreg.errors import InputError, VitregError
 from vitreg.fix.base import Fix
-from vitreg.models.layout import TokenLayout
+from vitreg.fix.neuron_set import weights_fingerprint
 from vitreg.models.model import Model
-from vitreg.neurons.neuron_set import weights_fingerprint
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.shards import MANIFEST, ShardWriter, is_complete, shard_meta, shard_name
 from vitreg.probe.views import absent_views, check_views
-from vitreg.report.io import write_json_atomic
 
 FORMAT = 1
 FINAL = "ln_final.hook_out"

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError, VitregError
-from vitreg.models.layout import TokenLayout
 from vitreg.probe.shards import MANIFEST, pixels_key, shard_meta
 from vitreg.probe.views import NORMS, PATCH_VIEWS, TOP_INDEX
 

@@ -18,13 +18,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as save_tensors
 
+from vitreg.core.io import write_bytes_atomic
+from vitreg.core.layout import TokenLayout
 from vitreg.data.datasets import DataLog, LabeledDataset, SkipSample
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
-from vitreg.models.layout import TokenLayout
 from vitreg.models.model import Model
 from vitreg.probe.views import NORMS, TOP_INDEX, patch_pixels, reducer, unpack
-from vitreg.report.io import write_bytes_atomic
 
 MANIFEST = "manifest.json"
 

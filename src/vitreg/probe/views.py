@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError
 from vitreg.hooks.sites import HookContext
-from vitreg.models.layout import TokenLayout
 
 VIEWS = ("cls", "reg", "extra", "patch_mean", "patch_center", "patch_top", "patches")
 PATCH_VIEWS = ("patch_mean", "patch_center", "patch_top", "patches")

@@ -1,14 +1,26 @@
-"""``vitreg compare``: the headline metrics of several run directories in one table."""
+"""Comparisons of several runs: ``vitreg compare RUN...`` and ``vitreg diagnose --models``.
+
+Both write the same files to one folder: comparison.md and report.html (the wide table, one
+column per run, and per-model curves of diagnose runs), comparison.json (the rows) and
+figures/. The console shows the long format (run, metric, value, direction), which fits 100
+columns however many runs there are. Folders that are not runs are skipped with a note.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vitreg.errors import InputError
+from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.io import write_json_atomic, write_text_atomic
-from vitreg.report.markdown import Table, markdown_table, num
+from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
+from vitreg.report.markdown import render_markdown as _render_markdown
+
+DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
+CURVE_RULE = "auto"  # the outlier rule of the verdict; its rate per layer is what the curves show
 
 
 def load_metrics(run: Path) -> dict[str, Any]:
@@ -30,46 +42,209 @@ def labels(runs: list[Path]) -> list[str]:
     return [str(r) for r in runs]
 
 
-def compare_runs(runs: list[Path], contains: str | None = None) -> dict[str, Any]:
-    """One row per headline metric (in first-seen order), one value per run (None if absent)."""
+def load_runs(paths: Sequence[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], dict[str, str]]:
+    """The runs among ``paths`` with their documents, and each skipped path with the reason."""
+    runs, skipped = [], {}
+    for p in map(Path, paths):
+        try:
+            doc = load_metrics(p)
+        except InputError as e:
+            skipped[str(p)] = str(e).removeprefix(f"{p} ")
+            continue
+        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), list):
+            skipped[str(p)] = "its metrics.json has no metrics list (not a vitreg run)"
+            continue
+        runs.append((p, doc))
+    return runs, skipped
+
+
+def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str, Any]:
+    """One row per headline metric (in first-seen order), one value per run (None if absent);
+    ``skipped`` names each path that is not a run and why."""
     if not runs:
         raise InputError("compare needs at least one run directory")
-    docs = [load_metrics(Path(r)) for r in runs]
+    found, skipped = load_runs(runs)
+    if not found:
+        raise InputError(
+            f"none of the {len(skipped)} paths is a run directory with a metrics.json: "
+            + "; ".join(f"{p}: {why}" for p, why in skipped.items())
+        )
     order: dict[str, bool | None] = {}
     values: list[dict[str, Any]] = []
-    for doc in docs:
-        found = {}
-        for m in doc.get("metrics", []):
+    for _, doc in found:
+        here = {}
+        for m in doc["metrics"]:
             if contains is None or contains in m["name"]:
                 order.setdefault(m["name"], m.get("higher_is_better"))
-                found[m["name"]] = m.get("value")
-        values.append(found)
+                here[m["name"]] = m.get("value")
+        values.append(here)
     rows = [
         {"metric": name, "higher_is_better": better, "values": [v.get(name) for v in values]}
         for name, better in order.items()
     ]
     meta = [
-        {"run": str(r), "command": d.get("command"), "model": d.get("model", {}).get("spec")}
-        for r, d in zip(runs, docs, strict=True)
+        {
+            "run": str(r),
+            "verb": d.get("verb"),
+            "command": d.get("command"),
+            "model": (d.get("model") or {}).get("spec"),
+        }
+        for r, d in found
     ]
-    return {"runs": labels([Path(r) for r in runs]), "sources": meta, "rows": rows}
+    return {
+        "runs": labels([r for r, _ in found]),
+        "sources": meta,
+        "rows": rows,
+        "skipped": skipped,
+        "documents": [d for _, d in found],
+    }
 
 
-def write_compare(out: Path, merged: dict[str, Any]) -> Path:
-    """compare.md (the table and each run's command) and compare.json in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    table = Table(
+def long_rows(merged: dict[str, Any]) -> list[dict[str, Any]]:
+    """The long format: one row per (run, metric) that has a value, runs in order."""
+    return [
+        {
+            "run": run,
+            "metric": row["metric"],
+            "value": row["values"][i],
+            "direction": DIRECTION[row["higher_is_better"]],
+        }
+        for i, run in enumerate(merged["runs"])
+        for row in merged["rows"]
+        if row["values"][i] is not None
+    ]
+
+
+def wide_table(merged: dict[str, Any]) -> Table:
+    """One row per metric, one column per run (arrow: which way is better)."""
+    return Table(
         ["metric", *merged["runs"]],
         [
             [
-                f"`{r['metric']}`" + {True: " ↑", False: " ↓"}.get(r["higher_is_better"], ""),
+                code(r["metric"]) + {True: " ↑", False: " ↓"}.get(r["higher_is_better"], ""),
                 *(num(v) for v in r["values"]),
             ]
             for r in merged["rows"]
         ],
     )
-    lines = ["# vitreg compare", "", markdown_table(table), "", "## Runs", ""]
-    lines += [f"- `{s['run']}`: `{s['command']}`" for s in merged["sources"]]
-    write_text_atomic(out / "compare.md", "\n".join(lines) + "\n")
-    write_json_atomic(out / "compare.json", merged)
-    return out
+
+
+def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | None:
+    """Per-layer outlier rate and max/median patch norm of every diagnose run, one colour per
+    model, on one figure (None when no run has per-layer norms)."""
+    curves = [
+        (label, doc["results"]["norms"]["layers"])
+        for label, doc in labelled
+        if ((doc.get("results") or {}).get("norms") or {}).get("layers")
+    ]
+    if not curves:
+        return None
+    fig = new_canvas(7.0, 4.8)
+    rate_ax, ratio_ax = fig.subplots(2, 1, sharex=True)
+    for i, (label, layers) in enumerate(curves):
+        x = [lo["layer"] for lo in layers]
+        rates = [100 * (lo["outlier_rate"].get(CURVE_RULE) or 0.0) for lo in layers]
+        colour = f"C{i % 10}"
+        rate_ax.plot(x, rates, marker=".", color=colour, label=label)
+        ratio_ax.plot(x, [lo["max_over_median"] for lo in layers], marker=".", color=colour)
+    rate_ax.set_ylabel(f"outlier rate ({CURVE_RULE}, %)")
+    ratio_ax.set_ylabel("max / median patch norm")
+    ratio_ax.set_yscale("log")
+    ratio_ax.set_xlabel("layer")
+    outside_legend(rate_ax)
+    caption = (
+        "Per layer, on the residual stream (block outputs): the share of patch tokens in the "
+        f"outlier mode (`{CURVE_RULE}` rule, top; 0 where a layer has no outlier mode) and the "
+        "largest patch-token norm over the median (bottom, log scale), one colour per model."
+    )
+    return figure("model_curves", caption, fig)
+
+
+def comparison_report(
+    title: str,
+    table: Table,
+    runs: list[str],
+    figures: list[Figure],
+    skipped: dict[str, str] | None = None,
+    notes: Sequence[str] = (),
+) -> Report:
+    """The comparison's sections: the wide table, the curves, the runs, the skipped paths."""
+    sections = [Section("table", "Metrics", [*notes, table])]
+    if figures:
+        sections.append(
+            Section(
+                "curves",
+                "Per-layer curves",
+                [FigureRef(f"figures/{f.filename}", f.caption) for f in figures],
+            )
+        )
+    sections.append(Section("runs", "Runs", ["\n".join(runs)]))
+    if skipped:
+        sections.append(
+            Section(
+                "skipped",
+                "Skipped (not runs)",
+                [Table(["path", "why"], [[code(p), why] for p, why in skipped.items()])],
+            )
+        )
+    return Report(None, title, sections)
+
+
+def write_comparison(
+    out: Path,
+    report: Report,
+    data: dict[str, Any],
+    figures: list[Figure],
+    figure_format: str | None = None,
+) -> Path:
+    """Figures, comparison.md, report.html and comparison.json in ``out``; the Markdown's path."""
+    from vitreg.report.html import render_html
+
+    out.mkdir(parents=True, exist_ok=True)
+    for fig in figures:
+        fig.save(out / "figures", figure_formats({"figure_format": figure_format}))
+    write_text_atomic(out / "report.html", render_html(report, figures, None))
+    write_json_atomic(out / "comparison.json", data)
+    return write_text_atomic(out / "comparison.md", _render_markdown(report))
+
+
+def write_compare(out: Path, merged: dict[str, Any], figure_format: str | None = None) -> Path:
+    """The files of ``vitreg compare`` (the wide table, curves of diagnose runs) in ``out``."""
+    curves = layer_curves(list(zip(merged["runs"], merged["documents"], strict=True)))
+    figures = [curves] if curves is not None else []
+    runs = [
+        f"- {code(label)}: {code(s['command'] or s['run'])}"
+        for label, s in zip(merged["runs"], merged["sources"], strict=True)
+    ]
+    report = comparison_report(
+        "vitreg compare", wide_table(merged), runs, figures, merged["skipped"]
+    )
+    data = {"verb": "compare", **{k: v for k, v in merged.items() if k != "documents"}}
+    return write_comparison(out, report, data, figures, figure_format)
+
+
+def write_model_comparison(
+    parent: Path,
+    labelled: Sequence[tuple[str, Any]],
+    dirs: Sequence[Path],
+    figure_format: str | None = None,
+) -> Path:
+    """The files of ``vitreg diagnose --models`` in ``parent``: the cross-model table, the
+    per-model curves and a link to each model's run directory."""
+    from vitreg.report.run import model_table
+    from vitreg.report.schema import plain
+
+    table, rows = model_table(list(labelled))
+    curves = layer_curves([(label, {"results": plain(r.to_dict())}) for label, r in labelled])
+    figures = [curves] if curves is not None else []
+    meta = [
+        {"model": label, "run_dir": d.name} for (label, _), d in zip(labelled, dirs, strict=True)
+    ]
+    runs = [
+        f"- {code(m['model'])}: [{m['run_dir']}/report.md]({m['run_dir']}/report.md), "
+        f"[{m['run_dir']}/report.html]({m['run_dir']}/report.html)"
+        for m in meta
+    ]
+    report = comparison_report("vitreg diagnose: model comparison", table, runs, figures)
+    data = {"verb": "diagnose", "runs": meta, "rows": rows}
+    return write_comparison(parent, report, data, figures, figure_format)

@@ -1,6 +1,8 @@
 """Report figures as PNG bytes with captions (matplotlib Agg canvases, never pyplot state).
 
-Every map's colour scale runs from the CLIP_LOW-th to the CLIP_HIGH-th percentile of the values
+Figures are paper-ready: PNG at DPI dots per inch (and, on request, the same figure as SVG or
+PDF), cropped to their content so no label is cut, legends outside the data, plain tick labels
+(no offset such as ``+1.9595e1``). Every map's colour scale runs from the CLIP_LOW-th to the CLIP_HIGH-th percentile of the values
 shown (outside values are clipped), and each caption says what was measured where: residual
 stream or after the final norm, head mean, native or recomputed attention.
 """
@@ -9,37 +11,66 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vitreg.report.io import write_bytes_atomic
+from vitreg.analysis.feature_pictures import similarity_maps
+from vitreg.core.io import write_bytes_atomic
 
 CLIP_LOW, CLIP_HIGH = 1.0, 99.0
 CMAP = "inferno"
 CLIP_TEXT = f"{CLIP_LOW:g}st to {CLIP_HIGH:g}th percentile"
 MAX_ROWS = 4
-DPI = 80
+DPI = 200
+TICK_SIZE = 8
+VECTOR_FORMATS = ("svg", "pdf")
 
 
 @dataclass
 class Figure:
-    """One rendered figure: file stem, PNG bytes and a caption saying what and where."""
+    """One rendered figure: file stem, caption saying what and where, PNG bytes, and the
+    matplotlib figure (``source``) that vector copies are rendered from."""
 
     name: str
     caption: str
     png: bytes
+    source: Any = field(default=None, repr=False, compare=False)
 
     @property
     def filename(self) -> str:
         return f"{self.name}.png"
 
-    def save(self, folder: str | Path) -> Path:
-        """Write ``folder/<name>.png`` atomically."""
-        return write_bytes_atomic(Path(folder) / self.filename, self.png)
+    def save(self, folder: str | Path, formats: Sequence[str] = ()) -> list[Path]:
+        """Write ``folder/<name>.png`` and one ``<name>.<fmt>`` per vector format, atomically."""
+        paths = [write_bytes_atomic(Path(folder) / self.filename, self.png)]
+        for fmt in formats:
+            if self.source is None:
+                raise ValueError(
+                    f"figure {self.name!r} keeps no matplotlib figure to save as {fmt}"
+                )
+            paths.append(
+                write_bytes_atomic(Path(folder) / f"{self.name}.{fmt}", encode(self.source, fmt))
+            )
+        return paths
+
+
+def figure_formats(config: dict[str, Any] | None) -> tuple[str, ...]:
+    """The vector formats a run's config asks for (its ``figure_format``), checked."""
+    fmt = (config or {}).get("figure_format")
+    if fmt is None:
+        return ()
+    if fmt not in VECTOR_FORMATS:
+        raise ValueError(f"figure_format must be one of {', '.join(VECTOR_FORMATS)}, got {fmt!r}")
+    return (fmt,)
+
+
+def figure(name: str, caption: str, fig: Any) -> Figure:
+    """A :class:`Figure` from a matplotlib figure (PNG now, vector formats when saved)."""
+    return Figure(name, caption, png_bytes(fig), fig)
 
 
 def new_canvas(width: float, height: float) -> Any:
@@ -52,10 +83,46 @@ def new_canvas(width: float, height: float) -> Any:
     return fig
 
 
-def png_bytes(fig: Any) -> bytes:
+def outside_legend(ax: Any, **kwargs: Any) -> Any:
+    """The legend to the right of ``ax``, outside the data (the saved figure grows to hold it)."""
+    return ax.legend(
+        loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kwargs
+    )
+
+
+def all_axes(fig: Any) -> list[Any]:
+    """Every axes of ``fig``, inset axes (the maps' colour bars) included."""
+    found, todo = [], list(fig.axes)
+    while todo:
+        ax = todo.pop(0)
+        found.append(ax)
+        todo += [c for c in ax.child_axes if c not in found]
+    return found
+
+
+def tidy(fig: Any) -> None:
+    """Readable ticks everywhere (colour bars too) and plain numbers: no offset text."""
+    from matplotlib.ticker import ScalarFormatter
+
+    for ax in all_axes(fig):
+        ax.tick_params(labelsize=TICK_SIZE)
+        for axis in (ax.xaxis, ax.yaxis):
+            fmt = axis.get_major_formatter()
+            if isinstance(fmt, ScalarFormatter):
+                fmt.set_useOffset(False)
+                fmt.set_scientific(False)
+
+
+def encode(fig: Any, fmt: str) -> bytes:
+    """``fig`` as ``fmt`` bytes (png at DPI, svg, pdf), cropped to its content (no cut labels)."""
+    tidy(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
+    fig.savefig(buf, format=fmt, dpi=DPI, bbox_inches="tight", pad_inches=0.05)
     return buf.getvalue()
+
+
+def png_bytes(fig: Any) -> bytes:
+    return encode(fig, "png")
 
 
 def display_images(
@@ -102,7 +169,7 @@ def _overlay_grid(
     titles: list[str],
     images: np.ndarray | None,
     label: str,
-) -> bytes:
+) -> Any:
     """Rows = images, columns = ``maps`` (each ``[n, h, w]``, own clipped colour scale)."""
     from matplotlib.ticker import MaxNLocator
 
@@ -140,10 +207,9 @@ def _overlay_grid(
                 ax.set_title(title, fontsize=9)
         cax = axes[n - 1][c].inset_axes((0.05, -0.16, 0.9, 0.07))
         bar = fig.colorbar(im, cax=cax, orientation="horizontal")
-        bar.ax.tick_params(labelsize=6)
         bar.ax.xaxis.set_major_locator(MaxNLocator(3))
     fig.text(0.5, 0.01, label + " (colour scale under each column)", ha="center", fontsize=8)
-    return png_bytes(fig)
+    return fig
 
 
 def map_layers(n_layers: int, emergence: int | None) -> list[int]:
@@ -165,7 +231,7 @@ def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
         titles.append("after final norm")
     maps = [trace.patch_maps(s).numpy() for s in sites]
     shown = [len(images)] if images is not None else []
-    png = _overlay_grid(maps, titles, images, "token norm")
+    fig = _overlay_grid(maps, titles, images, "token norm")
     caption = (
         f"L2 norm of each patch token on the residual stream at layers "
         f"{', '.join(map(str, layers))} (block outputs such as `{sites[0]}`, before the final norm)"
@@ -177,7 +243,7 @@ def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
         + f", over the first {min(MAX_ROWS, maps[0].shape[0], *shown)} input images. "
         f"Colour: each column from its {CLIP_TEXT} (clipped)."
     )
-    return Figure("norm_maps", caption, png)
+    return figure("norm_maps", caption, fig)
 
 
 def norm_quantiles(report: Any) -> Figure:
@@ -202,13 +268,13 @@ def norm_quantiles(report: Any) -> Figure:
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("patch-token norm")
-    ax.legend(fontsize=7, ncol=2)
+    outside_legend(ax)
     caption = (
         "Quantiles of patch-token norms per layer on the residual stream (before the final norm); "
         "crosses: median and max after the final norm. A high max/p98 far above the median marks "
         "an outlier mode; the dotted line is the emergence layer."
     )
-    return Figure("norm_quantiles", caption, png_bytes(fig))
+    return figure("norm_quantiles", caption, fig)
 
 
 def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
@@ -262,7 +328,7 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
         "(valley of the two-mode fit; absent when there is no outlier mode). Light-blue dotted: the "
         "top_p cut, which flags p% of tokens in every model. * marks layers with an outlier mode."
     )
-    return Figure("norm_histograms", caption, png_bytes(fig))
+    return figure("norm_histograms", caption, fig)
 
 
 def attention_maps(
@@ -272,24 +338,24 @@ def attention_maps(
     picks = map_layers(len(attn.layer_maps), emergence)
     maps = [attn.layer_maps[i].detach().float().cpu().numpy() for i in picks]
     titles = [f"layer {attn.layers[i] if attn.layers[i] is not None else i}" for i in picks]
-    png = _overlay_grid(maps, titles, images, "attention")
+    fig = _overlay_grid(maps, titles, images, "attention")
     caption = (
         f"{_attention_what(attn)}, averaged over heads ({source} attention), over the input "
         f"images. Colour: each column from its {CLIP_TEXT} (clipped)."
     )
-    return Figure("attention_maps", caption, png)
+    return figure("attention_maps", caption, fig)
 
 
 def attention_heads(attn: Any, images: np.ndarray | None, max_heads: int = 12) -> Figure:
     """Per-head attention maps of the last layer over the input images."""
     heads = attn.last_layer_heads.detach().float().cpu().numpy()[:, :max_heads]
     maps = [heads[:, h] for h in range(heads.shape[1])]
-    png = _overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
+    fig = _overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
     caption = (
         f"{_attention_what(attn)} per head at the last layer (first {len(maps)} heads). "
         f"Colour: each column from its {CLIP_TEXT} (clipped)."
     )
-    return Figure("attention_heads", caption, png)
+    return figure("attention_heads", caption, fig)
 
 
 def _attention_what(attn: Any) -> str:
@@ -310,14 +376,14 @@ def attention_agreement(attn: Any) -> Figure:
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("layer")
     ax.set_ylabel("agreement")
-    ax.legend(fontsize=8)
+    outside_legend(ax)
     caption = (
         "Agreement per layer between attention-map artifact patches and the norm outliers of the "
         f"same block's output on the residual stream ({attn.norm_method} rule): precision "
         "(attention artifacts that are norm outliers), recall, IoU, and top_p_iou (top p% "
         "attention vs top p% norms)."
     )
-    return Figure("attention_agreement", caption, png_bytes(fig))
+    return figure("attention_agreement", caption, fig)
 
 
 def ln_similarity(ln: Any) -> Figure:
@@ -340,12 +406,12 @@ def ln_similarity(ln: Any) -> Figure:
         ax.set_title(f"before (dashed) / after (solid) {title}", fontsize=9)
         ax.set_xlabel("block")
     axes[0].set_ylabel("mean cosine similarity")
-    axes[1].legend(fontsize=6, ncol=2)
+    outside_legend(axes[1])
     caption = (
         "Mean cosine similarity between token types in every block, before and after the "
         "pre-attention norm (norm1, left) and the pre-MLP norm (norm2, right), averaged over images."
     )
-    return Figure("ln_similarity", caption, png_bytes(fig))
+    return figure("ln_similarity", caption, fig)
 
 
 def channel_ownership(ln: Any) -> Figure:
@@ -366,7 +432,7 @@ def channel_ownership(ln: Any) -> Figure:
         "|log(E|x_cls| / E|x_patch|)| > log 4 (bars) and the mean |gain| of norm1 on owned over "
         "other channels (red)."
     )
-    return Figure("channel_ownership", caption, png_bytes(fig))
+    return figure("channel_ownership", caption, fig)
 
 
 def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:
@@ -376,13 +442,80 @@ def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:
         red.layer_maps.detach().float().cpu().numpy(),
     ]
     titles = ["patch embedding", f"layer {red.layer}"]
-    png = _overlay_grid(maps, titles, images, "neighbour cosine")
+    fig = _overlay_grid(maps, titles, images, "neighbour cosine")
     caption = (
         "Local redundancy: mean cosine similarity of each patch to its 4 neighbours at the patch "
         f"embedding (`hook_embed`) and at `{red.layer_site}`. Colour: each column from its "
         f"{CLIP_TEXT} (clipped)."
     )
-    return Figure("redundancy_maps", caption, png)
+    return figure("redundancy_maps", caption, fig)
+
+
+def picture_grid(
+    name: str,
+    columns: list[tuple[str, np.ndarray, tuple[int, int] | None]],
+    images: np.ndarray | None,
+    caption: str,
+) -> Figure:
+    """Rows = images; columns = ``(title, maps, query)``: ``[n, h, w, 3]`` maps are PCA colours,
+    ``[n, h, w]`` maps cosine similarities (-1 to 1, ``query`` patch marked)."""
+    from matplotlib.ticker import MaxNLocator
+
+    n = min(
+        MAX_ROWS, *(len(m) for _, m, _ in columns), *([len(images)] if images is not None else [])
+    )
+    cols = len(columns) + (images is not None)
+    fig = new_canvas(1.8 * cols, 1.8 * n + 0.6)
+    axes = fig.subplots(n, cols, squeeze=False)
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.93, bottom=0.1, wspace=0.06, hspace=0.06)
+    for r in range(n):
+        row = list(axes[r])
+        if images is not None:
+            ax = row.pop(0)
+            ax.imshow(images[r])
+            ax.set_axis_off()
+            if r == 0:
+                ax.set_title("image", fontsize=9)
+        for ax, (title, maps, query) in zip(row, columns, strict=True):
+            ax.set_axis_off()
+            if r == 0:
+                ax.set_title(title, fontsize=9)
+            if maps.ndim == 4:
+                ax.imshow(maps[r], interpolation="nearest")
+                continue
+            im = ax.imshow(maps[r], cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+            if query is not None:
+                ax.plot(query[1], query[0], marker="s", ms=5, mfc="none", mec="lime", mew=1.5)
+            if r == n - 1:
+                cax = ax.inset_axes((0.05, -0.16, 0.9, 0.07))
+                bar = fig.colorbar(im, cax=cax, orientation="horizontal")
+                bar.ax.xaxis.set_major_locator(MaxNLocator(3))
+    return figure(name, caption, fig)
+
+
+def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
+    """PCA colours and centre-patch similarity at the analysed layer and after the final norm."""
+    columns = []
+    for p in pictures.by_site.values():
+        label = "final norm" if p.where == "after the final norm" else p.site.split(".hook")[0]
+        columns.append((f"PCA, {label}", p.basis.rgb(p.features), None))
+        columns.append((f"similarity, {label}", similarity_maps(p.features).numpy(), p.query))
+    first = next(iter(pictures.by_site.values()))
+    caption = (
+        "The patch features themselves, at "
+        + " and ".join(f"`{p.site}` ({p.where})" for p in pictures.by_site.values())
+        + ": the first three principal components as red, green and blue (PCA fitted on all "
+        f"{first.basis.n_patches} patch tokens of the run, each component's colour from its "
+        f"{CLIP_TEXT}; explained variance "
+        + "; ".join(
+            ", ".join(f"{100 * v:.0f}%" for v in p.basis.explained)
+            for p in pictures.by_site.values()
+        )
+        + "), and the cosine similarity of the centre patch (green square, row "
+        f"{first.query[0]}, column {first.query[1]}) to every patch of its image. Outlier tokens "
+        "show up as patches of one saturated colour that the centre patch does not resemble."
+    )
+    return picture_grid("feature_pictures", columns, images, caption)
 
 
 def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:
@@ -408,6 +541,8 @@ def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:
             figs.insert(-1, attention_heads(attn, images))
     if res.get("redundancy") is not None:
         figs.append(redundancy_maps(res["redundancy"], images))
+    if res.get("feature_pictures") is not None:
+        figs.append(feature_pictures(res["feature_pictures"], images))
     if res.get("ln_separation") is not None:
         figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
     return figs

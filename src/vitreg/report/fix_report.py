@@ -9,7 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from vitreg.report.figures import Figure, clip_range, display_images, new_canvas, png_bytes
+from vitreg.report.figures import (
+    Figure,
+    clip_range,
+    display_images,
+    figure,
+    new_canvas,
+    outside_legend,
+    picture_grid,
+)
 from vitreg.report.markdown import (
     Report,
     Section,
@@ -43,13 +51,13 @@ def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
         ax.set_yscale("log")
     ax.set_xlabel("rank")
     ax.set_ylabel("score (mean |activation| on outliers)")
-    ax.legend(fontsize=7, ncol=2)
+    outside_legend(ax, ncol=1 + len(set(layers.tolist())) // 12)
     caption = (
         f"Discovery scores of the {len(ranking)} highest-ranked MLP units (`mlp.hook_post`), "
         "best first, coloured by layer: each unit's mean activation over the outlier patches of an "
         "image, averaged over the images with outliers. The dotted line closes the chosen top-k."
     )
-    return Figure("neuron_scores", caption, png_bytes(fig))
+    return figure("neuron_scores", caption, fig)
 
 
 def calibration_curve(curve: dict[str, Any]) -> Figure:
@@ -70,7 +78,7 @@ def calibration_curve(curve: dict[str, Any]) -> Figure:
     for ax in (mode_ax, norm_ax):
         if curve["chosen_k"] is not None:
             ax.axvline(curve["chosen_k"], color="k", ls=":")
-        ax.legend(fontsize=7)
+        outside_legend(ax)
     mode_ax.set_ylabel("blocks with an outlier mode")
     mode_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     norm_ax.set_yscale("log")
@@ -85,7 +93,7 @@ def calibration_curve(curve: dict[str, Any]) -> Figure:
         f"({curve['tolerance']:g}x the ordinary patches' level before the fix, red). The dotted "
         f"vertical line marks the chosen k ({curve['status']})."
     )
-    return Figure("calibration_curve", caption, png_bytes(fig))
+    return figure("calibration_curve", caption, fig)
 
 
 def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
@@ -284,6 +292,8 @@ def before_after_maps(
     name: str, before: np.ndarray, after: np.ndarray, images: np.ndarray | None, caption: str
 ) -> Figure:
     """Maps ``[n, h, w]`` before and after a fix, side by side (shared scale, then own scale)."""
+    from matplotlib.ticker import MaxNLocator
+
     n = min(MAX_ROWS, len(before), *([len(images)] if images is not None else []))
     lo, hi = clip_range(np.concatenate([before[:n], after[:n]]))
     columns = [("before", before, (lo, hi)), ("after (same scale)", after, (lo, hi))]
@@ -307,12 +317,14 @@ def before_after_maps(
                 ax.set_title(title, fontsize=9)
             if r == n - 1:
                 cax = ax.inset_axes((0.05, -0.16, 0.9, 0.07))
-                fig.colorbar(im, cax=cax, orientation="horizontal").ax.tick_params(labelsize=6)
+                fig.colorbar(im, cax=cax, orientation="horizontal").ax.xaxis.set_major_locator(
+                    MaxNLocator(3)
+                )
     scale = (
         " The first two maps share one colour scale (1st to 99th percentile of both, clipped); "
         "the last column is the fixed model on its own scale, to show what structure is left."
     )
-    return Figure(name, caption.format(n=n) + scale, png_bytes(fig))
+    return figure(name, caption.format(n=n) + scale, fig)
 
 
 def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
@@ -342,6 +354,43 @@ def fix_attention_maps(comparison: Any, images: np.ndarray | None) -> Figure | N
     return before_after_maps("fix_attention_maps", before, after, images, caption)
 
 
+def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure | None:
+    """PCA colours and centre-patch similarity before and after the fix, on one PCA basis: the
+    base model's, fitted on all its patch tokens, so colours mean the same on both sides."""
+    from vitreg.analysis.feature_pictures import similarity_maps
+
+    before, after = comparison.pictures_before, comparison.pictures_after
+    if before is None or after is None:
+        return None
+    columns, where = [], []
+    for site, b in before.by_site.items():
+        a = after.by_site.get(site)
+        if a is None:
+            continue
+        label = "final norm" if b.where == "after the final norm" else site.split(".hook")[0]
+        columns += [
+            (f"PCA before, {label}", b.basis.rgb(b.features), None),
+            (f"PCA after, {label}", b.basis.rgb(a.features), None),
+        ]
+        if b.where != "after the final norm":
+            columns += [
+                (f"similarity before, {label}", similarity_maps(b.features).numpy(), b.query),
+                (f"similarity after, {label}", similarity_maps(a.features).numpy(), a.query),
+            ]
+        where.append(f"`{site}` ({b.where})")
+    first = next(iter(before.by_site.values()))
+    caption = (
+        f"The patch features before and after the fix, at {' and '.join(where)}: the first "
+        "three principal components as red, green and blue, fitted on all "
+        f"{first.basis.n_patches} patch tokens of the model without the fix and applied to both "
+        "(same basis, same colour range, so a colour means the same on both sides), and the "
+        f"cosine similarity of the centre patch (green square) to every patch. Outliers are the "
+        "patches of one saturated colour before the fix; after it they should look like their "
+        "neighbours."
+    )
+    return picture_grid("fix_feature_pictures", columns, images, caption)
+
+
 def fix_norm_curves(results: dict[str, Any]) -> Figure:
     """Max and median patch norm per layer before/after, and the register's norm after."""
     c = results["comparison"]
@@ -358,14 +407,14 @@ def fix_norm_curves(results: dict[str, Any]) -> Figure:
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("token norm")
-    ax.legend(fontsize=7, ncol=2)
+    outside_legend(ax)
     caption = (
         "Per layer, on the residual stream (block outputs, before the final norm): the largest "
         "and the median patch-token norm without (red) and with (blue) the fix, and the mean "
         "norm of the test-time register with the fix (green). The high norm should move from "
         "patches into the register."
     )
-    return Figure("fix_norm_curves", caption, png_bytes(fig))
+    return figure("fix_norm_curves", caption, fig)
 
 
 def blocks_text(blocks: list[int]) -> str:
@@ -603,4 +652,7 @@ def write_fix_run(
     attention = fix_attention_maps(comparison, shown)
     if attention is not None:
         figures.insert(1, attention)
+    pictures = fix_feature_pictures(comparison, shown)
+    if pictures is not None:
+        figures.insert(1, pictures)
     return write_files(Path(out_dir), doc, fix_report(doc, figures), figures)

@@ -1,6 +1,7 @@
 """Self-contained report.html: the Markdown report's sections, figures as data URIs, a layer slider.
 
-The slider draws norm and attention maps over the input images on canvases from JSON
+Paragraphs, table cells, captions and the banner are Markdown rendered by markdown-it-py (a
+dependency of rich), with raw HTML escaped, so the page shows no Markdown markers. The slider draws norm and attention maps over the input images on canvases from JSON
 embedded in the page (maps are tiny: h*w numbers per layer per image), so the file stays
 small and opens offline: no CDN, no external file.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-import re
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,6 @@ from vitreg.report.figures import CLIP_TEXT, clip_range, colormap_lut
 from vitreg.report.markdown import FigureRef, Report, Table
 
 SLIDER_IMAGES = 4
-_BOLD = re.compile(r"\*\*(.+?)\*\*")
-_CODE = re.compile(r"`([^`]+)`")
 
 
 def data_uri(png: bytes) -> str:
@@ -89,13 +88,25 @@ def slider_data(result: Any, images: np.ndarray | None, n: int = SLIDER_IMAGES) 
     }
 
 
-def inline(text: str) -> Any:
-    """Escape ``text`` and turn **bold** and `code` into HTML."""
-    from markupsafe import Markup, escape
+@cache
+def _markdown() -> Any:
+    from markdown_it import MarkdownIt
 
-    html = str(escape(text))
-    html = _BOLD.sub(r"<strong>\1</strong>", html)
-    return Markup(_CODE.sub(r"<code>\1</code>", html))
+    return MarkdownIt("commonmark", {"html": False}).enable("table")
+
+
+def inline(text: Any) -> Any:
+    """One line of Markdown (a cell, a caption) as HTML: **bold**, *em*, `code`; HTML escaped."""
+    from markupsafe import Markup
+
+    return Markup(_markdown().renderInline(str(text)))
+
+
+def markdown(text: Any) -> Any:
+    """A Markdown block (a paragraph, a list) as HTML, raw HTML escaped."""
+    from markupsafe import Markup
+
+    return Markup(_markdown().render(str(text)))
 
 
 def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
@@ -109,6 +120,7 @@ def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
         lstrip_blocks=True,
     )
     env.filters["inline"] = inline
+    env.filters["markdown"] = markdown
     uris = {f"figures/{f.filename}": data_uri(f.png) for f in figures}
     slider_json = json.dumps(slider, separators=(",", ":")).replace("</", "<\\/")
     return env.get_template("report.html.j2").render(

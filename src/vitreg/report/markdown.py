@@ -7,6 +7,7 @@ missing or does not apply says so in one line.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ FIGURE_SECTION = {
     "redundancy_maps": "redundancy",
     "ln_similarity": "ln_separation",
     "channel_ownership": "ln_separation",
+    "feature_pictures": "features",
 }
 RULE_ORDER = ("absolute", "top_p", "robust_z", "auto")
 
@@ -67,6 +69,20 @@ def num(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def text(x: Any) -> str:
+    """A value as text: ``–`` for missing, JSON for lists and dicts (never a Python repr)."""
+    if x is None:
+        return "–"
+    if isinstance(x, (dict, list, tuple)):
+        return json.dumps(x, default=str)
+    return num(x) if isinstance(x, (bool, int, float)) else str(x)
+
+
+def code(x: Any) -> str:
+    """A value as inline code (``–`` for missing)."""
+    return "–" if x is None or x == "" else f"`{text(x)}`"
+
+
 def pct(x: Any) -> str:
     return "–" if x is None else f"{100 * x:.2f}%"
 
@@ -74,6 +90,21 @@ def pct(x: Any) -> str:
 def _unavailable(doc: dict[str, Any], name: str, label: str) -> str:
     reason = doc["results"].get("not_applicable", {}).get(name)
     return f"Not available: {reason or f'the {label} analysis was not run'}."
+
+
+def is_random_init(doc: dict[str, Any]) -> bool:
+    """Whether the run's model was built with ``--random-init`` (random, untrained weights)."""
+    config = doc.get("config")
+    return isinstance(config, dict) and bool(config.get("random_init"))
+
+
+def random_init_banner(name: str) -> str:
+    """The banner of a report on a model with random weights (``--random-init``)."""
+    return (
+        f"**RANDOM WEIGHTS:** `{name}` was built with `--random-init`: random, untrained "
+        "weights. Artifacts found here, or their absence, say nothing about the trained model; "
+        "use this report to check the tool, not to draw conclusions about the model."
+    )
 
 
 def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
@@ -87,6 +118,8 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
             "a trained ViT. Use this report to check the tool, not to draw conclusions about "
             "real models."
         )
+    elif is_random_init(doc):
+        banner = random_init_banner(name)
     sections = [
         _verdict(doc),
         model_section(doc),
@@ -96,6 +129,7 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
         _attention(doc),
         _redundancy(doc),
         _ln(doc),
+        _features(doc),
         _not_applicable(doc),
         provenance_section(doc),
     ]
@@ -146,9 +180,9 @@ def model_section(doc: dict[str, Any]) -> Section:
     m = doc["model"]
     lay = m.get("layout", {})
     rows = [
-        ["spec", f"`{m.get('spec')}`" if m.get("spec") else "– (wrapped module)"],
-        ["family / source", f"{m.get('family')} / {m.get('source') or '–'}"],
-        ["class", f"`{m.get('class_name')}`"],
+        ["spec", code_span(m["spec"]) if m.get("spec") else "– (wrapped module)"],
+        ["family / source", f"{text(m.get('family'))} / {text(m.get('source') or None)}"],
+        ["class", code(m.get("class_name"))],
         [
             "token layout",
             f"{lay.get('n_cls', 0)} [CLS], {lay.get('n_reg', 0)} registers, "
@@ -156,8 +190,8 @@ def model_section(doc: dict[str, Any]) -> Section:
             f"patch size {lay.get('patch_size')}",
         ],
         ["dimensions", ", ".join(f"{k} {num(v)}" for k, v in m.get("dims", {}).items())],
-        ["image size", str(m.get("image_size"))],
-        ["attention path", str(m.get("attention"))],
+        ["image size", text(m.get("image_size"))],
+        ["attention path", text(m.get("attention"))],
     ]
     s = Section("model", "Model", [Table(["", ""], rows)])
     s.blocks += [f"Note: {n}" for n in m.get("notes", [])]
@@ -175,13 +209,17 @@ def data_section(doc: dict[str, Any]) -> Section:
         )
     if d["skipped"]:
         s.blocks.append(f"{len(d['skipped'])} files were skipped:")
-        s.blocks.append(Table(["file", "reason"], [[f"`{k}`", v] for k, v in d["skipped"].items()]))
+        rows = [[code_span(k), escape_text(v)] for k, v in d["skipped"].items()]
+        s.blocks.append(Table(["file", "reason"], rows))
     else:
         s.blocks.append("No file was skipped.")
     if d["converted"]:
         s.blocks.append(f"{len(d['converted'])} files were converted to 8-bit RGB:")
         s.blocks.append(
-            Table(["file", "original mode"], [[f"`{k}`", v] for k, v in d["converted"].items()])
+            Table(
+                ["file", "original mode"],
+                [[code_span(k), escape_text(v)] for k, v in d["converted"].items()],
+            )
         )
     return s
 
@@ -437,6 +475,23 @@ def _ln(doc: dict[str, Any]) -> Section:
     return s
 
 
+def _features(doc: dict[str, Any]) -> Section:
+    s = Section("features", "The features: PCA colours and patch similarity")
+    pics = doc["results"].get("feature_pictures")
+    if not pics:
+        s.blocks.append(_unavailable(doc, "feature_pictures", "feature picture"))
+        return s
+    for p in pics["sites"]:
+        share = ", ".join(pct(v) for v in p["pca"]["explained_variance"])
+        s.blocks.append(
+            f"At `{p['site']}` ({p['where']}): the first three principal components of all "
+            f"{p['pca']['n_patches']} patch tokens explain {share} of the variance; the "
+            f"similarity map is the cosine similarity of patch (row {p['query_patch'][0]}, "
+            f"column {p['query_patch'][1]}), the centre, to every patch of its image."
+        )
+    return s
+
+
 def _mean(values: Iterable[Any]) -> float | None:
     v = [float(x) for x in values if x is not None]
     return sum(v) / len(v) if v else None
@@ -451,9 +506,12 @@ def _not_applicable(doc: dict[str, Any]) -> Section:
 
 def provenance_section(doc: dict[str, Any]) -> Section:
     keys = ("vitreg_version", "torch_version", "timm_version", "transformers_version")
-    rows = [[k, str(doc.get(k))] for k in (*keys, "open_clip_version", "python_version")]
-    rows += [["created (UTC)", doc["created"]], ["command", f"`{doc['command']}`"]]
-    rows += [[f"config: {k}", f"`{v}`"] for k, v in doc["config"].items()]
+    rows = [
+        [k, text(doc.get(k)) if doc.get(k) is not None else "not installed"]
+        for k in (*keys, "open_clip_version", "python_version")
+    ]
+    rows += [["created (UTC)", doc["created"]], ["command", code(doc["command"])]]
+    rows += [[f"config: {k}", code(v)] for k, v in doc["config"].items()]
     return Section("provenance", "Provenance", [Table(["", ""], rows)])
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vitreg.report.io import write_json_atomic, write_text_atomic
+from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.report.markdown import Table, build_report, markdown_table, num, pct, render_markdown
 from vitreg.report.schema import (
     SCHEMA_VERSION,
@@ -62,7 +62,7 @@ def write_run(
     """
     import yaml
 
-    from vitreg.report.figures import display_images, figures_for
+    from vitreg.report.figures import display_images, figure_formats, figures_for
     from vitreg.report.html import render_html, slider_data
 
     out = Path(out_dir)
@@ -72,7 +72,7 @@ def write_run(
     shown = display_images(images[:max_maps] if images is not None else None, mean, std)
     figs = figures_for(result, shown)
     for fig in figs:
-        fig.save(out / "figures")
+        fig.save(out / "figures", figure_formats(config))
     report = build_report(doc, figs)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
     write_text_atomic(out / "report.md", render_markdown(report))
@@ -91,6 +91,12 @@ COMPARE_COLUMNS = (
 
 def compare_table(results: list[tuple[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """The cross-model table (Markdown and rows): outlier rate, emergence, norm ratio, agreement, verdict."""
+    table, rows = model_table(results)
+    return markdown_table(table), rows
+
+
+def model_table(results: list[tuple[str, Any]]) -> tuple[Table, list[dict[str, Any]]]:
+    """The cross-model table and its rows, from diagnose results labelled by model."""
     rows = []
     for label, result in results:
         metrics = {m["name"]: m for m in headline_metrics(plain(result.to_dict()))}
@@ -114,4 +120,4 @@ def compare_table(results: list[tuple[str, Any]]) -> tuple[str, list[dict[str, A
             for r in rows
         ],
     )
-    return markdown_table(table), rows
+    return table, rows

@@ -7,9 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitreg.report.figures import Figure
-from vitreg.report.io import write_json_atomic, write_text_atomic
-from vitreg.report.markdown import FigureRef, Report, Section, render_markdown
+from vitreg.core.io import write_json_atomic, write_text_atomic
+from vitreg.report.figures import Figure, figure_formats
+from vitreg.report.markdown import (
+    FigureRef,
+    Report,
+    Section,
+    is_random_init,
+    random_init_banner,
+    render_markdown,
+)
 from vitreg.report.schema import (
     SCHEMA_VERSION,
     Metric,
@@ -67,7 +74,7 @@ def write_files(
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").unlink(missing_ok=True)
     for fig in figures:
-        fig.save(out / "figures")
+        fig.save(out / "figures", figure_formats(doc["config"]))
     write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
     if report is not None:
         write_text_atomic(out / "report.md", render_markdown(report))
@@ -77,9 +84,11 @@ def write_files(
 
 
 def synthetic_banner(doc: dict[str, Any]) -> str | None:
+    """The banner of a report on a model that is not a trained ViT: a synthetic (planted) one,
+    or one built with ``--random-init``; ``None`` for trained weights."""
     model = doc["model"]
     if not is_synthetic(model):
-        return None
+        return random_init_banner(model.get("spec") or "model") if is_random_init(doc) else None
     return (
         f"**SYNTHETIC MODEL:** `{model.get('spec')}` has random weights with planted register "
         "neurons; it is not a trained ViT. Use this report to check the tool, not to draw "

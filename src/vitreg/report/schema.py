@@ -331,7 +331,7 @@ def versions() -> dict[str, str | None]:
     """Versions of vitreg, python and the model libraries (optional ones: ``None`` if absent)."""
     import torch
 
-    import vitreg
+    from vitreg.core.version import __version__
 
     def dist(name: str) -> str | None:
         try:
@@ -340,7 +340,7 @@ def versions() -> dict[str, str | None]:
             return None
 
     return {
-        "vitreg_version": vitreg.__version__,
+        "vitreg_version": __version__,
         "torch_version": torch.__version__,
         "timm_version": dist("timm"),
         "transformers_version": dist("transformers"),

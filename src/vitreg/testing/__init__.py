@@ -2,9 +2,10 @@
 
 Usable from users' own tests: ``build("dinov2_s14", img_size=112)`` returns a real timm model
 whose register neurons and outlier tokens are known, and ``make_synthetic`` returns images with
-known flat regions.
+known flat regions. Importing this package registers the ``planted:`` model spec.
 """
 
+from vitreg.testing import loader  # noqa: F401  (registers planted:)
 from vitreg.testing.images import SyntheticImages, make_synthetic, synthetic_images, synthetic_pil
 from vitreg.testing.planted import FlatRule, GroundTruth, build, list_planted
 

@@ -1,4 +1,5 @@
-"""``planted:NAME``: synthetic ViTs with planted register neurons (see vitreg.testing.planted)."""
+"""``planted:NAME``: synthetic ViTs with planted register neurons (see vitreg.testing.planted),
+registered with the model loaders when vitreg.testing is imported."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from vitreg.errors import SpecError
 from vitreg.models.load import Loaded, register_loader
+from vitreg.testing.planted import build
 
 
 @register_loader("planted")
@@ -19,8 +21,6 @@ def load_planted(
     **kwargs: Any,
 ) -> Loaded:
     """Build the planted fixture ``name``; its :class:`GroundTruth` is ``module.vitreg_planted``."""
-    from vitreg.testing.planted import build
-
     if weights is not None:
         raise SpecError(
             "planted models are built from a seed, not loaded from weights; to reload a saved "

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError, SpecError
-from vitreg.models.layout import TokenLayout
 
 
 @dataclass(frozen=True)

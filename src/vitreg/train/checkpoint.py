@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.errors import WeightsError
 from vitreg.models.load import read_state_dict
-from vitreg.report.io import write_bytes_atomic, write_json_atomic
 
 FORMAT = "vitreg-train-checkpoint"
 FIX = "delete it to restart from the previous checkpoint, or pass --no-resume (resume=False)"

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vitreg.report.io import write_text_atomic
+from vitreg.core.io import write_text_atomic
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.distributed import DistContext, rank_slice, setup
-from vitreg.report.io import write_bytes_atomic, write_json_atomic
 from vitreg.train import checkpoint as ckpt_io
 from vitreg.train.config import (
     DEFAULTS,

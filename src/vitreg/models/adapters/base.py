@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError, UnsupportedModelError
 from vitreg.hooks.sites import EmbedSite, Handle, Site
-from vitreg.models.layout import TokenLayout
 
 # values_fn(batch_size, like) -> [B, k, C] tensor of inserted token values
 ValuesFn = Callable[[int, torch.Tensor], torch.Tensor]

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError, InputError, UnsupportedModelError
 from vitreg.hooks.attention import (
     ATTENTION_MODES,
@@ -43,7 +44,6 @@ from vitreg.hooks.sites import (
 )
 from vitreg.models.adapters.base import Adapter, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
-from vitreg.models.layout import TokenLayout
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))

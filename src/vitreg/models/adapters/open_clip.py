@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError
 from vitreg.hooks.attention import (
     ATTENTION_MODES,
@@ -39,7 +40,6 @@ from vitreg.hooks.attention import (
 from vitreg.hooks.sites import Handle, HookContext, HookFn, InputSite, LayoutFn, OutputSite, Site
 from vitreg.models.adapters.base import Adapter, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
-from vitreg.models.layout import TokenLayout
 
 Convert = tuple[Callable[[Any], torch.Tensor], Callable[[torch.Tensor, Any], Any]]
 

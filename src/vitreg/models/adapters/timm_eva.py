@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
 from vitreg.hooks.sites import Handle, HookFn, LayoutFn, OutputSite, Site
 from vitreg.models.adapters.base import ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import TimmViTAdapter, insert_after_prefix, qkv_part
-from vitreg.models.layout import TokenLayout
 
 
 @dataclass

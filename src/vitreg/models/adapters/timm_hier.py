@@ -14,17 +14,19 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError
 from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
+from vitreg.hooks.patterns import PatternRead, PatternReading
 from vitreg.hooks.sites import InputSite, OutputSite, Site
 from vitreg.models.adapters.base import Adapter, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
-from vitreg.models.layout import TokenLayout
 
 Grid = tuple[int, int]
 
@@ -37,7 +39,15 @@ class WindowPatternSite(PatternSite):
     ``blk.window_size`` and cut into nW = ceil(h/wh)*ceil(w/ww) windows, row-major per image.
     In shifted windows, keys that the roll brought from another region are masked (-100), so
     they get ~0 probability. Read natively at ``attn.attn_drop`` (fusion off), editable.
+    ``block``: the Swin block, whose window and shift size place each window on the grid.
     """
+
+    block: nn.Module | None = None
+
+    def reading(self, layout: TokenLayout) -> PatternReading:
+        how = "mean attention received from the queries of the patch's window (shift undone)"
+        read = partial(read_windows, block=self.block)
+        return PatternReading(read, "mean_received", how, "the query's window")
 
 
 @dataclass
@@ -48,6 +58,59 @@ class ReducedPatternSite(PatternSite):
     (h//sr)*(w//sr); 7x7 pooled for linear attention). Recomputed from ``attn.q``/``attn.kv``
     outputs under fused attention, native at ``attn.attn_drop`` otherwise.
     """
+
+    def reading(self, layout: TokenLayout) -> PatternReading:
+        how = "mean attention received by each spatially reduced key, on the key grid"
+        read = partial(read_reduced, attn=self.attn)
+        return PatternReading(read, "mean_received", how, "the reduced keys")
+
+
+def read_windows(p: torch.Tensor, layout: TokenLayout, block: nn.Module) -> PatternRead:
+    """Swin ``[B*nW, H, A, A]``: received attention per key, averaged over the valid queries of
+    its window, put back on the grid (padding cropped, cyclic shift undone)."""
+    (gh, gw), (wh, ww), (sh, sw) = layout.grid, block.window_size, block.shift_size
+    nh, nw = -(-gh // wh), -(-gw // ww)
+    n_win, area, heads = nh * nw, wh * ww, p.shape[1]
+    if p.shape[0] % n_win or p.shape[-1] != area:
+        raise InputError(
+            f"Swin pattern {tuple(p.shape)} does not fit {n_win} windows of {wh}x{ww} on a "
+            f"{gh}x{gw} grid"
+        )
+    b = p.shape[0] // n_win
+    valid = torch.zeros(nh * wh, nw * ww, device=p.device)
+    valid[:gh, :gw] = 1.0  # the block rolls, then pads bottom/right: padding is never a real token
+    valid = valid.view(nh, wh, nw, ww).permute(0, 2, 1, 3).reshape(n_win, area)
+    win = p.view(b, n_win, heads, area, area)
+    received = torch.einsum("bnhqk,nq->bnhk", win, valid) / valid.sum(1)[None, :, None, None]
+    grid = received.view(b, nh, nw, heads, wh, ww).permute(0, 3, 1, 4, 2, 5)
+    grid = grid.reshape(b, heads, nh * wh, nw * ww)[:, :, :gh, :gw]
+    grid = torch.roll(grid, shifts=(sh, sw), dims=(2, 3))
+    return PatternRead(grid, win, valid[:, None, :], layout.grid)
+
+
+def reduced_key_grid(attn: nn.Module, grid: Grid) -> Grid:
+    """The key grid of a PVT-v2 attention module on a token ``grid`` (pooled, strided, or same)."""
+    if getattr(attn, "pool", None) is not None:
+        size = attn.pool.output_size
+        return (size, size) if isinstance(size, int) else tuple(size)
+    sr = getattr(attn, "sr", None)
+    if sr is None:
+        return grid
+    out = []
+    for dim, n in enumerate(grid):
+        k, s, pad, d = sr.kernel_size[dim], sr.stride[dim], sr.padding[dim], sr.dilation[dim]
+        out.append((n + 2 * pad - d * (k - 1) - 1) // s + 1)
+    return tuple(out)
+
+
+def read_reduced(p: torch.Tensor, layout: TokenLayout, attn: nn.Module) -> PatternRead:
+    """PVT-v2 ``[B, H, N, N_kv]``: mean attention received by each reduced key, on the key grid."""
+    kh, kw = reduced_key_grid(attn, layout.grid)
+    if p.shape[-1] != kh * kw:
+        raise InputError(f"PVT-v2 pattern {tuple(p.shape)} does not match a {kh}x{kw} key grid")
+    heads = p.mean(2).reshape(p.shape[0], p.shape[1], kh, kw)
+    same = (kh, kw) == tuple(layout.grid) and getattr(attn, "pool", None) is None
+    return PatternRead(heads, p, None, layout.grid if same else None)
 
 
 def _conv_out(n: int, conv: nn.Conv2d, dim: int) -> int:
@@ -242,7 +305,11 @@ class TimmSwinAdapter(_HierAdapter):
             InputSite(f"{p}.hook_resid_pre", layer, module=blk, kwarg="x"),
             OutputSite(f"{p}.ln1.hook_out", layer, module=blk.norm1),
             WindowPatternSite(
-                f"{p}.attn.hook_pattern", layer, attn=blk.attn, native_module=blk.attn.attn_drop
+                f"{p}.attn.hook_pattern",
+                layer,
+                attn=blk.attn,
+                native_module=blk.attn.attn_drop,
+                block=blk,
             ),
             InputSite(f"{p}.hook_resid_mid", layer, module=blk.norm2, **seq),
             OutputSite(f"{p}.ln2.hook_out", layer, module=blk.norm2, **seq),

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError
 from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
 from vitreg.hooks.sites import (
@@ -18,7 +19,6 @@ from vitreg.hooks.sites import (
     bnhd_to_bhnd,
 )
 from vitreg.models.adapters.base import Adapter, ValuesFn, register_adapter
-from vitreg.models.layout import TokenLayout
 
 _ATTN_PARTS = ("qkv", "q_norm", "k_norm", "attn_drop", "scale", "num_heads")
 _BLOCK_PARTS = ("norm1", "attn", "norm2", "mlp")

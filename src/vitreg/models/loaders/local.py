@@ -11,17 +11,24 @@ is built: JSON with no key given twice, typed fields, no constructor argument th
 device, no memory) under :data:`MAX_PARAMS` parameters and :data:`MAX_ACTIVATION_BYTES` per
 image. Every path the folder names (weights, the neuron set of a saved fix) resolves inside the
 folder. Weights are loaded strictly; ``pretrained=False`` reads no weights file at all.
+
+Keys that higher layers handle (a saved fix's ``vitreg_fix``, which :mod:`vitreg.fix.saved`
+registers) are validated and applied through :data:`SECTIONS`, so this loader knows nothing of
+them.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -29,6 +36,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -38,7 +46,6 @@ from vitreg.errors import InputError, SpecError, VitregError, WeightsError
 from vitreg.models.load import (
     LOADERS,
     Loaded,
-    contained,
     describe_invalid,
     inside,
     read_json,
@@ -266,28 +273,32 @@ class PretrainedCfg(BaseModel):
         raise ValueError("expected a module name or a list of them")
 
 
-class FixOptions(BaseModel):
-    """The TestTimeRegisters options of a saved fix."""
+@dataclass(frozen=True)
+class Section:
+    """A ``config.json`` key a higher layer handles (``fix`` registers ``vitreg_fix``).
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    ``schema`` validates the key's value (errors are named ``KEY.field``); ``prepare(directory,
+    config_path, value)`` runs before the model is built (so a bad section fails first) and
+    returns a note for the user and the setup applied to the wrapped model.
+    """
 
-    n_registers: int = Field(1, ge=1, le=64)
-    cls: str = "zero"
-    patches: str = "zero"
-    mode: str = "paper"
-    seed: int = 0
-    scale: float = Field(1.0, allow_inf_nan=False)
+    schema: type[BaseModel]
+    prepare: Callable[[Path, Path, Any], tuple[str, Callable[[Any], None]]]
 
 
-class FixSection(BaseModel):
-    """``vitreg_fix``: the neuron set (a path inside the folder) and the fix's options."""
+#: config.json keys handled by higher layers, filled when they are imported
+SECTIONS: dict[str, Section] = {}
 
-    model_config = ConfigDict(extra="forbid", strict=True)
 
-    method: Literal["test_time_registers"]
-    neurons: str = Field(min_length=1)
-    n_neurons: int = Field(ge=0)
-    options: FixOptions = Field(default_factory=FixOptions)
+def register_section(key: str, section: Section) -> None:
+    """Let a higher layer validate and apply ``key`` of a ``local:`` folder's config.json."""
+    SECTIONS[key] = section
+
+
+def _an_object(cls: type, v: Any) -> Any:
+    if not isinstance(v, dict):
+        raise ValueError("expected an object")
+    return v
 
 
 class LocalConfig(BaseModel):
@@ -298,7 +309,6 @@ class LocalConfig(BaseModel):
     architecture: str = Field(min_length=1, max_length=200)
     model_args: ModelArgs = Field(default_factory=ModelArgs)
     pretrained_cfg: PretrainedCfg | None = None
-    vitreg_fix: FixSection | None = None
 
     @field_validator("architecture", mode="before")
     @classmethod
@@ -307,12 +317,19 @@ class LocalConfig(BaseModel):
             raise ValueError("expected a timm architecture name (a string)")
         return v
 
-    @field_validator("pretrained_cfg", "vitreg_fix", mode="before")
-    @classmethod
-    def _object(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            raise ValueError("expected an object")
-        return v
+    _object = field_validator("pretrained_cfg", mode="before")(_an_object)
+
+
+@functools.cache
+def _config_model(sections: tuple[tuple[str, Section], ...]) -> type[LocalConfig]:
+    """:class:`LocalConfig` with one optional field per registered section."""
+    if not sections:
+        return LocalConfig
+    fields: dict[str, Any] = {key: (section.schema | None, None) for key, section in sections}
+    objects = field_validator(*fields, mode="before")(_an_object)
+    return create_model(
+        "LocalConfig", __base__=LocalConfig, __validators__={"_sections": objects}, **fields
+    )
 
 
 def _weights_in(directory: Path) -> Path:
@@ -369,7 +386,7 @@ def load_local(
     if "model_type" in raw and "architecture" not in raw:
         return _load_hf(directory, config_path, raw, pretrained, weights, kwargs)
     try:
-        config = LocalConfig.model_validate(raw)
+        config = _config_model(tuple(SECTIONS.items())).model_validate(raw)
     except ValidationError as e:
         raise InputError(describe_invalid(e, config_path, "model config")) from None
     import timm
@@ -382,7 +399,12 @@ def load_local(
             f"model config {str(config_path)!r}: architecture {arch!r} is not a timm "
             f"architecture{_suggest(arch)}"
         )
-    fix = _fix_neurons(directory, config_path, config.vitreg_fix)  # a bad set fails before a build
+    # a bad section (e.g. a saved fix's neuron set) fails before a build
+    prepared = [
+        section.prepare(directory, config_path, getattr(config, key))
+        for key, section in SECTIONS.items()
+        if getattr(config, key) is not None
+    ]
     model_args = dict(raw.get("model_args") or {})
     args = {**model_args, **kwargs}
     check_size(arch, args, model_args, kwargs, config_path)
@@ -397,16 +419,14 @@ def load_local(
         dropped = ("file", "state_dict", "architecture")
         extra = {k: v for k, v in raw["pretrained_cfg"].items() if k not in dropped}
         module.pretrained_cfg = {**module.pretrained_cfg, **extra}
-    if fix is None:
+    if not prepared:
         return Loaded(module)
-    neurons, options = fix
-    note = (
-        f"test-time registers from {str(directory)!r} applied ({len(neurons)} neurons); "
-        "timm's own API loads the same weights without the fix"
-    )
-    return Loaded(
-        module, notes=[note], setup=lambda model: _apply_fix(model, neurons, options, config_path)
-    )
+
+    def setup(model: Any) -> None:
+        for _, apply in prepared:
+            apply(model)
+
+    return Loaded(module, notes=[note for note, _ in prepared], setup=setup)
 
 
 def _load_weights(
@@ -539,35 +559,6 @@ def _load_hf(
         ) from None
 
 
-def _fix_neurons(
-    directory: Path, config_path: Path, fix: FixSection | None
-) -> tuple[Any, dict] | None:
-    """The saved fix's neuron set (both files inside the folder) and options, checked."""
-    if fix is None:
-        return None
-    from vitreg.neurons.neuron_set import NeuronSet
-
-    base = contained(directory, fix.neurons, "vitreg_fix.neurons", config_path)
-    for path in NeuronSet.files(base):
-        if path.exists() or path.is_symlink():
-            inside(directory, path, "vitreg_fix.neurons", config_path)
-    neurons = NeuronSet.load(base)
-    if len(neurons) != fix.n_neurons:
-        raise InputError(
-            f"model config {str(config_path)!r}: vitreg_fix.n_neurons is {fix.n_neurons} but the "
-            f"neuron set {fix.neurons!r} holds {len(neurons)}; the folder was edited or is "
-            "incomplete (save it again with `vitreg fix --save`)"
-        )
-    return neurons, fix.options.model_dump()
-
-
-def _apply_fix(model: Any, neurons: Any, options: dict, config_path: Path) -> None:
-    from vitreg.fix.test_time_registers import TestTimeRegisters
-
-    neurons.check_applicable(model, where=f"the saved fix in {str(config_path)!r}")
-    TestTimeRegisters(neurons, **options).apply(model)
-
-
 def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: Any) -> Path:
     """Write a timm model as ``config.json`` + ``model.safetensors`` (loadable as ``local:DIR``)."""
     from safetensors.torch import save_file
@@ -585,28 +576,6 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
         if _jsonable(v) and k not in ("file", "state_dict")
     }
     config = {"architecture": arch, "model_args": model_args, "pretrained_cfg": cfg}
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
-
-
-def save_fixed(model: Any, ttr: Any, directory: str | os.PathLike, **model_args: Any) -> Path:
-    """Save a timm model with its test-time-register fix; ``local:DIR`` loads it fixed.
-
-    The weights are the untouched source weights (timm's own API loads them as the bare model);
-    ``config.json`` names the neuron set and the fix options, which vitreg re-applies on load.
-    """
-    out = save_local(model.module, directory, **model_args)
-    ttr.neurons.save(out / "neurons")
-    options = {
-        k: ttr.describe()[k] for k in ("n_registers", "cls", "patches", "mode", "seed", "scale")
-    }
-    config = json.loads((out / "config.json").read_text())
-    config["vitreg_fix"] = {
-        "method": "test_time_registers",
-        "neurons": "neurons",
-        "n_neurons": len(ttr.neurons),
-        "options": options,
-    }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 

@@ -1,0 +1,196 @@
+"""Pictures of the patch features themselves: the first three PCA components as RGB, and the
+cosine similarity of one patch to all others (the figures DINOv2 users look at first).
+
+Streaming: every patch of every image adds to a running sum and Gram matrix (``C x C`` in float64,
+8 MB for C = 1024), so the PCA is fitted on all images of the run; only the first ``keep``
+images' features are kept for the pictures. The query patch of the similarity map is the centre
+patch (row ``h // 2``, column ``w // 2``), the same in every image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vitreg.analysis.base import Analysis
+from vitreg.analysis.norms import norm_sites
+from vitreg.errors import HookError
+from vitreg.hooks.reducers import Reducer
+from vitreg.hooks.sites import HookContext
+from vitreg.models.model import Model, TraceResult
+
+N_COMPONENTS = 3
+RGB_CLIP = (1.0, 99.0)  # percentiles of each component mapped to 0 and 1
+
+
+class PatchFeatures(Reducer):
+    """Running mean and Gram matrix of all patch features at one site, and the features
+    ``[n, h, w, C]`` of the first ``keep`` images."""
+
+    def __init__(self, site: str, keep: int = 4) -> None:
+        super().__init__(site)
+        self.keep = keep
+        self.total: torch.Tensor | None = None
+        self.gram: torch.Tensor | None = None
+        self.count = 0
+        self.kept: dict[int, torch.Tensor] = {}
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        if t.dim() != 4 and ctx.layout is None:
+            raise HookError(f"{self.site!r} has no token layout, so its patch grid is unknown")
+        grid = (t if t.dim() == 4 else ctx.layout.patch_grid(t)).float()
+        flat = grid.reshape(-1, grid.shape[-1]).double()
+        total, gram = flat.sum(0).cpu(), (flat.T @ flat).cpu()
+        self.total = total if self.total is None else self.total + total
+        self.gram = gram if self.gram is None else self.gram + gram
+        self.count += flat.shape[0]
+        for i in range(min(grid.shape[0], max(0, self.keep - image_offset))):
+            self.kept[image_offset + i] = grid[i].cpu()
+
+    def merge(self, other: Reducer) -> None:
+        assert isinstance(other, PatchFeatures)
+        if other.total is not None:
+            self.total = other.total if self.total is None else self.total + other.total
+            self.gram = other.gram if self.gram is None else self.gram + other.gram
+            self.count += other.count
+        self.kept.update(other.kept)
+        self.kept = {k: self.kept[k] for k in sorted(self.kept)[: self.keep]}
+        self.n_images = max(self.n_images, other.n_images)
+
+    def result(self) -> dict[str, Any]:
+        if self.total is None:
+            raise HookError(f"no features reached {self.site!r}")
+        mean = self.total / self.count
+        cov = self.gram / self.count - torch.outer(mean, mean)
+        kept = torch.stack([self.kept[k] for k in sorted(self.kept)])
+        return {"mean": mean, "cov": cov, "count": self.count, "features": kept}
+
+
+@dataclass
+class PCABasis:
+    """The first principal axes of the patch features of a run (rows of ``components``)."""
+
+    mean: torch.Tensor  # [C] float64
+    components: torch.Tensor  # [k, C] float64, unit rows
+    explained: list[float]  # share of the total variance per component
+    n_patches: int
+    lo: torch.Tensor | None = None  # [k] colour range of each component (set by fit_colours)
+    hi: torch.Tensor | None = None
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """``[..., C]`` features onto the components: ``[..., k]``."""
+        return (features.double() - self.mean) @ self.components.T
+
+    def fit_colours(self, features: torch.Tensor) -> PCABasis:
+        """Fix each component's colour range from the RGB_CLIP percentiles of ``features``."""
+        p = self.project(features).reshape(-1, self.components.shape[0]).numpy()
+        lo, hi = np.percentile(p, RGB_CLIP, axis=0)
+        self.lo, self.hi = torch.from_numpy(lo), torch.from_numpy(np.maximum(hi, lo + 1e-12))
+        return self
+
+    def rgb(self, features: torch.Tensor) -> np.ndarray:
+        """``[n, h, w, 3]`` colours in [0, 1]: component i -> channel i, clipped to its range."""
+        if self.lo is None or self.hi is None:
+            self.fit_colours(features)
+        p = (self.project(features) - self.lo) / (self.hi - self.lo)
+        return p.clamp(0, 1).float().numpy()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"explained_variance": self.explained, "n_patches": self.n_patches}
+
+
+def pca_basis(stats: dict[str, Any], k: int = N_COMPONENTS) -> PCABasis:
+    """The top-``k`` eigenvectors of the streamed covariance (signs fixed: largest loading > 0)."""
+    values, vectors = torch.linalg.eigh(stats["cov"])
+    order = values.flip(0)[:k].clamp_min(0)
+    comps = vectors.flip(1)[:, :k].T.contiguous()
+    signs = torch.sign(comps.gather(1, comps.abs().argmax(1, keepdim=True)))
+    comps = comps * torch.where(signs == 0, 1.0, signs)
+    total = float(values.clamp_min(0).sum()) or 1.0
+    return PCABasis(stats["mean"], comps, [float(v) / total for v in order], stats["count"])
+
+
+def query_patch(h: int, w: int) -> tuple[int, int]:
+    """The similarity map's query: the centre patch."""
+    return h // 2, w // 2
+
+
+def similarity_maps(features: torch.Tensor) -> torch.Tensor:
+    """``[n, h, w]`` cosine similarity of each image's centre patch to every patch."""
+    n, h, w, c = features.shape
+    r, q = query_patch(h, w)
+    unit = F.normalize(features.float(), dim=-1)
+    return torch.einsum("nhwc,nc->nhw", unit, unit[:, r, q])
+
+
+@dataclass
+class FeaturePictures:
+    """PCA colours and centre-patch similarity at one site, for the first images of a run."""
+
+    site: str
+    where: str  # "residual stream" or "after the final norm"
+    features: torch.Tensor  # [n, h, w, C] of the kept images
+    basis: PCABasis
+
+    @property
+    def query(self) -> tuple[int, int]:
+        return query_patch(*self.features.shape[1:3])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "where": self.where,
+            "n_images_shown": int(self.features.shape[0]),
+            "query_patch": list(self.query),
+            "pca": self.basis.to_dict(),
+        }
+
+
+class FeaturePictureAnalysis(Analysis):
+    """Feature pictures at one block output (default: the last, as the redundancy analysis) and
+    after the final norm."""
+
+    name = "feature_pictures"
+
+    def __init__(self, keep: int = 4, layer: int | None = None) -> None:
+        self.keep = keep
+        self.layer = layer
+
+    def sites(self, model: Model) -> list[str]:
+        blocks, final = norm_sites(model)
+        if not blocks:
+            return []
+        layer = len(blocks) - 1 if self.layer is None else self.layer
+        return [blocks[layer], *([final] if final else [])]
+
+    def not_applicable(self, model: Model) -> str | None:
+        return None if self.sites(model) else "the model exposes no block outputs"
+
+    def reducers(self, model: Model) -> list[Reducer]:
+        return [PatchFeatures(site, self.keep) for site in self.sites(model)]
+
+    def finish(
+        self, model: Model, trace: TraceResult, done: dict[str, Any]
+    ) -> FeaturePicturesResult:
+        out = {}
+        for reducer in trace.reducers:
+            stats = reducer.result()
+            final = reducer.site.startswith("ln_final")
+            where = "after the final norm" if final else "residual stream"
+            basis = pca_basis(stats).fit_colours(stats["features"])
+            out[reducer.site] = FeaturePictures(reducer.site, where, stats["features"], basis)
+        return FeaturePicturesResult(out)
+
+
+@dataclass
+class FeaturePicturesResult:
+    """Feature pictures by site, in forward order."""
+
+    by_site: dict[str, FeaturePictures]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sites": [p.to_dict() for p in self.by_site.values()]}

@@ -1,0 +1,1 @@
+"""The bottom layer every other package builds on: token layouts, atomic writes, the version."""

@@ -1,0 +1,60 @@
+"""Paper-ready figures: 200 dpi PNGs, plain tick labels (no offset text), vector copies on request."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from vitreg.cli.app import app
+from vitreg.report.figures import DPI, Figure, all_axes, figure_formats
+from vitreg.report.fix_report import before_after_maps
+
+
+def offset_texts(fig: Figure) -> list[str]:
+    """Every axis' offset text (``+1.9595e1`` and the like) once the figure is drawn."""
+    src = fig.source
+    src.canvas.draw()
+    return [a.get_offset_text().get_text() for ax in all_axes(src) for a in (ax.xaxis, ax.yaxis)]
+
+
+def test_maps_near_a_large_constant_have_plain_ticks_at_200_dpi() -> None:
+    """Norms after the final norm sit near one value: the colour bar once read ``+1.9595e1``."""
+    rng = np.random.default_rng(0)
+    before = 19.5955 + 1e-4 * rng.random((2, 4, 4))
+    after = 19.5955 + 1e-4 * rng.random((2, 4, 4))
+    fig = before_after_maps("maps", before, after, None, "{n} images")
+    assert [t for t in offset_texts(fig) if t] == []
+    labels = [t.get_text() for ax in all_axes(fig.source) for t in ax.get_xticklabels()]
+    assert any(lab.startswith("19.59") for lab in labels), labels  # the colour bars' ticks
+    png = Image.open(io.BytesIO(fig.png))
+    assert png.info["dpi"][0] == pytest.approx(DPI, abs=0.01)
+    assert DPI == 200
+
+
+def test_vector_copies_next_to_the_png(tmp_path: Path) -> None:
+    fig = before_after_maps("maps", np.ones((1, 2, 2)), np.zeros((1, 2, 2)), None, "{n}")
+    paths = fig.save(tmp_path, figure_formats({"figure_format": "pdf"}))
+    assert [p.name for p in paths] == ["maps.png", "maps.pdf"]
+    assert (tmp_path / "maps.pdf").read_bytes().startswith(b"%PDF")
+    assert figure_formats({}) == ()
+    with pytest.raises(ValueError, match="svg, pdf"):
+        figure_formats({"figure_format": "eps"})
+
+
+def test_figure_format_svg_writes_svgs_next_to_pngs(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["diagnose", "--img-size", "56", "--limit", "2", "--max-maps", "2"]
+    result = CliRunner().invoke(app, [*args, "--figure-format", "svg", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    pngs = sorted(p.stem for p in (out / "figures").glob("*.png"))
+    svgs = sorted(p.stem for p in (out / "figures").glob("*.svg"))
+    assert pngs and svgs == pngs
+    assert (out / "figures" / f"{svgs[0]}.svg").read_text().lstrip().startswith("<?xml")
+    assert "figure_format: svg" in (out / "config.yaml").read_text()
+    bad = CliRunner().invoke(app, [*args, "--figure-format", "png", "--out", str(out)])
+    assert bad.exit_code == 2 and "figure-format" in bad.output
