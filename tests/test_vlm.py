@@ -29,6 +29,7 @@ from vitreg.vlm import (
     prompt_text,
     read,
     token_ids,
+    wrap_vlm,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -199,6 +200,25 @@ def test_prompts_and_clear_errors(tiny) -> None:
         from vitreg.vlm import run_vlm
 
         run_vlm(vitreg.wrap(build("hf_clip_t16", img_size=SIZE)[0]), [], PROMPT, None)
+
+
+def test_wrap_a_loaded_llava_and_refuse_sdpa(tiny, pixels) -> None:
+    _, model, _ = tiny
+    vlm = model.vlm
+    wrapped = wrap_vlm(vlm.module, vlm.processor)
+    assert wrapped.module is vlm.tower and wrapped.vlm.tokenizer is vlm.tokenizer
+    assert wrapped.hook_names() == model.hook_names()
+    with pytest.raises(SpecError, match="not a supported VLM"):
+        wrap_vlm(vlm.tower)
+    pv = pixels[:1]
+    ids = inputs(wrapped, pv)
+    vlm.module.set_attn_implementation({"text_config": "sdpa"})
+    try:
+        with pytest.raises(InputError, match="eager"):
+            read(wrapped, ids, pv, [ids.shape[1] - 1], [ids.shape[1] - 1])
+    finally:
+        vlm.module.set_attn_implementation({"text_config": "eager"})
+    assert vlm.lm_attention == "eager"
 
 
 def test_answer_change_numbers() -> None:

@@ -144,7 +144,7 @@ class VlmConfig(NeuronSearch):
     @field_validator("neurons")
     @classmethod
     def _neurons_source(cls, v: str) -> str:
-        if v != "auto" and not Path(v).is_file():
+        if v != "auto" and not (Path(v).is_file() or Path(f"{v}.json").is_file()):
             raise ValueError("neither auto nor an existing NeuronSet file (neurons.json)")
         return v
 

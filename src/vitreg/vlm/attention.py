@@ -19,7 +19,7 @@ from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
-from vitreg.models.loaders.hf_vlm import VLM
+from vitreg.models.loaders.hf_vlm import VLM, vlm_of
 from vitreg.models.model import Model
 
 
@@ -108,7 +108,7 @@ def read(
 ) -> Reading:
     """One forward pass of the VLM over ``ids`` (prompt + answer) reading attention rows,
     logits at ``logit_positions`` and the tower's feature-layer norms."""
-    vlm = model.vlm
+    vlm = vlm_of(model)
     found: dict[str, torch.Tensor | TokenLayout] = {}
 
     def save(t: torch.Tensor, hook: HookContext) -> None:

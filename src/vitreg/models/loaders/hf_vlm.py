@@ -132,7 +132,7 @@ def _planted_note(source: str, is_local: bool) -> list[str]:
     ]
 
 
-def _processor(source: str, is_local: bool) -> Any | None:
+def _processor(source: str) -> Any | None:
     """The model's own processor from the folder or the cache, else ``None``."""
     try:
         from transformers import AutoProcessor
@@ -184,7 +184,7 @@ def load_hf_vlm(
             module = LlavaForConditionalGeneration._from_config(config, attn_implementation=attn)
     except OSError as e:
         raise WeightsError(offline_hint(f"the weights of {source!r}", e)) from e
-    processor = _processor(source, is_local)
+    processor = _processor(source)
     check_vlm(module)
     vlm = VLM(module, getattr(processor, "tokenizer", None), processor, f"hf-vlm:{name}")
     image_processor = getattr(processor, "image_processor", None)
