@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.errors import InputError
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
-from vitreg.report.io import write_json_atomic, write_text_atomic
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
 from vitreg.report.markdown import render_markdown as _render_markdown
 

@@ -102,6 +102,11 @@ def inline(text: Any) -> Any:
     return Markup(_markdown().renderInline(str(text)))
 
 
+def plain(text: Any) -> str:
+    """One line of Markdown as plain text (for attributes such as an image's alt text)."""
+    return inline(text).striptags()
+
+
 def markdown(text: Any) -> Any:
     """A Markdown block (a paragraph, a list) as HTML, raw HTML escaped."""
     from markupsafe import Markup
@@ -121,6 +126,7 @@ def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
     )
     env.filters["inline"] = inline
     env.filters["markdown"] = markdown
+    env.filters["plain"] = plain
     uris = {f"figures/{f.filename}": data_uri(f.png) for f in figures}
     slider_json = json.dumps(slider, separators=(",", ":")).replace("</", "<\\/")
     return env.get_template("report.html.j2").render(
