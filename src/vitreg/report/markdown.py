@@ -541,6 +541,27 @@ def _cell(x: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def code_span(x: Any) -> str:
+    """``x`` (a file name, a path, a spec) as one inline code span whatever it holds: fenced by
+    more backticks than its longest backtick run (CommonMark), padded when it starts or ends with
+    one, line breaks as spaces; ``<tags>`` and ``*`` inside a code span are shown, not rendered,
+    and in a table cell ``|`` is escaped by the table writer. The one writer of names in reports."""
+    import re
+
+    text = " ".join(str(x).splitlines()) or " "
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" or text.strip(" ") == "" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def escape_text(x: Any) -> str:
+    """Free text that may hold file names (a skip reason quoting a path) with every Markdown and
+    HTML marker backslash-escaped, so it shows as written (``|`` is left to the table writer)."""
+    import re
+
+    return re.sub(r"([\\`*_\[\]<>~&#!])", r"\\\1", " ".join(str(x).splitlines()))
+
+
 def _md_block(b: Block) -> list[str]:
     if isinstance(b, Table):
         return markdown_table(b).splitlines()
