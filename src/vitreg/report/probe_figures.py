@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vitreg.report.figures import Figure, display_images, new_canvas, png_bytes
+from vitreg.report.figures import Figure, display_images, figure, new_canvas
 
 MAX_LINES = 8  # score lines per metric panel: the rest are in the tables
 
@@ -61,7 +61,7 @@ def metric_per_layer(results: dict[str, Any]) -> Figure:
         f"{results['task']}: each score per probed layer, mean over seeds with its 95% interval"
         f"{styles}; dotted grey lines: the yardsticks (trivial baselines)."
     )
-    return Figure("probe_per_layer", caption, png_bytes(fig))
+    return figure("probe_per_layer", caption, fig)
 
 
 def segmentation_examples(
@@ -96,7 +96,7 @@ def segmentation_examples(
         f"Segmentation at `{layer}`: the first {n} test images as the model saw them, their "
         f"ground truth and each condition's prediction (first seed); {k} classes, one colour each."
     )
-    return Figure("probe_segmentation", caption, png_bytes(fig))
+    return figure("probe_segmentation", caption, fig)
 
 
 def _palette(k: int) -> list:

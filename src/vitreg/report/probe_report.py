@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.report.figures import Figure
-from vitreg.report.markdown import Report, Section, Table, model_section, num, provenance_section
+from vitreg.report.markdown import (
+    Report,
+    Section,
+    Table,
+    model_section,
+    num,
+    provenance_section,
+    text,
+)
 from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
@@ -172,7 +180,10 @@ def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     )
     if "fixed" in results["conditions"]:
         fix = results.get("fix") or {}
-        intro.blocks.append(f"*fixed* = the same model under {fix.get('name', 'the fix')}: {fix}.")
+        settings = "; ".join(f"{k} {text(v)}" for k, v in fix.items() if k != "name")
+        intro.blocks.append(
+            f"*fixed* = the same model under {fix.get('name', 'the fix')}: {settings or '–'}."
+        )
     reused = [s for s, c in results["caches"].items() if c["forward_passes"] == 0]
     if reused:
         intro.blocks.append(
