@@ -182,10 +182,13 @@ FAMILIES: tuple[Family, ...] = (
         "CLIP vision (HF)",
         "transformers",
         "hf-clip",
-        ("hf:openai/clip-vit-large-patch14-336",),
+        ("hf:openai/clip-vit-large-patch14-336", "hf-vlm:llava-hf/llava-1.5-7b-hf"),
         (
             "Needs vitreg[hf]. The vision tower used by LLaVA-style VLMs, which read patch tokens "
             "of the penultimate layer.",
+            "hf-vlm: loads a whole LLaVA model and wraps its tower (the VLM is model.vlm); "
+            "`vitreg vlm` maps the language model's attention over the image before and after "
+            "the fix.",
             "OpenAI towers use QuickGELU and a pre-layernorm (pre_layrnorm) before the blocks.",
         ),
         extra="hf",
