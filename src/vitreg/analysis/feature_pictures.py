@@ -9,7 +9,7 @@ patch (row ``h // 2``, column ``w // 2``), the same in every image.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ class PatchFeatures(Reducer):
 
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
         if t.dim() != 4 and ctx.layout is None:
-            raise HookError(f"{self.site!r} has no token layout, so its patch grid is unknown")
+            return  # no patch grid here: result() says so and the site is left out
         grid = (t if t.dim() == 4 else ctx.layout.patch_grid(t)).float()
         flat = grid.reshape(-1, grid.shape[-1]).double()
         total, gram = flat.sum(0).cpu(), (flat.T @ flat).cpu()
@@ -63,7 +63,7 @@ class PatchFeatures(Reducer):
 
     def result(self) -> dict[str, Any]:
         if self.total is None:
-            raise HookError(f"no features reached {self.site!r}")
+            raise HookError(f"{self.site!r} gave no patch grid (no token layout there)")
         mean = self.total / self.count
         cov = self.gram / self.count - torch.outer(mean, mean)
         kept = torch.stack([self.kept[k] for k in sorted(self.kept)])
@@ -107,6 +107,7 @@ def pca_basis(stats: dict[str, Any], k: int = N_COMPONENTS) -> PCABasis:
     """The top-``k`` eigenvectors of the streamed covariance (signs fixed: largest loading > 0)."""
     values, vectors = torch.linalg.eigh(stats["cov"])
     order = values.flip(0)[:k].clamp_min(0)
+    # layout: eigenvector columns, not tokens
     comps = vectors.flip(1)[:, :k].T.contiguous()
     signs = torch.sign(comps.gather(1, comps.abs().argmax(1, keepdim=True)))
     comps = comps * torch.where(signs == 0, 1.0, signs)
@@ -176,14 +177,18 @@ class FeaturePictureAnalysis(Analysis):
     def finish(
         self, model: Model, trace: TraceResult, done: dict[str, Any]
     ) -> FeaturePicturesResult:
-        out = {}
+        out, skipped = {}, {}
         for reducer in trace.reducers:
-            stats = reducer.result()
+            try:
+                stats = reducer.result()
+            except HookError as e:
+                skipped[reducer.site] = str(e)
+                continue
             final = reducer.site.startswith("ln_final")
             where = "after the final norm" if final else "residual stream"
             basis = pca_basis(stats).fit_colours(stats["features"])
             out[reducer.site] = FeaturePictures(reducer.site, where, stats["features"], basis)
-        return FeaturePicturesResult(out)
+        return FeaturePicturesResult(out, skipped)
 
 
 @dataclass
@@ -191,6 +196,7 @@ class FeaturePicturesResult:
     """Feature pictures by site, in forward order."""
 
     by_site: dict[str, FeaturePictures]
+    skipped: dict[str, str] = field(default_factory=dict)  # site -> why it has no picture
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sites": [p.to_dict() for p in self.by_site.values()]}
+        return {"sites": [p.to_dict() for p in self.by_site.values()], "skipped": self.skipped}

@@ -348,6 +348,7 @@ def attention_maps(
 
 def attention_heads(attn: Any, images: np.ndarray | None, max_heads: int = 12) -> Figure:
     """Per-head attention maps of the last layer over the input images."""
+    # layout: axis 1 is heads, not tokens
     heads = attn.last_layer_heads.detach().float().cpu().numpy()[:, :max_heads]
     maps = [heads[:, h] for h in range(heads.shape[1])]
     fig = _overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
@@ -541,7 +542,7 @@ def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:
             figs.insert(-1, attention_heads(attn, images))
     if res.get("redundancy") is not None:
         figs.append(redundancy_maps(res["redundancy"], images))
-    if res.get("feature_pictures") is not None:
+    if res.get("feature_pictures") is not None and res["feature_pictures"].by_site:
         figs.append(feature_pictures(res["feature_pictures"], images))
     if res.get("ln_separation") is not None:
         figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]

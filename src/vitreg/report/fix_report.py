@@ -360,7 +360,7 @@ def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure |
     from vitreg.analysis.feature_pictures import similarity_maps
 
     before, after = comparison.pictures_before, comparison.pictures_after
-    if before is None or after is None:
+    if before is None or after is None or not before.by_site:
         return None
     columns, where = [], []
     for site, b in before.by_site.items():

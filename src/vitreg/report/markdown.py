@@ -489,6 +489,7 @@ def _features(doc: dict[str, Any]) -> Section:
             f"similarity map is the cosine similarity of patch (row {p['query_patch'][0]}, "
             f"column {p['query_patch'][1]}), the centre, to every patch of its image."
         )
+    s.blocks += [f"No picture at `{site}`: {why}." for site, why in pics.get("skipped", {}).items()]
     return s
 
 
