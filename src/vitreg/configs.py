@@ -30,6 +30,18 @@ FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format 
 FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
 
 
+def _usable_device(v: str | None) -> str | None:
+    """A ``--device`` that exists on this machine and holds data (checked before any model
+    loads: ``meta``, or ``cuda`` without a GPU, is an error naming the option, not a traceback)."""
+    if v is not None:
+        from vitreg.device import device_problem
+
+        problem = device_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+    return v
+
+
 def _finite(v: float | None, name: str) -> float | None:
     if v is not None and not math.isfinite(v):
         raise ValueError(f"{name} must be a finite number, got {v}")
@@ -60,6 +72,8 @@ class ModelImages(RunConfig):
     img_size: PositiveInt | None = None
     random_init: bool = False
     device: str | None = None
+
+    _device = field_validator("device")(_usable_device)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelImages:
@@ -169,6 +183,8 @@ class ProbeRunConfig(RunConfig):
     img_size: PositiveInt | None = None
     random_init: bool = False
     device: str | None = None
+
+    _device = field_validator("device")(_usable_device)
     figure_format: FigureFormat = FIGURE_FORMAT
 
     @field_validator("task")
@@ -230,6 +246,7 @@ class TrainRunConfig(RunConfig):
     seed: int = 0
     checkpoint_every: PositiveInt | None = None
     resume: bool = True
+    extend: bool = False
     device: str | None = None
     model_arg: list[str] | None = Field(None, description="model constructor KEY=VALUE pairs")
     option: list[str] | None = Field(None, description="recipe option KEY=VALUE pairs")
@@ -238,6 +255,8 @@ class TrainRunConfig(RunConfig):
     @classmethod
     def _finite_number(cls, v: float | None, info: Any) -> float | None:
         return _finite(v, info.field_name)
+
+    _device = field_validator("device")(_usable_device)
 
     @field_validator("model_arg", "option")
     @classmethod

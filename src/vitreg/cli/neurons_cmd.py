@@ -53,13 +53,11 @@ def find_neurons(
     cfg: Any,
 ) -> Any:
     """The library's automatic path on ``source`` with the search settings of ``cfg`` (a
-    :class:`~vitreg.configs.NeuronSearch`), with progress bars and the split announced."""
-    from vitreg.neurons.auto import SPLIT_RULE, find_neurons, split_sizes
+    :class:`~vitreg.configs.NeuronSearch`), with progress bars and the split announced as
+    metrics.json records it (images used, after skips and the held-out cap)."""
+    from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 
-    n_disc, n_held = split_sizes(source.total)
-    if n_held:
-        console.print(f"split: {n_disc} images for discovery, {n_held} held out ({SPLIT_RULE})")
-    return find_neurons(
+    found = find_neurons(
         model,
         source,
         n_images=source.total,
@@ -71,6 +69,12 @@ def find_neurons(
         threshold=cfg.threshold,
         progress=_progress,
     )
+    split = found.split
+    console.print(
+        f"split: {split['n_discovery']} images for discovery, {split['n_held_out']} held out "
+        f"({SPLIT_RULE})"
+    )
+    return found
 
 
 def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any]] | None:

@@ -82,6 +82,12 @@ def train_command(
     resume: bool = typer.Option(
         True, "--resume/--no-resume", help="Continue from the newest checkpoint in --out."
     ),
+    extend: bool = typer.Option(
+        False,
+        "--extend",
+        help="Resume with a larger --steps: continue the run on a schedule stretched to the new "
+        "total (without it, another total is refused).",
+    ),
     device: str | None = typer.Option(None, "--device", help="torch device, e.g. cpu or cuda:0."),
     model_arg: list[str] | None = typer.Option(
         None, "--model-arg", help="Model constructor argument KEY=VALUE (repeatable), e.g. depth=2."
@@ -110,7 +116,7 @@ def train_args(cfg: Any) -> dict[str, Any]:
     """The keyword arguments of :func:`vitreg.train.train` (after variant, data, recipe and the
     run directory) that a :class:`~vitreg.configs.TrainRunConfig` sets."""
     names = ("steps", "epochs", "batch_size", "lr", "accum_steps", "amp", "seed")
-    names += ("checkpoint_every", "resume", "img_size", "device")
+    names += ("checkpoint_every", "resume", "extend", "img_size", "device")
     return {
         **{k: getattr(cfg, k) for k in names},
         "model_kwargs": parse_pairs(cfg.model_arg),

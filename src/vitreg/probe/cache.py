@@ -30,7 +30,14 @@ from vitreg.fix.base import Fix
 from vitreg.fix.neuron_set import weights_fingerprint
 from vitreg.models.model import Model
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.shards import MANIFEST, ShardWriter, is_complete, shard_meta, shard_name
+from vitreg.probe.shards import (
+    MANIFEST,
+    REPLACED,
+    ShardWriter,
+    shard_meta,
+    shard_name,
+    shard_problem,
+)
 from vitreg.probe.views import absent_views, check_views
 
 FORMAT = 1
@@ -202,22 +209,35 @@ def extract(
             pixels=pixels,
             progress=progress,
         )
+        replaced = torch.zeros(len(REPLACED), dtype=torch.long)
         for i in range(rank, n_shards, size):
             path = folder / shard_name(i)
-            if is_complete(path, key, i):
+            problem = shard_problem(path, key, i)
+            if problem is None:
                 continue
+            if problem in REPLACED:  # a damaged shard is never read: it is extracted again
+                replaced[REPLACED.index(problem)] += 1
             for stale in folder.glob(f".{path.name}.*.tmp"):  # left by a killed writer
                 stale.unlink(missing_ok=True)
             writer.write(path, i, i * shard_size, min(len(dataset), (i + 1) * shard_size))
+    replaced = distributed.all_reduce_sum(replaced)
+    counts = {r: int(n) for r, n in zip(REPLACED, replaced, strict=True) if n}
     distributed.barrier()  # every shard is written
-    distributed.on_main(write_manifest, folder, identity, plan, key, n_shards)
+    distributed.on_main(write_manifest, folder, identity, plan, key, n_shards, counts)
     return CachedFeatures(folder, forward_passes=writer.forward_passes)
 
 
 def write_manifest(
-    folder: Path, identity: dict[str, Any], plan: Plan, key: str, n_shards: int
+    folder: Path,
+    identity: dict[str, Any],
+    plan: Plan,
+    key: str,
+    n_shards: int,
+    replaced: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Gather every shard's metadata into ``manifest.json`` (fails if a shard is missing)."""
+    """Gather every shard's metadata into ``manifest.json`` (fails if a shard is missing);
+    ``replaced``: shards this extraction wrote again because the file on disk was damaged, by
+    reason."""
     shards: list[dict[str, Any]] = []
     skipped: dict[str, int] = {}
     repairs: dict[str, int] = {}  # pixels set to ignore / invalid, by reason
@@ -241,6 +261,7 @@ def write_manifest(
                 "stop": int(meta["stop"]),
                 "n": int(meta["n"]),
                 "skipped": dropped,
+                "sha256": meta.get("sha256"),
             }
         )
     manifest = {
@@ -253,6 +274,7 @@ def write_manifest(
         "n_skipped": sum(skipped.values()),
         "skipped": skipped,
         "repairs": repairs,
+        "replaced": replaced or {},
         "shards": shards,
     }
     write_json_atomic(folder / MANIFEST, manifest)

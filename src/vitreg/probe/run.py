@@ -128,6 +128,8 @@ def run(
                 "forward_passes": cached[split].forward_passes,
                 "skipped": cached[split].manifest["skipped"],
                 "repairs": cached[split].manifest.get("repairs", {}),
+                # shards found damaged on disk and extracted again, by reason
+                "replaced": cached[split].manifest.get("replaced", {}),
             }
             # a split all of whose samples were skipped: say which one and why
             require_usable(ds, split, cached[split].n, cached[split].manifest["skipped"])

@@ -2,12 +2,15 @@
 
 Tensors are named ``{hook name}/{view}``, ``target/{label|mask|depth}`` and
 ``pixels@{ph}x{pw}``; the string metadata holds the cache key, the shard's sample keys, its
-skipped samples, boxes (ragged, JSON) and the layouts seen at each hook. Files are written
-atomically, so a shard file that opens is complete.
+skipped samples, boxes (ragged, JSON) and the layouts seen at each hook, and the SHA-256 of
+the tensor bytes. Files are written atomically, so a shard file that opens is complete; one
+damaged later (even in place, at the same size) no longer matches its checksum and is extracted
+again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,10 +51,47 @@ def shard_meta(path: Path) -> dict[str, str] | None:
         return None
 
 
-def is_complete(path: Path, key: str, index: int) -> bool:
-    """Whether ``path`` is shard ``index`` of the cache ``key``."""
+# why an existing shard file is extracted again (counted in the manifest's ``replaced``)
+REPLACED = (
+    "checksum mismatch",
+    "unreadable",
+    "not this cache's shard",
+    "no checksum (older cache)",
+)
+
+
+def _data_digest(blob: bytes) -> str:
+    """SHA-256 of a safetensors file's tensor bytes (everything after its header)."""
+    size = int.from_bytes(blob[:8], "little")
+    return hashlib.sha256(memoryview(blob)[8 + size :]).hexdigest()
+
+
+def shard_problem(path: Path, key: str, index: int) -> str | None:
+    """Why ``path`` is not an intact shard ``index`` of the cache ``key``: ``"missing"``, one of
+    :data:`REPLACED`, or None when it is (its tensor bytes match the checksum it was saved
+    with)."""
+    if not path.exists():
+        return "missing"
     meta = shard_meta(path)
-    return meta is not None and meta.get("key") == key and meta.get("index") == str(index)
+    if meta is None:
+        return "unreadable"
+    if meta.get("key") != key or meta.get("index") != str(index):
+        return "not this cache's shard"
+    if "sha256" not in meta:
+        return "no checksum (older cache)"
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return "unreadable"
+    return None if _data_digest(blob) == meta["sha256"] else "checksum mismatch"
+
+
+def with_checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:
+    """The safetensors file of ``tensors`` whose metadata also holds the SHA-256 of its tensor
+    bytes (their layout does not depend on the metadata, so the digest of a first encoding
+    holds for the second)."""
+    digest = _data_digest(save_tensors(tensors, metadata=meta))
+    return save_tensors(tensors, metadata={**meta, "sha256": digest})
 
 
 @dataclass
@@ -101,7 +141,7 @@ class ShardWriter:
             "boxes": json.dumps(boxes if "boxes" in self.dataset.targets else None),
             "layouts": json.dumps(self._layouts),
         }
-        write_bytes_atomic(path, save_tensors(tensors, metadata=meta))
+        write_bytes_atomic(path, with_checksum(tensors, meta))
 
     def _read(self, indices: range, keys: list, boxes: list, skipped: list) -> None:
         """Read, prepare and run the samples at ``indices`` batch by batch."""

@@ -189,6 +189,15 @@ def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
         intro.blocks.append(
             f"Features reused from the cache (no forward pass): {', '.join(reused)}."
         )
+    replaced = [
+        f"{stage}: {n} ({reason})"
+        for stage, c in results["caches"].items()
+        for reason, n in c.get("replaced", {}).items()
+    ]
+    if replaced:
+        intro.blocks.append(
+            "Cache shards found damaged on disk and extracted again: " + ", ".join(replaced) + "."
+        )
     sections = [intro]
     n_layers = len(next(iter(results["conditions"].values())))
     sections += [layer_section(results, li) for li in range(n_layers)]

@@ -4,7 +4,9 @@
 state (``recipe.*``: teacher, centres) and the optimiser's tensors (``optimizer.<i>.<key>``).
 ``step-00000100.json`` (written second) holds the step, the run config, the optimiser's scalar
 state and param groups, the loss scaler, and the size and SHA-256 of the tensor file, so a
-truncated or corrupted pair is detected. Augmentation and data order are pure functions of
+truncated or corrupted pair is detected; the tensor file's header repeats the step, and the JSON
+carries the SHA-256 of its own other fields, so an edited sidecar (a step changed by hand) is
+refused too. Augmentation and data order are pure functions of
 (seed, step), and the torch RNG is reseeded from (seed, step, rank) every step, so the seed in
 the config and the step are the whole RNG state.
 """
@@ -24,6 +26,7 @@ from vitreg.errors import WeightsError
 from vitreg.models.load import read_state_dict
 
 FORMAT = "vitreg-train-checkpoint"
+VERSION = 2  # 2: the sidecar's own checksum and the step in the tensor file's header
 FIX = "delete it to restart from the previous checkpoint, or pass --no-resume (resume=False)"
 
 
@@ -67,12 +70,12 @@ def save_checkpoint(
                 tensors[f"optimizer.{idx}.{key}"] = value.detach().cpu().contiguous()
             else:
                 scalars.setdefault(str(idx), {})[key] = value
-    blob = save(tensors)
+    blob = save(tensors, metadata={"step": str(step)})
     name = f"step-{step:08d}"
     write_bytes_atomic(folder / f"{name}.safetensors", blob)
     info = {
         "format": FORMAT,
-        "version": 1,
+        "version": VERSION,
         "step": step,
         "tensors": f"{name}.safetensors",
         "bytes": len(blob),
@@ -80,7 +83,8 @@ def save_checkpoint(
         "optimizer": {"param_groups": opt["param_groups"], "scalars": scalars},
         **meta,
     }
-    path = write_json_atomic(folder / f"{name}.json", info)
+    body = json.loads(json.dumps(info, default=_plain))  # exactly what the file will hold
+    path = write_json_atomic(folder / f"{name}.json", {**body, "meta_sha256": _digest(body)})
     for old in sorted(folder.glob("step-*.json"))[:-keep]:
         old.with_suffix(".safetensors").unlink(missing_ok=True)
         old.unlink(missing_ok=True)
@@ -108,8 +112,42 @@ def load_checkpoint(path: Path) -> Checkpoint:
             f"checkpoint {str(tensor_path)!r} is truncated or corrupted ({len(blob)} bytes, "
             f"expected {meta.get('bytes')}; checksum mismatch); {FIX}"
         )
+    check_metadata(path, meta, blob)
     tensors = read_state_dict(tensor_path)
     return Checkpoint(step=int(meta["step"]), tensors=tensors, meta=meta, path=path)
+
+
+def _plain(obj: Any) -> Any:
+    return obj.tolist() if hasattr(obj, "tolist") else str(obj)
+
+
+def _digest(body: dict[str, Any]) -> str:
+    """SHA-256 of a sidecar's fields (its own checksum left out), keys sorted."""
+    fields = {k: v for k, v in body.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _header_step(blob: bytes) -> str | None:
+    """The step a tensor file's safetensors header records (None when it records none)."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + size])
+    return (header.get("__metadata__") or {}).get("step")
+
+
+def check_metadata(path: Path, meta: dict[str, Any], blob: bytes) -> None:
+    """A version-2 sidecar must match its own checksum, and its step the tensor file's (whose
+    checksum has been verified): an edited step would resume at a step never trained."""
+    if meta.get("version", 1) < 2:
+        return  # written before sidecars carried a checksum: the tensor checksum is all there is
+    edited = meta.get("meta_sha256") != _digest(meta)
+    saved = _header_step(blob)
+    if edited or saved != str(meta.get("step")):
+        raise WeightsError(
+            f"checkpoint {str(path)!r} does not match its checksum: the sidecar says step "
+            f"{meta.get('step')!r}, the verified tensor file was saved at step {saved}"
+            + (" and the sidecar's fields were edited" if edited else "")
+            + f"; {FIX}"
+        )
 
 
 def optimizer_state(ckpt: Checkpoint) -> dict[str, Any]:

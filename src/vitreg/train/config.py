@@ -15,8 +15,9 @@ AMP = ("auto", "off", "bf16", "fp16")
 # base learning rate per 256 images, weight decay, gradient clipping (DeiT III / DINO defaults)
 DEFAULTS = {"supervised": (2.5e-4, 0.05, None), "dino": (5e-4, 0.04, 3.0)}
 # settings that may change between a checkpoint and its resume without changing the trajectory
+# (``steps`` may grow with ``extend``: the schedule is then stretched on purpose; ``warmup_steps``
+# follows it by default)
 FREE_ON_RESUME = (
-    "steps",
     "warmup_steps",
     "accum_steps",
     "amp",
@@ -45,23 +46,31 @@ class TrainConfig:
     keep_checkpoints: int
     model: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # train.data.data_identity
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def check_resume(self, saved: dict[str, Any]) -> None:
-        """Raise :class:`InputError` if the checkpoint was made with different settings."""
+    def check_resume(self, saved: dict[str, Any], step: int, extend: bool = False) -> None:
+        """Raise :class:`InputError` if the checkpoint (at ``step``) was made with different
+        settings or data. Other total ``steps`` are refused unless ``extend`` (a longer
+        schedule, stretched on purpose, that still lies ahead of the checkpoint)."""
         ours = self.to_dict()
+        skip = set(FREE_ON_RESUME) | ({"data"} if "data" not in saved else set())  # older runs
+        if extend and ours["steps"] > step:
+            skip.add("steps")
         diff = [
             f"{k}: checkpoint {saved.get(k)!r}, now {ours[k]!r}"
             for k in ours
-            if k not in FREE_ON_RESUME and _norm(saved.get(k)) != _norm(ours[k])
+            if k not in skip and _norm(saved.get(k)) != _norm(ours[k])
         ]
         if diff:
+            longer = ours["steps"] > step and saved.get("steps") != ours["steps"]
+            hint = f", --extend to continue the schedule to {ours['steps']} steps" * longer
             raise InputError(
-                "cannot resume: the checkpoint in this directory was made with other settings ("
-                + "; ".join(diff)
-                + "). Use the same settings, another --out, or --no-resume to start over"
+                f"cannot resume: the checkpoint at step {step} in this directory was made with "
+                "other settings or data (" + "; ".join(diff) + f"). Use the same settings{hint}, "
+                "another --out, or --no-resume to start over"
             )
 
 

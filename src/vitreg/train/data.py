@@ -134,6 +134,18 @@ def describe_training_data(data: Any, recipe: str = "supervised") -> dict[str, A
     }
 
 
+def data_identity(data: Any) -> dict[str, Any]:
+    """What a run trains on, recorded in every checkpoint so that a resume on other data is
+    refused: the spec (or class name), the sample count and, for vitreg datasets, the
+    fingerprint of the listing."""
+    fingerprint = getattr(data, "fingerprint", None)
+    return {
+        "spec": _spec(data),
+        "n": len(data),
+        "fingerprint": fingerprint() if callable(fingerprint) else None,
+    }
+
+
 def _spec(data: Any) -> str:
     if hasattr(data, "describe"):
         return str(data.describe().get("spec", type(data).__name__))

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
+from vitreg.device import check_device
 from vitreg.distributed import DistContext, rank_slice, setup
 from vitreg.train import checkpoint as ckpt_io
 from vitreg.train.config import (
@@ -23,7 +24,7 @@ from vitreg.train.config import (
     check_recipe,
     resolve_steps,
 )
-from vitreg.train.data import derive_seed, num_classes, open_data
+from vitreg.train.data import data_identity, derive_seed, num_classes, open_data
 from vitreg.train.log import append_record, read_records, trim_after
 from vitreg.train.model import build_model, describe
 from vitreg.train.recipe import BatchSpec, norm_stats, parse_options
@@ -75,6 +76,7 @@ def train(
     checkpoint_every: int | None = None,
     keep_checkpoints: int = 2,
     resume: bool = True,
+    extend: bool = False,
     progress: Progress | None = None,
     img_size: int | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
@@ -86,10 +88,13 @@ def train(
     ``batch_size`` is global (all ranks and accumulation steps); ``lr`` defaults to the recipe's
     base rate x batch_size/256; ``options`` are recipe settings (see ``SupervisedOptions`` and
     ``DinoOptions``); ``progress(step, total, record)`` is called after every step (rank 0 only).
+    A resume checks that the checkpoint was made with the same settings, data and total steps;
+    ``extend`` lets a longer ``steps`` continue a run (its schedule is stretched from there).
     Writes ``log.jsonl``, ``checkpoints/``, ``model.safetensors`` and ``train.json`` to ``out_dir``.
     """
     args = dict(locals())
     check_recipe(recipe)
+    check_device(device)
     ctx = setup(device)
     devices = [ctx.device.index or 0] if ctx.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -138,11 +143,12 @@ def _run(ctx: DistContext, a: dict[str, Any]) -> TrainResult:
         keep_checkpoints=a["keep_checkpoints"],
         model=describe(a["model_or_spec"], a["model_kwargs"] or {}),
         options=opts,
+        data=data_identity(data),
     )
     optimizer = torch.optim.AdamW(param_groups(recipe.module, config.weight_decay), lr=lr)
     scaler = torch.amp.GradScaler("cuda") if autocast_dtype == torch.float16 else None
 
-    start, resumed = _restore(ctx, out, config, recipe, optimizer, scaler, a["resume"])
+    start, resumed = _restore(ctx, out, config, recipe, optimizer, scaler, a["resume"], a["extend"])
     module: nn.Module = recipe.module
     if ctx.world > 1:
         ids = [ctx.device] if ctx.device.type == "cuda" else None
@@ -160,9 +166,9 @@ def _run(ctx: DistContext, a: dict[str, Any]) -> TrainResult:
                 a["progress"](record["step"], total, record)
 
     exported = recipe.export()
-    if ctx.is_main:
-        _export(out, exported, config, history)
+    if ctx.is_main:  # the whole log: a finished run trained again records its last step
         history = read_records(out / "log.jsonl")
+        _export(out, exported, config, history)
     ctx.barrier()
     return TrainResult(exported, out, config, history, resumed)
 
@@ -206,8 +212,11 @@ def param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     ]
 
 
-def _restore(ctx, out, config, recipe, optimizer, scaler, resume: bool) -> tuple[int, int | None]:
-    """Load the newest checkpoint (resume) or clear this run's old files (no resume)."""
+def _restore(
+    ctx, out, config, recipe, optimizer, scaler, resume: bool, extend: bool
+) -> tuple[int, int | None]:
+    """Load the newest checkpoint (resume; it must match the run, see ``check_resume``) or
+    clear this run's old files (no resume)."""
     folder = out / "checkpoints"
     latest = ckpt_io.latest_checkpoint(folder)
     if not resume or latest is None:
@@ -218,7 +227,7 @@ def _restore(ctx, out, config, recipe, optimizer, scaler, resume: bool) -> tuple
         ctx.barrier()
         return 0, None
     ckpt = ckpt_io.load_checkpoint(latest)
-    config.check_resume(ckpt.meta["config"])
+    config.check_resume(ckpt.meta["config"], ckpt.step, extend)
     ckpt_io.load_into(ckpt, recipe.module, optimizer, recipe)
     if scaler is not None and ckpt.meta.get("scaler"):
         scaler.load_state_dict(ckpt.meta["scaler"])

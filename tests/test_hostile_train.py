@@ -1,0 +1,111 @@
+"""Hostile training runs: a device that cannot run, a resume on other data or another number of
+steps, a finished run trained again, and a checkpoint whose step was edited by hand -- each a
+named error (exit 2, no traceback) or a well-defined result, never a silent jump."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from train_helpers import run
+from vitreg.cli.app import app as vitreg_app
+from vitreg.cli.train_cmd import train_command
+from vitreg.errors import InputError, WeightsError
+
+app = typer.Typer()
+app.command("train")(train_command)
+app.callback()(lambda: None)  # keep `train` a subcommand, as in the real app
+runner = CliRunner()
+MODEL = ["--model-arg", "depth=1", "--model-arg", "embed_dim=64", "--model-arg", "num_heads=2",
+         "--model-arg", "patch_size=8", "--img-size", "32", "--batch-size", "4"]  # fmt: skip
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def train(out, *args: str):
+    return runner.invoke(app, ["train", "vit_tiny_patch16_224", *MODEL, "--out", str(out), *args])
+
+
+def clean_failure(result, *needles: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "Traceback" not in result.stderr
+    flat = " ".join(result.stderr.split())
+    assert flat.startswith("error:"), flat
+    for needle in needles:
+        assert needle in flat, flat
+    return flat
+
+
+@pytest.mark.parametrize(
+    ("device", "needle"),
+    [("meta", "meta tensors hold no data"), ("cuda:99", "CUDA"), ("cuda:x", "not a torch device")],
+)
+def test_unusable_device_is_refused_before_training(tmp_path, device, needle) -> None:
+    result = train(
+        tmp_path, "--data", "synthetic-cls:n=8,size=32", "--steps", "1", "--device", device
+    )
+    clean_failure(result, "--device", needle)
+    assert not (tmp_path / "log.jsonl").exists()
+    with pytest.raises(InputError, match="--device 'meta'"):
+        run("supervised", tmp_path / "lib", device="meta")
+
+
+def test_other_verbs_refuse_an_unusable_device_before_loading(tmp_path) -> None:
+    for verb in (["diagnose"], ["neurons"], ["fix"], ["probe"]):
+        result = runner.invoke(
+            vitreg_app, [*verb, "--device", "meta", "--out", str(tmp_path / verb[0])]
+        )
+        clean_failure(result, "--device", "meta tensors hold no data")
+
+
+def test_resume_checks_data_and_total_steps_and_extend_continues(tmp_path) -> None:
+    data = ["--data", "synthetic-cls:n=8,size=32"]
+    first = train(tmp_path, *data, "--steps", "2")
+    assert first.exit_code == 0, first.output
+    checkpoint = json.loads((tmp_path / "checkpoints" / "step-00000002.json").read_text())
+    assert checkpoint["config"]["data"]["spec"] == "synthetic-cls:n=8,size=32"
+
+    other_data = train(tmp_path, "--data", "synthetic-cls:n=12,size=32", "--steps", "2")
+    clean_failure(
+        other_data, "data: checkpoint", "synthetic-cls:n=8,size=32", "synthetic-cls:n=12,size=32"
+    )
+    more_steps = train(tmp_path, *data, "--steps", "4")
+    clean_failure(more_steps, "steps: checkpoint 2, now 4", "--extend")
+    fewer = train(tmp_path, *data, "--steps", "1")
+    clean_failure(fewer, "steps: checkpoint 2, now 1")
+
+    # a finished run trained again resumes at its end: nothing trained, the last step recorded
+    again = train(tmp_path, *data, "--steps", "2")
+    assert again.exit_code == 0, again.output
+    last = json.loads((tmp_path / "train.json").read_text())["last"]
+    assert last is not None and last["step"] == 2
+
+    extended = train(tmp_path, *data, "--steps", "4", "--extend")
+    assert extended.exit_code == 0, extended.output
+    steps = [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    assert json.loads((tmp_path / "train.json").read_text())["config"]["steps"] == 4
+
+
+def test_checkpoint_with_an_edited_step_is_refused(tmp_path) -> None:
+    run("supervised", tmp_path, steps=2, checkpoint_every=2)
+    sidecar = tmp_path / "checkpoints" / "step-00000002.json"
+    meta = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**meta, "step": 1000}))
+    with pytest.raises(WeightsError, match="does not match its checksum") as err:
+        run("supervised", tmp_path, steps=2, checkpoint_every=2)
+    assert "step 1000" in str(err.value) and "saved at step 2" in str(err.value)
+    # the same edit with the sidecar's checksum fixed up still disagrees with the tensor file
+    from vitreg.train.checkpoint import _digest
+
+    forged = {**meta, "step": 1000}
+    sidecar.write_text(json.dumps({**forged, "meta_sha256": _digest(forged)}))
+    with pytest.raises(WeightsError, match="saved at step 2"):
+        run("supervised", tmp_path, steps=2, checkpoint_every=2)
+    # any other edited field is caught by the sidecar's checksum
+    sidecar.write_text(json.dumps({**meta, "world_size": 7}))
+    with pytest.raises(WeightsError, match="fields were edited"):
+        run("supervised", tmp_path, steps=2, checkpoint_every=2)
