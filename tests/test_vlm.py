@@ -28,6 +28,7 @@ from vitreg.vlm import (
     first_token_change,
     prompt_text,
     read,
+    to_grid,
     token_ids,
     wrap_vlm,
 )
@@ -219,6 +220,15 @@ def test_wrap_a_loaded_llava_and_refuse_sdpa(tiny, pixels) -> None:
     finally:
         vlm.module.set_attn_implementation({"text_config": "eager"})
     assert vlm.lm_attention == "eager"
+
+
+def test_image_tokens_map_to_the_patch_grid_under_both_strategies(tiny) -> None:
+    _, model, _ = tiny
+    layout = model.layout_for((SIZE, SIZE))
+    patches = torch.arange(float(layout.n_patches))
+    default = to_grid(model, patches, (SIZE, SIZE))  # [CLS] dropped before the projector
+    full = to_grid(model, torch.cat([torch.tensor([-1.0]), patches]), (SIZE, SIZE))
+    assert torch.equal(default, patches.reshape(layout.grid)) and torch.equal(default, full)
 
 
 def test_answer_change_numbers() -> None:

@@ -13,7 +13,7 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import _command, default_run_dir, slug
 from vitreg.cli.fix_cmd import load_neurons
-from vitreg.cli.neurons_cmd import image_source, load_model
+from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model
 from vitreg.cli.output import cli_errors, console, is_main
 from vitreg.cli.progress import progress
 from vitreg.report.markdown import num, pct
@@ -89,9 +89,7 @@ def run_vlm_command(cfg: Any) -> None:
             "batch_size": cfg.batch_size,
         }
         source = image_source(model, spec, opts, keep=cfg.limit or 64)
-        chosen, info, _ = load_neurons(
-            model, spec, None if cfg.neurons == "auto" else cfg.neurons, source, cfg
-        )
+        chosen, info = choose_neurons(model, spec, source, cfg)
         ttr = TestTimeRegisters(
             chosen, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
         )
@@ -125,6 +123,27 @@ def run_vlm_command(cfg: Any) -> None:
                     layer_maps=layer_maps,
                 )
     show(results, run_dir)
+
+
+def choose_neurons(model: Any, spec: str, source: Any, cfg: Any) -> tuple[Any, dict[str, Any]]:
+    """The NeuronSet of ``--neurons``: the file, or (auto) discovered on these images first."""
+    if cfg.neurons != "auto":
+        chosen, info, _ = load_neurons(model, spec, cfg.neurons, source, cfg)
+        return chosen, info
+    from vitreg.neurons.auto import layer_counts
+
+    console.print(
+        "[yellow]--neurons auto: discovering the tower's register neurons on these images first "
+        "(as `vitreg neurons` does); the answers are then compared on the same images.[/yellow]"
+    )
+    chosen = find_neurons(model, source, cfg).chosen
+    chosen.check_applicable(model)
+    return chosen, {
+        "source": "discovered on these images by this run (3 of every 4; the causal check and "
+        "top-k on the 4th)",
+        "n_neurons": len(chosen),
+        "layers": layer_counts(chosen),
+    }
 
 
 def describe_vlm(model: Any) -> dict[str, Any]:
