@@ -4,9 +4,11 @@ LLaVA-1.5 layout: a CLIP or SigLIP vision tower, a projector, a language model).
 ``vitreg.load`` returns the vision tower as a :class:`Model` (hooks, diagnose, neurons and fixes
 work on it, and act inside the VLM, which calls the same module); ``model.vlm`` is the
 :class:`VLM` holding the whole model, its tokenizer and processor. The language model runs eager
-attention (``attn_implementation='eager'``) so that its attention weights exist. LLaVA reads the
-tower's ``hidden_states[vision_feature_layer]``; with test-time registers inserted, the tower
-strips them from every hidden state it returns, so the projector sees the same image tokens.
+attention (``attn_implementation='eager'``) so that its attention weights exist; weights load in
+the checkpoint's own dtype (fp16 for LLaVA-1.5; ``vitreg.load(..., dtype=...)`` casts them).
+LLaVA reads the tower's ``hidden_states[vision_feature_layer]``; with test-time registers
+inserted, the tower strips them from every hidden state it returns, so the projector sees the
+same image tokens.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def load_hf_vlm(
     try:
         if pretrained:
             module = LlavaForConditionalGeneration.from_pretrained(
-                source, config=config, attn_implementation=attn, use_safetensors=True
+                source, config=config, attn_implementation=attn, use_safetensors=True, dtype="auto"
             )
         else:
             module = LlavaForConditionalGeneration._from_config(config, attn_implementation=attn)
