@@ -231,6 +231,55 @@ def test_image_tokens_map_to_the_patch_grid_under_both_strategies(tiny) -> None:
     assert torch.equal(default, patches.reshape(layout.grid)) and torch.equal(default, full)
 
 
+def test_a_siglip_tower_with_the_full_strategy(tiny) -> None:
+    """LLaVA variants with a SigLIP tower (no [CLS]) feed every token ("full"): the fix keeps
+    the image-token count, and the maps cover the whole grid."""
+    from transformers import (
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        SiglipVisionConfig,
+    )
+
+    _, clip_model, _ = tiny
+    tokenizer = clip_model.vlm.tokenizer
+    vision = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=clip_model.vlm.image_token_id,
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = wrap_vlm(LlavaForConditionalGeneration(config).eval(), tokenizer=tokenizer)
+    assert model.family == "hf-siglip" and model.layout.n_cls == 0
+    neurons = NeuronSet([1, 1], [3, 7], [1.0, 1.0], n_layers=3, d_mlp=64)
+    pv = torch.randn(1, 3, 32, 32)
+    ids = inputs(model, pv)
+    assert int((ids == model.vlm.image_token_id).sum()) == 16  # every token, no [CLS] to drop
+    with TestTimeRegisters(neurons).applied(model):
+        c = condition(model, ids, pv, query="last", max_new_tokens=2)
+    assert c.reading.extra_norms.numel() == 1 and c.attention_grid.shape == (4, 4)
+    assert float(c.attention_grid.sum()) == pytest.approx(float(c.reading.attention.mass.mean()))
+
+
 def test_answer_change_numbers() -> None:
     assert edit_distance([1, 2, 3], [1, 3]) == 1 and edit_distance([], [4, 5]) == 2
     assert edit_distance([1, 2, 3], [3, 2, 1]) == 2
