@@ -9,6 +9,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# CLI tests read stderr's error paragraph alone; tests/test_cli_progress.py turns progress on
+os.environ.setdefault("VITREG_PROGRESS", "off")
 torch.set_num_threads(2)
 
 

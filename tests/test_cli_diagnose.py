@@ -214,7 +214,8 @@ def test_crash_while_writing_leaves_no_metrics(
         raise RuntimeError("disk full")
 
     monkeypatch.setattr("vitreg.report.html.render_html", boom)  # after figures and report.md
-    result = runner.invoke(app, ["diagnose", *SIZE, "--limit", "2", "--out", str(run_dir)])
+    args = ["--debug", "diagnose", *SIZE, "--limit", "2", "--out", str(run_dir)]  # the raw error
+    result = runner.invoke(app, args)
     assert isinstance(result.exception, RuntimeError)
     assert (run_dir / "report.md").is_file()
     assert not (run_dir / "metrics.json").exists()

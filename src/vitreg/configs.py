@@ -30,6 +30,19 @@ FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format 
 FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
 
 
+def _weights_file(v: Path | None) -> Path | None:
+    """A ``--weights`` file that exists and that vitreg reads (checked before any model loads)."""
+    if v is not None:
+        from vitreg.errors import VitregError
+        from vitreg.models.load import check_weights_file
+
+        try:
+            check_weights_file(v)
+        except VitregError as e:
+            raise ValueError(str(e)) from None
+    return v
+
+
 def _usable_device(v: str | None) -> str | None:
     """A ``--device`` that exists on this machine and holds data (checked before any model
     loads: ``meta``, or ``cuda`` without a GPU, is an error naming the option, not a traceback)."""
@@ -55,9 +68,12 @@ class RunConfig(BaseModel):
     verb: ClassVar[str] = ""
 
     out: Path | None = Field(None, description="run directory (default runs/<time>_<model>_<verb>)")
+    # an action on the run directory, not a setting of the run: never in config.yaml, so that a
+    # rerun with --config never replaces a run unless asked again
+    overwrite: bool = Field(False, exclude=True, description="replace the run already in out")
 
     def to_file(self) -> dict[str, Any]:
-        """What config.yaml holds: ``verb`` and every field, JSON-typed."""
+        """What config.yaml holds: ``verb`` and every field (not ``overwrite``), JSON-typed."""
         return {"verb": self.verb, **self.model_dump(mode="json")}
 
 
@@ -71,14 +87,18 @@ class ModelImages(RunConfig):
     batch_size: PositiveInt = 32
     img_size: PositiveInt | None = None
     random_init: bool = False
+    weights: Path | None = Field(None, description="weights file loaded strictly into spec")
     device: str | None = None
 
+    _weights = field_validator("weights")(_weights_file)
     _device = field_validator("device")(_usable_device)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelImages:
         if self.images is not None and self.samples:
             raise ValueError("images and samples exclude each other; pass one of them")
+        if self.random_init and self.weights is not None:
+            raise ValueError("random_init and weights exclude each other; pass one of them")
         return self
 
 
@@ -182,10 +202,18 @@ class ProbeRunConfig(RunConfig):
     batch_size: PositiveInt = 32
     img_size: PositiveInt | None = None
     random_init: bool = False
+    weights: Path | None = Field(None, description="weights file loaded strictly into spec")
     device: str | None = None
-
-    _device = field_validator("device")(_usable_device)
     figure_format: FigureFormat = FIGURE_FORMAT
+
+    _weights = field_validator("weights")(_weights_file)
+    _device = field_validator("device")(_usable_device)
+
+    @model_validator(mode="after")
+    def _init_or_weights(self) -> ProbeRunConfig:
+        if self.random_init and self.weights is not None:
+            raise ValueError("random_init and weights exclude each other; pass one of them")
+        return self
 
     @field_validator("task")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from vitreg.cli.command import VitregCommand, VitregGroup
 from vitreg.cli.diagnose_cmd import diagnose_model
 from vitreg.cli.experiment_cmd import experiment_app
 from vitreg.cli.fix_cmd import fix_command
@@ -21,17 +22,18 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=VitregGroup,
 )
-app.command("models")(models)
-app.command("inspect")(inspect_model)
-app.command("diagnose")(diagnose_model)
-app.command("neurons")(neurons_command)
-app.command("fix")(fix_command)
-app.command("probe")(probe_command)
-app.command("compare")(compare_command)
-app.command("train")(train_command)
-app.command("validate")(validate_command)
-app.command("vlm")(vlm_command)
+app.command("models", cls=VitregCommand)(models)
+app.command("inspect", cls=VitregCommand)(inspect_model)
+app.command("diagnose", cls=VitregCommand)(diagnose_model)
+app.command("neurons", cls=VitregCommand)(neurons_command)
+app.command("fix", cls=VitregCommand)(fix_command)
+app.command("probe", cls=VitregCommand)(probe_command)
+app.command("compare", cls=VitregCommand)(compare_command)
+app.command("train", cls=VitregCommand)(train_command)
+app.command("validate", cls=VitregCommand)(validate_command)
+app.command("vlm", cls=VitregCommand)(vlm_command)
 app.add_typer(experiment_app, name="experiment")
 
 
@@ -47,6 +49,9 @@ def _version(value: bool) -> None:
 def root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the full traceback of an unexpected error (a bug)."
     ),
 ) -> None:
     """Find, explain and remove token artifacts in Vision Transformers."""

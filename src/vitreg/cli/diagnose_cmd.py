@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from vitreg.cli import options as opt
 from vitreg.cli.inspect_cmd import _load
+from vitreg.cli.inspect_cmd import move as _move
 from vitreg.cli.options import DEFAULT_SPEC
-from vitreg.cli.output import cli_errors, console, err_console, fail, is_main, join_torchrun
+from vitreg.cli.output import (
+    cli_errors,
+    console,
+    err_console,
+    fail,
+    is_main,
+    join_torchrun,
+    random_init_banner,
+)
+from vitreg.cli.progress import progress
 from vitreg.errors import InputError, VitregError
+from vitreg.report.out_dir import check_out
 
 DEFAULT_SYNTHETIC = 16  # images in the embedded demo (and for planted models without --images)
 
@@ -70,29 +79,6 @@ def _sources(
         ) from None
 
 
-@contextmanager
-def _progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
-    """A transient rich progress bar over images on stderr; yields the ``progress(n)`` callback."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=err_console, transient=True) as bar:
-        task = bar.add_task(escape(label), total=total)
-        yield lambda n: bar.update(task, completed=n)
-
-
-def _move(model: Any, device: str | None) -> Any:
-    if device is None:
-        return model
-    import torch
-
-    try:
-        return model.to(torch.device(device))
-    except (RuntimeError, AssertionError) as e:
-        raise InputError(
-            f"cannot use device {device!r}: {str(e).splitlines()[0]}; "
-            "pass --device cpu (or a device this machine has, e.g. cuda:0)"
-        ) from None
-
-
 def run_one(
     spec: str, out_dir: Path, opts: dict[str, Any], command: str, config: dict[str, Any]
 ) -> Any:
@@ -101,27 +87,29 @@ def run_one(
     from vitreg.analysis.diagnose import diagnose
     from vitreg.distributed import barrier
 
-    with err_console.status(f"loading {spec}"):
-        model = _load(spec, not opts["random_init"], None, opts["img_size"])
+    with progress(None, f"loading {spec}"):
+        model = _load(spec, not opts["random_init"], opts["weights"], opts["img_size"])
     model = _move(model, opts["device"])
     source = _sources(model, spec, opts["images"], opts["samples"], opts["limit"], opts)
     for note in model.notes:
         console.print(f"[yellow]note: {escape(note)}[/yellow]")
+    if opts["random_init"]:
+        random_init_banner(spec)
     colour = "yellow" if source.synthetic else "cyan"
     console.print(f"[{colour}]images: up to {source.total} from {escape(source.label)}[/{colour}]")
-    with _progress(source.total, f"diagnosing {spec}") as progress:
+    with progress(source.total, f"diagnosing {spec}") as update:
         result = diagnose(
             model,
             source,
             batch_size=opts["batch_size"],
             limit=opts["limit"],
             max_maps=opts["max_maps"],
-            progress=progress,
+            progress=update,
         )
     result.data.update(source.description())
     write_run, _ = _report()
     if is_main():  # under torchrun every rank has the result; rank 0 writes it
-        with err_console.status("writing the report"):
+        with progress(None, "writing the report"):
             shown = source.display_images()
             write_run(
                 out_dir,
@@ -227,12 +215,14 @@ def diagnose_model(
         8, "--max-maps", min=1, help="Images whose per-layer maps are kept for figures."
     ),
     random_init: bool = opt.RANDOM_INIT,
+    weights: Path | None = opt.WEIGHTS,
     img_size: int | None = opt.IMG_SIZE,
     models: str | None = typer.Option(
         None, "--models", help="Comma-separated specs: diagnose each and compare them."
     ),
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
+    overwrite: bool = opt.OVERWRITE,
 ) -> None:
     """Find token artifacts: norms and outliers by every rule, attention sinks, LN separation."""
     from vitreg.configs import DiagnoseConfig
@@ -260,6 +250,7 @@ def run_diagnose(cfg: Any) -> None:
         "device": cfg.device,
         "max_maps": cfg.max_maps,
         "random_init": cfg.random_init,
+        "weights": cfg.weights,
         "img_size": cfg.img_size,
         "figure_format": cfg.figure_format,
     }
@@ -270,13 +261,14 @@ def run_diagnose(cfg: Any) -> None:
             "[/yellow]"
         )
     with cli_errors():
+        name = slug(specs[0]) if len(specs) == 1 else f"compare-{len(specs)}-models"
+        run_dir = out if out is not None else default_run_dir(name)
+        check_out(run_dir, "diagnose", ",".join(specs), cfg.overwrite)  # before any model loads
         opts["device"] = join_torchrun(cfg.device)
         if images is not None:
             from vitreg.data.folder import list_images
 
             list_images(images)  # an empty or missing folder fails before any model is loaded
-        name = slug(specs[0]) if len(specs) == 1 else f"compare-{len(specs)}-models"
-        run_dir = out if out is not None else default_run_dir(name)
         labelled: list[tuple[str, Any]] = []
         dirs: list[Path] = []
         for s in specs:

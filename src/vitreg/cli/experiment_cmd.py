@@ -11,14 +11,17 @@ import typer
 from rich.markup import escape
 
 from vitreg.cli import options as opt
+from vitreg.cli.command import VitregCommand, VitregGroup
 from vitreg.cli.diagnose_cmd import default_run_dir
 from vitreg.cli.output import cli_errors, console, err_console
+from vitreg.report.out_dir import check_out
 
 experiment_app = typer.Typer(
     help="Controlled experiments that train several models and compare them.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=VitregGroup,
 )
 
 
@@ -35,7 +38,7 @@ def _threads(threads: int | None, size: str, device_is_cpu: bool) -> int | None:
     return 1 if size == "tiny" and device_is_cpu else None
 
 
-@experiment_app.command("variants")
+@experiment_app.command("variants", cls=VitregCommand)
 def variants_command(
     ctx: typer.Context,
     data: str | None = typer.Option(
@@ -76,6 +79,7 @@ def variants_command(
     ),
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
+    overwrite: bool = opt.OVERWRITE,
 ) -> None:
     """Train baseline, +norm/LS and +early-QKV ViTs x {none, registers, attention bias} (and the
     GAP baseline), probe and diagnose each, and write one comparison report."""
@@ -143,6 +147,7 @@ def run_experiment(cfg: Any) -> None:
 
     with cli_errors():
         cfg = resolved(cfg)
+        check_out(cfg.out, "experiment", None, cfg.overwrite)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         t0 = time.perf_counter()

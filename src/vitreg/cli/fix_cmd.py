@@ -12,21 +12,32 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, _progress, default_run_dir, slug
+from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, default_run_dir, slug
 from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model, planted_rows
-from vitreg.cli.output import cli_errors, console, err_console, is_main, join_torchrun
+from vitreg.cli.output import cli_errors, console, is_main, join_torchrun
+from vitreg.cli.progress import progress
 from vitreg.distributed import on_main
 from vitreg.errors import InputError
 from vitreg.report.fix_report import MAX_ROWS
+from vitreg.report.out_dir import check_out
+
+
+def neuron_file(neurons: str | None) -> Any:
+    """The NeuronSet that ``--neurons FILE`` names, read and validated (before any model
+    loads); ``None`` for discovery or the built-in set."""
+    from vitreg.neurons import NeuronSet
+
+    return None if neurons in (None, "builtin") else NeuronSet.load(neurons)
 
 
 def load_neurons(
-    model: Any, spec: str, neurons: str | None, source: Any, cfg: Any
+    model: Any, spec: str, neurons: str | None, source: Any, cfg: Any, preloaded: Any = None
 ) -> tuple[Any, dict[str, Any], Any]:
-    """The NeuronSet (file, built-in, or discovered first), what it is, and the discovery."""
+    """The NeuronSet (file -- ``preloaded`` if read already --, built-in, or discovered first),
+    what it is, and the discovery."""
+    from vitreg.fix.neuron_set import weights_fingerprint
     from vitreg.neurons import NeuronSet, builtin_neurons
     from vitreg.neurons.auto import layer_counts
-    from vitreg.neurons.neuron_set import weights_fingerprint
 
     found = None
     if neurons is None:
@@ -44,7 +55,7 @@ def load_neurons(
         chosen = builtin_neurons(model.spec or spec)
         origin = f"the built-in set for {chosen.model_spec}"
     else:
-        chosen = NeuronSet.load(neurons)
+        chosen = preloaded if preloaded is not None else NeuronSet.load(neurons)
         origin = f"the file {neurons}"
     chosen.check_applicable(model)  # other architecture, bad units or settings, empty: clear error
     matches = None
@@ -82,17 +93,17 @@ def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
     return args
 
 
-def _two_passes(progress: Callable[[int], None], total: int) -> Callable[[int], None]:
+def _two_passes(update: Callable[[int], None], total: int) -> Callable[[int], None]:
     """compare_fix counts images from 0 twice (without, then with the fix): one bar over both."""
     state = {"offset": 0, "last": 0}
 
-    def update(n: int) -> None:
+    def both(n: int) -> None:
         if n <= state["last"]:
             state["offset"] += total
         state["last"] = n
-        progress(state["offset"] + n)
+        update(state["offset"] + n)
 
-    return update
+    return both
 
 
 def fix_command(
@@ -127,9 +138,11 @@ def fix_command(
     batch_size: int = opt.BATCH_SIZE,
     img_size: int | None = opt.IMG_SIZE,
     random_init: bool = opt.RANDOM_INIT,
+    weights: Path | None = opt.WEIGHTS,
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
+    overwrite: bool = opt.OVERWRITE,
 ) -> None:
     """Apply test-time registers and report before/after: norm maps, outlier rate, embeddings."""
     from vitreg.configs import FixConfig
@@ -163,9 +176,16 @@ def run_fix_command(cfg: Any) -> None:
     }
     with cli_errors():
         run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="fix")
+        check_out(run_dir, "fix", spec, cfg.overwrite)  # before any model loads
         cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
         command = _command(spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, "fix")
-        model = load_model(spec, cfg.random_init, cfg.img_size, join_torchrun(cfg.device))
+        preloaded = neuron_file(neurons)  # a missing or bad file fails before the model loads
+        if cfg.images is not None:
+            from vitreg.data.folder import list_images
+
+            list_images(cfg.images)
+        device = join_torchrun(cfg.device)
+        model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights)
         if model.layout.n_extra:
             raise InputError(
                 f"{spec} is loaded with test-time registers already applied (a model saved by "
@@ -178,7 +198,7 @@ def run_fix_command(cfg: Any) -> None:
                 "drop --save (the report is still written), or use the timm build of this model"
             )
         source = image_source(model, spec, opts, keep=MAX_ROWS)
-        chosen, info, found = load_neurons(model, spec, neurons, source, cfg)
+        chosen, info, found = load_neurons(model, spec, neurons, source, cfg, preloaded)
         result = run_fix(model, chosen, source, fix_opts, batch_size)
         results = {
             "neurons": info,
@@ -187,10 +207,10 @@ def run_fix_command(cfg: Any) -> None:
             "planted": planted_rows(model, chosen.pairs()),
         }
         if save is not None:
-            from vitreg.models.loaders.local import save_fixed
+            from vitreg.fix.saved import save_fixed
 
             if is_main():
-                with err_console.status(f"saving the fixed model to {save}"):
+                with progress(None, f"saving the fixed model to {save}"):
                     save_fixed(model, result[0], save, **save_args(model, spec, cfg.img_size))
             results["saved"] = str(save)
         on_main(write, run_dir, model, source, result[1], results, cfg.to_file(), command)
@@ -210,9 +230,9 @@ def run_fix(
         patches=fix_opts["patches"],
         mode=fix_opts["mode"],
     )
-    with _progress(2 * source.total, "without, then with the fix") as progress:
+    with progress(2 * source.total, "images without, then with the fix") as update:
         comparison = compare_fix(
-            model, ttr, source, batch_size=batch_size, progress=_two_passes(progress, source.total)
+            model, ttr, source, batch_size=batch_size, progress=_two_passes(update, source.total)
         )
     return ttr, comparison
 
@@ -229,7 +249,7 @@ def write(
     """The report, config.yaml and metrics.json (last) of one fix."""
     from vitreg.report.fix_report import write_fix_run
 
-    with err_console.status("writing the report"):
+    with progress(None, "writing the report"):
         write_fix_run(
             run_dir,
             comparison,

@@ -12,8 +12,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vitreg.cli.output import cli_errors, console, err_console, fail
+from vitreg.cli import options as opt
+from vitreg.cli.output import cli_errors, console, fail
+from vitreg.cli.progress import progress
 from vitreg.core.layout import TokenLayout
+from vitreg.errors import InputError
 
 
 def _ranges(values: list[int]) -> str:
@@ -93,6 +96,22 @@ def _load(spec: str, pretrained: bool, weights: Path | None, img_size: int | Non
         logging.disable(logging.NOTSET)
 
 
+def move(model: Any, device: str | None) -> Any:
+    """``model`` on ``device`` (unchanged when none is given); a device this machine lacks is an
+    :class:`InputError` naming the option."""
+    if device is None:
+        return model
+    import torch
+
+    try:
+        return model.to(torch.device(device))
+    except (RuntimeError, AssertionError) as e:
+        raise InputError(
+            f"cannot use device {device!r}: {str(e).splitlines()[0]}; "
+            "pass --device cpu (or a device this machine has, e.g. cuda:0)"
+        ) from None
+
+
 def describe(model: Any, layout: TokenLayout, img_size: int | None, hooks: bool) -> dict[str, Any]:
     """``Model.describe()`` with the layout at ``img_size`` and, if asked, the hook names."""
     info = {**model.describe(), "layout": layout.to_dict()}
@@ -135,15 +154,10 @@ def inspect_model(
     spec: str = typer.Argument(
         ..., help="Model spec, e.g. timm:vit_small_patch14_reg4_dinov2.lvd142m"
     ),
-    random_init: bool = typer.Option(
-        False, "--random-init", help="Build the architecture with random weights (no download)."
-    ),
-    img_size: int | None = typer.Option(
-        None, "--img-size", min=1, help="Input size in pixels (passed as img_size where taken)."
-    ),
-    weights: Path | None = typer.Option(
-        None, "--weights", help="Local weights file (.safetensors or a torch state dict)."
-    ),
+    random_init: bool = opt.RANDOM_INIT,
+    img_size: int | None = opt.IMG_SIZE,
+    weights: Path | None = opt.WEIGHTS,
+    device: str | None = opt.DEVICE,
     hooks: bool = typer.Option(False, "--hooks", help="List the canonical hook names."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ) -> None:
@@ -151,8 +165,13 @@ def inspect_model(
     if random_init and weights is not None:
         raise fail("--random-init and --weights exclude each other; pass one of them")
     with cli_errors():
-        with err_console.status(f"loading {spec}"):
+        if weights is not None:
+            from vitreg.models.load import check_weights_file
+
+            check_weights_file(weights)  # a missing or unreadable file fails before loading
+        with progress(None, f"loading {spec}"):
             model = _load(spec, not random_init, weights, img_size)
+        model = move(model, device)
         layout = model.layout_for((img_size, img_size)) if img_size else model.layout
         info = describe(model, layout, img_size, hooks)
     if as_json:

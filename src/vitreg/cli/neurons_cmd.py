@@ -14,23 +14,33 @@ from vitreg.cli.diagnose_cmd import (
     DEFAULT_SPEC,
     _command,
     _move,
-    _progress,
     _sources,
     default_run_dir,
     slug,
 )
 from vitreg.cli.inspect_cmd import _load
-from vitreg.cli.output import cli_errors, console, err_console, join_torchrun
+from vitreg.cli.output import cli_errors, console, join_torchrun, random_init_banner
+from vitreg.cli.progress import progress
 from vitreg.distributed import on_main
+from vitreg.report.out_dir import check_out
 
 
-def load_model(spec: str, random_init: bool, img_size: int | None, device: str | None) -> Any:
-    """Load ``spec`` (a status line while it builds) and move it to ``device``."""
-    with err_console.status(f"loading {spec}"):
-        model = _load(spec, not random_init, None, img_size)
+def load_model(
+    spec: str,
+    random_init: bool,
+    img_size: int | None,
+    device: str | None,
+    weights: Path | None = None,
+) -> Any:
+    """Load ``spec`` (from ``weights`` if given; a progress line while it builds) and move it to
+    ``device``."""
+    with progress(None, f"loading {spec}"):
+        model = _load(spec, not random_init, weights, img_size)
     model = _move(model, device)
     for note in model.notes:
         console.print(f"[yellow]note: {escape(note)}[/yellow]")
+    if random_init:
+        random_init_banner(spec)
     return model
 
 
@@ -67,7 +77,7 @@ def find_neurons(
         detect_layer=cfg.detect_layer,
         highest_layer=cfg.highest_layer,
         threshold=cfg.threshold,
-        progress=_progress,
+        progress=progress,
     )
     split = found.split
     console.print(
@@ -115,6 +125,7 @@ def neurons_command(
     batch_size: int = opt.BATCH_SIZE,
     img_size: int | None = opt.IMG_SIZE,
     random_init: bool = opt.RANDOM_INIT,
+    weights: Path | None = opt.WEIGHTS,
     detect_layer: int | None = typer.Option(
         None,
         "--detect-layer",
@@ -133,6 +144,7 @@ def neurons_command(
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
+    overwrite: bool = opt.OVERWRITE,
 ) -> None:
     """Find register neurons: discovery, a causal check and the fix checked on held-out images."""
     from vitreg.configs import NeuronsConfig
@@ -160,11 +172,17 @@ def run_neurons(cfg: Any) -> None:
     }
     with cli_errors():
         run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="neurons")
+        check_out(run_dir, "neurons", spec, cfg.overwrite)  # before any model loads
         cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
         command = _command(
             spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, "neurons"
         )
-        model = load_model(spec, cfg.random_init, cfg.img_size, join_torchrun(cfg.device))
+        if cfg.images is not None:
+            from vitreg.data.folder import list_images
+
+            list_images(cfg.images)  # an empty or missing folder fails before the model loads
+        device = join_torchrun(cfg.device)
+        model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights)
         source = image_source(model, spec, opts)
         found = find_neurons(model, source, cfg)
         on_main(write, run_dir, model, source, found, cfg.to_file(), command)
@@ -184,7 +202,7 @@ def write(
 
     data = {**source.description(), "split": found.split}
     found.chosen.data = {**found.chosen.data, "images": source.label, "split": found.split}
-    with err_console.status("writing the neuron set and the report"):
+    with progress(None, "writing the neuron set and the report"):
         (run_dir / "metrics.json").unlink(missing_ok=True)  # never beside a newer neuron set
         found.chosen.save(run_dir / "neurons")
         results = found.results()

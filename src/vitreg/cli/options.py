@@ -20,6 +20,18 @@ RANDOM_INIT = typer.Option(
     False, "--random-init", help="Build the architecture with random weights (no download)."
 )
 DEVICE = typer.Option(None, "--device", help="torch device, e.g. cpu or cuda:0.")
+WEIGHTS = typer.Option(
+    None,
+    "--weights",
+    help="Weights file (.safetensors; or a torch state dict, read with weights_only=True) "
+    "loaded strictly into SPEC's architecture instead of its pretrained weights.",
+)
+OVERWRITE = typer.Option(
+    False,
+    "--overwrite",
+    help="Replace the run already in --out (its run files are removed first); without it a "
+    "folder holding a run is refused.",
+)
 FIGURE_FORMAT = typer.Option(
     None,
     "--figure-format",

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from vitreg.errors import VitregError
@@ -26,6 +27,29 @@ def fail(message: str) -> typer.Exit:
     where = f"rank {RANK}: " if RANK else ""
     _errors.print(Text(f"{where}error: {message}", style="red"))
     return typer.Exit(code=2)
+
+
+def bug(e: BaseException) -> typer.Exit:
+    """Print an unexpected exception as a bug report hint on stderr; return the exit (code 1)."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    what = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    _errors.print(
+        Text(
+            f"error: this is a bug in vitreg, please report it ({what}); rerun with "
+            "`vitreg --debug <command> ...` for the traceback",
+            style="red",
+        )
+    )
+    return typer.Exit(code=1)
+
+
+def random_init_banner(spec: str) -> None:
+    """Say on the console, before any result, that ``spec`` has random weights."""
+    console.print(
+        f"[bold yellow]RANDOM WEIGHTS:[/bold yellow][yellow] {escape(spec)} is built with "
+        "--random-init (random, untrained weights); its artifacts, or their absence, say nothing "
+        "about the trained model.[/yellow]"
+    )
 
 
 def missing_dependency(e: ImportError) -> str:

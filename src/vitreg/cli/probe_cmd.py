@@ -11,11 +11,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.diagnose_cmd import _command, _progress, default_run_dir, slug
-from vitreg.cli.fix_cmd import load_neurons
+from vitreg.cli.diagnose_cmd import _command, default_run_dir, slug
+from vitreg.cli.fix_cmd import load_neurons, neuron_file
 from vitreg.cli.neurons_cmd import image_source, load_model
 from vitreg.cli.options import DEFAULT_SPEC
-from vitreg.cli.output import cli_errors, console, err_console, is_main, join_torchrun
+from vitreg.cli.output import cli_errors, console, is_main, join_torchrun
+from vitreg.cli.progress import progress
+from vitreg.report.out_dir import check_out
 
 DEFAULT_DATA = "synthetic-cls:n=200"
 CACHE = Path(".vitreg-cache") / "features"
@@ -87,9 +89,11 @@ def probe_command(
     batch_size: int = opt.BATCH_SIZE,
     img_size: int | None = opt.IMG_SIZE,
     random_init: bool = opt.RANDOM_INIT,
+    weights: Path | None = opt.WEIGHTS,
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
+    overwrite: bool = opt.OVERWRITE,
 ) -> None:
     """Linear probes on frozen tokens, with and without test-time registers."""
     from vitreg.configs import ProbeRunConfig
@@ -108,65 +112,64 @@ def probe_config(cfg: Any) -> Any:
 
 def run_probe(cfg: Any) -> None:
     """The probe verb on a typed :class:`~vitreg.configs.ProbeRunConfig`."""
-    from vitreg.probe.run import run
+    from vitreg.probe.run import run, splits
 
     spec = cfg.spec or DEFAULT_SPEC
     with cli_errors():
         run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="probe")
+        check_out(run_dir, "probe", spec, cfg.overwrite)  # before any model loads
         cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
         command = _command(
             spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, verb="probe"
         )
         base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
-        model = load_model(spec, cfg.random_init, cfg.img_size, join_torchrun(cfg.device))
+        preloaded = neuron_file(neuron_source)  # bad input fails before the model loads
+        datasets = splits(cfg.data)
+        device = join_torchrun(cfg.device)
+        model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights)
         ttr = None
         if fixed:
-            ttr = test_time_registers(model, spec, neuron_source, cfg.registers, cfg.batch_size)
-        with _progress(1, "extracting features") as bar:
-            state = {"stage": None}
-
-            def progress(stage: str, done: int, total: int) -> None:
-                if stage != state["stage"]:
-                    state["stage"] = stage
-                    console.print(f"extracting {stage}: {total} samples")
-                bar(done / max(total, 1))
-
-            result = run(
-                model,
-                cfg.task,
-                cfg.data,
-                fix=ttr,
-                base=base,
-                layers=parse_layers(cfg.layers),
-                cache_dir=cfg.cache,
-                config=probe_config(cfg),
-                batch_size=cfg.batch_size,
-                image_size=cfg.img_size,
-                progress=progress,
+            ttr = test_time_registers(
+                model, spec, neuron_source, cfg.registers, cfg.batch_size, preloaded
             )
+        result = run(
+            model,
+            cfg.task,
+            datasets,
+            fix=ttr,
+            base=base,
+            layers=parse_layers(cfg.layers),
+            cache_dir=cfg.cache,
+            config=probe_config(cfg),
+            batch_size=cfg.batch_size,
+            image_size=cfg.img_size,
+            progress=progress,
+        )
         if not is_main():
             return
         from vitreg.report.probe_figures import probe_figures
         from vitreg.report.probe_report import write_probe_run
 
         doc = result.to_dict()
-        with err_console.status("writing the report"):
+        with progress(None, "writing the report"):
             write_probe_run(
                 run_dir, doc, result.model, cfg.to_file(), command, probe_figures(result, doc)
             )
     show(doc, run_dir)
 
 
-def test_time_registers(model: Any, spec: str, neurons: str | None, registers: int, batch: int):
-    """The TestTimeRegisters fix from a NeuronSet file, the built-in set, or discovery (with
-    the defaults of `vitreg neurons`)."""
+def test_time_registers(
+    model: Any, spec: str, neurons: str | None, registers: int, batch: int, preloaded: Any = None
+):
+    """The TestTimeRegisters fix from a NeuronSet file (``preloaded`` if read already), the
+    built-in set, or discovery (with the defaults of `vitreg neurons`)."""
     from vitreg.configs import NeuronsConfig
     from vitreg.fix import TestTimeRegisters
 
     search = NeuronsConfig(batch_size=batch)
     opts = {"images": None, "samples": False, "limit": None, "batch_size": batch}
     source = image_source(model, spec, opts) if neurons is None else None
-    chosen, _, _ = load_neurons(model, spec, neurons, source, search)
+    chosen, _, _ = load_neurons(model, spec, neurons, source, search, preloaded)
     return TestTimeRegisters(chosen, n_registers=registers)
 
 
@@ -218,6 +221,7 @@ def compare_command(
     contains: str | None = typer.Option(
         None, "--filter", help="Only metrics whose name contains this text."
     ),
+    overwrite: bool = opt.OVERWRITE,
     figure_format: str | None = opt.FIGURE_FORMAT,
 ) -> None:
     """Merge the headline metrics of several runs: run, metric, value, direction (folders that
@@ -228,6 +232,8 @@ def compare_command(
     from vitreg.report.markdown import num
 
     with cli_errors():
+        if out is not None:
+            check_out(out, "compare", None, overwrite)
         merged = compare_runs(runs, contains)
         if out is not None:
             if figure_format not in (None, *VECTOR_FORMATS):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from rich.markup import escape
 from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import _command, default_run_dir, slug
 from vitreg.cli.output import cli_errors, console, fail
+from vitreg.cli.progress import progress
+from vitreg.report.out_dir import check_out
 
 
 def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
@@ -30,23 +33,24 @@ def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-class ProgressBar:
-    """A tqdm bar on stderr, opened at the first step (errors before training print alone)."""
+class StepProgress:
+    """``train``'s per-step callback as one progress phase with loss and lr, opened at the first
+    step (errors before training print alone) and closed with the run (rank 0 only)."""
 
     def __init__(self) -> None:
-        self.bar: Any = None
+        self.stack = ExitStack()
+        self.update: Any = None
 
     def __call__(self, step: int, total: int, record: dict[str, Any]) -> None:
-        if self.bar is None:
-            from tqdm.auto import tqdm
+        if self.update is None:
+            self.update = self.stack.enter_context(progress(total, "training (optimizer steps)"))
+        self.update(step, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
 
-            self.bar = tqdm(total=total, initial=step - 1, unit="step")
-        self.bar.update(step - self.bar.n)
-        self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+    def __enter__(self) -> StepProgress:
+        return self
 
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self.stack.__exit__(*exc)
 
 
 def train_command(
@@ -96,6 +100,7 @@ def train_command(
         None, "--option", help="Recipe option KEY=VALUE (repeatable), e.g. n_local_crops=2."
     ),
     config: Path | None = opt.CONFIG,
+    overwrite: bool = opt.OVERWRITE,
 ) -> None:
     """Train a ViT (supervised DeiT-III or DINO/iBOT); run under torchrun for data parallelism."""
     from vitreg.configs import TrainRunConfig
@@ -132,14 +137,12 @@ def run_train(cfg: Any) -> None:
 
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(cfg.variant), verb="train")
     cfg = cfg.model_copy(update={"out": run_dir})
-    bar = ProgressBar()  # train() reports progress on rank 0 only
     with cli_errors():
-        try:
-            result = train(
-                cfg.variant, cfg.data, cfg.recipe, run_dir, progress=bar, **train_args(cfg)
-            )
-        finally:
-            bar.close()
+        check_out(run_dir, "train", cfg.variant, cfg.overwrite)
+    with cli_errors(), StepProgress() as steps:  # train() reports progress on rank 0 only
+        result = train(
+            cfg.variant, cfg.data, cfg.recipe, run_dir, progress=steps, **train_args(cfg)
+        )
     if int(os.environ.get("RANK", "0")) != 0:
         return
     with cli_errors():

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from vitreg.errors import InputError
 from vitreg.probe.metrics import IGNORE_INDEX, METRICS, mean_ci
+from vitreg.progress import SILENT, Progress
 from vitreg.train.schedule import warmup_cosine
 
 DINOV2_LRS: tuple[float, ...] = tuple(m * 10.0**e for e in range(-5, -1) for m in (1, 2, 5)) + (
@@ -56,6 +57,7 @@ class ProbeConfig:
     standardize: bool = True  # z-score features with train mean/std (folded into the head)
     seeds: Sequence[int] = (0, 1, 2)
     device: str = "cpu"
+    progress: Progress | None = None  # epochs of each fit and its early stop (None: silent)
 
 
 # ----------------------------------------------------------------------------- losses
@@ -421,30 +423,38 @@ class _Trainer:
         end = 0.0 if cfg.cosine else 1.0  # lr factor: warm-up, then cosine to 0 (or constant)
         x_hold, y_hold = self.x[hold], self.y[hold].to(cfg.device)
         step = 0
-        for epoch in range(1, cfg.epochs + 1):
-            for part in fit[torch.randperm(len(fit), generator=gen)].split(bs):
-                out = self.forward(W, b, self.x[part])
-                per = self.loss.per_head(out, self.target(self.y[part]))
-                gW, gb = torch.autograd.grad(per.sum(), (W, b))
-                factor = warmup_cosine(step, total, 1.0, warm, end)
-                opt.step((gW, gb), lrs * factor * active)
-                step += 1
-            epochs_run += active.cpu().long()
-            if n_hold == 0:
-                best_W, best_b, best_epoch[:] = W.detach().clone(), b.detach().clone(), epoch
-                continue
-            loss = torch.nan_to_num(
-                self.evaluate(W.detach(), b.detach(), x_hold, y_hold)[1], nan=math.inf
-            )
-            better = active & (loss < best)
-            best_W[better], best_b[better] = W.detach()[better], b.detach()[better]
-            best = torch.where(better, loss, best)
-            best_epoch[better.cpu()] = epoch
-            bad = torch.where(better.cpu(), 0, bad + active.cpu().long())
-            if cfg.patience is not None:
-                active &= (bad < cfg.patience).to(cfg.device)
-            if not active.any():
-                break
+        label = f"probe fit, seed {self.seed}: epochs ({L} learning rates at once)"
+        stopped = None
+        with (cfg.progress or SILENT)(cfg.epochs, label) as update:
+            for epoch in range(1, cfg.epochs + 1):
+                for part in fit[torch.randperm(len(fit), generator=gen)].split(bs):
+                    out = self.forward(W, b, self.x[part])
+                    per = self.loss.per_head(out, self.target(self.y[part]))
+                    gW, gb = torch.autograd.grad(per.sum(), (W, b))
+                    factor = warmup_cosine(step, total, 1.0, warm, end)
+                    opt.step((gW, gb), lrs * factor * active)
+                    step += 1
+                epochs_run += active.cpu().long()
+                if n_hold == 0:
+                    best_W, best_b, best_epoch[:] = W.detach().clone(), b.detach().clone(), epoch
+                    update(epoch)
+                    continue
+                loss = torch.nan_to_num(
+                    self.evaluate(W.detach(), b.detach(), x_hold, y_hold)[1], nan=math.inf
+                )
+                better = active & (loss < best)
+                best_W[better], best_b[better] = W.detach()[better], b.detach()[better]
+                best = torch.where(better, loss, best)
+                best_epoch[better.cpu()] = epoch
+                bad = torch.where(better.cpu(), 0, bad + active.cpu().long())
+                if cfg.patience is not None:
+                    active &= (bad < cfg.patience).to(cfg.device)
+                update(epoch, improving=f"{int(active.sum())}/{L} lrs")
+                if not active.any():
+                    stopped = epoch
+                    break
+            if stopped is not None and stopped < cfg.epochs:
+                update(stopped, early_stop=f"epoch {stopped}, no lr better for {cfg.patience}")
 
         sx, sy = (x_hold, y_hold) if val is None else val
         pred, sel_loss = self.evaluate(best_W, best_b, sx, sy)

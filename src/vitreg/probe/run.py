@@ -3,8 +3,8 @@ fix, and score one task at each layer; the result is what ``vitreg probe`` write
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from vitreg.probe.cache import extract, input_config
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.tasks import TaskResult, get_task
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
+from vitreg.progress import SILENT, Progress
 
 CONDITIONS = ("base", "fixed")
 
@@ -84,14 +85,15 @@ def run(
     config: ProbeConfig | None = None,
     batch_size: int = 32,
     image_size: int | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Progress = SILENT,
 ) -> ProbeRun:
     """Score ``task`` on ``data`` at ``layers``: the bare model (``base``) and/or under ``fix``.
 
     Features are cached under ``cache_dir`` and reused by later runs (no forward pass then);
-    ``progress(stage, done, total)`` reports extraction. Under ``torchrun`` each rank extracts
-    its share of the shards and only rank 0 trains and scores the probes (the other ranks return
-    a run without results)."""
+    ``progress`` reports extraction (samples), cache hits and probe training (a phase per
+    condition over the layers, each fit's epochs inside it, unless ``config`` has its own).
+    Under ``torchrun`` each rank extracts its share of the shards and only rank 0 trains and
+    scores the probes (the other ranks return a run without results)."""
     probe = get_task(task)
     train, test = splits(data)
     for ds in (train, test):
@@ -102,6 +104,8 @@ def run(
     if not conditions:
         raise InputError("nothing to probe: base=False needs a fix")
     config = config or ProbeConfig()
+    if config.progress is None:
+        config = replace(config, progress=progress)
     results: dict[str, list[TaskResult]] = {}
     caches: dict[str, dict[str, Any]] = {}
     names: list[str] = []
@@ -109,19 +113,25 @@ def run(
         cached = {}
         for split, ds in (("train", train), ("test", test)):
             stage = f"{condition}/{split}"
-            report = (lambda n, s=stage, t=len(ds): progress(s, n, t)) if progress else None
-            cached[split] = extract(
-                model,
-                ds,
-                layers=layers,
-                views=probe.views,
-                fix=applied,
-                root=cache_dir,
-                batch_size=batch_size,
-                pixels=probe.pixels,
-                image_size=image_size,
-                progress=report,
-            )
+            with progress(len(ds), f"extracting features {stage} (samples)") as update:
+                cached[split] = extract(
+                    model,
+                    ds,
+                    layers=layers,
+                    views=probe.views,
+                    fix=applied,
+                    root=cache_dir,
+                    batch_size=batch_size,
+                    pixels=probe.pixels,
+                    image_size=image_size,
+                    progress=update,
+                )
+                if cached[split].forward_passes == 0:
+                    update(len(ds), source="cache")
+                    progress.note(
+                        f"cache hit: {cached[split].n} features, 0 forward passes ({stage}, "
+                        f"{cached[split].folder})"
+                    )
             caches[stage] = {
                 "folder": str(cached[split].folder),
                 "n": cached[split].n,
@@ -136,9 +146,13 @@ def run(
         names = cached["train"].layers
         if not distributed.is_main():  # under torchrun every rank extracts; rank 0 scores
             continue
-        results[condition] = [
-            probe.evaluate(cached["train"], cached["test"], name, config) for name in names
-        ]
+        results[condition] = []
+        with progress(len(names), f"training probes {condition} (layers)") as update:
+            for name in names:
+                results[condition].append(
+                    probe.evaluate(cached["train"], cached["test"], name, config)
+                )
+                update(len(results[condition]))
     described = None
     if fix is not None:
         described = {

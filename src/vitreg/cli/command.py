@@ -1,0 +1,54 @@
+"""The click classes behind vitreg's commands: help text without a type on flags, and every
+unexpected exception reported as a bug in one paragraph (the traceback only with ``--debug``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+from typer.exceptions import TyperException
+
+from vitreg.cli.output import bug, fail
+from vitreg.errors import VitregError
+
+
+def _plain_flags(params: list[Any]) -> list[Any]:
+    """``params`` with on/off flags shown bare in help (typer would print ``<bool>`` beside them)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class VitregCommand(TyperCommand):
+    """A verb: flags without a type in its help."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+
+class VitregGroup(TyperGroup):
+    """The ``vitreg`` app (and its sub-apps): vitreg's own errors exit 2 with their message; any
+    other exception is a bug, reported in one paragraph with exit 1, unless ``--debug`` asks for
+    the traceback."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (TyperException, typer.Exit, typer.Abort):
+            raise  # usage errors, exits and aborts keep their own handling
+        except VitregError as e:
+            raise fail(str(e)) from None
+        except Exception as e:
+            if debug_requested(ctx):
+                raise
+            raise bug(e) from None
+
+
+def debug_requested(ctx: Any) -> bool:
+    """Whether ``--debug`` was given to the root command of ``ctx``."""
+    return bool(ctx.find_root().params.get("debug"))
