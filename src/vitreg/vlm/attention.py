@@ -96,6 +96,7 @@ def capture_rows(
 
 def image_positions(vlm: VLM, ids: torch.Tensor) -> torch.Tensor:
     """Sequence positions of the image tokens in ``ids [1, T]``."""
+    # layout: column 0 of nonzero's index pairs, not tokens
     return (ids[0] == vlm.image_token_id).nonzero()[:, 0].cpu()
 
 
