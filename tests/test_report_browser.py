@@ -108,3 +108,112 @@ def test_slider_changes_the_maps_without_console_errors(report_html: Path, drive
         ".map(e => e.getAttribute('src') || e.getAttribute('href'))"
     )
     assert sources and all(s.startswith(("data:", "#")) for s in sources)  # nothing external
+
+
+@pytest.fixture(scope="module")
+def report_kinds(report_html: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """report.html of every kind, each built once with the smallest settings (planted models,
+    few images, small batches; a random-init tiny ViT for the probe)."""
+    from typer.testing import CliRunner
+
+    from vitreg.cli.app import app
+
+    root = tmp_path_factory.mktemp("kinds")
+    planted = ["--img-size", "112", "--batch-size", "4"]
+    commands = {
+        "diagnose --models": [
+            "diagnose",
+            "--models",
+            "planted:dinov2_s14,planted:deit3_s16",
+            "--img-size",
+            "112",
+            "--limit",
+            "2",
+            "--max-maps",
+            "2",
+        ],
+        "neurons": ["neurons", "planted:dinov2_s14", *planted, "--limit", "8"],
+        "fix": [
+            "fix",
+            "planted:dinov2_s14",
+            "--neurons",
+            str(root / "neurons" / "neurons.json"),
+            *planted,
+            "--limit",
+            "4",
+        ],
+        "probe": [
+            "probe",
+            "timm:vit_tiny_patch16_224",
+            "--random-init",
+            "--img-size",
+            "32",
+            "--epochs",
+            "2",
+            "--seeds",
+            "2",
+            "--batch-size",
+            "8",
+            "--data",
+            "synthetic-cls:n=16,size=32",
+            "--cache",
+            str(root / "cache"),
+        ],
+    }
+    runner = CliRunner()
+    paths = {"diagnose": report_html}
+    for kind, args in commands.items():
+        out = root / kind.split()[0] if kind != "diagnose --models" else root / "models"
+        result = runner.invoke(app, [*args, "--out", str(out)])
+        assert result.exit_code == 0, (kind, result.output)
+        paths[kind] = out / "report.html"
+    (root / "not-a-run").mkdir()
+    runs = [root / "models" / "planted-dinov2_s14", root / "fix", root / "not-a-run"]
+    compare = [*map(str, runs), "--out", str(root / "compare")]
+    result = runner.invoke(app, ["compare", *compare])
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output and "not-a-run" in result.output
+    paths["compare"] = root / "compare" / "report.html"
+    return paths
+
+
+PAGE_CHECK = """
+const page = document.documentElement.clientWidth;
+const wide = Array.from(document.querySelectorAll('body *'))
+  .filter(e => e.getBoundingClientRect().right > page + 1)
+  .map(e => e.tagName + ' ' + (e.id || e.className || e.textContent.slice(0, 40)));
+const broken = Array.from(document.images)
+  .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt.slice(0, 60));
+return {text: document.body.innerText, wide: wide, broken: broken, images: document.images.length};
+"""
+
+
+@pytest.mark.parametrize(
+    "kind", ["diagnose", "diagnose --models", "neurons", "fix", "probe", "compare"]
+)
+def test_every_report_kind_renders_clean(
+    kind: str, report_kinds: dict[str, Path], driver: Any
+) -> None:
+    """No console error, no raw Markdown or Python repr in the visible text, nothing wider than
+    the page, every image loads."""
+    import re
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.set_window_size(1024, 900)
+    driver.get_log("browser")  # drop what earlier pages logged
+    driver.get(report_kinds[kind].as_uri())
+    WebDriverWait(driver, 10).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
+    page = driver.execute_script(PAGE_CHECK)
+    text = page["text"]
+    for marker in ("`", "**", "{'", "['", "*fixed*"):
+        assert marker not in text, (kind, marker, text[text.find(marker) - 80 :][:160])
+    assert not re.search(r"\bNone\b", text), (kind, re.findall(r".{40}\bNone\b.{20}", text))
+    assert page["wide"] == [], (kind, page["wide"][:5])
+    assert page["broken"] == [], (kind, page["broken"])
+    if kind != "probe":
+        assert page["images"] > 0, kind
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], (kind, errors)
