@@ -115,7 +115,12 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     run_dir, _, result = fix_run
     assert result.exit_code == 0, result.output
     figures = {p.name for p in (run_dir / "figures").iterdir()}
-    assert figures == {"fix_norm_maps.png", "fix_attention_maps.png", "fix_norm_curves.png"}
+    assert figures == {
+        "fix_norm_maps.png",
+        "fix_attention_maps.png",
+        "fix_norm_curves.png",
+        "fix_feature_pictures.png",
+    }
     report = (run_dir / "report.md").read_text()
     assert "SYNTHETIC" in report.splitlines()[0] and "Global information is kept" in report
     assert "Causal controls" in report and "as many random neurons zeroed" in report
