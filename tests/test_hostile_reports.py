@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from vitreg.cli.app import app
 from vitreg.report.html import inline
-from vitreg.report.markdown import Table, code_span, escape_text, markdown_table
+from vitreg.report.markdown import Table, code, code_span, escape_text, markdown_table
 
 NAMES = ["a`b.png", "`lead.png", "pipe|name.png", "<b>bold</b>.png", "*star*.png", "``.png"]
 runner = CliRunner()
@@ -41,6 +41,7 @@ def test_code_span_keeps_every_name_one_cell_of_literal_text() -> None:
     assert [r[0] for r in body] == NAMES and all(len(r) == 2 for r in body)
     assert [r[1] for r in body] == [f"cannot read '{n}'" for n in NAMES]
     for name in NAMES:
+        assert code(name) == code_span(name)  # every inline-code writer fences the same way
         html = inline(code_span(name))
         assert html.startswith("<code>") and html.count("<code>") == 1
         assert "<b>" not in html and "<em>" not in html

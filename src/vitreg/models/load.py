@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from vitreg.errors import InputError, SpecError, WeightsError
+from vitreg.models.input_size import check_built_size, check_requested_size
 from vitreg.models.model import Model
 
 
@@ -90,9 +91,9 @@ def offline_hint(tried: str, cause: BaseException) -> str:
         "which usually means this machine is offline or the hub is unreachable. If the weights "
         f"are already in the Hugging Face cache (HF_HOME={hf_home}), set HF_HUB_OFFLINE=1 "
         f"(now {offline}) to use the cache only; otherwise download them on a connected machine "
-        "and pass weights='/path/to/model.safetensors' to vitreg.load (--weights on the CLI), or "
-        "save a directory with config.json + model.safetensors and load it as 'local:DIR'. "
-        "Use pretrained=False to build the architecture with random weights."
+        "and pass the file with --weights FILE (a .safetensors file; weights=FILE in "
+        "vitreg.load), or save a folder with config.json + model.safetensors and give it as "
+        "local:DIR. --random-init builds the architecture with random weights (no download)."
     )
 
 
@@ -374,7 +375,9 @@ def load(
     source, name = parse_spec(spec)
     if weights is not None:
         check_weights_file(weights)
+    check_requested_size(kwargs)
     loaded = LOADERS[source](name, pretrained=pretrained, weights=weights, **kwargs)
+    check_built_size(loaded.module, spec)  # before it runs (loaders with weights check earlier)
     loaded.module.eval()
     if device is not None or dtype is not None:
         loaded.module.to(device=device, dtype=dtype)
@@ -388,5 +391,10 @@ def load(
 
 
 def wrap(module: nn.Module, transform: Callable | None = None, spec: str | None = None) -> Model:
-    """Adapt a model object you already have (timm, HF, open_clip vision tower)."""
+    """Adapt a model object you already have (timm, HF, open_clip vision tower; for a
+    transformers LLaVA model, its vision tower with the VLM as ``model.vlm``)."""
+    from vitreg.models.loaders.hf_vlm import MODEL_TYPES, wrap_vlm
+
+    if getattr(getattr(module, "config", None), "model_type", None) in MODEL_TYPES:
+        return wrap_vlm(module, spec=spec, transform=transform)
     return Model(module, spec=spec, transform=transform)

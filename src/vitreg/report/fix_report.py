@@ -22,6 +22,7 @@ from vitreg.report.markdown import (
     Report,
     Section,
     Table,
+    code,
     data_section,
     model_section,
     num,
@@ -559,7 +560,7 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     rows = [
         ["neurons", f"{fx['n_neurons']} in layers {', '.join(map(str, fx['layers']))}"],
         ["from", n["source"]],
-        ["made for", f"`{n['model_spec']}`" if n["model_spec"] else "–"],
+        ["made for", code(n["model_spec"])],
         ["weights fingerprint", _fingerprint(n)],
         ["registers", str(fx["n_registers"])],
         ["[CLS]", fx["cls"]],

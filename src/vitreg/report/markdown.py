@@ -79,8 +79,9 @@ def text(x: Any) -> str:
 
 
 def code(x: Any) -> str:
-    """A value as inline code (``–`` for missing)."""
-    return "–" if x is None or x == "" else f"`{text(x)}`"
+    """A value as inline code (``–`` for missing), fenced by :func:`code_span` so a backtick,
+    ``|`` or ``<tag>`` in it (a path, a command line) stays literal."""
+    return "–" if x is None or x == "" else code_span(text(x))
 
 
 def pct(x: Any) -> str:

@@ -43,6 +43,7 @@ from pydantic import (
 from torch import nn
 
 from vitreg.errors import InputError, SpecError, VitregError, WeightsError
+from vitreg.models.input_size import MAX_ACTIVATION_BYTES, MAX_IMG_SIZE
 from vitreg.models.load import (
     LOADERS,
     Loaded,
@@ -62,9 +63,6 @@ WEIGHT_FILES = (
 #: the most parameters (and buffers) a ``local:`` config may ask for: 16 GiB in float32; the
 #: largest ViTs vitreg supports have about 2 billion
 MAX_PARAMS = 4_000_000_000
-#: the most activation memory one image may need (attention maps and token states, float32)
-MAX_ACTIVATION_BYTES = 16 * 2**30
-MAX_IMG_SIZE = 4096
 
 #: constructor arguments a folder may not set, and why
 REFUSED_ARGS = {

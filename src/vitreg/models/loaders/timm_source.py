@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from vitreg.errors import SpecError, WeightsError
+from vitreg.models.input_size import check_built_size
 from vitreg.models.load import (
     Loaded,
     load_strict,
@@ -84,7 +85,10 @@ def load_timm_weights(
 
     Unlike timm's ``pretrained_cfg_overlay=dict(file=...)`` this never drops the classifier when
     the class count differs from the architecture's default and never loads non-strictly: every
-    parameter comes from the file or the load is a :class:`WeightsError` naming the keys."""
+    parameter comes from the file or the load is a :class:`WeightsError` naming the keys. A
+    module built for an input size its patches do not tile is refused first, naming the size
+    (not the file)."""
+    check_built_size(module, what)
     state = read_state_dict(path)
     fn = checkpoint_filter(module, base)
     if fn is not None:

@@ -1,0 +1,71 @@
+"""The input size a model is built for, checked before anything is allocated or run: within
+:data:`MAX_IMG_SIZE` before the build, then (the build done, no weights read, no image run) a
+whole number of patches per side and one image's activations within
+:data:`MAX_ACTIVATION_BYTES`. Errors name ``--img-size``, the option that sets the size."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import nn
+
+from vitreg.errors import InputError
+
+MAX_IMG_SIZE = 4096  # pixels per side
+MAX_ACTIVATION_BYTES = 16 * 2**30  # one image through one block: attention maps + MLP
+SIZE_KWARGS = ("img_size", "image_size", "force_image_size")  # timm / HF / open_clip
+
+
+def _sides(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def check_requested_size(kwargs: dict[str, Any]) -> None:
+    """Refuse a requested input size that is not a positive integer up to MAX_IMG_SIZE (a
+    100000 px ViT would allocate tens of GB for its position embedding alone)."""
+    for key in SIZE_KWARGS:
+        if kwargs.get(key) is None:
+            continue
+        for side in _sides(kwargs[key]):
+            if isinstance(side, bool) or not isinstance(side, int) or not 1 <= side <= MAX_IMG_SIZE:
+                raise InputError(
+                    f"--img-size {kwargs[key]!r} ({key}={kwargs[key]!r}): the input size must be "
+                    f"a whole number of pixels from 1 to {MAX_IMG_SIZE}; ViTs take 224 or 518, "
+                    "or a multiple of their patch size near it"
+                )
+
+
+def check_built_size(module: nn.Module, what: str) -> None:
+    """A timm ViT built for an input its patches do not tile, or whose one image would need
+    more than MAX_ACTIVATION_BYTES, is refused before its weights are read or any image runs."""
+    from timm.layers import PatchEmbed
+
+    embed = getattr(module, "patch_embed", None)
+    if not isinstance(embed, PatchEmbed) or embed.img_size is None:
+        return  # other sources check sizes themselves; dynamic models take any size
+    size, patch = tuple(embed.img_size), tuple(embed.patch_size)
+    shown = size[0] if size[0] == size[1] else size
+    if not getattr(embed, "dynamic_img_pad", False) and any(
+        s < p or s % p for s, p in zip(size, patch, strict=True)
+    ):
+        p = patch[0]
+        near = max(1, round(size[0] / p)) * p
+        raise InputError(
+            f"--img-size {shown} (img_size={shown}) does not fit {what}: its patches are "
+            f"{patch[0]}x{patch[1]} pixels, and an input side must be a whole number of patches; "
+            f"pass a multiple of {p} (e.g. {near})"
+        )
+    blocks = getattr(module, "blocks", None)
+    heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
+    width = getattr(module, "embed_dim", None)
+    if isinstance(heads, int) and isinstance(width, int):
+        tokens = math.prod(embed.grid_size) + int(getattr(module, "num_prefix_tokens", 0) or 0)
+        need = 4 * (heads * tokens * tokens + 8 * tokens * width)
+        if need > MAX_ACTIVATION_BYTES:
+            raise InputError(
+                f"--img-size {shown} (img_size={shown}) gives {what} {tokens} tokens per image, "
+                f"and one image would need about {need / 2**30:.0f} GiB of activations "
+                f"({heads} attention maps of {tokens}x{tokens}), above the "
+                f"{MAX_ACTIVATION_BYTES // 2**30} GiB vitreg allows; pass a smaller --img-size"
+            )
