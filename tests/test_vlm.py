@@ -211,6 +211,8 @@ def test_wrap_a_loaded_llava_and_refuse_sdpa(tiny, pixels) -> None:
     assert wrapped.hook_names() == model.hook_names()
     with pytest.raises(SpecError, match="not a supported VLM"):
         wrap_vlm(vlm.tower)
+    plain = vitreg.wrap(vlm.module)  # vitreg.wrap hands a LLaVA model to wrap_vlm
+    assert plain.module is vlm.tower and plain.vlm.module is vlm.module
     pv = pixels[:1]
     ids = inputs(wrapped, pv)
     vlm.module.set_attn_implementation({"text_config": "sdpa"})

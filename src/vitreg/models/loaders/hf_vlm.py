@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,16 @@ def wrap_vlm(
     processor: Any | None = None,
     tokenizer: Any | None = None,
     spec: str | None = None,
+    transform: Callable | None = None,
 ) -> Model:
     """Wrap a loaded ``LlavaForConditionalGeneration``: its vision tower as a :class:`Model`,
-    with ``model.vlm`` holding the whole VLM (``tokenizer`` defaults to the processor's)."""
+    with ``model.vlm`` holding the whole VLM (``tokenizer`` defaults to the processor's, the
+    image transform to its image processor)."""
     check_vlm(module)
     vlm = VLM(module, tokenizer or getattr(processor, "tokenizer", None), processor, spec)
     image_processor = getattr(processor, "image_processor", None)
-    transform = ProcessorTransform(image_processor) if image_processor is not None else None
+    if transform is None and image_processor is not None:
+        transform = ProcessorTransform(image_processor)
     model = Model(vlm.tower, spec=spec, transform=transform)
     model.vlm = vlm
     return model
