@@ -10,6 +10,7 @@ import vitreg
 from timm_models import build
 from vitreg import UnsupportedModelError
 from vitreg.analysis.ln_separation import OWNED, ln_separation, pair_similarities
+from vitreg.core.layout import TokenLayout
 
 
 def direct(x, n_cls, regs, patches):
@@ -31,7 +32,7 @@ def direct(x, n_cls, regs, patches):
 def test_pair_similarities_match_explicit_pairs():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 1 + 2 + 6, 5, generator=g)
-    got = pair_similarities(x, 1, slice(1, 3), slice(3, 9))
+    got = pair_similarities(x, TokenLayout(1, 2, (2, 3), (1, 1)))
     for b in range(2):
         want = direct(x[b], 1, slice(1, 3), slice(3, 9))
         for k, v in want.items():
@@ -43,10 +44,11 @@ def test_hand_made_case_orthogonal_after_centering():
     cls = torch.tensor([10.0, 0, 0, 0]) + 3
     patches = torch.tensor([[0, 5.0, 1, -1], [0, 5.0, -1, 1]]) + 3
     x = torch.cat([cls[None], patches])[None]
-    sims = pair_similarities(x, 1, slice(1, 1), slice(1, 3))
+    layout = TokenLayout(1, 0, (1, 2), (1, 1))
+    sims = pair_similarities(x, layout)
     assert sims["cls_patch"].item() > 0.5  # the shared offset makes raw tokens look alike
     centred = x - x.mean(-1, keepdim=True)
-    assert pair_similarities(centred, 1, slice(1, 1), slice(1, 3))["cls_patch"].item() < 0
+    assert pair_similarities(centred, layout)["cls_patch"].item() < 0
 
 
 def test_model_numbers_equal_a_direct_computation():

@@ -54,3 +54,28 @@ def test_patch_grid_passes_stage_grids_through():
     grid = torch.randn(1, 2, 3, 5)
     assert lay.patch_grid(grid) is grid
     assert torch.equal(lay.patch_grid(grid.flatten(1, 2)), grid)
+
+
+def test_cls_index_and_token():
+    lay = TokenLayout(1, 2, (1, 2), (8, 8), n_extra=1)
+    x = torch.arange(2 * lay.n_tokens * 3).view(2, lay.n_tokens, 3)
+    assert lay.cls_index == 0
+    assert torch.equal(lay.cls_token(x), x[:, 0])
+    assert torch.equal(lay.cls_token(x.transpose(1, 2), dim=2), x[:, 0])
+    with pytest.raises(ValueError, match="no \\[CLS\\]"):
+        _ = TokenLayout(0, 0, (2, 2), (8, 8)).cls_index
+    with pytest.raises(InputError, match="expected 6 tokens"):
+        lay.cls_token(x[:, :5])
+
+
+def test_insert_goes_after_the_prefix_and_strip_extra_undoes_it():
+    lay = TokenLayout(1, 1, (1, 3), (8, 8), n_extra=1)
+    x = torch.arange(lay.n_tokens).view(1, -1, 1).float()
+    new = torch.full((1, 2, 1), -1.0)
+    out = lay.insert(x, new)
+    assert out[0, :, 0].tolist() == [0, 1, 2, -1, -1, 3, 4, 5]
+    grown = lay.with_extra(lay.n_extra + 2)
+    assert grown.take(out, "extra")[0, :, 0].tolist() == [2, -1, -1]
+    assert grown.strip_extra(out)[0, :, 0].tolist() == [0, 1, 3, 4, 5]
+    with pytest.raises(InputError):
+        lay.insert(x[:, 1:], new)

@@ -194,6 +194,7 @@ class ProbeRunConfig(RunConfig):
     fix: str = Field("none", description="none, both, builtin or a NeuronSet file")
     neurons: str | None = Field(None, description="with fix both: NeuronSet file or 'builtin'")
     layers: str = Field("-1", description="comma-separated blocks, 'final' or hook names")
+    templates: Path | None = Field(None, description="zero-shot prompt templates file")
     cache: Path = Path(".vitreg-cache") / "features"
     seeds: PositiveInt = 3
     epochs: PositiveInt = 30
@@ -242,6 +243,28 @@ class ProbeRunConfig(RunConfig):
             raise ValueError("applies to fix both only; with fix none there is no fix")
         if v is not None and fix not in (None, "both"):
             raise ValueError("give the neurons once: fix FILE, or fix both with neurons FILE")
+        return v
+
+    @field_validator("templates")
+    @classmethod
+    def _templates_for_zero_shot(cls, v: Path | None, info: Any) -> Path | None:
+        if v is not None and info.data.get("task") not in (None, "zero-shot"):
+            raise ValueError("prompt templates apply to task zero-shot only")
+        if v is not None and not v.is_file():
+            raise ValueError("no such file (one template per line, with {} for the class name)")
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _no_layers_for_model_tasks(cls, v: str, info: Any) -> str:
+        from vitreg.probe.tasks import TASKS
+
+        task = TASKS.get(info.data.get("task", ""))
+        if getattr(task, "scores_model", False) and v.strip() != "-1":
+            raise ValueError(
+                "zero-shot scores the image embedding and attention-seg the last block's "
+                "attention: these tasks take no layers"
+            )
         return v
 
     @field_validator("layers")

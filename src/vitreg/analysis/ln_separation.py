@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import UnsupportedModelError
 from vitreg.hooks.reducers import Mean, Reducer, as_tokens
 from vitreg.hooks.sites import HookContext
@@ -32,25 +33,23 @@ POINTS = {
 OWNED = math.log(4.0)
 
 
-def pair_similarities(
-    x: torch.Tensor, n_cls: int, registers: slice, patches: slice
-) -> dict[str, torch.Tensor]:
+def pair_similarities(x: torch.Tensor, layout: TokenLayout) -> dict[str, torch.Tensor]:
     """Per-image mean cosine similarities ``[B]`` for each pair type present in ``x [B, N, C]``.
 
     Patch-patch is the mean over ordered pairs i != j, computed exactly from the sum of unit
     vectors: ``(|sum p|^2 - N) / (N (N - 1))``.
     """
     unit = torch.nn.functional.normalize(x.float(), dim=-1)
-    p = unit[:, patches]
+    p = layout.take(unit, "patches")
     n = p.shape[1]
     p_sum = p.sum(1)
     out: dict[str, torch.Tensor] = {}
     if n > 1:
         out["patch_patch"] = ((p_sum * p_sum).sum(-1) - n) / (n * (n - 1))
-    cls = unit[:, 0] if n_cls else None
+    cls = layout.cls_token(unit) if layout.n_cls else None
     if cls is not None and n:
         out["cls_patch"] = (cls * p_sum).sum(-1) / n
-    r = unit[:, registers]
+    r = layout.take(unit, "registers")
     if r.shape[1] and n:
         out["register_patch"] = (r.sum(1) * p_sum).sum(-1) / (r.shape[1] * n)
     if r.shape[1] and cls is not None:
@@ -68,9 +67,8 @@ class PairSimilarity(Reducer):
         self.count: dict[str, int] = {}
 
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
-        lay = ctx.layout
         x = as_tokens(t)
-        sims = pair_similarities(x, lay.n_cls, lay.registers, lay.patches)
+        sims = pair_similarities(x, ctx.layout)
         for k, v in sims.items():
             self.sum[k] = self.sum.get(k, 0.0) + float(v.double().sum())
             self.sumsq[k] = self.sumsq.get(k, 0.0) + float((v.double() ** 2).sum())

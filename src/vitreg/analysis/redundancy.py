@@ -88,6 +88,7 @@ class NeighbourSimilarity(TokenNorms):
         rows = super().result()["norms"]
         h, w = self.grid or (0, 0)
         maps = rows.reshape(rows.shape[0], 2, h, w)
+        # layout: axis 1 holds the two neighbourhoods (4, 8), not tokens
         return {"n4": maps[:, 0], "n8": maps[:, 1], "grid": (h, w)}
 
 
@@ -189,6 +190,7 @@ def _on_grid(maps: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """``maps [n, H, W]`` average-pooled onto ``grid`` (identity when it already matches)."""
     if tuple(maps.shape[1:]) == tuple(grid):
         return maps
+    # layout: the channel axis pooling needs, not tokens
     return F.adaptive_avg_pool2d(maps[:, None], grid)[:, 0]
 
 

@@ -103,6 +103,7 @@ def bimodal_fit(norms: np.ndarray, max_samples: int = 200_000, seed: int = 0) ->
         if converged:
             break
     ll2 = np.logaddexp.reduce(_gauss_loglik(x, mean, std, weight), axis=1).sum()
+    # layout: mixture components (columns of the log-likelihood), not tokens
     ll1 = _gauss_loglik(x, np.array([x.mean()]), np.array([x.std()]), np.array([1.0]))[:, 0].sum()
     bic_gain = (-2 * ll1 + 2 * math.log(n)) - (-2 * ll2 + 5 * math.log(n))
     lo, up = (0, 1) if mean[0] <= mean[1] else (1, 0)
@@ -133,6 +134,7 @@ def _valley(mean: np.ndarray, std: np.ndarray, weight: np.ndarray) -> float:
     """Norm where the upper component's posterior first exceeds 1/2, between the two means."""
     grid = np.linspace(mean[0], mean[1], 2001)
     ll = _gauss_loglik(grid, mean, std, weight)
+    # layout: mixture components (columns of the log-likelihood), not tokens
     above = np.nonzero(ll[:, 1] > ll[:, 0])[0]
     log_t = grid[above[0]] if above.size else (mean[0] + mean[1]) / 2
     return float(10**log_t)

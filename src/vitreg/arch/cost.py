@@ -111,9 +111,11 @@ def flop_report(model: nn.Module, batch: int = 1) -> dict[str, Any]:
     shared = count_flops(merged, x)
     with_bias = count_flops(bias_only, x)
     n_reg, n_tok = int(model.num_reg_tokens), int(model.patch_embed.num_patches)
+    # layout: a bare timm model (no vitreg Model yet): its own prefix count
     n_tok += int(model.num_prefix_tokens)
     blocks = merged.blocks
     t = torch.zeros(batch, n_tok, model.embed_dim, device=p.device, dtype=p.dtype)
+    # layout: FLOPs depend on the token count only: n_reg fewer tokens
     registers = count_flops(blocks, t) - count_flops(blocks, t[:, n_reg:]) if n_reg else 0
     return {
         "image_size": list(size),

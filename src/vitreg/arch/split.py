@@ -29,6 +29,7 @@ class TokenSplit(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.n_global
+        # layout: runs inside the timm model on any sequence; n_global ([CLS] (+ registers))
         return torch.cat([self.glob(x[:, :n]), self.patch(x[:, n:])], dim=1)
 
     def extra_repr(self) -> str:
@@ -54,7 +55,7 @@ class LayerNormSplit(TokenSplit):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.n_global
         out = self.patch(x)
-        out[:, :n] = self.glob(x[:, :n])
+        out[:, :n] = self.glob(x[:, :n])  # layout: n_global is fixed at specialisation
         return out
 
 

@@ -53,8 +53,8 @@ def probe_command(
     task: str = typer.Option(
         "classification",
         "--task",
-        help="classification, token-type, position, reconstruction, segmentation, depth or "
-        "object-discovery.",
+        help="classification, token-type, position, reconstruction, segmentation, depth, "
+        "object-discovery, zero-shot (CLIP with its text tower) or attention-seg.",
     ),
     data: str = typer.Option(
         DEFAULT_DATA,
@@ -79,6 +79,12 @@ def probe_command(
         "-1",
         "--layers",
         help="Comma-separated blocks (negative from the end), 'final', or hook names.",
+    ),
+    templates: Path | None = typer.Option(
+        None,
+        "--templates",
+        help="zero-shot: prompt templates, one per line with {} for the class name (default: "
+        "OpenAI's 80 ImageNet templates).",
     ),
     out: Path | None = opt.out_dir("probe"),
     cache: Path = typer.Option(CACHE, "--cache", help="Feature cache folder (reused across runs)."),
@@ -142,6 +148,7 @@ def run_probe(cfg: Any) -> None:
             cache_dir=cfg.cache,
             config=probe_config(cfg),
             batch_size=cfg.batch_size,
+            templates=cfg.templates,
             image_size=cfg.img_size,
             progress=progress,
         )

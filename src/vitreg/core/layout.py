@@ -49,7 +49,14 @@ class TokenLayout:
     def n_tokens(self) -> int:
         return self.n_prefix + self.n_patches
 
-    # slices ---------------------------------------------------------------
+    # indices and slices -----------------------------------------------------
+    @property
+    def cls_index(self) -> int:
+        """Position of the [CLS] token (the first one, should a model have several)."""
+        if not self.n_cls:
+            raise ValueError(f"this layout has no [CLS] token ({self.describe()})")
+        return 0
+
     @property
     def cls(self) -> slice:
         return slice(0, self.n_cls)
@@ -103,6 +110,18 @@ class TokenLayout:
         index = [slice(None)] * x.dim()
         index[dim] = sl
         return x[tuple(index)]
+
+    def cls_token(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """The [CLS] token of ``x`` along ``dim`` (that dimension dropped), e.g. ``[B, C]``."""
+        self.check(x, dim)
+        return x.select(dim, self.cls_index)
+
+    def insert(self, x: torch.Tensor, tokens: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """``x`` with ``tokens`` inserted after the prefix (after earlier inserted tokens): the
+        result has the layout ``self.with_extra(self.n_extra + tokens.shape[dim])``."""
+        self.check(x, dim)
+        head, tail = x.narrow(dim, 0, self.n_prefix), x.narrow(dim, self.n_prefix, self.n_patches)
+        return torch.cat([head, tokens, tail], dim=dim)
 
     def patch_grid(self, x: torch.Tensor) -> torch.Tensor:
         """Reshape the patch tokens of ``[B, N, ...]`` to ``[B, h, w, ...]`` (grids pass through)."""

@@ -306,6 +306,7 @@ class VOCBoxes(FileDataset):
         boxes = np.clip(raw, 0, [w, h, w, h]).astype(np.float32)
         if not np.array_equal(boxes, raw):
             self.log.count("boxes_clipped", key=item.key)
+        # layout: box coordinates (x0, y0, x1, y1), not tokens
         keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
         if not keep.all():
             self.log.count("empty_boxes", int((~keep).sum()), key=item.key)

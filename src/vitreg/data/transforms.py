@@ -68,6 +68,7 @@ def _boxes(boxes: np.ndarray, w: int, h: int, geo: tuple[int, int, int, int], si
         [rw / w, rh / h, rw / w, rh / h], dtype=np.float32
     )
     b = np.clip(b - np.array([left, top, left, top], dtype=np.float32), 0, size)
+    # layout: box coordinates (x0, y0, x1, y1), not tokens
     keep = (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])
     return b[keep]
 

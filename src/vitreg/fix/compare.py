@@ -33,7 +33,7 @@ class Pooled(Reducer):
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
         lay = ctx.layout
         x = t.float()
-        pooled = x[:, 0] if lay.n_cls else lay.take(x, "patches").mean(1)
+        pooled = lay.cls_token(x) if lay.n_cls else lay.take(x, "patches").mean(1)
         for i, row in enumerate(pooled.cpu()):
             self.rows[image_offset + i] = row
 

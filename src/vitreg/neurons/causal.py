@@ -160,7 +160,7 @@ class CausalProbe:
         masks = []
         for n in norms:
             m = image_mask(n, rule, value)
-            m[:, : lay.n_prefix] = False  # patches only
+            m[:, lay.prefix] = False  # patches only
             masks.append(m)
         logs = (flat / median).log().clamp_min(0)
         outlier = torch.cat([m[:, lay.patches].flatten() for m in masks])

@@ -123,7 +123,7 @@ def discover(
         norms = t.detach().float().norm(dim=-1)
         mask = image_mask(norms, rule, value)
         if not include_prefix:
-            mask[:, : lay.n_prefix] = False
+            mask[:, lay.prefix] = False
         count = mask.sum(1)  # [B]
         state["has"] = count > 0
         images_seen += t.shape[0]

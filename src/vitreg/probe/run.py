@@ -84,6 +84,7 @@ def run(
     cache_dir: str | Path,
     config: ProbeConfig | None = None,
     batch_size: int = 32,
+    templates: str | Path | None = None,
     image_size: int | None = None,
     progress: Progress = SILENT,
 ) -> ProbeRun:
@@ -95,6 +96,22 @@ def run(
     Under ``torchrun`` each rank extracts its share of the shards and only rank 0 trains and
     scores the probes (the other ranks return a run without results)."""
     probe = get_task(task)
+    if getattr(probe, "scores_model", False):  # zero-shot, attention-seg: no cache, no training
+        from vitreg.probe.zero_shot.runner import run_model_task
+
+        return run_model_task(
+            probe,
+            model,
+            data,
+            fix=fix,
+            base=base,
+            options={"templates": templates},
+            batch_size=batch_size,
+            image_size=image_size,
+            progress=progress,
+        )
+    if templates is not None:
+        raise InputError(f"templates are the zero-shot task's prompts; task {task!r} takes none")
     train, test = splits(data)
     for ds in (train, test):
         probe.check(tuple(ds.targets), ds.describe().get("spec", ds.name))

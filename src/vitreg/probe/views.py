@@ -101,6 +101,7 @@ def unpack(
     out, start = {}, 0
     for name, shape in spec:
         size = math.prod(shape)
+        # layout: packed feature columns, not tokens
         out[name] = packed[:, start : start + size].reshape(packed.shape[0], *shape)
         start += size
     if TOP_INDEX in out:

@@ -173,11 +173,14 @@ def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     results = doc["results"]
     task = results["task"]
     intro = Section("summary", "Summary")
-    intro.blocks.append(
-        f"Task **{task}**: {results['description']}. Means over seeds {results['seeds']} with "
-        "Student-t 95% confidence half-widths; the learning rate of each seed is chosen on a "
-        "held-out part of the train split, scores are on the test split."
+    how = (
+        f"Means over seeds {results['seeds']} with Student-t 95% confidence half-widths; the "
+        "learning rate of each seed is chosen on a held-out part of the train split, scores are "
+        "on the test split."
+        if results["seeds"]
+        else "Nothing is trained: one score per condition, computed on the test split."
     )
+    intro.blocks.append(f"Task **{task}**: {results['description']}. {how}")
     if "fixed" in results["conditions"]:
         fix = results.get("fix") or {}
         settings = "; ".join(f"{k} {text(v)}" for k, v in fix.items() if k != "name")

@@ -30,6 +30,7 @@ class SyntheticImages:
 
     def patch_coverage(self, patch_size: int) -> torch.Tensor:
         """Fraction of each ``patch_size`` patch that is flat, ``[n, h, w]`` (1.0 = fully flat)."""
+        # layout: image channels, not tokens
         return F.avg_pool2d(self.flat_masks[:, None].float(), patch_size)[:, 0]
 
     def to_pil(self) -> list[Image.Image]:
@@ -49,6 +50,7 @@ def _texture(g: torch.Generator, n: int, size: int, grain: torch.Tensor) -> torc
     for i, cells in enumerate(octaves):
         amp = 0.14 / (1.4**i)
         noise = 2 * _value_noise(g, n, 4, size, cells) - 1  # luminance + a little chroma
+        # layout: image channels (luminance, chroma), not tokens
         base = base + amp * (0.8 * noise[:, :1] + 0.3 * noise[:, 1:])
     return base
 
@@ -80,6 +82,7 @@ def _flat_regions(
     g: torch.Generator, n: int, size: int, fraction: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masks covering ``fraction`` of each image (smooth blobs) and their flat colour fields."""
+    # layout: image channels, not tokens
     field = _value_noise(g, n, 1, size, 3)[:, 0]
     q = torch.quantile(field.flatten(1), fraction, dim=1)
     masks = field < q[:, None, None]
@@ -88,7 +91,7 @@ def _flat_regions(
     direction = torch.randn(n, 2, 1, 1, generator=g)
     ramp = (
         direction[:, :1] * coords[None, None, :, None]
-        + direction[:, 1:] * coords[None, None, None, :]
+        + direction[:, 1:] * coords[None, None, None, :]  # layout: ramp directions (y, x)
     )
     return masks, colour + 0.03 * ramp
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import SpecError
 from vitreg.train.augment import dino_view, normalize, to_tensor, uniform
 from vitreg.train.data import dataset_index, generator, read_sample
@@ -70,10 +71,20 @@ class DinoHead(nn.Module):
         return F.linear(z, F.normalize(self.prototypes, dim=-1))
 
 
+def _layout(backbone: nn.Module, x: torch.Tensor) -> TokenLayout:
+    """The token layout of the bare timm ViT (training wraps no vitreg Model) on images ``x``."""
+    pe = backbone.patch_embed
+    n_cls = 0 if getattr(backbone, "cls_token", None) is None else 1
+    grid = pe.dynamic_feat_size(tuple(x.shape[-2:]))
+    n_reg = int(getattr(backbone, "num_reg_tokens", 0) or 0)
+    return TokenLayout(n_cls, n_reg, grid, tuple(pe.patch_size))
+
+
 def _encode(backbone: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(pooled [CLS]-side representation, patch tokens) of a timm ViT."""
     feats = backbone.forward_features(x)
-    return backbone.forward_head(feats, pre_logits=True), feats[:, backbone.num_prefix_tokens :]
+    patches = _layout(backbone, x).take(feats, "patches")
+    return backbone.forward_head(feats, pre_logits=True), patches
 
 
 class DinoStudent(nn.Module):

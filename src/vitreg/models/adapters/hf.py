@@ -415,8 +415,7 @@ class HFViTAdapter(Adapter):
                 by_kw = not args
                 x = kwargs[key] if by_kw else args[0]
                 layout = state["layout"]
-                p = layout.n_source_prefix
-                x = torch.cat([x[:, :p], values_fn(x.shape[0], x), x[:, p:]], dim=1)
+                x = layout.with_extra(0).insert(x, values_fn(x.shape[0], x))
                 layout.check(x)
                 return (args, {**kwargs, key: x}) if by_kw else ((x, *args[1:]), kwargs)
 

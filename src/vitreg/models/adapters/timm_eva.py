@@ -77,10 +77,12 @@ def rope_pattern(attn: nn.Module) -> Callable[[torch.Tensor, torch.Tensor, dict]
     from timm.layers import apply_rot_embed_cat
 
     def rotate(t: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        # layout: the attention's own prefix count (inserted tokens included), as timm reads it
         n = attn.num_prefix_tokens
         half = bool(getattr(attn, "rotate_half", False))
+        # layout: mirrors timm's rope split of [B, H, N, D] at its own prefix count
         rotated = apply_rot_embed_cat(t[:, :, n:], rope, half=half)
-        return torch.cat([t[:, :, :n], rotated], dim=2).type_as(t)
+        return torch.cat([t[:, :, :n], rotated], dim=2).type_as(t)  # layout: as above
 
     def compute(q: torch.Tensor, k: torch.Tensor, kw: dict) -> torch.Tensor:
         rope = kw.get("rope")

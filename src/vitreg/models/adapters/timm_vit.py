@@ -237,6 +237,7 @@ def insert_after_prefix(
     it) and when the handle is removed. An ``attn_mask`` reaching block 0 raises
     :class:`InputError` (its size would not count the inserted tokens).
     """
+    # layout: timm's own prefix count, which it also reads while the tokens are inserted
     prefix = int(model.num_prefix_tokens)
     first_block = model.blocks[0]
     entry = getattr(model, "norm_pre", None)
@@ -245,14 +246,16 @@ def insert_after_prefix(
         entry, key = first_block, "x"
 
     def set_prefix(n: int) -> None:
+        # layout: the source's bookkeeping, so its pooling and heads skip the inserted tokens
         model.num_prefix_tokens = n
         for a in attn_modules:
-            a.num_prefix_tokens = n
+            a.num_prefix_tokens = n  # layout: the same for rope attention
 
     def insert(_mod: nn.Module, args: tuple, kwargs: dict) -> Any:
         by_kw = not args
         x = kwargs[key] if by_kw else args[0]
         extra = values_fn(x.shape[0], x)
+        # layout: no grid is known here (any input size); the source's prefix count places them
         x = torch.cat([x[:, :prefix], extra, x[:, prefix:]], dim=1)
         set_prefix(prefix + k)
         return (args, {**kwargs, key: x}) if by_kw else ((x, *args[1:]), kwargs)

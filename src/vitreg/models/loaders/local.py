@@ -492,6 +492,7 @@ def check_size(arch: str, args: dict, model_args: dict, kwargs: dict, config_pat
     blocks = getattr(meta, "blocks", None)
     heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
     if isinstance(patches, int) and isinstance(heads, int):
+        # layout: a size estimate of the meta-device build, before any TokenLayout exists
         tokens = patches + int(getattr(meta, "num_prefix_tokens", 0) or 0)
         width = int(getattr(meta, "embed_dim", 0) or 0)
         need = 4 * (heads * tokens * tokens + 8 * tokens * width)

@@ -1,6 +1,14 @@
 """The probe task registry; importing this package registers every task."""
 
-from vitreg.probe.tasks import classification, dense, discovery, local_info, token_type
+from vitreg.probe.tasks import (
+    attention_seg,
+    classification,
+    dense,
+    discovery,
+    local_info,
+    token_type,
+    zero_shot,
+)
 from vitreg.probe.tasks.base import TASKS, Score, Task, TaskResult, get_task, register_task
 
 __all__ = [
@@ -8,6 +16,7 @@ __all__ = [
     "Score",
     "Task",
     "TaskResult",
+    "attention_seg",
     "classification",
     "dense",
     "discovery",
@@ -15,4 +24,5 @@ __all__ = [
     "local_info",
     "register_task",
     "token_type",
+    "zero_shot",
 ]

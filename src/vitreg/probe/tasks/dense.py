@@ -44,6 +44,7 @@ def train_labels(target: Tensor, grid: tuple[int, int]) -> Tensor:
     size = [min(s, TRAIN_UPSAMPLING * g) for s, g in zip(target.shape[1:], grid, strict=True)]
     if list(target.shape[1:]) == size:
         return target
+    # layout: the channel axis interpolate needs, not tokens
     out = F.interpolate(target[:, None].double(), size=size, mode="nearest")[:, 0]
     return out.to(target.dtype)
 

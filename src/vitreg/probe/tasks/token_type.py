@@ -32,6 +32,7 @@ def token(cache: CachedFeatures, name: str, layer: str, threshold: float) -> tup
         x = cache.get("cls", layer)
         return x, torch.ones(len(x), dtype=torch.bool)
     if name in ("register", "test_time_register"):
+        # layout: the first token of the layout's register (or extra) view
         x = cache.get("reg" if name == "register" else "extra", layer)[:, 0]
         return x, torch.ones(len(x), dtype=torch.bool)
     norms = cache.get("patch_norms", layer)  # read from every shard: only where needed

@@ -1,0 +1,51 @@
+"""Probe tasks that score the model's own outputs (CLIP zero-shot logits, [CLS] attention maps)
+on the test split, with no feature cache and no trained head: :class:`ModelTask`."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from vitreg.errors import InputError
+from vitreg.models.model import Model
+from vitreg.probe.features import CachedFeatures
+from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.tasks.base import Task, TaskResult
+
+
+class ModelTask(Task):
+    """A task that runs the model itself: ``setup`` once, ``outputs`` per batch under each
+    condition (bare / fixed), ``score`` on everything a condition produced."""
+
+    scores_model: ClassVar[bool] = True
+    views: ClassVar[tuple[str, ...]] = ()
+
+    def evaluate(
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+    ) -> TaskResult:
+        raise InputError(
+            f"task {self.name!r} scores the model's own outputs, not cached features; run it "
+            "with vitreg.probe.run.run (vitreg probe --task ...)"
+        )
+
+    @abstractmethod
+    def setup(self, model: Model, dataset: Any, options: dict[str, Any]) -> list[str]:
+        """Prepare what does not depend on the fix (e.g. class text embeddings); return notes."""
+
+    @abstractmethod
+    def layer(self, model: Model) -> str:
+        """The name the scores are reported under (a hook name or the embedding)."""
+
+    @abstractmethod
+    def outputs(self, model: Model, x: Tensor) -> Tensor:
+        """What is kept of one batch of prepared images (one row per image, on the CPU)."""
+
+    def keep(self, targets: Tensor) -> Tensor:
+        """What is kept of one batch of targets until scoring (all of it, unless overridden)."""
+        return targets
+
+    @abstractmethod
+    def score(self, outputs: Tensor, targets: Tensor, layer: str) -> TaskResult:
+        """The scores of one condition from all its ``outputs`` and the matching targets."""

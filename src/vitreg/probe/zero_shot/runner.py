@@ -1,0 +1,136 @@
+"""``probe.run`` for a :class:`~vitreg.probe.zero_shot.base.ModelTask`: one pass over the test
+split per condition (bare model, under the fix), bad samples skipped and counted as the feature
+cache counts them; the result is the same :class:`~vitreg.probe.run.ProbeRun` other tasks give."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from vitreg import distributed
+from vitreg.data.datasets import DataLog, LabeledDataset, SkipSample, open_dataset, require_usable
+from vitreg.data.transforms import prepare
+from vitreg.errors import InputError
+from vitreg.fix.base import Fix
+from vitreg.models.model import Model
+from vitreg.probe.cache import input_config
+from vitreg.probe.run import ProbeRun, _data
+from vitreg.probe.tasks.base import TaskResult
+from vitreg.probe.zero_shot.base import ModelTask
+
+
+def run_model_task(
+    probe: ModelTask,
+    model: Model,
+    data: str | tuple[LabeledDataset, LabeledDataset],
+    *,
+    fix: Fix | None,
+    base: bool,
+    options: dict[str, Any],
+    batch_size: int,
+    image_size: int | None,
+    progress: Any,
+) -> ProbeRun:
+    """Score ``probe`` on the test split of ``data`` (a spec's ``val`` split, or the second of a
+    pair) bare (``base``) and/or under ``fix``; no train split is read: nothing is trained.
+    ``options``: ``templates`` (a prompt file for zero-shot, None for OpenAI's 80).
+
+    ``progress`` is a :class:`vitreg.progress.Progress` (one phase per condition, in samples).
+    Under ``torchrun`` rank 0 scores and the other ranks return a run without results."""
+    conditions: dict[str, Fix | None] = {"base": None} if base else {}
+    if fix is not None:
+        conditions["fixed"] = fix
+    if not conditions:
+        raise InputError("nothing to probe: base=False needs a fix")
+    test = open_dataset(data, "val") if isinstance(data, str) else data[1]
+    probe.check(tuple(test.targets), test.describe().get("spec", test.name))
+    model.eval()
+    notes = probe.setup(model, test, options) if distributed.is_main() else []
+    results: dict[str, list[TaskResult]] = {}
+    passes: dict[str, dict[str, Any]] = {}
+    for condition, applied in conditions.items():
+        if not distributed.is_main():
+            continue
+        stage = f"{condition}/test"
+        scope = applied.applied(model) if applied is not None else contextlib.nullcontext()
+        label = f"scoring {probe.name} {stage} (samples)"
+        with scope, torch.no_grad(), progress(len(test), label) as update:
+            layer = probe.layer(model)
+            outputs, targets, passes[stage] = _pass(
+                probe, model, test, batch_size, image_size, update
+            )
+        require_usable(test, "test", passes[stage]["n"], passes[stage]["skipped"])
+        result = probe.score(outputs, targets, layer)
+        result.notes = notes + result.notes
+        results[condition] = [result]
+    described = None
+    if fix is not None:
+        described = {
+            "name": type(fix).__name__,
+            **(fix.describe() if hasattr(fix, "describe") else {}),
+        }
+    first = next(iter(passes.values()), {"skipped": {}, "repairs": {}})
+    unused = {"spec": test.describe().get("spec"), "split": "none, this task trains nothing"}
+    data = {"train": unused, "test": _data(test, first)}
+    return ProbeRun(
+        probe.name,
+        model.describe(),
+        data,
+        [probe.layer(model)],
+        results,
+        passes,
+        described,
+        probe.description,
+    )
+
+
+def _pass(
+    probe: ModelTask,
+    model: Model,
+    ds: LabeledDataset,
+    batch_size: int,
+    image_size: int | None,
+    update: Any,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """``probe.outputs`` of every usable sample, its targets, and what was skipped/repaired."""
+    cfg = input_config(model, image_size)
+    target = probe.target
+    outputs: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+    skipped: dict[str, int] = {}
+    batch: list[dict[str, Any]] = []
+    done = 0
+    passes = 0
+
+    def flush() -> None:
+        nonlocal done, passes
+        x = torch.stack([item["image"] for item in batch]).to(model.device, model.dtype)
+        outputs.append(probe.outputs(model, x).float().cpu())
+        targets.append(probe.keep(torch.stack([torch.as_tensor(item[target]) for item in batch])))
+        done, passes = done + len(batch), passes + 1
+        batch.clear()
+        update(done)
+
+    outer, ds.log = ds.log, DataLog()  # this pass's counts alone
+    try:
+        for i in range(len(ds)):
+            try:
+                sample = ds[i]
+            except SkipSample as e:
+                skipped[e.reason] = skipped.get(e.reason, 0) + 1
+                continue
+            batch.append(prepare(sample, cfg["size"], cfg["mean"], cfg["std"]))
+            if len(batch) == batch_size:
+                flush()
+        if batch:
+            flush()
+        repairs = {r: n for r, n in ds.log.to_dict().items() if r not in skipped}
+    finally:
+        ds.log = outer
+    info = {"folder": None, "n": done, "forward_passes": passes}
+    info |= {"skipped": skipped, "repairs": repairs}
+    if not outputs:
+        return torch.empty(0), torch.empty(0), info
+    return torch.cat(outputs), torch.cat(targets), info
