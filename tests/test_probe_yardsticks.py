@@ -140,3 +140,34 @@ def test_segmentation_run_carries_yardsticks_per_class_iou_and_figures(tmp_path:
     report = (out / "report.md").read_text()
     assert "IoU per class:" in report and "| class | test pixels | IoU base | IoU fixed |" in report
     assert "figures/probe_segmentation.png" in report and "Yardsticks" in report
+
+
+def test_compare_between_runs_calls_a_delta_only_when_the_intervals_separate(tmp_path) -> None:
+    from vitreg.report.compare import compare_runs, wide_table
+    from vitreg.report.markdown import markdown_table
+
+    def run_dir(name: str, scores: list[tuple[float, float | None]]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        metrics = [
+            {"name": f"base/l/cls/all/top1#{i}", "value": m, "higher_is_better": True,
+             "source": f"/results/conditions/base/0/scores/{i}/mean"}
+            for i, (m, _) in enumerate(scores)
+        ]  # fmt: skip
+        listed = [{"mean": m, "ci95": c} for m, c in scores]
+        doc = {"metrics": metrics, "results": {"conditions": {"base": [{"scores": listed}]}}}
+        (folder / "metrics.json").write_text(json.dumps(doc))
+        return folder
+
+    first = run_dir("a", [(0.30, 0.05), (0.30, 0.01), (0.30, None), (0.30, None)])
+    second = run_dir("b", [(0.39, 0.08), (0.45, 0.01), (0.90, 0.01), (0.90, None)])
+    merged = compare_runs([first, second])
+    assert [r["vs_first"] for r in merged["rows"]] == [
+        [None, "within noise"],
+        [None, "better"],
+        [None, "no interval"],
+        [None, None],  # plain numbers on both sides: no verdict
+    ]
+    assert merged["rows"][0]["ci95"] == [0.05, 0.08]
+    table = markdown_table(wide_table(merged))
+    assert "0.39 ± 0.08 (within noise vs the first run)" in table

@@ -15,9 +15,11 @@ from typing import Any
 
 from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.errors import InputError
+from vitreg.probe.metrics import interval_verdict
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
 from vitreg.report.markdown import render_markdown as _render_markdown
+from vitreg.report.schema import resolve
 
 DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
 CURVE_RULE = "auto"  # the outlier rule of the verdict; its rate per layer is what the curves show
@@ -58,8 +60,37 @@ def load_runs(paths: Sequence[Path]) -> tuple[list[tuple[Path, dict[str, Any]]],
     return runs, skipped
 
 
+def interval(doc: dict[str, Any], metric: dict[str, Any]) -> float | None:
+    """The 95% half-width a run keeps beside a headline number (probe scores: ``ci95`` next to
+    ``mean``), or None when it has none."""
+    source = metric.get("source") or ""
+    if metric.get("aggregate") or not source.endswith("/mean"):
+        return None
+    try:
+        ci = resolve(doc, source.removesuffix("/mean") + "/ci95")
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return float(ci) if isinstance(ci, (int, float)) and not isinstance(ci, bool) else None
+
+
+def verdicts(row: dict[str, Any]) -> list[str | None]:
+    """Each run against the first: better/worse only when the 95% intervals separate, "within
+    noise" when they overlap, "no interval" when only one side has one; None for the first run,
+    a missing value, a metric without a direction or numbers that carry no interval at all."""
+    first, ci0 = row["values"][0], row["ci95"][0]
+    if first is None or row["higher_is_better"] is None:
+        return [None] * len(row["values"])
+    return [None] + [
+        None
+        if v is None or (ci is None and ci0 is None)
+        else interval_verdict((first, ci0), (v, ci), row["higher_is_better"])
+        for v, ci in zip(row["values"][1:], row["ci95"][1:], strict=True)
+    ]
+
+
 def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str, Any]:
-    """One row per headline metric (in first-seen order), one value per run (None if absent);
+    """One row per headline metric (in first-seen order), one value per run (None if absent),
+    its 95% half-width where the run has one, and each run's verdict against the first run;
     ``skipped`` names each path that is not a run and why."""
     if not runs:
         raise InputError("compare needs at least one run directory")
@@ -71,17 +102,27 @@ def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str,
         )
     order: dict[str, bool | None] = {}
     values: list[dict[str, Any]] = []
+    intervals: list[dict[str, float | None]] = []
     for _, doc in found:
-        here = {}
+        here, cis = {}, {}
         for m in doc["metrics"]:
             if contains is None or contains in m["name"]:
                 order.setdefault(m["name"], m.get("higher_is_better"))
                 here[m["name"]] = m.get("value")
+                cis[m["name"]] = interval(doc, m)
         values.append(here)
+        intervals.append(cis)
     rows = [
-        {"metric": name, "higher_is_better": better, "values": [v.get(name) for v in values]}
+        {
+            "metric": name,
+            "higher_is_better": better,
+            "values": [v.get(name) for v in values],
+            "ci95": [c.get(name) for c in intervals],
+        }
         for name, better in order.items()
     ]
+    for row in rows:
+        row["vs_first"] = verdicts(row)
     meta = [
         {
             "run": str(r),
@@ -115,18 +156,26 @@ def long_rows(merged: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _cell(value: Any, ci: float | None, verdict: str | None) -> str:
+    text = num(value) + (f" ± {num(ci)}" if value is not None and ci is not None else "")
+    return text + (f" ({verdict} vs the first run)" if verdict else "")
+
+
 def wide_table(merged: dict[str, Any]) -> Table:
-    """One row per metric, one column per run (arrow: which way is better)."""
-    return Table(
-        ["metric", *merged["runs"]],
-        [
+    """One row per metric, one column per run (arrow: which way is better): each value with its
+    95% interval where the run has one, and its verdict against the first run (better/worse
+    only when the intervals separate)."""
+    rows = []
+    for r in merged["rows"]:
+        cis = r.get("ci95") or [None] * len(r["values"])
+        marks = r.get("vs_first") or [None] * len(r["values"])
+        rows.append(
             [
                 code(r["metric"]) + {True: " ↑", False: " ↓"}.get(r["higher_is_better"], ""),
-                *(num(v) for v in r["values"]),
+                *(_cell(v, c, m) for v, c, m in zip(r["values"], cis, marks, strict=True)),
             ]
-            for r in merged["rows"]
-        ],
-    )
+        )
+    return Table(["metric", *merged["runs"]], rows)
 
 
 def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | None:

@@ -192,8 +192,8 @@ def _pretrained(source: str, is_local: bool, attn: str | None, overrides: dict) 
         if is_local:
             raise WeightsError(
                 f"could not load weights from directory {source!r}: {e}. It needs config.json and "
-                "model.safetensors (save_pretrained writes both); use pretrained=False for "
-                "random weights"
+                "model.safetensors (save_pretrained writes both); --random-init builds the "
+                "architecture with random weights instead"
             ) from e
         raise WeightsError(offline_hint(f"hub id {source!r}", e)) from e
     except (RuntimeError, ValueError) as e:
