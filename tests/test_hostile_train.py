@@ -10,6 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import vitreg
 from train_helpers import run
 from vitreg.cli.app import app as vitreg_app
 from vitreg.cli.train_cmd import train_command
@@ -51,6 +52,8 @@ def test_unusable_device_is_refused_before_training(tmp_path, device, needle) ->
     assert not (tmp_path / "log.jsonl").exists()
     with pytest.raises(InputError, match="--device 'meta'"):
         run("supervised", tmp_path / "lib", device="meta")
+    with pytest.raises(InputError, match="--device 'meta'"):
+        vitreg.load("timm:vit_tiny_patch16_224", pretrained=False, device="meta")
 
 
 def test_other_verbs_refuse_an_unusable_device_before_loading(tmp_path) -> None:

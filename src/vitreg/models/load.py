@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.device import check_device
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.input_size import check_built_size, check_requested_size
 from vitreg.models.model import Model
@@ -375,6 +376,7 @@ def load(
     source, name = parse_spec(spec)
     if weights is not None:
         check_weights_file(weights)
+    check_device(device)
     check_requested_size(kwargs)
     loaded = LOADERS[source](name, pretrained=pretrained, weights=weights, **kwargs)
     check_built_size(loaded.module, spec)  # before it runs (loaders with weights check earlier)
