@@ -110,6 +110,11 @@ def test_probe_scores_carry_yardsticks_and_delta_verdicts(runs) -> None:
     console_text = " ".join((tmp / "both.txt").read_text().split())
     assert "yardsticks at blocks.0: chance top1 0.25, majority class top1" in console_text
     assert "better/worse only when the 95% intervals separate" in console_text
+    for condition in ("base", "fixed"):  # the console's count is the one metrics.json gives
+        scores = [s for layer in results["conditions"][condition] for s in layer["scores"]]
+        short = [s for s in scores if set(s["vs_yardsticks"].values()) != {"better"}]
+        line = f"{condition}: {len(short)} of {len(scores)} scores do not clearly beat"
+        assert (line in console_text) == bool(short), console_text
 
 
 def test_compare_merges_runs_one_column_each(runs) -> None:

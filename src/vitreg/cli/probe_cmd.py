@@ -213,6 +213,15 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
         if marks:
             name = escape(layer["layer"].removesuffix(".hook_resid_post"))
             console.print(f"yardsticks at {name}: " + escape(", ".join(marks)))
+    for c in conditions:
+        scores = [s for layer in doc["conditions"][c] for s in layer["scores"]]
+        judged = [s for s in scores if s.get("vs_yardsticks")]
+        short = [s for s in judged if set(s["vs_yardsticks"].values()) != {"better"}]
+        if short:
+            console.print(
+                f"[yellow]{c}: {len(short)} of {len(judged)} scores do not clearly beat every "
+                "yardstick (95% interval); see the report's vs yardsticks column[/yellow]"
+            )
     if both:
         console.print("Δ: better/worse only when the 95% intervals separate, else within noise")
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
