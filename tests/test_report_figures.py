@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +59,17 @@ def test_figure_format_svg_writes_svgs_next_to_pngs(tmp_path: Path) -> None:
     assert "figure_format: svg" in (out / "config.yaml").read_text()
     bad = CliRunner().invoke(app, [*args, "--figure-format", "png", "--out", str(out)])
     assert bad.exit_code == 2 and "figure-format" in bad.output
+
+
+def test_log_axes_read_plain_numbers() -> None:
+    """A log axis spanning less than a decade labelled 2, 3, 4, not 2 x 10^0."""
+    from vitreg.report.compare import layer_curves
+
+    layers = [
+        {"layer": i, "outlier_rate": {"auto": 0.0}, "max_over_median": 2 + i} for i in range(3)
+    ]
+    fig = layer_curves([("m", {"results": {"norms": {"layers": layers}}})])
+    fig.source.canvas.draw()
+    ratio = fig.source.axes[1]
+    labels = [t.get_text() for t in ratio.get_yticklabels(which="both") if t.get_text()]
+    assert labels and all(re.fullmatch(r"[0-9.]+", lab) for lab in labels), labels

@@ -105,12 +105,27 @@ def tidy(fig: Any) -> None:
     from matplotlib.ticker import ScalarFormatter
 
     for ax in all_axes(fig):
-        ax.tick_params(labelsize=TICK_SIZE)
+        ax.tick_params(which="both", labelsize=TICK_SIZE)
         for axis in (ax.xaxis, ax.yaxis):
             fmt = axis.get_major_formatter()
             if isinstance(fmt, ScalarFormatter):
                 fmt.set_useOffset(False)
                 fmt.set_scientific(False)
+            elif axis.get_scale() == "log":
+                axis.set_major_formatter(_plain_log()())
+                axis.set_minor_formatter(_plain_log()(labelOnlyBase=False))
+
+
+def _plain_log() -> type:
+    """matplotlib's log-axis labelling (which ticks get a label) with plain numbers: 40, 0.002,
+    not 4 x 10^1."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLog(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return f"{x:g}"
+
+    return PlainLog
 
 
 def encode(fig: Any, fmt: str) -> bytes:
