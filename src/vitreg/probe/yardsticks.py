@@ -44,14 +44,14 @@ def classification(y_train: Tensor, y_test: Tensor, k: int, metrics: tuple[str, 
         top = 5 if metric == "top5" else 1
         chosen = counts.argsort(descending=True, stable=True)[:top]
         rate = torch.isin(y_test, chosen).float().mean().item()
+        how = (
+            f"always class {int(chosen[0])}, the train split's most frequent"
+            if top == 1
+            else f"always the train split's {top} most frequent classes {chosen.tolist()}"
+        )
         out += [
             Yardstick("chance", metric, min(top / k, 1.0), f"uniform guess over {k} classes"),
-            Yardstick(
-                "majority class",
-                metric,
-                rate,
-                f"always the train split's {top} most frequent class(es) {chosen.tolist()}",
-            ),
+            Yardstick("majority class", metric, rate, how),
         ]
     return out
 
