@@ -116,7 +116,12 @@ def test_probe_run_scores_base_and_fixed_on_the_test_split(clip_model, tmp_path:
     for c in ("base", "fixed"):
         (layer,) = doc["conditions"][c]
         assert layer["scores"][0]["metric"] == "top1" and layer["layer"] == "image embedding"
-    assert not any(tmp_path.iterdir())  # nothing cached
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert [p.parent.name for p in files] == ["zero-shot-classes"]  # no features cached
+    again = run(clip_model, "zero-shot", CLS_DATA, cache_dir=tmp_path, batch_size=4)
+    (layer,) = again.results["base"]
+    assert any("class embeddings read from" in n for n in layer.notes)
+    assert layer.scores[0].values == doc["conditions"]["base"][0]["scores"][0]["values"]
 
 
 def test_folder_class_names_and_a_counted_bad_image(clip_model, tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def run(
             data,
             fix=fix,
             base=base,
-            options={"templates": templates},
+            options={"templates": templates, "cache_dir": cache_dir},
             batch_size=batch_size,
             image_size=image_size,
             progress=progress,

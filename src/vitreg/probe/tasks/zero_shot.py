@@ -15,8 +15,9 @@ from vitreg.probe.metrics import topk_accuracy
 from vitreg.probe.tasks.base import Score, TaskResult, register_task
 from vitreg.probe.yardsticks import Yardstick
 from vitreg.probe.zero_shot.base import ModelTask
+from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
 from vitreg.probe.zero_shot.prompts import class_names, openai_templates, read_templates
-from vitreg.probe.zero_shot.text import ClipTowers, class_embeddings, clip_towers, zero_shot_logits
+from vitreg.probe.zero_shot.text import ClipTowers, clip_towers, zero_shot_logits
 
 FEATURE = "clip image embedding"
 
@@ -42,13 +43,17 @@ class ZeroShot(ModelTask):
         names, notes = class_names(dataset.class_names, spec)
         path = options.get("templates")
         templates = read_templates(path) if path is not None else openai_templates()
-        self.classes = class_embeddings(self.towers, names, templates)
+        root = options.get("cache_dir")
+        self.classes, path, reused = cached_class_embeddings(self.towers, names, templates, root)
+        if reused:
+            notes.append(f"class embeddings read from {path} (no text-tower pass)")
         self.info = {
             "num_classes": len(names),
             "templates": len(templates),
             "templates_source": str(path) if path is not None else "openai-imagenet-80",
             "logit_scale": self.towers.logit_scale,
             "clip": self.towers.name,
+            "class_embeddings": str(path) if path is not None else None,
         }
         return notes
 

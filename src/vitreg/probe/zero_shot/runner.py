@@ -35,7 +35,8 @@ def run_model_task(
 ) -> ProbeRun:
     """Score ``probe`` on the test split of ``data`` (a spec's ``val`` split, or the second of a
     pair) bare (``base``) and/or under ``fix``; no train split is read: nothing is trained.
-    ``options``: ``templates`` (a prompt file for zero-shot, None for OpenAI's 80).
+    ``options``: ``templates`` (a prompt file for zero-shot, None for OpenAI's 80) and
+    ``cache_dir`` (where zero-shot keeps its class embeddings).
 
     ``progress`` is a :class:`vitreg.progress.Progress` (one phase per condition, in samples).
     Under ``torchrun`` rank 0 scores and the other ranks return a run without results."""

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitreg.errors import InputError
+from vitreg.fix.neuron_set import weights_fingerprint
 from vitreg.models.model import Model
 from vitreg.models.text_tower import text_tower
 
@@ -21,12 +22,14 @@ TEXT_BATCH = 256  # prompts per text-tower forward
 @dataclass
 class ClipTowers:
     """``images(x)`` -> image embeddings ``[B, D]``; ``texts(prompts)`` -> text embeddings
-    ``[n, D]`` (both unnormalised); ``logit_scale`` = CLIP's learned ``logit_scale.exp()``."""
+    ``[n, D]`` (both unnormalised); ``logit_scale`` = CLIP's learned ``logit_scale.exp()``;
+    ``weights`` a fingerprint of the CLIP's weights."""
 
     name: str
     images: Callable[[Tensor], Tensor]
     texts: Callable[[list[str]], Tensor]
     logit_scale: float
+    weights: str
 
 
 def clip_towers(model: Model) -> ClipTowers:
@@ -63,7 +66,8 @@ def _open_clip(name: str, clip: torch.nn.Module, tokenizer, device: torch.device
     def texts(prompts: list[str]) -> Tensor:
         return clip.encode_text(tokenizer(prompts).to(device))
 
-    return ClipTowers(f"open_clip:{name}", images, texts, clip.logit_scale.exp().item())
+    scale = clip.logit_scale.exp().item()
+    return ClipTowers(f"open_clip:{name}", images, texts, scale, weights_fingerprint(clip))
 
 
 def _hf(name: str, clip: torch.nn.Module, tokenizer, model: Model, device) -> ClipTowers:
@@ -78,7 +82,8 @@ def _hf(name: str, clip: torch.nn.Module, tokenizer, model: Model, device) -> Cl
         out = clip.text_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         return clip.text_projection(out.pooler_output)
 
-    return ClipTowers(f"hf:{name}", images, texts, clip.logit_scale.exp().item())
+    scale = clip.logit_scale.exp().item()
+    return ClipTowers(f"hf:{name}", images, texts, scale, weights_fingerprint(clip))
 
 
 @torch.no_grad()
