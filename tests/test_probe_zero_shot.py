@@ -330,3 +330,16 @@ def test_hf_without_a_tokenizer_or_a_text_tower_is_refused(tmp_path: Path) -> No
     transformers.CLIPVisionModel(config.vision_config).save_pretrained(tmp_path / "vision")
     with pytest.raises(InputError, match="not a full CLIPModel"):
         clip_towers(vitreg.load(f"hf:{tmp_path / 'vision'}"))
+
+
+def test_hf_clip_zero_shot_runs_bare_and_fixed(tmp_path: Path) -> None:
+    from vitreg.fix import TestTimeRegisters
+    from vitreg.fix.neuron_set import NeuronSet
+
+    tiny_hf_clip(tmp_path)
+    model = vitreg.load(f"hf:{tmp_path}")
+    fix = TestTimeRegisters(NeuronSet([0, 1], [3, 9], [1.0, 1.0]))
+    result = run(model, "zero-shot", CLS_DATA, fix=fix, cache_dir=tmp_path / "c", batch_size=4)
+    for c in ("base", "fixed"):
+        (layer,) = result.results[c]
+        assert layer.info["clip"].startswith("hf:") and layer.scores[0].n_test == 6

@@ -74,11 +74,15 @@ def _hf(name: str, clip: torch.nn.Module, tokenizer, model: Model, device) -> Cl
     """transformers ``CLIPModel``: the wrapped ``CLIPVisionModel``'s pooled output through
     ``visual_projection``; ``text_model`` pooled output through ``text_projection``."""
 
+    length = clip.config.text_config.max_position_embeddings  # the text tower's context
+
     def images(x: Tensor) -> Tensor:
         return clip.visual_projection(model(x).pooler_output)
 
     def texts(prompts: list[str]) -> Tensor:
-        batch = tokenizer(prompts, padding=True, truncation=True, return_tensors="pt").to(device)
+        batch = tokenizer(
+            prompts, padding=True, truncation=True, max_length=length, return_tensors="pt"
+        ).to(device)
         out = clip.text_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         return clip.text_projection(out.pooler_output)
 
