@@ -20,6 +20,7 @@ from vitreg.cli import train_cmd
 from vitreg.cli.progress import ConsoleProgress
 from vitreg.probe.linear import ProbeConfig, fit_linear
 from vitreg.probe.run import run
+from vitreg.progress import step_phase
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -131,3 +132,21 @@ def test_probe_run_reports_real_totals_and_cache_hits(tmp_path):
     assert len(second.notes) == 2 and all(
         n.startswith("cache hit: 12 features, 0 forward passes") for n in second.notes
     )
+
+
+def test_train_steps_become_one_phase_with_loss_and_lr():
+    seen = Recorder()
+    statuses = []
+    with step_phase(seen, "training") as callback:
+        for step in (1, 2, 3):
+            callback(step, 3, {"loss": 1.0 / step, "lr": 1e-3})
+    assert seen.phases == [("training", 3, 3)]
+    with pytest.raises(RuntimeError), step_phase(seen, "never started"):
+        raise RuntimeError("before the first step")
+    assert [label for label, _, _ in seen.phases] == ["training"]  # no phase without a step
+    buf = io.StringIO()
+    plain = ConsoleProgress(Console(file=buf, width=200), every=0.0)
+    with step_phase(plain, "training") as callback:
+        callback(1, 2, {"loss": 0.5, "lr": 2e-4})
+        statuses.append(buf.getvalue().strip())
+    assert statuses == ["training: 1/2 (50%) loss=0.5000 lr=2.00e-04"]

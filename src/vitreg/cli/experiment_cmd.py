@@ -14,6 +14,7 @@ from vitreg.cli import options as opt
 from vitreg.cli.command import VitregCommand, VitregGroup
 from vitreg.cli.diagnose_cmd import default_run_dir
 from vitreg.cli.output import cli_errors, console, err_console
+from vitreg.cli.progress import progress
 from vitreg.report.out_dir import check_out
 
 experiment_app = typer.Typer(
@@ -156,6 +157,7 @@ def run_experiment(cfg: Any) -> None:
             cfg.out,
             **experiment_args(cfg),
             log=lambda msg: err_console.print(escape(msg)),
+            progress=progress,
             command=command_line(cfg),
             config=cfg.to_file(),
         )

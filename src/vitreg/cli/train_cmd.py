@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from vitreg.cli import options as opt
 from vitreg.cli.diagnose_cmd import _command, default_run_dir, slug
 from vitreg.cli.output import cli_errors, console, fail
 from vitreg.cli.progress import progress
+from vitreg.progress import step_phase
 from vitreg.report.out_dir import check_out
 
 
@@ -31,26 +31,6 @@ def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
             value = raw
         out[key.strip()] = value
     return out
-
-
-class StepProgress:
-    """``train``'s per-step callback as one progress phase with loss and lr, opened at the first
-    step (errors before training print alone) and closed with the run (rank 0 only)."""
-
-    def __init__(self) -> None:
-        self.stack = ExitStack()
-        self.update: Any = None
-
-    def __call__(self, step: int, total: int, record: dict[str, Any]) -> None:
-        if self.update is None:
-            self.update = self.stack.enter_context(progress(total, "training (optimizer steps)"))
-        self.update(step, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
-
-    def __enter__(self) -> StepProgress:
-        return self
-
-    def __exit__(self, *exc: Any) -> bool | None:
-        return self.stack.__exit__(*exc)
 
 
 def train_command(
@@ -139,7 +119,7 @@ def run_train(cfg: Any) -> None:
     cfg = cfg.model_copy(update={"out": run_dir})
     with cli_errors():
         check_out(run_dir, "train", cfg.variant, cfg.overwrite)
-    with cli_errors(), StepProgress() as steps:  # train() reports progress on rank 0 only
+    with cli_errors(), step_phase(progress, "training (optimizer steps)") as steps:  # rank 0 only
         result = train(
             cfg.variant, cfg.data, cfg.recipe, run_dir, progress=steps, **train_args(cfg)
         )

@@ -17,6 +17,7 @@ from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model
 from vitreg.cli.output import cli_errors, console, is_main
 from vitreg.cli.progress import progress
 from vitreg.report.markdown import num, pct
+from vitreg.report.out_dir import check_out
 
 
 def vlm_command(
@@ -59,6 +60,7 @@ def vlm_command(
     device: str | None = opt.DEVICE,
     out: Path | None = opt.out_dir("vlm"),
     config: Path | None = opt.CONFIG,
+    overwrite: bool = opt.OVERWRITE,
 ) -> None:
     """Answer a prompt per image without and with test-time registers on the VLM's vision tower;
     report the language model's attention over the image, the tower's norms and the answers."""
@@ -80,6 +82,7 @@ def run_vlm_command(cfg: Any) -> None:
     with cli_errors():
         run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="vlm")
         cfg = cfg.model_copy(update={"out": run_dir})
+        check_out(run_dir, "vlm", spec, cfg.overwrite)  # before any model loads
         command = _command(spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, "vlm")
         model = load_model(spec, cfg.random_init, None, cfg.device)
         opts = {

@@ -24,6 +24,7 @@ from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
 from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
+from vitreg.progress import SILENT, Progress, step_phase
 from vitreg.report.schema import plain
 
 Log = Callable[[str], None]
@@ -101,12 +102,33 @@ def source_model(
 
 
 def train_variant(
-    v: Variant, seed: int, out: Path, settings: Settings, data: Any, pretrained: bool
+    v: Variant,
+    seed: int,
+    out: Path,
+    settings: Settings,
+    data: Any,
+    pretrained: bool,
+    progress: Progress = SILENT,
 ) -> tuple[Any, list[str]]:
-    """Train one entry (resuming from ``out``'s checkpoints); returns (TrainResult, notes)."""
+    """Train one entry (resuming from ``out``'s checkpoints; its steps reported to
+    ``progress``); returns (TrainResult, notes)."""
+    with step_phase(progress, f"training {v.name} seed {seed} (steps)") as steps:
+        return _train_variant(v, seed, out, settings, data, pretrained, steps)
+
+
+def _train_variant(
+    v: Variant,
+    seed: int,
+    out: Path,
+    settings: Settings,
+    data: Any,
+    pretrained: bool,
+    steps: Callable[[int, int, Any], None],
+) -> tuple[Any, list[str]]:
     from vitreg.train import train
 
     common = {
+        "progress": steps,
         "steps": settings.steps,
         "batch_size": settings.batch_size,
         "lr": settings.lr,
@@ -147,6 +169,7 @@ def run_one(
     tasks: list[str],
     pretrained: bool,
     log: Log,
+    progress: Progress = SILENT,
 ) -> dict[str, Any]:
     """Train and evaluate one (variant, seed), or reuse its complete ``result.json``."""
     folder = out / "variants" / v.name / f"seed-{seed}"
@@ -163,7 +186,9 @@ def run_one(
         return saved | {"reused": True}
     log(f"{v.name} seed {seed}: training {settings.steps} steps ({settings.recipe})")
     t0 = time.perf_counter()
-    result, notes = train_variant(v, seed, folder / "train", settings, data[0], pretrained)
+    result, notes = train_variant(
+        v, seed, folder / "train", settings, data[0], pretrained, progress
+    )
     t_train = time.perf_counter() - t0
     log(f"{v.name} seed {seed}: probing ({', '.join(tasks)}) and diagnosing")
     evaluated = evaluate(result.model, data, tasks, folder, settings)
@@ -282,11 +307,13 @@ def run_variants(
     log: Log | None = None,
     command: str = "",
     config: dict[str, Any] | None = None,
+    progress: Progress = SILENT,
 ) -> ExperimentResult:
     """Train, probe and diagnose each entry of the grid on ``data``; write the comparison report.
 
     ``variants`` defaults to :func:`grid` (plus the fine-tuning pair with ``finetune``).
-    Complete entries in ``out_dir`` are reused, so an interrupted experiment continues.
+    Complete entries in ``out_dir`` are reused, so an interrupted experiment continues;
+    ``progress`` shows the entries done and each one's training steps.
     ``config`` is the run's config.yaml (and metrics.json ``config``): the CLI passes its typed
     :class:`~vitreg.configs.ExperimentConfig` (``to_file()``) so that ``--config`` reruns it;
     by default it is ``settings``.
@@ -322,16 +349,19 @@ def run_variants(
     )
     check_plan(out, plan)
     done: list[dict[str, Any]] = []
-    for i, v in enumerate(chosen):
-        log(f"[{i + 1}/{len(chosen)}] {v.name}")
-        try:
-            runs = [
-                run_one(v, s, out, settings, spec, splits, tasks, pretrained, log)
-                for s in range(settings.seeds)
-            ]
-        except UnsupportedModelError as err:
-            raise SpecError(f"variant {v.name}: {err}") from None
-        done.append(summarise(v, runs, f"variants/{v.name}"))
-        wall = time.perf_counter() - t0
-        write_report(out, plan, done, len(chosen), wall, command, splits, config)
+    with progress(len(chosen) * settings.seeds, "experiment (variants x seeds)") as update:
+        for i, v in enumerate(chosen):
+            log(f"[{i + 1}/{len(chosen)}] {v.name}")
+            runs = []
+            try:
+                for s in range(settings.seeds):
+                    runs.append(
+                        run_one(v, s, out, settings, spec, splits, tasks, pretrained, log, progress)
+                    )
+                    update(i * settings.seeds + s + 1)
+            except UnsupportedModelError as err:
+                raise SpecError(f"variant {v.name}: {err}") from None
+            done.append(summarise(v, runs, f"variants/{v.name}"))
+            wall = time.perf_counter() - t0  # the report so far, after every entry
+            write_report(out, plan, done, len(chosen), wall, command, splits, config)
     return ExperimentResult(out, done, len(done) == len(chosen), time.perf_counter() - t0)
