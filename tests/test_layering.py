@@ -80,7 +80,7 @@ def imports(root: Path) -> Iterator[tuple[str, int, str, str]]:
 
 
 def violations(root: Path, layers: Sequence[str]) -> list[str]:
-    """Imports from a higher (or the same-rank cycle of a) layer, and layers not in ``layers``."""
+    """Imports of a higher layer (every cycle between layers has one) and unlisted layers."""
     rank = {name: i for i, name in enumerate(layers)}
     found = []
     for file, line, source, target in imports(root):
