@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.text import Text
 
@@ -38,7 +38,7 @@ def status_text(status: dict[str, object]) -> str:
 class _Count(ProgressColumn):
     """``done/total``, or ``done`` while the total is unknown."""
 
-    def render(self, task) -> Text:  # noqa: ANN001 (rich's Task)
+    def render(self, task: Task) -> Text:
         done = int(task.completed)
         return Text(f"{done}/{int(task.total)}" if task.total is not None else f"{done}")
 
