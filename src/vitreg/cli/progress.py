@@ -111,7 +111,7 @@ class ConsoleProgress:
     def note(self, message: str) -> None:
         """One line (above the bars in a terminal)."""
         if not self.silent():
-            self.console.print(escape(message))
+            self.console.print(escape(message), soft_wrap=not self.console.is_terminal)
 
     def silent(self) -> bool:
         """No progress: asked for (``VITREG_PROGRESS=off``) or another torchrun rank."""
