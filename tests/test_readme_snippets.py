@@ -12,14 +12,11 @@ import pytest
 import vitreg
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-# snippets exercised elsewhere, with the reason
-ELSEWHERE = {
-    "from vitreg.vlm import": "the VLM section's LLaVA and neuron set are exercised by test_vlm.py",
-}
 SUBSTITUTIONS = [
-    # any model spec -> the planted demo (a real timm ViT-S/14, random weights, planted outliers)
+    # any model spec but the VLM section's offline LLaVA -> the planted demo (a real timm
+    # ViT-S/14, random weights, planted outliers)
     (
-        r'vitreg\.load\("[^"]+"(?:, img_size=\d+)?\)',
+        r'vitreg\.load\("(?!hf-vlm:)[^"]+"(?:, img_size=\d+)?\)',
         'vitreg.load("planted:dinov2_s14", img_size=112)',
     ),
     # the user's photos -> synthetic photos with flat regions (what the planted neurons fire on)
@@ -60,8 +57,5 @@ def test_snippets_that_load_a_model_preprocess_its_inputs():
 @pytest.mark.parametrize("index", range(len(snippets())))
 def test_snippet_runs(index, tmp_path, monkeypatch):
     code = snippets()[index]
-    for marker, reason in ELSEWHERE.items():
-        if marker in code:
-            pytest.skip(reason)
     monkeypatch.chdir(tmp_path)  # snippets write runs/, fixed/, my_neurons.* where they run
     exec(compile(runnable(code), f"README.md python block {index}", "exec"), {"planted": planted})
