@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vitreg.cli.app import app
-from vitreg.neurons.neuron_set import NeuronSet
+from vitreg.fix.neuron_set import NeuronSet
 
 SPEC = "timm:vit_tiny_patch16_224"
 DATA = "synthetic-cls:n=16,size=32"
