@@ -5,7 +5,6 @@ whole number of patches per side and one image's activations within
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from torch import nn
@@ -36,6 +35,28 @@ def check_requested_size(kwargs: dict[str, Any]) -> None:
                 )
 
 
+def activation_excess(module: nn.Module) -> str | None:
+    """Why one image is too large for a timm-style ViT (its attention maps and MLP activations
+    in one block, float32, above MAX_ACTIVATION_BYTES), read off the built module (the meta
+    device will do); None when it fits or the module does not say."""
+    patches = getattr(getattr(module, "patch_embed", None), "num_patches", None)
+    blocks = getattr(module, "blocks", None)
+    heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
+    if not isinstance(patches, int) or not isinstance(heads, int):
+        return None
+    # layout: a size estimate of the built module, before any TokenLayout exists
+    tokens = patches + int(getattr(module, "num_prefix_tokens", 0) or 0)
+    width = int(getattr(module, "embed_dim", 0) or 0)
+    need = 4 * (heads * tokens * tokens + 8 * tokens * width)
+    if need <= MAX_ACTIVATION_BYTES:
+        return None
+    return (
+        f"gives {tokens} tokens per image, and one image would need about "
+        f"{need / 2**30:.0f} GiB of activations ({heads} attention maps of {tokens}x{tokens}), "
+        f"above the {MAX_ACTIVATION_BYTES // 2**30} GiB vitreg allows"
+    )
+
+
 def check_built_size(module: nn.Module, what: str) -> None:
     """A timm ViT built for an input its patches do not tile, or whose one image would need
     more than MAX_ACTIVATION_BYTES, is refused before its weights are read or any image runs."""
@@ -56,16 +77,8 @@ def check_built_size(module: nn.Module, what: str) -> None:
             f"{patch[0]}x{patch[1]} pixels, and an input side must be a whole number of patches; "
             f"pass a multiple of {p} (e.g. {near})"
         )
-    blocks = getattr(module, "blocks", None)
-    heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
-    width = getattr(module, "embed_dim", None)
-    if isinstance(heads, int) and isinstance(width, int):
-        tokens = math.prod(embed.grid_size) + int(getattr(module, "num_prefix_tokens", 0) or 0)
-        need = 4 * (heads * tokens * tokens + 8 * tokens * width)
-        if need > MAX_ACTIVATION_BYTES:
-            raise InputError(
-                f"--img-size {shown} (img_size={shown}) gives {what} {tokens} tokens per image, "
-                f"and one image would need about {need / 2**30:.0f} GiB of activations "
-                f"({heads} attention maps of {tokens}x{tokens}), above the "
-                f"{MAX_ACTIVATION_BYTES // 2**30} GiB vitreg allows; pass a smaller --img-size"
-            )
+    excess = activation_excess(module)
+    if excess is not None:
+        raise InputError(
+            f"--img-size {shown} (img_size={shown}) for {what} {excess}; pass a smaller --img-size"
+        )

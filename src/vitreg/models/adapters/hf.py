@@ -73,7 +73,7 @@ def find_tower(module: nn.Module) -> nn.Module | None:
     return None
 
 
-def _first(obj: Any, *paths: str) -> Any:
+def first_attr(obj: Any, *paths: str, unsupported: str = "this transformers version") -> Any:
     """The first dotted attribute path that exists (v5 names first, then v4 names)."""
     for path in paths:
         found = obj
@@ -82,7 +82,7 @@ def _first(obj: Any, *paths: str) -> Any:
         if found is not None:
             return found
     raise UnsupportedModelError(
-        f"{type(obj).__name__} has none of {paths}; this transformers version is not supported"
+        f"{type(obj).__name__} has none of {paths}; {unsupported} is not supported"
     )
 
 
@@ -251,7 +251,7 @@ class HFViTAdapter(Adapter):
     # structure ----------------------------------------------------------------------------------
     @property
     def layers(self) -> list[nn.Module]:
-        return list(_first(self.tower.encoder, "layer", "layers"))
+        return list(first_attr(self.tower.encoder, "layer", "layers"))
 
     @property
     def n_layers(self) -> int:
@@ -313,17 +313,17 @@ class HFViTAdapter(Adapter):
     # hooks ------------------------------------------------------------------------------------------
     @staticmethod
     def _attn(layer: nn.Module) -> nn.Module:
-        attn = _first(layer, "attention", "self_attn")
+        attn = first_attr(layer, "attention", "self_attn")
         return getattr(attn, "attention", attn)  # v4 Dinov2: attention.attention holds q/k/v
 
     @staticmethod
     def _mlp_out(layer: nn.Module) -> nn.Linear:
         """The MLP's output projection; its input is the hidden units (gated product for SwiGLU)."""
-        return _first(layer.mlp, "fc2", "down_proj", "weights_out")
+        return first_attr(layer.mlp, "fc2", "down_proj", "weights_out")
 
     def _final_site(self) -> Site:
         """``ln_final.hook_out``: the final norm over all tokens (overridden for CLIP)."""
-        norm = _first(self.tower, "layernorm", "post_layernorm")
+        norm = first_attr(self.tower, "layernorm", "post_layernorm")
         return OutputSite("ln_final.hook_out", None, module=norm, layout_fn=_no_extra)
 
     def build_sites(self) -> dict[str, Site]:
@@ -340,9 +340,9 @@ class HFViTAdapter(Adapter):
         """The canonical sites of encoder layer ``i``, in forward order."""
         p = f"blocks.{i}"
         attn = self._attn(layer)
-        q, k, v = (_first(attn, f"{n[0]}_proj", n) for n in ("query", "key", "value"))
-        ln1 = _first(layer, "norm1", "layer_norm1")
-        ln2 = _first(layer, "norm2", "layer_norm2")
+        q, k, v = (first_attr(attn, f"{n[0]}_proj", n) for n in ("query", "key", "value"))
+        ln1 = first_attr(layer, "norm1", "layer_norm1")
+        ln2 = first_attr(layer, "norm2", "layer_norm2")
         to_heads, from_heads = _heads_view(self.n_heads)
         head_dim = self.d_model // self.n_heads
         scale = float(

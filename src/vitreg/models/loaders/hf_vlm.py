@@ -23,26 +23,15 @@ from typing import Any
 from torch import nn
 
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
+from vitreg.models.adapters.hf import first_attr
 from vitreg.models.load import Loaded, offline_hint, register_loader
 from vitreg.models.loaders.hf_source import ProcessorTransform, _source
 from vitreg.models.model import Model
 
 MODEL_TYPES = ("llava",)
 SPEC_EXAMPLE = "hf-vlm:llava-hf/llava-1.5-7b-hf"
+LAYOUT = "this VLM layout"
 PLANTED_FILE = "vitreg_planted.json"  # written by vitreg.testing.planted_vlm.save_tiny_llava
-
-
-def _attr(obj: Any, *paths: str) -> Any:
-    """The first dotted attribute path that exists (transformers v5 names first, then v4)."""
-    for path in paths:
-        found = obj
-        for part in path.split("."):
-            found = getattr(found, part, None)
-        if found is not None:
-            return found
-    raise UnsupportedModelError(
-        f"{type(obj).__name__} has none of {paths}; this VLM layout is not supported"
-    )
 
 
 @dataclass
@@ -61,13 +50,18 @@ class VLM:
     @property
     def tower(self) -> nn.Module:
         """The vision tower module (the one the wrapped :class:`Model` hooks)."""
-        return _attr(self.module, "model.vision_tower", "vision_tower")
+        return first_attr(self.module, "model.vision_tower", "vision_tower", unsupported=LAYOUT)
 
     @property
     def lm_layers(self) -> list[nn.Module]:
         """The language model's decoder layers."""
         return list(
-            _attr(self.module, "model.language_model.layers", "language_model.model.layers")
+            first_attr(
+                self.module,
+                "model.language_model.layers",
+                "language_model.model.layers",
+                unsupported=LAYOUT,
+            )
         )
 
     @property

@@ -43,7 +43,7 @@ from pydantic import (
 from torch import nn
 
 from vitreg.errors import InputError, SpecError, VitregError, WeightsError
-from vitreg.models.input_size import MAX_ACTIVATION_BYTES, MAX_IMG_SIZE
+from vitreg.models.input_size import MAX_IMG_SIZE, activation_excess
 from vitreg.models.load import (
     LOADERS,
     Loaded,
@@ -488,22 +488,12 @@ def check_size(arch: str, args: dict, model_args: dict, kwargs: dict, config_pat
         return
     n = sum(t.numel() for t in itertools.chain(meta.parameters(), meta.buffers()))
     _too_big(n, arch, config_path)
-    patches = getattr(getattr(meta, "patch_embed", None), "num_patches", None)
-    blocks = getattr(meta, "blocks", None)
-    heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
-    if isinstance(patches, int) and isinstance(heads, int):
-        # layout: a size estimate of the meta-device build, before any TokenLayout exists
-        tokens = patches + int(getattr(meta, "num_prefix_tokens", 0) or 0)
-        width = int(getattr(meta, "embed_dim", 0) or 0)
-        need = 4 * (heads * tokens * tokens + 8 * tokens * width)
-        if need > MAX_ACTIVATION_BYTES:
-            raise InputError(
-                f"model config {str(config_path)!r}: img_size {args.get('img_size')} gives "
-                f"{tokens} tokens per image, and one image would need about "
-                f"{need / 2**30:.0f} GiB of activations ({heads} attention maps of "
-                f"{tokens}x{tokens}), above the {MAX_ACTIVATION_BYTES // 2**30} GiB vitreg "
-                "allows; use a smaller img_size (model_args.img_size, or --img-size)"
-            )
+    excess = activation_excess(meta)
+    if excess is not None:
+        raise InputError(
+            f"model config {str(config_path)!r}: img_size {args.get('img_size')} {excess}; use "
+            "a smaller img_size (model_args.img_size, or --img-size)"
+        )
 
 
 def _too_big(n: float, arch: str, config_path: Path) -> None:
