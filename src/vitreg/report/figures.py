@@ -467,23 +467,38 @@ def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:
     return figure("redundancy_maps", caption, fig)
 
 
-def picture_grid(
+@dataclass
+class GridColumn:
+    """One column of :func:`map_grid`: ``[n, h, w, 3]`` RGB maps drawn as they are, or
+    ``[n, h, w]`` scalar maps in ``cmap`` over ``(vmin, vmax)`` with a colour bar under the
+    column; ``query`` (row, column) marks one patch."""
+
+    title: str
+    maps: np.ndarray
+    cmap: str = "inferno"
+    vmin: float | None = None
+    vmax: float | None = None
+    query: tuple[int, int] | None = None
+
+
+def map_grid(
     name: str,
-    columns: list[tuple[str, np.ndarray, tuple[int, int] | None]],
+    columns: list[GridColumn],
     images: np.ndarray | None,
     caption: str,
+    cell: float = 1.8,
 ) -> Figure:
-    """Rows = images; columns = ``(title, maps, query)``: ``[n, h, w, 3]`` maps are PCA colours,
-    ``[n, h, w]`` maps cosine similarities (-1 to 1, ``query`` patch marked)."""
+    """Rows = the first images (at most MAX_ROWS); the image itself first when given, then one
+    map per column; ``{n}`` in ``caption`` becomes the number of rows."""
     from matplotlib.ticker import MaxNLocator
 
     n = min(
-        MAX_ROWS, *(len(m) for _, m, _ in columns), *([len(images)] if images is not None else [])
+        MAX_ROWS, *(len(c.maps) for c in columns), *([len(images)] if images is not None else [])
     )
     cols = len(columns) + (images is not None)
-    fig = new_canvas(1.8 * cols, 1.8 * n + 0.6)
+    fig = new_canvas(cell * cols, cell * n + 0.7)
     axes = fig.subplots(n, cols, squeeze=False)
-    fig.subplots_adjust(left=0.02, right=0.98, top=0.93, bottom=0.1, wspace=0.06, hspace=0.06)
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.92, bottom=0.11, wspace=0.06, hspace=0.06)
     for r in range(n):
         row = list(axes[r])
         if images is not None:
@@ -492,21 +507,29 @@ def picture_grid(
             ax.set_axis_off()
             if r == 0:
                 ax.set_title("image", fontsize=9)
-        for ax, (title, maps, query) in zip(row, columns, strict=True):
+        for ax, c in zip(row, columns, strict=True):
             ax.set_axis_off()
             if r == 0:
-                ax.set_title(title, fontsize=9)
-            if maps.ndim == 4:
-                ax.imshow(maps[r], interpolation="nearest")
+                ax.set_title(c.title, fontsize=9)
+            if c.maps.ndim == 4:
+                ax.imshow(c.maps[r], interpolation="nearest")
                 continue
-            im = ax.imshow(maps[r], cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
-            if query is not None:
-                ax.plot(query[1], query[0], marker="s", ms=5, mfc="none", mec="lime", mew=1.5)
+            im = ax.imshow(
+                c.maps[r], cmap=c.cmap, vmin=c.vmin, vmax=c.vmax, interpolation="nearest"
+            )
+            if c.query is not None:
+                ax.plot(c.query[1], c.query[0], marker="s", ms=5, mfc="none", mec="lime", mew=1.5)
             if r == n - 1:
                 cax = ax.inset_axes((0.05, -0.16, 0.9, 0.07))
                 bar = fig.colorbar(im, cax=cax, orientation="horizontal")
                 bar.ax.xaxis.set_major_locator(MaxNLocator(3))
-    return figure(name, caption, fig)
+    return figure(name, caption.replace("{n}", str(n)), fig)
+
+
+def similarity_column(title: str, features: Any, query: tuple[int, int]) -> GridColumn:
+    """Cosine similarity of the ``query`` patch to every patch, on the fixed -1..1 scale."""
+    maps = similarity_maps(features).numpy()
+    return GridColumn(title, maps, cmap="RdBu_r", vmin=-1, vmax=1, query=query)
 
 
 def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
@@ -514,8 +537,8 @@ def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
     columns = []
     for p in pictures.by_site.values():
         label = "final norm" if p.where == "after the final norm" else p.site.split(".hook")[0]
-        columns.append((f"PCA, {label}", p.basis.rgb(p.features), None))
-        columns.append((f"similarity, {label}", similarity_maps(p.features).numpy(), p.query))
+        columns.append(GridColumn(f"PCA, {label}", p.basis.rgb(p.features)))
+        columns.append(similarity_column(f"similarity, {label}", p.features, p.query))
     first = next(iter(pictures.by_site.values()))
     caption = (
         "The patch features themselves, at "
@@ -531,7 +554,7 @@ def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
         f"{first.query[0]}, column {first.query[1]}) to every patch of its image. Outlier tokens "
         "show up as patches of one saturated colour that the centre patch does not resemble."
     )
-    return picture_grid("feature_pictures", columns, images, caption)
+    return map_grid("feature_pictures", columns, images, caption)
 
 
 def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:

@@ -11,12 +11,14 @@ import numpy as np
 
 from vitreg.report.figures import (
     Figure,
+    GridColumn,
     clip_range,
     display_images,
     figure,
+    map_grid,
     new_canvas,
     outside_legend,
-    picture_grid,
+    similarity_column,
 )
 from vitreg.report.markdown import (
     Report,
@@ -293,39 +295,19 @@ def before_after_maps(
     name: str, before: np.ndarray, after: np.ndarray, images: np.ndarray | None, caption: str
 ) -> Figure:
     """Maps ``[n, h, w]`` before and after a fix, side by side (shared scale, then own scale)."""
-    from matplotlib.ticker import MaxNLocator
-
-    n = min(MAX_ROWS, len(before), *([len(images)] if images is not None else []))
+    n = min(MAX_ROWS, len(before))
     lo, hi = clip_range(np.concatenate([before[:n], after[:n]]))
-    columns = [("before", before, (lo, hi)), ("after (same scale)", after, (lo, hi))]
-    columns.append(("after (own scale)", after, clip_range(after[:n])))
-    cols = len(columns) + (images is not None)
-    fig = new_canvas(1.9 * cols, 1.9 * n + 0.8)
-    axes = fig.subplots(n, cols, squeeze=False)
-    fig.subplots_adjust(left=0.02, right=0.98, top=0.92, bottom=0.12, wspace=0.06, hspace=0.06)
-    for r in range(n):
-        row = list(axes[r])
-        if images is not None:
-            ax = row.pop(0)
-            ax.imshow(images[r])
-            ax.set_axis_off()
-            if r == 0:
-                ax.set_title("image", fontsize=9)
-        for ax, (title, maps, (vmin, vmax)) in zip(row, columns, strict=True):
-            im = ax.imshow(maps[r], cmap="inferno", vmin=vmin, vmax=vmax, interpolation="nearest")
-            ax.set_axis_off()
-            if r == 0:
-                ax.set_title(title, fontsize=9)
-            if r == n - 1:
-                cax = ax.inset_axes((0.05, -0.16, 0.9, 0.07))
-                fig.colorbar(im, cax=cax, orientation="horizontal").ax.xaxis.set_major_locator(
-                    MaxNLocator(3)
-                )
+    own_lo, own_hi = clip_range(after[:n])
+    columns = [
+        GridColumn("before", before, vmin=lo, vmax=hi),
+        GridColumn("after (same scale)", after, vmin=lo, vmax=hi),
+        GridColumn("after (own scale)", after, vmin=own_lo, vmax=own_hi),
+    ]
     scale = (
         " The first two maps share one colour scale (1st to 99th percentile of both, clipped); "
         "the last column is the fixed model on its own scale, to show what structure is left."
     )
-    return figure(name, caption.format(n=n) + scale, fig)
+    return map_grid(name, columns, images, caption + scale, cell=1.9)
 
 
 def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
@@ -358,7 +340,6 @@ def fix_attention_maps(comparison: Any, images: np.ndarray | None) -> Figure | N
 def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure | None:
     """PCA colours and centre-patch similarity before and after the fix, on one PCA basis: the
     base model's, fitted on all its patch tokens, so colours mean the same on both sides."""
-    from vitreg.analysis.feature_pictures import similarity_maps
 
     before, after = comparison.pictures_before, comparison.pictures_after
     if before is None or after is None or not before.by_site:
@@ -370,13 +351,13 @@ def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure |
             continue
         label = "final norm" if b.where == "after the final norm" else site.split(".hook")[0]
         columns += [
-            (f"PCA before, {label}", b.basis.rgb(b.features), None),
-            (f"PCA after, {label}", b.basis.rgb(a.features), None),
+            GridColumn(f"PCA before, {label}", b.basis.rgb(b.features)),
+            GridColumn(f"PCA after, {label}", b.basis.rgb(a.features)),
         ]
         if b.where != "after the final norm":
             columns += [
-                (f"similarity before, {label}", similarity_maps(b.features).numpy(), b.query),
-                (f"similarity after, {label}", similarity_maps(a.features).numpy(), a.query),
+                similarity_column(f"similarity before, {label}", b.features, b.query),
+                similarity_column(f"similarity after, {label}", a.features, a.query),
             ]
         where.append(f"`{site}` ({b.where})")
     first = next(iter(before.by_site.values()))
@@ -389,7 +370,7 @@ def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure |
         "patches of one saturated colour before the fix; after it they should look like their "
         "neighbours."
     )
-    return picture_grid("fix_feature_pictures", columns, images, caption)
+    return map_grid("fix_feature_pictures", columns, images, caption)
 
 
 def fix_norm_curves(results: dict[str, Any]) -> Figure:
