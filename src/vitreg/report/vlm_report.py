@@ -14,6 +14,7 @@ from vitreg.report.markdown import (
     Report,
     Section,
     Table,
+    data_section,
     model_section,
     num,
     pct,
@@ -182,11 +183,7 @@ def vlm_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     intro.blocks.append(MEANING.format(site=results["feature_site"], query=_query(results)))
     sections = [intro, figure_section("Maps", figures)]
     sections += [image_section(i, row) for i, row in enumerate(results["images"])]
-    data = Section("data", "Images", [str(doc["data"].get("description"))])
-    skipped = doc["data"].get("skipped") or {}
-    if skipped:
-        data.blocks.append(Table(["file", "why skipped"], [[k, v] for k, v in skipped.items()]))
-    sections += [data, model_section(doc), provenance_section(doc)]
+    sections += [data_section(doc), model_section(doc), provenance_section(doc)]
     return Report(synthetic_banner(doc), "vitreg vlm: language→image attention", sections)
 
 
