@@ -150,3 +150,38 @@ def test_train_steps_become_one_phase_with_loss_and_lr():
         callback(1, 2, {"loss": 0.5, "lr": 2e-4})
         statuses.append(buf.getvalue().strip())
     assert statuses == ["training: 1/2 (50%) loss=0.5000 lr=2.00e-04"]
+
+
+def test_a_real_pseudo_terminal_sees_the_train_bar_move(tmp_path):
+    """`vitreg train` in a subprocess whose stderr is a pty: rich finds a terminal and redraws."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    tiny = ["depth=1", "embed_dim=32", "num_heads=2", "patch_size=8"]
+    args = ["train", "vit_tiny_patch16_224", "--img-size", "16", "--data", "synthetic-cls:n=8"]
+    args += [a for kv in tiny for a in ("--model-arg", kv)]
+    args += ["--steps", "6", "--batch-size", "4", "--out", str(tmp_path / "run")]
+    env = {**os.environ, "VITREG_PROGRESS": "auto", "COLUMNS": "140"}
+    code = "from vitreg.cli.app import main; main()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=follower, stderr=follower, env=env
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the pty closes when the process exits
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
+    text = b"".join(chunks).decode(errors="replace")
+    assert "━" in text and "\x1b[" in text  # a live bar, redrawn in place
+    assert len(counts(text, 6)) >= 2  # drawn at more than one step
+    assert "done, 6/6" in ANSI.sub("", text)
