@@ -32,11 +32,11 @@ def one_thread():
 def cli_models():
     """Each model the neurons/fix/probe commands load, built once per test module and keyed by
     spec (the commands leave no hook behind, so a cached model behaves like a fresh one)."""
-    from vitreg.cli import neurons_cmd
+    from vitreg.verbs import loading
 
     built: dict[str, object] = {}
     by_call: dict[str, object] = {}
-    real = neurons_cmd._load
+    real = loading.load_spec
 
     def cached(*args, **kwargs):
         key = repr((args, sorted(kwargs.items())))
@@ -47,7 +47,7 @@ def cli_models():
         return by_call[key]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(neurons_cmd, "_load", cached)
+        mp.setattr(loading, "load_spec", cached)
         yield built
 
 

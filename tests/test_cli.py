@@ -12,11 +12,12 @@ from typer.testing import CliRunner
 import vitreg
 from bench_helpers import run_benchmark
 from vitreg.cli.app import app
-from vitreg.cli.inspect_cmd import compress_names, size_kwargs
+from vitreg.cli.inspect_cmd import compress_names
 from vitreg.cli.output import cli_errors
 from vitreg.models.adapters.base import registered_adapters
 from vitreg.models.families import FAMILIES, get_family
 from vitreg.models.load import SPEC_EXAMPLES
+from vitreg.verbs.loading import size_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

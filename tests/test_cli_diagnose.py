@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from vitreg.cli import diagnose_cmd
 from vitreg.cli.app import app
 from vitreg.testing.images import synthetic_pil
+from vitreg.verbs import loading
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = ["--img-size", "112"]
@@ -26,7 +26,7 @@ _BUILT: dict[tuple, object] = {}
 @pytest.fixture(autouse=True)
 def reuse_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """Build each planted model once per session (diagnose leaves no hook behind)."""
-    real = diagnose_cmd._load
+    real = loading.load_spec
 
     def cached(spec, pretrained, weights, img_size):
         key = (spec, pretrained, weights, img_size)
@@ -34,7 +34,7 @@ def reuse_models(monkeypatch: pytest.MonkeyPatch) -> None:
             _BUILT[key] = real(spec, pretrained, weights, img_size)
         return _BUILT[key]
 
-    monkeypatch.setattr(diagnose_cmd, "_load", cached)
+    monkeypatch.setattr(loading, "load_spec", cached)
 
 
 def flat(text: str) -> str:

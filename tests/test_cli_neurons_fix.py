@@ -11,13 +11,13 @@ import torch
 from typer.testing import CliRunner
 
 import vitreg
-from vitreg.cli import neurons_cmd
 from vitreg.cli.app import app
 from vitreg.data.images import synthetic_images
 from vitreg.fix import TestTimeRegisters, compare_fix
 from vitreg.neurons import NeuronSet, builtin_neurons
 from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 from vitreg.testing.planted import build_unplanted
+from vitreg.verbs import loading
 
 SPEC = "planted:dinov2_s14"
 SIZE = ["--img-size", "112"]
@@ -211,7 +211,7 @@ def test_a_model_without_outliers_is_a_discovery_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clean = vitreg.wrap(build_unplanted("dinov2_s14", img_size=112), spec="unplanted:dinov2_s14")
-    monkeypatch.setattr(neurons_cmd, "_load", lambda *a: clean)
+    monkeypatch.setattr(loading, "load_spec", lambda *a: clean)
     out = tmp_path / "r"
     result = runner.invoke(app, ["neurons", SPEC, *FEW, "--out", str(out)])
     assert_clean_failure(result, "no high-norm outliers")

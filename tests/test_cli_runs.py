@@ -15,13 +15,15 @@ from PIL import Image
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from vitreg.cli import diagnose_cmd, inspect_cmd, neurons_cmd
+from vitreg.cli import diagnose_cmd, inspect_cmd
 from vitreg.cli.app import app
 from vitreg.errors import InputError
 from vitreg.report.markdown import build_report, render_markdown
 from vitreg.report.out_dir import check_out, identify
 from vitreg.report.run import build_document
 from vitreg.report.run_files import synthetic_banner
+from vitreg.verbs import diagnose as verb_diagnose
+from vitreg.verbs import loading
 
 runner = CliRunner()
 
@@ -37,8 +39,8 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    for module in (diagnose_cmd, neurons_cmd, inspect_cmd):
-        monkeypatch.setattr(module, "_load", refuse)
+    monkeypatch.setattr(loading, "load_spec", refuse)
+    monkeypatch.setattr(inspect_cmd, "load_spec", refuse)
 
 
 def fake_run(folder: Path, verb: str, spec: str) -> Path:
@@ -209,7 +211,7 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
         results[out.name], configs[out.name] = result.to_dict(), config
         docs[out.name] = build_document(result, config, "vitreg diagnose (test)")
 
-    monkeypatch.setattr(diagnose_cmd, "_report", lambda: (keep, None))
+    monkeypatch.setattr(verb_diagnose, "_report", lambda: (keep, None))
     specs = {
         "file": ["timm:vit_tiny_patch16_224", "--img-size", "32", "--weights", str(weights)],
         "folder": [f"local:{folder}"],

@@ -321,7 +321,7 @@ def test_saved_fix_with_bad_neurons_fails_at_load(folder: Path) -> None:
 
 
 def test_random_init_reads_no_weights_file(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vitreg.cli.inspect_cmd import _load
+    from vitreg.verbs.loading import load_spec as _load
 
     (folder / "model.safetensors").write_bytes(b"not weights at all")
 
@@ -561,15 +561,15 @@ BAD_FOR_PLANTED = {
 def test_fix_refuses_bad_sets_before_computing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_models: dict, case: str
 ) -> None:
-    from vitreg.cli import fix_cmd
     from vitreg.models.model import Model
+    from vitreg.verbs import fix as fix_verb
 
     def computed(*args, **kwargs):
         raise AssertionError("the model computed before the neuron set was checked")
 
     for name in ("__call__", "run_batches", "trace", "run_with_cache"):
         monkeypatch.setattr(Model, name, computed)
-    monkeypatch.setattr(fix_cmd, "run_fix", computed)
+    monkeypatch.setattr(fix_verb, "compare", computed)
     meta, needle = BAD_FOR_PLANTED[case]
     bad = tmp_path / "BAD.json"
     bad.write_text(json.dumps(meta))

@@ -38,6 +38,7 @@ LAYERS = (
     "report",  # result schema, writers, figures
     "experiment",  # train-and-evaluate grids
     "configs",  # one typed config per verb
+    "verbs",  # one library call per command: config in, run directory and typed result out
     "vitreg",  # the public API (vitreg/__init__.py)
     "cli",  # the typer app
 )

@@ -27,6 +27,7 @@ from vitreg.hooks import (
 from vitreg.models.load import load, wrap
 from vitreg.models.model import Model, TraceResult
 from vitreg.neurons.auto import find_neurons
+from vitreg.verbs import run
 
 # packages that fill the model loaders' registries on import: a local: folder's saved fix
 # (config.json's vitreg_fix) and the planted: specs
@@ -59,5 +60,6 @@ __all__ = [
     "find_neurons",
     "hook_name",
     "load",
+    "run",
     "wrap",
 ]

@@ -1,11 +1,8 @@
-"""``vitreg diagnose [SPEC]``: every artifact analysis in one pass, written to a run directory."""
+"""``vitreg diagnose [SPEC]``: every artifact analysis in one pass, written to a run directory
+(the run is :func:`vitreg.verbs.run_diagnose`; this module parses options and prints)."""
 
 from __future__ import annotations
 
-import re
-import shlex
-from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,113 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.inspect_cmd import _load
-from vitreg.cli.inspect_cmd import move as _move
-from vitreg.cli.options import DEFAULT_SPEC
-from vitreg.cli.output import (
-    cli_errors,
-    console,
-    err_console,
-    fail,
-    is_main,
-    join_torchrun,
-    random_init_banner,
-)
+from vitreg.cli.output import cli_errors, console, err_console, show_notices
 from vitreg.cli.progress import progress
-from vitreg.errors import InputError, VitregError
-from vitreg.report.out_dir import check_out
-
-DEFAULT_SYNTHETIC = 16  # images in the embedded demo (and for planted models without --images)
-
-
-def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
-    """The report layer's ``write_run`` and ``compare_table`` (imported when first needed)."""
-    from vitreg.report.run import compare_table, write_run
-
-    return write_run, compare_table
-
-
-def slug(spec: str) -> str:
-    """A file-name-safe form of a model spec: ``planted:dinov2_s14`` -> ``planted-dinov2_s14``."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-.").lower() or "model"
-
-
-def default_run_dir(name: str, root: Path = Path("runs"), verb: str = "diagnose") -> Path:
-    """``runs/<timestamp>_<name>_<verb>``, with a numeric suffix if that exists already."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = root / f"{stamp}_{name}_{verb}"
-    path, i = base, 1
-    while path.exists():
-        i += 1
-        path = base.with_name(f"{base.name}-{i}")
-    return path
-
-
-def _sources(
-    model: Any, spec: str, images: Path | None, samples: bool, limit: int | None, opts: dict
-) -> Any:
-    """The image source for one model: the folder, the sample photos, or synthetic images."""
-    from vitreg.data import images as data
-
-    common = {"batch_size": opts["batch_size"], "keep": opts["max_maps"]}
-    if images is not None:
-        return data.folder_images(model, images, limit=limit, **common)
-    if samples:
-        return data.sample_images(model, limit=limit, **common)
-    if spec.startswith("planted:"):
-        return data.synthetic_images(model, n=limit or DEFAULT_SYNTHETIC, **common)
-    try:
-        return data.sample_images(model, limit=limit, **common)
-    except VitregError as e:
-        raise InputError(
-            f"{spec} is not a planted model, so it needs real images and none were given: pass "
-            "--images DIR (a folder of .jpg/.png files), or use the bundled photos with --samples "
-            f"after `pip install 'vitreg[samples]'` ({e})"
-        ) from None
-
-
-def run_one(
-    spec: str, out_dir: Path, opts: dict[str, Any], command: str, config: dict[str, Any]
-) -> Any:
-    """Load ``spec``, diagnose it on the chosen images, write its run directory (``config``: its
-    typed config, as config.yaml); the result."""
-    from vitreg.analysis.diagnose import diagnose
-    from vitreg.distributed import barrier
-
-    with progress(None, f"loading {spec}"):
-        model = _load(spec, not opts["random_init"], opts["weights"], opts["img_size"])
-    model = _move(model, opts["device"])
-    source = _sources(model, spec, opts["images"], opts["samples"], opts["limit"], opts)
-    for note in model.notes:
-        console.print(f"[yellow]note: {escape(note)}[/yellow]")
-    if opts["random_init"]:
-        random_init_banner(spec)
-    colour = "yellow" if source.synthetic else "cyan"
-    console.print(f"[{colour}]images: up to {source.total} from {escape(source.label)}[/{colour}]")
-    with progress(source.total, f"diagnosing {spec}") as update:
-        result = diagnose(
-            model,
-            source,
-            batch_size=opts["batch_size"],
-            limit=opts["limit"],
-            max_maps=opts["max_maps"],
-            progress=update,
-        )
-    result.data.update(source.description())
-    write_run, _ = _report()
-    if is_main():  # under torchrun every rank has the result; rank 0 writes it
-        with progress(None, "writing the report"):
-            shown = source.display_images()
-            write_run(
-                out_dir,
-                result,
-                images=shown,
-                config=config,
-                command=command,
-                max_maps=opts["max_maps"],
-            )
-    barrier()
-    return result
 
 
 def _layer_shown(norms: Any) -> int:
@@ -181,27 +73,6 @@ def show_summary(labelled: list[tuple[str, Any]]) -> None:
     )
 
 
-def _command(spec: str, options: dict[str, Any], verb: str = "diagnose") -> str:
-    """The command line that reproduces the run of ``spec`` (options left unset are omitted)."""
-    parts = ["vitreg", verb, spec]
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            parts.append(flag)
-        elif value not in (None, False):
-            parts += [flag, str(value)]
-    return shlex.join(parts)
-
-
-def write_comparison(
-    parent: Path, labelled: list[tuple[str, Any]], dirs: list[Path], figure_format: str | None
-) -> Path:
-    """comparison.md, report.html and comparison.json in ``parent`` (the report layer's)."""
-    from vitreg.report.compare import write_model_comparison
-
-    return write_model_comparison(parent, labelled, dirs, figure_format)
-
-
 def diagnose_model(
     ctx: typer.Context,
     spec: str | None = opt.SPEC,
@@ -233,68 +104,21 @@ def diagnose_model(
 
 
 def run_diagnose(cfg: Any) -> None:
-    """The diagnose verb on a typed :class:`~vitreg.configs.DiagnoseConfig`."""
-    spec, models, out, images = cfg.spec, cfg.models, cfg.out, cfg.images
-    specs = (
-        [s.strip() for s in models.split(",") if s.strip()] if models else [spec or DEFAULT_SPEC]
-    )
-    if models is not None and not specs:
-        raise fail(
-            "--models needs comma-separated model specs, e.g. --models planted:dinov2_s14,planted:deit3_s16"
-        )
-    opts = {
-        "images": images,
-        "samples": cfg.samples,
-        "limit": cfg.limit,
-        "batch_size": cfg.batch_size,
-        "device": cfg.device,
-        "max_maps": cfg.max_maps,
-        "random_init": cfg.random_init,
-        "weights": cfg.weights,
-        "img_size": cfg.img_size,
-        "figure_format": cfg.figure_format,
-    }
-    if spec is None and models is None:
-        console.print(
-            f"[yellow]No model given: running the embedded demo, {DEFAULT_SPEC}, a synthetic "
-            "ViT with planted artifacts. Pass a SPEC (see `vitreg models`) for a real model."
-            "[/yellow]"
-        )
-    with cli_errors():
-        name = slug(specs[0]) if len(specs) == 1 else f"compare-{len(specs)}-models"
-        run_dir = out if out is not None else default_run_dir(name)
-        check_out(run_dir, "diagnose", ",".join(specs), cfg.overwrite)  # before any model loads
-        opts["device"] = join_torchrun(cfg.device)
-        if images is not None:
-            from vitreg.data.folder import list_images
+    """The diagnose verb on a typed :class:`~vitreg.configs.DiagnoseConfig`, then its summary."""
+    from vitreg.verbs import Interrupted
+    from vitreg.verbs import run_diagnose as diagnose
 
-            list_images(images)  # an empty or missing folder fails before any model is loaded
-        labelled: list[tuple[str, Any]] = []
-        dirs: list[Path] = []
-        for s in specs:
-            target = run_dir if len(specs) == 1 else _unique(run_dir / slug(s), dirs)
-            command = _command(s, {**opts, "out": target})
-            config = cfg.model_copy(update={"spec": s, "models": None, "out": target}).to_file()
-            try:
-                labelled.append((s, run_one(s, target, opts, command, config)))
-            except KeyboardInterrupt:
-                err_console.print(
-                    f"[red]interrupted: no metrics.json was written for {escape(s)}[/red]"
-                )
-                raise typer.Exit(code=130) from None
-            dirs.append(target)
-        show_summary(labelled)
-        if len(specs) > 1 and is_main():
-            comparison = write_comparison(run_dir, labelled, dirs, cfg.figure_format)
-            console.print(f"comparison: {comparison}")
-    for label, d in zip(specs, dirs, strict=True):
+    try:
+        with cli_errors():
+            run = diagnose(cfg, progress)
+    except Interrupted as e:
+        err_console.print(
+            f"[red]interrupted: no metrics.json was written for {escape(e.spec)}[/red]"
+        )
+        raise typer.Exit(code=130) from None
+    show_notices(run.notices)
+    show_summary(run.labelled)
+    if run.comparison is not None:
+        console.print(f"comparison: {run.comparison}")
+    for (label, _), d in zip(run.labelled, run.run_dirs, strict=True):
         console.print(f"run directory ({escape(label)}): [bold]{escape(str(d))}[/bold]")
-
-
-def _unique(path: Path, taken: list[Path]) -> Path:
-    """``path``, or ``path-2``, ``path-3``... if an earlier model of this run has it."""
-    candidate, i = path, 1
-    while candidate in taken:
-        i += 1
-        candidate = path.with_name(f"{path.name}-{i}")
-    return candidate

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,98 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.diagnose_cmd import DEFAULT_SPEC, _command, default_run_dir, slug
-from vitreg.cli.neurons_cmd import find_neurons, image_source, load_model, planted_rows
-from vitreg.cli.output import cli_errors, console, is_main, join_torchrun
+from vitreg.cli.output import cli_errors, console, show_notices
 from vitreg.cli.progress import progress
-from vitreg.distributed import on_main
-from vitreg.errors import InputError
-from vitreg.report.fix_report import MAX_ROWS
-from vitreg.report.out_dir import check_out
-
-
-def neuron_file(neurons: str | None) -> Any:
-    """The NeuronSet that ``--neurons FILE`` names, read and validated (before any model
-    loads); ``None`` for discovery or the built-in set."""
-    from vitreg.neurons import NeuronSet
-
-    return None if neurons in (None, "builtin") else NeuronSet.load(neurons)
-
-
-def load_neurons(
-    model: Any, spec: str, neurons: str | None, source: Any, cfg: Any, preloaded: Any = None
-) -> tuple[Any, dict[str, Any], Any]:
-    """The NeuronSet (file -- ``preloaded`` if read already --, built-in, or discovered first),
-    what it is, and the discovery."""
-    from vitreg.fix.neuron_set import weights_fingerprint
-    from vitreg.neurons import NeuronSet, builtin_neurons
-    from vitreg.neurons.auto import layer_counts
-
-    found = None
-    if neurons is None:
-        console.print(
-            "[yellow]No --neurons given: discovering register neurons on these images first "
-            "(as `vitreg neurons` does); the fix is then evaluated on the same images.[/yellow]"
-        )
-        found = find_neurons(model, source, cfg)
-        chosen = found.chosen
-        origin = (
-            "discovered on these images by this run (3 of every 4; the causal check and top-k "
-            "on the 4th)"
-        )
-    elif neurons == "builtin":
-        chosen = builtin_neurons(model.spec or spec)
-        origin = f"the built-in set for {chosen.model_spec}"
-    else:
-        chosen = preloaded if preloaded is not None else NeuronSet.load(neurons)
-        origin = f"the file {neurons}"
-    chosen.check_applicable(model)  # other architecture, bad units or settings, empty: clear error
-    matches = None
-    if chosen.fingerprint is not None:
-        matches = chosen.fingerprint == weights_fingerprint(model.module)
-        if not matches:
-            console.print(
-                f"[yellow]warning: this NeuronSet was made for {escape(str(chosen.model_spec))} "
-                f"with other weights than {escape(str(model.spec))} (same shape, different "
-                "weight fingerprint); the neurons may not be this model's register neurons.[/yellow]"
-            )
-    info = {
-        "source": origin,
-        "model_spec": chosen.model_spec,
-        "n_neurons": len(chosen),
-        "layers": layer_counts(chosen),
-        "fingerprint": chosen.fingerprint,
-        "fingerprint_matches": matches,
-        "settings": chosen.settings,
-    }
-    return chosen, info, found
-
-
-def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
-    """Constructor arguments that rebuild this timm model (planted: its ground truth's)."""
-    truth = getattr(model.module, "vitreg_planted", None)
-    if truth is not None:
-        return dict(truth.model_args)
-    args: dict[str, Any] = {}
-    if spec.startswith("local:"):
-        config = Path(spec.removeprefix("local:")).expanduser() / "config.json"
-        args.update(json.loads(config.read_text()).get("model_args", {}))
-    if img_size:
-        args["img_size"] = img_size
-    return args
-
-
-def _two_passes(update: Callable[[int], None], total: int) -> Callable[[int], None]:
-    """compare_fix counts images from 0 twice (without, then with the fix): one bar over both."""
-    state = {"offset": 0, "last": 0}
-
-    def both(n: int) -> None:
-        if n <= state["last"]:
-            state["offset"] += total
-        state["last"] = n
-        update(state["offset"] + n)
-
-    return both
 
 
 def fix_command(
@@ -153,113 +61,13 @@ def fix_command(
 
 
 def run_fix_command(cfg: Any) -> None:
-    """The fix verb on a typed :class:`~vitreg.configs.FixConfig`."""
-    spec, neurons, save, batch_size = cfg.spec, cfg.neurons, cfg.save, cfg.batch_size
-    if spec is None:
-        console.print(
-            f"[yellow]No model given: running the embedded demo, {DEFAULT_SPEC}, a synthetic "
-            "ViT with planted register neurons, on synthetic images. Pass a SPEC (see `vitreg "
-            "models`) for a real model.[/yellow]"
-        )
-    spec = spec or DEFAULT_SPEC
-    opts = {
-        "images": cfg.images,
-        "samples": cfg.samples,
-        "limit": cfg.limit,
-        "batch_size": batch_size,
-    }
-    fix_opts = {
-        "registers": cfg.registers,
-        "cls": cfg.cls,
-        "patches": cfg.patches,
-        "mode": cfg.mode,
-    }
+    """The fix verb on a typed :class:`~vitreg.configs.FixConfig`, then its summary."""
+    from vitreg.verbs import run_fix
+
     with cli_errors():
-        run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="fix")
-        check_out(run_dir, "fix", spec, cfg.overwrite)  # before any model loads
-        cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
-        command = _command(spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, "fix")
-        preloaded = neuron_file(neurons)  # a missing or bad file fails before the model loads
-        if cfg.images is not None:
-            from vitreg.data.folder import list_images
-
-            list_images(cfg.images)
-        device = join_torchrun(cfg.device)
-        model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights)
-        if model.layout.n_extra:
-            raise InputError(
-                f"{spec} is loaded with test-time registers already applied (a model saved by "
-                "`vitreg fix --save`), so there is no 'before' to compare; run `vitreg fix` on "
-                f"the original model, or `vitreg diagnose {spec}` to check the fixed one"
-            )
-        if save is not None and not getattr(model.module, "pretrained_cfg", {}).get("architecture"):
-            raise InputError(
-                f"--save writes timm checkpoints and {spec} is a {model.adapter.source} model; "
-                "drop --save (the report is still written), or use the timm build of this model"
-            )
-        source = image_source(model, spec, opts, keep=MAX_ROWS)
-        chosen, info, found = load_neurons(model, spec, neurons, source, cfg, preloaded)
-        result = run_fix(model, chosen, source, fix_opts, batch_size)
-        results = {
-            "neurons": info,
-            "discovery": found.results() if found is not None else None,
-            "saved": None,
-            "planted": planted_rows(model, chosen.pairs()),
-        }
-        if save is not None:
-            from vitreg.fix.saved import save_fixed
-
-            if is_main():
-                with progress(None, f"saving the fixed model to {save}"):
-                    save_fixed(model, result[0], save, **save_args(model, spec, cfg.img_size))
-            results["saved"] = str(save)
-        on_main(write, run_dir, model, source, result[1], results, cfg.to_file(), command)
-    show(result[1], run_dir, save)
-
-
-def run_fix(
-    model: Any, neurons: Any, source: Any, fix_opts: dict[str, Any], batch_size: int
-) -> tuple[Any, Any]:
-    """The TestTimeRegisters and its before/after comparison on ``source``."""
-    from vitreg.fix import TestTimeRegisters, compare_fix
-
-    ttr = TestTimeRegisters(
-        neurons,
-        n_registers=fix_opts["registers"],
-        cls=fix_opts["cls"],
-        patches=fix_opts["patches"],
-        mode=fix_opts["mode"],
-    )
-    with progress(2 * source.total, "images without, then with the fix") as update:
-        comparison = compare_fix(
-            model, ttr, source, batch_size=batch_size, progress=_two_passes(update, source.total)
-        )
-    return ttr, comparison
-
-
-def write(
-    run_dir: Path,
-    model: Any,
-    source: Any,
-    comparison: Any,
-    results: dict[str, Any],
-    config: dict[str, Any],
-    command: str,
-) -> None:
-    """The report, config.yaml and metrics.json (last) of one fix."""
-    from vitreg.report.fix_report import write_fix_run
-
-    with progress(None, "writing the report"):
-        write_fix_run(
-            run_dir,
-            comparison,
-            described=model.describe(),
-            data=source.description(),
-            config=config,
-            results=results,
-            command=command,
-            images=source.display_images(),
-        )
+        run = run_fix(cfg, progress)
+    show_notices(run.notices)
+    show(run.comparison, run.run_dir, run.saved)
 
 
 def show(comparison: Any, run_dir: Path, save: Path | None) -> None:

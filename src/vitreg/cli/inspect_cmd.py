@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, fail
 from vitreg.cli.progress import progress
 from vitreg.core.layout import TokenLayout
-from vitreg.errors import InputError
+from vitreg.verbs.loading import load_spec, move
 
 
 def _ranges(values: list[int]) -> str:
@@ -55,61 +53,6 @@ def compress_names(names: list[str]) -> list[str]:
             entries.append([_ranges(values) if i == at else p for i, p in enumerate(parts)])
             numeric.append(pos)
     return [".".join(parts) for parts in entries]
-
-
-def size_kwargs(source: str, img_size: int | None, random_weights: bool) -> dict[str, int]:
-    """The constructor argument that sets the input size for ``source``, if it has one.
-
-    HF towers take ``image_size`` as a config override, which only a random-weight build can
-    follow (pretrained DINOv2 interpolates positions at run time instead).
-    """
-    if not img_size or (source == "hf" and not random_weights):
-        return {}
-    names = {"hf": "image_size", "open_clip": "force_image_size"}
-    return {names.get(source, "img_size"): img_size}
-
-
-def _load(spec: str, pretrained: bool, weights: Path | None, img_size: int | None) -> Any:
-    """``vitreg.load`` with the input size passed where the source's constructor takes it."""
-    import vitreg
-    from vitreg.models.load import parse_spec
-
-    source, _ = parse_spec(spec)
-    random_weights = not pretrained and weights is None
-    kwargs = size_kwargs(source, img_size, random_weights=random_weights)
-    if random_weights:  # the same random weights on every run and every torchrun rank
-        import torch
-
-        torch.manual_seed(0)
-    # loader notes are shown by describe(); source libraries' own chatter is not
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            try:
-                return vitreg.load(spec, pretrained=pretrained, weights=weights, **kwargs)
-            except TypeError as e:
-                if not kwargs or not any(k in str(e) for k in kwargs):  # e.g. PVT-v2: any size
-                    raise
-                return vitreg.load(spec, pretrained=pretrained, weights=weights)
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-def move(model: Any, device: str | None) -> Any:
-    """``model`` on ``device`` (unchanged when none is given); a device this machine lacks is an
-    :class:`InputError` naming the option."""
-    if device is None:
-        return model
-    import torch
-
-    try:
-        return model.to(torch.device(device))
-    except (RuntimeError, AssertionError) as e:
-        raise InputError(
-            f"cannot use device {device!r}: {str(e).splitlines()[0]}; "
-            "pass --device cpu (or a device this machine has, e.g. cuda:0)"
-        ) from None
 
 
 def describe(model: Any, layout: TokenLayout, img_size: int | None, hooks: bool) -> dict[str, Any]:
@@ -170,7 +113,7 @@ def inspect_model(
 
             check_weights_file(weights)  # a missing or unreadable file fails before loading
         with progress(None, f"loading {spec}"):
-            model = _load(spec, not random_init, weights, img_size)
+            model = load_spec(spec, not random_init, weights, img_size)
         model = move(model, device)
         layout = model.layout_for((img_size, img_size)) if img_size else model.layout
         info = describe(model, layout, img_size, hooks)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-DEFAULT_SPEC = "planted:dinov2_s14"
+from vitreg.verbs.common import DEFAULT_SPEC
 
 SPEC = typer.Argument(None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC}).")
 IMAGES = typer.Option(

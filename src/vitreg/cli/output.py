@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from vitreg.errors import VitregError
+from vitreg.verbs.result import Notice
 
 RANK = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 prints (errors: every rank)
 console = Console(highlight=False, quiet=RANK != 0)
@@ -43,13 +44,23 @@ def bug(e: BaseException) -> typer.Exit:
     return typer.Exit(code=1)
 
 
-def random_init_banner(spec: str) -> None:
-    """Say on the console, before any result, that ``spec`` has random weights."""
-    console.print(
-        f"[bold yellow]RANDOM WEIGHTS:[/bold yellow][yellow] {escape(spec)} is built with "
-        "--random-init (random, untrained weights); its artifacts, or their absence, say nothing "
-        "about the trained model.[/yellow]"
-    )
+def show_notices(notices: list[Notice]) -> None:
+    """Print a verb's notices in the order the run produced them: the random-weights one as a
+    banner, loader notes and warnings with their prefix, cautions in yellow, images in cyan."""
+    for n in notices:
+        text = escape(n.text)
+        if n.kind == "random_init":
+            head, _, rest = text.partition(": ")
+            console.print(f"[bold yellow]{head}:[/bold yellow][yellow] {rest}[/yellow]")
+        elif n.kind in ("model", "warning"):
+            prefix = "note" if n.kind == "model" else "warning"
+            console.print(f"[yellow]{prefix}: {text}[/yellow]")
+        elif n.caution:
+            console.print(f"[yellow]{text}[/yellow]")
+        elif n.kind == "images":
+            console.print(f"[cyan]{text}[/cyan]")
+        else:
+            console.print(text)
 
 
 def missing_dependency(e: ImportError) -> str:
@@ -69,23 +80,3 @@ def cli_errors() -> Iterator[None]:
         raise fail(str(e)) from None
     except ImportError as e:
         raise fail(missing_dependency(e)) from None
-
-
-def join_torchrun(device: str | None) -> str | None:
-    """Under torchrun (``WORLD_SIZE > 1``) join the process group (gloo on CPU, NCCL on GPUs);
-    the device this rank runs on: ``cuda:LOCAL_RANK`` when none is given on GPUs, else
-    ``device`` unchanged. Every rank then runs the verb on the same images; the library shards
-    the forward passes and merges the statistics, and only rank 0 prints and writes files."""
-    from vitreg import distributed
-
-    if not distributed.under_torchrun():
-        return device
-    ctx = distributed.setup(device)
-    return str(ctx.device) if device is None and ctx.device.type == "cuda" else device
-
-
-def is_main() -> bool:
-    """Whether this process writes the run directory (rank 0, or the only process)."""
-    from vitreg import distributed
-
-    return distributed.is_main()

@@ -11,40 +11,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.diagnose_cmd import _command, default_run_dir, slug
-from vitreg.cli.fix_cmd import load_neurons, neuron_file
-from vitreg.cli.neurons_cmd import image_source, load_model
-from vitreg.cli.options import DEFAULT_SPEC
-from vitreg.cli.output import cli_errors, console, is_main, join_torchrun
+from vitreg.cli.output import cli_errors, console, show_notices
 from vitreg.cli.progress import progress
 from vitreg.report.out_dir import check_out
 
 DEFAULT_DATA = "synthetic-cls:n=200"
 CACHE = Path(".vitreg-cache") / "features"
-
-
-def parse_layers(text: str) -> list[int | str]:
-    """``-1,0,final`` -> ``[-1, 0, "final"]`` (hook names pass through; the config checks that
-    at least one is named)."""
-    out: list[int | str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        try:
-            out.append(int(part))
-        except ValueError:
-            out.append(part)
-    return out
-
-
-def fix_plan(fix: str, neurons: str | None) -> tuple[bool, str | None, bool]:
-    """(run base?, neuron source, run fixed?) from ``--fix none|both|FILE|builtin`` (the config
-    has checked ``fix`` and that ``neurons`` goes with ``--fix both`` only)."""
-    if fix == "none":
-        return True, None, False
-    if fix == "both":
-        return True, neurons, True
-    return False, fix, True
 
 
 def probe_command(
@@ -109,75 +81,15 @@ def probe_command(
     run_probe(cfg)
 
 
-def probe_config(cfg: Any) -> Any:
-    """The probe-training settings (:class:`~vitreg.probe.linear.ProbeConfig`) of a run config."""
-    from vitreg.probe.linear import ProbeConfig
-
-    return ProbeConfig(seeds=tuple(range(cfg.seeds)), epochs=cfg.epochs, optimizer=cfg.optimizer)
-
-
 def run_probe(cfg: Any) -> None:
-    """The probe verb on a typed :class:`~vitreg.configs.ProbeRunConfig`."""
-    from vitreg.probe.run import run, splits
+    """The probe verb on a typed :class:`~vitreg.configs.ProbeRunConfig`, then its summary."""
+    from vitreg.verbs import run_probe as probe
 
-    spec = cfg.spec or DEFAULT_SPEC
     with cli_errors():
-        run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="probe")
-        check_out(run_dir, "probe", spec, cfg.overwrite)  # before any model loads
-        cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
-        command = _command(
-            spec, {k: v for k, v in cfg.model_dump().items() if k != "spec"}, verb="probe"
-        )
-        base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
-        preloaded = neuron_file(neuron_source)  # bad input fails before the model loads
-        datasets = splits(cfg.data)
-        device = join_torchrun(cfg.device)
-        model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights)
-        ttr = None
-        if fixed:
-            ttr = test_time_registers(
-                model, spec, neuron_source, cfg.registers, cfg.batch_size, preloaded
-            )
-        result = run(
-            model,
-            cfg.task,
-            datasets,
-            fix=ttr,
-            base=base,
-            layers=parse_layers(cfg.layers),
-            cache_dir=cfg.cache,
-            config=probe_config(cfg),
-            batch_size=cfg.batch_size,
-            templates=cfg.templates,
-            image_size=cfg.img_size,
-            progress=progress,
-        )
-        if not is_main():
-            return
-        from vitreg.report.probe_figures import probe_figures
-        from vitreg.report.probe_report import write_probe_run
-
-        doc = result.to_dict()
-        with progress(None, "writing the report"):
-            write_probe_run(
-                run_dir, doc, result.model, cfg.to_file(), command, probe_figures(result, doc)
-            )
-    show(doc, run_dir)
-
-
-def test_time_registers(
-    model: Any, spec: str, neurons: str | None, registers: int, batch: int, preloaded: Any = None
-):
-    """The TestTimeRegisters fix from a NeuronSet file (``preloaded`` if read already), the
-    built-in set, or discovery (with the defaults of `vitreg neurons`)."""
-    from vitreg.configs import NeuronsConfig
-    from vitreg.fix import TestTimeRegisters
-
-    search = NeuronsConfig(batch_size=batch)
-    opts = {"images": None, "samples": False, "limit": None, "batch_size": batch}
-    source = image_source(model, spec, opts) if neurons is None else None
-    chosen, _, _ = load_neurons(model, spec, neurons, source, search, preloaded)
-    return TestTimeRegisters(chosen, n_registers=registers)
+        run = probe(cfg, progress)
+    show_notices(run.notices)
+    if run.document is not None:  # under torchrun only rank 0 scores and writes
+        show(run.probe, run.run_dir)
 
 
 def show(doc: dict[str, Any], run_dir: Path) -> None:

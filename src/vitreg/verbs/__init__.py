@@ -1,0 +1,77 @@
+"""One library call per command: each verb takes its typed config (:mod:`vitreg.configs`) and an
+optional :class:`~vitreg.progress.Progress`, writes the run directory exactly as the command
+does, and returns a small typed result. The CLI parses options into the config, calls the verb
+and prints the result; :func:`run` picks the verb from the config's type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vitreg.configs import RunConfig
+from vitreg.errors import InputError
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.diagnose import run_diagnose
+from vitreg.verbs.experiment import run_experiment
+from vitreg.verbs.fix import run_fix
+from vitreg.verbs.neurons import run_neurons
+from vitreg.verbs.probe import run_probe
+from vitreg.verbs.result import (
+    DiagnoseRun,
+    ExperimentRun,
+    FixRun,
+    Interrupted,
+    NeuronsRun,
+    Notice,
+    ProbeRun,
+    TrainRun,
+    VerbResult,
+    VlmRun,
+)
+from vitreg.verbs.train import run_train
+from vitreg.verbs.vlm import run_vlm
+
+VERBS: dict[str, Callable[..., VerbResult]] = {
+    "diagnose": run_diagnose,
+    "neurons": run_neurons,
+    "fix": run_fix,
+    "probe": run_probe,
+    "train": run_train,
+    "experiment": run_experiment,
+    "vlm": run_vlm,
+}
+
+
+def run(config: RunConfig, progress: Progress = SILENT) -> Any:
+    """Run the verb of ``config`` (a typed config such as :class:`~vitreg.configs.FixConfig`):
+    the run directory is written as ``vitreg <verb>`` writes it; returns the verb's result."""
+    verb = VERBS.get(getattr(config, "verb", ""))
+    if verb is None or not isinstance(config, RunConfig):
+        raise InputError(
+            f"vitreg.run takes a typed run config (one of {', '.join(sorted(VERBS))}: "
+            f"vitreg.configs.DiagnoseConfig, FixConfig, ...), got {type(config).__name__}"
+        )
+    return verb(config, progress)
+
+
+__all__ = [
+    "VERBS",
+    "DiagnoseRun",
+    "ExperimentRun",
+    "FixRun",
+    "Interrupted",
+    "NeuronsRun",
+    "Notice",
+    "ProbeRun",
+    "TrainRun",
+    "VerbResult",
+    "VlmRun",
+    "run",
+    "run_diagnose",
+    "run_experiment",
+    "run_fix",
+    "run_neurons",
+    "run_probe",
+    "run_train",
+    "run_vlm",
+]

@@ -1,0 +1,82 @@
+"""What every verb shares: the default model, run-directory names, the reproducing command
+line, joining torchrun, and reading back the document a run wrote."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from vitreg.verbs.result import Notice
+
+DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with planted artifacts
+
+
+def slug(spec: str) -> str:
+    """A file-name-safe form of a model spec: ``planted:dinov2_s14`` -> ``planted-dinov2_s14``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-.").lower() or "model"
+
+
+def default_run_dir(name: str, root: Path = Path("runs"), verb: str = "diagnose") -> Path:
+    """``runs/<timestamp>_<name>_<verb>``, with a numeric suffix if that exists already."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = root / f"{stamp}_{name}_{verb}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
+
+
+def command_line(spec: str, options: dict[str, Any], verb: str = "diagnose") -> str:
+    """The command line that reproduces the run of ``spec`` (options left unset are omitted)."""
+    parts = ["vitreg", verb, spec]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif value not in (None, False):
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def config_command(cfg: Any, spec: str) -> str:
+    """The command line of a typed model config (every field but the spec, as options)."""
+    options = {k: v for k, v in cfg.model_dump().items() if k != "spec"}
+    return command_line(spec, options, cfg.verb)
+
+
+def demo_notice(what: str) -> Notice:
+    """The notice that no model was given, so the synthetic demo runs (``what`` it has)."""
+    return Notice(
+        "demo",
+        f"No model given: running the embedded demo, {DEFAULT_SPEC}, a synthetic ViT with "
+        f"{what}. Pass a SPEC (see `vitreg models`) for a real model.",
+        caution=True,
+    )
+
+
+def join_torchrun(device: str | None) -> str | None:
+    """Under torchrun (``WORLD_SIZE > 1``) join the process group (gloo on CPU, NCCL on GPUs);
+    the device this rank runs on: ``cuda:LOCAL_RANK`` when none is given on GPUs, else
+    ``device`` unchanged. Every rank then runs the verb on the same images; the library shards
+    the forward passes and merges the statistics, and only rank 0 writes files."""
+    from vitreg import distributed
+
+    if not distributed.under_torchrun():
+        return device
+    ctx = distributed.setup(device)
+    return str(ctx.device) if device is None and ctx.device.type == "cuda" else device
+
+
+def read_document(path: Path) -> dict[str, Any] | None:
+    """The JSON document at ``path`` as written by this run; ``None`` where this process wrote
+    none (another torchrun rank)."""
+    from vitreg import distributed
+
+    if not distributed.is_main() or not path.is_file():
+        return None
+    return json.loads(path.read_text())

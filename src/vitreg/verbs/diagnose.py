@@ -1,0 +1,141 @@
+"""The diagnose verb: every artifact analysis of one model (or several, compared) on the chosen
+images, written to a run directory exactly as ``vitreg diagnose`` does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vitreg.configs import DiagnoseConfig
+from vitreg.errors import InputError
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.common import (
+    DEFAULT_SPEC,
+    command_line,
+    default_run_dir,
+    demo_notice,
+    join_torchrun,
+    read_document,
+    slug,
+)
+from vitreg.verbs.loading import check_images, image_source, load_model
+from vitreg.verbs.result import DiagnoseRun, Interrupted, Notice
+
+
+def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
+    """The report layer's ``write_run`` and ``compare_table`` (imported when first needed)."""
+    from vitreg.report.run import compare_table, write_run
+
+    return write_run, compare_table
+
+
+def specs_of(cfg: DiagnoseConfig) -> list[str]:
+    """The models a config diagnoses: ``models`` split on commas, else its spec (or the demo)."""
+    if cfg.models is None:
+        return [cfg.spec or DEFAULT_SPEC]
+    specs = [s.strip() for s in cfg.models.split(",") if s.strip()]
+    if not specs:
+        raise InputError(
+            "--models needs comma-separated model specs, e.g. --models "
+            "planted:dinov2_s14,planted:deit3_s16"
+        )
+    return specs
+
+
+def _options(cfg: DiagnoseConfig, device: str | None) -> dict[str, Any]:
+    """The settings the reproducing command line shows, in the order it has always had."""
+    names = ("images", "samples", "limit", "batch_size", "device", "max_maps", "random_init")
+    names += ("weights", "img_size", "figure_format")
+    return {**{k: getattr(cfg, k) for k in names}, "device": device}
+
+
+def diagnose_one(
+    cfg: DiagnoseConfig,
+    spec: str,
+    out_dir: Path,
+    device: str | None,
+    progress: Progress,
+    notices: list[Notice],
+) -> Any:
+    """Load ``spec``, diagnose it on the chosen images, write its run directory; the result."""
+    from vitreg.analysis.diagnose import diagnose
+    from vitreg.distributed import barrier, is_main
+
+    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
+    source = image_source(
+        model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices, cfg.max_maps
+    )
+    with progress(source.total, f"diagnosing {spec}") as update:
+        result = diagnose(
+            model,
+            source,
+            batch_size=cfg.batch_size,
+            limit=cfg.limit,
+            max_maps=cfg.max_maps,
+            progress=update,
+        )
+    result.data.update(source.description())
+    write_run, _ = _report()
+    if is_main():  # under torchrun every rank has the result; rank 0 writes it
+        with progress(None, "writing the report"):
+            write_run(
+                out_dir,
+                result,
+                images=source.display_images(),
+                config=cfg.model_copy(
+                    update={"spec": spec, "models": None, "out": out_dir}
+                ).to_file(),
+                command=command_line(spec, {**_options(cfg, device), "out": out_dir}),
+                max_maps=cfg.max_maps,
+            )
+    barrier()
+    return result
+
+
+def run_diagnose(cfg: DiagnoseConfig, progress: Progress = SILENT) -> DiagnoseRun:
+    """Diagnose the model(s) of ``cfg`` and write the run directory (with several models, one
+    sub-directory each plus comparison.md, report.html and comparison.json)."""
+    from vitreg.distributed import is_main
+    from vitreg.report.out_dir import check_out
+
+    notices = [demo_notice("planted artifacts")] if cfg.spec is None and cfg.models is None else []
+    specs = specs_of(cfg)
+    name = slug(specs[0]) if len(specs) == 1 else f"compare-{len(specs)}-models"
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(name)
+    check_out(run_dir, "diagnose", ",".join(specs), cfg.overwrite)  # before any model loads
+    device = join_torchrun(cfg.device)
+    check_images(cfg.images)
+    labelled: list[tuple[str, Any]] = []
+    dirs: list[Path] = []
+    for spec in specs:
+        target = run_dir if len(specs) == 1 else _unique(run_dir / slug(spec), dirs)
+        try:
+            labelled.append((spec, diagnose_one(cfg, spec, target, device, progress, notices)))
+        except KeyboardInterrupt:
+            raise Interrupted(spec) from None
+        dirs.append(target)
+    comparison = None
+    if len(specs) > 1 and is_main():
+        from vitreg.report.compare import write_model_comparison
+
+        comparison = write_model_comparison(run_dir, labelled, dirs, cfg.figure_format)
+    document = run_dir / ("metrics.json" if len(specs) == 1 else "comparison.json")
+    return DiagnoseRun(
+        "diagnose",
+        run_dir,
+        read_document(document),
+        notices,
+        labelled=labelled,
+        run_dirs=dirs,
+        comparison=comparison,
+    )
+
+
+def _unique(path: Path, taken: list[Path]) -> Path:
+    """``path``, or ``path-2``, ``path-3``... if an earlier model of this run has it."""
+    candidate, i = path, 1
+    while candidate in taken:
+        i += 1
+        candidate = path.with_name(f"{path.name}-{i}")
+    return candidate

@@ -1,0 +1,163 @@
+"""The fix verb: test-time registers on a model, compared before and after on the chosen images
+(neurons from a file, the built-in set, or discovered first), as ``vitreg fix`` does."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vitreg.configs import FixConfig
+from vitreg.errors import InputError
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.common import (
+    DEFAULT_SPEC,
+    config_command,
+    default_run_dir,
+    demo_notice,
+    join_torchrun,
+    read_document,
+    slug,
+)
+from vitreg.verbs.loading import check_images, image_source, load_model
+from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
+from vitreg.verbs.result import FixRun
+
+
+def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
+    """Constructor arguments that rebuild this timm model (planted: its ground truth's)."""
+    truth = getattr(model.module, "vitreg_planted", None)
+    if truth is not None:
+        return dict(truth.model_args)
+    args: dict[str, Any] = {}
+    if spec.startswith("local:"):
+        config = Path(spec.removeprefix("local:")).expanduser() / "config.json"
+        args.update(json.loads(config.read_text()).get("model_args", {}))
+    if img_size:
+        args["img_size"] = img_size
+    return args
+
+
+def _two_passes(update: Callable[[int], None], total: int) -> Callable[[int], None]:
+    """compare_fix counts images from 0 twice (without, then with the fix): one bar over both."""
+    state = {"offset": 0, "last": 0}
+
+    def both(n: int) -> None:
+        if n <= state["last"]:
+            state["offset"] += total
+        state["last"] = n
+        update(state["offset"] + n)
+
+    return both
+
+
+def compare(
+    model: Any, neurons: Any, source: Any, cfg: FixConfig, progress: Progress
+) -> tuple[Any, Any]:
+    """The TestTimeRegisters of ``cfg`` and its before/after comparison on ``source``."""
+    from vitreg.fix import TestTimeRegisters, compare_fix
+
+    ttr = TestTimeRegisters(
+        neurons, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
+    )
+    with progress(2 * source.total, "images without, then with the fix") as update:
+        comparison = compare_fix(
+            model,
+            ttr,
+            source,
+            batch_size=cfg.batch_size,
+            progress=_two_passes(update, source.total),
+        )
+    return ttr, comparison
+
+
+def _check_model(model: Any, spec: str, save: Path | None) -> None:
+    """A model that can be compared before/after (and saved, if asked)."""
+    if model.layout.n_extra:
+        raise InputError(
+            f"{spec} is loaded with test-time registers already applied (a model saved by "
+            "`vitreg fix --save`), so there is no 'before' to compare; run `vitreg fix` on "
+            f"the original model, or `vitreg diagnose {spec}` to check the fixed one"
+        )
+    if save is not None and not getattr(model.module, "pretrained_cfg", {}).get("architecture"):
+        raise InputError(
+            f"--save writes timm checkpoints and {spec} is a {model.adapter.source} model; "
+            "drop --save (the report is still written), or use the timm build of this model"
+        )
+
+
+def run_fix(cfg: FixConfig, progress: Progress = SILENT) -> FixRun:
+    """Apply test-time registers to ``cfg``'s model, compare before/after and write the run
+    directory (and the fixed model with ``save``)."""
+    from vitreg.distributed import is_main, on_main
+    from vitreg.report.fix_report import MAX_ROWS
+    from vitreg.report.out_dir import check_out
+
+    notices = [] if cfg.spec else [demo_notice("planted register neurons, on synthetic images")]
+    spec = cfg.spec or DEFAULT_SPEC
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="fix")
+    check_out(run_dir, "fix", spec, cfg.overwrite)  # before any model loads
+    cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
+    command = config_command(cfg, spec)
+    preloaded = neuron_file(cfg.neurons)  # a missing or bad file fails before the model loads
+    check_images(cfg.images)
+    device = join_torchrun(cfg.device)
+    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
+    _check_model(model, spec, cfg.save)
+    source = image_source(
+        model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices, MAX_ROWS
+    )
+    chosen, info, found = load_neurons(
+        model, spec, cfg.neurons, source, cfg, progress, notices, preloaded
+    )
+    ttr, comparison = compare(model, chosen, source, cfg, progress)
+    results = {
+        "neurons": info,
+        "discovery": found.results() if found is not None else None,
+        "saved": None,
+        "planted": planted_rows(model, chosen.pairs()),
+    }
+    if cfg.save is not None:
+        from vitreg.fix.saved import save_fixed
+
+        if is_main():
+            with progress(None, f"saving the fixed model to {cfg.save}"):
+                save_fixed(model, ttr, cfg.save, **save_args(model, spec, cfg.img_size))
+        results["saved"] = str(cfg.save)
+    on_main(write, run_dir, model, source, comparison, results, cfg, command, progress)
+    return FixRun(
+        "fix",
+        run_dir,
+        read_document(run_dir / "metrics.json"),
+        notices,
+        comparison=comparison,
+        fix=ttr,
+        saved=cfg.save,
+    )
+
+
+def write(
+    run_dir: Path,
+    model: Any,
+    source: Any,
+    comparison: Any,
+    results: dict[str, Any],
+    cfg: FixConfig,
+    command: str,
+    progress: Progress,
+) -> None:
+    """The report, config.yaml and metrics.json (last) of one fix."""
+    from vitreg.report.fix_report import write_fix_run
+
+    with progress(None, "writing the report"):
+        write_fix_run(
+            run_dir,
+            comparison,
+            described=model.describe(),
+            data=source.description(),
+            config=cfg.to_file(),
+            results=results,
+            command=command,
+            images=source.display_images(),
+        )

@@ -1,0 +1,126 @@
+"""Where a verb's register neurons come from: a NeuronSet file, the built-in set, or discovery
+on the run's own images (the automatic path of ``vitreg neurons``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitreg.progress import Progress
+from vitreg.verbs.result import Notice
+
+DISCOVERED = (
+    "discovered on these images by this run (3 of every 4; the causal check and top-k on the 4th)"
+)
+
+
+def neuron_file(neurons: str | None) -> Any:
+    """The NeuronSet that a file source names, read and validated (before any model loads);
+    ``None`` for discovery or the built-in set."""
+    from vitreg.fix.neuron_set import NeuronSet
+
+    return None if neurons in (None, "builtin") else NeuronSet.load(neurons)
+
+
+def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: list[Notice]) -> Any:
+    """The library's automatic path on ``source`` with the search settings of ``cfg`` (a
+    :class:`~vitreg.configs.NeuronSearch`); the split as metrics.json records it (images used,
+    after skips and the held-out cap) goes to ``notices``."""
+    from vitreg.neurons.auto import SPLIT_RULE, find_neurons
+
+    found = find_neurons(
+        model,
+        source,
+        n_images=source.total,
+        top_k=None if cfg.top_k == "auto" else cfg.top_k,
+        target=cfg.target,
+        batch_size=cfg.batch_size,
+        detect_layer=cfg.detect_layer,
+        highest_layer=cfg.highest_layer,
+        threshold=cfg.threshold,
+        progress=progress,
+    )
+    split = found.split
+    notices.append(
+        Notice(
+            "split",
+            f"split: {split['n_discovery']} images for discovery, {split['n_held_out']} held out "
+            f"({SPLIT_RULE})",
+        )
+    )
+    return found
+
+
+def load_neurons(
+    model: Any,
+    spec: str,
+    neurons: str | None,
+    source: Any,
+    cfg: Any,
+    progress: Progress,
+    notices: list[Notice],
+    preloaded: Any = None,
+) -> tuple[Any, dict[str, Any], Any]:
+    """The NeuronSet (file -- ``preloaded`` if read already --, built-in, or discovered first),
+    what it is, and the discovery."""
+    from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
+    from vitreg.neurons import builtin_neurons
+    from vitreg.neurons.auto import layer_counts
+
+    found = None
+    if neurons is None:
+        notices.append(
+            Notice(
+                "discovery",
+                "No --neurons given: discovering register neurons on these images first (as "
+                "`vitreg neurons` does); the fix is then evaluated on the same images.",
+                caution=True,
+            )
+        )
+        found = discover(model, source, cfg, progress, notices)
+        chosen = found.chosen
+        origin = DISCOVERED
+    elif neurons == "builtin":
+        chosen = builtin_neurons(model.spec or spec)
+        origin = f"the built-in set for {chosen.model_spec}"
+    else:
+        chosen = preloaded if preloaded is not None else NeuronSet.load(neurons)
+        origin = f"the file {neurons}"
+    chosen.check_applicable(model)  # other architecture, bad units or settings, empty: clear error
+    matches = None
+    if chosen.fingerprint is not None:
+        matches = chosen.fingerprint == weights_fingerprint(model.module)
+        if not matches:
+            notices.append(
+                Notice(
+                    "warning",
+                    f"this NeuronSet was made for {chosen.model_spec} with other weights than "
+                    f"{model.spec} (same shape, different weight fingerprint); the neurons may "
+                    "not be this model's register neurons.",
+                    caution=True,
+                )
+            )
+    info = {
+        "source": origin,
+        "model_spec": chosen.model_spec,
+        "n_neurons": len(chosen),
+        "layers": layer_counts(chosen),
+        "fingerprint": chosen.fingerprint,
+        "fingerprint_matches": matches,
+        "settings": chosen.settings,
+    }
+    return chosen, info, found
+
+
+def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any]] | None:
+    """A planted fixture's units with their role and whether ``pairs`` includes them."""
+    truth = getattr(model.module, "vitreg_planted", None)
+    if truth is None:
+        return None
+    roles = [(*u, "cause (writes the outliers)") for u in truth.causal_units]
+    roles += [(*u, "reader (fires on outliers)") for u in truth.reader_units]
+    roles += [(lay, u, f"distractor ({kind})") for lay, u, kind in truth.distractor_units]
+    chosen = set(pairs)
+    return [
+        {"layer": lay, "unit": u, "role": role, "chosen": (lay, u) in chosen}
+        for lay, u, role in roles
+    ]

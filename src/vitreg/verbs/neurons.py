@@ -1,0 +1,74 @@
+"""The neurons verb: find register neurons on the chosen images (discovery, a causal check, top-k
+calibrated on held-out images) and save them with a report, as ``vitreg neurons`` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitreg.configs import NeuronsConfig
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.common import (
+    DEFAULT_SPEC,
+    config_command,
+    default_run_dir,
+    demo_notice,
+    join_torchrun,
+    read_document,
+    slug,
+)
+from vitreg.verbs.loading import check_images, image_source, load_model
+from vitreg.verbs.neuron_sources import discover, planted_rows
+from vitreg.verbs.result import NeuronsRun
+
+
+def run_neurons(cfg: NeuronsConfig, progress: Progress = SILENT) -> NeuronsRun:
+    """Discover the register neurons of ``cfg``'s model and write the run directory
+    (neurons.json + neurons.safetensors, the report, metrics.json last)."""
+    from vitreg.distributed import on_main
+    from vitreg.report.out_dir import check_out
+
+    notices = [] if cfg.spec else [demo_notice("planted register neurons, on synthetic images")]
+    spec = cfg.spec or DEFAULT_SPEC
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="neurons")
+    check_out(run_dir, "neurons", spec, cfg.overwrite)  # before any model loads
+    cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
+    command = config_command(cfg, spec)
+    check_images(cfg.images)
+    device = join_torchrun(cfg.device)
+    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
+    source = image_source(model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices)
+    found = discover(model, source, cfg, progress, notices)
+    on_main(write, run_dir, model, source, found, cfg.to_file(), command, progress)
+    document = read_document(run_dir / "metrics.json")
+    return NeuronsRun("neurons", run_dir, document, notices, found=found, spec=spec)
+
+
+def write(
+    run_dir: Path,
+    model: Any,
+    source: Any,
+    found: Any,
+    config: dict[str, Any],
+    command: str,
+    progress: Progress,
+) -> None:
+    """The NeuronSet files, then the report (metrics.json last)."""
+    from vitreg.report.fix_report import write_neurons_run
+
+    data = {**source.description(), "split": found.split}
+    found.chosen.data = {**found.chosen.data, "images": source.label, "split": found.split}
+    with progress(None, "writing the neuron set and the report"):
+        (run_dir / "metrics.json").unlink(missing_ok=True)  # never beside a newer neuron set
+        found.chosen.save(run_dir / "neurons")
+        results = found.results()
+        results["planted"] = planted_rows(model, found.chosen.pairs())
+        results["files"] = {"json": "neurons.json", "tensors": "neurons.safetensors"}
+        write_neurons_run(
+            run_dir,
+            described=model.describe(),
+            data=data,
+            config=config,
+            results=results,
+            command=command,
+        )

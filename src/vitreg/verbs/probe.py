@@ -1,0 +1,118 @@
+"""The probe verb: linear probes on frozen tokens of one model, bare and/or with test-time
+registers, written to a run directory as ``vitreg probe`` does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitreg.configs import NeuronsConfig, ProbeRunConfig
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.common import (
+    DEFAULT_SPEC,
+    config_command,
+    default_run_dir,
+    join_torchrun,
+    read_document,
+    slug,
+)
+from vitreg.verbs.loading import image_source, load_model
+from vitreg.verbs.neuron_sources import load_neurons, neuron_file
+from vitreg.verbs.result import Notice, ProbeRun
+
+
+def parse_layers(text: str) -> list[int | str]:
+    """``-1,0,final`` -> ``[-1, 0, "final"]`` (hook names pass through; the config checks that
+    at least one is named)."""
+    out: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(int(part))
+        except ValueError:
+            out.append(part)
+    return out
+
+
+def fix_plan(fix: str, neurons: str | None) -> tuple[bool, str | None, bool]:
+    """(run base?, neuron source, run fixed?) from ``fix`` none|both|FILE|builtin (the config
+    has checked ``fix`` and that ``neurons`` goes with ``fix both`` only)."""
+    if fix == "none":
+        return True, None, False
+    if fix == "both":
+        return True, neurons, True
+    return False, fix, True
+
+
+def probe_config(cfg: ProbeRunConfig) -> Any:
+    """The probe-training settings (:class:`~vitreg.probe.linear.ProbeConfig`) of a run config."""
+    from vitreg.probe.linear import ProbeConfig
+
+    return ProbeConfig(seeds=tuple(range(cfg.seeds)), epochs=cfg.epochs, optimizer=cfg.optimizer)
+
+
+def probe_fix(
+    model: Any,
+    spec: str,
+    neurons: str | None,
+    cfg: ProbeRunConfig,
+    progress: Progress,
+    notices: list[Notice],
+    preloaded: Any = None,
+) -> Any:
+    """The TestTimeRegisters fix from a NeuronSet file (``preloaded`` if read already), the
+    built-in set, or discovery (with the defaults of `vitreg neurons`)."""
+    from vitreg.fix import TestTimeRegisters
+
+    search = NeuronsConfig(batch_size=cfg.batch_size)
+    source = None
+    if neurons is None:
+        source = image_source(model, spec, None, False, None, cfg.batch_size, notices)
+    chosen, _, _ = load_neurons(model, spec, neurons, source, search, progress, notices, preloaded)
+    return TestTimeRegisters(chosen, n_registers=cfg.registers)
+
+
+def run_probe(cfg: ProbeRunConfig, progress: Progress = SILENT) -> ProbeRun:
+    """Probe ``cfg``'s model on its task and data and write the run directory."""
+    from vitreg.distributed import is_main
+    from vitreg.probe.run import run, splits
+    from vitreg.report.out_dir import check_out
+
+    notices: list[Notice] = []
+    spec = cfg.spec or DEFAULT_SPEC
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="probe")
+    check_out(run_dir, "probe", spec, cfg.overwrite)  # before any model loads
+    cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
+    command = config_command(cfg, spec)
+    base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
+    preloaded = neuron_file(neuron_source)  # bad input fails before the model loads
+    datasets = splits(cfg.data)
+    device = join_torchrun(cfg.device)
+    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
+    ttr = None
+    if fixed:
+        ttr = probe_fix(model, spec, neuron_source, cfg, progress, notices, preloaded)
+    result = run(
+        model,
+        cfg.task,
+        datasets,
+        fix=ttr,
+        base=base,
+        layers=parse_layers(cfg.layers),
+        cache_dir=cfg.cache,
+        config=probe_config(cfg),
+        batch_size=cfg.batch_size,
+        templates=cfg.templates,
+        image_size=cfg.img_size,
+        progress=progress,
+    )
+    doc = result.to_dict()
+    if is_main():
+        from vitreg.report.probe_figures import probe_figures
+        from vitreg.report.probe_report import write_probe_run
+
+        with progress(None, "writing the report"):
+            figures = probe_figures(result, doc)
+            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, figures)
+    document = read_document(run_dir / "metrics.json")
+    return ProbeRun("probe", run_dir, document, notices, probe=doc)

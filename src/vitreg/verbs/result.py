@@ -1,0 +1,104 @@
+"""What a verb returns: its run directory, the result document it wrote, the notices a user
+should see (as data: the caller decides how to show them) and the objects its summary reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+NoticeKind = Literal[
+    "demo",  # no model given: the synthetic demo runs
+    "random_init",  # the model has random, untrained weights
+    "model",  # a loader's note about the model
+    "images",  # which images, from where
+    "split",  # the discovery / held-out split
+    "discovery",  # neurons are discovered first, on these images
+    "warning",  # something the user should check (e.g. a NeuronSet made for other weights)
+]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One message for the user, in the order the run produced it; ``caution`` marks a
+    synthetic or doubtful input (the CLI shows those in yellow)."""
+
+    kind: NoticeKind
+    text: str
+    caution: bool = False
+
+
+@dataclass
+class VerbResult:
+    """A finished run: ``document`` is its metrics.json (``None`` on a torchrun rank that does
+    not write); ``notices`` what the run reported along the way."""
+
+    verb: str
+    run_dir: Path
+    document: dict[str, Any] | None
+    notices: list[Notice] = field(default_factory=list)
+
+
+@dataclass
+class DiagnoseRun(VerbResult):
+    """``labelled``: (spec, DiagnoseResult) per model; ``run_dirs`` one per model; with several
+    models ``comparison`` is the comparison report and ``document`` its comparison.json."""
+
+    labelled: list[tuple[str, Any]] = field(default_factory=list)
+    run_dirs: list[Path] = field(default_factory=list)
+    comparison: Path | None = None
+
+
+@dataclass
+class NeuronsRun(VerbResult):
+    """``found``: the automatic path's :class:`~vitreg.neurons.auto.Found`; ``spec`` the model."""
+
+    found: Any = None
+    spec: str = ""
+
+
+@dataclass
+class FixRun(VerbResult):
+    """``comparison``: the before/after :class:`~vitreg.fix.compare.FixComparison`; ``fix`` the
+    TestTimeRegisters applied; ``saved`` where the fixed model was saved, if asked."""
+
+    comparison: Any = None
+    fix: Any = None
+    saved: Path | None = None
+
+
+@dataclass
+class ProbeRun(VerbResult):
+    """``probe``: the probe result's own dict (conditions, deltas, yardsticks)."""
+
+    probe: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainRun(VerbResult):
+    """``training``: :func:`vitreg.train.train`'s result (steps, history, resumed_from)."""
+
+    training: Any = None
+
+
+@dataclass
+class ExperimentRun(VerbResult):
+    """``experiment``: the variant grid's result; ``seconds`` the wall time of the run."""
+
+    experiment: Any = None
+    seconds: float = 0.0
+
+
+@dataclass
+class VlmRun(VerbResult):
+    """``results``: answers, attention and norms per image, and their summary."""
+
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the run of ``spec``: nothing was written for it (no metrics.json)."""
+
+    def __init__(self, spec: str) -> None:
+        super().__init__(spec)
+        self.spec = spec

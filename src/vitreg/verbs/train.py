@@ -1,0 +1,84 @@
+"""The train verb: train a ViT (supervised DeiT III or DINO/iBOT), resumable, and write its result
+document, as ``vitreg train`` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Any
+
+from vitreg.configs import TrainRunConfig
+from vitreg.errors import InputError
+from vitreg.progress import SILENT, Progress, step_phase
+from vitreg.verbs.common import command_line, default_run_dir, slug
+from vitreg.verbs.result import TrainRun
+
+
+def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
+    """``["depth=2", "mask_ratio=[0.1,0.5]"]`` -> ``{"depth": 2, "mask_ratio": [0.1, 0.5]}``
+    (values are JSON where they parse, else strings; the config has checked the KEY=VALUE form)."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, _, raw = pair.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def train_args(cfg: TrainRunConfig) -> dict[str, Any]:
+    """The keyword arguments of :func:`vitreg.train.train` (after variant, data, recipe and the
+    run directory) that a :class:`~vitreg.configs.TrainRunConfig` sets."""
+    names = ("steps", "epochs", "batch_size", "lr", "accum_steps", "amp", "seed")
+    names += ("checkpoint_every", "resume", "extend", "img_size", "device")
+    return {
+        **{k: getattr(cfg, k) for k in names},
+        "model_kwargs": parse_pairs(cfg.model_arg),
+        "options": parse_pairs(cfg.option),
+    }
+
+
+def train_command_line(cfg: TrainRunConfig) -> str:
+    """The command line that reproduces the run of ``cfg`` (repeatable options repeated)."""
+    values = cfg.model_dump(exclude={"variant", "model_arg", "option", "resume"})
+    parts = shlex.split(command_line(cfg.variant, values, verb="train"))
+    parts += [] if cfg.resume else ["--no-resume"]
+    for flag, pairs in (("--model-arg", cfg.model_arg), ("--option", cfg.option)):
+        parts += [x for pair in pairs or [] for x in (flag, pair)]
+    return shlex.join(parts)
+
+
+def run_train(cfg: TrainRunConfig, progress: Progress = SILENT) -> TrainRun:
+    """Train ``cfg``'s variant on its data and write the run directory (checkpoints, log.jsonl,
+    model.safetensors, config.yaml, metrics.json)."""
+    from vitreg.report.out_dir import check_out
+    from vitreg.report.train_report import write_train_run
+    from vitreg.train import train
+    from vitreg.train.data import describe_training_data
+
+    if cfg.out is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InputError(
+            "under torchrun pass --out DIR, so that every rank uses the same run directory"
+        )
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(cfg.variant), verb="train")
+    cfg = cfg.model_copy(update={"out": run_dir})
+    check_out(run_dir, "train", cfg.variant, cfg.overwrite)
+    with step_phase(progress, "training (optimizer steps)") as steps:  # rank 0 only
+        result = train(
+            cfg.variant, cfg.data, cfg.recipe, run_dir, progress=steps, **train_args(cfg)
+        )
+    if int(os.environ.get("RANK", "0")) != 0:
+        return TrainRun("train", run_dir, None, [], training=result)
+    write_train_run(
+        run_dir,
+        result,
+        spec=cfg.variant,
+        data=describe_training_data(cfg.data, recipe=cfg.recipe),
+        config=cfg.to_file(),
+        command=train_command_line(cfg),
+    )
+    document = json.loads((run_dir / "metrics.json").read_text())
+    return TrainRun("train", run_dir, document, [], training=result)

@@ -1,0 +1,104 @@
+"""The vlm verb: a LLaVA model's answers and language->image attention without and with
+test-time registers on its vision tower, written as ``vitreg vlm`` does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitreg.configs import VlmConfig
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.common import config_command, default_run_dir, read_document, slug
+from vitreg.verbs.loading import image_source, load_model
+from vitreg.verbs.neuron_sources import DISCOVERED, discover, load_neurons
+from vitreg.verbs.result import Notice, VlmRun
+
+
+def choose_neurons(
+    model: Any, spec: str, source: Any, cfg: VlmConfig, progress: Progress, notices: list[Notice]
+) -> tuple[Any, dict[str, Any]]:
+    """The NeuronSet of ``neurons``: the file, or (auto) discovered on these images first."""
+    if cfg.neurons != "auto":
+        chosen, info, _ = load_neurons(model, spec, cfg.neurons, source, cfg, progress, notices)
+        return chosen, info
+    from vitreg.neurons.auto import layer_counts
+
+    notices.append(
+        Notice(
+            "discovery",
+            "--neurons auto: discovering the tower's register neurons on these images first (as "
+            "`vitreg neurons` does); the answers are then compared on the same images.",
+            caution=True,
+        )
+    )
+    chosen = discover(model, source, cfg, progress, notices).chosen
+    chosen.check_applicable(model)
+    return chosen, {"source": DISCOVERED, "n_neurons": len(chosen), "layers": layer_counts(chosen)}
+
+
+def describe_vlm(model: Any) -> dict[str, Any]:
+    """The VLM around the tower: class, language-model depth, feature layer and strategy."""
+    vlm = model.vlm
+    return {
+        "class": type(vlm.module).__name__,
+        "language_model_layers": len(vlm.lm_layers),
+        "language_model_attention": vlm.lm_attention,
+        "vision_feature_layer": vlm.feature_layer,
+        "vision_feature_select_strategy": vlm.strategy,
+        "n_params": sum(p.numel() for p in vlm.module.parameters()),
+    }
+
+
+def run_vlm(cfg: VlmConfig, progress: Progress = SILENT) -> VlmRun:
+    """Answer ``cfg``'s prompt per image without and with the fix and write the run directory."""
+    from vitreg.distributed import is_main
+    from vitreg.fix import TestTimeRegisters
+    from vitreg.report.figures import display_images
+    from vitreg.report.out_dir import check_out
+    from vitreg.report.vlm_report import write_vlm_run
+    from vitreg.vlm import run_vlm as answer
+
+    notices: list[Notice] = []
+    spec = cfg.spec
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="vlm")
+    cfg = cfg.model_copy(update={"out": run_dir})
+    check_out(run_dir, "vlm", spec, cfg.overwrite)  # before any model loads
+    command = config_command(cfg, spec)
+    model = load_model(spec, cfg.random_init, None, cfg.device, None, progress, notices)
+    source = image_source(
+        model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices, cfg.limit or 64
+    )
+    chosen, info = choose_neurons(model, spec, source, cfg, progress, notices)
+    ttr = TestTimeRegisters(
+        chosen, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
+    )
+    with progress(source.total, "answering without, then with the fix") as update:
+        result = answer(
+            model,
+            source,
+            cfg.prompt,
+            ttr,
+            max_new_tokens=cfg.max_new_tokens,
+            query=cfg.query,
+            batch_size=cfg.batch_size,
+            progress=update,
+        )
+    results = {**result.to_dict(), "neurons": info}
+    first = result.images[0]
+    layer_maps = {
+        "before": first.before.layer_grids.numpy(),
+        "after": first.after.layer_grids.numpy(),
+    }
+    if is_main():
+        with progress(None, "writing the report"):
+            write_vlm_run(
+                run_dir,
+                results,
+                {**model.describe(), "vlm": describe_vlm(model)},
+                source.description(),
+                cfg.to_file(),
+                command,
+                images=display_images(source.display_images()),
+                layer_maps=layer_maps,
+            )
+    document = read_document(run_dir / "metrics.json")
+    return VlmRun("vlm", run_dir, document, notices, results=results)
