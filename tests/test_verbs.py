@@ -22,7 +22,7 @@ from vitreg.configs import (
     TrainRunConfig,
 )
 from vitreg.errors import InputError
-from vitreg.verbs import DiagnoseRun, FixRun, NeuronsRun, ProbeRun, TrainRun
+from vitreg.verbs import DiagnoseRun, FixRun, NeuronsRun, Notice, ProbeRun, TrainRun
 
 runner = CliRunner()
 PLANTED = {"spec": "planted:dinov2_s14", "img_size": 112, "batch_size": 4}
@@ -64,9 +64,11 @@ def same_as_cli(tmp: Path, verb: str, cls: type, values: dict[str, Any], capsys)
     """Run ``values`` through the library and through the CLI; both run directories agree."""
     lib, command = tmp / f"{verb}-lib", tmp / f"{verb}-cli"
     capsys.readouterr()
-    run = vitreg.run(cls(**values, out=lib))
+    seen: list[Notice] = []
+    run = vitreg.run(cls(**values, out=lib), on_notice=seen.append)
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err == ""  # library code never prints
+    assert seen == run.notices  # each notice also reached the listener, in order
     cli([verb], values, command)
     assert run.run_dir == lib and run.verb == verb
     assert headline(lib) == headline(command) and headline(lib)
@@ -141,6 +143,7 @@ def test_experiment_calls_the_grid_as_the_command_does(tmp_path, monkeypatch, ca
         calls.append(
             {"data": data, **{k: v for k, v in kw.items() if k not in ("log", "progress")}}
         )
+        kw["log"]("variant 1 of 1: training")
         return ExperimentResult(Path(out), [], True, 0.0)
 
     monkeypatch.setattr(vitreg.experiment, "run_variants", fake)
@@ -152,6 +155,8 @@ def test_experiment_calls_the_grid_as_the_command_does(tmp_path, monkeypatch, ca
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert len(calls) == 2 and calls[0] == calls[1] and len(calls[0]["variants"]) == 9
+    assert run.notices == [Notice("log", "variant 1 of 1: training")]  # data here, stderr there
+    assert "variant 1 of 1: training" in result.stderr and "variant 1" not in result.stdout
     assert run.run_dir == tmp_path / "lib" and run.document is None  # the fake wrote nothing
 
 

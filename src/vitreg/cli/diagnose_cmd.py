@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, err_console, show_notices
+from vitreg.cli.output import cli_errors, console, err_console, show_notice
 from vitreg.cli.progress import progress
 
 
@@ -110,13 +110,12 @@ def run_diagnose(cfg: Any) -> None:
 
     try:
         with cli_errors():
-            run = diagnose(cfg, progress)
+            run = diagnose(cfg, progress, show_notice)
     except Interrupted as e:
         err_console.print(
             f"[red]interrupted: no metrics.json was written for {escape(e.spec)}[/red]"
         )
         raise typer.Exit(code=130) from None
-    show_notices(run.notices)
     show_summary(run.labelled)
     if run.comparison is not None:
         console.print(f"comparison: {run.comparison}")

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from vitreg.cli import options as opt
 from vitreg.cli.command import VitregCommand, VitregGroup
-from vitreg.cli.output import cli_errors, console
+from vitreg.cli.output import cli_errors, console, show_notice
 from vitreg.cli.progress import progress
 
 experiment_app = typer.Typer(
@@ -88,7 +88,7 @@ def run_experiment(cfg: Any) -> None:
     from vitreg.verbs import run_experiment as experiment
 
     with cli_errors():
-        run = experiment(cfg, progress)
+        run = experiment(cfg, progress, show_notice)
     console.print(
         f"{len(run.experiment.variants)} variants in {run.seconds:.0f} s; report: "
         f"[bold]{escape(str(run.run_dir / 'report.md'))}[/bold] (metrics.json, report.html, "

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notices
+from vitreg.cli.output import cli_errors, console, show_notice
 from vitreg.cli.progress import progress
 
 
@@ -65,8 +65,7 @@ def run_fix_command(cfg: Any) -> None:
     from vitreg.verbs import run_fix
 
     with cli_errors():
-        run = run_fix(cfg, progress)
-    show_notices(run.notices)
+        run = run_fix(cfg, progress, show_notice)
     show(run.comparison, run.run_dir, run.saved)
 
 

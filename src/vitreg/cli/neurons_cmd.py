@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notices
+from vitreg.cli.output import cli_errors, console, show_notice
 from vitreg.cli.progress import progress
 
 
@@ -71,8 +71,7 @@ def run_neurons(cfg: Any) -> None:
     from vitreg.verbs import run_neurons as neurons
 
     with cli_errors():
-        run = neurons(cfg, progress)
-    show_notices(run.notices)
+        run = neurons(cfg, progress, show_notice)
     show(run.found, run.spec, run.run_dir)
 
 

@@ -44,23 +44,25 @@ def bug(e: BaseException) -> typer.Exit:
     return typer.Exit(code=1)
 
 
-def show_notices(notices: list[Notice]) -> None:
-    """Print a verb's notices in the order the run produced them: the random-weights one as a
-    banner, loader notes and warnings with their prefix, cautions in yellow, images in cyan."""
-    for n in notices:
-        text = escape(n.text)
-        if n.kind == "random_init":
-            head, _, rest = text.partition(": ")
-            console.print(f"[bold yellow]{head}:[/bold yellow][yellow] {rest}[/yellow]")
-        elif n.kind in ("model", "warning"):
-            prefix = "note" if n.kind == "model" else "warning"
-            console.print(f"[yellow]{prefix}: {text}[/yellow]")
-        elif n.caution:
-            console.print(f"[yellow]{text}[/yellow]")
-        elif n.kind == "images":
-            console.print(f"[cyan]{text}[/cyan]")
-        else:
-            console.print(text)
+def show_notice(n: Notice) -> None:
+    """Print one notice of a verb as it happens: the random-weights one as a banner, loader
+    notes and warnings with their prefix, cautions in yellow, images in cyan, log lines of a
+    long run on stderr."""
+    text = escape(n.text)
+    if n.kind == "random_init":
+        head, _, rest = text.partition(": ")
+        console.print(f"[bold yellow]{head}:[/bold yellow][yellow] {rest}[/yellow]")
+    elif n.kind in ("model", "warning"):
+        prefix = "note" if n.kind == "model" else "warning"
+        console.print(f"[yellow]{prefix}: {text}[/yellow]")
+    elif n.kind == "log":
+        err_console.print(text)
+    elif n.caution:
+        console.print(f"[yellow]{text}[/yellow]")
+    elif n.kind == "images":
+        console.print(f"[cyan]{text}[/cyan]")
+    else:
+        console.print(text)
 
 
 def missing_dependency(e: ImportError) -> str:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notices
+from vitreg.cli.output import cli_errors, console, show_notice
 from vitreg.cli.progress import progress
 from vitreg.report.out_dir import check_out
 
@@ -86,8 +86,7 @@ def run_probe(cfg: Any) -> None:
     from vitreg.verbs import run_probe as probe
 
     with cli_errors():
-        run = probe(cfg, progress)
-    show_notices(run.notices)
+        run = probe(cfg, progress, show_notice)
     if run.document is not None:  # under torchrun only rank 0 scores and writes
         show(run.probe, run.run_dir)
 

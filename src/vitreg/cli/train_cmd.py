@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console
+from vitreg.cli.output import cli_errors, console, show_notice
 from vitreg.cli.progress import progress
 
 
@@ -82,12 +82,10 @@ def run_train(cfg: Any) -> None:
     from vitreg.verbs import run_train as train
 
     with cli_errors():
-        run = train(cfg, progress)
+        run = train(cfg, progress, show_notice)
     if run.document is None:  # under torchrun only rank 0 writes and prints
         return
     result = run.training
-    if result.resumed_from is not None:
-        console.print(f"resumed from the checkpoint at step {result.resumed_from}")
     last = result.history[-1] if result.history else {}
     console.print(
         f"{cfg.recipe}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "

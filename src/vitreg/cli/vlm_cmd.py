@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notices
+from vitreg.cli.output import cli_errors, console, show_notice
 from vitreg.cli.progress import progress
 from vitreg.report.markdown import num, pct
 
@@ -72,8 +72,7 @@ def run_vlm_command(cfg: Any) -> None:
     from vitreg.verbs import run_vlm
 
     with cli_errors():
-        run = run_vlm(cfg, progress)
-    show_notices(run.notices)
+        run = run_vlm(cfg, progress, show_notice)
     show(run.results, run.run_dir)
 
 

@@ -21,6 +21,7 @@ from vitreg.verbs.result import (
     ExperimentRun,
     FixRun,
     Interrupted,
+    Listener,
     NeuronsRun,
     Notice,
     ProbeRun,
@@ -42,16 +43,17 @@ VERBS: dict[str, Callable[..., VerbResult]] = {
 }
 
 
-def run(config: RunConfig, progress: Progress = SILENT) -> Any:
+def run(config: RunConfig, progress: Progress = SILENT, on_notice: Listener | None = None) -> Any:
     """Run the verb of ``config`` (a typed config such as :class:`~vitreg.configs.FixConfig`):
-    the run directory is written as ``vitreg <verb>`` writes it; returns the verb's result."""
+    the run directory is written as ``vitreg <verb>`` writes it; returns the verb's result
+    (``on_notice``, if given, also sees each notice as it happens)."""
     verb = VERBS.get(getattr(config, "verb", ""))
     if verb is None or not isinstance(config, RunConfig):
         raise InputError(
             f"vitreg.run takes a typed run config (one of {', '.join(sorted(VERBS))}: "
             f"vitreg.configs.DiagnoseConfig, FixConfig, ...), got {type(config).__name__}"
         )
-    return verb(config, progress)
+    return verb(config, progress, on_notice)
 
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "ExperimentRun",
     "FixRun",
     "Interrupted",
+    "Listener",
     "NeuronsRun",
     "Notice",
     "ProbeRun",

@@ -20,7 +20,7 @@ from vitreg.verbs.common import (
     slug,
 )
 from vitreg.verbs.loading import check_images, image_source, load_model
-from vitreg.verbs.result import DiagnoseRun, Interrupted, Notice
+from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notices
 
 
 def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
@@ -56,7 +56,7 @@ def diagnose_one(
     out_dir: Path,
     device: str | None,
     progress: Progress,
-    notices: list[Notice],
+    notices: Notices,
 ) -> Any:
     """Load ``spec``, diagnose it on the chosen images, write its run directory; the result."""
     from vitreg.analysis.diagnose import diagnose
@@ -93,13 +93,17 @@ def diagnose_one(
     return result
 
 
-def run_diagnose(cfg: DiagnoseConfig, progress: Progress = SILENT) -> DiagnoseRun:
+def run_diagnose(
+    cfg: DiagnoseConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> DiagnoseRun:
     """Diagnose the model(s) of ``cfg`` and write the run directory (with several models, one
     sub-directory each plus comparison.md, report.html and comparison.json)."""
     from vitreg.distributed import is_main
     from vitreg.report.out_dir import check_out
 
-    notices = [demo_notice("planted artifacts")] if cfg.spec is None and cfg.models is None else []
+    notices = Notices(on_notice)
+    if cfg.spec is None and cfg.models is None:
+        notices.append(demo_notice("planted artifacts"))
     specs = specs_of(cfg)
     name = slug(specs[0]) if len(specs) == 1 else f"compare-{len(specs)}-models"
     run_dir = cfg.out if cfg.out is not None else default_run_dir(name)
@@ -125,7 +129,7 @@ def run_diagnose(cfg: DiagnoseConfig, progress: Progress = SILENT) -> DiagnoseRu
         "diagnose",
         run_dir,
         read_document(document),
-        notices,
+        notices.items,
         labelled=labelled,
         run_dirs=dirs,
         comparison=comparison,

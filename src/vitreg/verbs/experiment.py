@@ -10,7 +10,7 @@ from typing import Any
 from vitreg.configs import ExperimentConfig
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import default_run_dir, read_document
-from vitreg.verbs.result import ExperimentRun
+from vitreg.verbs.result import ExperimentRun, Listener, Notice, Notices
 
 
 def _threads(threads: int | None, size: str, device_is_cpu: bool) -> int | None:
@@ -66,9 +66,11 @@ def experiment_command_line(cfg: ExperimentConfig) -> str:
     return shlex.join(parts)
 
 
-def run_experiment(cfg: ExperimentConfig, progress: Progress = SILENT) -> ExperimentRun:
-    """Run the variant grid of ``cfg`` and write the experiment folder (its log lines go to
-    ``progress.note``)."""
+def run_experiment(
+    cfg: ExperimentConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> ExperimentRun:
+    """Run the variant grid of ``cfg`` and write the experiment folder (its log lines are
+    notices)."""
     import torch
 
     from vitreg.experiment import run_variants
@@ -78,16 +80,19 @@ def run_experiment(cfg: ExperimentConfig, progress: Progress = SILENT) -> Experi
     check_out(cfg.out, "experiment", None, cfg.overwrite)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    notices = Notices(on_notice)
     t0 = time.perf_counter()
     result = run_variants(
         cfg.data,
         cfg.out,
         **experiment_args(cfg),
-        log=progress.note,
+        log=lambda line: notices.append(Notice("log", line)),
         progress=progress,
         command=experiment_command_line(cfg),
         config=cfg.to_file(),
     )
     seconds = time.perf_counter() - t0
     document = read_document(cfg.out / "metrics.json")
-    return ExperimentRun("experiment", cfg.out, document, [], experiment=result, seconds=seconds)
+    return ExperimentRun(
+        "experiment", cfg.out, document, notices.items, experiment=result, seconds=seconds
+    )

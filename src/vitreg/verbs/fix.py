@@ -22,7 +22,7 @@ from vitreg.verbs.common import (
 )
 from vitreg.verbs.loading import check_images, image_source, load_model
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
-from vitreg.verbs.result import FixRun
+from vitreg.verbs.result import FixRun, Listener, Notices
 
 
 def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
@@ -87,14 +87,18 @@ def _check_model(model: Any, spec: str, save: Path | None) -> None:
         )
 
 
-def run_fix(cfg: FixConfig, progress: Progress = SILENT) -> FixRun:
+def run_fix(
+    cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> FixRun:
     """Apply test-time registers to ``cfg``'s model, compare before/after and write the run
     directory (and the fixed model with ``save``)."""
     from vitreg.distributed import is_main, on_main
     from vitreg.report.fix_report import MAX_ROWS
     from vitreg.report.out_dir import check_out
 
-    notices = [] if cfg.spec else [demo_notice("planted register neurons, on synthetic images")]
+    notices = Notices(on_notice)
+    if cfg.spec is None:
+        notices.append(demo_notice("planted register neurons, on synthetic images"))
     spec = cfg.spec or DEFAULT_SPEC
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="fix")
     check_out(run_dir, "fix", spec, cfg.overwrite)  # before any model loads
@@ -130,7 +134,7 @@ def run_fix(cfg: FixConfig, progress: Progress = SILENT) -> FixRun:
         "fix",
         run_dir,
         read_document(run_dir / "metrics.json"),
-        notices,
+        notices.items,
         comparison=comparison,
         fix=ttr,
         saved=cfg.save,

@@ -10,7 +10,7 @@ from typing import Any
 
 from vitreg.errors import InputError, VitregError
 from vitreg.progress import Progress
-from vitreg.verbs.result import Notice
+from vitreg.verbs.result import Notice, Notices
 
 DEFAULT_SYNTHETIC = 16  # images for planted models without images (and in the embedded demo)
 
@@ -86,14 +86,15 @@ def load_model(
     device: str | None,
     weights: Path | None,
     progress: Progress,
-    notices: list[Notice],
+    notices: Notices,
 ) -> Any:
     """Load ``spec`` (from ``weights`` if given) and move it to ``device``; the loader's notes
     and the random-weights notice go to ``notices``."""
     with progress(None, f"loading {spec}"):
         model = load_spec(spec, not random_init, weights, img_size)
     model = move(model, device)
-    notices += [Notice("model", note, caution=True) for note in model.notes]
+    for note in model.notes:
+        notices.append(Notice("model", note, caution=True))
     if random_init:
         notices.append(random_init_notice(spec))
     return model
@@ -106,7 +107,7 @@ def image_source(
     samples: bool,
     limit: int | None,
     batch_size: int,
-    notices: list[Notice],
+    notices: Notices,
     keep: int = 0,
 ) -> Any:
     """The image source for ``model``: the folder, the sample photos, or synthetic images (a

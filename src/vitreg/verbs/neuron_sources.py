@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vitreg.progress import Progress
-from vitreg.verbs.result import Notice
+from vitreg.verbs.result import Notice, Notices
 
 DISCOVERED = (
     "discovered on these images by this run (3 of every 4; the causal check and top-k on the 4th)"
@@ -21,7 +21,7 @@ def neuron_file(neurons: str | None) -> Any:
     return None if neurons in (None, "builtin") else NeuronSet.load(neurons)
 
 
-def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: list[Notice]) -> Any:
+def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Notices) -> Any:
     """The library's automatic path on ``source`` with the search settings of ``cfg`` (a
     :class:`~vitreg.configs.NeuronSearch`); the split as metrics.json records it (images used,
     after skips and the held-out cap) goes to ``notices``."""
@@ -57,7 +57,7 @@ def load_neurons(
     source: Any,
     cfg: Any,
     progress: Progress,
-    notices: list[Notice],
+    notices: Notices,
     preloaded: Any = None,
 ) -> tuple[Any, dict[str, Any], Any]:
     """The NeuronSet (file -- ``preloaded`` if read already --, built-in, or discovered first),

@@ -19,16 +19,20 @@ from vitreg.verbs.common import (
 )
 from vitreg.verbs.loading import check_images, image_source, load_model
 from vitreg.verbs.neuron_sources import discover, planted_rows
-from vitreg.verbs.result import NeuronsRun
+from vitreg.verbs.result import Listener, NeuronsRun, Notices
 
 
-def run_neurons(cfg: NeuronsConfig, progress: Progress = SILENT) -> NeuronsRun:
+def run_neurons(
+    cfg: NeuronsConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> NeuronsRun:
     """Discover the register neurons of ``cfg``'s model and write the run directory
     (neurons.json + neurons.safetensors, the report, metrics.json last)."""
     from vitreg.distributed import on_main
     from vitreg.report.out_dir import check_out
 
-    notices = [] if cfg.spec else [demo_notice("planted register neurons, on synthetic images")]
+    notices = Notices(on_notice)
+    if cfg.spec is None:
+        notices.append(demo_notice("planted register neurons, on synthetic images"))
     spec = cfg.spec or DEFAULT_SPEC
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="neurons")
     check_out(run_dir, "neurons", spec, cfg.overwrite)  # before any model loads
@@ -41,7 +45,7 @@ def run_neurons(cfg: NeuronsConfig, progress: Progress = SILENT) -> NeuronsRun:
     found = discover(model, source, cfg, progress, notices)
     on_main(write, run_dir, model, source, found, cfg.to_file(), command, progress)
     document = read_document(run_dir / "metrics.json")
-    return NeuronsRun("neurons", run_dir, document, notices, found=found, spec=spec)
+    return NeuronsRun("neurons", run_dir, document, notices.items, found=found, spec=spec)
 
 
 def write(

@@ -17,7 +17,7 @@ from vitreg.verbs.common import (
 )
 from vitreg.verbs.loading import image_source, load_model
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
-from vitreg.verbs.result import Notice, ProbeRun
+from vitreg.verbs.result import Listener, Notices, ProbeRun
 
 
 def parse_layers(text: str) -> list[int | str]:
@@ -57,7 +57,7 @@ def probe_fix(
     neurons: str | None,
     cfg: ProbeRunConfig,
     progress: Progress,
-    notices: list[Notice],
+    notices: Notices,
     preloaded: Any = None,
 ) -> Any:
     """The TestTimeRegisters fix from a NeuronSet file (``preloaded`` if read already), the
@@ -72,13 +72,15 @@ def probe_fix(
     return TestTimeRegisters(chosen, n_registers=cfg.registers)
 
 
-def run_probe(cfg: ProbeRunConfig, progress: Progress = SILENT) -> ProbeRun:
+def run_probe(
+    cfg: ProbeRunConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> ProbeRun:
     """Probe ``cfg``'s model on its task and data and write the run directory."""
     from vitreg.distributed import is_main
     from vitreg.probe.run import run, splits
     from vitreg.report.out_dir import check_out
 
-    notices: list[Notice] = []
+    notices = Notices(on_notice)
     spec = cfg.spec or DEFAULT_SPEC
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="probe")
     check_out(run_dir, "probe", spec, cfg.overwrite)  # before any model loads
@@ -115,4 +117,4 @@ def run_probe(cfg: ProbeRunConfig, progress: Progress = SILENT) -> ProbeRun:
             figures = probe_figures(result, doc)
             write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, figures)
     document = read_document(run_dir / "metrics.json")
-    return ProbeRun("probe", run_dir, document, notices, probe=doc)
+    return ProbeRun("probe", run_dir, document, notices.items, probe=doc)

@@ -3,6 +3,7 @@ should see (as data: the caller decides how to show them) and the objects its su
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +16,8 @@ NoticeKind = Literal[
     "split",  # the discovery / held-out split
     "discovery",  # neurons are discovered first, on these images
     "warning",  # something the user should check (e.g. a NeuronSet made for other weights)
+    "resumed",  # training continued from a checkpoint
+    "log",  # a step of a long run (the experiment grid: which variant, which phase)
 ]
 
 
@@ -26,6 +29,24 @@ class Notice:
     kind: NoticeKind
     text: str
     caution: bool = False
+
+
+Listener = Callable[[Notice], None]
+
+
+class Notices:
+    """A run's notices in order, each also passed to ``listener`` when it happens (the CLI
+    prints them as the run goes; a Python caller may leave it out and read the result's)."""
+
+    def __init__(self, listener: Listener | None = None) -> None:
+        self.items: list[Notice] = []
+        self._listener = listener
+
+    def append(self, notice: Notice) -> None:
+        """Record ``notice`` and tell the listener."""
+        self.items.append(notice)
+        if self._listener is not None:
+            self._listener(notice)
 
 
 @dataclass

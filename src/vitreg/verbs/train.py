@@ -12,7 +12,7 @@ from vitreg.configs import TrainRunConfig
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress, step_phase
 from vitreg.verbs.common import command_line, default_run_dir, slug
-from vitreg.verbs.result import TrainRun
+from vitreg.verbs.result import Listener, Notice, Notices, TrainRun
 
 
 def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
@@ -51,7 +51,9 @@ def train_command_line(cfg: TrainRunConfig) -> str:
     return shlex.join(parts)
 
 
-def run_train(cfg: TrainRunConfig, progress: Progress = SILENT) -> TrainRun:
+def run_train(
+    cfg: TrainRunConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> TrainRun:
     """Train ``cfg``'s variant on its data and write the run directory (checkpoints, log.jsonl,
     model.safetensors, config.yaml, metrics.json)."""
     from vitreg.report.out_dir import check_out
@@ -72,6 +74,11 @@ def run_train(cfg: TrainRunConfig, progress: Progress = SILENT) -> TrainRun:
         )
     if int(os.environ.get("RANK", "0")) != 0:
         return TrainRun("train", run_dir, None, [], training=result)
+    notices = Notices(on_notice)
+    if result.resumed_from is not None:
+        notices.append(
+            Notice("resumed", f"resumed from the checkpoint at step {result.resumed_from}")
+        )
     write_train_run(
         run_dir,
         result,
@@ -81,4 +88,4 @@ def run_train(cfg: TrainRunConfig, progress: Progress = SILENT) -> TrainRun:
         command=train_command_line(cfg),
     )
     document = json.loads((run_dir / "metrics.json").read_text())
-    return TrainRun("train", run_dir, document, [], training=result)
+    return TrainRun("train", run_dir, document, notices.items, training=result)

@@ -10,11 +10,11 @@ from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import config_command, default_run_dir, read_document, slug
 from vitreg.verbs.loading import image_source, load_model
 from vitreg.verbs.neuron_sources import DISCOVERED, discover, load_neurons
-from vitreg.verbs.result import Notice, VlmRun
+from vitreg.verbs.result import Listener, Notice, Notices, VlmRun
 
 
 def choose_neurons(
-    model: Any, spec: str, source: Any, cfg: VlmConfig, progress: Progress, notices: list[Notice]
+    model: Any, spec: str, source: Any, cfg: VlmConfig, progress: Progress, notices: Notices
 ) -> tuple[Any, dict[str, Any]]:
     """The NeuronSet of ``neurons``: the file, or (auto) discovered on these images first."""
     if cfg.neurons != "auto":
@@ -48,7 +48,9 @@ def describe_vlm(model: Any) -> dict[str, Any]:
     }
 
 
-def run_vlm(cfg: VlmConfig, progress: Progress = SILENT) -> VlmRun:
+def run_vlm(
+    cfg: VlmConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> VlmRun:
     """Answer ``cfg``'s prompt per image without and with the fix and write the run directory."""
     from vitreg.distributed import is_main
     from vitreg.fix import TestTimeRegisters
@@ -57,7 +59,7 @@ def run_vlm(cfg: VlmConfig, progress: Progress = SILENT) -> VlmRun:
     from vitreg.report.vlm_report import write_vlm_run
     from vitreg.vlm import run_vlm as answer
 
-    notices: list[Notice] = []
+    notices = Notices(on_notice)
     spec = cfg.spec
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="vlm")
     cfg = cfg.model_copy(update={"out": run_dir})
@@ -101,4 +103,4 @@ def run_vlm(cfg: VlmConfig, progress: Progress = SILENT) -> VlmRun:
                 layer_maps=layer_maps,
             )
     document = read_document(run_dir / "metrics.json")
-    return VlmRun("vlm", run_dir, document, notices, results=results)
+    return VlmRun("vlm", run_dir, document, notices.items, results=results)
