@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from vitreg.verbs.result import Notice
+from vitreg.verbs.result import Notice, Notices
 
 DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with planted artifacts
 
@@ -57,6 +57,21 @@ def demo_notice(what: str) -> Notice:
         f"{what}. Pass a SPEC (see `vitreg models`) for a real model.",
         caution=True,
     )
+
+
+def prepare(cfg: Any, notices: Notices, demo: str | None = None) -> tuple[Any, str]:
+    """``cfg`` with its spec (the demo model when none; with ``demo``, what the demo has, said
+    in a notice) and its run directory (default ``runs/<time>_<model>_<verb>``, checked before
+    any model loads) filled in, and the command line that reproduces the run."""
+    from vitreg.report.out_dir import check_out
+
+    if cfg.spec is None and demo is not None:
+        notices.append(demo_notice(demo))
+    spec = cfg.spec or DEFAULT_SPEC
+    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb=cfg.verb)
+    check_out(run_dir, cfg.verb, spec, cfg.overwrite)
+    cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
+    return cfg, config_command(cfg, spec)
 
 
 def join_torchrun(device: str | None) -> str | None:

@@ -19,7 +19,7 @@ from vitreg.verbs.common import (
     read_document,
     slug,
 )
-from vitreg.verbs.loading import check_images, image_source, load_model
+from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notices
 
 
@@ -62,10 +62,8 @@ def diagnose_one(
     from vitreg.analysis.diagnose import diagnose
     from vitreg.distributed import barrier, is_main
 
-    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
-    source = image_source(
-        model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices, cfg.max_maps
-    )
+    one = cfg.model_copy(update={"spec": spec})
+    model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
     with progress(source.total, f"diagnosing {spec}") as update:
         result = diagnose(
             model,

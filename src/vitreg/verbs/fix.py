@@ -11,16 +11,8 @@ from typing import Any
 from vitreg.configs import FixConfig
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import (
-    DEFAULT_SPEC,
-    config_command,
-    default_run_dir,
-    demo_notice,
-    join_torchrun,
-    read_document,
-    slug,
-)
-from vitreg.verbs.loading import check_images, image_source, load_model
+from vitreg.verbs.common import join_torchrun, prepare, read_document
+from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
 from vitreg.verbs.result import FixRun, Listener, Notices
 
@@ -94,24 +86,15 @@ def run_fix(
     directory (and the fixed model with ``save``)."""
     from vitreg.distributed import is_main, on_main
     from vitreg.report.fix_report import MAX_ROWS
-    from vitreg.report.out_dir import check_out
 
     notices = Notices(on_notice)
-    if cfg.spec is None:
-        notices.append(demo_notice("planted register neurons, on synthetic images"))
-    spec = cfg.spec or DEFAULT_SPEC
-    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="fix")
-    check_out(run_dir, "fix", spec, cfg.overwrite)  # before any model loads
-    cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
-    command = config_command(cfg, spec)
+    cfg, command = prepare(cfg, notices, demo="planted register neurons, on synthetic images")
+    spec, run_dir = cfg.spec, cfg.out
     preloaded = neuron_file(cfg.neurons)  # a missing or bad file fails before the model loads
     check_images(cfg.images)
     device = join_torchrun(cfg.device)
-    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
+    model, source = model_and_images(cfg, device, progress, notices, MAX_ROWS)
     _check_model(model, spec, cfg.save)
-    source = image_source(
-        model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices, MAX_ROWS
-    )
     chosen, info, found = load_neurons(
         model, spec, cfg.neurons, source, cfg, progress, notices, preloaded
     )

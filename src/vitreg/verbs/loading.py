@@ -136,6 +136,19 @@ def image_source(
     return source
 
 
+def model_and_images(
+    cfg: Any, device: str | None, progress: Progress, notices: Notices, keep: int = 0
+) -> tuple[Any, Any]:
+    """The model of ``cfg`` (a :class:`~vitreg.configs.ModelImages` with its spec filled in)
+    on ``device``, and its image source (``keep`` images kept for figures)."""
+    spec = cfg.spec
+    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
+    source = image_source(
+        model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices, keep
+    )
+    return model, source
+
+
 def check_images(images: Path | None) -> None:
     """An empty or missing image folder fails here, before any model is loaded."""
     if images is not None:

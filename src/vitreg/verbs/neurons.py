@@ -8,16 +8,8 @@ from typing import Any
 
 from vitreg.configs import NeuronsConfig
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import (
-    DEFAULT_SPEC,
-    config_command,
-    default_run_dir,
-    demo_notice,
-    join_torchrun,
-    read_document,
-    slug,
-)
-from vitreg.verbs.loading import check_images, image_source, load_model
+from vitreg.verbs.common import join_torchrun, prepare, read_document
+from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import discover, planted_rows
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
 
@@ -28,24 +20,15 @@ def run_neurons(
     """Discover the register neurons of ``cfg``'s model and write the run directory
     (neurons.json + neurons.safetensors, the report, metrics.json last)."""
     from vitreg.distributed import on_main
-    from vitreg.report.out_dir import check_out
 
     notices = Notices(on_notice)
-    if cfg.spec is None:
-        notices.append(demo_notice("planted register neurons, on synthetic images"))
-    spec = cfg.spec or DEFAULT_SPEC
-    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="neurons")
-    check_out(run_dir, "neurons", spec, cfg.overwrite)  # before any model loads
-    cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
-    command = config_command(cfg, spec)
+    cfg, command = prepare(cfg, notices, demo="planted register neurons, on synthetic images")
     check_images(cfg.images)
-    device = join_torchrun(cfg.device)
-    model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
-    source = image_source(model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices)
+    model, source = model_and_images(cfg, join_torchrun(cfg.device), progress, notices)
     found = discover(model, source, cfg, progress, notices)
-    on_main(write, run_dir, model, source, found, cfg.to_file(), command, progress)
-    document = read_document(run_dir / "metrics.json")
-    return NeuronsRun("neurons", run_dir, document, notices.items, found=found, spec=spec)
+    on_main(write, cfg.out, model, source, found, cfg.to_file(), command, progress)
+    document = read_document(cfg.out / "metrics.json")
+    return NeuronsRun("neurons", cfg.out, document, notices.items, found=found, spec=cfg.spec)
 
 
 def write(

@@ -7,14 +7,7 @@ from typing import Any
 
 from vitreg.configs import NeuronsConfig, ProbeRunConfig
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import (
-    DEFAULT_SPEC,
-    config_command,
-    default_run_dir,
-    join_torchrun,
-    read_document,
-    slug,
-)
+from vitreg.verbs.common import join_torchrun, prepare, read_document
 from vitreg.verbs.loading import image_source, load_model
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
 from vitreg.verbs.result import Listener, Notices, ProbeRun
@@ -78,14 +71,10 @@ def run_probe(
     """Probe ``cfg``'s model on its task and data and write the run directory."""
     from vitreg.distributed import is_main
     from vitreg.probe.run import run, splits
-    from vitreg.report.out_dir import check_out
 
     notices = Notices(on_notice)
-    spec = cfg.spec or DEFAULT_SPEC
-    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="probe")
-    check_out(run_dir, "probe", spec, cfg.overwrite)  # before any model loads
-    cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
-    command = config_command(cfg, spec)
+    cfg, command = prepare(cfg, notices)
+    spec, run_dir = cfg.spec, cfg.out
     base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
     preloaded = neuron_file(neuron_source)  # bad input fails before the model loads
     datasets = splits(cfg.data)

@@ -7,8 +7,8 @@ from typing import Any
 
 from vitreg.configs import VlmConfig
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import config_command, default_run_dir, read_document, slug
-from vitreg.verbs.loading import image_source, load_model
+from vitreg.verbs.common import prepare, read_document
+from vitreg.verbs.loading import model_and_images
 from vitreg.verbs.neuron_sources import DISCOVERED, discover, load_neurons
 from vitreg.verbs.result import Listener, Notice, Notices, VlmRun
 
@@ -55,20 +55,13 @@ def run_vlm(
     from vitreg.distributed import is_main
     from vitreg.fix import TestTimeRegisters
     from vitreg.report.figures import display_images
-    from vitreg.report.out_dir import check_out
     from vitreg.report.vlm_report import write_vlm_run
     from vitreg.vlm import run_vlm as answer
 
     notices = Notices(on_notice)
-    spec = cfg.spec
-    run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb="vlm")
-    cfg = cfg.model_copy(update={"out": run_dir})
-    check_out(run_dir, "vlm", spec, cfg.overwrite)  # before any model loads
-    command = config_command(cfg, spec)
-    model = load_model(spec, cfg.random_init, None, cfg.device, None, progress, notices)
-    source = image_source(
-        model, spec, cfg.images, cfg.samples, cfg.limit, cfg.batch_size, notices, cfg.limit or 64
-    )
+    cfg, command = prepare(cfg, notices)
+    spec, run_dir = cfg.spec, cfg.out
+    model, source = model_and_images(cfg, cfg.device, progress, notices, cfg.limit or 64)
     chosen, info = choose_neurons(model, spec, source, cfg, progress, notices)
     ttr = TestTimeRegisters(
         chosen, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
