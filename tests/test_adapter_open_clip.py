@@ -306,7 +306,9 @@ def test_offline_tag_raises_weights_error(monkeypatch):
     for needle in (
         "laion/CLIP-ViT-B-32-laion2B-s34B-b79K",
         "HF_HUB_OFFLINE",
-        "weights=",
+        "--weights FILE",
+        "weights=FILE",
+        "--random-init",
         "pretrained=False",
     ):
         assert needle in msg

@@ -157,7 +157,7 @@ def test_input_errors_exit_2(tmp_path: Path) -> None:
     both = ["inspect", spec, "--random-init", "--weights", str(missing)]
     assert_clean_failure(runner.invoke(app, both), "exclude")
     odd = ["inspect", spec, "--random-init", "--img-size", "60"]
-    assert_clean_failure(runner.invoke(app, odd), "multiple of the patch size")
+    assert_clean_failure(runner.invoke(app, odd), "pass a multiple of 16")
 
 
 def test_missing_optional_library_message(capsys: pytest.CaptureFixture) -> None:

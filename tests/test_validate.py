@@ -147,7 +147,7 @@ BAD = {
         ({"seedz": 2}, "seedz: Extra inputs are not permitted"),
         ({"epochs": "many"}, "epochs: Input should be a valid integer"),
         ({"seeds": 0}, "seeds: Input should be greater than 0"),
-        ({"task": "colour"}, "task: not a probe task; choose from classification"),
+        ({"task": "colour"}, "task: not a probe task; choose from attention-seg, classification"),
         ({"optimizer": "adam"}, "optimizer: Input should be 'adamw' or 'sgd'"),
         ({"fix": "nowhere.json"}, "fix: neither none, both, builtin nor an existing NeuronSet"),
         ({"neurons": "builtin"}, "neurons: applies to fix both only"),
