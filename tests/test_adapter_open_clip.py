@@ -309,7 +309,6 @@ def test_offline_tag_raises_weights_error(monkeypatch):
         "--weights FILE",
         "weights=FILE",
         "--random-init",
-        "pretrained=False",
     ):
         assert needle in msg
 

@@ -94,8 +94,7 @@ def offline_hint(tried: str, cause: BaseException) -> str:
         f"(now {offline}) to use the cache only; otherwise download them on a connected machine "
         "and pass the file with --weights FILE (a .safetensors file; weights=FILE in "
         "vitreg.load), or save a folder with config.json + model.safetensors and give it as "
-        "local:DIR. --random-init (pretrained=False in vitreg.load) builds the architecture with "
-        "random weights (no download)."
+        "local:DIR. --random-init builds the architecture with random weights (no download)."
     )
 
 
