@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # CLI tests read stderr's error paragraph alone; tests/test_cli_progress.py turns progress on
 os.environ.setdefault("VITREG_PROGRESS", "off")
 torch.set_num_threads(2)
+
+TESTS = Path(__file__).resolve().parent  # helper modules and worker scripts live here
+ROOT = TESTS.parent  # the repository
 
 
 @pytest.fixture(autouse=True)

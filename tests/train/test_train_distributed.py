@@ -4,11 +4,11 @@ import json
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import TESTS
 from train_helpers import run
 
 
@@ -19,7 +19,7 @@ def free_port() -> int:
 
 
 def test_torchrun_two_ranks_match_one_process(tmp_path):
-    script = Path(__file__).with_name("train_worker.py")
+    script = TESTS / "train_worker.py"
     cmd = [
         sys.executable,
         "-m",

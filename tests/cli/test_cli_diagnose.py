@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from conftest import ROOT
 from vitreg.cli.app import app
 from vitreg.testing.images import synthetic_pil
 from vitreg.verbs import loading
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZE = ["--img-size", "112"]
 runner = CliRunner()
 _BUILT: dict[tuple, object] = {}

@@ -3,12 +3,12 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import vitreg
+from conftest import TESTS
 from vitreg.neurons.discover import discover
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build
@@ -17,7 +17,7 @@ from vitreg.testing.planted import build
 @pytest.mark.slow
 def test_torchrun_discovery_equals_single_process(tmp_path):
     out = tmp_path / "dist.json"
-    script = Path(__file__).with_name("dist_discover.py")
+    script = TESTS / "dist_discover.py"
     cmd = [
         sys.executable,
         "-m",

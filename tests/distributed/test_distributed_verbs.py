@@ -16,10 +16,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import TESTS
 from vitreg import distributed
 from vitreg.cli.app import app
 
-HERE = Path(__file__).resolve().parent
 VITREG = Path(sys.executable).with_name("vitreg")
 runner = CliRunner()
 
@@ -115,7 +115,7 @@ def same(a: Any, b: Any, path: str = "", rtol: float = 1e-5) -> list[str]:
 
 # reducers merged across ranks -----------------------------------------------------------------
 def test_trace_merges_every_reducer_kind_across_two_ranks(tmp_path: Path) -> None:
-    torchrun([str(HERE / "dist_verbs_worker.py"), str(tmp_path)])
+    torchrun([str(TESTS / "dist_verbs_worker.py"), str(tmp_path)])
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     # 7 images in batches of 3, 3, 1: rank 0 forwards 0, 1, 3, 4, 6 and rank 1 forwards 2, 5
     assert [r["indices"] for r in ranks] == [[0, 1, 3, 4, 6], [2, 5]]

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from bench_helpers import run_benchmark
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model=vit_small_patch16_224", "--img-size=32", "--depth=3", "--batch-size=2"]
 # the automatic path on the planted ViT-S/14: 112 px is the smallest size the tests use
 TINY_AUTO = [

@@ -17,13 +17,14 @@ import torch.nn.functional as F
 
 import vitreg
 from cache_worker import ToyDataset, small_vit
+from conftest import TESTS
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.probe import CachedFeatures, extract
 
-WORKER = Path(__file__).with_name("cache_worker.py")
+WORKER = TESTS / "cache_worker.py"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 ALL_VIEWS = ("cls", "reg", "extra", "patch_mean", "patch_center", "patch_top", "patches")
 

@@ -19,7 +19,6 @@ from vitreg.models.families import FAMILIES, get_family
 from vitreg.models.load import SPEC_EXAMPLES
 from vitreg.verbs.loading import size_kwargs
 
-ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 

@@ -3,10 +3,10 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import TESTS
 from train_helpers import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the same thread count as the killed worker
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the same thread count as t
 def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     full = run("dino", tmp_path / "full", checkpoint_every=2)
     out = tmp_path / "killed"
-    script = Path(__file__).with_name("train_worker.py")
+    script = TESTS / "train_worker.py"
     done = subprocess.run(
         [sys.executable, str(script), "kill", str(out), "3"],
         capture_output=True,

@@ -1,0 +1,35 @@
+"""The tests mirror the package: every folder under tests/ names a package or module of
+src/vitreg (tests/models/adapters for vitreg.models.adapters), except the two that test across
+packages: hostile (every hostile input, by class) and benchmarks (the scripts in benchmarks/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import vitreg
+from conftest import ROOT, TESTS
+
+SRC = Path(vitreg.__file__).parent
+ACROSS = {"hostile": "hostile inputs of every verb", "benchmarks": "smoke runs of benchmarks/"}
+
+
+def test_every_test_folder_names_a_package_or_module():
+    folders = [p for p in TESTS.rglob("*") if p.is_dir() and not p.name.startswith((".", "_"))]
+    assert folders, "the tests are in package folders"
+    for folder in folders:
+        parts = folder.relative_to(TESTS).parts
+        if parts[0] in ACROSS:
+            assert parts[0] != "benchmarks" or (ROOT / "benchmarks").is_dir()
+            continue
+        target = SRC.joinpath(*parts)
+        assert target.is_dir() or target.with_suffix(".py").is_file(), folder
+
+
+def test_only_helpers_and_whole_package_checks_stay_at_the_top():
+    top = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert top == [
+        "test_layering.py",
+        "test_readme_snippets.py",
+        "test_tests_mirror_the_package.py",
+        "test_token_indexing.py",
+    ]
