@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import vitreg
 from bench_helpers import run_benchmark
+from cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
 from vitreg.cli.inspect_cmd import compress_names
 from vitreg.cli.output import cli_errors
@@ -22,26 +23,10 @@ from vitreg.verbs.loading import size_kwargs
 runner = CliRunner()
 
 
-def flat(text: str) -> str:
-    """Text with rich's line wrapping undone."""
-    return " ".join(text.split())
-
-
 def inspect_json(*args: str) -> dict:
     result = runner.invoke(app, ["inspect", *args, "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
-
-
-def assert_clean_failure(result, *needles: str) -> None:
-    """Exit code 2, a one-paragraph error on stderr, no traceback."""
-    assert result.exit_code == 2, result.output
-    assert isinstance(result.exception, SystemExit)
-    err = flat(result.stderr)
-    assert err.startswith("error:")
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert needle in err
 
 
 def test_version() -> None:

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from cli_helpers import assert_clean_failure, flat
 from conftest import ROOT
 from vitreg.cli.app import app
 from vitreg.testing.images import synthetic_pil
@@ -35,10 +36,6 @@ def reuse_models(monkeypatch: pytest.MonkeyPatch) -> None:
         return _BUILT[key]
 
     monkeypatch.setattr(loading, "load_spec", cached)
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def metrics(run_dir: Path) -> dict:
@@ -107,14 +104,6 @@ def test_bad_image_folder_completes_and_lists_files(tmp_path: Path) -> None:
     report = (run_dir / "report.md").read_text()
     for name in (*skipped, *converted):
         assert name in report, name
-
-
-def assert_clean_failure(result, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
-    err = flat(result.stderr)
-    assert err.startswith("error:") and "Traceback" not in result.output
-    for needle in needles:
-        assert needle in err, err
 
 
 def test_empty_or_unreadable_folder_is_a_clear_error(tmp_path: Path) -> None:

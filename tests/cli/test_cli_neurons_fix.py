@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 import vitreg
+from cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
 from vitreg.data.images import synthetic_images
 from vitreg.fix import TestTimeRegisters, compare_fix
@@ -36,20 +37,8 @@ def model(cached_models: dict):
     return cached_models[SPEC]
 
 
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
-
 def metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
-
-
-def assert_clean_failure(result, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
-    err = flat(result.stderr)
-    assert err.startswith("error:") and "Traceback" not in result.output
-    for needle in needles:
-        assert needle in err, err
 
 
 def the_images(m, n: int = 8) -> torch.Tensor:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.fix.neuron_set import NeuronSet
 
@@ -23,16 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def probe(tmp: Path, *args: str):
     return runner.invoke(app, ["probe", SPEC, *FAST, "--cache", str(tmp / "cache"), *args])
-
-
-def assert_clean_failure(result, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip()
-    assert err.startswith("error:") and "Traceback" not in result.output
-    assert "\n\n" not in err  # one paragraph
-    flat = " ".join(err.split())
-    for needle in needles:
-        assert needle in flat, flat
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from PIL import Image
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+from cli_helpers import flat
 from vitreg.cli import diagnose_cmd, inspect_cmd
 from vitreg.cli.app import app
 from vitreg.errors import InputError
@@ -26,10 +27,6 @@ from vitreg.verbs import diagnose as verb_diagnose
 from vitreg.verbs import loading
 
 runner = CliRunner()
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 @pytest.fixture

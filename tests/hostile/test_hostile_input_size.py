@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 import vitreg
+from cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.errors import InputError
 from vitreg.models.load import offline_hint
@@ -20,15 +21,6 @@ from vitreg.models.loaders.local import save_local
 runner = CliRunner()
 ARCH = "vit_tiny_patch16_224"
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-def clean_failure(result, *needles: str) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and "Traceback" not in result.stderr
-    flat = " ".join(result.stderr.split())
-    for needle in needles:
-        assert needle in flat, flat
-    return flat
 
 
 @pytest.mark.parametrize(
@@ -42,7 +34,7 @@ def clean_failure(result, *needles: str) -> str:
 )
 def test_img_size_the_model_cannot_take_names_the_option(tmp_path: Path, size, needle) -> None:
     args = ["diagnose", f"timm:{ARCH}", "--random-init", "--img-size", size, "--out", str(tmp_path)]
-    flat = clean_failure(runner.invoke(app, args), f"--img-size {size}", needle)
+    flat = assert_clean_failure(runner.invoke(app, args), f"--img-size {size}", needle)
     assert "weights" not in flat
     assert not (tmp_path / "metrics.json").exists()
 
@@ -53,7 +45,9 @@ def test_local_folder_with_another_img_size_blames_the_size_not_the_weights(tmp_
     folder = save_local(module, tmp_path / "m", depth=1, img_size=32)
     for size in ("8", "40"):
         args = ["diagnose", f"local:{folder}", "--img-size", size, "--out", str(tmp_path / size)]
-        flat = clean_failure(runner.invoke(app, args), f"--img-size {size}", "multiple of 16")
+        flat = assert_clean_failure(
+            runner.invoke(app, args), f"--img-size {size}", "multiple of 16"
+        )
         assert "do not fit" not in flat and "the weights in" not in flat
     with pytest.raises(InputError, match="img_size=40"):
         vitreg.load(f"local:{folder}", img_size=40)

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 import vitreg
+from cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.loaders.local import save_local
@@ -64,18 +65,6 @@ class Marker:
 def pickle_file(path: Path, marker: Path) -> Path:
     torch.save({"weight": torch.zeros(1), "evil": Marker(marker)}, path)
     return path
-
-
-def clean_cli_failure(result, *needles: str) -> str:
-    """Exit 2, one paragraph starting with 'error:', no traceback, every needle in it."""
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip()
-    assert err.startswith("error:") and "Traceback" not in result.output, result.output
-    assert "\n\n" not in err
-    flat = "".join(err.split())  # rich wraps long paths anywhere
-    for needle in needles:
-        assert "".join(needle.split()) in flat, err
-    return err
 
 
 def diagnose(folder: Path, *extra: str):
@@ -166,8 +155,8 @@ def test_hostile_config_is_a_named_input_error(folder: Path, case: str) -> None:
 def test_hostile_config_on_the_cli_is_one_paragraph(folder: Path, case: str) -> None:
     cfg, field = HOSTILE_CONFIGS[case]
     write_config(folder, cfg)
-    clean_cli_failure(diagnose(folder), "config.json", field)
-    clean_cli_failure(diagnose(folder, "--random-init"), "config.json", field)
+    assert_clean_failure(diagnose(folder), "config.json", field)
+    assert_clean_failure(diagnose(folder, "--random-init"), "config.json", field)
 
 
 def test_duplicate_keys_are_refused(folder: Path) -> None:
@@ -176,7 +165,7 @@ def test_duplicate_keys_are_refused(folder: Path) -> None:
     with pytest.raises(InputError, match="'depth' twice"):
         vitreg.load(f"local:{folder}")
     (folder / "config.json").write_text(f'{{"architecture": "{ARCH}", "architecture": "x"}}')
-    clean_cli_failure(diagnose(folder), "config.json", "'architecture' twice")
+    assert_clean_failure(diagnose(folder), "config.json", "'architecture' twice")
 
 
 def test_not_json_and_nan_are_refused(folder: Path) -> None:
@@ -252,7 +241,7 @@ def test_weights_symlink_out_of_the_folder_is_refused(folder: Path, tmp_path: Pa
     with pytest.raises(InputError, match="outside the folder") as err:
         vitreg.load(f"local:{folder}")
     assert "model.safetensors" in str(err.value)
-    clean_cli_failure(diagnose(folder), "outside the folder", "model.safetensors")
+    assert_clean_failure(diagnose(folder), "outside the folder", "model.safetensors")
 
 
 def test_config_symlink_out_of_the_folder_is_refused(folder: Path, tmp_path: Path) -> None:
@@ -299,7 +288,7 @@ def test_fix_neuron_path_stays_inside_the_folder(folder: Path, tmp_path: Path) -
     write_config(folder, cfg)
     with pytest.raises(InputError, match="outside the folder"):
         vitreg.load(f"local:{folder}")
-    clean_cli_failure(diagnose(folder), "vitreg_fix.neurons", "outside the folder")
+    assert_clean_failure(diagnose(folder), "vitreg_fix.neurons", "outside the folder")
     # the same set copied into the folder is applied
     for name in ("neurons.json", "neurons.safetensors"):
         (folder / name).unlink()
@@ -349,7 +338,7 @@ def test_pickled_weights_are_one_paragraph_and_never_run(folder: Path, tmp_path:
     with pytest.raises(WeightsError, match="pickled Python objects") as err:
         vitreg.load(f"local:{folder}")
     assert "pytorch_model.bin" in str(err.value) and "\n" not in str(err.value)
-    clean_cli_failure(diagnose(folder), "pytorch_model.bin", "pickled")
+    assert_clean_failure(diagnose(folder), "pytorch_model.bin", "pickled")
     # weights= goes through the same reader (timm's own file loading would unpickle it)
     evil = pickle_file(tmp_path / "evil.pth", marker)
     with pytest.raises(WeightsError, match="pickled"):
@@ -576,7 +565,7 @@ def test_fix_refuses_bad_sets_before_computing(
     out = tmp_path / "run"
     args = ["fix", "planted:dinov2_s14", "--img-size", "112", "--neurons", str(bad)]
     result = runner.invoke(app, [*args, "--limit", "4", "--out", str(out)])
-    clean_cli_failure(result, needle)
+    assert_clean_failure(result, needle)
     assert not (out / "metrics.json").exists()
 
 

@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 import vitreg
+from cli_helpers import assert_clean_failure
 from train_helpers import run
 from vitreg.cli.app import app as vitreg_app
 from vitreg.cli.train_cmd import train_command
@@ -30,16 +31,6 @@ def train(out, *args: str):
     return runner.invoke(app, ["train", "vit_tiny_patch16_224", *MODEL, "--out", str(out), *args])
 
 
-def clean_failure(result, *needles: str) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and "Traceback" not in result.stderr
-    flat = " ".join(result.stderr.split())
-    assert flat.startswith("error:"), flat
-    for needle in needles:
-        assert needle in flat, flat
-    return flat
-
-
 @pytest.mark.parametrize(
     ("device", "needle"),
     [("meta", "meta tensors hold no data"), ("cuda:99", "CUDA"), ("cuda:x", "not a torch device")],
@@ -48,7 +39,7 @@ def test_unusable_device_is_refused_before_training(tmp_path, device, needle) ->
     result = train(
         tmp_path, "--data", "synthetic-cls:n=8,size=32", "--steps", "1", "--device", device
     )
-    clean_failure(result, "--device", needle)
+    assert_clean_failure(result, "--device", needle)
     assert not (tmp_path / "log.jsonl").exists()
     with pytest.raises(InputError, match="--device 'meta'"):
         run("supervised", tmp_path / "lib", device="meta")
@@ -61,7 +52,7 @@ def test_other_verbs_refuse_an_unusable_device_before_loading(tmp_path) -> None:
         result = runner.invoke(
             vitreg_app, [*verb, "--device", "meta", "--out", str(tmp_path / verb[0])]
         )
-        clean_failure(result, "--device", "meta tensors hold no data")
+        assert_clean_failure(result, "--device", "meta tensors hold no data")
 
 
 def test_resume_checks_data_and_total_steps_and_extend_continues(tmp_path) -> None:
@@ -72,13 +63,13 @@ def test_resume_checks_data_and_total_steps_and_extend_continues(tmp_path) -> No
     assert checkpoint["config"]["data"]["spec"] == "synthetic-cls:n=8,size=32"
 
     other_data = train(tmp_path, "--data", "synthetic-cls:n=12,size=32", "--steps", "2")
-    clean_failure(
+    assert_clean_failure(
         other_data, "data: checkpoint", "synthetic-cls:n=8,size=32", "synthetic-cls:n=12,size=32"
     )
     more_steps = train(tmp_path, *data, "--steps", "4")
-    clean_failure(more_steps, "steps: checkpoint 2, now 4", "--extend")
+    assert_clean_failure(more_steps, "steps: checkpoint 2, now 4", "--extend")
     fewer = train(tmp_path, *data, "--steps", "1")
-    clean_failure(fewer, "steps: checkpoint 2, now 1")
+    assert_clean_failure(fewer, "steps: checkpoint 2, now 1")
 
     # a finished run trained again resumes at its end: nothing trained, the last step recorded
     again = train(tmp_path, *data, "--steps", "2")
