@@ -40,13 +40,7 @@ def child(n_images: int, max_new_tokens: int) -> dict:
             model = vitreg.load(f"hf-vlm:{folder}")
         truth = _json.loads((folder / "vitreg_planted.json").read_text())["ground_truth"]
     units = truth["units"]
-    neurons = NeuronSet(
-        [layer for layer, _ in units],
-        [u for _, u in units],
-        [1.0] * len(units),
-        n_layers=model.n_layers,
-        d_mlp=model.d_mlp,
-    )
+    neurons = NeuronSet.from_pairs(units, model)
     images = model.preprocess(synthetic_pil(n_images, 112, 0, 0.3))
     loaded = peak_rss_mb()
     result = run_vlm(

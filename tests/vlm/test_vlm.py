@@ -46,13 +46,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, vitreg.Model, 
         model = vitreg.load(f"hf-vlm:{folder}")
     truth = json.loads((folder / "vitreg_planted.json").read_text())["ground_truth"]
     units = [tuple(u) for u in truth["units"]]
-    neurons = NeuronSet(
-        [layer for layer, _ in units],
-        [u for _, u in units],
-        [1.0] * len(units),
-        n_layers=model.n_layers,
-        d_mlp=model.d_mlp,
-    )
+    neurons = NeuronSet.from_pairs(units, model)
     return folder, model, neurons
 
 

@@ -135,6 +135,19 @@ class NeuronSet:
     def __len__(self) -> int:
         return len(self.units)
 
+    @classmethod
+    def from_pairs(cls, pairs: Any, model: Any = None, score: float = 1.0) -> NeuronSet:
+        """A set of ``(layer, unit)`` pairs, each with ``score`` (e.g. a planted ground truth),
+        sized for ``model`` when given."""
+        pairs = [(int(layer), int(unit)) for layer, unit in pairs]
+        return cls(
+            [layer for layer, _ in pairs],
+            [unit for _, unit in pairs],
+            [score] * len(pairs),
+            n_layers=getattr(model, "n_layers", None),
+            d_mlp=getattr(model, "d_mlp", None),
+        )
+
     def pairs(self) -> list[tuple[int, int]]:
         return list(zip(self.layers, self.units, strict=True))
 
