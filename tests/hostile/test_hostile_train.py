@@ -53,6 +53,17 @@ def test_other_verbs_refuse_an_unusable_device_before_loading(tmp_path) -> None:
             vitreg_app, [*verb, "--device", "meta", "--out", str(tmp_path / verb[0])]
         )
         assert_clean_failure(result, "--device", "meta tensors hold no data")
+    inspect = runner.invoke(vitreg_app, ["inspect", "planted:dinov2_s14", "--device", "meta"])
+    assert_clean_failure(inspect, "--device", "meta tensors hold no data")
+
+
+def test_moving_a_loaded_model_refuses_an_unusable_device() -> None:
+    from vitreg.verbs.loading import move
+
+    model = vitreg.load("timm:vit_tiny_patch16_224", pretrained=False, depth=1, img_size=32)
+    with pytest.raises(InputError, match="--device 'meta': meta tensors hold no data"):
+        move(model, "meta")
+    assert move(model, "cpu") is model
 
 
 def test_resume_checks_data_and_total_steps_and_extend_continues(tmp_path) -> None:

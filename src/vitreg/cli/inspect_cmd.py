@@ -14,6 +14,7 @@ from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, fail
 from vitreg.cli.progress import progress
 from vitreg.core.layout import TokenLayout
+from vitreg.device import check_device
 from vitreg.verbs.loading import load_spec, move
 
 
@@ -108,6 +109,7 @@ def inspect_model(
     if random_init and weights is not None:
         raise fail("--random-init and --weights exclude each other; pass one of them")
     with cli_errors():
+        check_device(device)  # before the model loads
         if weights is not None:
             from vitreg.models.load import check_weights_file
 

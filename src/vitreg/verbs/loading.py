@@ -60,6 +60,9 @@ def move(model: Any, device: str | None) -> Any:
         return model
     import torch
 
+    from vitreg.device import check_device
+
+    check_device(device)  # meta, a missing GPU or a wrong name: the one --device message
     try:
         return model.to(torch.device(device))
     except (RuntimeError, AssertionError) as e:
