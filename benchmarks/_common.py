@@ -6,8 +6,11 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +106,18 @@ def build(name: str, img_size: int, depth: int | None):
     if depth is not None:
         kwargs["depth"] = depth
     return vitreg.load(f"timm:{name}", pretrained=False, **kwargs)
+
+
+def interleaved(
+    arms: dict[str, Callable[[], Any]], repeats: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Time two arms ``repeats`` times each, their order alternating (ABBA) so both see the same
+    machine load; returns every timing and each arm's median, in seconds."""
+    first, second = arms
+    times: dict[str, list[float]] = {first: [], second: []}
+    for r in range(repeats):
+        for arm in (first, second) if r % 2 == 0 else (second, first):
+            t0 = time.perf_counter()
+            arms[arm]()
+            times[arm].append(time.perf_counter() - t0)
+    return times, {arm: statistics.median(ts) for arm, ts in times.items()}

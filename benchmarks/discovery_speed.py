@@ -50,6 +50,7 @@ from _common import (
     build,
     child_flags,
     environment,
+    interleaved,
     peak_rss_mb,
     rss_mb,
     run_child,
@@ -126,15 +127,7 @@ def measure_speed(args: argparse.Namespace) -> dict[str, Any]:
     with torch.inference_mode():  # warm-up: one batch of each arm
         model.module.forward_features(next(synthetic(n, args.batch_size, args.img_size)))
     run_discover(model, min(n, args.batch_size), threshold, args)
-    times: dict[str, list[float]] = {"plain": [], "discover": []}
-    arms = {"plain": plain, "discover": disc}
-    for r in range(args.repeats):
-        order = ("plain", "discover") if r % 2 == 0 else ("discover", "plain")
-        for arm in order:
-            t0 = time.perf_counter()
-            arms[arm]()
-            times[arm].append(time.perf_counter() - t0)
-    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    times, med = interleaved({"plain": plain, "discover": disc}, args.repeats)
     ips = {arm: n / s for arm, s in med.items()}
     neurons = found["set"]
     return {
@@ -312,15 +305,7 @@ def measure_auto_speed(args: argparse.Namespace) -> dict[str, Any]:
             {"phases_s": clock.breakdown(total), "images_made": src.made, "passes": src.passes}
         )
 
-    times: dict[str, list[float]] = {"plain": [], "auto": []}
-    arms = {"plain": plain, "auto": auto}
-    for r in range(args.auto_repeats):
-        order = ("plain", "auto") if r % 2 == 0 else ("auto", "plain")
-        for arm in order:
-            t0 = time.perf_counter()
-            arms[arm]()
-            times[arm].append(time.perf_counter() - t0)
-    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    times, med = interleaved({"plain": plain, "auto": auto}, args.auto_repeats)
     ips = {arm: n / s for arm, s in med.items()}
     phases = {
         name: statistics.median(r["phases_s"][name] for r in rounds)

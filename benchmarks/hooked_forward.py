@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from typing import Any
 
 from _common import (
@@ -24,6 +22,7 @@ from _common import (
     build,
     child_flags,
     environment,
+    interleaved,
     peak_rss_mb,
     rss_mb,
     run_child,
@@ -73,15 +72,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.warmup):
         out, cache = hooked()
     peak_hooked = peak_rss_mb()
-    times: dict[str, list[float]] = {"plain": [], "hooked": []}
-    arms = {"plain": plain, "hooked": hooked}
-    for r in range(args.repeats):
-        order = ("plain", "hooked") if r % 2 == 0 else ("hooked", "plain")
-        for arm in order:
-            t0 = time.perf_counter()
-            arms[arm]()
-            times[arm].append(time.perf_counter() - t0)
-    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    times, med = interleaved({"plain": plain, "hooked": hooked}, args.repeats)
     return {
         "model": name,
         "n_tokens": model.layout.n_tokens,

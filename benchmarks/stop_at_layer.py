@@ -17,11 +17,16 @@ against 3, minus what both pay outside the blocks: patch embedding, caching).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from typing import Any
 
-from _common import add_size_and_out_options, add_timing_options, build, peak_rss_mb, write_result
+from _common import (
+    add_size_and_out_options,
+    add_timing_options,
+    build,
+    interleaved,
+    peak_rss_mb,
+    write_result,
+)
 
 MODEL = "vit_base_patch16_224"
 TARGET = 3.0  # stopped images/s over full images/s
@@ -49,14 +54,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ref = full()
     for _ in range(args.warmup):
         got = stopped()
-    times: dict[str, list[float]] = {"full": [], "stopped": []}
-    for r in range(args.repeats):
-        order = ("full", "stopped") if r % 2 == 0 else ("stopped", "full")
-        for arm in order:
-            t0 = time.perf_counter()
-            arms[arm]()
-            times[arm].append(time.perf_counter() - t0)
-    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    times, med = interleaved(arms, args.repeats)
     return {
         "model": args.model,
         "n_layers": model.n_layers,
