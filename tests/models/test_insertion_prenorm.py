@@ -60,6 +60,11 @@ def timm_clip() -> nn.Module:
         embed_dim=64,
         num_heads=2,
     ).eval()
+    return randomized_prefix_and_pre_norm_(module)
+
+
+def randomized_prefix_and_pre_norm_(module: nn.Module) -> nn.Module:
+    """A seeded random [CLS] token and pre-norm, so a zero register is visibly not zero."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         module.cls_token.copy_(torch.randn(module.cls_token.shape, generator=g))
@@ -73,11 +78,7 @@ def timm_pe_core() -> nn.Module:
     module = timm.create_model(
         "vit_pe_core_tiny_patch16_384", pretrained=False, num_classes=0, depth=2, img_size=32
     ).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        module.cls_token.copy_(torch.randn(module.cls_token.shape, generator=g))
-    randomize_norm_(module.norm_pre, seed=2)
-    return module
+    return randomized_prefix_and_pre_norm_(module)
 
 
 @pytest.mark.parametrize("build", [timm_clip, timm_pe_core], ids=["clip", "pe_core_eva"])
