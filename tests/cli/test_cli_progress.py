@@ -16,6 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import vitreg
+from conftest import HANG_GUARD_S
 from vitreg.cli import train_cmd
 from vitreg.cli.progress import ConsoleProgress
 from vitreg.probe.linear import ProbeConfig, fit_linear
@@ -180,7 +181,7 @@ def test_a_real_pseudo_terminal_sees_the_train_bar_move(tmp_path):
             break
         chunks.append(chunk)
     os.close(leader)
-    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
+    assert proc.wait(timeout=HANG_GUARD_S) == 0, b"".join(chunks).decode(errors="replace")
     text = b"".join(chunks).decode(errors="replace")
     assert "━" in text and "\x1b[" in text  # a live bar, redrawn in place
     assert len(counts(text, 6)) >= 2  # drawn at more than one step
