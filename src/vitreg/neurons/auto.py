@@ -133,7 +133,12 @@ def neuron_rows(neurons: NeuronSet, causal: CausalSelection | None = None) -> li
         row: dict[str, Any] = {"layer": layer, "unit": unit, "score": score}
         if causal is not None and (layer, unit) in causal.effects:
             e = causal.effects[(layer, unit)]
-            row.update(effect_alone=e["alone"], effect_in_set=e["in_set"])
+            row.update(
+                effect_alone=e["alone"],
+                effect_in_set=e["in_set"],
+                effect_alone_at_emergence=e["alone_at_emergence"],
+                persistence=e["persistence"],
+            )
         rows.append(row)
     return rows
 
@@ -213,6 +218,7 @@ def find_neurons(
                 detection.detect_layer,
                 detection.threshold,
                 detection.threshold_value,
+                first_layer=detection.emergence_layer,
                 batch_size=min(batch_size, 16),
                 progress=update,
             )
