@@ -18,6 +18,7 @@ import vitreg
 from vitreg.analysis.diagnose import DiagnoseResult, diagnose
 from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormAnalysis
+from vitreg.errors import RenderError
 from vitreg.report import figures
 from vitreg.report.run import compare_table, write_run
 from vitreg.report.schema import json_schema, resolve, validate_metrics
@@ -218,19 +219,23 @@ def test_missing_analyses_degrade_to_one_line(tmp_path: Path, planted: DiagnoseR
     assert_traceable(doc, only_norms)
 
 
-def test_failed_write_leaves_no_metrics_json(
+def test_failed_rendering_keeps_the_new_results(
     tmp_path: Path, planted_run: Path, planted: DiagnoseResult, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = tmp_path / "run"
-    shutil.copytree(planted_run, run)  # a previous complete run: its metrics.json must go too
+    shutil.copytree(planted_run, run)  # a previous complete run: its report must not survive
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("figure failed")
 
     monkeypatch.setattr(figures, "norm_histograms", broken)
-    with pytest.raises(RuntimeError, match="figure failed"):
-        write_run(run, planted, config={}, command="x")
-    assert not (run / "metrics.json").exists()
+    with pytest.raises(RenderError, match="figure failed") as failed:
+        write_run(run, planted, config={}, command="rendering fails")
+    assert failed.value.saved == str(run / "metrics.json")
+    assert failed.value.again == f"vitreg report {run}"
+    doc = validate_metrics(load_metrics(run))
+    assert doc.command == "rendering fails"  # this run's results, not the previous ones
+    assert not (run / "report.md").exists() and not (run / "report.html").exists()
     assert not list(run.rglob("*.tmp"))
 
 

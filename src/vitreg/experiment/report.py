@@ -452,6 +452,10 @@ def write_report(
     doc = document(
         "experiment", command, described, data, config or s, results, headlines(variants)
     )
+    return write_files(out, doc, lambda: experiment_figures(variants), build_report)
+
+
+def experiment_figures(variants: list[dict[str, Any]]) -> list[Figure]:
+    """[CLS]/patch cosine per block, score against extra parameters, and the training loss."""
     figures = [f for f in (ln_figure(variants), scatter_figure(variants)) if f is not None]
-    figures.append(loss_figure(variants))
-    return write_files(out, doc, build_report(doc, figures), figures)
+    return [*figures, loss_figure(variants)]

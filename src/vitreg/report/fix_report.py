@@ -1,6 +1,6 @@
-"""Run directories of ``vitreg neurons`` and ``vitreg fix``: figures, report.md, config.yaml and
-metrics.json (written last, atomically, after a stale one is removed; every headline number
-names the JSON pointer of the value it repeats in ``results``)."""
+"""Run directories of ``vitreg neurons`` and ``vitreg fix``: config.yaml and metrics.json (first,
+atomically; every headline number names the JSON pointer of the value it repeats in
+``results``), then figures, report.md and report.html."""
 
 from __future__ import annotations
 
@@ -284,10 +284,16 @@ def write_neurons_run(
             )
         )
     doc = document("neurons", command, described, data, config, results, pointers)
-    figures = [neuron_scores(doc["results"]["ranking"], results["chosen_k"])]
-    if results.get("calibration"):
-        figures.append(calibration_curve(doc["results"]["calibration"]))
-    return write_files(Path(out_dir), doc, neurons_report(doc, figures), figures)
+    return write_files(Path(out_dir), doc, lambda: neurons_figures(doc), neurons_report)
+
+
+def neurons_figures(doc: dict[str, Any]) -> list[Figure]:
+    """The discovery scores and, when top-k was calibrated, the calibration curve."""
+    r = doc["results"]
+    figures = [neuron_scores(r["ranking"], r["chosen_k"])]
+    if r.get("calibration"):
+        figures.append(calibration_curve(r["calibration"]))
+    return figures
 
 
 # vitreg fix -----------------------------------------------------------------------------------
@@ -629,6 +635,11 @@ def write_fix_run(
                 )
             )
     doc = document("fix", command, described, data, config, results, pointers)
+    return write_files(Path(out_dir), doc, lambda: fix_figures(comparison, doc, images), fix_report)
+
+
+def fix_figures(comparison: Any, doc: dict[str, Any], images: Any) -> list[Figure]:
+    """Norm maps, feature pictures and attention maps before/after, and the norm curves."""
     shown = display_images(images)
     figures = [fix_norm_maps(comparison, shown), fix_norm_curves(doc["results"])]
     attention = fix_attention_maps(comparison, shown)
@@ -637,4 +648,4 @@ def write_fix_run(
     pictures = fix_feature_pictures(comparison, shown)
     if pictures is not None:
         figures.insert(1, pictures)
-    return write_files(Path(out_dir), doc, fix_report(doc, figures), figures)
+    return figures

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,11 +223,12 @@ def write_probe_run(
     described: dict[str, Any],
     config: dict[str, Any],
     command: str,
-    figures: Sequence[Figure] = (),
+    figures: Sequence[Figure] | Callable[[], Sequence[Figure]] = (),
 ) -> Path:
-    """Write figures, config.yaml, report.md, report.html and (last) metrics.json of one probe
-    run."""
+    """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
+    results are saved), report.md and report.html of one probe run."""
     doc = document(
         "probe", command, described, data_block(results), config, results, headlines(results)
     )
-    return write_files(Path(out_dir), doc, probe_report(doc, figures), list(figures))
+    draw = figures if callable(figures) else lambda: figures
+    return write_files(Path(out_dir), doc, draw, probe_report)

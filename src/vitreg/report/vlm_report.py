@@ -197,11 +197,15 @@ def write_vlm_run(
     images: np.ndarray | None = None,
     layer_maps: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Figures, report.md, report.html, config.yaml and (last) metrics.json of one vlm run;
+    """config.yaml and metrics.json, then figures, report.md and report.html of one vlm run;
     ``images`` ``[n, H, W, 3]`` in [0, 1] under the maps, ``layer_maps`` (``before``/``after``
     ``[L, h, w]`` of image 0) for the per-layer figure."""
     doc = document("vlm", command, described, data, config, results, headlines(results))
-    figures = map_figures(doc["results"], images)
-    if layer_maps is not None:
-        figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
-    return write_files(Path(out_dir), doc, vlm_report(doc, figures), figures)
+
+    def draw() -> list[Figure]:
+        figures = map_figures(doc["results"], images)
+        if layer_maps is not None:
+            figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
+        return figures
+
+    return write_files(Path(out_dir), doc, draw, vlm_report)
