@@ -10,6 +10,7 @@ there are. Folders that are not runs are skipped with a note.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
+from vitreg.report.fields import dig, finite
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
 from vitreg.report.run_files import again_command, rendering, save_figures, write_report
@@ -192,11 +194,12 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
     fig = new_canvas(7.0, 4.8)
     rate_ax, ratio_ax = fig.subplots(2, 1, sharex=True)
     for i, (label, layers) in enumerate(curves):
-        x = [lo["layer"] for lo in layers]
-        rates = [100 * (lo["outlier_rate"].get(CURVE_RULE) or 0.0) for lo in layers]
+        x = [dig(lo, "layer") for lo in layers]
+        rates = [100 * (dig(lo, "outlier_rate", CURVE_RULE) or 0.0) for lo in layers]
+        ratios = [dig(lo, "max_over_median") for lo in layers]
         colour = f"C{i % 10}"
         rate_ax.plot(x, rates, marker=".", color=colour, label=label)
-        ratio_ax.plot(x, [lo["max_over_median"] for lo in layers], marker=".", color=colour)
+        ratio_ax.plot(x, [r if finite(r) else math.nan for r in ratios], marker=".", color=colour)
     rate_ax.set_ylabel(f"outlier rate ({CURVE_RULE}, %)")
     ratio_ax.set_ylabel("max / median patch norm")
     ratio_ax.set_yscale("log")
