@@ -239,6 +239,25 @@ def test_failed_rendering_keeps_the_new_results(
     assert not list(run.rglob("*.tmp"))
 
 
+@pytest.mark.parametrize("fails", ["figures", "report"])
+def test_the_writer_of_every_other_verb_saves_the_results_first(
+    tmp_path: Path, planted_run: Path, fails: str
+) -> None:
+    """neurons, fix, probe, vlm, experiment and train all write through write_files."""
+    from vitreg.report.run_files import write_files
+
+    def broken(*args: object) -> list:
+        raise ValueError(f"{fails} failed")
+
+    doc = load_metrics(planted_run)
+    draw, build = (broken, None) if fails == "figures" else (lambda: [], broken)
+    with pytest.raises(RenderError, match=f"{fails} failed") as failed:
+        write_files(tmp_path / "run", doc, draw, build)
+    assert failed.value.again == f"vitreg report {tmp_path / 'run'}"
+    assert load_metrics(tmp_path / "run") == doc and (tmp_path / "run" / "config.yaml").is_file()
+    assert not (tmp_path / "run" / "report.md").exists()
+
+
 def test_compare_table_rows_come_from_the_results(
     planted: DiagnoseResult, unplanted: DiagnoseResult
 ) -> None:

@@ -69,11 +69,8 @@ def document(
     return validate_metrics(doc).model_dump(mode="json")
 
 
-REPORTS = (
-    "report.md",
-    "report.html",
-    "comparison.md",
-)  # what a rendering writes beside the results
+# what a rendering writes beside the results
+REPORTS = ("report.md", "report.html", "comparison.md")
 CAPTIONS = "figures.json"  # in figures/: each figure's name and caption, read by `vitreg report`
 Builder = Callable[[dict[str, Any], list[Figure]], Report]  # a verb's report from doc and figures
 
@@ -116,15 +113,17 @@ def save_figures(out: Path, figures: Sequence[Figure], formats: Sequence[str] = 
 
 def saved_figures(out: Path) -> list[Figure]:
     """The figures a run saved in ``out/figures`` with their captions (a run written before
-    captions were saved: each PNG, its name as caption)."""
+    captions were saved: each PNG, its name as caption); only files inside that folder."""
     folder = out / "figures"
     index = folder / CAPTIONS
     if index.is_file():
-        listed = [(f["name"], f["caption"]) for f in json.loads(index.read_text())]
+        listed = [(str(f["name"]), str(f["caption"])) for f in json.loads(index.read_text())]
     else:
         listed = [(p.stem, p.stem) for p in sorted(folder.glob("*.png"))]
-    pngs = {name: folder / f"{name}.png" for name, _ in listed}
-    return [Figure(n, c, pngs[n].read_bytes()) for n, c in listed if pngs[n].is_file()]
+    pngs = {name: folder / f"{name}.png" for name, _ in listed if Path(name).name == name}
+    return [
+        Figure(n, c, pngs[n].read_bytes()) for n, c in listed if n in pngs and pngs[n].is_file()
+    ]
 
 
 def write_report(
