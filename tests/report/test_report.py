@@ -258,6 +258,23 @@ def test_the_writer_of_every_other_verb_saves_the_results_first(
     assert not (tmp_path / "run" / "report.md").exists()
 
 
+def test_a_model_comparison_renders_again_as_written(
+    tmp_path: Path, planted_run: Path, planted: DiagnoseResult
+) -> None:
+    from vitreg.report.compare import write_model_comparison
+    from vitreg.verbs.report import render_again
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        shutil.copytree(planted_run, d)
+    write_model_comparison(tmp_path, [("a", planted), ("b", planted)], dirs)
+    written = (tmp_path / "comparison.md").read_text()
+    (tmp_path / "comparison.md").unlink()
+    assert render_again(tmp_path) == [tmp_path / "comparison.md", tmp_path / "report.html"]
+    assert (tmp_path / "comparison.md").read_text() == written
+    assert "figures/model_curves.png" in written
+
+
 def test_compare_table_rows_come_from_the_results(
     planted: DiagnoseResult, unplanted: DiagnoseResult
 ) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
-from vitreg.report.fields import dig, finite
+from vitreg.report.fields import as_list, dig, finite
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
 from vitreg.report.run_files import again_command, rendering, save_figures, write_report
@@ -324,16 +324,30 @@ def write_model_comparison(
 def render_comparison_again(folder: Path) -> list[Path]:
     """comparison.md and report.html of the comparison in ``folder`` rendered again from its
     comparison.json (the curves from the runs' metrics.json where they still exist)."""
-    data = load_metrics(folder / "comparison.json")
+    path = folder / "comparison.json"
+    data = load_metrics(path)
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), list) for k in ("runs", "rows")
+    ):
+        raise InputError(
+            f"{path} is not a comparison written by vitreg (it lists no runs and rows)"
+        )
     if data.get("verb") == "compare":
-        runs = [Path(s["run"]) for s in data["sources"]]
+        runs: list[Path | None] = [Path(str(dig(s, "run"))) for s in as_list(data.get("sources"))]
         draw = compare_report
-    else:
-        runs = [folder / m["run_dir"] for m in data["runs"]]
+    else:  # the per-model folders of `diagnose --models`, inside this one
+        names = [str(dig(m, "run_dir")) for m in data["runs"]]
+        runs = [folder / n if Path(n).name == n else None for n in names]
         draw = model_comparison_report
-    documents = [found[0][1] if (found := load_runs([r])[0]) else {} for r in runs]
-    with rendering(folder, folder / "comparison.json", again_command(folder)):
+    documents = [_saved_document(r) for r in runs]
+    with rendering(folder, path, again_command(folder)):
         report, figures = draw(data, documents)
         save_figures(folder, figures)
         write_report(folder, report, figures, markdown="comparison.md")
     return [folder / "comparison.md", folder / "report.html"]
+
+
+def _saved_document(run: Path | None) -> dict[str, Any]:
+    """The metrics.json document of ``run``, or an empty one (no curve) where it is gone."""
+    found = load_runs([run])[0] if run is not None else []
+    return found[0][1] if found else {}
