@@ -192,9 +192,11 @@ def test_interrupted_run_leaves_no_metrics(tmp_path: Path, monkeypatch: pytest.M
     assert not (run_dir / "metrics.json").exists()
 
 
-def test_crash_while_writing_leaves_no_metrics(
+def test_crash_while_rendering_keeps_the_new_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from vitreg.errors import RenderError
+
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.json").write_text('{"stale": true}')  # from an earlier run
@@ -205,9 +207,11 @@ def test_crash_while_writing_leaves_no_metrics(
     monkeypatch.setattr("vitreg.report.html.render_html", boom)  # after figures and report.md
     args = ["--debug", "diagnose", *SIZE, "--limit", "2", "--out", str(run_dir)]  # the raw error
     result = runner.invoke(app, args)
-    assert isinstance(result.exception, RuntimeError)
-    assert (run_dir / "report.md").is_file()
-    assert not (run_dir / "metrics.json").exists()
+    assert isinstance(result.exception, RenderError)
+    assert isinstance(result.exception.__cause__, RuntimeError)
+    assert not (run_dir / "report.md").exists()  # no report beside results it does not show
+    doc = json.loads((run_dir / "metrics.json").read_text())
+    assert doc["verb"] == "diagnose" and "stale" not in doc
 
 
 @pytest.mark.slow

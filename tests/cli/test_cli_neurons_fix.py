@@ -69,7 +69,7 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
     assert "embedded demo" in out and "synthetic" in out and "6 images for discovery" in out
     for name in ("neurons.json", "neurons.safetensors", "report.md", "report.html", "metrics.json"):
         assert (run_dir / name).is_file(), name
-    figures = {p.name for p in (run_dir / "figures").iterdir()}
+    figures = {p.name for p in (run_dir / "figures").glob("*.png")}
     assert figures == {"neuron_scores.png", "calibration_curve.png"}
     assert "SYNTHETIC" in (run_dir / "report.md").read_text().splitlines()[0]
     m = metrics(run_dir)
@@ -103,7 +103,7 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
 def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run, cached_models):
     run_dir, _, result = fix_run
     assert result.exit_code == 0, result.output
-    figures = {p.name for p in (run_dir / "figures").iterdir()}
+    figures = {p.name for p in (run_dir / "figures").glob("*.png")}
     assert figures == {
         "fix_norm_maps.png",
         "fix_attention_maps.png",

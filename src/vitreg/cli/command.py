@@ -9,8 +9,8 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
-from vitreg.cli.output import bug, fail
-from vitreg.errors import VitregError
+from vitreg.cli.output import bug, fail, render_failed
+from vitreg.errors import RenderError, VitregError
 
 
 def _plain_flags(params: list[Any]) -> list[Any]:
@@ -30,8 +30,9 @@ class VitregCommand(TyperCommand):
 
 class VitregGroup(TyperGroup):
     """The ``vitreg`` app (and its sub-apps): vitreg's own errors exit 2 with their message; any
-    other exception is a bug, reported in one paragraph with exit 1, unless ``--debug`` asks for
-    the traceback."""
+    other exception is a bug, reported in one paragraph with exit 1 (a rendering failure also
+    says where the results are saved and how to render them again), unless ``--debug`` asks
+    for the traceback."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain_flags(super().get_params(ctx))
@@ -43,6 +44,10 @@ class VitregGroup(TyperGroup):
             raise  # usage errors, exits and aborts keep their own handling
         except VitregError as e:
             raise fail(str(e)) from None
+        except RenderError as e:
+            if debug_requested(ctx):
+                raise
+            raise render_failed(e) from None
         except Exception as e:
             if debug_requested(ctx):
                 raise

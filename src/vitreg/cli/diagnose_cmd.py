@@ -112,9 +112,15 @@ def run_diagnose(cfg: Any) -> None:
         with cli_errors():
             run = diagnose(cfg, progress, show_notice)
     except Interrupted as e:
-        err_console.print(
-            f"[red]interrupted: no metrics.json was written for {escape(e.spec)}[/red]"
+        from vitreg.report.run_files import again_command
+
+        done = (
+            f"the results of {e.spec} are saved in {e.saved}; `{again_command(e.saved.parent)}` "
+            "renders its report"
+            if e.saved is not None
+            else f"no metrics.json was written for {e.spec}"
         )
+        err_console.print(f"[red]interrupted: {escape(done)}[/red]")
         raise typer.Exit(code=130) from None
     show_summary(run.labelled)
     if run.comparison is not None:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from vitreg.errors import VitregError
+from vitreg.errors import RenderError, VitregError
 from vitreg.verbs.result import Notice
 
 RANK = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 prints (errors: every rank)
@@ -38,6 +38,20 @@ def bug(e: BaseException) -> typer.Exit:
         Text(
             f"error: this is a bug in vitreg, please report it ({what}); rerun with "
             "`vitreg --debug <command> ...` for the traceback",
+            style="red",
+        )
+    )
+    return typer.Exit(code=1)
+
+
+def render_failed(e: RenderError) -> typer.Exit:
+    """Print a rendering failure (a bug, after the results were saved) on stderr: where the
+    results are and the command that renders the report again; return the exit (code 1)."""
+    _errors.print(
+        Text(
+            f"error: this is a bug in vitreg, please report it: rendering the report failed "
+            f"({e.cause}). The results are saved in {e.saved}; `{e.again}` renders the report "
+            "again from them. Rerun with `vitreg --debug <command> ...` for the traceback.",
             style="red",
         )
     )

@@ -1,24 +1,27 @@
 """Comparisons of several runs: ``vitreg compare RUN...`` and ``vitreg diagnose --models``.
 
-Both write the same files to one folder: comparison.md and report.html (the wide table, one
-column per run, and per-model curves of diagnose runs), comparison.json (the rows) and
-figures/. The console shows the long format (run, metric, value, direction), which fits 100
-columns however many runs there are. Folders that are not runs are skipped with a note.
+Both write the same files to one folder: comparison.json (the rows) first, then figures/,
+comparison.md and report.html (the wide table, one column per run, and per-model curves of
+diagnose runs), which ``vitreg report FOLDER`` renders again from comparison.json. The console
+shows the long format (run, metric, value, direction), which fits 100 columns however many runs
+there are. Folders that are not runs are skipped with a note.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitreg.core.io import write_json_atomic, write_text_atomic
+from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
+from vitreg.report.fields import as_list, dig, finite
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
-from vitreg.report.markdown import render_markdown as _render_markdown
+from vitreg.report.run_files import again_command, rendering, save_figures, write_report
 from vitreg.report.schema import resolve
 
 DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
@@ -191,11 +194,12 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
     fig = new_canvas(7.0, 4.8)
     rate_ax, ratio_ax = fig.subplots(2, 1, sharex=True)
     for i, (label, layers) in enumerate(curves):
-        x = [lo["layer"] for lo in layers]
-        rates = [100 * (lo["outlier_rate"].get(CURVE_RULE) or 0.0) for lo in layers]
+        x = [dig(lo, "layer") for lo in layers]
+        rates = [100 * (dig(lo, "outlier_rate", CURVE_RULE) or 0.0) for lo in layers]
+        ratios = [dig(lo, "max_over_median") for lo in layers]
         colour = f"C{i % 10}"
         rate_ax.plot(x, rates, marker=".", color=colour, label=label)
-        ratio_ax.plot(x, [lo["max_over_median"] for lo in layers], marker=".", color=colour)
+        ratio_ax.plot(x, [r if finite(r) else math.nan for r in ratios], marker=".", color=colour)
     rate_ax.set_ylabel(f"outlier rate ({CURVE_RULE}, %)")
     ratio_ax.set_ylabel("max / median patch norm")
     ratio_ax.set_yscale("log")
@@ -241,35 +245,60 @@ def comparison_report(
 
 def write_comparison(
     out: Path,
-    report: Report,
     data: dict[str, Any],
-    figures: list[Figure],
+    draw: Callable[[], tuple[Report, list[Figure]]],
     figure_format: str | None = None,
 ) -> Path:
-    """Figures, comparison.md, report.html and comparison.json in ``out``; the Markdown's path."""
-    from vitreg.report.html import render_html
-
+    """comparison.json first, then ``draw()``'s figures, comparison.md and report.html in
+    ``out`` (a failure while rendering raises RenderError with comparison.json saved); the
+    Markdown's path."""
     out.mkdir(parents=True, exist_ok=True)
-    for fig in figures:
-        fig.save(out / "figures", figure_formats({"figure_format": figure_format}))
-    write_text_atomic(out / "report.html", render_html(report, figures, None))
-    write_json_atomic(out / "comparison.json", data)
-    return write_text_atomic(out / "comparison.md", _render_markdown(report))
+    saved = write_json_atomic(out / "comparison.json", data)
+    with rendering(out, saved, again_command(out)):
+        report, figures = draw()
+        save_figures(out, figures, figure_formats({"figure_format": figure_format}))
+        write_report(out, report, figures, markdown="comparison.md")
+    return out / "comparison.md"
+
+
+def compare_report(
+    data: dict[str, Any], documents: Sequence[dict[str, Any]]
+) -> tuple[Report, list[Figure]]:
+    """The report of ``vitreg compare`` from its comparison.json ``data`` and the runs'
+    documents (an empty one where a run is gone: no curve for it)."""
+    curves = layer_curves(list(zip(data["runs"], documents, strict=True)))
+    figures = [curves] if curves is not None else []
+    runs = [
+        f"- {code(label)}: {code(s['command'] or s['run'])}"
+        for label, s in zip(data["runs"], data["sources"], strict=True)
+    ]
+    table = wide_table(data)
+    return comparison_report("vitreg compare", table, runs, figures, data["skipped"]), figures
 
 
 def write_compare(out: Path, merged: dict[str, Any], figure_format: str | None = None) -> Path:
     """The files of ``vitreg compare`` (the wide table, curves of diagnose runs) in ``out``."""
-    curves = layer_curves(list(zip(merged["runs"], merged["documents"], strict=True)))
+    data = {"verb": "compare", **{k: v for k, v in merged.items() if k != "documents"}}
+    draw = lambda: compare_report(data, merged["documents"])  # noqa: E731
+    return write_comparison(out, data, draw, figure_format)
+
+
+def model_comparison_report(
+    data: dict[str, Any], documents: Sequence[dict[str, Any]]
+) -> tuple[Report, list[Figure]]:
+    """The report of ``vitreg diagnose --models`` from its comparison.json ``data`` and each
+    model's document: the cross-model table, per-model curves, a link to each run directory."""
+    from vitreg.report.run import rows_table
+
+    curves = layer_curves([(m["model"], d) for m, d in zip(data["runs"], documents, strict=True)])
     figures = [curves] if curves is not None else []
     runs = [
-        f"- {code(label)}: {code(s['command'] or s['run'])}"
-        for label, s in zip(merged["runs"], merged["sources"], strict=True)
+        f"- {code(m['model'])}: [{m['run_dir']}/report.md]({m['run_dir']}/report.md), "
+        f"[{m['run_dir']}/report.html]({m['run_dir']}/report.html)"
+        for m in data["runs"]
     ]
-    report = comparison_report(
-        "vitreg compare", wide_table(merged), runs, figures, merged["skipped"]
-    )
-    data = {"verb": "compare", **{k: v for k, v in merged.items() if k != "documents"}}
-    return write_comparison(out, report, data, figures, figure_format)
+    title = "vitreg diagnose: model comparison"
+    return comparison_report(title, rows_table(data["rows"]), runs, figures), figures
 
 
 def write_model_comparison(
@@ -280,20 +309,45 @@ def write_model_comparison(
 ) -> Path:
     """The files of ``vitreg diagnose --models`` in ``parent``: the cross-model table, the
     per-model curves and a link to each model's run directory."""
-    from vitreg.report.run import model_table
+    from vitreg.report.run import model_rows
     from vitreg.report.schema import plain
 
-    table, rows = model_table(list(labelled))
-    curves = layer_curves([(label, {"results": plain(r.to_dict())}) for label, r in labelled])
-    figures = [curves] if curves is not None else []
     meta = [
         {"model": label, "run_dir": d.name} for (label, _), d in zip(labelled, dirs, strict=True)
     ]
-    runs = [
-        f"- {code(m['model'])}: [{m['run_dir']}/report.md]({m['run_dir']}/report.md), "
-        f"[{m['run_dir']}/report.html]({m['run_dir']}/report.html)"
-        for m in meta
-    ]
-    report = comparison_report("vitreg diagnose: model comparison", table, runs, figures)
-    data = {"verb": "diagnose", "runs": meta, "rows": rows}
-    return write_comparison(parent, report, data, figures, figure_format)
+    data = {"verb": "diagnose", "runs": meta, "rows": model_rows(list(labelled))}
+    documents = [{"results": plain(r.to_dict())} for _, r in labelled]
+    draw = lambda: model_comparison_report(data, documents)  # noqa: E731
+    return write_comparison(parent, data, draw, figure_format)
+
+
+def render_comparison_again(folder: Path) -> list[Path]:
+    """comparison.md and report.html of the comparison in ``folder`` rendered again from its
+    comparison.json (the curves from the runs' metrics.json where they still exist)."""
+    path = folder / "comparison.json"
+    data = load_metrics(path)
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), list) for k in ("runs", "rows")
+    ):
+        raise InputError(
+            f"{path} is not a comparison written by vitreg (it lists no runs and rows)"
+        )
+    if data.get("verb") == "compare":
+        runs: list[Path | None] = [Path(str(dig(s, "run"))) for s in as_list(data.get("sources"))]
+        draw = compare_report
+    else:  # the per-model folders of `diagnose --models`, inside this one
+        names = [str(dig(m, "run_dir")) for m in data["runs"]]
+        runs = [folder / n if Path(n).name == n else None for n in names]
+        draw = model_comparison_report
+    documents = [_saved_document(r) for r in runs]
+    with rendering(folder, path, again_command(folder)):
+        report, figures = draw(data, documents)
+        save_figures(folder, figures)
+        write_report(folder, report, figures, markdown="comparison.md")
+    return [folder / "comparison.md", folder / "report.html"]
+
+
+def _saved_document(run: Path | None) -> dict[str, Any]:
+    """The metrics.json document of ``run``, or an empty one (no curve) where it is gone."""
+    found = load_runs([run])[0] if run is not None else []
+    return found[0][1] if found else {}

@@ -31,7 +31,7 @@ def write_train_run(
     config: dict[str, Any],
     command: str,
 ) -> Path:
-    """config.yaml and (last) metrics.json of a finished training run in ``out_dir``.
+    """config.yaml and metrics.json of a finished training run in ``out_dir`` (no report).
 
     ``data`` is the data block (:func:`vitreg.train.data.describe_training_data`: usable
     samples, skips by reason, warnings) or, as before, the spec alone with ``n_samples``."""
@@ -64,4 +64,4 @@ def write_train_run(
         results,
         headlines,
     )
-    return write_files(Path(out_dir), doc, None, [])
+    return write_files(Path(out_dir), doc)

@@ -115,7 +115,8 @@ def run_diagnose(
         try:
             labelled.append((spec, diagnose_one(cfg, spec, target, device, progress, notices)))
         except KeyboardInterrupt:
-            raise Interrupted(spec) from None
+            saved = target / "metrics.json"  # check_out left no earlier one
+            raise Interrupted(spec, saved if saved.is_file() else None) from None
         dirs.append(target)
     comparison = None
     if len(specs) > 1 and is_main():

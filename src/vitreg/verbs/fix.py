@@ -134,7 +134,7 @@ def write(
     command: str,
     progress: Progress,
 ) -> None:
-    """The report, config.yaml and metrics.json (last) of one fix."""
+    """config.yaml and metrics.json, then the report, of one fix."""
     from vitreg.report.fix_report import write_fix_run
 
     with progress(None, "writing the report"):

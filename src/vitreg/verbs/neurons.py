@@ -18,7 +18,7 @@ def run_neurons(
     cfg: NeuronsConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> NeuronsRun:
     """Discover the register neurons of ``cfg``'s model and write the run directory
-    (neurons.json + neurons.safetensors, the report, metrics.json last)."""
+    (neurons.json + neurons.safetensors, metrics.json, then the report)."""
     from vitreg.distributed import on_main
 
     notices = Notices(on_notice)
@@ -40,7 +40,7 @@ def write(
     command: str,
     progress: Progress,
 ) -> None:
-    """The NeuronSet files, then the report (metrics.json last)."""
+    """The NeuronSet files, then metrics.json and the report."""
     from vitreg.report.fix_report import write_neurons_run
 
     data = {**source.description(), "split": found.split}

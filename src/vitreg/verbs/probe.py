@@ -103,7 +103,7 @@ def run_probe(
         from vitreg.report.probe_report import write_probe_run
 
         with progress(None, "writing the report"):
-            figures = probe_figures(result, doc)
-            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, figures)
+            draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)
+            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, draw)
     document = read_document(run_dir / "metrics.json")
     return ProbeRun("probe", run_dir, document, notices.items, probe=doc)

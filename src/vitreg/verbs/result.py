@@ -118,8 +118,9 @@ class VlmRun(VerbResult):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during the run of ``spec``: nothing was written for it (no metrics.json)."""
+    """Ctrl-C during the run of ``spec``: no metrics.json was written for it, unless the
+    analysis had finished and ``saved`` is its metrics.json (then only the report is missing)."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, saved: Path | None = None) -> None:
         super().__init__(spec)
-        self.spec = spec
+        self.spec, self.saved = spec, saved
