@@ -34,6 +34,7 @@ the last block that reads them.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -134,6 +135,15 @@ def _circuit_plan(
     return plan, groups
 
 
+@functools.lru_cache(maxsize=16)
+def _calibration_images(n: int, size: int) -> torch.Tensor:
+    """The synthetic calibration images (made once per count and size: a family of circuits
+    reuses them); callers must not write into them."""
+    from vitreg.testing.images import synthetic_images
+
+    return synthetic_images(n, size, seed=12345)
+
+
 def _hat(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     """LayerNorm without its affine part: every token has norm ``sqrt(d)``."""
     c = x - x.mean(-1, keepdim=True)
@@ -181,8 +191,6 @@ class _Planter:
         g: torch.Generator,
         sinks: bool = True,
     ) -> None:
-        from vitreg.testing.images import synthetic_images
-
         self.module, self.spec, self.plan, self.g = module, spec, plan, g
         self.units = units  # each group's units
         self.rule, self.sinks = rule, sinks
@@ -191,7 +199,7 @@ class _Planter:
         mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
         std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
         n_img = min(max(math.ceil(_CALIB_TOKENS / _layout(module).n_patches), 2), 16)
-        x = (synthetic_images(n_img, size, seed=12345) - mean) / std
+        x = (_calibration_images(n_img, size) - mean) / std
         clear = ~rule.ambiguous(x, 0.1).flatten(1)  # clear of the threshold
         selected = rule.mask(x).flatten(1)
         self.flat, self.textured = selected & clear, ~selected & clear
