@@ -126,10 +126,10 @@ def test_harness_scores_a_circuit_the_path_solves() -> None:
     clean on fresh images at every block, and the cost recorded."""
     from vitreg.experiment.plant_family import score_circuit
 
-    row = score_circuit(7)
+    row = score_circuit(18)
     _consistent(row)
     assert row["outcome"] == "exact", row
-    assert row["readers_chosen"] == row["distractors_chosen"] == 0
+    assert row["readers_chosen"] == row["distractors_chosen"] == row["helpers_chosen"] == 0
     assert row["causal_passes"] > 0 and row["seconds"] > 0
 
 

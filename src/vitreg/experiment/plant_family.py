@@ -6,7 +6,8 @@ chooses with no settings, against the planted ground truth.
 behind ``vitreg neurons``), and measures, on fresh images neither discovery nor calibration saw:
 
 * precision and recall of the chosen set against the causal units; readers and distractors
-  chosen (must be 0);
+  chosen (must be 0), units of the upstream flag circuit (``helper_units``) and unplanted units
+  chosen;
 * the after-fix verdict at every block (the presence test of ``vitreg diagnose``) and the
   max/median patch norm at the path's detection block, against the unplanted model's;
 * whether the path's own status agrees: "clean" exactly when the fresh images are clean;
@@ -71,6 +72,7 @@ def score_circuit(
     causal = set(truth.causal_units)
     readers = set(truth.reader_units)
     distractors = {(layer, unit) for layer, unit, _ in truth.distractor_units}
+    helpers = {(layer, unit) for layer, unit, _ in truth.helper_units}
     row: dict[str, Any] = {
         "seed": seed,
         "arch": s.arch,
@@ -119,6 +121,8 @@ def score_circuit(
         recall=hit / len(causal),
         readers_chosen=len(chosen & readers),
         distractors_chosen=len(chosen & distractors),
+        helpers_chosen=len(chosen & helpers),
+        others_chosen=len(chosen - causal - readers - distractors - helpers),
         missed=sorted([list(u) for u in causal - chosen]),
         status=status,
         detect_layer=detect,

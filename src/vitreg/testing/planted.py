@@ -303,9 +303,10 @@ class GroundTruth:
     Roles: ``causal_units`` is the minimal set whose zeroing removes the outliers;
     ``reader_units`` fire because a token already is an outlier (they read its direction) and
     reinforce it; ``units`` is causal + reader units. ``distractor_units`` are
-    ``(layer, unit, kind)`` with kind "texture" (fire on textured patches) or "cls" (fire on
-    [CLS] only); they do not touch the outliers. ``emergence_layer`` is the first block whose
-    output shows the outlier mode (the last causal block; = ``first_outlier_layer``).
+    ``(layer, unit, kind)`` with kind "texture" (fire on textured patches), "cls" (fire on
+    [CLS] only) or "position" (fire on textured patches at fixed positions); they do not touch
+    the outliers. ``emergence_layer`` is the first block whose
+    output shows the outlier mode (= ``first_outlier_layer``; causal blocks may follow it).
     """
 
     name: str
