@@ -13,8 +13,9 @@ checks, on patches clear of the rule's threshold:
 * **distractors**: silent on the selected patches, and zeroing them moves the selected patches'
   norms by under 5% at every block from emergence on;
 * **together**: each weak unit (a causal unit before the emergence block, at most 2 checked)
-  alone, the other causal units and the readers zeroed, leaves the model as clean as the
-  unplanted one (readers amplify any write along ``v`` they see, a weak one's too).
+  alone, the other causal units and the readers zeroed, makes no outlier: the selected patches'
+  median ratio stays under ``0.75 x MODE_RATIO`` at every block (readers amplify any write along
+  ``v`` they see, a weak one's too).
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ def check_circuit(
     weak = [u for u in causal if u[0] < e][:2]
     for u in weak:
         others = [v for v in causal if v != u] + readers
-        alone = _max_over_median(_run(module, images, zero=others).norms)
-        bad = [i for i in range(n) if alone[i] > CLEAN * control[i]]
+        alone = [_median_ratio(nm, sel) for nm in _run(module, images, zero=others).norms]
+        bad = [i for i in range(n) if alone[i] >= cut]
         c.expect(not bad, f"weak unit {u} alone makes outliers at blocks {bad}")
     c.figures["weak_checked"] = [list(u) for u in weak]
     return c

@@ -19,7 +19,7 @@ circuit planted into it with the machinery of :mod:`vitreg.testing.planted_circu
   already are outliers) writing along it or along another direction; texture, [CLS]-only and
   position-tied distractors;
 * the token rule: flat patches (texture energy < 0.05), low-variance patches (< 0.10-0.16), a
-  few fixed grid positions, or a random subset of positions; attention sinks or none.
+  few fixed grid positions, or a random subset (5-15%) of positions; attention sinks or none.
 
 ``random_unplanted`` is the same architecture and random weights without the plant. Seeds 0-4
 are pinned to the cases the issue names (:data:`FEATURED`); every other seed samples freely.
@@ -216,7 +216,7 @@ def sample(seed: int, arch: str | None = None, **ranges: Any) -> Sample:
         corners = (0, side - 1, n - side, n - 1, (side // 2) * side + side // 2)
         positions = tuple(sorted(corners[i] for i in torch.randperm(5, generator=g)[:3].tolist()))
     elif rule == "random":
-        k = max(2, round(_uniform(g, 0.15, 0.3) * side * side))
+        k = max(2, round(_uniform(g, 0.05, 0.15) * side * side))
         positions = tuple(sorted(torch.randperm(side * side, generator=g)[:k].tolist()))
     sinks = bool(torch.rand(1, generator=g) < r.sink)
     options = Options(threshold, positions, rule, dirs, sinks, tied)
