@@ -218,7 +218,8 @@ def find_neurons(
                 detection.detect_layer,
                 detection.threshold,
                 detection.threshold_value,
-                first_layer=detection.emergence_layer,
+                first_layer=detection.first_written,
+                emergence_layer=detection.emergence_layer,
                 batch_size=min(batch_size, 16),
                 progress=update,
             )

@@ -41,7 +41,9 @@ from vitreg.models.model import Model, iter_batches
 Unit = tuple[int, int]
 READER_PERSISTENCE = 0.3  # a unit below this share of its base activation on the outliers,
 # with the rest of the set zeroed, fires because the patches are outliers: a reader
-GROUP_FLOOR = 0.1  # group steps consider units whose estimate is >= this x min_gain
+MEDIATED = 50  # zeroing a unit removes > this x its own direct write: it acts through others
+ESTIMATE_TRIES = 4  # tiers of estimated units tried, when one over-reads, before exact groups
+MAX_ROUNDS = 3  # selection rounds: readers and mediators dropped by pruning are excluded
 WEAK_SHARE = 0.2  # a unit of a group that matters only together keeps >= this x its fair share
 
 
@@ -81,7 +83,8 @@ class CausalSelection:
     candidates: int = 0
     n_images: int = 0
     passes: int = 0
-    first_layer: int = 0  # the first block measured (the emergence block)
+    first_layer: int = 0  # the first block measured (the first one writing the outliers)
+    emergence_layer: int = 0
     residual_by_block: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,6 +94,7 @@ class CausalSelection:
             "groups when the estimates under-read), then drop-one pruning with a reader test",
             "detect_layer": self.detect_layer,
             "first_layer": self.first_layer,
+            "emergence_layer": self.emergence_layer,
             "n_candidates": self.candidates,
             "n_images": self.n_images,
             "passes": self.passes,
@@ -244,6 +248,7 @@ def select_causal(
     value: float | None,
     *,
     first_layer: int | None = None,
+    emergence_layer: int | None = None,
     min_gain: float = 0.01,
     clean_at: float = 0.02,
     max_units: int = 64,
@@ -252,15 +257,20 @@ def select_causal(
 ) -> CausalSelection:
     """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs).
 
-    The excess is measured at every block from ``first_layer`` (the emergence block; default:
-    the detection layer only) to ``detect_layer``. Each step adds the remaining candidates whose
+    The excess is measured at every block from ``first_layer`` (the first block that writes the
+    outliers; default: the detection layer only) to ``detect_layer``; ``emergence_layer`` (default:
+    ``first_layer``) is the first block whose output shows them, after which units can be
+    readers. Each step adds the remaining candidates whose
     estimated removal is at least half the best one's and at least ``min_gain`` of the base
     excess, or, when no estimate is that large, the smallest group of the best-estimated ones
     whose exact removal is. It stops when the excess left at every block is below ``clean_at``
     of the base (the outlier patches look ordinary), when nothing removes ``min_gain`` more, or
     at ``max_units``. Estimates come from the direct (residual-stream) path of each unit's
     write, so a unit that only feeds other units (a feature detector upstream of the writers) is
-    not taken for a writer; every measured excess is exact.
+    not taken for a writer by them; every measured excess is exact. Pruning then drops readers,
+    units acting through others (zeroing them removes > ``MEDIATED`` x their own write) and
+    bystanders; when it drops a reader or such a unit, selection resumes from what is kept
+    without them (at most ``MAX_ROUNDS`` rounds), so a writer they stood in for is still found.
     """
     probe = CausalProbe(
         model, images, detect_layer, rule, value, candidates, batch_size, first_layer
@@ -284,6 +294,7 @@ def select_causal(
         candidates=len(candidates),
         n_images=int(images.shape[0]),
         first_layer=probe.blocks[0],
+        emergence_layer=probe.blocks[0] if emergence_layer is None else emergence_layer,
     )
     if probe.base.n_outliers == 0 or scale <= 0:
         selection.passes = probe.passes
@@ -296,42 +307,79 @@ def select_causal(
         return max(before.excess[b] - after.excess[b] for b in probe.blocks) / scale
 
     first = _estimates(base.grads, candidates)
-    chosen: list[Unit] = []
+    excluded: set[Unit] = set()  # readers and mediators found by pruning: never chosen again
+    kept: list[Unit] = []
+    effects: dict[Unit, dict[str, float]] = {}
     m = base
-    while len(chosen) < max_units and left(m) > clean_at:
-        estimates = _estimates(m.grads, candidates)
-        rest = sorted(((est, u) for u, est in estimates.items() if u not in chosen), reverse=True)
-        if not rest:
-            break
-        room = max_units - len(chosen)
-        if rest[0][0] >= min_gain * scale:
-            floor = max(0.5 * rest[0][0], min_gain * scale)
-            added = [u for est, u in rest if est >= floor][:room]
-            after, how = probe.measure(chosen + added, grad=True), "estimated"
-        else:
-            # only units whose own (direct) write reaches the outliers: a feature detector
-            # upstream of the writers also removes them when zeroed, through the writers
-            writers = [u for est, u in rest if est >= GROUP_FLOOR * min_gain * scale]
-            added, after = _group_step(probe, chosen, writers[:room], m, gain, min_gain)
-            how = "exact group"
-            if not added:
+    for _ in range(MAX_ROUNDS):
+        chosen = list(kept)
+        while len(chosen) < max_units and left(m) > clean_at:
+            estimates = _estimates(m.grads, candidates)
+            rest = sorted(
+                (
+                    (est, u)
+                    for u, est in estimates.items()
+                    if est > 0 and u not in excluded and u not in chosen
+                ),
+                reverse=True,
+            )
+            if not rest:
                 break
-        chosen += added
-        m = after
-        selection.steps.append(
-            {
-                "added": [list(u) for u in added],
-                "by": how,
-                "residual_fraction": m.excess[detect_layer] / scale,
-                "worst_block_fraction": left(m),
-            }
+            room = max_units - len(chosen)
+            added, how = [], "estimated"
+            for _ in range(ESTIMATE_TRIES):
+                if not rest or rest[0][0] < min_gain * scale:
+                    break
+                floor = max(0.5 * rest[0][0], min_gain * scale)
+                tier = [u for est, u in rest if est >= floor][:room]
+                after = probe.measure(chosen + tier, grad=True)
+                if gain(m, after) < min_gain and len(tier) > 1:  # one may spoil the tier
+                    tier = tier[:1]
+                    after = probe.measure(chosen + tier, grad=True)
+                if gain(m, after) >= min_gain:
+                    added = tier
+                    break
+                # the estimate over-read the best unit: set it aside, try the next ones
+                rest = [(est, u) for est, u in rest if u not in tier]
+            if not added:
+                ranked = [u for _, u in rest][:room]
+                added, after = _group_step(probe, chosen, ranked, m, gain, min_gain)
+                how = "exact group"
+                if not added:
+                    break
+            chosen += added
+            m = after
+            selection.steps.append(
+                {
+                    "added": [list(u) for u in added],
+                    "by": how,
+                    "residual_fraction": m.excess[detect_layer] / scale,
+                    "worst_block_fraction": left(m),
+                }
+            )
+            if progress is not None:
+                progress(len(selection.steps))
+        n_dropped = len(selection.dropped)
+        kept, effects = _prune(
+            probe,
+            chosen,
+            m,
+            base,
+            first,
+            scale,
+            min_gain,
+            selection.emergence_layer,
+            selection.dropped,
         )
-        if progress is not None:
-            progress(len(selection.steps))
-    kept, effects = _prune(probe, chosen, m, base, scale, min_gain, selection.dropped)
+        new = selection.dropped[n_dropped:]
+        excluded |= {(d["layer"], d["unit"]) for d in new if d["kind"] != "bystander"}
+        if kept != chosen:
+            m = probe.measure(kept, grad=True)
+        if all(d["kind"] == "bystander" for d in new):
+            break  # nothing took a writer's place: the selection stands
     for u in kept:
         effects[u]["estimated"] = first.get(u, 0.0) / scale
-    final = m if kept == chosen else probe.measure(kept)
+    final = m
     selection.chosen = kept
     selection.effects = effects
     selection.residual = final.excess[detect_layer] / scale
@@ -376,8 +424,10 @@ def _prune(
     chosen: list[Unit],
     final: Measure,
     base: Measure,
+    direct: dict[Unit, float],
     scale: float,
     min_gain: float,
+    emergence: int,
     dropped: list[dict[str, Any]],
 ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
     """Measure each chosen unit exactly, zeroed alone and restored alone (the others zeroed).
@@ -386,7 +436,7 @@ def _prune(
     change the excess neither way alone are kept when restoring them together brings excess back
     and their own estimated write is a real share of it; otherwise they are bystanders.
     """
-    detect, first = probe.detect, probe.blocks[0]
+    detect, first = probe.detect, emergence
     effects: dict[Unit, dict[str, float]] = {}
     for u in chosen:
         alone = probe.measure([u])
@@ -401,8 +451,10 @@ def _prune(
             "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
         }
 
-    def drop(u: Unit, reason: str) -> None:
-        dropped.append({"layer": u[0], "unit": u[1], **effects.pop(u), "reason": reason})
+    def drop(u: Unit, kind: str, reason: str) -> None:
+        dropped.append(
+            {"layer": u[0], "unit": u[1], **effects.pop(u), "kind": kind, "reason": reason}
+        )
 
     def strong(e: dict[str, float]) -> bool:
         return (
@@ -416,9 +468,20 @@ def _prune(
         if u[0] > first and p < READER_PERSISTENCE:
             drop(
                 u,
+                "reader",
                 f"a reader: with the rest of the set zeroed its activation on the outlier patches "
                 f"falls to {p:.0%} of its base level, so it fires because they are outliers and "
                 "reinforces outliers that other units create",
+            )
+            continue
+        own = direct.get(u, 0.0) / scale
+        if effects[u]["alone"] >= min_gain and effects[u]["alone"] > MEDIATED * max(own, 0.0):
+            drop(
+                u,
+                "mediator",
+                f"acts through other units: zeroing it alone removes {effects[u]['alone']:.1%} "
+                f"of the excess while its own write on the outlier patches accounts for "
+                f"{own:.3%} (a feature detector upstream of the writers, not a writer)",
             )
     weak = [u for u in chosen if u in effects and not strong(effects[u])]
     if weak:
@@ -432,6 +495,7 @@ def _prune(
             if together < min_gain or own < share:
                 drop(
                     u,
+                    "bystander",
                     "a bystander: zeroing it alone removes no outlier excess, restoring it "
                     "alone brings none back"
                     + (

@@ -45,6 +45,7 @@ class Detection:
     layers: list[dict[str, Any]] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     growth: list[dict[str, float]] = field(default_factory=list)  # per block: excess, growth
+    first_written: int | None = None  # the first block where the outliers' excess grows
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -122,11 +123,12 @@ def choose_detection(
     else:
         reasons["threshold"] = f"{rule}: given (per image)"
     growth = growth_curve(trace, detect, rule, value)
+    written = _written(growth, detect)
     if highest_layer is not None:
         highest = layer_index(highest_layer, n, "--highest-layer")
         reasons["highest_layer"] = f"blocks {lowest_layer}-{highest}: given"
     else:
-        highest, reasons["highest_layer"] = _written(growth, emergence, detect, lowest_layer)
+        highest, reasons["highest_layer"] = _range(growth, written, emergence, detect, lowest_layer)
     if not 0 <= lowest_layer <= highest:
         raise InputError(f"the lowest searched block {lowest_layer} is above the highest {highest}")
     return Detection(
@@ -140,6 +142,7 @@ def choose_detection(
         layers,
         reasons,
         growth,
+        min([emergence if emergence is not None else detect, *written]),
     )
 
 
@@ -162,12 +165,17 @@ def growth_curve(
     return rows
 
 
-def _written(
-    growth: list[dict[str, float]], emergence: int, detect: int, lowest: int
+def _written(growth: list[dict[str, float]], detect: int) -> list[int]:
+    """The blocks up to ``detect`` where the outliers' excess grows by ``GROWTH_SHARE``."""
+    size = growth[detect]["excess"]
+    return [r["layer"] for r in growth[: detect + 1] if r["growth"] >= GROWTH_SHARE * size]
+
+
+def _range(
+    growth: list[dict[str, float]], grew: list[int], emergence: int, detect: int, lowest: int
 ) -> tuple[int, str]:
     """The last block up to ``detect`` where the outliers' excess grows, and why."""
     size = growth[detect]["excess"]
-    grew = [r["layer"] for r in growth[: detect + 1] if r["growth"] >= GROWTH_SHARE * size]
     highest = max([emergence, *grew])
     shares = ", ".join(
         f"{r['layer']} (+{r['growth'] / size:.0%})" for r in growth if r["layer"] in grew
