@@ -62,7 +62,7 @@ def test_train_in_a_terminal_draws_a_moving_bar_with_loss_and_lr(tmp_path, monke
     assert "━" in text and "\x1b[" in text  # a live bar, redrawn in place
     assert counts(text, 4) >= {1, 2, 3, 4}  # it moved through every step
     assert re.search(r"loss=\d+\.\d{4} lr=\d\.\d\de[-+]\d\d", ANSI.sub("", text))
-    assert "training (optimizer steps): done, 4/4" in ANSI.sub("", text)
+    assert "training: done, 4/4 optimizer steps in" in ANSI.sub("", text)
 
 
 def test_probe_fit_in_a_terminal_shows_its_epochs_and_early_stop():
@@ -76,7 +76,7 @@ def test_probe_fit_in_a_terminal_shows_its_epochs_and_early_stop():
     assert stopped < 40 and counts(text, 40) >= set(range(1, stopped + 1))
     assert "improving=" in text and f"early_stop=epoch {stopped}" in text
     # the bar ends at its real last step, not at stopped/40
-    assert f"done, {stopped} in" in text and "(ended early; 40 planned)" in text
+    assert f"done, {stopped} epochs in" in text and "(ended early; 40 planned)" in text
 
 
 def test_not_a_terminal_gets_plain_lines():
@@ -184,4 +184,4 @@ def test_a_real_pseudo_terminal_sees_the_train_bar_move(tmp_path):
     text = b"".join(chunks).decode(errors="replace")
     assert "━" in text and "\x1b[" in text  # a live bar, redrawn in place
     assert len(counts(text, 6)) >= 2  # drawn at more than one step
-    assert "done, 6/6" in ANSI.sub("", text)
+    assert "done, 6/6 optimizer steps" in ANSI.sub("", text)

@@ -23,6 +23,17 @@ _errors = Console(stderr=True, highlight=False)
 EXTRAS = {"transformers": "hf", "open_clip": "openclip", "skimage": "samples"}
 
 
+def show_line(markup: str) -> None:
+    """A line that holds a path or a command, never wrapped (rich's soft wrap), so that it can
+    be copied and pasted whole from a terminal of any width."""
+    console.print(markup, soft_wrap=True)
+
+
+def show_path(label: str, path: object, after: str = "") -> None:
+    """``label: PATH`` (the path in bold) with ``after`` behind it, on one unwrapped line."""
+    show_line(f"{label}: [bold]{escape(str(path))}[/bold]{after}")
+
+
 def fail(message: str) -> typer.Exit:
     """Print ``message`` as one red paragraph on stderr; return the exit (code 2) to raise."""
     where = f"rank {RANK}: " if RANK else ""

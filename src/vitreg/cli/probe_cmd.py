@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
 from vitreg.report.out_dir import check_out
 
@@ -31,9 +31,10 @@ def probe_command(
     data: str = typer.Option(
         DEFAULT_DATA,
         "--data",
-        help="Dataset: imagefolder:DIR, voc:DIR, voc-boxes:DIR, ade20k:DIR, nyu:DIR, or "
-        "synthetic[-cls|-seg|-depth|-boxes]:n=200,size=64,seed=0. Train split -> probe, "
-        "val split -> scores.",
+        help="Dataset: imagefolder:DIR, voc:DIR, voc-boxes:DIR, ade20k:DIR, nyu:DIR, or the "
+        "seeded synthetic shapes synthetic-cls, synthetic-seg, synthetic-depth, "
+        "synthetic-boxes or synthetic (all targets), with parameters such as "
+        ":n=200,size=64,seed=0. Train split -> probe, val split -> scores.",
     ),
     fix: str = typer.Option(
         "none",
@@ -135,7 +136,7 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
             )
     if both:
         console.print("Δ: better/worse only when the 95% intervals separate, else within noise")
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
+    show_path("run directory", run_dir)
 
 
 def compare_command(
@@ -182,4 +183,4 @@ def compare_command(
         table.add_row(escape(run), escape(row["metric"]), num(row["value"], 4), row["direction"])
     console.print(table)
     if out is not None:
-        console.print(f"written: [bold]{escape(str(out))}[/bold]")
+        show_path("written", out, " (comparison.md, report.html, comparison.json)")

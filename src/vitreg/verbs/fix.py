@@ -53,7 +53,7 @@ def compare(
     ttr = TestTimeRegisters(
         neurons, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
     )
-    with progress(2 * source.total, "images without, then with the fix") as update:
+    with progress(2 * source.total, "images without, then with the fix (image passes)") as update:
         comparison = compare_fix(
             model,
             ttr,
