@@ -95,11 +95,15 @@ def run_probe(cfg: Any) -> None:
 def show(doc: dict[str, Any], run_dir: Path) -> None:
     """Console table: every score, base and fixed side by side, the Δ with its verdict, and
     the yardsticks each layer's scores are read against."""
+    from vitreg.report.probe_report import verdict
+
     conditions = list(doc["conditions"])
     both = len(conditions) == 2
     table = Table(title=f"vitreg probe: {doc['task']}")
-    for column in ("layer", "feature", "tokens", "metric", *conditions, *["Δ"] * both):
-        table.add_column(column)
+    for column in ("layer", "feature", "tokens", "metric", *conditions):
+        table.add_column(column, no_wrap=True)  # each row keeps its whole, unique label
+    if both:
+        table.add_column("Δ", overflow="fold")
     deltas = {(d["layer"], d["feature"], d["group"], d["metric"]): d for d in doc["deltas"]}
     for li, layer in enumerate(next(iter(doc["conditions"].values()))):
         by_key: dict[tuple, list[str]] = {}
@@ -115,7 +119,7 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
             extra = [f"{d['delta']:+.3g} ({d['verdict']})" if d else "–"] * both
             name = layer["layer"].removesuffix(".hook_resid_post")
             table.add_row(escape(name), escape(feature), group, metric, *cells, *extra)
-    console.print(table)
+    console.print(table, crop=False)
     for layer in next(iter(doc["conditions"].values())):
         marks = [
             f"{y['name']} {y['metric']}{'' if y['group'] == 'all' else '/' + y['group']} "
@@ -136,6 +140,7 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
             )
     if both:
         console.print("Δ: better/worse only when the 95% intervals separate, else within noise")
+    console.print(f"[bold]verdict:[/bold] {escape(verdict(doc))}")
     show_path("run directory", run_dir)
 
 

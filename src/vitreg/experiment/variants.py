@@ -349,7 +349,9 @@ def run_variants(
     )
     check_plan(out, plan)
     done: list[dict[str, Any]] = []
-    with progress(len(chosen) * settings.seeds, "experiment: every variant x seed (models)") as update:
+    with progress(
+        len(chosen) * settings.seeds, "experiment: every variant x seed (models)"
+    ) as update:
         for i, v in enumerate(chosen):
             log(f"[{i + 1}/{len(chosen)}] {v.name}")
             runs = []

@@ -203,7 +203,9 @@ def find_neurons(
         ks: tuple[int, ...] = (0, len(ranking))
     elif causal:
         with (
-            progress(None, "causal check: zeroing candidates on held-out images (rounds of candidates)") as update,
+            progress(
+                None, "causal check: zeroing candidates on held-out images (rounds of candidates)"
+            ) as update,
             distributed.local(),
         ):
             selection = select_causal(
@@ -244,7 +246,9 @@ def find_neurons(
         )
     if keep_all and curve.status == "partial" and len(order) > 1:
         with (
-            progress(len(DEFAULT_KS), "the fix failed: its curve over k (values of top-k)") as update,
+            progress(
+                len(DEFAULT_KS), "the fix failed: its curve over k (values of top-k)"
+            ) as update,
             distributed.local(),
         ):
             chosen, curve = calibrate_top_k(
