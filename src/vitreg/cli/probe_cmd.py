@@ -16,6 +16,13 @@ from vitreg.cli.progress import progress
 from vitreg.report.out_dir import check_out
 
 DEFAULT_DATA = "synthetic-cls:n=200"
+# a Δ's verdict in the console table (short, so the table fits 100 columns)
+DELTA_WORDS = {
+    "better": "better",
+    "worse": "worse",
+    "within noise": "noise",
+    "no interval": "no CI",
+}
 CACHE = Path(".vitreg-cache") / "features"
 
 
@@ -99,13 +106,19 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
 
     conditions = list(doc["conditions"])
     both = len(conditions) == 2
-    table = Table(title=f"vitreg probe: {doc['task']}")
-    for column in ("layer", "feature", "tokens", "metric", *conditions):
+    layers = next(iter(doc["conditions"].values()))
+    short = lambda name: name.removesuffix(".hook_resid_post")  # noqa: E731
+    many = len(layers) > 1  # one layer: named in the title, not on every row
+    grouped = any(
+        s["group"] != "all" for ls in doc["conditions"].values() for x in ls for s in x["scores"]
+    )
+    where = "" if many else f" at {short(layers[0]['layer'])}"
+    table = Table(title=f"vitreg probe: {doc['task']}{escape(where)}")
+    columns = ["layer"] * many + ["feature"] + ["tokens"] * grouped + ["metric", *conditions]
+    for column in columns + ["Δ"] * both:
         table.add_column(column, no_wrap=True)  # each row keeps its whole, unique label
-    if both:
-        table.add_column("Δ", overflow="fold")
     deltas = {(d["layer"], d["feature"], d["group"], d["metric"]): d for d in doc["deltas"]}
-    for li, layer in enumerate(next(iter(doc["conditions"].values()))):
+    for li, layer in enumerate(layers):
         by_key: dict[tuple, list[str]] = {}
         for ci, c in enumerate(conditions):
             for s in doc["conditions"][c][li]["scores"]:
@@ -114,11 +127,13 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
                 if s["ci95"] is not None:
                     cell += f" ± {s['ci95']:.2g}"
                 by_key.setdefault(key, ["–"] * len(conditions))[ci] = cell
-        for (feature, group, metric), cells in by_key.items():
+        if li:
+            table.add_section()
+        for row, ((feature, group, metric), cells) in enumerate(by_key.items()):
             d = deltas.get((layer["layer"], feature, group, metric))
-            extra = [f"{d['delta']:+.3g} ({d['verdict']})" if d else "–"] * both
-            name = layer["layer"].removesuffix(".hook_resid_post")
-            table.add_row(escape(name), escape(feature), group, metric, *cells, *extra)
+            extra = [f"{d['delta']:+.3g} ({DELTA_WORDS[d['verdict']]})" if d else "–"] * both
+            name = [escape(short(layer["layer"])) if row == 0 else ""] * many
+            table.add_row(*name, escape(feature), *[group] * grouped, metric, *cells, *extra)
     console.print(table, crop=False)
     for layer in next(iter(doc["conditions"].values())):
         marks = [
@@ -139,7 +154,10 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
                 "yardstick (95% interval); see the report's vs yardsticks column[/yellow]"
             )
     if both:
-        console.print("Δ: better/worse only when the 95% intervals separate, else within noise")
+        console.print(
+            "Δ = fixed − base: better/worse only when the 95% intervals separate, else noise "
+            "(within noise) or no CI (one seed)"
+        )
     console.print(f"[bold]verdict:[/bold] {escape(verdict(doc))}")
     show_path("run directory", run_dir)
 

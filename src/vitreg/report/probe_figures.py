@@ -90,14 +90,9 @@ def scores_at_layer(results: dict[str, Any]) -> Figure:
             if y["metric"] == metric and y["value"] is not None and y["group"] == "all":
                 ax.axvline(y["value"], color="0.5", linestyle=":", linewidth=1)
                 ax.annotate(
-                    y["name"],
-                    (y["value"], len(features) - 0.5),
-                    fontsize=7,
-                    color="0.4",
-                    rotation=90,
-                    va="top",
-                    ha="right",
-                )
+                    y["name"], (y["value"], 0.98), xycoords=("data", "axes fraction"),
+                    fontsize=7, color="0.4", rotation=90, va="top", ha="right",
+                )  # fmt: skip
         names = [f + ("" if g == "all" else f" ({g})") for f, g in features]
         ax.set_yticks(range(len(features)), names, fontsize=8)
         ax.set_ylim(len(features) - 0.5, -0.5)
