@@ -78,6 +78,14 @@ def test_fix_both_shows_base_and_fixed_columns(runs) -> None:
     assert "*fixed* = the same model under TestTimeRegisters" in report
     # the base condition of the second run reuses the features of the first
     assert "Features reused from the cache (no forward pass): base/train, base/test" in report
+    # a one-sentence verdict in the report and the console; every console row's feature whole
+    assert "**Verdict** — Best probe: " in report and "The fix (fixed − base): " in report
+    console_text = (both.parent / "both.txt").read_text()
+    assert "verdict: Best probe:" in " ".join(console_text.split())
+    rows = [line.split("│")[2].strip() for line in console_text.splitlines() if "│ top1" in line]
+    assert "test_time_registers" in rows and "test_time_registers+cls" in rows
+    # two layers: one curve figure across them (a single layer gets a dot plot instead)
+    assert (both / "figures" / "probe_per_layer.png").is_file()
 
 
 def test_probe_scores_carry_yardsticks_and_delta_verdicts(runs) -> None:

@@ -235,4 +235,6 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
     random_md = render_markdown(build_report(docs["random"]))
     assert random_md.startswith("**RANDOM WEIGHTS:** `timm:vit_tiny_patch16_224` was built")
     assert synthetic_banner(docs["random"]) == random_md.splitlines()[0]
+    # the attention table says its top-k mass counts a query attending to itself
+    assert "top-1 mass (self incl.)" in random_md and "[CLS] attending to itself" in random_md
     assert build_report(docs["file"]).banner is None and synthetic_banner(docs["file"]) is None

@@ -114,9 +114,15 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
     )
     where = "" if many else f" at {short(layers[0]['layer'])}"
     table = Table(title=f"vitreg probe: {doc['task']}{escape(where)}")
-    columns = ["layer"] * many + ["feature"] + ["tokens"] * grouped + ["metric", *conditions]
-    for column in columns + ["Δ"] * both:
-        table.add_column(column, no_wrap=True)  # each row keeps its whole, unique label
+    labels = ["layer"] * many + ["feature"] + ["tokens"] * grouped + ["metric"]
+    longest = {
+        "layer": max(len(short(x["layer"])) for x in layers),
+        "feature": max((len(s["feature"]) for x in layers for s in x["scores"]), default=7),
+    }
+    for column in labels:  # each row keeps its whole, unique label; the numbers wrap first
+        table.add_column(column, no_wrap=True, min_width=longest.get(column))
+    for column in [*conditions, *["Δ"] * both]:
+        table.add_column(column)
     deltas = {(d["layer"], d["feature"], d["group"], d["metric"]): d for d in doc["deltas"]}
     for li, layer in enumerate(layers):
         by_key: dict[tuple, list[str]] = {}
