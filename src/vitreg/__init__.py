@@ -8,6 +8,7 @@ loader, a saved fix's ``local:`` section, the ``vitreg_*`` timm names) are fille
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from vitreg.arch.autoregister import install as _install_timm_names
@@ -108,7 +109,10 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'vitreg' has no attribute {name!r}")
+        # a subpackage (vitreg.probe, vitreg.testing, ...): imported on first use, as before
+        if name.startswith("_") or importlib.util.find_spec(f"vitreg.{name}") is None:
+            raise AttributeError(f"module 'vitreg' has no attribute {name!r}")
+        return importlib.import_module(f"vitreg.{name}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value  # later look-ups skip this function
     return value

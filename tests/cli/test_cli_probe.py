@@ -154,3 +154,41 @@ def test_errors_exit_2_with_one_paragraph(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     assert_clean_failure(probe(tmp_path, "--data", f"imagefolder:{tmp_path / 'empty'}"), "empty")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.slow
+def test_the_readme_probe_demo_beats_its_yardsticks_and_says_so(tmp_path: Path) -> None:
+    """The README's offline probe demo as written there: a score above every yardstick, base
+    and fixed compared, each console row whole, the features named in the progress lines and
+    a one-sentence verdict in the console and the report."""
+    import re
+    import shlex
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("vitreg probe") and "demo" in x)
+    args = shlex.split(line.split("#")[0])[1:]
+    assert "hue=1" in " ".join(args) and "--fix" in args
+    out = tmp_path / "demo"
+    result = runner.invoke(
+        app,
+        [*args, "--out", str(out), "--cache", str(tmp_path / "cache")],
+        env={"VITREG_PROGRESS": "plain", "COLUMNS": "100"},
+    )
+    assert result.exit_code == 0, result.output
+    results = metrics(out)["results"]
+    beaten = [
+        s
+        for layer in results["conditions"]["fixed"] + results["conditions"]["base"]
+        for s in layer["scores"]
+        if s["vs_yardsticks"] and set(s["vs_yardsticks"].values()) == {"better"}
+    ]
+    assert {s["feature"] for s in beaten} >= {"cls"}, results
+    assert results["deltas"], "base and fixed compared"
+    fits = set(re.findall(r"probe fit (\S+), seed \d", result.stderr))
+    assert {"cls", "patch_mean", "test_time_registers"} <= fits
+    text = " ".join(result.stdout.split())
+    assert "verdict: Best probe:" in text and "beats every yardstick" in text
+    assert "**Verdict** — Best probe:" in (out / "report.md").read_text()
+    assert (out / "figures" / "probe_scores.png").is_file()  # one layer: a dot plot
