@@ -70,8 +70,8 @@ def show_notice(n: Notice) -> None:
         err_console.print(text)
     elif n.caution:
         console.print(f"[yellow]{text}[/yellow]")
-    elif n.kind == "images":
-        console.print(f"[cyan]{text}[/cyan]")
+    elif n.kind == "images":  # may name a folder: one unwrapped line
+        console.print(f"[cyan]{text}[/cyan]", soft_wrap=True)
     else:
         console.print(text)
 
