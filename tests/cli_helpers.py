@@ -7,6 +7,8 @@ import os
 import re
 from collections.abc import Mapping
 
+from conftest import HANG_GUARD_S
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -30,7 +32,7 @@ def assert_clean_failure(result, *needles: str) -> str:
 
 
 def run_on_pty(
-    args: list[str], columns: int = 140, env: Mapping[str, str] | None = None, timeout: int = 300
+    args: list[str], columns: int = 140, env: Mapping[str, str] | None = None
 ) -> tuple[int, str]:
     """``vitreg ARGS`` in a subprocess whose stdout and stderr are a pseudo-terminal of
     ``columns`` columns (rich finds a terminal: live bars, its own wrapping); (exit code, all it
@@ -60,4 +62,4 @@ def run_on_pty(
             break
         chunks.append(chunk)
     os.close(leader)
-    return proc.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
+    return proc.wait(timeout=HANG_GUARD_S), b"".join(chunks).decode(errors="replace")

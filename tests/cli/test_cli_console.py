@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from cli_helpers import ANSI, run_on_pty
+from conftest import HANG_GUARD_S
 from vitreg.cli.command import unwrapped
 from vitreg.cli.progress import split_unit
 
@@ -30,7 +31,11 @@ def modules_after(argv: list[str]) -> dict[str, bool]:
         f"print(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -51,7 +56,7 @@ def test_the_hugging_face_progress_bars_are_off_once_a_command_runs():
     )
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S, env=env
     )
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr
 

@@ -14,7 +14,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from cli_helpers import assert_clean_failure, flat
-from conftest import ROOT
+from conftest import HANG_GUARD_S, ROOT
 from vitreg.cli.app import app
 from vitreg.testing.images import synthetic_pil
 from vitreg.verbs import loading
@@ -218,7 +218,9 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     tiny = ["--n-images=4", "--batch-size=2", "--img-size=56", "--depth=2", "--repeats=1"]
     cmd = [sys.executable, str(ROOT / "benchmarks" / "diagnose_speed.py"), *tiny, f"--out={out}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=HANG_GUARD_S, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "wrote" in proc.stdout and "ratio" in proc.stdout
     data = json.loads(out.read_text())
