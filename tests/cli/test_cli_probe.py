@@ -159,9 +159,8 @@ def test_errors_exit_2_with_one_paragraph(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_readme_probe_demo_beats_its_yardsticks_and_says_so(tmp_path: Path) -> None:
     """The README's offline probe demo as written there: a score above every yardstick, base
-    and fixed compared, each console row whole, the features named in the progress lines and
-    a one-sentence verdict in the console and the report."""
-    import re
+    and fixed compared, each console row whole, and a one-sentence verdict in the console and
+    the report (that the progress lines name each fit's feature: test_cli_progress)."""
     import shlex
 
     from conftest import ROOT
@@ -186,8 +185,8 @@ def test_the_readme_probe_demo_beats_its_yardsticks_and_says_so(tmp_path: Path) 
     ]
     assert {s["feature"] for s in beaten} >= {"cls"}, results
     assert results["deltas"], "base and fixed compared"
-    fits = set(re.findall(r"probe fit (\S+), seed \d", result.stderr))
-    assert {"cls", "patch_mean", "test_time_registers"} <= fits
+    for feature in ("│ test_time_registers ", "│ test_time_registers+cls "):
+        assert feature in result.stdout  # a whole label on a 100-column console
     text = " ".join(result.stdout.split())
     assert "verdict: Best probe:" in text and "beats every yardstick" in text
     assert "**Verdict** — Best probe:" in (out / "report.md").read_text()
