@@ -99,6 +99,11 @@ def run_probe(cfg: Any) -> None:
         show(run.probe, run.run_dir)
 
 
+def block_name(layer: str) -> str:
+    """A block output's name as the console shows it: ``blocks.11``."""
+    return layer.removesuffix(".hook_resid_post")
+
+
 def show(doc: dict[str, Any], run_dir: Path) -> None:
     """Console table: every score, base and fixed side by side, the Δ with its verdict, and
     the yardsticks each layer's scores are read against."""
@@ -107,16 +112,15 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
     conditions = list(doc["conditions"])
     both = len(conditions) == 2
     layers = next(iter(doc["conditions"].values()))
-    short = lambda name: name.removesuffix(".hook_resid_post")  # noqa: E731
     many = len(layers) > 1  # one layer: named in the title, not on every row
     grouped = any(
         s["group"] != "all" for ls in doc["conditions"].values() for x in ls for s in x["scores"]
     )
-    where = "" if many else f" at {short(layers[0]['layer'])}"
+    where = "" if many else f" at {block_name(layers[0]['layer'])}"
     table = Table(title=f"vitreg probe: {doc['task']}{escape(where)}")
     labels = ["layer"] * many + ["feature"] + ["tokens"] * grouped + ["metric"]
     longest = {
-        "layer": max(len(short(x["layer"])) for x in layers),
+        "layer": max(len(block_name(x["layer"])) for x in layers),
         "feature": max((len(s["feature"]) for x in layers for s in x["scores"]), default=7),
     }
     for column in labels:  # each row keeps its whole, unique label; the numbers wrap first
@@ -138,7 +142,7 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
         for row, ((feature, group, metric), cells) in enumerate(by_key.items()):
             d = deltas.get((layer["layer"], feature, group, metric))
             extra = [f"{d['delta']:+.3g} ({DELTA_WORDS[d['verdict']]})" if d else "–"] * both
-            name = [escape(short(layer["layer"])) if row == 0 else ""] * many
+            name = [escape(block_name(layer["layer"])) if row == 0 else ""] * many
             table.add_row(*name, escape(feature), *[group] * grouped, metric, *cells, *extra)
     console.print(table, crop=False)
     for layer in next(iter(doc["conditions"].values())):
