@@ -170,6 +170,8 @@ def test_models_writes_sub_runs_and_comparison(tmp_path: Path) -> None:
     md = (run_dir / "comparison.md").read_text()
     assert "planted:deit3_s16" in md and "planted-deit3_s16/report.md" in md
     assert "planted:deit3_s16" in result.stdout
+    shown = "".join(result.stdout.split())  # both files named, each path whole
+    assert f"comparison:{run_dir / 'comparison.md'}and{run_dir / 'report.html'}" in shown
 
 
 def test_interrupted_run_leaves_no_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

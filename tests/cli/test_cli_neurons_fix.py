@@ -143,10 +143,12 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     assert "**No artifacts after the fix**" in report
     assert headline["clean_after"] is True
     assert "no artifacts after the fix" in flat(result.stdout)
-    # the demo's planted units are all shown, causes chosen and readers not
+    # the demo's planted units are all shown, helpers too, causes chosen and readers not
     rows = metrics(run_dir)["results"]["planted"]
     truth = m.module.vitreg_planted
-    assert {(r["layer"], r["unit"]) for r in rows} == set(truth.units)
+    helpers = {(layer, unit) for layer, unit, _ in truth.helper_units}
+    assert helpers and {(r["layer"], r["unit"]) for r in rows} == set(truth.units) | helpers
+    assert all(r["role"].startswith("helper") for r in rows if (r["layer"], r["unit"]) in helpers)
     assert {(r["layer"], r["unit"]) for r in rows if r["chosen"]} == set(truth.causal_units)
     assert "Planted ground truth" in report
 

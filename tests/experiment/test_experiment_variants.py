@@ -76,6 +76,8 @@ def test_smoke_run_writes_report_with_traceable_headlines(smoke):
     assert "qkv-registers/flops_delta_specialisation" in names
     report = (out / "report.md").read_text()
     assert "What can and cannot be concluded" in report and "`qkv-registers`" in report
+    # the DINO loss is read against the teacher's entropy, with the measured figures
+    assert "**The DINO loss** of `baseline-none`" in report and "KL(teacher ‖ student)" in report
 
 
 def test_smoke_variants_differ_as_configured(smoke):

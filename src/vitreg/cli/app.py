@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from vitreg.cli.command import VitregCommand, VitregGroup
@@ -57,6 +59,9 @@ def root(
     ),
 ) -> None:
     """Find, explain and remove token artifacts in Vision Transformers."""
+    # vitreg shows its own progress: the Hugging Face libraries' tqdm bars (downloads, checkpoint
+    # shards) stay off unless the user asks for them (HF_HUB_DISABLE_PROGRESS_BARS=0)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def main() -> None:

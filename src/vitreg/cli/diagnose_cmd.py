@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, err_console, show_notice
+from vitreg.cli.output import cli_errors, console, err_console, show_notice, show_path
 from vitreg.cli.progress import progress
 
 
@@ -124,6 +124,7 @@ def run_diagnose(cfg: Any) -> None:
         raise typer.Exit(code=130) from None
     show_summary(run.labelled)
     if run.comparison is not None:
-        console.print(f"comparison: {run.comparison}")
+        where = Path(run.comparison).parent
+        show_path("comparison", run.comparison, f" and {escape(str(where / 'report.html'))}")
     for (label, _), d in zip(run.labelled, run.run_dirs, strict=True):
-        console.print(f"run directory ({escape(label)}): [bold]{escape(str(d))}[/bold]")
+        show_path(f"run directory ({escape(label)})", d)

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, console, show_line, show_notice, show_path
 from vitreg.cli.progress import progress
 
 
@@ -109,8 +109,8 @@ def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
     if cos is not None:
         table.add_row("pooled embedding cosine", "", f"{cos['mean']:.4f} (min {cos['min']:.4f})")
     console.print(table)
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
+    show_path("run directory", run_dir)
     if save is not None:
-        console.print(
+        show_line(
             f"fixed model: {escape(str(save))} (load it with vitreg.load('local:{escape(str(save))}'))"
         )

@@ -23,6 +23,17 @@ _errors = Console(stderr=True, highlight=False)
 EXTRAS = {"transformers": "hf", "open_clip": "openclip", "skimage": "samples"}
 
 
+def show_line(markup: str) -> None:
+    """A line that holds a path or a command, never wrapped (rich's soft wrap), so that it can
+    be copied and pasted whole from a terminal of any width."""
+    console.print(markup, soft_wrap=True)
+
+
+def show_path(label: str, path: object, after: str = "") -> None:
+    """``label: PATH`` (the path in bold) with ``after`` behind it, on one unwrapped line."""
+    show_line(f"{label}: [bold]{escape(str(path))}[/bold]{after}")
+
+
 def fail(message: str) -> typer.Exit:
     """Print ``message`` as one red paragraph on stderr; return the exit (code 2) to raise."""
     where = f"rank {RANK}: " if RANK else ""
@@ -73,8 +84,8 @@ def show_notice(n: Notice) -> None:
         err_console.print(text)
     elif n.caution:
         console.print(f"[yellow]{text}[/yellow]")
-    elif n.kind == "images":
-        console.print(f"[cyan]{text}[/cyan]")
+    elif n.kind == "images":  # may name a folder: one unwrapped line
+        console.print(f"[cyan]{text}[/cyan]", soft_wrap=True)
     else:
         console.print(text)
 

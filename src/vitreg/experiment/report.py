@@ -18,6 +18,7 @@ from vitreg.report.fields import as_dict, as_list, dig, finite
 from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
 from vitreg.report.markdown import Report, Section, Table, code, num, provenance_section, text
 from vitreg.report.run_files import document, figure_section, write_files
+from vitreg.report.train_report import dino_reading
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),
@@ -216,6 +217,18 @@ def conclusions(results: dict[str, Any]) -> list[str]:
             else ""
         )
     )
+    dino = [v for v in variants if v.get("dino_terms")]
+    if dino:  # the [CLS] DINO term read against the teacher's entropy, measured per variant
+        ends = ", ".join(
+            f"{v['name']} {num(v['dino_terms']['final']['loss_dino'])} / "
+            f"{num(v['dino_terms']['final']['teacher_entropy'])}"
+            for v in dino
+        )
+        out.append(
+            f"**The DINO loss** of `{dino[0]['name']}` (first seed): "
+            + dino_reading(dino[0]["dino_terms"])
+            + f" Final [CLS] DINO loss / teacher entropy of every variant: {ends}."
+        )
     ln = [
         (v["name"], _mean(v, "cls_patch_pre_ln1"), _mean(v, "cls_patch_post_ln1")) for v in variants
     ]

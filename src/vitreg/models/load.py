@@ -67,7 +67,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
             "Run `vitreg models` for the supported families"
         )
     source, name = spec.split(":", 1)
-    _ensure_loaders()
+    ensure_loaders()
     if source not in LOADERS:
         raise SpecError(
             f"unknown model source {source!r} in {spec!r}; known sources: {sorted(LOADERS)}"
@@ -77,9 +77,12 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return source, name
 
 
-def _ensure_loaders() -> None:
-    # importing these modules registers their loaders
-    from vitreg.models import loaders  # noqa: F401
+def ensure_loaders() -> None:
+    """Fill :data:`LOADERS`: vitreg's own loaders, then those of higher layers (``planted:``)."""
+    from vitreg.core.plugins import fill
+    from vitreg.models import loaders  # noqa: F401  (importing them registers them)
+
+    fill("loaders")
 
 
 def offline_hint(tried: str, cause: BaseException) -> str:

@@ -187,7 +187,7 @@ def find_neurons(
             threshold=threshold,
             batch_size=batch_size,
         )
-    with progress(n_disc, "discovering register neurons") as update:
+    with progress(n_disc, "discovering register neurons (images)") as update:
         ranking = discover(
             model,
             disc,
@@ -208,7 +208,9 @@ def find_neurons(
         ks: tuple[int, ...] = (0, len(ranking))
     elif causal:
         with (
-            progress(None, "causal check: zeroing candidates on held-out images") as update,
+            progress(
+                None, "causal check: zeroing candidates on held-out images (rounds of candidates)"
+            ) as update,
             distributed.local(),
         ):
             selection = select_causal(
@@ -243,7 +245,7 @@ def find_neurons(
     ks = tuple(k for k in ks if k <= len(order)) + (len(order),)
     keep_all = selection is not None
     with (
-        progress(len(set(ks)), "checking the fix on held-out images") as update,
+        progress(len(set(ks)), "checking the fix on held-out images (values of top-k)") as update,
         distributed.local(),
     ):
         chosen, curve = calibrate_top_k(
@@ -251,7 +253,9 @@ def find_neurons(
         )
     if keep_all and curve.status == "partial" and len(order) > 1:
         with (
-            progress(len(DEFAULT_KS), "the fix failed: its curve over k") as update,
+            progress(
+                len(DEFAULT_KS), "the fix failed: its curve over k (values of top-k)"
+            ) as update,
             distributed.local(),
         ):
             chosen, curve = calibrate_top_k(

@@ -237,7 +237,9 @@ def planted_section(rows: list[dict[str, Any]]) -> Section:
     s = Section("planted", "Planted ground truth (synthetic model)")
     s.blocks.append(
         "The model is a planted fixture, so the truth is known: causes write the outliers, "
-        "readers fire because a token already is one, distractors fire elsewhere."
+        "readers fire because a token already is one, distractors fire elsewhere, helpers "
+        "(blocks 0-1) compute the flat-patch flag the causes read: zeroing them also removes "
+        "the outliers, so discovery may rank them."
     )
     s.blocks.append(
         Table(

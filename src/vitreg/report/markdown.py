@@ -360,7 +360,8 @@ def _attention(doc: dict[str, Any]) -> Section:
             f"No agreement at {code(site)}: {at.get('reason') or 'no artifacts on either side'}."
         )
     ks = sorted(k for k in attn if k.startswith("sink_mass_top"))
-    header = ["layer", *(f"top-{k.removeprefix('sink_mass_top')} mass" for k in ks)]
+    # the keys are every token, the query's own included: [CLS]->[CLS] counts (said below)
+    header = ["layer", *(f"top-{k.removeprefix('sink_mass_top')} mass (self incl.)" for k in ks)]
     header += [
         "entropy (norm.)",
         "max map",
@@ -384,6 +385,12 @@ def _attention(doc: dict[str, Any]) -> Section:
             ]
         )
     s.blocks.append(Table(header, rows))
+    if ks:
+        s.blocks.append(
+            f"Top-k mass: {defs.get('sink_mass', 'mass of the top-k keys of each row')}. A "
+            "query's own key is among them, so [CLS] attending to itself counts in the [CLS] "
+            "row's top-1 mass (self incl.)."
+        )
     s.blocks += [f"Note: {n}" for n in as_list(attn.get("notes"))]
     return s
 

@@ -43,6 +43,47 @@ def headlines(results: dict[str, Any]) -> list[tuple]:
     return out
 
 
+def verdict(results: dict[str, Any]) -> str:
+    """The run in one sentence: its best score (the task's first metric, all tokens) against the
+    yardsticks, and with two conditions what the fix changed (better/worse only when the 95%
+    intervals separate) and its largest change."""
+    scores = [
+        (c, layer["layer"], s)
+        for c, layers in results["conditions"].items()
+        for layer in layers
+        for s in layer["scores"]
+        if s["mean"] is not None and s["group"] == "all"
+    ]
+    if not scores:
+        return "No score could be computed (see the notes of each layer)."
+    metric = scores[0][2]["metric"]
+    ranked = [x for x in scores if x[2]["metric"] == metric]
+    sign = 1 if ranked[0][2]["higher_is_better"] else -1
+    c, layer, best = max(ranked, key=lambda x: sign * x[2]["mean"])
+    marks = best.get("vs_yardsticks") or {}
+    short = [f"{READ[v]} {n}" for n, v in marks.items() if v != "better"]
+    against = (
+        "with no yardstick to read it against"
+        if not marks
+        else "beats every yardstick"
+        if not short
+        else "; ".join(short)
+    )
+    where = f" at `{layer}`" if len(results["layers"]) > 1 else ""
+    text = f"Best probe: {c} `{best['feature']}`{where}, {metric} {_cell(best)}, {against}."
+    deltas = [d for d in results.get("deltas", []) if d.get("delta") is not None]
+    if deltas:
+        counts = {v: sum(d["verdict"] == v for d in deltas) for v in ("better", "worse")}
+        rest = len(deltas) - counts["better"] - counts["worse"]
+        big = max(deltas, key=lambda d: abs(d["delta"]))
+        text += (
+            f" The fix (fixed − base): {counts['better']} of {len(deltas)} scores better, "
+            f"{counts['worse']} worse, {rest} within noise or without an interval; largest "
+            f"change `{big['feature']}` {big['metric']} {_delta(big)}."
+        )
+    return text
+
+
 def data_block(run: dict[str, Any]) -> dict[str, Any]:
     """The metrics.json ``data`` block: both splits, samples used, skips and repairs by reason,
     and the datasets' warnings (e.g. one class only), each prefixed with its split."""
@@ -207,6 +248,7 @@ def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
         if results["seeds"]
         else "Nothing is trained: one score per condition, computed on the test split."
     )
+    intro.blocks.append(f"**Verdict** — {verdict(results)}")
     intro.blocks.append(f"Task **{task}**: {text(results.get('description'))}. {how}")
     if "fixed" in results["conditions"]:
         fix = as_dict(results.get("fix"))

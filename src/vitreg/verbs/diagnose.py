@@ -64,7 +64,7 @@ def diagnose_one(
 
     one = cfg.model_copy(update={"spec": spec})
     model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
-    with progress(source.total, f"diagnosing {spec}") as update:
+    with progress(source.total, f"diagnosing {spec} (images)") as update:
         result = diagnose(
             model,
             source,

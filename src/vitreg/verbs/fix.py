@@ -53,7 +53,7 @@ def compare(
     ttr = TestTimeRegisters(
         neurons, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
     )
-    with progress(2 * source.total, "images without, then with the fix") as update:
+    with progress(2 * source.total, "images without, then with the fix (image passes)") as update:
         comparison = compare_fix(
             model,
             ttr,
@@ -90,7 +90,9 @@ def run_fix(
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo="planted register neurons, on synthetic images")
     spec, run_dir = cfg.spec, cfg.out
-    preloaded = neuron_file(cfg.neurons)  # a missing or bad file fails before the model loads
+    preloaded = neuron_file(
+        cfg.neurons, cfg.spec
+    )  # a missing or bad file fails before the model loads
     check_images(cfg.images)
     device = join_torchrun(cfg.device)
     model, source = model_and_images(cfg, device, progress, notices, MAX_ROWS)

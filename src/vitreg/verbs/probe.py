@@ -76,7 +76,7 @@ def run_probe(
     cfg, command = prepare(cfg, notices)
     spec, run_dir = cfg.spec, cfg.out
     base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
-    preloaded = neuron_file(neuron_source)  # bad input fails before the model loads
+    preloaded = neuron_file(neuron_source, spec)  # bad input fails before the model loads
     datasets = splits(cfg.data)
     device = join_torchrun(cfg.device)
     model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)

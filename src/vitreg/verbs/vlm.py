@@ -66,7 +66,7 @@ def run_vlm(
     ttr = TestTimeRegisters(
         chosen, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
     )
-    with progress(source.total, "answering without, then with the fix") as update:
+    with progress(source.total, "answering without, then with the fix (images)") as update:
         result = answer(
             model,
             source,

@@ -42,6 +42,7 @@ from pydantic import (
 )
 from torch import nn
 
+from vitreg.core.plugins import fill
 from vitreg.errors import InputError, SpecError, VitregError, WeightsError
 from vitreg.models.input_size import MAX_IMG_SIZE, activation_excess
 from vitreg.models.load import (
@@ -383,6 +384,7 @@ def load_local(
     raw = read_config(directory, config_path)
     if "model_type" in raw and "architecture" not in raw:
         return _load_hf(directory, config_path, raw, pretrained, weights, kwargs)
+    fill("local_sections")  # the sections of higher layers (a saved fix)
     try:
         config = _config_model(tuple(SECTIONS.items())).model_validate(raw)
     except ValidationError as e:
