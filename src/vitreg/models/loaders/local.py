@@ -411,11 +411,12 @@ def load_local(
     args = {**model_args, **kwargs}
     check_size(arch, args, model_args, kwargs, config_path)
     module = _build(arch, args, model_args, kwargs, config_path)
-    if weights is not None:  # the caller's own file
-        _load_weights(module, arch, Path(weights), config_path, kwargs, explicit=True)
-    elif pretrained:  # --random-init / pretrained=False reads no file at all
-        path = _weights_in(directory)
-        _load_weights(module, arch, path, config_path, kwargs, explicit=False)
+    sized: list[str] = []
+    if weights is not None or pretrained:  # --random-init / pretrained=False reads no file
+        path = Path(weights) if weights is not None else _weights_in(directory)
+        module, sized = _load_weights(
+            module, arch, args, path, config_path, kwargs, explicit=weights is not None
+        )
     if config.pretrained_cfg is not None:
         # metadata only: never a file to read, and the architecture is the one built
         dropped = ("file", "state_dict", "architecture")
@@ -423,7 +424,7 @@ def load_local(
         module.pretrained_cfg = {**module.pretrained_cfg, **extra}
     kind = saved_kind(config.vitreg_weights, pretrained, weights is not None)
     said = SAVED_NOTES.get(kind, []) if kind == config.vitreg_weights else []
-    notes = [*said, *(note for note, _ in prepared)]
+    notes = [*said, *sized, *(note for note, _ in prepared)]
     if not prepared:
         return Loaded(module, notes=notes, weights=kind)
 
@@ -460,16 +461,31 @@ def saved_kind(recorded: str | None, pretrained: bool, own_file: bool) -> str:
 
 
 def _load_weights(
-    module: nn.Module, arch: str, path: Path, config_path: Path, kwargs: dict, explicit: bool
-) -> None:
-    from vitreg.models.loaders.timm_source import load_timm_weights
+    module: nn.Module,
+    arch: str,
+    args: dict,
+    path: Path,
+    config_path: Path,
+    kwargs: dict,
+    explicit: bool,
+) -> tuple[nn.Module, list[str]]:
+    """Load ``path`` into ``module``, first rebuilt at the file's input size when neither
+    config.json nor the caller names one; the module and the notes on size and resampling."""
+    from vitreg.models.load import read_state_dict
+    from vitreg.models.loaders.timm_source import load_timm_weights, size_from_weights
 
     def fix_head(n: int) -> str:
         if "num_classes" in kwargs or explicit:
             return f"pass num_classes={n}"
         return f"set model_args.num_classes to {n} in {str(config_path)!r}"
 
-    load_timm_weights(module, arch, path, f"{arch} as config.json builds it", fix_head)
+    def build(**size: Any) -> nn.Module:
+        return _build(arch, {**args, **size}, args, kwargs, config_path)
+
+    state = read_state_dict(path)
+    module, sized = size_from_weights(module, state, args, build, path)
+    what = f"{arch} as config.json builds it"
+    return module, sized + load_timm_weights(module, arch, path, what, fix_head, state=state)
 
 
 def _unknown_arg(e: TypeError) -> str | None:
