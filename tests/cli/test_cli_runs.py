@@ -228,12 +228,13 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
     assert configs["file"]["weights"] == str(weights) and configs["folder"]["weights"] is None
     # random weights are flagged in the console and first in every report, trained ones not
     assert (
-        "RANDOM WEIGHTS: timm:vit_tiny_patch16_224 is built with --random-init"
-        in (consoles["random"])
+        "RANDOM WEIGHTS: timm:vit_tiny_patch16_224 has random, untrained weights (built with "
+        "--random-init)" in (consoles["random"])
     )
     assert "RANDOM WEIGHTS" not in consoles["file"] + consoles["folder"]
     random_md = render_markdown(build_report(docs["random"]))
-    assert random_md.startswith("**RANDOM WEIGHTS:** `timm:vit_tiny_patch16_224` was built")
+    assert random_md.startswith("**RANDOM WEIGHTS:** `timm:vit_tiny_patch16_224` has random")
+    assert [docs[n]["model"]["weights"] for n in specs] == ["user", "user", "random"]
     assert synthetic_banner(docs["random"]) == random_md.splitlines()[0]
     # the attention table says its top-k mass counts a query attending to itself
     assert "top-1 mass (self incl.)" in random_md and "[CLS] attending to itself" in random_md

@@ -188,7 +188,8 @@ def test_unplanted_report_says_no_artifacts(
 ) -> None:
     run = write_run(tmp_path / "run", unplanted, images=images[:4], config={}, command="x")
     md = (run / "report.md").read_text()
-    assert md.startswith("# vitreg diagnose")  # no synthetic banner: the spec does not say so
+    # the unplanted control has random weights: no synthetic banner, the random-weights one
+    assert md.startswith("**RANDOM WEIGHTS:**") and "SYNTHETIC" not in md.splitlines()[0]
     assert "**No artifacts found.**" in md and "**Emergence layer:** none" in md
     assert "top_p rule still flags 2% of tokens at every layer" in md
     doc = load_metrics(run)

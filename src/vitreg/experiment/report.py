@@ -467,6 +467,7 @@ def write_report(
         "d_model": s["embed_dim"],
         "n_heads": s["num_heads"],
         "image_size": [s["img_size"], s["img_size"]],
+        "weights": "trained",  # by this experiment, from scratch
         "notes": ["trained from scratch by this experiment; see results.variants for each one"],
     }
     train, val = splits

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vitreg.core.weights import WEIGHT_KINDS
 from vitreg.report.fields import as_dict, as_list, dig, finite
 from vitreg.report.schema import is_synthetic
 
@@ -95,16 +96,20 @@ def _unavailable(doc: dict[str, Any], name: str, label: str) -> str:
 
 
 def is_random_init(doc: dict[str, Any]) -> bool:
-    """Whether the run's model was built with ``--random-init`` (random, untrained weights)."""
-    config = doc.get("config")
+    """Whether the run's model has random, untrained weights: its recorded weight kind, or
+    ``--random-init`` in the config of runs written before the kind was recorded."""
+    model, config = doc.get("model"), doc.get("config")
+    if isinstance(model, dict) and model.get("weights") == "random":
+        return True
     return isinstance(config, dict) and bool(config.get("random_init"))
 
 
 def random_init_banner(name: str) -> str:
-    """The banner of a report on a model with random weights (``--random-init``)."""
+    """The banner of a report on a model with random weights (``--random-init``,
+    ``pretrained=False``)."""
     return (
-        f"**RANDOM WEIGHTS:** `{name}` was built with `--random-init`: random, untrained "
-        "weights. Artifacts found here, or their absence, say nothing about the trained model; "
+        f"**RANDOM WEIGHTS:** `{name}` has random, untrained weights (`--random-init` or "
+        "`pretrained=False`); no trained weights were loaded. Artifacts found here, or their absence, say nothing about the trained model; "
         "use this report to check the tool, not to draw conclusions about the model."
     )
 
@@ -192,6 +197,7 @@ def model_section(doc: dict[str, Any]) -> Section:
     rows = [
         ["spec", code_span(m["spec"]) if m.get("spec") else "– (wrapped module)"],
         ["family / source", f"{text(m.get('family'))} / {text(m.get('source') or None)}"],
+        ["weights", text(WEIGHT_KINDS.get(m.get("weights"), "not recorded"))],
         ["class", code(m.get("class_name"))],
         [
             "token layout",

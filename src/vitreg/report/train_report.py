@@ -102,9 +102,16 @@ def describe_trained(module: Any, spec: str) -> dict[str, Any]:
     from vitreg.models.load import wrap
 
     try:
-        return wrap(module, spec=spec).describe()
+        return wrap(module, spec=spec, weights="trained").describe()  # trained by this run
     except VitregError:
-        return {"spec": spec, "family": "unknown", "synthetic": False, "layout": {}, "dims": {}}
+        return {
+            "spec": spec,
+            "family": "unknown",
+            "synthetic": False,
+            "weights": "trained",
+            "layout": {},
+            "dims": {},
+        }
 
 
 def write_train_run(

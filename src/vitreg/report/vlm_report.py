@@ -174,6 +174,7 @@ def vlm_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         f"Prompt: “{results['prompt']}” (the language model reads `{results['prompt_text']!r}`). "
         f"Greedy answers for {num(s.get('n_images'))} images without and with "
         f"{_fix(results['fix'])} on the vision tower; attention rows: {_query(results)}."
+        + (f" Generation: {results['generation']['why']}." if results.get("generation") else "")
     )
     intro.blocks.append(
         Table(

@@ -754,7 +754,14 @@ def _sinks(module: nn.Module, v: torch.Tensor, layers: range, g: torch.Generator
 
 
 def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, GroundTruth]:
-    """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth."""
+    """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth;
+    the module says its weights are planted (``vitreg_weights``), wherever it is wrapped or saved."""
+    module, truth = _build(name, img_size, seed)
+    module.vitreg_weights = "planted"
+    return module, truth
+
+
+def _build(name: str, img_size: int, seed: int) -> tuple[nn.Module, GroundTruth]:
     from vitreg.testing.planted_hf import HF_FIXTURES, build_hf
 
     if name in HF_FIXTURES:
@@ -806,4 +813,5 @@ def build_unplanted(name: str, img_size: int = 224, seed: int = 0) -> nn.Module:
     module = _create(spec, img_size)
     with torch.no_grad():
         _random_init(module, torch.Generator().manual_seed(seed + 7919))
+    module.vitreg_weights = "random"
     return module.eval()

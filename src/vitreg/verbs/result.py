@@ -18,6 +18,7 @@ NoticeKind = Literal[
     "warning",  # something the user should check (e.g. a NeuronSet made for other weights)
     "resumed",  # training continued from a checkpoint
     "log",  # a step of a long run (the experiment grid: which variant, which phase)
+    "generation",  # how a VLM's answers are generated (greedy, the tokens it never emits)
 ]
 
 
