@@ -221,9 +221,10 @@ def test_bad_options_exit_2_before_any_work(tmp_path: Path) -> None:
         assert_clean_failure(runner.invoke(app, args), needle)
 
 
-def test_too_few_images_to_hold_out_any(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["neurons", *SIZE, "--limit", "3", "--out", str(tmp_path / "r")])
-    assert_clean_failure(result, "at least 4 images")
+@pytest.mark.parametrize("limit", ["3", "7"])
+def test_too_few_images_to_hold_out_enough(tmp_path: Path, limit: str) -> None:
+    result = runner.invoke(app, ["neurons", *SIZE, "--limit", limit, "--out", str(tmp_path / "r")])
+    assert_clean_failure(result, "at least 8 images", f"got {limit}")
 
 
 def test_fix_without_neurons_discovers_first_and_fixed_top_k(tmp_path: Path) -> None:

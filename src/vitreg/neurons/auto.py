@@ -31,6 +31,7 @@ from vitreg.neurons.detection import Detection, choose_detection
 from vitreg.neurons.discover import discover
 
 HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
+MIN_HELD_OUT = 2  # held-out images the check needs: one image's content never stands for a model
 SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"
 DISCOVER_K = 64  # candidates ranked by discovery when top-k is chosen automatically
 MAX_HELD_OUT = 32  # held-out images used at most (memory and time flat in the image count)
@@ -172,10 +173,13 @@ def find_neurons(
     """
     total = n_images if n_images is not None else len(images)
     n_disc, n_held = split_sizes(total)
-    if n_held < 1:
+    if n_held < MIN_HELD_OUT:
         raise InputError(
-            f"discovery holds out every {HOLD_OUT}th image to check the neurons it finds, so it "
-            f"needs at least {HOLD_OUT} images and got {total}; pass more (--limit, --images DIR)"
+            f"discovery holds out every {HOLD_OUT}th image to check the neurons it finds, and "
+            f"the check needs at least {MIN_HELD_OUT} of them, so that the patches of one image "
+            f"(a photo that is mostly sky, say) never stand for the model: at least "
+            f"{MIN_HELD_OUT * HOLD_OUT} images, and got {total} ({n_held} held out); pass more "
+            "(--limit, --images DIR)"
         )
     disc = Split(images, held_out=False)
     with progress(None, "surveying patch norms per block"):
@@ -254,7 +258,7 @@ def find_neurons(
     if keep_all and curve.status == "partial" and len(order) > 1:
         with (
             progress(
-                len(DEFAULT_KS), "the fix failed: its curve over k (values of top-k)"
+                len(DEFAULT_KS), "checking the fix at each k (values of top-k) on held-out images"
             ) as update,
             distributed.local(),
         ):

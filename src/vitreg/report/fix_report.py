@@ -453,7 +453,11 @@ def verdict_section(c: dict[str, Any]) -> Section:
     before = as_list(res.get("blocks_with_mode_before"))
     after = as_list(res.get("blocks_with_mode_after"))
     head = (
-        "**No artifacts after the fix**: no block shows an outlier mode"
+        "**No artifacts before the fix: nothing to remove.** No block shows an outlier mode "
+        "without the fix either, so the fix can only change the model's output (the dense "
+        "change is below)"
+        if res.get("nothing_to_fix")
+        else "**No artifacts after the fix**: no block shows an outlier mode"
         if res.get("clean")
         else f"**Artifacts remain after the fix**: an outlier mode at blocks {blocks_text(after)}"
         if after
@@ -468,6 +472,13 @@ def verdict_section(c: dict[str, Any]) -> Section:
         f"{num(_at(ratio_after, layer))} after{level}. The outlier mode is the presence test of "
         "`vitreg diagnose` (a separate mode of patch norms, ≥ 3× the bulk)."
     )
+    if res.get("threshold_from_another_model"):
+        s.blocks.append(
+            f"**The detection threshold belongs to another model**: the neuron set's threshold "
+            f"({num(c.get('threshold_value'))}) is above every patch norm of this model at block "
+            f"{text(layer)} (largest {num(res.get('largest_patch_norm_before'))}); the set was "
+            "found on a different model or resolution. Rediscover on this one (`vitreg neurons`)."
+        )
     rows = [
         [
             str(i),
@@ -542,6 +553,14 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             f"embedding (`ln_final.hook_out`: [CLS], or the patch mean without one) before and "
             f"after the fix is {num(cos.get('mean'))} on average (lowest {num(cos.get('min'))}, "
             f"{num(cos.get('n'))} images)."
+        )
+    dense = as_dict(c.get("patch_cosine"))
+    if dense:
+        s.blocks.append(
+            f"Dense output: the cosine similarity between each patch's final feature "
+            f"(`ln_final.hook_out`) before and after the fix is {num(dense.get('mean'))} on "
+            f"average and {num(dense.get('min'))} at the lowest ({num(dense.get('n'))} patches of "
+            "the first images): what a dense head (segmentation, depth) sees change."
         )
     controls = as_dict(c.get("controls"))
     if controls:

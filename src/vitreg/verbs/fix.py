@@ -11,7 +11,7 @@ from typing import Any
 from vitreg.configs import FixConfig
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import join_torchrun, prepare, read_document
+from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
 from vitreg.verbs.result import FixRun, Listener, Notices
@@ -88,7 +88,7 @@ def run_fix(
     from vitreg.report.fix_report import MAX_ROWS
 
     notices = Notices(on_notice)
-    cfg, command = prepare(cfg, notices, demo="planted register neurons, on synthetic images")
+    cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     spec, run_dir = cfg.spec, cfg.out
     preloaded = neuron_file(
         cfg.neurons, cfg.spec
