@@ -304,7 +304,9 @@ def select_causal(
         return max(m.excess.values()) / scale  # the worst block, on the detection scale
 
     def gain(before: Measure, after: Measure) -> float:
-        return max(before.excess[b] - after.excess[b] for b in probe.blocks) / scale
+        """The largest fall of the excess at a block; none when another block rises as much."""
+        change = [before.excess[b] - after.excess[b] for b in probe.blocks]
+        return max(change) / scale if min(change) > -min_gain * scale else -1.0
 
     first = _estimates(base.grads, candidates)
     excluded: set[Unit] = set()  # readers and mediators found by pruning: never chosen again
@@ -438,23 +440,40 @@ def _prune(
     """
     detect, first = probe.detect, emergence
     effects: dict[Unit, dict[str, float]] = {}
-    for u in chosen:
-        alone = probe.measure([u])
-        others = probe.measure([v for v in chosen if v != u])
-        lay, unit = u
-        before = float(probe.base.acts[lay][unit])
-        effects[u] = {
-            "alone": (base.excess[detect] - alone.excess[detect]) / scale,
-            "alone_at_emergence": (base.excess[first] - alone.excess[first]) / scale,
-            "in_set": (others.excess[detect] - final.excess[detect]) / scale,
-            "in_set_at_emergence": (others.excess[first] - final.excess[first]) / scale,
-            "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
-        }
 
     def drop(u: Unit, kind: str, reason: str) -> None:
         dropped.append(
             {"layer": u[0], "unit": u[1], **effects.pop(u), "kind": kind, "reason": reason}
         )
+
+    for u in chosen:
+        alone = probe.measure([u])
+        effects[u] = {
+            "alone": (base.excess[detect] - alone.excess[detect]) / scale,
+            "alone_at_emergence": (base.excess[first] - alone.excess[first]) / scale,
+        }
+        own = direct.get(u, 0.0) / scale
+        if effects[u]["alone"] >= min_gain and effects[u]["alone"] > MEDIATED * max(own, 0.0):
+            drop(
+                u,
+                "mediator",
+                f"acts through other units: zeroing it alone removes {effects[u]['alone']:.1%} "
+                f"of the excess while its own write on the outlier patches accounts for "
+                f"{own:.3%} (a feature detector upstream of the writers, not a writer)",
+            )
+    # the rest measured without the mediators: zeroing those silences the writers they feed
+    rest = [u for u in chosen if u in effects]
+    if len(rest) < len(chosen):
+        final = probe.measure(rest)
+    for u in rest:
+        others = probe.measure([v for v in rest if v != u])
+        lay, unit = u
+        before = float(probe.base.acts[lay][unit])
+        effects[u] |= {
+            "in_set": (others.excess[detect] - final.excess[detect]) / scale,
+            "in_set_at_emergence": (others.excess[first] - final.excess[first]) / scale,
+            "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
+        }
 
     def strong(e: dict[str, float]) -> bool:
         return (
@@ -462,7 +481,7 @@ def _prune(
             >= min_gain
         )
 
-    for u in chosen:
+    for u in rest:
         p = effects[u]["persistence"]
         # only a unit after the emergence block can read an outlier: before, none exists yet
         if u[0] > first and p < READER_PERSISTENCE:
@@ -472,16 +491,6 @@ def _prune(
                 f"a reader: with the rest of the set zeroed its activation on the outlier patches "
                 f"falls to {p:.0%} of its base level, so it fires because they are outliers and "
                 "reinforces outliers that other units create",
-            )
-            continue
-        own = direct.get(u, 0.0) / scale
-        if effects[u]["alone"] >= min_gain and effects[u]["alone"] > MEDIATED * max(own, 0.0):
-            drop(
-                u,
-                "mediator",
-                f"acts through other units: zeroing it alone removes {effects[u]['alone']:.1%} "
-                f"of the excess while its own write on the outlier patches accounts for "
-                f"{own:.3%} (a feature detector upstream of the writers, not a writer)",
             )
     weak = [u for u in chosen if u in effects and not strong(effects[u])]
     if weak:

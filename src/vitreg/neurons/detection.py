@@ -103,26 +103,18 @@ def choose_detection(
         reasons["detect_layer"] = f"block {detect}: given"
     else:
         detect, reasons["detect_layer"] = _detect(report.layers, emergence, n)
-    value: float | None = None
-    if rule == "auto":
-        value = report.layers[detect].thresholds["auto"]
-        if value == float("inf"):
-            raise VitregError(
-                f"block {detect} shows no outlier mode on these images, so the 'auto' threshold "
-                "(the valley between the bulk and the outlier mode) does not exist there; pick "
-                f"another --detect-layer (blocks with a mode: {_with_mode(report.layers)}) or "
-                "give --threshold as a norm"
-            )
-        reasons["threshold"] = (
-            f"{value:.4g}: the valley between the bulk of the patch norms and the outlier mode "
-            f"at block {detect}"
-        )
-    elif rule == "absolute":
-        value = float(threshold)
-        reasons["threshold"] = f"{value:.4g}: given"
-    else:
-        reasons["threshold"] = f"{rule}: given (per image)"
+    value, reasons["threshold"] = _threshold(report, detect, rule, threshold)
     growth = growth_curve(trace, detect, rule, value)
+    late = [r["layer"] for r in growth[detect + 1 :] if _grows(r, growth[detect])]
+    if detect_layer is None and late and any(lo.present for lo in report.layers[max(late) :]):
+        # the outliers are still written after the chosen block: detect where they are whole
+        detect, why = _detect(report.layers, max(late), n)
+        reasons["detect_layer"] = (
+            f"{why}; the outliers still grow at blocks {late}, after the cleanest split "
+            "before them, so they are detected where their writing is done"
+        )
+        value, reasons["threshold"] = _threshold(report, detect, rule, threshold)
+        growth = growth_curve(trace, detect, rule, value)
     written = _written(growth, detect)
     if highest_layer is not None:
         highest = layer_index(highest_layer, n, "--highest-layer")
@@ -165,10 +157,36 @@ def growth_curve(
     return rows
 
 
+def _threshold(
+    report: Any, detect: int, rule: str, threshold: str | float
+) -> tuple[float | None, str]:
+    """The detection threshold at block ``detect`` (``None`` for per-image rules), and why."""
+    if rule == "auto":
+        value = report.layers[detect].thresholds["auto"]
+        if value == float("inf"):
+            raise VitregError(
+                f"block {detect} shows no outlier mode on these images, so the 'auto' threshold "
+                "(the valley between the bulk and the outlier mode) does not exist there; pick "
+                f"another --detect-layer (blocks with a mode: {_with_mode(report.layers)}) or "
+                "give --threshold as a norm"
+            )
+        return value, (
+            f"{value:.4g}: the valley between the bulk of the patch norms and the outlier mode "
+            f"at block {detect}"
+        )
+    if rule == "absolute":
+        return float(threshold), f"{float(threshold):.4g}: given"
+    return None, f"{rule}: given (per image)"
+
+
+def _grows(row: dict[str, float], at_detect: dict[str, float]) -> bool:
+    """Whether the outliers' excess grows at ``row``'s block by GROWTH_SHARE of its size."""
+    return row["growth"] >= GROWTH_SHARE * at_detect["excess"]
+
+
 def _written(growth: list[dict[str, float]], detect: int) -> list[int]:
     """The blocks up to ``detect`` where the outliers' excess grows by ``GROWTH_SHARE``."""
-    size = growth[detect]["excess"]
-    return [r["layer"] for r in growth[: detect + 1] if r["growth"] >= GROWTH_SHARE * size]
+    return [r["layer"] for r in growth[: detect + 1] if _grows(r, growth[detect])]
 
 
 def _range(
