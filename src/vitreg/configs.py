@@ -140,6 +140,7 @@ class NeuronsConfig(NeuronSearch):
     verb: ClassVar[str] = "neurons"
 
     figure_format: FigureFormat = FIGURE_FORMAT
+    stability: bool = Field(False, description="also choose the set on each half of the images")
 
 
 class FixConfig(NeuronSearch):

@@ -4,6 +4,8 @@ and clear errors for sets that do not fit the model."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,17 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
     headline = {h["name"]: h["value"] for h in m["metrics"]}
     assert headline["n_neurons"] == len(saved) and headline["detect_layer"] == r["detect_layer"]
     assert {x["layer"] for x in r["layers"]} == set(saved.by_layer())
+
+
+def test_fix_records_a_command_that_fix_accepts(fix_run) -> None:
+    run_dir, _, result = fix_run
+    command = json.loads((run_dir / "metrics.json").read_text())["command"]
+    options = {t for t in shlex.split(command) if t.startswith("--")}
+    accepted = set(
+        re.findall(r"--[a-z][a-z-]+", flat(runner.invoke(app, ["fix", "--help"]).output))
+    )
+    assert options and options <= accepted, options - accepted  # no --top-k auto, say
+    assert "--neurons" in options and "--top-k" not in options
 
 
 def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run, cached_models):

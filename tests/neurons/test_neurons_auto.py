@@ -112,3 +112,12 @@ def test_discover_honours_a_highest_layer_above_the_detection_layer(images):
     assert set(truth.units) <= set(deep.pairs())
     capped = discover(model, images, detect_layer=6, threshold=value, top_k=8)
     assert set(capped.layers) <= set(range(7))
+
+
+def test_stability_compares_the_sets_of_two_halves_of_the_images(images):
+    model, truth = planted("dinov2_s14")
+    found = find_neurons(model, images, batch_size=8, stability=True)
+    s = found.results()["stability"]
+    assert [set(map(tuple, h)) for h in s["halves"]] == [set(truth.causal_units)] * 2
+    assert s["overlap_between_halves"] == 1.0 and s["overlap_with_whole"] == [1.0, 1.0]
+    assert find_neurons(model, images, batch_size=8).stability is None  # opt-in

@@ -47,12 +47,19 @@ def neurons_command(
     highest_layer: int | None = typer.Option(
         None,
         "--highest-layer",
-        help="Last block searched for neurons (default: where the outliers emerge).",
+        help="Last block searched for neurons (default: the last block where the outliers "
+        "still grow, up to the detection layer).",
     ),
     threshold: str = typer.Option(
         "auto",
         "--threshold",
         help="Outlier rule: auto (valley of the norm histogram), mean3std, robust, or a norm.",
+    ),
+    stability: bool = typer.Option(
+        False,
+        "--stability",
+        help="Also choose the set from each half of the images and report their overlap "
+        "(about twice the cost of the selection).",
     ),
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
@@ -101,6 +108,14 @@ def show(found: Any, spec: str, run_dir: Path) -> None:
         "neurons": f"{len(found.chosen)} ({how})",
         "layers (count)": layers,
         "searched": found.detection.reasons["highest_layer"],
+        **(
+            {
+                "stability (halves)": f"overlap {found.stability['overlap_between_halves']:.0%} "
+                "between the sets of two halves of the images"
+            }
+            if found.stability
+            else {}
+        ),
         "detection": f"block {s['detect_layer']}, {s['threshold']} threshold",
         "held-out outlier rate": f"{held['outlier_rate_before']:.2%} -> "
         f"{held['outlier_rate_after']:.2%} ({held['n_images']} images)",

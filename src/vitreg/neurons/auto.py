@@ -94,6 +94,7 @@ class Found:
     held_out: dict[str, Any]  # k = 0 vs the chosen k on held-out images
     split: dict[str, Any]
     mode: str  # "calibrated" or "fixed" (top-k given)
+    stability: dict[str, Any] | None = None  # the sets of two halves of the images (opt-in)
 
     @property
     def status(self) -> str:
@@ -124,6 +125,7 @@ class Found:
             "calibration": curve if self.mode == "calibrated" else None,
             "discovery": self.ranking.data,
             "notes": list(self.curve.notes),
+            "stability": self.stability,
         }
 
 
@@ -163,6 +165,7 @@ def find_neurons(
     batch_size: int = 32,
     max_held_out: int = MAX_HELD_OUT,
     causal_images: int = CAUSAL_IMAGES,
+    stability: bool = False,
     progress: Progress = no_progress,
 ) -> Found:
     """Register neurons of ``model`` from preprocessed ``images`` with nothing to set by hand.
@@ -170,6 +173,8 @@ def find_neurons(
     ``top_k=None`` chooses k (causal selection, then calibration); a number keeps the top
     ``top_k`` of the paper's ranking instead, and the fix it makes is still checked on held-out
     images. ``n_images`` is the image count when ``images`` has no ``len`` (a stream).
+    ``stability``: also choose the causal set from each half of the discovery images and report
+    their overlap (:mod:`~vitreg.neurons.stability`; about twice the cost of the selection).
     """
     total = n_images if n_images is not None else len(images)
     n_disc, n_held = split_sizes(total)
@@ -292,7 +297,24 @@ def find_neurons(
     }
     split = {"rule": SPLIT_RULE, "n_discovery": ranking.data["n_images"], "n_held_out": len(held)}
     mode = "fixed" if top_k is not None else "calibrated"
-    return Found(ranking, chosen, detection, selection, curve, held_out, split, mode)
+    found = Found(ranking, chosen, detection, selection, curve, held_out, split, mode)
+    if stability and selection is not None:
+        from vitreg.neurons.stability import half_sets
+
+        with (
+            progress(2, "stability: the causal set of each half of the images"),
+            distributed.local(),
+        ):
+            found.stability = half_sets(
+                model,
+                disc,
+                held[:causal_images],
+                detection,
+                selection.chosen,
+                top_k=DISCOVER_K,
+                batch_size=batch_size,
+            )
+    return found
 
 
 def _ordered(ranking: NeuronSet, units: list[tuple[int, int]]) -> NeuronSet:

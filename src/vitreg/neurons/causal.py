@@ -27,6 +27,7 @@ block from the emergence block to the detection layer:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -407,14 +408,16 @@ def _group_step(
     min_gain: float,
 ) -> tuple[list[Unit], Measure]:
     """The smallest group of the best-ranked units (2, 4, 8, ... of them) whose exact removal
-    gains ``min_gain`` at some block; ``([], current)`` when not even all of them do."""
+    gains ``min_gain x log2(group size)`` at some block; ``([], current)`` when not even all of
+    them do."""
     if not ranked:
         return [], current
     size = 2
     while True:
         group = ranked[:size]
         after = probe.measure(chosen + group, grad=True)
-        if gain(current, after) >= min_gain:
+        # a bigger group must remove more: a few bystanders also shave noise off the excess
+        if gain(current, after) >= min_gain * math.log2(max(len(group), 2)):
             return group, after
         if size >= len(ranked):
             return [], current

@@ -89,7 +89,7 @@ def calibration_curve(curve: dict[str, Any]) -> Figure:
     norm_ax.set_yscale("log")
     norm_ax.set_ylabel("max / median patch norm")
     norm_ax.set_xlabel("k (first neurons of the set moved into the register)")
-    norm_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    norm_ax.set_xticks(ks)  # ticks only at the k values measured
     caption = (
         "What the fix leaves on the held-out images with test-time registers on the first k "
         "neurons: the number of blocks whose patch norms still show an outlier mode (the presence "
@@ -124,6 +124,16 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         f"{num(held.get('ordinary_max_over_median'))}); patch outlier rate "
         f"{pct(held.get('outlier_rate_before'))} → {pct(held.get('outlier_rate_after'))}."
     )
+    stable = as_dict(r.get("stability"))
+    if stable:
+        halves = [len(as_list(h)) for h in as_list(stable.get("halves"))]
+        summary.blocks.append(
+            f"Stability: the causal set chosen from each half of the discovery images "
+            f"({' and '.join(map(str, halves))} units) overlaps "
+            f"{pct(stable.get('overlap_between_halves'))} (Jaccard), and each overlaps the set "
+            f"from all images {' and '.join(pct(x) for x in as_list(stable.get('overlap_with_whole')))}"
+            ". A low overlap says the ranking is noisy at this image count: use more images."
+        )
     how = (
         "the units whose zeroing removes the outliers (causal check), their fix then checked on "
         "held-out images"

@@ -44,8 +44,11 @@ def command_line(spec: str, options: dict[str, Any], verb: str = "diagnose") -> 
 
 
 def config_command(cfg: Any, spec: str) -> str:
-    """The command line of a typed model config (every field but the spec, as options)."""
-    options = {k: v for k, v in cfg.model_dump().items() if k != "spec"}
+    """The command line of a typed model config: every field but the spec that differs from its
+    default, as options (a default is what the command does unasked, and some verbs have no
+    option for a field they share, e.g. ``fix`` and ``--top-k``)."""
+    fields = type(cfg).model_fields
+    options = {k: v for k, v in cfg.model_dump().items() if k != "spec" and v != fields[k].default}
     return command_line(spec, options, cfg.verb)
 
 

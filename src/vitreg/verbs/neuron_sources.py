@@ -40,6 +40,7 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
         detect_layer=cfg.detect_layer,
         highest_layer=cfg.highest_layer,
         threshold=cfg.threshold,
+        stability=getattr(cfg, "stability", False),
         progress=progress,
     )
     split = found.split
