@@ -23,11 +23,13 @@ from pydantic import (
 )
 
 from vitreg.analysis.rules import NAMED_THRESHOLDS
-from vitreg.errors import InputError
+from vitreg.errors import InputError, brief
+from vitreg.models.input_size import MAX_IMG_SIZE
 
 Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or an absolute norm
 FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format (PNG always)
 FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
+MAX_SEED = 2**32 - 1  # every RNG vitreg seeds (torch, numpy, the data order) takes it
 
 
 def _weights_file(v: Path | None) -> Path | None:
@@ -52,6 +54,16 @@ def _usable_device(v: str | None) -> str | None:
         problem = device_problem(v)
         if problem is not None:
             raise ValueError(problem)
+    return v
+
+
+def _img_size(v: int | None) -> int | None:
+    """An ``--img-size`` a ViT can take, checked here so that no verb allocates for it first."""
+    if v is not None and not 1 <= v <= MAX_IMG_SIZE:
+        raise ValueError(
+            f"the input size must be a whole number of pixels from 1 to {MAX_IMG_SIZE}; ViTs "
+            "take 224 or 518, or a multiple of their patch size near it"
+        )
     return v
 
 
@@ -92,6 +104,7 @@ class ModelImages(RunConfig):
 
     _weights = field_validator("weights")(_weights_file)
     _device = field_validator("device")(_usable_device)
+    _size = field_validator("img_size")(_img_size)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelImages:
@@ -209,6 +222,7 @@ class ProbeRunConfig(RunConfig):
 
     _weights = field_validator("weights")(_weights_file)
     _device = field_validator("device")(_usable_device)
+    _size = field_validator("img_size")(_img_size)
 
     @model_validator(mode="after")
     def _init_or_weights(self) -> ProbeRunConfig:
@@ -294,7 +308,7 @@ class TrainRunConfig(RunConfig):
     img_size: PositiveInt | None = None
     accum_steps: PositiveInt = 1
     amp: Literal[AMP_MODES] = "auto"  # type: ignore[valid-type]
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     checkpoint_every: PositiveInt | None = None
     resume: bool = True
     extend: bool = False
@@ -308,6 +322,7 @@ class TrainRunConfig(RunConfig):
         return _finite(v, info.field_name)
 
     _device = field_validator("device")(_usable_device)
+    _size = field_validator("img_size")(_img_size)
 
     @field_validator("model_arg", "option")
     @classmethod
@@ -372,24 +387,28 @@ CONFIGS: dict[str, type[RunConfig]] = {
 }
 
 
+MAX_FIELDS = 8  # wrong fields named in one message; the count of the rest follows
+
+
 def describe_errors(e: ValidationError, where: str, flags: bool = False) -> str:
-    """One clause per wrong field: its name (``--flag`` form with ``flags``), what it got and
-    what it expects (the alternatives of a union joined by "or")."""
+    """One clause per wrong field: its name (``--flag`` form with ``flags``), what it got (cut
+    to a line) and what it expects (the alternatives of a union joined by "or")."""
     fields: dict[str, tuple[Any, list[str]]] = {}
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
         name = ".".join(loc) if loc else "as a whole"
         if flags and loc:
             name = "--" + loc[0].replace("_", "-")
-        got, msgs = fields.setdefault(name, (err.get("input"), []))
-        msg = err["msg"].removeprefix("Value error, ")
-        if msg not in msgs:
+        got, msgs = fields.setdefault(name[:80], (err.get("input"), []))
+        msg = err["msg"].removeprefix("Value error, ")[:300]
+        if msg not in msgs and len(msgs) < 4:
             msgs.append(msg)
     parts = []
-    for name, (got, msgs) in fields.items():
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    for name, (got, msgs) in list(fields.items())[:MAX_FIELDS]:
+        shown = "" if isinstance(got, dict) else f" (got {brief(got)})"
         parts.append(f"{name}: {' or '.join(msgs)}{shown}")
-    return f"{where}: " + "; ".join(parts)
+    more = len(fields) - MAX_FIELDS
+    return f"{where}: " + "; ".join(parts) + (f"; and {more} more fields" if more > 0 else "")
 
 
 def build_config(
@@ -403,22 +422,21 @@ def build_config(
 
 
 def read_config(path: str | Path, verb: str) -> dict[str, Any]:
-    """The settings of ``verb`` in a config.yaml written by a run (checked, not yet validated)."""
-    import yaml
+    """The settings of ``verb`` in a config.yaml written by a run (checked, not yet validated),
+    read by the one YAML reader with its size, depth and alias budgets."""
+    from vitreg.core.readers import read_yaml
 
     p = Path(path)
     if not p.is_file():
         raise InputError(f"--config {p}: no such file (pass the config.yaml of a run)")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise InputError(f"--config {p} is not YAML: {str(e).splitlines()[0]}") from None
+    raw = read_yaml(p, "--config")
     if not isinstance(raw, dict):
         raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
     found = raw.pop("verb", None)
     if found != verb:
+        shown = found if isinstance(found, str) and found else "pre-1.1 or unknown"
         raise InputError(
-            f"--config {p} is the config of a {found or 'pre-1.1 or unknown'} run, not of "
+            f"--config {p} is the config of a {shown[:40]} run, not of "
             f"`vitreg {verb}`; pass the config.yaml written by a {verb} run"
         )
     return raw

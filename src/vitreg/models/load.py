@@ -8,7 +8,6 @@ and, where the source defines one, its preprocessing transform.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from vitreg.device import check_device
-from vitreg.errors import InputError, SpecError, WeightsError
+from vitreg.errors import InputError, SpecError, WeightsError, brief
 from vitreg.models.input_size import check_built_size, check_requested_size
 from vitreg.models.model import Model
 
@@ -259,50 +258,6 @@ def _heads(module: nn.Module) -> set[str]:
     return {n.split(".")[0] for n in ([names] if isinstance(names, str) else names)}
 
 
-def read_json(path: Path, what: str, max_bytes: int = 64 * 2**20, allow_nan: bool = False) -> Any:
-    """The JSON in ``path``, or an :class:`InputError` naming the file: unreadable, too large, not
-    UTF-8, not JSON, a key given twice in one object, or (unless ``allow_nan``) NaN/Infinity."""
-
-    class _Twice(Exception):
-        pass
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in items:
-            if k in out:
-                raise _Twice(k)
-            out[k] = v
-        return out
-
-    def constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number; write a finite number")
-
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise InputError(
-                f"{what} {str(path)!r} is {size / 2**20:.0f} MiB; a {what} is at most "
-                f"{max_bytes / 2**20:.0f} MiB, so this is not one"
-            )
-        text = path.read_bytes().decode("utf-8")
-        if allow_nan:
-            return json.loads(text, object_pairs_hook=pairs)
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
-    except _Twice as e:
-        raise InputError(
-            f"{what} {str(path)!r} gives the key {e.args[0]!r} twice in one object; JSON readers "
-            "disagree on which one wins, so vitreg refuses it: keep one"
-        ) from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{what} {str(path)!r} is not UTF-8 text ({e.reason})") from None
-    except (json.JSONDecodeError, ValueError) as e:
-        raise InputError(f"{what} {str(path)!r} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise InputError(f"{what} {str(path)!r} nests too deeply to be one") from None
-    except OSError as e:
-        raise InputError(f"could not read {what} {str(path)!r}: {e.strerror or e}") from None
-
-
 def describe_invalid(e: Any, path: str | os.PathLike, what: str) -> str:
     """One paragraph from a pydantic ``ValidationError``: the file, then per wrong field its
     dotted name, the expected value and what it holds."""
@@ -317,10 +272,7 @@ def describe_invalid(e: Any, path: str | os.PathLike, what: str) -> str:
         if isinstance(got, dict):
             parts.append(f"{field_name}: {msg}")
             continue
-        shown = repr(got)
-        if len(shown) > 60:
-            shown = f"a {type(got).__name__}" if isinstance(got, list) else shown[:57] + "..."
-        parts.append(f"{field_name}: {msg} (got {shown})")
+        parts.append(f"{field_name}: {msg[:200]} (got {brief(got, 60)})")
     more = f"; and {e.error_count() - 6} more" if e.error_count() > 6 else ""
     return f"{what} {str(path)!r} is not valid: " + "; ".join(parts) + more
 

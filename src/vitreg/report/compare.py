@@ -8,7 +8,6 @@ columns however many runs there are. Folders that are not runs are skipped with 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,12 @@ from typing import Any
 from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
+from vitreg.report.documents import (
+    comparison_members,
+    is_comparison,
+    read_comparison,
+    read_metrics,
+)
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
 from vitreg.report.markdown import render_markdown as _render_markdown
@@ -26,14 +31,8 @@ CURVE_RULE = "auto"  # the outlier rule of the verdict; its rate per layer is wh
 
 
 def load_metrics(run: Path) -> dict[str, Any]:
-    """The metrics.json of a run directory (or the file itself)."""
-    path = run / "metrics.json" if run.is_dir() else run
-    if not path.is_file():
-        raise InputError(f"{run} has no metrics.json; pass run directories written by vitreg")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path} is not valid JSON ({e}); was the run interrupted?") from None
+    """The checked metrics.json of a run directory (or the file itself)."""
+    return read_metrics(run)
 
 
 def labels(runs: list[Path]) -> list[str]:
@@ -45,19 +44,40 @@ def labels(runs: list[Path]) -> list[str]:
 
 
 def load_runs(paths: Sequence[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], dict[str, str]]:
-    """The runs among ``paths`` with their documents, and each skipped path with the reason."""
+    """The runs among ``paths`` with their documents, and each skipped path with the reason. A
+    comparison folder (``diagnose --models``, ``compare --out``) stands for the runs it lists."""
     runs, skipped = [], {}
     for p in map(Path, paths):
-        try:
-            doc = load_metrics(p)
-        except InputError as e:
-            skipped[str(p)] = str(e).removeprefix(f"{p} ")
-            continue
-        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), list):
-            skipped[str(p)] = "its metrics.json has no metrics list (not a vitreg run)"
-            continue
-        runs.append((p, doc))
+        members = [p]
+        if is_comparison(p) and not (p / "metrics.json").exists():
+            try:
+                members = comparison_members(p, read_comparison(p))
+            except InputError as e:
+                skipped[str(p)] = str(e).removeprefix(f"{p} ")
+                continue
+        for run in members:
+            if any(run.resolve() == seen.resolve() for seen, _ in runs):
+                continue  # listed twice (e.g. a comparison folder and one of its runs)
+            try:
+                runs.append((run, load_metrics(run)))
+            except InputError as e:
+                skipped[str(run)] = str(e).removeprefix(f"{run} ")
     return runs, skipped
+
+
+def row_key(doc: dict[str, Any], name: str) -> tuple[str, str, str | None]:
+    """What a metric of ``doc`` is, so that only like is compared with like: the verb, the name
+    (a probe score's name starting with its task and data, as written since 1.1), and the data
+    of a run whose names do not say it (a diagnose on other images is another row)."""
+    from vitreg.report.probe_report import task_and_data
+
+    verb = str(doc.get("verb") or "diagnose")
+    results = doc.get("results") or {}
+    if verb == "probe":
+        prefix = task_and_data(results)
+        return verb, name if name.startswith(f"{prefix}/") else f"{prefix}/{name}", None
+    data = (doc.get("data") or {}).get("description")
+    return verb, name, None if data is None else str(data)
 
 
 def interval(doc: dict[str, Any], metric: dict[str, Any]) -> float | None:
@@ -100,32 +120,41 @@ def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str,
             f"none of the {len(skipped)} paths is a run directory with a metrics.json: "
             + "; ".join(f"{p}: {why}" for p, why in skipped.items())
         )
-    order: dict[str, bool | None] = {}
-    values: list[dict[str, Any]] = []
-    intervals: list[dict[str, float | None]] = []
+    order: dict[tuple, bool | None] = {}
+    values: list[dict[tuple, Any]] = []
+    intervals: list[dict[tuple, float | None]] = []
     for _, doc in found:
         here, cis = {}, {}
         for m in doc["metrics"]:
-            if contains is None or contains in m["name"]:
-                order.setdefault(m["name"], m.get("higher_is_better"))
-                here[m["name"]] = m.get("value")
-                cis[m["name"]] = interval(doc, m)
+            key = row_key(doc, m["name"])
+            if contains is None or contains in key[1]:
+                order.setdefault(key, m.get("higher_is_better"))
+                here[key] = m.get("value")
+                cis[key] = interval(doc, m)
         values.append(here)
         intervals.append(cis)
+    verbs = {key[0] for key in order}
+    data: dict[str, set[str]] = {}  # the data descriptions of each verb's runs
+    for verb, _, described in order:
+        data.setdefault(verb, set()).add(described)
     rows = [
         {
-            "metric": name,
+            "metric": key[1]
+            + (f" ({key[0]})" if len(verbs) > 1 else "")
+            + (f" on {key[2]}" if len(data[key[0]]) > 1 and key[2] is not None else ""),
+            "verb": key[0],
             "higher_is_better": better,
-            "values": [v.get(name) for v in values],
-            "ci95": [c.get(name) for c in intervals],
+            "values": [v.get(key) for v in values],
+            "ci95": [c.get(key) for c in intervals],
         }
-        for name, better in order.items()
+        for key, better in order.items()
     ]
     for row in rows:
         row["vs_first"] = verdicts(row)
     meta = [
         {
             "run": str(r),
+            "path": str(r.resolve()),
             "verb": d.get("verb"),
             "command": d.get("command"),
             "model": (d.get("model") or {}).get("spec"),
@@ -209,6 +238,29 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
     return figure("model_curves", caption, fig)
 
 
+def comparison_banner(documents: Sequence[dict[str, Any]]) -> str | None:
+    """The banners of the compared runs (synthetic models, random weights), in one paragraph:
+    a comparison says what its runs' reports say in their first line."""
+    from vitreg.report.run_files import synthetic_banner
+
+    banners = []
+    for doc in documents:
+        try:
+            banner = synthetic_banner(doc) if isinstance(doc.get("model"), dict) else None
+        except (KeyError, TypeError, AttributeError):  # a forged model block: no banner to copy
+            banner = None
+        if banner is not None and banner not in banners:
+            banners.append(banner)
+    return " ".join(banners) or None
+
+
+def provenance(command: str, config: dict[str, Any]) -> dict[str, Any]:
+    """What made a comparison: versions, time (UTC), the command line and its settings."""
+    from vitreg.report.schema import plain, utc_now, versions
+
+    return {**versions(), "created": utc_now(), "command": command, "config": plain(config)}
+
+
 def comparison_report(
     title: str,
     table: Table,
@@ -216,8 +268,13 @@ def comparison_report(
     figures: list[Figure],
     skipped: dict[str, str] | None = None,
     notes: Sequence[str] = (),
+    banner: str | None = None,
+    made: dict[str, Any] | None = None,
 ) -> Report:
-    """The comparison's sections: the wide table, the curves, the runs, the skipped paths."""
+    """The comparison's sections: the wide table, the curves, the runs, the skipped paths and
+    (with ``made``, from :func:`provenance`) the provenance; ``banner`` first."""
+    from vitreg.report.markdown import provenance_section
+
     sections = [Section("table", "Metrics", [*notes, table])]
     if figures:
         sections.append(
@@ -236,7 +293,9 @@ def comparison_report(
                 [Table(["path", "why"], [[code(p), why] for p, why in skipped.items()])],
             )
         )
-    return Report(None, title, sections)
+    if made is not None:
+        sections.append(provenance_section(made))
+    return Report(banner, title, sections)
 
 
 def write_comparison(
@@ -245,30 +304,47 @@ def write_comparison(
     data: dict[str, Any],
     figures: list[Figure],
     figure_format: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """Figures, comparison.md, report.html and comparison.json in ``out``; the Markdown's path."""
+    """Figures, comparison.md, report.html, config.yaml (with ``config``: a rerun with
+    ``--config``) and comparison.json in ``out``; the Markdown's path."""
+    import yaml
+
     from vitreg.report.html import render_html
 
     out.mkdir(parents=True, exist_ok=True)
     for fig in figures:
         fig.save(out / "figures", figure_formats({"figure_format": figure_format}))
+    if config is not None:
+        write_text_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     write_text_atomic(out / "report.html", render_html(report, figures, None))
     write_json_atomic(out / "comparison.json", data)
     return write_text_atomic(out / "comparison.md", _render_markdown(report))
 
 
-def write_compare(out: Path, merged: dict[str, Any], figure_format: str | None = None) -> Path:
-    """The files of ``vitreg compare`` (the wide table, curves of diagnose runs) in ``out``."""
+def write_compare(
+    out: Path, merged: dict[str, Any], figure_format: str | None = None, command: str = ""
+) -> Path:
+    """The files of ``vitreg compare`` (the wide table, curves of diagnose runs, the banners of
+    the runs compared, provenance) in ``out``."""
     curves = layer_curves(list(zip(merged["runs"], merged["documents"], strict=True)))
     figures = [curves] if curves is not None else []
     runs = [
         f"- {code(label)}: {code(s['command'] or s['run'])}"
         for label, s in zip(merged["runs"], merged["sources"], strict=True)
     ]
+    made = provenance(command or "vitreg compare", {"figure_format": figure_format})
     report = comparison_report(
-        "vitreg compare", wide_table(merged), runs, figures, merged["skipped"]
+        "vitreg compare",
+        wide_table(merged),
+        runs,
+        figures,
+        merged["skipped"],
+        banner=comparison_banner(merged["documents"]),
+        made=made,
     )
-    data = {"verb": "compare", **{k: v for k, v in merged.items() if k != "documents"}}
+    rest = {k: v for k, v in merged.items() if k != "documents"}
+    data = {"verb": "compare", **{k: v for k, v in made.items() if k != "config"}, **rest}
     return write_comparison(out, report, data, figures, figure_format)
 
 
@@ -277,9 +353,12 @@ def write_model_comparison(
     labelled: Sequence[tuple[str, Any]],
     dirs: Sequence[Path],
     figure_format: str | None = None,
+    config: dict[str, Any] | None = None,
+    command: str = "",
 ) -> Path:
     """The files of ``vitreg diagnose --models`` in ``parent``: the cross-model table, the
-    per-model curves and a link to each model's run directory."""
+    per-model curves, a link to each model's run directory, the models' banners, provenance
+    and config.yaml (``config``: rerun it with ``vitreg diagnose --config``)."""
     from vitreg.report.run import model_table
     from vitreg.report.schema import plain
 
@@ -294,6 +373,15 @@ def write_model_comparison(
         f"[{m['run_dir']}/report.html]({m['run_dir']}/report.html)"
         for m in meta
     ]
-    report = comparison_report("vitreg diagnose: model comparison", table, runs, figures)
-    data = {"verb": "diagnose", "runs": meta, "rows": rows}
-    return write_comparison(parent, report, data, figures, figure_format)
+    made = provenance(command or "vitreg diagnose", config or {})
+    documents = [read_metrics(d) for d in dirs]
+    report = comparison_report(
+        "vitreg diagnose: model comparison",
+        table,
+        runs,
+        figures,
+        banner=comparison_banner(documents),
+        made=made,
+    )
+    data = {"verb": "diagnose", **made, "runs": meta, "rows": rows}
+    return write_comparison(parent, report, data, figures, figure_format, config)

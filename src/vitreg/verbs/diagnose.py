@@ -121,7 +121,16 @@ def run_diagnose(
     if len(specs) > 1 and is_main():
         from vitreg.report.compare import write_model_comparison
 
-        comparison = write_model_comparison(run_dir, labelled, dirs, cfg.figure_format)
+        whole = cfg.model_copy(update={"out": run_dir})
+        options = {**_options(cfg, device), "models": cfg.models, "out": run_dir}
+        comparison = write_model_comparison(
+            run_dir,
+            labelled,
+            dirs,
+            cfg.figure_format,
+            config=whole.to_file(),
+            command=command_line(None, options),
+        )
     document = run_dir / ("metrics.json" if len(specs) == 1 else "comparison.json")
     return DiagnoseRun(
         "diagnose",

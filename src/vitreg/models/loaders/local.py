@@ -42,6 +42,7 @@ from pydantic import (
 )
 from torch import nn
 
+from vitreg.core.readers import read_json
 from vitreg.errors import InputError, SpecError, VitregError, WeightsError
 from vitreg.models.input_size import MAX_IMG_SIZE, activation_excess
 from vitreg.models.load import (
@@ -49,7 +50,6 @@ from vitreg.models.load import (
     Loaded,
     describe_invalid,
     inside,
-    read_json,
     register_loader,
 )
 
