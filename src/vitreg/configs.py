@@ -163,6 +163,19 @@ class FixConfig(NeuronSearch):
     mode: Literal["paper", "reference"] = "paper"
     figure_format: FigureFormat = FIGURE_FORMAT
 
+    @field_validator("save")
+    @classmethod
+    def _save_folder(cls, v: Path | None) -> Path | None:
+        """A folder to save into, checked before any model loads (not an existing file)."""
+        existing = next((p for p in (v, *v.parents) if p.exists()), None) if v else None
+        if existing is not None and not existing.is_dir():
+            where = "is a file" if existing == v else f"lies inside {str(existing)!r}, a file"
+            raise ValueError(
+                f"{where}; --save writes a folder (config.json, model.safetensors, neurons.*) "
+                "that local:DIR loads: pass a new folder"
+            )
+        return v
+
 
 class VlmConfig(NeuronSearch):
     """``vitreg vlm``: a VLM's answers and language->image attention, without and with

@@ -212,7 +212,8 @@ def load_strict(
     fix_head: Callable[[int], str] = lambda n: f"pass num_classes={n}",
 ) -> None:
     """``module.load_state_dict(state, strict=True)``; any missing or unexpected key or shape
-    mismatch is a :class:`WeightsError` listing the first keys and what to change."""
+    mismatch is a :class:`WeightsError` listing the first keys and what to change, and so are
+    NaN or infinite values (naming the tensors)."""
     own = module.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -244,6 +245,13 @@ def load_strict(
         raise WeightsError(
             f"the weights in {str(path)!r} do not fit {what}: " + "; ".join(parts) + f". {hint}. "
             "vitreg loads weights files strictly, so no parameter is left at its random init"
+        )
+    broken = [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
+    if broken:
+        raise WeightsError(
+            f"the weights in {str(path)!r} hold NaN or infinite values in {len(broken)} tensors "
+            f"({_first(broken)}); trained weights have none, so the file is corrupt: re-export "
+            "or re-download it"
         )
     try:
         module.load_state_dict(state, strict=True)
