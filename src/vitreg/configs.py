@@ -339,11 +339,15 @@ class TrainRunConfig(RunConfig):
 
     @field_validator("model_arg", "option")
     @classmethod
-    def _key_value(cls, v: list[str] | None) -> list[str] | None:
+    def _key_value(cls, v: list[str] | None, info: Any) -> list[str] | None:
+        from vitreg.models.loaders.local import REFUSED_ARGS
+
         for pair in v or []:
             key, sep, _ = pair.partition("=")
             if not sep or not key.strip():
-                raise ValueError(f"{pair!r} is not KEY=VALUE (e.g. depth=2)")
+                raise ValueError(f"{brief(pair)} is not KEY=VALUE (e.g. depth=2)")
+            if info.field_name == "model_arg" and key.strip() in REFUSED_ARGS:
+                raise ValueError(f"{key.strip()} is refused: {REFUSED_ARGS[key.strip()]}")
         return v
 
     @model_validator(mode="after")

@@ -134,3 +134,20 @@ def test_corrupt_checkpoint_sidecar_is_named(tmp_path, change, needle) -> None:
     meta = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps([1, 2] if change is None else {**meta, **change}))
     assert_clean_failure(train(tmp_path, *data), "step-00000002.json", needle, "--no-resume")
+
+
+@pytest.mark.parametrize(
+    ("arg", "needle"),
+    [
+        ("checkpoint_path=/etc/passwd", "checkpoint_path is refused"),
+        ("pretrained=true", "pretrained is refused"),
+        ("embed_dim=101", "dim should be divisible by num_heads"),
+        ("embed_dim=32768", "billion parameters"),
+        ("patch_size=64", "its patches are 64x64 pixels"),
+    ],
+)
+def test_model_args_that_cannot_build_are_named_before_training(tmp_path, arg, needle) -> None:
+    result = train(tmp_path, "--data", "synthetic-cls:n=8,size=32", "--steps", "1",
+                   "--model-arg", arg)  # fmt: skip
+    assert_clean_failure(result, needle)
+    assert not (tmp_path / "checkpoints").exists()
