@@ -63,6 +63,23 @@ def test_img_size_too_large_is_refused_before_allocating(tmp_path, verb) -> None
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ("size=100000", "16 <= size <= 4096"),
+        ("n=100000000", "1 <= n <= 10,000,000"),
+        ("seed=" + "9" * 5000, "seed must be an integer of at most 20 digits"),
+    ],
+)
+@pytest.mark.parametrize(
+    "verb",
+    [["probe", f"timm:{ARCH}", "--random-init"], ["train", ARCH, "--steps", "1"]],
+)
+def test_synthetic_data_beyond_its_bounds_names_the_option(tmp_path, verb, data, needle) -> None:
+    args = [*verb, "--data", f"synthetic-cls:{data}", "--out", str(tmp_path / "run")]
+    assert len(assert_clean_failure(runner.invoke(app, args), "--data", needle)) < 400
+
+
 def test_local_folder_with_another_img_size_blames_the_size_not_the_weights(tmp_path) -> None:
     torch.manual_seed(0)
     module = timm.create_model(ARCH, pretrained=False, depth=1, img_size=32).eval()
