@@ -30,6 +30,9 @@ Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or 
 FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format (PNG always)
 FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
 MAX_SEED = 2**32 - 1  # every RNG vitreg seeds (torch, numpy, the data order) takes it
+# counts that size what a run allocates or loops over, bounded before anything runs
+REGISTERS = Field(1, ge=1, le=256, description="test-time registers (the paper uses 1)")
+BATCH = Field(32, ge=1, le=65536, description="images per forward pass")
 
 
 def _weights_file(v: Path | None) -> Path | None:
@@ -96,7 +99,7 @@ class ModelImages(RunConfig):
     images: Path | None = None
     samples: bool = False
     limit: PositiveInt | None = None
-    batch_size: PositiveInt = 32
+    batch_size: int = BATCH
     img_size: PositiveInt | None = None
     random_init: bool = False
     weights: Path | None = Field(None, description="weights file loaded strictly into spec")
@@ -118,7 +121,7 @@ class ModelImages(RunConfig):
 class DiagnoseConfig(ModelImages):
     verb: ClassVar[str] = "diagnose"
 
-    max_maps: PositiveInt = 8
+    max_maps: int = Field(8, ge=1, le=1024)
     figure_format: FigureFormat = FIGURE_FORMAT
     models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
 
@@ -157,7 +160,7 @@ class FixConfig(NeuronSearch):
 
     neurons: str | None = Field(None, description="NeuronSet file, 'builtin', or None: discover")
     save: Path | None = None
-    registers: PositiveInt = 1
+    registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
@@ -187,12 +190,12 @@ class VlmConfig(NeuronSearch):
     prompt: str = Field(min_length=1)
     neurons: str = Field("auto", description="NeuronSet file, or 'auto': discover on the images")
     query: Literal["answer", "last"] = "answer"
-    max_new_tokens: PositiveInt = 32
-    registers: PositiveInt = 1
+    max_new_tokens: int = Field(32, ge=1, le=4096)
+    registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
-    batch_size: PositiveInt = 8
+    batch_size: int = Field(8, ge=1, le=65536)
 
     @field_validator("spec")
     @classmethod
@@ -222,11 +225,11 @@ class ProbeRunConfig(RunConfig):
     layers: str = Field("-1", description="comma-separated blocks, 'final' or hook names")
     templates: Path | None = Field(None, description="zero-shot prompt templates file")
     cache: Path = Path(".vitreg-cache") / "features"
-    seeds: PositiveInt = 3
-    epochs: PositiveInt = 30
+    seeds: int = Field(3, ge=1, le=1000)
+    epochs: int = Field(30, ge=1, le=100_000)
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    registers: PositiveInt = 1
-    batch_size: PositiveInt = 32
+    registers: int = REGISTERS
+    batch_size: int = BATCH
     img_size: PositiveInt | None = None
     random_init: bool = False
     weights: Path | None = Field(None, description="weights file loaded strictly into spec")
@@ -316,7 +319,7 @@ class TrainRunConfig(RunConfig):
     recipe: Literal[TRAIN_RECIPES] = "supervised"  # type: ignore[valid-type]
     steps: PositiveInt | None = None
     epochs: float | None = Field(None, gt=0)
-    batch_size: PositiveInt = 64
+    batch_size: int = Field(64, ge=1, le=65536)
     lr: float | None = Field(None, gt=0)
     img_size: PositiveInt | None = None
     accum_steps: PositiveInt = 1

@@ -100,3 +100,21 @@ def test_offline_hint_names_the_cli_options() -> None:
     for option in ("--random-init", "--weights FILE", "local:DIR", "HF_HUB_OFFLINE=1"):
         assert option in hint
     assert "pretrained=False" not in hint
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["fix", "--registers", "100000"],
+            "--registers: Input should be less than or equal to 256",
+        ),
+        (["probe", "--seeds", "1000000000"], "--seeds: Input should be less than or equal to 1000"),
+        (["diagnose", "--batch-size", "10000000"], "--batch-size: Input should be less than"),
+        (["diagnose", "--max-maps", "100000"], "--max-maps: Input should be less than"),
+    ],
+)
+def test_counts_that_size_a_run_are_bounded_before_it_starts(tmp_path, args, needle) -> None:
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert_clean_failure(result, needle)
+    assert not (tmp_path / "run").exists()
