@@ -31,8 +31,8 @@ FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format 
 FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
 MAX_SEED = 2**32 - 1  # every RNG vitreg seeds (torch, numpy, the data order) takes it
 # counts that size what a run allocates or loops over, bounded before anything runs
-REGISTERS = Field(1, ge=1, le=256, description="test-time registers (the paper uses 1)")
-BATCH = Field(32, ge=1, le=65536, description="images per forward pass")
+REGISTERS = Field(1, gt=0, le=256, description="test-time registers (the paper uses 1)")
+BATCH = Field(32, gt=0, le=65536, description="images per forward pass")
 
 
 def _weights_file(v: Path | None) -> Path | None:
@@ -121,7 +121,7 @@ class ModelImages(RunConfig):
 class DiagnoseConfig(ModelImages):
     verb: ClassVar[str] = "diagnose"
 
-    max_maps: int = Field(8, ge=1, le=1024)
+    max_maps: int = Field(8, gt=0, le=1024)
     figure_format: FigureFormat = FIGURE_FORMAT
     models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
 
@@ -190,12 +190,12 @@ class VlmConfig(NeuronSearch):
     prompt: str = Field(min_length=1)
     neurons: str = Field("auto", description="NeuronSet file, or 'auto': discover on the images")
     query: Literal["answer", "last"] = "answer"
-    max_new_tokens: int = Field(32, ge=1, le=4096)
+    max_new_tokens: int = Field(32, gt=0, le=4096)
     registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
-    batch_size: int = Field(8, ge=1, le=65536)
+    batch_size: int = Field(8, gt=0, le=65536)
 
     @field_validator("spec")
     @classmethod
@@ -225,8 +225,8 @@ class ProbeRunConfig(RunConfig):
     layers: str = Field("-1", description="comma-separated blocks, 'final' or hook names")
     templates: Path | None = Field(None, description="zero-shot prompt templates file")
     cache: Path = Path(".vitreg-cache") / "features"
-    seeds: int = Field(3, ge=1, le=1000)
-    epochs: int = Field(30, ge=1, le=100_000)
+    seeds: int = Field(3, gt=0, le=1000)
+    epochs: int = Field(30, gt=0, le=100_000)
     optimizer: Literal["adamw", "sgd"] = "adamw"
     registers: int = REGISTERS
     batch_size: int = BATCH
@@ -319,7 +319,7 @@ class TrainRunConfig(RunConfig):
     recipe: Literal[TRAIN_RECIPES] = "supervised"  # type: ignore[valid-type]
     steps: PositiveInt | None = None
     epochs: float | None = Field(None, gt=0)
-    batch_size: int = Field(64, ge=1, le=65536)
+    batch_size: int = Field(64, gt=0, le=65536)
     lr: float | None = Field(None, gt=0)
     img_size: PositiveInt | None = None
     accum_steps: PositiveInt = 1

@@ -221,7 +221,7 @@ YAML_CASES = {
         "variant: vit_tiny_patch16_224\ndata: synthetic-cls:n=8\nsteps: 1\nseed: " + "9" * 30,
         "seed: Input should be less than or equal to 4294967295",
     ),
-    "img_size": ("probe", "img_size: 100000\n", "img_size: Input should be less than or equal to 4096"),
+    "img_size": ("probe", "img_size: 100000\n", "img_size: the input size must be a whole number of pixels from 1 to 4096"),
     "huge_list": ("diagnose", "spec: [" + ",".join(["x" * 50] * 2000) + "]\n", "(got a list of 2000 items)"),
     "not_utf8": ("diagnose", b"spec: \xff\xfe\n", "not UTF-8"),
     "too_large": ("diagnose", "# " + "x" * 2**20 + "\n", "MiB"),

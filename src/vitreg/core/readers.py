@@ -107,7 +107,8 @@ def read_json(
         ) from None
     except ValueError as e:  # JSONDecodeError, NaN, an integer longer than Python converts
         raise InputError(f"{what} {str(path)!r} is not valid JSON: {str(e)[:200]}") from None
-    return check_shape(value, f"{what} {str(path)!r}", max_depth)
+    # JSON has no aliases: its values are bounded by its bytes, so only the depth is checked
+    return check_shape(value, f"{what} {str(path)!r}", max_depth, max_nodes=max_bytes)
 
 
 def read_yaml(

@@ -91,3 +91,17 @@ def check_built_size(module: nn.Module, what: str) -> None:
         raise InputError(
             f"--img-size {shown} (img_size={shown}) for {what} {excess}; pass a smaller --img-size"
         )
+
+
+def check_grid(grid: Any, what: str, img_size: Any = None) -> None:
+    """A wrapped model (any source) whose patch grid has fewer than :data:`MIN_GRID` patches a
+    side is refused before it runs: the check of :func:`check_built_size` for sources that are
+    not timm ViTs."""
+    sides = [g for g in (grid or ()) if isinstance(g, int)]
+    if sides and min(sides) < MIN_GRID:
+        size = f"--img-size {img_size} " if img_size is not None else "its input size "
+        raise InputError(
+            f"{size}gives {what} a {'x'.join(map(str, sides))} grid of patches; vitreg needs at "
+            f"least {MIN_GRID}x{MIN_GRID} patches (an artifact is a patch that stands out from "
+            "the others): pass a larger --img-size"
+        )

@@ -20,7 +20,7 @@ from torch import nn
 
 from vitreg.device import check_device
 from vitreg.errors import InputError, SpecError, WeightsError, brief
-from vitreg.models.input_size import check_built_size, check_requested_size
+from vitreg.models.input_size import check_built_size, check_grid, check_requested_size
 from vitreg.models.model import Model
 
 
@@ -344,6 +344,7 @@ def load(
     if device is not None or dtype is not None:
         loaded.module.to(device=device, dtype=dtype)
     model = Model(loaded.module, spec=spec, transform=loaded.transform)
+    check_grid(getattr(model.layout, "grid", None), spec, kwargs.get("img_size"))
     if loaded.setup is not None:
         loaded.setup(model)
     for note in loaded.notes:
