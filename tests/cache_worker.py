@@ -1,6 +1,7 @@
 """Feature-cache fixtures, and a script run by tests/test_probe_cache.py in a child process.
 
-``python cache_worker.py ROOT slow`` extracts many small shards slowly (the test kills it);
+``python cache_worker.py ROOT slow`` extracts small shards and then stalls at image 6, so the test
+can kill it mid-run whatever the machine's load (it waits on shard files, not on a clock);
 under ``torchrun ... cache_worker.py ROOT dist`` two ranks extract one cache together.
 """
 
@@ -17,25 +18,33 @@ import vitreg
 from vitreg.data.datasets import DataLog, Sample, SkipSample
 
 SPEC = "timm:vit_small_patch14_reg4_dinov2"
+STALL_S = 1800
 
 
 class ToyDataset:
     """Seeded random RGB images with labels and masks; listed indices are bad and get skipped."""
 
     def __init__(
-        self, n: int = 6, size: int = 40, seed: int = 0, bad: tuple[int, ...] = (), delay: float = 0
+        self,
+        n: int = 6,
+        size: int = 40,
+        seed: int = 0,
+        bad: tuple[int, ...] = (),
+        stall_at: int | None = None,
     ) -> None:
         self.name, self.split = "toy", "train"
         self.targets = ("label", "mask", "boxes")
         self.num_classes, self.class_names = 3, ["a", "b", "c"]
         self.log = DataLog()
-        self.n, self.size, self.seed, self.bad, self.delay = n, size, seed, bad, delay
+        self.n, self.size, self.seed, self.bad, self.stall_at = n, size, seed, bad, stall_at
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> Sample:
-        time.sleep(self.delay)
+        if i == self.stall_at:
+            time.sleep(STALL_S)  # the test kills the process long before this ends
+            raise RuntimeError(f"cache_worker stalled {STALL_S} s at image {i} and was not killed")
         key = f"toy/{i:04d}"
         if i in self.bad:
             self.log.count("unreadable_image", key=key)
@@ -61,7 +70,7 @@ def main(root: str, mode: str) -> None:
     from vitreg.probe import extract
 
     if mode == "slow":
-        data = ToyDataset(n=40, delay=0.05)
+        data = ToyDataset(n=40, stall_at=6)
         extract(small_vit(), data, root=root, views=("cls", "patches"), shard_size=2, batch_size=2)
         return
     import torch.distributed as dist

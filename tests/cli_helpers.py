@@ -1,6 +1,15 @@
-"""Helpers of the CLI tests: rich's wrapping undone, and what a clean input error looks like."""
+"""Helpers of the CLI tests: rich's wrapping undone, what a clean input error looks like, and
+``vitreg`` run on a real pseudo-terminal."""
 
 from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from conftest import HANG_GUARD_S
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def flat(text: str) -> str:
@@ -20,3 +29,37 @@ def assert_clean_failure(result, *needles: str) -> str:
     for needle in needles:
         assert needle in flat(err) or "".join(needle.split()) in bare, flat(err)
     return flat(err)
+
+
+def run_on_pty(
+    args: list[str], columns: int = 140, env: Mapping[str, str] | None = None
+) -> tuple[int, str]:
+    """``vitreg ARGS`` in a subprocess whose stdout and stderr are a pseudo-terminal of
+    ``columns`` columns (rich finds a terminal: live bars, its own wrapping); (exit code, all it
+    wrote, escape codes included)."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {**os.environ, "VITREG_PROGRESS": "auto", "COLUMNS": str(columns), **(env or {})}
+    code = "from vitreg.cli.app import main; main()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=follower, stderr=follower, env=env
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the pty closes when the process exits
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.wait(timeout=HANG_GUARD_S), b"".join(chunks).decode(errors="replace")

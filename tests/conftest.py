@@ -16,6 +16,8 @@ torch.set_num_threads(2)
 
 TESTS = Path(__file__).resolve().parent  # helper modules and worker scripts live here
 ROOT = TESTS.parent  # the repository
+# a bound on any child process, only to stop a hung test: a loaded machine never reaches it
+HANG_GUARD_S = 1800
 
 
 @pytest.fixture(autouse=True)

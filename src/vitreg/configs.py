@@ -102,7 +102,10 @@ class ModelImages(RunConfig):
     batch_size: int = BATCH
     img_size: PositiveInt | None = None
     random_init: bool = False
-    weights: Path | None = Field(None, description="weights file loaded strictly into spec")
+    weights: Path | None = Field(
+        None,
+        description="weights file loaded into spec: every key, strictly (a resampled position embedding is announced)",
+    )
     device: str | None = None
 
     _weights = field_validator("weights")(_weights_file)
@@ -232,7 +235,10 @@ class ProbeRunConfig(RunConfig):
     batch_size: int = BATCH
     img_size: PositiveInt | None = None
     random_init: bool = False
-    weights: Path | None = Field(None, description="weights file loaded strictly into spec")
+    weights: Path | None = Field(
+        None,
+        description="weights file loaded into spec: every key, strictly (a resampled position embedding is announced)",
+    )
     device: str | None = None
     figure_format: FigureFormat = FIGURE_FORMAT
 

@@ -30,6 +30,21 @@ class HookError(VitregError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class RenderError(Exception):
+    """Rendering a report (figures, Markdown, HTML) failed after the results were saved: a bug
+    in vitreg, not in the input. ``saved`` is the results file on disk, ``again`` the command
+    that renders the report from it again."""
+
+    def __init__(self, saved: str, again: str, cause: BaseException) -> None:
+        first = (str(cause).strip().splitlines() or [""])[0]
+        self.cause = f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+        self.saved, self.again = saved, again
+        super().__init__(
+            f"rendering the report failed ({self.cause}) after the results were saved in "
+            f"{saved}; `{again}` renders the report again from them"
+        )
+
+
 def brief(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, for error messages: a hostile input never
     makes a message longer than a line, however large or deep it is."""

@@ -14,7 +14,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from cli_helpers import assert_clean_failure, flat
-from conftest import ROOT
+from conftest import HANG_GUARD_S, ROOT
 from vitreg.cli.app import app
 from vitreg.testing.images import synthetic_pil
 from vitreg.verbs import loading
@@ -170,6 +170,8 @@ def test_models_writes_sub_runs_and_comparison(tmp_path: Path) -> None:
     md = (run_dir / "comparison.md").read_text()
     assert "planted:deit3_s16" in md and "planted-deit3_s16/report.md" in md
     assert "planted:deit3_s16" in result.stdout
+    shown = "".join(result.stdout.split())  # both files named, each path whole
+    assert f"comparison:{run_dir / 'comparison.md'}and{run_dir / 'report.html'}" in shown
     # a folder like every other run: banner first, provenance, config.yaml that reruns it
     assert md.startswith("**SYNTHETIC MODEL:** `planted:dinov2_s14`") and "## Provenance" in md
     assert (
@@ -210,9 +212,11 @@ def test_interrupted_run_leaves_no_metrics(tmp_path: Path, monkeypatch: pytest.M
     assert not (run_dir / "metrics.json").exists()
 
 
-def test_crash_while_writing_leaves_no_metrics(
+def test_crash_while_rendering_keeps_the_new_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from vitreg.errors import RenderError
+
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.json").write_text('{"stale": true}')  # from an earlier run
@@ -223,9 +227,11 @@ def test_crash_while_writing_leaves_no_metrics(
     monkeypatch.setattr("vitreg.report.html.render_html", boom)  # after figures and report.md
     args = ["--debug", "diagnose", *SIZE, "--limit", "2", "--out", str(run_dir)]  # the raw error
     result = runner.invoke(app, args)
-    assert isinstance(result.exception, RuntimeError)
-    assert (run_dir / "report.md").is_file()
-    assert not (run_dir / "metrics.json").exists()
+    assert isinstance(result.exception, RenderError)
+    assert isinstance(result.exception.__cause__, RuntimeError)
+    assert not (run_dir / "report.md").exists()  # no report beside results it does not show
+    doc = json.loads((run_dir / "metrics.json").read_text())
+    assert doc["verb"] == "diagnose" and "stale" not in doc
 
 
 @pytest.mark.slow
@@ -234,7 +240,9 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     tiny = ["--n-images=4", "--batch-size=2", "--img-size=56", "--depth=2", "--repeats=1"]
     cmd = [sys.executable, str(ROOT / "benchmarks" / "diagnose_speed.py"), *tiny, f"--out={out}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=HANG_GUARD_S, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "wrote" in proc.stdout and "ratio" in proc.stdout
     data = json.loads(out.read_text())

@@ -69,7 +69,7 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
     assert "embedded demo" in out and "synthetic" in out and "6 images for discovery" in out
     for name in ("neurons.json", "neurons.safetensors", "report.md", "report.html", "metrics.json"):
         assert (run_dir / name).is_file(), name
-    figures = {p.name for p in (run_dir / "figures").iterdir()}
+    figures = {p.name for p in (run_dir / "figures").glob("*.png")}
     assert figures == {"neuron_scores.png", "calibration_curve.png"}
     assert "SYNTHETIC" in (run_dir / "report.md").read_text().splitlines()[0]
     m = metrics(run_dir)
@@ -103,7 +103,7 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
 def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run, cached_models):
     run_dir, _, result = fix_run
     assert result.exit_code == 0, result.output
-    figures = {p.name for p in (run_dir / "figures").iterdir()}
+    figures = {p.name for p in (run_dir / "figures").glob("*.png")}
     assert figures == {
         "fix_norm_maps.png",
         "fix_attention_maps.png",
@@ -143,10 +143,12 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     assert "**No artifacts after the fix**" in report
     assert headline["clean_after"] is True
     assert "no artifacts after the fix" in flat(result.stdout)
-    # the demo's planted units are all shown, causes chosen and readers not
+    # the demo's planted units are all shown, helpers too, causes chosen and readers not
     rows = metrics(run_dir)["results"]["planted"]
     truth = m.module.vitreg_planted
-    assert {(r["layer"], r["unit"]) for r in rows} == set(truth.units)
+    helpers = {(layer, unit) for layer, unit, _ in truth.helper_units}
+    assert helpers and {(r["layer"], r["unit"]) for r in rows} == set(truth.units) | helpers
+    assert all(r["role"].startswith("helper") for r in rows if (r["layer"], r["unit"]) in helpers)
     assert {(r["layer"], r["unit"]) for r in rows if r["chosen"]} == set(truth.causal_units)
     assert "Planted ground truth" in report
 
@@ -219,9 +221,10 @@ def test_bad_options_exit_2_before_any_work(tmp_path: Path) -> None:
         assert_clean_failure(runner.invoke(app, args), needle)
 
 
-def test_too_few_images_to_hold_out_any(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["neurons", *SIZE, "--limit", "3", "--out", str(tmp_path / "r")])
-    assert_clean_failure(result, "at least 4 images")
+@pytest.mark.parametrize("limit", ["3", "7"])
+def test_too_few_images_to_hold_out_enough(tmp_path: Path, limit: str) -> None:
+    result = runner.invoke(app, ["neurons", *SIZE, "--limit", limit, "--out", str(tmp_path / "r")])
+    assert_clean_failure(result, "at least 8 images", f"got {limit}")
 
 
 def test_fix_without_neurons_discovers_first_and_fixed_top_k(tmp_path: Path) -> None:

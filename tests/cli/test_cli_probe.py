@@ -78,6 +78,14 @@ def test_fix_both_shows_base_and_fixed_columns(runs) -> None:
     assert "*fixed* = the same model under TestTimeRegisters" in report
     # the base condition of the second run reuses the features of the first
     assert "Features reused from the cache (no forward pass): base/train, base/test" in report
+    # a one-sentence verdict in the report and the console; every console row's feature whole
+    assert "**Verdict** — Best probe: " in report and "The fix (fixed − base): " in report
+    console_text = (both.parent / "both.txt").read_text()
+    assert "verdict: Best probe:" in " ".join(console_text.split())
+    rows = [line.split("│")[2].strip() for line in console_text.splitlines() if "│ top1" in line]
+    assert "test_time_registers" in rows and "test_time_registers+cls" in rows
+    # two layers: one curve figure across them (a single layer gets a dot plot instead)
+    assert (both / "figures" / "probe_per_layer.png").is_file()
 
 
 def test_probe_scores_carry_yardsticks_and_delta_verdicts(runs) -> None:
@@ -146,3 +154,40 @@ def test_errors_exit_2_with_one_paragraph(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     assert_clean_failure(probe(tmp_path, "--data", f"imagefolder:{tmp_path / 'empty'}"), "empty")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.slow
+def test_the_readme_probe_demo_beats_its_yardsticks_and_says_so(tmp_path: Path) -> None:
+    """The README's offline probe demo as written there: a score above every yardstick, base
+    and fixed compared, each console row whole, and a one-sentence verdict in the console and
+    the report (that the progress lines name each fit's feature: test_cli_progress)."""
+    import shlex
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("vitreg probe") and "demo" in x)
+    args = shlex.split(line.split("#")[0])[1:]
+    assert "hue=1" in " ".join(args) and "--fix" in args
+    out = tmp_path / "demo"
+    result = runner.invoke(
+        app,
+        [*args, "--out", str(out), "--cache", str(tmp_path / "cache")],
+        env={"VITREG_PROGRESS": "plain", "COLUMNS": "100"},
+    )
+    assert result.exit_code == 0, result.output
+    results = metrics(out)["results"]
+    beaten = [
+        s
+        for layer in results["conditions"]["fixed"] + results["conditions"]["base"]
+        for s in layer["scores"]
+        if s["vs_yardsticks"] and set(s["vs_yardsticks"].values()) == {"better"}
+    ]
+    assert {s["feature"] for s in beaten} >= {"cls"}, results
+    assert results["deltas"], "base and fixed compared"
+    for feature in ("│ test_time_registers ", "│ test_time_registers+cls "):
+        assert feature in result.stdout  # a whole label on a 100-column console
+    text = " ".join(result.stdout.split())
+    assert "verdict: Best probe:" in text and "beats every yardstick" in text
+    assert "**Verdict** — Best probe:" in (out / "report.md").read_text()
+    assert (out / "figures" / "probe_scores.png").is_file()  # one layer: a dot plot

@@ -16,6 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import vitreg
+from cli_helpers import ANSI, run_on_pty
 from vitreg.cli import train_cmd
 from vitreg.cli.progress import ConsoleProgress
 from vitreg.probe.linear import ProbeConfig, fit_linear
@@ -29,9 +30,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def progress_on(monkeypatch):
     """Progress as users get it (the suite turns it off for tests that read stderr)."""
     monkeypatch.setenv("VITREG_PROGRESS", "auto")
-
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def terminal() -> tuple[ConsoleProgress, io.StringIO]:
@@ -62,7 +60,7 @@ def test_train_in_a_terminal_draws_a_moving_bar_with_loss_and_lr(tmp_path, monke
     assert "━" in text and "\x1b[" in text  # a live bar, redrawn in place
     assert counts(text, 4) >= {1, 2, 3, 4}  # it moved through every step
     assert re.search(r"loss=\d+\.\d{4} lr=\d\.\d\de[-+]\d\d", ANSI.sub("", text))
-    assert "training (optimizer steps): done, 4/4" in ANSI.sub("", text)
+    assert "training: done, 4/4 optimizer steps in" in ANSI.sub("", text)
 
 
 def test_probe_fit_in_a_terminal_shows_its_epochs_and_early_stop():
@@ -76,7 +74,7 @@ def test_probe_fit_in_a_terminal_shows_its_epochs_and_early_stop():
     assert stopped < 40 and counts(text, 40) >= set(range(1, stopped + 1))
     assert "improving=" in text and f"early_stop=epoch {stopped}" in text
     # the bar ends at its real last step, not at stopped/40
-    assert f"done, {stopped} in" in text and "(ended early; 40 planned)" in text
+    assert f"done, {stopped} epochs in" in text and "(ended early; 40 planned)" in text
 
 
 def test_not_a_terminal_gets_plain_lines():
@@ -128,6 +126,9 @@ def test_probe_run_reports_real_totals_and_cache_hits(tmp_path):
     extraction = [p for p in first.phases if p[0].startswith("extracting features")]
     assert [(total, done) for _, total, done in extraction] == [(12, 12), (12, 12)]
     assert any(label.startswith("probe fit") and total == 2 for label, total, _ in first.phases)
+    fits = [label for label, _, _ in first.phases if label.startswith("probe fit")]
+    assert {label.split(",")[0] for label in fits} >= {"probe fit cls", "probe fit patch_mean"}
+    assert all(label.endswith("(epochs)") for label in fits)  # the unit of the count
     assert first.notes == []
     assert len(second.notes) == 2 and all(
         n.startswith("cache hit: 12 features, 0 forward passes") for n in second.notes
@@ -154,34 +155,12 @@ def test_train_steps_become_one_phase_with_loss_and_lr():
 
 def test_a_real_pseudo_terminal_sees_the_train_bar_move(tmp_path):
     """`vitreg train` in a subprocess whose stderr is a pty: rich finds a terminal and redraws."""
-    import os
-    import pty
-    import subprocess
-    import sys
-
-    leader, follower = pty.openpty()
     tiny = ["depth=1", "embed_dim=32", "num_heads=2", "patch_size=8"]
     args = ["train", "vit_tiny_patch16_224", "--img-size", "16", "--data", "synthetic-cls:n=8"]
     args += [a for kv in tiny for a in ("--model-arg", kv)]
     args += ["--steps", "6", "--batch-size", "4", "--out", str(tmp_path / "run")]
-    env = {**os.environ, "VITREG_PROGRESS": "auto", "COLUMNS": "140"}
-    code = "from vitreg.cli.app import main; main()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args], stdout=follower, stderr=follower, env=env
-    )
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # the pty closes when the process exits
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
-    text = b"".join(chunks).decode(errors="replace")
+    code, text = run_on_pty(args)
+    assert code == 0, text
     assert "━" in text and "\x1b[" in text  # a live bar, redrawn in place
     assert len(counts(text, 6)) >= 2  # drawn at more than one step
-    assert "done, 6/6" in ANSI.sub("", text)
+    assert "done, 6/6 optimizer steps" in ANSI.sub("", text)

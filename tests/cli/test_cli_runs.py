@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from cli_helpers import flat
-from vitreg.cli import diagnose_cmd, inspect_cmd
+from vitreg.cli import diagnose_cmd
 from vitreg.cli.app import app
 from vitreg.errors import InputError
 from vitreg.report.markdown import build_report, render_markdown
@@ -36,8 +36,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(loading, "load_spec", refuse)
-    monkeypatch.setattr(inspect_cmd, "load_spec", refuse)
+    monkeypatch.setattr(loading, "load_spec", refuse)  # inspect imports it when it runs
 
 
 def fake_run(folder: Path, verb: str, spec: str) -> Path:
@@ -113,6 +112,9 @@ def test_inputs_are_checked_before_the_model_loads(tmp_path, no_model):
         "neurons --images": ["neurons", "--images", str(tmp_path / "missing"), *out],
         "probe --neurons": ["probe", "--fix", "both", "--neurons", "nope.json", *out],
         "probe --data": ["probe", "--data", f"imagefolder:{tmp_path / 'missing'}", *out],
+        # the demo model has no built-in neuron set: refused before it is built
+        "probe --neurons builtin": ["probe", "--fix", "both", "--neurons", "builtin", *out],
+        "fix --neurons builtin": ["fix", "--neurons", "builtin", *out],
         "diagnose --weights": ["diagnose", "--weights", str(tmp_path / "w.safetensors"), *out],
         "inspect --weights": ["inspect", "timm:vit_tiny_patch16_224", "--weights", "w.pt"],
     }
@@ -123,6 +125,8 @@ def test_inputs_are_checked_before_the_model_loads(tmp_path, no_model):
         assert err.startswith("error:") and "Traceback" not in result.output, (name, err)
     nope = runner.invoke(app, ["fix", "--neurons", "nope.json", "--out", str(tmp_path / "o")])
     assert "no NeuronSet at 'nope.json'" in flat(nope.stderr)
+    builtin = runner.invoke(app, ["fix", "--neurons", "builtin", "--out", str(tmp_path / "o")])
+    assert "no built-in neuron set for 'planted:dinov2_s14'" in flat(builtin.stderr)
 
 
 def test_random_init_and_weights_exclude_each_other(tmp_path, no_model):
@@ -224,11 +228,14 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
     assert configs["file"]["weights"] == str(weights) and configs["folder"]["weights"] is None
     # random weights are flagged in the console and first in every report, trained ones not
     assert (
-        "RANDOM WEIGHTS: timm:vit_tiny_patch16_224 is built with --random-init"
-        in (consoles["random"])
+        "RANDOM WEIGHTS: timm:vit_tiny_patch16_224 has random, untrained weights (built with "
+        "--random-init)" in (consoles["random"])
     )
     assert "RANDOM WEIGHTS" not in consoles["file"] + consoles["folder"]
     random_md = render_markdown(build_report(docs["random"]))
-    assert random_md.startswith("**RANDOM WEIGHTS:** `timm:vit_tiny_patch16_224` was built")
+    assert random_md.startswith("**RANDOM WEIGHTS:** `timm:vit_tiny_patch16_224` has random")
+    assert [docs[n]["model"]["weights"] for n in specs] == ["user", "user", "random"]
     assert synthetic_banner(docs["random"]) == random_md.splitlines()[0]
+    # the attention table says its top-k mass counts a query attending to itself
+    assert "top-1 mass (self incl.)" in random_md and "[CLS] attending to itself" in random_md
     assert build_report(docs["file"]).banner is None and synthetic_banner(docs["file"]) is None

@@ -115,3 +115,22 @@ def test_model_input_reads_the_models_data_config() -> None:
     assert mean == pytest.approx((0.485, 0.456, 0.406)) and std == pytest.approx(
         (0.229, 0.224, 0.225)
     )
+
+
+def test_hue_paints_each_class_in_its_own_colour_on_the_same_scene() -> None:
+    plain, hued = render(0, "train", 3, 48), render(0, "train", 3, 48, hue=1)
+    assert np.array_equal(plain.mask, hued.mask) and plain.label == hued.label
+    means = {}
+    for seed in range(4):
+        for i in range(8):
+            scene = render(seed, "val", i, 48, hue=1)
+            for c in np.unique(scene.mask[scene.mask > 0]):
+                means.setdefault(int(c), []).append(scene.image[scene.mask == c].mean(0))
+    dominant = {c: int(np.argmax(np.mean(v, 0))) for c, v in means.items()}
+    assert dominant == {1: 0, 2: 1, 3: 2}  # square red, disc green, triangle blue
+    one = open_dataset("synthetic-cls:n=4,hue=1", "train")
+    assert one.describe()["params"]["hue"] == 1
+    other = open_dataset("synthetic-cls:n=4", "train")
+    assert one.fingerprint() != other.fingerprint()
+    with pytest.raises(SpecError, match="hue 0 or 1"):
+        open_dataset("synthetic-cls:hue=2", "train")

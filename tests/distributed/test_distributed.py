@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vitreg
-from conftest import TESTS
+from conftest import HANG_GUARD_S, TESTS
 from vitreg.neurons.discover import discover
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build
@@ -27,7 +27,7 @@ def test_torchrun_discovery_equals_single_process(tmp_path):
         str(script),
         str(out),
     ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(out.read_text())
     module, _ = build("deit3_s16", img_size=112)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import TESTS
+from conftest import HANG_GUARD_S, TESTS
 from vitreg import distributed
 from vitreg.cli.app import app
 
@@ -77,7 +77,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(args: list[str], no_python: bool = False, timeout: int = 600) -> str:
+def torchrun(args: list[str], no_python: bool = False, timeout: int = HANG_GUARD_S) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     cmd += [f"--master_port={free_port()}", *(["--no-python"] if no_python else []), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

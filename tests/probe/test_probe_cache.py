@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import vitreg
 from cache_worker import ToyDataset, small_vit
-from conftest import TESTS
+from conftest import HANG_GUARD_S, TESTS
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
@@ -100,12 +100,11 @@ def test_second_run_does_no_forward_pass_and_returns_identical_tensors(vit, tmp_
     assert CachedFeatures(first.folder).manifest == second.manifest
 
 
-def wait_for(pattern: str, folder: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for(pattern: str, folder: Path, proc: subprocess.Popen) -> None:
+    """Wait until the worker has written a file matching ``pattern`` (it stalls after 3 shards)."""
     while not list(folder.glob(f"*/{pattern}")):
         assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, "the worker wrote no shard in time"
-        time.sleep(0.01)
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -115,13 +114,13 @@ def test_killed_writer_resumes_to_the_uninterrupted_result(vit, tmp_path):
         [sys.executable, str(WORKER), str(root), "slow"], stderr=subprocess.PIPE, text=True
     )
     try:
-        wait_for("shard-00000.safetensors", root, proc)
+        wait_for("shard-00002.safetensors", root, proc)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     (folder,) = root.iterdir()
     done = len(list(folder.glob("shard-*.safetensors")))
-    assert 1 <= done < 20 and not (folder / "manifest.json").exists()
+    assert done == 3 and not (folder / "manifest.json").exists()
     (folder / "shard-00019.safetensors").write_bytes(b"\x10\x00 half a shard")  # damaged file
     (folder / ".shard-00018.safetensors.x1.tmp").write_bytes(b"left by a killed writer")
     kw = dict(views=("cls", "patches"), shard_size=2, batch_size=2)
@@ -224,7 +223,7 @@ def test_torchrun_two_ranks_equal_one_process(vit, tmp_path):
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
         "--master_port=29531", str(WORKER), str(tmp_path / "dist"), "dist",
     ]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "rank 0 forward_passes 3" in run.stdout and "rank 1 forward_passes 2" in run.stdout
     kw = dict(shard_size=2, batch_size=2)

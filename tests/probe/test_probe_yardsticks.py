@@ -121,7 +121,7 @@ def test_segmentation_run_carries_yardsticks_per_class_iou_and_figures(tmp_path:
                  cache_dir=tmp_path / "cache", config=ProbeConfig(seeds=(0, 1), epochs=2))  # fmt: skip
     doc = result.to_dict()
     figures = probe_figures(result, doc)
-    assert [f.name for f in figures] == ["probe_per_layer", "probe_segmentation"]
+    assert [f.name for f in figures] == ["probe_scores", "probe_segmentation"]  # one layer
     out = tmp_path / "run"
     write_probe_run(out, doc, result.model, {"task": "segmentation"}, "vitreg probe", figures)
     saved = json.loads((out / "metrics.json").read_text())["results"]

@@ -18,6 +18,7 @@ import vitreg
 from vitreg.analysis.diagnose import DiagnoseResult, diagnose
 from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormAnalysis
+from vitreg.errors import RenderError
 from vitreg.report import figures
 from vitreg.report.run import compare_table, write_run
 from vitreg.report.schema import json_schema, resolve, validate_metrics
@@ -187,7 +188,8 @@ def test_unplanted_report_says_no_artifacts(
 ) -> None:
     run = write_run(tmp_path / "run", unplanted, images=images[:4], config={}, command="x")
     md = (run / "report.md").read_text()
-    assert md.startswith("# vitreg diagnose")  # no synthetic banner: the spec does not say so
+    # the unplanted control has random weights: no synthetic banner, the random-weights one
+    assert md.startswith("**RANDOM WEIGHTS:**") and "SYNTHETIC" not in md.splitlines()[0]
     assert "**No artifacts found.**" in md and "**Emergence layer:** none" in md
     assert "top_p rule still flags 2% of tokens at every layer" in md
     doc = load_metrics(run)
@@ -218,20 +220,60 @@ def test_missing_analyses_degrade_to_one_line(tmp_path: Path, planted: DiagnoseR
     assert_traceable(doc, only_norms)
 
 
-def test_failed_write_leaves_no_metrics_json(
+def test_failed_rendering_keeps_the_new_results(
     tmp_path: Path, planted_run: Path, planted: DiagnoseResult, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = tmp_path / "run"
-    shutil.copytree(planted_run, run)  # a previous complete run: its metrics.json must go too
+    shutil.copytree(planted_run, run)  # a previous complete run: its report must not survive
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("figure failed")
 
     monkeypatch.setattr(figures, "norm_histograms", broken)
-    with pytest.raises(RuntimeError, match="figure failed"):
-        write_run(run, planted, config={}, command="x")
-    assert not (run / "metrics.json").exists()
+    with pytest.raises(RenderError, match="figure failed") as failed:
+        write_run(run, planted, config={}, command="rendering fails")
+    assert failed.value.saved == str(run / "metrics.json")
+    assert failed.value.again == f"vitreg report {run}"
+    doc = validate_metrics(load_metrics(run))
+    assert doc.command == "rendering fails"  # this run's results, not the previous ones
+    assert not (run / "report.md").exists() and not (run / "report.html").exists()
     assert not list(run.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("fails", ["figures", "report"])
+def test_the_writer_of_every_other_verb_saves_the_results_first(
+    tmp_path: Path, planted_run: Path, fails: str
+) -> None:
+    """neurons, fix, probe, vlm, experiment and train all write through write_files."""
+    from vitreg.report.run_files import write_files
+
+    def broken(*args: object) -> list:
+        raise ValueError(f"{fails} failed")
+
+    doc = load_metrics(planted_run)
+    draw, build = (broken, None) if fails == "figures" else (lambda: [], broken)
+    with pytest.raises(RenderError, match=f"{fails} failed") as failed:
+        write_files(tmp_path / "run", doc, draw, build)
+    assert failed.value.again == f"vitreg report {tmp_path / 'run'}"
+    assert load_metrics(tmp_path / "run") == doc and (tmp_path / "run" / "config.yaml").is_file()
+    assert not (tmp_path / "run" / "report.md").exists()
+
+
+def test_a_model_comparison_renders_again_as_written(
+    tmp_path: Path, planted_run: Path, planted: DiagnoseResult
+) -> None:
+    from vitreg.report.compare import write_model_comparison
+    from vitreg.verbs.report import render_again
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        shutil.copytree(planted_run, d)
+    write_model_comparison(tmp_path, [("a", planted), ("b", planted)], dirs)
+    written = (tmp_path / "comparison.md").read_text()
+    (tmp_path / "comparison.md").unlink()
+    assert render_again(tmp_path) == [tmp_path / "comparison.md", tmp_path / "report.html"]
+    assert (tmp_path / "comparison.md").read_text() == written
+    assert "figures/model_curves.png" in written
 
 
 def test_compare_table_rows_come_from_the_results(

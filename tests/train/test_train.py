@@ -45,7 +45,11 @@ def test_accumulation_matches_the_full_batch(tmp_path, recipe):
     weight = [r.model.patch_embed.proj.weight for r in (full, accum)]
     assert torch.allclose(*weight, atol=1e-5)
     keys = {"step", "loss", "lr", "images_per_s"}
-    keys |= {"loss_dino", "loss_ibot", "teacher_temp", "momentum"} if recipe == "dino" else set()
+    keys |= (
+        {"loss_dino", "loss_ibot", "teacher_temp", "teacher_entropy", "momentum"}
+        if recipe == "dino"
+        else set()
+    )
     logged = [
         json.loads(line) for line in (tmp_path / "full" / "log.jsonl").read_text().splitlines()
     ]

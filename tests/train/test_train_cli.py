@@ -30,6 +30,15 @@ def test_cli_trains_dino_on_a_synthetic_dataset(tmp_path):
     lines = (tmp_path / "log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     assert (tmp_path / "model.safetensors").is_file()
+    # a report with the loss curve, and the DINO loss read against the teacher's entropy
+    assert (tmp_path / "figures" / "training_loss.png").is_file()
+    report = (tmp_path / "report.md").read_text()
+    assert "training_loss.png" in report and (tmp_path / "report.html").is_file()
+    terms = json.loads((tmp_path / "metrics.json").read_text())["results"]["dino_terms"]
+    assert terms["out_dim"] == 64 and terms["final"]["step"] == 2
+    kl = terms["final"]["loss_dino"] - terms["final"]["teacher_entropy"]
+    assert terms["final"]["kl"] == kl >= -1e-4  # a cross-entropy is never below the entropy
+    assert "KL(teacher ‖ student)" in report
 
 
 def test_cli_empty_image_folder_is_a_clean_error(tmp_path):

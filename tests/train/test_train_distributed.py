@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TESTS
+from conftest import HANG_GUARD_S, TESTS
 from train_helpers import run
 
 
@@ -30,7 +30,7 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
         "dist",
         str(tmp_path),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads((tmp_path / "losses.json").read_text())
     threads = torch.get_num_threads()

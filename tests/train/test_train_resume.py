@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import TESTS
+from conftest import HANG_GUARD_S, TESTS
 from train_helpers import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the same thread count as the killed worker
@@ -20,7 +20,7 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path):
         [sys.executable, str(script), "kill", str(out), "3"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert done.returncode == -9, done.stderr[-2000:]  # killed after step 3, checkpoint at 2
     logged = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]

@@ -336,3 +336,26 @@ def test_cli_vlm_rejects_a_non_vlm_spec(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["vlm", "planted:dinov2_s14", "--prompt", PROMPT])
     assert result.exit_code == 2
     assert "hf-vlm" in " ".join(result.stderr.split())
+
+
+def test_a_generated_image_token_is_never_fed_back_as_a_placeholder(tiny, pixels) -> None:
+    """An LM whose favourite next token is the image token (the untrained one picks it as any
+    word) answers without it, and the read over prompt + answer keeps one image's tokens."""
+    _, model, _ = tiny
+    vlm = model.vlm
+    image = vlm.image_token_id
+
+    def favour_image(_mod, _args, out):
+        out[..., image] += 100.0
+        return out
+
+    pv = pixels[:1]
+    ids = inputs(model, pv)
+    handle = vlm.module.lm_head.register_forward_hook(favour_image)
+    try:
+        got = condition(model, ids, pv, max_new_tokens=4)
+    finally:
+        handle.remove()
+    assert int(got.reading.logits[0].argmax()) == image  # unsuppressed, it would come first
+    assert len(got.answer_ids) == 4 and image not in got.answer_ids
+    assert got.attention_grid.shape == (SIZE // 16, SIZE // 16)

@@ -175,11 +175,12 @@ FIX_TOLERANCE = 1.5
 
 
 def ordinary_level(patches: torch.Tensor, flagged: torch.Tensor) -> float:
-    """Max/median norm of the patches not flagged as outliers (all of them if every one is):
-    the level a fix should bring the largest patch norms back to."""
-    median = max(float(patches.median()), 1e-12)
+    """Max/median norm of the patches not flagged as outliers (all of them if every one is),
+    both taken over those patches: the level a fix should bring the largest patch norms back
+    to, and never below 1 (the same statistic as a model's max/median, on ordinary patches)."""
     normal = patches[~flagged]
-    return float((normal if normal.numel() else patches).max()) / median
+    normal = normal if normal.numel() else patches.flatten()
+    return float(normal.max()) / max(float(normal.median()), 1e-12)
 
 
 def fix_is_clean(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from vitreg.cli.command import VitregCommand, VitregGroup
@@ -12,6 +14,7 @@ from vitreg.cli.inspect_cmd import inspect_model
 from vitreg.cli.models_cmd import models
 from vitreg.cli.neurons_cmd import neurons_command
 from vitreg.cli.probe_cmd import compare_command, probe_command
+from vitreg.cli.report_cmd import report_command
 from vitreg.cli.train_cmd import train_command
 from vitreg.cli.validate_cmd import validate_command
 from vitreg.cli.vlm_cmd import vlm_command
@@ -31,6 +34,7 @@ app.command("neurons", cls=VitregCommand)(neurons_command)
 app.command("fix", cls=VitregCommand)(fix_command)
 app.command("probe", cls=VitregCommand)(probe_command)
 app.command("compare", cls=VitregCommand)(compare_command)
+app.command("report", cls=VitregCommand)(report_command)
 app.command("train", cls=VitregCommand)(train_command)
 app.command("validate", cls=VitregCommand)(validate_command)
 app.command("vlm", cls=VitregCommand)(vlm_command)
@@ -55,6 +59,9 @@ def root(
     ),
 ) -> None:
     """Find, explain and remove token artifacts in Vision Transformers."""
+    # vitreg shows its own progress: the Hugging Face libraries' tqdm bars (downloads, checkpoint
+    # shards) stay off unless the user asks for them (HF_HUB_DISABLE_PROGRESS_BARS=0)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def main() -> None:

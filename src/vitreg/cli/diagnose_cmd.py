@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, err_console, show_notice
+from vitreg.cli.output import cli_errors, console, err_console, show_notice, show_path
 from vitreg.cli.progress import progress
 
 
@@ -112,12 +112,19 @@ def run_diagnose(cfg: Any) -> None:
         with cli_errors():
             run = diagnose(cfg, progress, show_notice)
     except Interrupted as e:
-        err_console.print(
-            f"[red]interrupted: no metrics.json was written for {escape(e.spec)}[/red]"
+        from vitreg.report.run_files import again_command
+
+        done = (
+            f"the results of {e.spec} are saved in {e.saved}; `{again_command(e.saved.parent)}` "
+            "renders its report"
+            if e.saved is not None
+            else f"no metrics.json was written for {e.spec}"
         )
+        err_console.print(f"[red]interrupted: {escape(done)}[/red]")
         raise typer.Exit(code=130) from None
     show_summary(run.labelled)
     if run.comparison is not None:
-        console.print(f"comparison: {run.comparison}")
+        where = Path(run.comparison).parent
+        show_path("comparison", run.comparison, f" and {escape(str(where / 'report.html'))}")
     for (label, _), d in zip(run.labelled, run.run_dirs, strict=True):
-        console.print(f"run directory ({escape(label)}): [bold]{escape(str(d))}[/bold]")
+        show_path(f"run directory ({escape(label)})", d)

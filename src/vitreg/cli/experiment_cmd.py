@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from vitreg.cli import options as opt
 from vitreg.cli.command import VitregCommand, VitregGroup
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, show_notice, show_path
 from vitreg.cli.progress import progress
 
 experiment_app = typer.Typer(
@@ -89,8 +88,8 @@ def run_experiment(cfg: Any) -> None:
 
     with cli_errors():
         run = experiment(cfg, progress, show_notice)
-    console.print(
-        f"{len(run.experiment.variants)} variants in {run.seconds:.0f} s; report: "
-        f"[bold]{escape(str(run.run_dir / 'report.md'))}[/bold] (metrics.json, report.html, "
-        "figures/)"
+    show_path(
+        f"{len(run.experiment.variants)} variants in {run.seconds:.0f} s; report",
+        run.run_dir / "report.md",
+        " (metrics.json, report.html, figures/)",
     )

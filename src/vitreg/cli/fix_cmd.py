@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, console, show_line, show_notice, show_path
 from vitreg.cli.progress import progress
 
 
@@ -76,6 +76,14 @@ def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
     c = comparison.to_dict()
     res = c["residual"]
     layer = c["detect_layer"]
+    if res["nothing_to_fix"]:
+        show_line("no artifacts before the fix: nothing to remove (no block has an outlier mode)")
+    if res["threshold_from_another_model"]:
+        show_line(
+            f"the neuron set's detection threshold ({c['threshold_value']:.4g}) is above every "
+            f"patch norm of this model at block {layer} (largest "
+            f"{res['largest_patch_norm_before']:.4g}): it was set on another model"
+        )
     table = Table(title="vitreg fix")
     for column in ("", "before", "after"):
         table.add_column(column, style="bold" if not column else None)
@@ -108,9 +116,12 @@ def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
     cos = c["pooled_cosine"]
     if cos is not None:
         table.add_row("pooled embedding cosine", "", f"{cos['mean']:.4f} (min {cos['min']:.4f})")
+    dense = c["patch_cosine"]
+    if dense is not None:
+        table.add_row("patch feature cosine", "", f"{dense['mean']:.4f} (min {dense['min']:.4f})")
     console.print(table)
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
+    show_path("run directory", run_dir)
     if save is not None:
-        console.print(
+        show_line(
             f"fixed model: {escape(str(save))} (load it with vitreg.load('local:{escape(str(save))}'))"
         )

@@ -13,9 +13,6 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, fail
 from vitreg.cli.progress import progress
-from vitreg.core.layout import TokenLayout
-from vitreg.device import check_device
-from vitreg.verbs.loading import load_spec, move
 
 
 def _ranges(values: list[int]) -> str:
@@ -56,7 +53,7 @@ def compress_names(names: list[str]) -> list[str]:
     return [".".join(parts) for parts in entries]
 
 
-def describe(model: Any, layout: TokenLayout, img_size: int | None, hooks: bool) -> dict[str, Any]:
+def describe(model: Any, layout: Any, img_size: int | None, hooks: bool) -> dict[str, Any]:
     """``Model.describe()`` with the layout at ``img_size`` and, if asked, the hook names."""
     info = {**model.describe(), "layout": layout.to_dict()}
     if img_size:
@@ -66,7 +63,7 @@ def describe(model: Any, layout: TokenLayout, img_size: int | None, hooks: bool)
     return info
 
 
-def _show(info: dict[str, Any], layout: TokenLayout) -> None:
+def _show(info: dict[str, Any], layout: Any) -> None:
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -108,6 +105,9 @@ def inspect_model(
     """Load a model and describe it: adapter, class, dims, token layout, attention path, notes."""
     if random_init and weights is not None:
         raise fail("--random-init and --weights exclude each other; pass one of them")
+    from vitreg.device import check_device
+    from vitreg.verbs.loading import load_spec, move
+
     with cli_errors():
         check_device(device)  # before the model loads
         if weights is not None:

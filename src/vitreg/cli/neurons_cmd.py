@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, console, show_line, show_notice, show_path
 from vitreg.cli.progress import progress
 
 
@@ -109,7 +110,6 @@ def show(found: Any, spec: str, run_dir: Path) -> None:
     console.print(table)
     for note in found.curve.notes:
         console.print(f"[yellow]note: {escape(note)}[/yellow]")
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
-    console.print(
-        f"next: vitreg fix {escape(spec)} --neurons {escape(str(run_dir / 'neurons.json'))}"
-    )
+    show_path("run directory", run_dir)
+    neurons = shlex.quote(str(run_dir / "neurons.json"))
+    show_line(f"next: {escape(f'vitreg fix {shlex.quote(spec)} --neurons {neurons}')}")

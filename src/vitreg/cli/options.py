@@ -24,7 +24,8 @@ WEIGHTS = typer.Option(
     None,
     "--weights",
     help="Weights file (.safetensors; or a torch state dict, read with weights_only=True) "
-    "loaded strictly into SPEC's architecture instead of its pretrained weights.",
+    "loaded strictly into SPEC's architecture instead of its pretrained weights; without "
+    "--img-size the input size is the file's (a resampled position embedding is announced).",
 )
 OVERWRITE = typer.Option(
     False,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from vitreg.errors import VitregError
+from vitreg.errors import RenderError, VitregError
 from vitreg.verbs.result import Notice
 
 RANK = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 prints (errors: every rank)
@@ -21,6 +21,17 @@ _errors = Console(stderr=True, highlight=False)
 
 # optional libraries and the pip extra that installs each
 EXTRAS = {"transformers": "hf", "open_clip": "openclip", "skimage": "samples"}
+
+
+def show_line(markup: str) -> None:
+    """A line that holds a path or a command, never wrapped (rich's soft wrap), so that it can
+    be copied and pasted whole from a terminal of any width."""
+    console.print(markup, soft_wrap=True)
+
+
+def show_path(label: str, path: object, after: str = "") -> None:
+    """``label: PATH`` (the path in bold) with ``after`` behind it, on one unwrapped line."""
+    show_line(f"{label}: [bold]{escape(str(path))}[/bold]{after}")
 
 
 def fail(message: str) -> typer.Exit:
@@ -44,6 +55,20 @@ def bug(e: BaseException) -> typer.Exit:
     return typer.Exit(code=1)
 
 
+def render_failed(e: RenderError) -> typer.Exit:
+    """Print a rendering failure (a bug, after the results were saved) on stderr: where the
+    results are and the command that renders the report again; return the exit (code 1)."""
+    _errors.print(
+        Text(
+            f"error: this is a bug in vitreg, please report it: rendering the report failed "
+            f"({e.cause}). The results are saved in {e.saved}; `{e.again}` renders the report "
+            "again from them. Rerun with `vitreg --debug <command> ...` for the traceback.",
+            style="red",
+        )
+    )
+    return typer.Exit(code=1)
+
+
 def show_notice(n: Notice) -> None:
     """Print one notice of a verb as it happens: the random-weights one as a banner, loader
     notes and warnings with their prefix, cautions in yellow, images in cyan, log lines of a
@@ -59,8 +84,8 @@ def show_notice(n: Notice) -> None:
         err_console.print(text)
     elif n.caution:
         console.print(f"[yellow]{text}[/yellow]")
-    elif n.kind == "images":
-        console.print(f"[cyan]{text}[/cyan]")
+    elif n.kind == "images":  # may name a folder: one unwrapped line
+        console.print(f"[cyan]{text}[/cyan]", soft_wrap=True)
     else:
         console.print(text)
 

@@ -11,11 +11,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
 from vitreg.report.out_dir import check_out
 
 DEFAULT_DATA = "synthetic-cls:n=200"
+# a Δ's verdict in the console table (short, so the table fits 100 columns)
+DELTA_WORDS = {
+    "better": "better",
+    "worse": "worse",
+    "within noise": "noise",
+    "no interval": "no CI",
+}
 CACHE = Path(".vitreg-cache") / "features"
 
 
@@ -31,9 +38,10 @@ def probe_command(
     data: str = typer.Option(
         DEFAULT_DATA,
         "--data",
-        help="Dataset: imagefolder:DIR, voc:DIR, voc-boxes:DIR, ade20k:DIR, nyu:DIR, or "
-        "synthetic[-cls|-seg|-depth|-boxes]:n=200,size=64,seed=0. Train split -> probe, "
-        "val split -> scores.",
+        help="Dataset: imagefolder:DIR, voc:DIR, voc-boxes:DIR, ade20k:DIR, nyu:DIR, or the "
+        "seeded synthetic shapes synthetic-cls, synthetic-seg, synthetic-depth, "
+        "synthetic-boxes or synthetic (all targets), with parameters such as "
+        ":n=200,size=64,seed=0. Train split -> probe, val split -> scores.",
     ),
     fix: str = typer.Option(
         "none",
@@ -91,16 +99,36 @@ def run_probe(cfg: Any) -> None:
         show(run.probe, run.run_dir)
 
 
+def block_name(layer: str) -> str:
+    """A block output's name as the console shows it: ``blocks.11``."""
+    return layer.removesuffix(".hook_resid_post")
+
+
 def show(doc: dict[str, Any], run_dir: Path) -> None:
     """Console table: every score, base and fixed side by side, the Δ with its verdict, and
     the yardsticks each layer's scores are read against."""
+    from vitreg.report.probe_report import verdict
+
     conditions = list(doc["conditions"])
     both = len(conditions) == 2
-    table = Table(title=f"vitreg probe: {doc['task']}")
-    for column in ("layer", "feature", "tokens", "metric", *conditions, *["Δ"] * both):
+    layers = next(iter(doc["conditions"].values()))
+    many = len(layers) > 1  # one layer: named in the title, not on every row
+    grouped = any(
+        s["group"] != "all" for ls in doc["conditions"].values() for x in ls for s in x["scores"]
+    )
+    where = "" if many else f" at {block_name(layers[0]['layer'])}"
+    table = Table(title=f"vitreg probe: {doc['task']}{escape(where)}")
+    labels = ["layer"] * many + ["feature"] + ["tokens"] * grouped + ["metric"]
+    longest = {
+        "layer": max(len(block_name(x["layer"])) for x in layers),
+        "feature": max((len(s["feature"]) for x in layers for s in x["scores"]), default=7),
+    }
+    for column in labels:  # each row keeps its whole, unique label; the numbers wrap first
+        table.add_column(column, no_wrap=True, min_width=longest.get(column))
+    for column in [*conditions, *["Δ"] * both]:
         table.add_column(column)
     deltas = {(d["layer"], d["feature"], d["group"], d["metric"]): d for d in doc["deltas"]}
-    for li, layer in enumerate(next(iter(doc["conditions"].values()))):
+    for li, layer in enumerate(layers):
         by_key: dict[tuple, list[str]] = {}
         for ci, c in enumerate(conditions):
             for s in doc["conditions"][c][li]["scores"]:
@@ -109,12 +137,14 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
                 if s["ci95"] is not None:
                     cell += f" ± {s['ci95']:.2g}"
                 by_key.setdefault(key, ["–"] * len(conditions))[ci] = cell
-        for (feature, group, metric), cells in by_key.items():
+        if li:
+            table.add_section()
+        for row, ((feature, group, metric), cells) in enumerate(by_key.items()):
             d = deltas.get((layer["layer"], feature, group, metric))
-            extra = [f"{d['delta']:+.3g} ({d['verdict']})" if d else "–"] * both
-            name = layer["layer"].removesuffix(".hook_resid_post")
-            table.add_row(escape(name), escape(feature), group, metric, *cells, *extra)
-    console.print(table)
+            extra = [f"{d['delta']:+.3g} ({DELTA_WORDS[d['verdict']]})" if d else "–"] * both
+            name = [escape(block_name(layer["layer"])) if row == 0 else ""] * many
+            table.add_row(*name, escape(feature), *[group] * grouped, metric, *cells, *extra)
+    console.print(table, crop=False)
     for layer in next(iter(doc["conditions"].values())):
         marks = [
             f"{y['name']} {y['metric']}{'' if y['group'] == 'all' else '/' + y['group']} "
@@ -134,8 +164,12 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
                 "yardstick (95% interval); see the report's vs yardsticks column[/yellow]"
             )
     if both:
-        console.print("Δ: better/worse only when the 95% intervals separate, else within noise")
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
+        console.print(
+            "Δ = fixed − base: better/worse only when the 95% intervals separate, else noise "
+            "(within noise) or no CI (one seed)"
+        )
+    console.print(f"[bold]verdict:[/bold] {escape(verdict(doc))}")
+    show_path("run directory", run_dir)
 
 
 def compare_line(runs: list[Path], out: Path, contains: str | None) -> str:
@@ -190,4 +224,4 @@ def compare_command(
         table.add_row(escape(run), escape(row["metric"]), num(row["value"], 4), row["direction"])
     console.print(table)
     if out is not None:
-        console.print(f"written: [bold]{escape(str(out))}[/bold]")
+        show_path("written", out, " (comparison.md, report.html, comparison.json)")

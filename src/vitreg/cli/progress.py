@@ -1,10 +1,13 @@
 """The CLI's :class:`~vitreg.progress.Progress`: rich bars on stderr in a terminal, plain lines
 when stderr is not a terminal (a log file, a pipe, CI), one style for every command and phase.
-``VITREG_PROGRESS=plain`` asks for the lines in a terminal too, ``off`` for no progress at all."""
+``VITREG_PROGRESS=plain`` asks for the lines in a terminal too, ``off`` for no progress at all.
+A label ending in its unit in brackets, ``extracting features (samples)``, counts in that unit:
+``extracting features: done, 200/200 samples in 3.1 s``."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +32,13 @@ def mode() -> str:
     return value if value in ("auto", "plain", "off") else "auto"
 
 
+def split_unit(label: str) -> tuple[str, str]:
+    """``"extracting features (samples)"`` -> ``("extracting features", "samples")``; a label
+    without a bracketed unit at its end counts bare steps (``""``)."""
+    m = re.fullmatch(r"(.*\S)\s+\(([^()]+)\)", label.strip())
+    return (m.group(1), m.group(2)) if m else (label, "")
+
+
 def status_text(status: dict[str, object]) -> str:
     """``{"loss": 0.31234, "lr": "1.0e-03"}`` -> ``loss=0.3123 lr=1.0e-03``."""
     shown = (f"{v:.4g}" if isinstance(v, float) else str(v) for v in status.values())
@@ -36,26 +46,32 @@ def status_text(status: dict[str, object]) -> str:
 
 
 class _Count(ProgressColumn):
-    """``done/total``, or ``done`` while the total is unknown."""
+    """``done/total unit``, or ``done unit`` while the total is unknown."""
 
     def render(self, task: Task) -> Text:
         done = int(task.completed)
-        return Text(f"{done}/{int(task.total)}" if task.total is not None else f"{done}")
+        count = f"{done}/{int(task.total)}" if task.total is not None else f"{done}"
+        unit = task.fields.get("unit", "")
+        return Text(f"{count} {unit}" if unit else count)
 
 
 class _Phase:
     """One phase's state: its steps, status and clock."""
 
     def __init__(self, total: int | None, label: str, outer: bool) -> None:
-        self.total, self.label, self.outer = total, label, outer
+        self.total, self.outer = total, outer
+        self.label, self.unit = split_unit(label)
         self.done, self.status = 0, ""
         self.start = self.last_line = time.monotonic()
 
     def count(self) -> str:
-        """``done/total``; ``done`` when the total is unknown; empty before any step of that."""
+        """``done/total unit``; ``done unit`` when the total is unknown; empty before any step
+        of that."""
         if self.total is None:
-            return str(self.done) if self.done else ""
-        return f"{self.done}/{self.total}"
+            count = str(self.done) if self.done else ""
+        else:
+            count = f"{self.done}/{self.total}"
+        return f"{count} {self.unit}" if count and self.unit else count
 
     def line(self, end: bool = False) -> str:
         """The plain-text state: ``label: 5/17 (29%) loss=0.3`` or, at the end, with the time."""
@@ -64,7 +80,8 @@ class _Phase:
             took = f"in {time.monotonic() - self.start:.1f} s"
             text = f"{self.label}: done, {count} {took}" if count else f"{self.label}: done {took}"
             if self.total is not None and self.done < self.total:  # ended at its real last step
-                text = f"{self.label}: done, {self.done} {took} (ended early; {self.total} planned)"
+                done = f"{self.done} {self.unit}" if self.unit else str(self.done)
+                text = f"{self.label}: done, {done} {took} (ended early; {self.total} planned)"
         elif count:
             text = f"{self.label}: {count}"
             text += f" ({self.done / self.total:.0%})" if self.total else ""
@@ -125,7 +142,7 @@ class ConsoleProgress:
             self._bars = RichProgress(*columns, status, console=self.console, transient=True)
             self._bars.start()
         bars = self._bars
-        task = bars.add_task(escape(phase.label), total=phase.total, status="")
+        task = bars.add_task(escape(phase.label), total=phase.total, status="", unit=phase.unit)
 
         def update(done: int, **status: object) -> None:
             phase.done, phase.status = done, status_text(status) if status else phase.status

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
 
 
@@ -88,7 +87,10 @@ def run_train(cfg: Any) -> None:
     result = run.training
     last = result.history[-1] if result.history else {}
     console.print(
-        f"{cfg.recipe}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}; "
-        f"run directory: [bold]{escape(str(run.run_dir))}[/bold] (log.jsonl, model.safetensors, "
-        "metrics.json)"
+        f"{cfg.recipe}: {result.steps} steps, final loss {last.get('loss', float('nan')):.4f}"
+    )
+    show_path(
+        "run directory",
+        run.run_dir,
+        " (report.md, report.html, figures/, log.jsonl, model.safetensors, metrics.json)",
     )

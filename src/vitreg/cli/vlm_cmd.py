@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice
+from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
 from vitreg.report.markdown import num, pct
 
@@ -97,4 +97,4 @@ def show(results: dict[str, Any], run_dir: Path) -> None:
         f"max/median patch norm {num(s['max_over_median_before'])} -> "
         f"{num(s['max_over_median_after'])}"
     )
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/bold]")
+    show_path("run directory", run_dir)

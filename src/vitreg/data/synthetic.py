@@ -2,11 +2,15 @@
 
 Each image has a flat or textured background (a tilted plane about 4-6.5 m away) and 1-3 shapes
 (square, disc, triangle; random colour, so only the outline tells the class) each at its own
-depth of 1-3.5 m, painted far to near so occlusion agrees with depth. Masks hold class ids
+depth of 1-3.5 m, painted far to near so occlusion agrees with depth. With ``hue=1`` each class
+paints its shapes in its own jittered hue (square red, disc green, triangle blue), so colour
+tells the class too: a label that even a random-weight model's pooled tokens carry (the offline
+probe demo). Masks hold class ids
 (0 = background), boxes enclose each shape's visible pixels, the label is the class of the shape
 with the most visible pixels. Item ``i`` depends only on ``(seed, split, i)``, so items are drawn
 lazily and train/val never share images. Specs: ``synthetic-seg:n=200,size=64,seed=0`` and
-``synthetic-depth``, ``synthetic-boxes``, ``synthetic-cls``, ``synthetic`` (all targets).
+``synthetic-depth``, ``synthetic-boxes``, ``synthetic-cls``, ``synthetic`` (all targets), each
+with ``hue=1`` as an option.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "synthetic-cls": ("label",),
     "synthetic": TARGETS,
 }
-DEFAULTS = {"n": 200, "size": 64, "seed": 0}
+DEFAULTS = {"n": 200, "size": 64, "seed": 0, "hue": 0}
+# the class hues of hue=1 (RGB; row 0, the background, is unused)
+PALETTE = np.array([[0, 0, 0], [215, 50, 45], [45, 190, 65], [50, 80, 225]], float)
+HUE_JITTER = 0.25  # share of the random colour kept around the class hue (about ±32 levels)
 MIN_SIZE = 16
 MAX_SIZE = 4096  # pixels per side (models.input_size.MAX_IMG_SIZE): one image stays < 1 GiB
 MAX_N = 10_000_000  # images per split (rendered lazily; a bound on the run, not memory)
@@ -69,8 +76,9 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return smooth + rng.normal(0, 12, (size, size, 3))  # value noise + grain
 
 
-def render(seed: int, split: str, index: int, size: int = DEFAULTS["size"]) -> Scene:
-    """Draw item ``index`` of ``split`` for ``seed`` (pure function of its arguments)."""
+def render(seed: int, split: str, index: int, size: int = DEFAULTS["size"], hue: int = 0) -> Scene:
+    """Draw item ``index`` of ``split`` for ``seed`` (pure function of its arguments); ``hue``
+    paints each shape in its class's hue (the same scene otherwise)."""
     rng = np.random.default_rng([seed, SPLIT_CODE[split], index])
     c = np.arange(size) + 0.5
     x, y = np.meshgrid(c, c)
@@ -85,6 +93,8 @@ def render(seed: int, split: str, index: int, size: int = DEFAULTS["size"]) -> S
     centres = rng.uniform(radii[:, None], size - radii[:, None], (k, 2))
     depths = rng.uniform(1.0, 3.5, k)
     colours = rng.uniform(0, 255, (k, 3))
+    if hue:
+        colours = np.clip(PALETTE[classes] + HUE_JITTER * (colours - 127.5), 0, 255)
     order = np.argsort(-depths)  # far first, near shapes occlude
     for j, s in enumerate(order):
         inside = _inside(int(classes[s]), x, y, *centres[s], radii[s])
@@ -115,9 +125,11 @@ def render(seed: int, split: str, index: int, size: int = DEFAULTS["size"]) -> S
 class SyntheticShapes(BaseDataset):
     """``n`` lazily drawn scenes; only the targets of the chosen variant are filled in."""
 
-    def __init__(self, name: str, spec: str, split: str, n: int, size: int, seed: int) -> None:
+    def __init__(
+        self, name: str, spec: str, split: str, n: int, size: int, seed: int, hue: int = 0
+    ) -> None:
         super().__init__(name, spec, split, VARIANTS[name])
-        self.n, self.size, self.seed = n, size, seed
+        self.n, self.size, self.seed, self.hue = n, size, seed, hue
         self.num_classes = len(CLASS_NAMES)
         self.class_names = list(CLASS_NAMES)
 
@@ -125,7 +137,7 @@ class SyntheticShapes(BaseDataset):
         return self.n
 
     def _read(self, i: int) -> Sample:
-        scene = render(self.seed, self.split, i, self.size)
+        scene = render(self.seed, self.split, i, self.size, self.hue)
         want = set(self.targets)
         return Sample(
             image=Image.fromarray(scene.image),
@@ -139,9 +151,12 @@ class SyntheticShapes(BaseDataset):
     def _fingerprint_parts(self) -> Iterable[Any]:
         yield ["synthetic", GENERATOR_VERSION, self.n, self.size, self.seed, self.split]
         yield list(self.targets)
+        if self.hue:  # the plain scenes keep the cache keys they always had
+            yield ["hue", self.hue]
 
     def describe(self) -> dict:
-        return {**super().describe(), "params": {"n": self.n, "size": self.size, "seed": self.seed}}
+        params = {"n": self.n, "size": self.size, "seed": self.seed, "hue": self.hue}
+        return {**super().describe(), "params": params}
 
 
 def parse_params(arg: str) -> dict[str, int]:
@@ -167,10 +182,11 @@ def parse_params(arg: str) -> dict[str, int]:
         1 <= params["n"] <= MAX_N
         and MIN_SIZE <= params["size"] <= MAX_SIZE
         and 0 <= params["seed"] <= MAX_SEED
+        and params["hue"] in (0, 1)
     ):
         raise SpecError(
             f"synthetic needs 1 <= n <= {MAX_N:,}, {MIN_SIZE} <= size <= {MAX_SIZE}, "
-            f"0 <= seed <= {MAX_SEED}; got {params}"
+            f"0 <= seed <= {MAX_SEED}, hue 0 or 1; got {params}"
         )
     return params
 

@@ -139,7 +139,7 @@ def evaluate(
     from vitreg.models.load import wrap
 
     trained.eval()
-    model = wrap(trained)
+    model = wrap(trained, weights="trained")  # trained by this experiment
     images = diagnosis_images(data[1], model, settings.diagnose_images)
     return {
         "probes": run_probes(model, data, tasks, folder, settings),

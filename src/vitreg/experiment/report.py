@@ -14,9 +14,11 @@ from typing import Any
 
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
 from vitreg.experiment.variants import SUMMARY
+from vitreg.report.fields import as_dict, as_list, dig, finite
 from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
-from vitreg.report.markdown import Report, Section, Table, num, provenance_section
+from vitreg.report.markdown import Report, Section, Table, code, num, provenance_section, text
 from vitreg.report.run_files import document, figure_section, write_files
+from vitreg.report.train_report import dino_reading
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),
@@ -32,6 +34,8 @@ COLUMNS = (  # summary key, column title
     ("final_loss", "final loss"),
 )
 DELTAS = (("seg_miou", "Δ mIoU"), ("depth_rmse", "Δ depth RMSE"), ("cls_top1", "Δ [CLS] top-1"))
+SETTINGS = ("depth", "embed_dim", "num_heads", "patch_size", "img_size", "init_values", "recipe")
+SETTINGS += ("steps", "batch_size", "lr", "seeds", "probe_seeds")  # the summary names these
 
 
 def headlines(variants: list[dict[str, Any]]) -> list[tuple]:
@@ -46,47 +50,47 @@ def headlines(variants: list[dict[str, Any]]) -> list[tuple]:
 
 
 def _mean(v: dict[str, Any], key: str) -> float | None:
-    return v["summary"][key]["mean"]
+    return dig(v, "summary", key, "mean")
 
 
 def _cell(v: dict[str, Any], key: str) -> str:
-    s = v["summary"][key]
-    if s["mean"] is None:
-        return "–"
+    s = as_dict(dig(v, "summary", key))
+    mean = s.get("mean")
+    if not finite(mean):
+        return num(mean)
     if key == "artifacts_present":
-        return "yes" if s["mean"] >= 0.5 else "no"
+        return "yes" if mean >= 0.5 else "no"
     if key == "params":
-        return f"{s['mean'] / 1e6:.3f}M"
+        return f"{mean / 1e6:.3f}M"
     if key == "flops":
-        return f"{s['mean'] / 1e6:.1f}"
+        return f"{mean / 1e6:.1f}"
     if key == "params_extra_pct":
-        return f"{s['mean']:.2f}"
-    text = num(s["mean"])
-    return f"{text} ± {num(s['std'], 2)}" if s["std"] is not None else text
+        return f"{mean:.2f}"
+    return f"{num(mean)} ± {num(s['std'], 2)}" if s.get("std") is not None else num(mean)
 
 
-def _title(v: dict[str, Any]) -> str:
-    spec = SPECIALISATION_TITLES[v["specialisation"]]
-    return f"{spec} · {HANDLING_TITLES[v['handling']]}" if v["handling"] != "none" else spec
+def _titled(titles: dict[str, str], key: Any) -> str:
+    """A specialisation's or a high-norm handling's title (the key itself if it has none)."""
+    return titles.get(key, text(key)) if isinstance(key, str) else text(key)
 
 
 def comparison_table(variants: list[dict[str, Any]]) -> Table:
     header = ["variant", "specialised", "high-norm handling", *(t for _, t in COLUMNS)]
     rows = [
         [
-            f"`{v['name']}`",
-            SPECIALISATION_TITLES[v["specialisation"]],
-            HANDLING_TITLES[v["handling"]],
+            code(v.get("name")),
+            _titled(SPECIALISATION_TITLES, v.get("specialisation")),
+            _titled(HANDLING_TITLES, v.get("handling")),
             *(_cell(v, k) for k, _ in COLUMNS),
         ]
-        for v in variants
+        for v in map(as_dict, variants)
     ]
     return Table(header, rows)
 
 
 def deltas(variants: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:
     """``{specialisation: {handling: {key: variant - baseline of the same handling}}}``."""
-    by = {(v["specialisation"], v["handling"]): v for v in variants}
+    by = {(v.get("specialisation"), v.get("handling")): v for v in map(as_dict, variants)}
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for (spec, handling), v in by.items():
         base = by.get(("baseline", handling))
@@ -104,7 +108,11 @@ def deltas(variants: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, floa
 
 def delta_table(d: dict[str, dict[str, dict[str, float | None]]]) -> Table:
     rows = [
-        [SPECIALISATION_TITLES[spec], HANDLING_TITLES[h], *(num(vals[k]) for k, _ in DELTAS)]
+        [
+            _titled(SPECIALISATION_TITLES, spec),
+            _titled(HANDLING_TITLES, h),
+            *(num(vals[k]) for k, _ in DELTAS),
+        ]
         for spec, per in d.items()
         for h, vals in per.items()
     ]
@@ -112,13 +120,16 @@ def delta_table(d: dict[str, dict[str, dict[str, float | None]]]) -> Table:
 
 
 def block_table(variants: list[dict[str, Any]]) -> Table | None:
-    with_ln = [v for v in variants if "cls_patch_post_ln1" in v["per_block"]]
+    with_ln = [
+        (v.get("name"), as_list(dig(v, "per_block", "cls_patch_post_ln1")))
+        for v in map(as_dict, variants)
+        if "cls_patch_post_ln1" in as_dict(v.get("per_block"))
+    ]
     if not with_ln:
         return None
-    depth = len(with_ln[0]["per_block"]["cls_patch_post_ln1"])
+    depth = max(len(values) for _, values in with_ln)
     rows = [
-        [f"`{v['name']}`", *(num(x, 2) for x in v["per_block"]["cls_patch_post_ln1"])]
-        for v in with_ln
+        [code(name), *(num(dig(values, b), 2) for b in range(depth))] for name, values in with_ln
     ]
     return Table(["variant", *(f"block {b}" for b in range(depth))], rows)
 
@@ -206,6 +217,18 @@ def conclusions(results: dict[str, Any]) -> list[str]:
             else ""
         )
     )
+    dino = [v for v in variants if v.get("dino_terms")]
+    if dino:  # the [CLS] DINO term read against the teacher's entropy, measured per variant
+        ends = ", ".join(
+            f"{v['name']} {num(v['dino_terms']['final']['loss_dino'])} / "
+            f"{num(v['dino_terms']['final']['teacher_entropy'])}"
+            for v in dino
+        )
+        out.append(
+            f"**The DINO loss** of `{dino[0]['name']}` (first seed): "
+            + dino_reading(dino[0]["dino_terms"])
+            + f" Final [CLS] DINO loss / teacher entropy of every variant: {ends}."
+        )
     ln = [
         (v["name"], _mean(v, "cls_patch_pre_ln1"), _mean(v, "cls_patch_post_ln1")) for v in variants
     ]
@@ -348,30 +371,33 @@ def loss_figure(variants: list[dict[str, Any]]) -> Figure:
 
 def build_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     r = doc["results"]
-    s = r["settings"]
+    s = as_dict(r.get("settings"))
     status = (
         f"complete: {r['n_done']} variants"
         if r["complete"]
         else f"**partial: {r['n_done']} of {r['n_total']} variants done** (rerun the command to continue)"
     )
     summary = Section("summary", "Summary")
+    setting = {k: text(s.get(k)) for k in SETTINGS}
     summary.blocks.append(
-        f"{status}. Base: {s['depth']} blocks, width {s['embed_dim']}, {s['num_heads']} heads, "
-        f"patch {s['patch_size']}, {s['img_size']} px, LayerScale init {s['init_values']}; "
-        f"{s['recipe']} recipe, {s['steps']} steps x {s['batch_size']} images, lr {s['lr']}, "
-        f"{s['seeds']} training seed(s). Probes: linear, last block, {s['probe_seeds']} probe "
-        f"seed(s), train split -> val split of `{r['data']}`."
+        f"{status}. Base: {setting['depth']} blocks, width {setting['embed_dim']}, "
+        f"{setting['num_heads']} heads, patch {setting['patch_size']}, {setting['img_size']} px, "
+        f"LayerScale init {setting['init_values']}; {setting['recipe']} recipe, "
+        f"{setting['steps']} steps x {setting['batch_size']} images, lr {setting['lr']}, "
+        f"{setting['seeds']} training seed(s). Probes: linear, last block, "
+        f"{setting['probe_seeds']} probe seed(s), train split -> val split of "
+        f"{code(r.get('data'))}."
     )
-    if r["skipped_tasks"]:
-        for task, why in r["skipped_tasks"].items():
-            summary.blocks.append(f"Probe **{task}** not run: {why}.")
-    t = r["timing"]
+    for task, why in as_dict(r.get("skipped_tasks")).items():
+        summary.blocks.append(f"Probe **{task}** not run: {text(why)}.")
+    t = as_dict(r.get("timing"))
     summary.blocks.append(
-        f"Time: {num(t['wall_s'], 4)} s wall for this invocation; {num(t['compute_s'], 4)} s "
-        f"of training and evaluation summed over the variants ({t['reused']} reused from an "
-        "earlier invocation)."
+        f"Time: {num(t.get('wall_s'), 4)} s wall for this invocation; "
+        f"{num(t.get('compute_s'), 4)} s of training and evaluation summed over the variants "
+        f"({text(t.get('reused'))} reused from an earlier invocation)."
     )
-    table = Section("comparison", "Comparison", [comparison_table(r["variants"])])
+    variants = [as_dict(v) for v in r["variants"]]
+    table = Section("comparison", "Comparison", [comparison_table(variants)])
     table.blocks.append(
         "Means over training seeds (± sample std when there are several). Classification uses "
         "the [CLS] token or the mean patch token; segmentation a linear head on patch tokens "
@@ -379,7 +405,7 @@ def build_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         "artifacts = the diagnose norms verdict; cos after LN1 averaged over blocks."
     )
     sections = [summary, table]
-    d = deltas(r["variants"])
+    d = deltas(variants)
     if d:
         sections.append(
             Section(
@@ -388,13 +414,14 @@ def build_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
                 [delta_table(d)],
             )
         )
-    blocks = block_table(r["variants"])
+    blocks = block_table(variants)
     if blocks is not None:
         sections.append(Section("ln1", "[CLS]/patch cosine after LN1, per block", [blocks]))
-    sections.append(Section("conclusions", "What can and cannot be concluded", r["conclusions"]))
+    said = [text(c) for c in as_list(r.get("conclusions"))] or ["–"]
+    sections.append(Section("conclusions", "What can and cannot be concluded", said))
     if figures:
         sections.append(figure_section("Figures", figures))
-    notes = [f"`{v['name']}`: {n}" for v in r["variants"] for n in v["notes"]]
+    notes = [f"{code(v.get('name'))}: {n}" for v in variants for n in as_list(v.get("notes"))]
     if notes:
         sections.append(Section("notes", "Notes", notes))
     sections.append(provenance_section(doc))
@@ -440,6 +467,7 @@ def write_report(
         "d_model": s["embed_dim"],
         "n_heads": s["num_heads"],
         "image_size": [s["img_size"], s["img_size"]],
+        "weights": "trained",  # by this experiment, from scratch
         "notes": ["trained from scratch by this experiment; see results.variants for each one"],
     }
     train, val = splits
@@ -452,6 +480,10 @@ def write_report(
     doc = document(
         "experiment", command, described, data, config or s, results, headlines(variants)
     )
+    return write_files(out, doc, lambda: experiment_figures(variants), build_report)
+
+
+def experiment_figures(variants: list[dict[str, Any]]) -> list[Figure]:
+    """[CLS]/patch cosine per block, score against extra parameters, and the training loss."""
     figures = [f for f in (ln_figure(variants), scatter_figure(variants)) if f is not None]
-    figures.append(loss_figure(variants))
-    return write_files(out, doc, build_report(doc, figures), figures)
+    return [*figures, loss_figure(variants)]

@@ -26,6 +26,7 @@ from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
 from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
 from vitreg.progress import SILENT, Progress, step_phase
 from vitreg.report.schema import plain
+from vitreg.train.dino import loss_terms
 
 Log = Callable[[str], None]
 
@@ -200,6 +201,10 @@ def run_one(
             "first_loss": losses[0] if losses else None,
             "final_loss": losses[-1] if losses else None,
             "losses": losses,
+            # the [CLS] DINO term against the teacher's entropy (None for supervised runs)
+            "dino_terms": loss_terms(result.history, result.config.options)
+            if result.config.recipe == "dino"
+            else None,
             "resumed_from": result.resumed_from,
             "notes": notes,
         },
@@ -273,6 +278,7 @@ def summarise(v: Variant, runs: list[dict[str, Any]], folder: str) -> dict[str, 
         "flops": first["flops"],
         "verdicts": [r["diagnose"]["verdict"] for r in runs],
         "losses": [r["train"]["losses"] for r in runs],
+        "dino_terms": first["train"].get("dino_terms"),
         "time_s": {
             "train": sum(r["time_s"]["train"] for r in runs),
             "evaluate": sum(r["time_s"]["evaluate"] for r in runs),
@@ -349,7 +355,9 @@ def run_variants(
     )
     check_plan(out, plan)
     done: list[dict[str, Any]] = []
-    with progress(len(chosen) * settings.seeds, "experiment (variants x seeds)") as update:
+    with progress(
+        len(chosen) * settings.seeds, "experiment: every variant x seed (models)"
+    ) as update:
         for i, v in enumerate(chosen):
             log(f"[{i + 1}/{len(chosen)}] {v.name}")
             runs = []

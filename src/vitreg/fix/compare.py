@@ -45,6 +45,31 @@ class Pooled(Reducer):
         return {"pooled": torch.stack([self.rows[i] for i in sorted(self.rows)])}
 
 
+DENSE_IMAGES = 64  # images whose every patch feature is compared before vs after (memory bound)
+
+
+class PatchFeatures(Reducer):
+    """The patch tokens at the final norm of the first ``keep`` images (the dense output)."""
+
+    def __init__(self, site: str, keep: int = DENSE_IMAGES) -> None:
+        super().__init__(site)
+        self.keep = keep
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        patches = ctx.layout.take(t.float(), "patches")
+        for i, row in enumerate(patches.cpu()):
+            if image_offset + i < self.keep:
+                self.rows[image_offset + i] = row
+
+    def merge(self, other: Reducer) -> None:
+        assert isinstance(other, PatchFeatures)
+        self.rows.update(other.rows)
+
+    def result(self) -> dict[str, Any]:
+        return {"patches": torch.stack([self.rows[i] for i in sorted(self.rows)])}
+
+
 class PooledAnalysis(Analysis):
     name = "pooled"
 
@@ -56,6 +81,18 @@ class PooledAnalysis(Analysis):
 
     def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> torch.Tensor:
         return trace.reducers[0].result()["pooled"]
+
+
+class DenseAnalysis(PooledAnalysis):
+    """The patch features at the final norm of the first :data:`DENSE_IMAGES` images."""
+
+    name = "dense"
+
+    def reducers(self, model: Model) -> list[Reducer]:
+        return [PatchFeatures("ln_final.hook_out")]
+
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> torch.Tensor:
+        return trace.reducers[0].result()["patches"]
 
 
 @dataclass
@@ -81,6 +118,7 @@ class FixComparison:
     tolerance: float = TOLERANCE
     pictures_before: FeaturePicturesResult | None = None  # features at the detection layer
     pictures_after: FeaturePicturesResult | None = None
+    dense_cosine: torch.Tensor | None = None  # per patch of the first DENSE_IMAGES images
 
     def residual(self) -> dict[str, Any]:
         """What the fix leaves, judged by a criterion it was not tuned on: the presence test at
@@ -88,13 +126,28 @@ class FixComparison:
         layers_b, layers_a = self.before.report.layers, self.after.report.layers
         d = self.detect_layer
         after = [i for i, lo in enumerate(layers_a) if lo.present]
+        before = [i for i, lo in enumerate(layers_b) if lo.present]
         clean = fix_is_clean(
             after, _ratio(layers_a[d]), self.ordinary_max_over_median, self.tolerance
         )
+        nothing = not before and not self.before.report.verdict
+        verdict = (
+            "no artifacts before the fix: nothing to remove"
+            if nothing
+            else "no artifacts after the fix"
+            if clean
+            else "artifacts remain after the fix"
+        )
+        largest = layers_b[d].quantiles["max"]
+        value = self.threshold_value
+        foreign = value is not None and self.rule in ("auto", "absolute") and value > largest
         return {
             "clean": clean,
-            "verdict": "no artifacts after the fix" if clean else "artifacts remain after the fix",
-            "blocks_with_mode_before": [i for i, lo in enumerate(layers_b) if lo.present],
+            "nothing_to_fix": nothing,
+            "verdict": verdict,
+            "threshold_from_another_model": foreign,
+            "largest_patch_norm_before": largest,
+            "blocks_with_mode_before": before,
             "blocks_with_mode_after": after,
             "max_over_median_before": [_ratio(lo) for lo in layers_b],
             "max_over_median_after": [_ratio(lo) for lo in layers_a],
@@ -117,6 +170,7 @@ class FixComparison:
             "verdict_before": self.before.report.verdict,
             "verdict_after": self.after.report.verdict,
             "pooled_cosine": _cosine_stats(cos),
+            "patch_cosine": _cosine_stats(self.dense_cosine),
             "cls_attention_max_before": _attn_max(self.attention_before),
             "cls_attention_max_after": _attn_max(self.attention_after),
             "controls": self.controls,
@@ -176,7 +230,13 @@ def compare_fix(
 
     def analyses() -> list[Analysis]:
         pictures = FeaturePictureAnalysis(keep=max_maps, layer=settings.get("detect_layer"))
-        return [NormAnalysis(), AttentionAnalysis(max_maps=max_maps), PooledAnalysis(), pictures]
+        return [
+            NormAnalysis(),
+            AttentionAnalysis(max_maps=max_maps),
+            PooledAnalysis(),
+            DenseAnalysis(),
+            pictures,
+        ]
 
     before, _, _ = run_analyses(model, data, analyses(), batch_size, limit, progress)
     with ttr.applied(model):
@@ -245,7 +305,15 @@ def compare_fix(
         _ordinary(nb, detect, rule, value),
         pictures_before=before.get("feature_pictures"),
         pictures_after=after.get("feature_pictures"),
+        dense_cosine=_dense_cosine(before, after),
     )
+
+
+def _dense_cosine(a: dict[str, Any], b: dict[str, Any]) -> torch.Tensor | None:
+    """Per-patch cosine between the final patch features of two runs (None without them)."""
+    if "dense" not in a or "dense" not in b:
+        return None
+    return torch.nn.functional.cosine_similarity(a["dense"], b["dense"], dim=-1).flatten()
 
 
 def _cosine(a: dict[str, Any], b: dict[str, Any]) -> torch.Tensor | None:

@@ -232,9 +232,10 @@ def get_family(key: str) -> Family:
 
 def status(fam: Family) -> str:
     """'ready', or what is missing here: the optional library, the loader or the adapter."""
-    import vitreg.models.loaders  # noqa: F401  (importing registers the loaders)
     from vitreg.models.adapters.base import registered_adapters
-    from vitreg.models.load import LOADERS
+    from vitreg.models.load import LOADERS, ensure_loaders
+
+    ensure_loaders()
 
     if importlib.util.find_spec(fam.library) is None:
         return f"pip install 'vitreg[{fam.extra}]'" if fam.extra else f"needs {fam.library}"

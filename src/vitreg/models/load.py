@@ -34,6 +34,9 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
     # applied to the wrapped model before it is returned (e.g. a saved test-time-register fix)
     setup: Callable[[Model], None] | None = None
+    # where the weights come from (a key of WEIGHT_KINDS) when the loader knows better than
+    # load() does: planted fixtures, a local: folder, a folder rather than a hub id
+    weights: str | None = None
 
 
 Loader = Callable[..., Loaded]
@@ -66,7 +69,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
             "Run `vitreg models` for the supported families"
         )
     source, name = spec.split(":", 1)
-    _ensure_loaders()
+    ensure_loaders()
     if source not in LOADERS:
         raise SpecError(
             f"unknown model source {source!r} in {spec!r}; known sources: {sorted(LOADERS)}"
@@ -76,9 +79,12 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return source, name
 
 
-def _ensure_loaders() -> None:
-    # importing these modules registers their loaders
-    from vitreg.models import loaders  # noqa: F401
+def ensure_loaders() -> None:
+    """Fill :data:`LOADERS`: vitreg's own loaders, then those of higher layers (``planted:``)."""
+    from vitreg.core.plugins import fill
+    from vitreg.models import loaders  # noqa: F401  (importing them registers them)
+
+    fill("loaders")
 
 
 def offline_hint(tried: str, cause: BaseException) -> str:
@@ -343,7 +349,8 @@ def load(
     loaded.module.eval()
     if device is not None or dtype is not None:
         loaded.module.to(device=device, dtype=dtype)
-    model = Model(loaded.module, spec=spec, transform=loaded.transform)
+    kind = weight_kind(loaded, pretrained, weights)
+    model = Model(loaded.module, spec=spec, transform=loaded.transform, weights=kind)
     check_grid(getattr(model.layout, "grid", None), spec, kwargs.get("img_size"))
     if loaded.setup is not None:
         loaded.setup(model)
@@ -353,11 +360,34 @@ def load(
     return model
 
 
-def wrap(module: nn.Module, transform: Callable | None = None, spec: str | None = None) -> Model:
+def weight_kind(loaded: Loaded, pretrained: bool, weights: str | os.PathLike | None) -> str:
+    """Where the loaded weights come from: the loader's word, else the caller's file ("user"),
+    no weights read ("random") or the source's pretrained ones ("trained")."""
+    if loaded.weights is not None:
+        return loaded.weights
+    if getattr(loaded.module, "vitreg_weights", None) == "planted":  # planted fixtures
+        return "planted"
+    if weights is not None:
+        return "user"
+    return "trained" if pretrained else "random"
+
+
+def wrap(
+    module: nn.Module,
+    transform: Callable | None = None,
+    spec: str | None = None,
+    weights: str | None = None,
+) -> Model:
     """Adapt a model object you already have (timm, HF, open_clip vision tower; for a
-    transformers LLaVA model, its vision tower with the VLM as ``model.vlm``)."""
+    transformers LLaVA model, its vision tower with the VLM as ``model.vlm``).
+
+    ``weights`` says where its weights come from (a key of ``WEIGHT_KINDS``); by default what
+    vitreg recorded when it loaded the module, "planted" for planted fixtures, else "user"."""
     from vitreg.models.loaders.hf_vlm import MODEL_TYPES, wrap_vlm
 
     if getattr(getattr(module, "config", None), "model_type", None) in MODEL_TYPES:
-        return wrap_vlm(module, spec=spec, transform=transform)
-    return Model(module, spec=spec, transform=transform)
+        model = wrap_vlm(module, spec=spec, transform=transform)
+        if weights is not None:
+            model.weights = weights
+        return model
+    return Model(module, spec=spec, transform=transform, weights=weights)

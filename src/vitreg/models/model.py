@@ -13,6 +13,7 @@ from torch import nn
 
 from vitreg import distributed
 from vitreg.core.layout import TokenLayout
+from vitreg.core.weights import WEIGHT_KINDS
 from vitreg.errors import HookError, InputError
 from vitreg.hooks.cache import ActivationCache
 from vitreg.hooks.reducers import Reducer
@@ -80,6 +81,13 @@ def _raw_batches(data: Any, batch_size: int) -> Iterable[torch.Tensor]:
             )
 
 
+def weights_of(module: nn.Module) -> str:
+    """The weight kind a module carries (set when vitreg loaded it; planted fixtures say so);
+    a module vitreg did not load holds the user's weights."""
+    kind = getattr(module, "vitreg_weights", None)
+    return kind if kind in WEIGHT_KINDS else "user"
+
+
 class Model:
     """A source ViT (timm, HF, open_clip module) with vitreg's hooks, layout and preprocessing.
 
@@ -94,10 +102,12 @@ class Model:
         *,
         spec: str | None = None,
         transform: Callable | None = None,
+        weights: str | None = None,
     ) -> None:
         self.module = module
         self.adapter = adapter or adapter_for(module)
         self.spec = spec
+        self.weights = weights or weights_of(module)
         self._transform = transform
         self._image_size: tuple[int, int] | None = None
         self._n_extra = 0
@@ -105,6 +115,18 @@ class Model:
         self.adapter.input_module().register_forward_pre_hook(self._record_input)
 
     # description ----------------------------------------------------------------
+    @property
+    def weights(self) -> str:
+        """Where the weights come from: one of :data:`WEIGHT_KINDS` (set by how it was loaded)."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, kind: str) -> None:
+        if kind not in WEIGHT_KINDS:
+            raise InputError(f"weights must be one of {sorted(WEIGHT_KINDS)}, got {kind!r}")
+        self._weights = kind
+        self.module.vitreg_weights = kind  # travels with the module (save_local records it)
+
     @property
     def family(self) -> str:
         return self.adapter.family
@@ -181,6 +203,7 @@ class Model:
         n_params = sum(p.numel() for p in self.module.parameters())
         return {
             "spec": self.spec,
+            "weights": self.weights,
             "family": self.family,
             "source": self.adapter.source,
             "class": f"{type(self.module).__module__}.{type(self.module).__name__}",

@@ -31,6 +31,7 @@ from vitreg.neurons.detection import Detection, choose_detection
 from vitreg.neurons.discover import discover
 
 HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
+MIN_HELD_OUT = 2  # held-out images the check needs: one image's content never stands for a model
 SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"
 DISCOVER_K = 64  # candidates ranked by discovery when top-k is chosen automatically
 MAX_HELD_OUT = 32  # held-out images used at most (memory and time flat in the image count)
@@ -133,7 +134,12 @@ def neuron_rows(neurons: NeuronSet, causal: CausalSelection | None = None) -> li
         row: dict[str, Any] = {"layer": layer, "unit": unit, "score": score}
         if causal is not None and (layer, unit) in causal.effects:
             e = causal.effects[(layer, unit)]
-            row.update(effect_alone=e["alone"], effect_in_set=e["in_set"])
+            row.update(
+                effect_alone=e["alone"],
+                effect_in_set=e["in_set"],
+                effect_alone_at_emergence=e["alone_at_emergence"],
+                persistence=e["persistence"],
+            )
         rows.append(row)
     return rows
 
@@ -167,10 +173,13 @@ def find_neurons(
     """
     total = n_images if n_images is not None else len(images)
     n_disc, n_held = split_sizes(total)
-    if n_held < 1:
+    if n_held < MIN_HELD_OUT:
         raise InputError(
-            f"discovery holds out every {HOLD_OUT}th image to check the neurons it finds, so it "
-            f"needs at least {HOLD_OUT} images and got {total}; pass more (--limit, --images DIR)"
+            f"discovery holds out every {HOLD_OUT}th image to check the neurons it finds, and "
+            f"the check needs at least {MIN_HELD_OUT} of them, so that the patches of one image "
+            f"(a photo that is mostly sky, say) never stand for the model: at least "
+            f"{MIN_HELD_OUT * HOLD_OUT} images, and got {total} ({n_held} held out); pass more "
+            "(--limit, --images DIR)"
         )
     disc = Split(images, held_out=False)
     with progress(None, "surveying patch norms per block"):
@@ -182,7 +191,7 @@ def find_neurons(
             threshold=threshold,
             batch_size=batch_size,
         )
-    with progress(n_disc, "discovering register neurons") as update:
+    with progress(n_disc, "discovering register neurons (images)") as update:
         ranking = discover(
             model,
             disc,
@@ -203,7 +212,9 @@ def find_neurons(
         ks: tuple[int, ...] = (0, len(ranking))
     elif causal:
         with (
-            progress(None, "causal check: zeroing candidates on held-out images") as update,
+            progress(
+                None, "causal check: zeroing candidates on held-out images (rounds of candidates)"
+            ) as update,
             distributed.local(),
         ):
             selection = select_causal(
@@ -213,6 +224,8 @@ def find_neurons(
                 detection.detect_layer,
                 detection.threshold,
                 detection.threshold_value,
+                first_layer=detection.first_written,
+                emergence_layer=detection.emergence_layer,
                 batch_size=min(batch_size, 16),
                 progress=update,
             )
@@ -236,7 +249,7 @@ def find_neurons(
     ks = tuple(k for k in ks if k <= len(order)) + (len(order),)
     keep_all = selection is not None
     with (
-        progress(len(set(ks)), "checking the fix on held-out images") as update,
+        progress(len(set(ks)), "checking the fix on held-out images (values of top-k)") as update,
         distributed.local(),
     ):
         chosen, curve = calibrate_top_k(
@@ -244,7 +257,9 @@ def find_neurons(
         )
     if keep_all and curve.status == "partial" and len(order) > 1:
         with (
-            progress(len(DEFAULT_KS), "the fix failed: its curve over k") as update,
+            progress(
+                len(DEFAULT_KS), "checking the fix at each k (values of top-k) on held-out images"
+            ) as update,
             distributed.local(),
         ):
             chosen, curve = calibrate_top_k(

@@ -55,7 +55,10 @@ BUILTIN = {
 def builtin_neurons(spec: str) -> NeuronSet:
     """The published neuron set for ``spec`` (e.g. ``timm:vit_large_patch14_dinov2.lvd142m``)."""
     if spec not in BUILTIN:
-        raise VitregError(f"no built-in neuron set for {spec!r}; built-in: {sorted(BUILTIN)}")
+        raise VitregError(
+            f"no built-in neuron set for {spec!r} (built-in: {sorted(BUILTIN)}); pass a "
+            "NeuronSet file from `vitreg neurons`, or no --neurons to discover them first"
+        )
     entry = BUILTIN[spec]
     pairs = [(layer, u) for layer, units in entry["table"].items() for u in units]
     n = len(pairs)

@@ -2,20 +2,27 @@
 
 Algorithm 1 of Jiang et al. ranks units by their activation on outlier tokens, which ranks units
 that *read* an existing outlier (and fire because of it) as high as the units that write it. Here
-each candidate is judged by what zeroing it does to the outliers at the detection layer, on
-held-out images:
+each candidate is judged by what zeroing it does to the outliers on held-out images, at every
+block from the emergence block to the detection layer:
 
-- **excess**: for the base run's outlier patches ``O``, the mean over ``O`` of
-  ``max(0, log(norm / m))`` (``m``: the base median patch norm), minus the same mean over the
-  ordinary patches -- 0 when the outlier patches look like ordinary ones;
+- **excess** at a block: for the base run's outlier patches ``O`` (at the detection layer), the
+  mean over ``O`` of ``log(norm / m)`` (``m``: that block's base median patch norm), minus the
+  same mean over the ordinary patches -- about 0 when the outlier patches look like ordinary
+  ones. Fractions are of the base excess at the detection layer, so every block is on one scale;
 - **greedy forward selection**: at each step, one forward and backward pass with the current set
   zeroed measures the excess exactly and estimates, through a gate on every candidate unit, how
   much zeroing each remaining one would remove (``activation x gradient``); the best ones are
-  added. Weak units that only matter together are found because each removes part of the excess;
-  a unit that fires only because of an outlier stops firing once it is gone, so it adds nothing;
-- **pruning**: each chosen unit is measured exactly, zeroed alone (the others active) and restored
-  alone (the others zeroed); a unit that moves the excess neither way is dropped. Units that read
-  an outlier that already exists sit after the emergence layer, outside the searched range.
+  added. When no estimate reaches ``min_gain`` while outliers are left at some block, growing
+  groups of the best-estimated units are measured exactly instead (units that only matter
+  together, or whose write acts through later units, are under-read by the estimate); the
+  selection stops when the excess is gone at every block or no group removes more;
+- **pruning**: each chosen unit is measured exactly, zeroed alone (the others active) and
+  restored alone (the others zeroed). A unit after the emergence block whose activation on the
+  outlier patches falls below :data:`READER_PERSISTENCE` of its base level once the others are
+  zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped (a
+  unit up to the emergence block cannot be one: no outlier exists at its input yet). Units that move the excess
+  neither way alone are kept only if restoring them together brings excess back, and then those
+  whose own estimated write is a real share of it; the rest are bystanders, dropped.
 """
 
 from __future__ import annotations
@@ -32,18 +39,34 @@ from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
 
 Unit = tuple[int, int]
+READER_PERSISTENCE = 0.3  # a unit below this share of its base activation on the outliers,
+# with the rest of the set zeroed, fires because the patches are outliers: a reader
+MEDIATED = 50  # zeroing a unit removes > this x its own direct write: it acts through others
+ESTIMATE_TRIES = 4  # tiers of estimated units tried, when one over-reads, before exact groups
+MAX_ROUNDS = 3  # selection rounds: readers and mediators dropped by pruning are excluded
+WEAK_SHARE = 0.2  # a unit of a group that matters only together keeps >= this x its fair share
 
 
 @dataclass
 class Baseline:
-    """The base run on the causal images: outlier patches, the median and the ordinary excess."""
+    """The base run on the causal images: outlier patches, each block's median and ordinary
+    level, and every candidate layer's mean |activation| on the outlier patches."""
 
     threshold: float | None
-    median: float
-    ordinary_excess: float
-    outlier_excess: float
+    medians: dict[int, float]
+    ordinary: dict[int, float]
     n_outliers: int
-    masks: list[torch.Tensor]  # per batch, [B, N] bool outlier patches
+    masks: list[torch.Tensor]  # per batch, [B, N] bool outlier patches (detection layer)
+    acts: dict[int, torch.Tensor]
+
+
+@dataclass
+class Measure:
+    """One exact pass with a set zeroed: the excess per block, gate gradients and activations."""
+
+    excess: dict[int, float]
+    grads: dict[int, torch.Tensor] | None
+    acts: dict[int, torch.Tensor]
 
 
 @dataclass
@@ -52,25 +75,32 @@ class CausalSelection:
 
     detect_layer: int
     chosen: list[Unit]
-    baseline: dict[str, float]
-    residual: float  # excess left with the chosen set zeroed, as a fraction of the base excess
-    effects: dict[Unit, dict[str, float]]  # alone / in_set (exact), estimated (first step)
+    baseline: dict[str, Any]
+    residual: float  # excess left at the detection layer with the set zeroed (fraction of base)
+    effects: dict[Unit, dict[str, float]]  # alone / in_set (exact), estimated, persistence
     steps: list[dict[str, Any]] = field(default_factory=list)
     dropped: list[dict[str, Any]] = field(default_factory=list)
     candidates: int = 0
     n_images: int = 0
     passes: int = 0
+    first_layer: int = 0  # the first block measured (the first one writing the outliers)
+    emergence_layer: int = 0
+    residual_by_block: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "method": "greedy forward selection on the outlier excess at the detection layer "
-            "(gradient-estimated marginals, exact passes), then drop-one pruning",
+            "method": "greedy forward selection on the outlier excess at every block from "
+            "emergence to the detection layer (gradient-estimated marginals, exact passes, exact "
+            "groups when the estimates under-read), then drop-one pruning with a reader test",
             "detect_layer": self.detect_layer,
+            "first_layer": self.first_layer,
+            "emergence_layer": self.emergence_layer,
             "n_candidates": self.candidates,
             "n_images": self.n_images,
             "passes": self.passes,
             "baseline": self.baseline,
             "residual_fraction": self.residual,
+            "residual_by_block": {str(b): v for b, v in self.residual_by_block.items()},
             "chosen": [list(u) for u in self.chosen],
             "effects": [{"layer": u[0], "unit": u[1], **self.effects[u]} for u in self.chosen],
             "steps": self.steps,
@@ -79,7 +109,7 @@ class CausalSelection:
 
 
 class CausalProbe:
-    """Exact excess (and gate gradients) of the model with a set of units zeroed."""
+    """Exact excess per block (and gate gradients) of the model with a set of units zeroed."""
 
     def __init__(
         self,
@@ -90,23 +120,31 @@ class CausalProbe:
         value: float | None,
         candidates: Sequence[Unit],
         batch_size: int = 16,
+        first_layer: int | None = None,
     ) -> None:
         self.model = model
         self.images = images
         self.detect = detect_layer
         self.batch_size = batch_size
         self.layers = sorted({layer for layer, _ in candidates})
+        first = detect_layer if first_layer is None else min(first_layer, detect_layer)
+        self.blocks = list(range(first, detect_layer + 1))
         self.passes = 0
         self.base = self._baseline(rule, value)
 
     # one pass ---------------------------------------------------------------------------------
     def _run(
-        self, zeroed: Sequence[Unit], grad: bool, batch_fn: Callable[[int, torch.Tensor], Any]
-    ) -> dict[int, torch.Tensor] | None:
+        self,
+        zeroed: Sequence[Unit],
+        grad: bool,
+        block_fn: Callable[[int, int, torch.Tensor], Any],
+        masks: list[torch.Tensor] | None,
+    ) -> tuple[dict[int, torch.Tensor] | None, dict[int, torch.Tensor]]:
         """Forward every batch up to the detection layer with ``zeroed`` units gated to 0.
 
-        ``batch_fn(i, norms)`` turns batch ``i``'s ``[B, N]`` norms into a scalar to add up (its
-        gradient flows to the gates when ``grad``). Returns the gate gradients when ``grad``.
+        ``block_fn(i, block, norms)`` sees batch ``i``'s ``[B, N]`` norms at each measured block
+        and returns a scalar (the detection layer's is differentiated when ``grad``). Returns the
+        gate gradients (when ``grad``) and each layer's summed |activation| on ``masks``.
         """
         model = self.model
         gates = {}
@@ -117,10 +155,14 @@ class CausalProbe:
                 g[off] = 0
             gates[layer] = g.requires_grad_(grad)
         grads = {layer: torch.zeros(model.d_mlp, dtype=torch.float64) for layer in self.layers}
+        acts = {layer: torch.zeros(model.d_mlp, dtype=torch.float64) for layer in self.layers}
         state: dict[str, Any] = {}
 
         def gate(layer: int):
             def fn(t: torch.Tensor, hook: HookContext) -> torch.Tensor:
+                if masks is not None:
+                    m = masks[state["batch"]].to(t.device)
+                    acts[layer] += t.detach()[m].abs().sum(0).double().cpu()
                 return t * gates[layer]
 
             return fn
@@ -128,14 +170,19 @@ class CausalProbe:
         def detach(t: torch.Tensor, hook: HookContext) -> torch.Tensor:
             return t.detach()  # branch inputs: gradients take only the direct (residual) path
 
-        def reach(t: torch.Tensor, hook: HookContext) -> None:
-            state["value"] = batch_fn(state["batch"], t.float().norm(dim=-1))
+        def reach(block: int):
+            def fn(t: torch.Tensor, hook: HookContext) -> None:
+                value = block_fn(state["batch"], block, t.float().norm(dim=-1))
+                if block == self.detect:
+                    state["value"] = value
+
+            return fn
 
         hooks = [(hook_name(lay, "mlp.hook_post"), gate(lay)) for lay in self.layers]
         if grad:
             for i in range(self.layers[0] + 1, self.detect + 1):
                 hooks += [(hook_name(i, f"{ln}.hook_out"), detach) for ln in ("ln1", "ln2")]
-        hooks.append((hook_name(self.detect, "hook_resid_post"), reach))
+        hooks += [(hook_name(b, "hook_resid_post"), reach(b)) for b in self.blocks]
         with model.hooks(hooks), torch.set_grad_enabled(grad):
             for i, batch in enumerate(iter_batches(self.images, self.batch_size)):
                 state["batch"] = i
@@ -148,43 +195,48 @@ class CausalProbe:
                         if g is not None:
                             grads[lay] += g.detach().double().cpu()
         self.passes += 1
-        return grads if grad else None
+        return (grads if grad else None), acts
 
     def _baseline(self, rule: str, value: float | None) -> Baseline:
-        norms: list[torch.Tensor] = []
-        self._run([], False, lambda i, n: norms.append(n.detach().cpu()))
+        norms: dict[int, list[torch.Tensor]] = {b: [] for b in self.blocks}
+        _, _ = self._run([], False, lambda i, b, n: norms[b].append(n.detach().cpu()), None)
         lay = self.model.layout
-        patches = [lay.take(n, "patches") for n in norms]
-        flat = torch.cat([p.flatten() for p in patches])
-        median = float(flat.median())
         masks = []
-        for n in norms:
+        for n in norms[self.detect]:
             m = image_mask(n, rule, value)
             m[:, lay.prefix] = False  # patches only
             masks.append(m)
-        logs = (flat / median).log().clamp_min(0)
         outlier = torch.cat([m[:, lay.patches].flatten() for m in masks])
+        medians, ordinary = {}, {}
+        for b in self.blocks:
+            flat = torch.cat([lay.take(n, "patches").flatten() for n in norms[b]])
+            medians[b] = max(float(flat.median()), 1e-12)
+            logs = (flat / medians[b]).log()
+            ordinary[b] = float(logs[~outlier].mean()) if (~outlier).any() else 0.0
         n_out = int(outlier.sum())
-        ordinary = float(logs[~outlier].mean()) if (~outlier).any() else 0.0
-        above = float(logs[outlier].mean()) if n_out else 0.0
-        return Baseline(value, median, ordinary, above, n_out, masks)
+        # the activations on the outlier patches need their masks: a second base pass
+        _, acts = self._run([], False, lambda i, b, n: None, masks)
+        mean = {k: v / max(n_out, 1) for k, v in acts.items()}
+        return Baseline(value, medians, ordinary, n_out, masks, mean)
 
     # the excess ------------------------------------------------------------------------------
-    def excess(self, zeroed: Sequence[Unit], grad: bool = False) -> tuple[float, dict | None]:
-        """Mean log-excess of the base outlier patches over the ordinary level with ``zeroed`` off,
-        and (``grad``) its gradient wrt every candidate unit's gate."""
+    def measure(self, zeroed: Sequence[Unit], grad: bool = False) -> Measure:
+        """Excess of the base outlier patches over the ordinary level at every measured block
+        with ``zeroed`` off, the gradient of the detection layer's wrt every gate (``grad``), and
+        each unit's mean |activation| on the outlier patches."""
         b = self.base
-        total: list[torch.Tensor] = []
+        totals: dict[int, list[torch.Tensor]] = {k: [] for k in self.blocks}
 
-        def batch_fn(i: int, norms: torch.Tensor) -> torch.Tensor:
+        def block_fn(i: int, block: int, norms: torch.Tensor) -> torch.Tensor:
             m = b.masks[i].to(norms.device)
-            s = (norms[m] / b.median).log().clamp_min(0).sum() / max(b.n_outliers, 1)
-            total.append(s.detach())
+            s = (norms[m] / b.medians[block]).log().sum() / max(b.n_outliers, 1)
+            totals[block].append(s.detach())
             return s
 
-        grads = self._run(zeroed, grad, batch_fn)
-        value = float(sum(total)) - b.ordinary_excess if total else 0.0
-        return value, grads
+        grads, acts = self._run(zeroed, grad, block_fn, b.masks)
+        excess = {k: float(sum(v)) - b.ordinary[k] for k, v in totals.items()}
+        n = max(b.n_outliers, 1)
+        return Measure(excess, grads, {k: v / n for k, v in acts.items()})
 
 
 def select_causal(
@@ -195,6 +247,8 @@ def select_causal(
     rule: str,
     value: float | None,
     *,
+    first_layer: int | None = None,
+    emergence_layer: int | None = None,
     min_gain: float = 0.01,
     clean_at: float = 0.02,
     max_units: int = 64,
@@ -203,95 +257,261 @@ def select_causal(
 ) -> CausalSelection:
     """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs).
 
-    Each step adds the remaining candidates whose estimated removal is at least half the best
-    one's and at least ``min_gain`` of the base excess. It stops when the excess left is below
-    ``clean_at`` of the base (the outlier patches look ordinary), when no candidate would remove
-    ``min_gain`` more, or at ``max_units``. Estimates come from the direct (residual-stream) path
-    of each unit's write, so a unit that only feeds other units (a feature detector upstream of
-    the writers) is not taken for a writer; every measured excess is exact.
+    The excess is measured at every block from ``first_layer`` (the first block that writes the
+    outliers; default: the detection layer only) to ``detect_layer``; ``emergence_layer`` (default:
+    ``first_layer``) is the first block whose output shows them, after which units can be
+    readers. Each step adds the remaining candidates whose
+    estimated removal is at least half the best one's and at least ``min_gain`` of the base
+    excess, or, when no estimate is that large, the smallest group of the best-estimated ones
+    whose exact removal is. It stops when the excess left at every block is below ``clean_at``
+    of the base (the outlier patches look ordinary), when nothing removes ``min_gain`` more, or
+    at ``max_units``. Estimates come from the direct (residual-stream) path of each unit's
+    write, so a unit that only feeds other units (a feature detector upstream of the writers) is
+    not taken for a writer by them; every measured excess is exact. Pruning then drops readers,
+    units acting through others (zeroing them removes > ``MEDIATED`` x their own write) and
+    bystanders; when it drops a reader or such a unit, selection resumes from what is kept
+    without them (at most ``MAX_ROUNDS`` rounds), so a writer they stood in for is still found.
     """
-    probe = CausalProbe(model, images, detect_layer, rule, value, candidates, batch_size)
-    base_excess, grads = probe.excess([], grad=True)
+    probe = CausalProbe(
+        model, images, detect_layer, rule, value, candidates, batch_size, first_layer
+    )
+    base = probe.measure([], grad=True)
+    scale = base.excess[detect_layer]
     selection = CausalSelection(
         detect_layer,
         [],
         {
             "threshold": rule,
             "threshold_value": value,
-            "median_patch_norm": probe.base.median,
+            "median_patch_norm": probe.base.medians[detect_layer],
             "n_outlier_patches": probe.base.n_outliers,
-            "outlier_excess": probe.base.outlier_excess,
-            "ordinary_excess": probe.base.ordinary_excess,
-            "excess": base_excess,
+            "ordinary_excess": probe.base.ordinary[detect_layer],
+            "excess": scale,
+            "excess_by_block": {str(b): v for b, v in base.excess.items()},
         },
         1.0,
         {},
         candidates=len(candidates),
         n_images=int(images.shape[0]),
+        first_layer=probe.blocks[0],
+        emergence_layer=probe.blocks[0] if emergence_layer is None else emergence_layer,
     )
-    if probe.base.n_outliers == 0 or base_excess <= 0:
+    if probe.base.n_outliers == 0 or scale <= 0:
         selection.passes = probe.passes
         return selection
-    first = _estimates(grads, candidates)
-    chosen: list[Unit] = []
-    excess, estimates = base_excess, first
-    while len(chosen) < max_units and excess > clean_at * base_excess:
-        rest = sorted(((est, u) for u, est in estimates.items() if u not in chosen), reverse=True)
-        if not rest or rest[0][0] < min_gain * base_excess:
-            break
-        floor = max(0.5 * rest[0][0], min_gain * base_excess)
-        added = [u for est, u in rest if est >= floor][: max_units - len(chosen)]
-        chosen += added
-        excess, grads = probe.excess(chosen, grad=True)
-        estimates = _estimates(grads, candidates)
-        selection.steps.append(
-            {"added": [list(u) for u in added], "residual_fraction": excess / base_excess}
+
+    def left(m: Measure) -> float:
+        return max(m.excess.values()) / scale  # the worst block, on the detection scale
+
+    def gain(before: Measure, after: Measure) -> float:
+        """The largest fall of the excess at a block; none when another block rises as much."""
+        change = [before.excess[b] - after.excess[b] for b in probe.blocks]
+        return max(change) / scale if min(change) > -min_gain * scale else -1.0
+
+    first = _estimates(base.grads, candidates)
+    excluded: set[Unit] = set()  # readers and mediators found by pruning: never chosen again
+    kept: list[Unit] = []
+    effects: dict[Unit, dict[str, float]] = {}
+    m = base
+    for _ in range(MAX_ROUNDS):
+        chosen = list(kept)
+        while len(chosen) < max_units and left(m) > clean_at:
+            estimates = _estimates(m.grads, candidates)
+            rest = sorted(
+                (
+                    (est, u)
+                    for u, est in estimates.items()
+                    if est > 0 and u not in excluded and u not in chosen
+                ),
+                reverse=True,
+            )
+            if not rest:
+                break
+            room = max_units - len(chosen)
+            added, how = [], "estimated"
+            for _ in range(ESTIMATE_TRIES):
+                if not rest or rest[0][0] < min_gain * scale:
+                    break
+                floor = max(0.5 * rest[0][0], min_gain * scale)
+                tier = [u for est, u in rest if est >= floor][:room]
+                after = probe.measure(chosen + tier, grad=True)
+                if gain(m, after) < min_gain and len(tier) > 1:  # one may spoil the tier
+                    tier = tier[:1]
+                    after = probe.measure(chosen + tier, grad=True)
+                if gain(m, after) >= min_gain:
+                    added = tier
+                    break
+                # the estimate over-read the best unit: set it aside, try the next ones
+                rest = [(est, u) for est, u in rest if u not in tier]
+            if not added:
+                ranked = [u for _, u in rest][:room]
+                added, after = _group_step(probe, chosen, ranked, m, gain, min_gain)
+                how = "exact group"
+                if not added:
+                    break
+            chosen += added
+            m = after
+            selection.steps.append(
+                {
+                    "added": [list(u) for u in added],
+                    "by": how,
+                    "residual_fraction": m.excess[detect_layer] / scale,
+                    "worst_block_fraction": left(m),
+                }
+            )
+            if progress is not None:
+                progress(len(selection.steps))
+        n_dropped = len(selection.dropped)
+        kept, effects = _prune(
+            probe,
+            chosen,
+            m,
+            base,
+            first,
+            scale,
+            min_gain,
+            selection.emergence_layer,
+            selection.dropped,
         )
-        if progress is not None:
-            progress(len(selection.steps))
-    kept, effects = _prune(probe, chosen, excess, base_excess, min_gain, selection.dropped)
+        new = selection.dropped[n_dropped:]
+        excluded |= {(d["layer"], d["unit"]) for d in new if d["kind"] != "bystander"}
+        if kept != chosen:
+            m = probe.measure(kept, grad=True)
+        if all(d["kind"] == "bystander" for d in new):
+            break  # nothing took a writer's place: the selection stands
     for u in kept:
-        effects[u]["estimated"] = first.get(u, 0.0) / base_excess
-    residual = excess if kept == chosen else probe.excess(kept)[0]
+        effects[u]["estimated"] = first.get(u, 0.0) / scale
+    final = m
     selection.chosen = kept
     selection.effects = effects
-    selection.residual = residual / base_excess
+    selection.residual = final.excess[detect_layer] / scale
+    selection.residual_by_block = {b: v / scale for b, v in final.excess.items()}
     selection.passes = probe.passes
     return selection
 
 
-def _estimates(grads: dict[int, torch.Tensor], candidates: Sequence[Unit]) -> dict[Unit, float]:
+def _estimates(
+    grads: dict[int, torch.Tensor] | None, candidates: Sequence[Unit]
+) -> dict[Unit, float]:
     """Estimated excess removed by zeroing each candidate: the gradient wrt its gate."""
+    assert grads is not None
     return {(lay, u): float(grads[lay][u]) for lay, u in candidates}
+
+
+def _group_step(
+    probe: CausalProbe,
+    chosen: list[Unit],
+    ranked: list[Unit],
+    current: Measure,
+    gain: Callable[[Measure, Measure], float],
+    min_gain: float,
+) -> tuple[list[Unit], Measure]:
+    """The smallest group of the best-ranked units (2, 4, 8, ... of them) whose exact removal
+    gains ``min_gain`` at some block; ``([], current)`` when not even all of them do."""
+    if not ranked:
+        return [], current
+    size = 2
+    while True:
+        group = ranked[:size]
+        after = probe.measure(chosen + group, grad=True)
+        if gain(current, after) >= min_gain:
+            return group, after
+        if size >= len(ranked):
+            return [], current
+        size *= 2
 
 
 def _prune(
     probe: CausalProbe,
     chosen: list[Unit],
-    excess: float,
-    base_excess: float,
+    final: Measure,
+    base: Measure,
+    direct: dict[Unit, float],
+    scale: float,
     min_gain: float,
+    emergence: int,
     dropped: list[dict[str, Any]],
 ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
-    """Measure each chosen unit exactly, zeroed alone and restored alone (the others zeroed); a
-    unit that changes the excess neither way is a bystander of the set and is dropped."""
-    kept: list[Unit] = []
+    """Measure each chosen unit exactly, zeroed alone and restored alone (the others zeroed).
+
+    Readers (activation on the outliers gone once the others are zeroed) are dropped. Units that
+    change the excess neither way alone are kept when restoring them together brings excess back
+    and their own estimated write is a real share of it; otherwise they are bystanders.
+    """
+    detect, first = probe.detect, emergence
     effects: dict[Unit, dict[str, float]] = {}
+
+    def drop(u: Unit, kind: str, reason: str) -> None:
+        dropped.append(
+            {"layer": u[0], "unit": u[1], **effects.pop(u), "kind": kind, "reason": reason}
+        )
+
     for u in chosen:
-        alone = (base_excess - probe.excess([u])[0]) / base_excess
-        in_set = (probe.excess([v for v in chosen if v != u])[0] - excess) / base_excess
-        if max(alone, in_set) >= min_gain:
-            kept.append(u)
-            effects[u] = {"alone": alone, "in_set": in_set}
-        else:
-            dropped.append(
-                {
-                    "layer": u[0],
-                    "unit": u[1],
-                    "alone": alone,
-                    "in_set": in_set,
-                    "reason": "zeroing it alone removes no outlier excess, and restoring it "
-                    "alone with the others zeroed brings none back",
-                }
+        alone = probe.measure([u])
+        effects[u] = {
+            "alone": (base.excess[detect] - alone.excess[detect]) / scale,
+            "alone_at_emergence": (base.excess[first] - alone.excess[first]) / scale,
+        }
+        own = direct.get(u, 0.0) / scale
+        if effects[u]["alone"] >= min_gain and effects[u]["alone"] > MEDIATED * max(own, 0.0):
+            drop(
+                u,
+                "mediator",
+                f"acts through other units: zeroing it alone removes {effects[u]['alone']:.1%} "
+                f"of the excess while its own write on the outlier patches accounts for "
+                f"{own:.3%} (a feature detector upstream of the writers, not a writer)",
             )
-    return kept, effects
+    # the rest measured without the mediators: zeroing those silences the writers they feed
+    rest = [u for u in chosen if u in effects]
+    if len(rest) < len(chosen):
+        final = probe.measure(rest)
+    for u in rest:
+        others = probe.measure([v for v in rest if v != u])
+        lay, unit = u
+        before = float(probe.base.acts[lay][unit])
+        effects[u] |= {
+            "in_set": (others.excess[detect] - final.excess[detect]) / scale,
+            "in_set_at_emergence": (others.excess[first] - final.excess[first]) / scale,
+            "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
+        }
+
+    def strong(e: dict[str, float]) -> bool:
+        return (
+            max(e["alone"], e["alone_at_emergence"], e["in_set"], e["in_set_at_emergence"])
+            >= min_gain
+        )
+
+    for u in rest:
+        p = effects[u]["persistence"]
+        # only a unit after the emergence block can read an outlier: before, none exists yet
+        if u[0] > first and p < READER_PERSISTENCE:
+            drop(
+                u,
+                "reader",
+                f"a reader: with the rest of the set zeroed its activation on the outlier patches "
+                f"falls to {p:.0%} of its base level, so it fires because they are outliers and "
+                "reinforces outliers that other units create",
+            )
+    weak = [u for u in chosen if u in effects and not strong(effects[u])]
+    if weak:
+        restored = probe.measure([v for v in chosen if v in effects and v not in weak], grad=True)
+        together = max(restored.excess[b] - final.excess[b] for b in probe.blocks) / scale
+        share = WEAK_SHARE * together / len(weak)
+        estimates = _estimates(restored.grads, weak)
+        for u in weak:
+            own = estimates[u] / scale
+            effects[u]["in_group"] = own
+            if together < min_gain or own < share:
+                drop(
+                    u,
+                    "bystander",
+                    "a bystander: zeroing it alone removes no outlier excess, restoring it "
+                    "alone brings none back"
+                    + (
+                        ", and restoring it with the other such units brings none back"
+                        if together < min_gain
+                        else f", and its own write is {own:.2%} of the excess those units bring "
+                        f"back together ({together:.2%} for {len(weak)} units)"
+                    ),
+                )
+    return [u for u in chosen if u in effects], effects

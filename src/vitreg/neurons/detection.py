@@ -4,12 +4,17 @@ One streaming pass over a few images gives every block's patch-norm distribution
 presence test of ``vitreg diagnose``. From it:
 
 - **emergence layer** E: the first block whose output shows an outlier mode (and the next too);
-- **layer range** 0..E: the units that write the outliers sit in blocks up to E; units of later
-  blocks can only read outliers that already exist (the paper's ``top_layer``, set by hand there);
 - **detection layer**: among blocks E..last with an outlier mode, the cleanest split (largest
   Ashman D); the last block is passed over when another qualifies, since its norms change just
   before the final norm (the paper uses the second-to-last block of DINOv2 for this reason);
-- **threshold**: the valley between the bulk and the outlier mode at the detection layer.
+- **threshold**: the valley between the bulk and the outlier mode at the detection layer;
+- **layer range** 0..H, by where the outliers are *written*: the growth curve measures, block by
+  block, the excess of the detection layer's outlier patches over the ordinary ones (mean
+  ``log(norm / median)`` above 0, outlier patches minus the rest) and its growth over the block
+  before; H is the last block up to the detection layer where it grows by at least
+  :data:`GROWTH_SHARE` of its size at the detection layer (never below E). Writers can sit after
+  E (they keep amplifying the outlier); readers sit there too, and the causal check tells them
+  apart. The paper sets this ``top_layer`` by hand.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitreg.analysis.norms import outliers, trace_norms
-from vitreg.analysis.rules import MASK_RULES
+from vitreg.analysis.norms import NormTrace, outliers, trace_norms
+from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.errors import InputError, VitregError
 from vitreg.models.model import Model
 
 RULES = MASK_RULES  # the rules of vitreg.analysis.rules that give a mask batch by batch
+GROWTH_SHARE = 0.05  # a block writes the outliers when their excess grows by this share there
 
 
 @dataclass
@@ -38,6 +44,8 @@ class Detection:
     n_images: int = 0
     layers: list[dict[str, Any]] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
+    growth: list[dict[str, float]] = field(default_factory=list)  # per block: excess, growth
+    first_written: int | None = None  # the first block where the outliers' excess grows
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -95,38 +103,26 @@ def choose_detection(
         reasons["detect_layer"] = f"block {detect}: given"
     else:
         detect, reasons["detect_layer"] = _detect(report.layers, emergence, n)
+    value, reasons["threshold"] = _threshold(report, detect, rule, threshold)
+    growth = growth_curve(trace, detect, rule, value)
+    late = [r["layer"] for r in growth[detect + 1 :] if _grows(r, growth[detect])]
+    if detect_layer is None and late and any(lo.present for lo in report.layers[max(late) :]):
+        # the outliers are still written after the chosen block: detect where they are whole
+        detect, why = _detect(report.layers, max(late), n)
+        reasons["detect_layer"] = (
+            f"{why}; the outliers still grow at blocks {late}, after the cleanest split "
+            "before them, so they are detected where their writing is done"
+        )
+        value, reasons["threshold"] = _threshold(report, detect, rule, threshold)
+        growth = growth_curve(trace, detect, rule, value)
+    written = _written(growth, detect)
     if highest_layer is not None:
         highest = layer_index(highest_layer, n, "--highest-layer")
         reasons["highest_layer"] = f"blocks {lowest_layer}-{highest}: given"
     else:
-        highest = emergence
-        reasons["highest_layer"] = (
-            f"blocks {lowest_layer}-{highest}: the outliers first appear at the output of block "
-            f"{emergence} (an outlier mode there and in the next block), so the units that write "
-            f"them are in blocks <= {emergence}; units of later blocks can only read outliers "
-            "that already exist"
-        )
+        highest, reasons["highest_layer"] = _range(growth, written, emergence, detect, lowest_layer)
     if not 0 <= lowest_layer <= highest:
         raise InputError(f"the lowest searched block {lowest_layer} is above the highest {highest}")
-    value: float | None = None
-    if rule == "auto":
-        value = report.layers[detect].thresholds["auto"]
-        if value == float("inf"):
-            raise VitregError(
-                f"block {detect} shows no outlier mode on these images, so the 'auto' threshold "
-                "(the valley between the bulk and the outlier mode) does not exist there; pick "
-                f"another --detect-layer (blocks with a mode: {_with_mode(report.layers)}) or "
-                "give --threshold as a norm"
-            )
-        reasons["threshold"] = (
-            f"{value:.4g}: the valley between the bulk of the patch norms and the outlier mode "
-            f"at block {detect}"
-        )
-    elif rule == "absolute":
-        value = float(threshold)
-        reasons["threshold"] = f"{value:.4g}: given"
-    else:
-        reasons["threshold"] = f"{rule}: given (per image)"
     return Detection(
         detect,
         highest,
@@ -137,7 +133,79 @@ def choose_detection(
         trace.n_images,
         layers,
         reasons,
+        growth,
+        min([emergence if emergence is not None else detect, *written]),
     )
+
+
+def growth_curve(
+    trace: NormTrace, detect: int, rule: str, value: float | None
+) -> list[dict[str, float]]:
+    """Per block: the excess of the detection layer's outlier patches over the ordinary ones
+    (mean ``log(norm / median)`` above 0, outliers minus the rest) and its growth there."""
+    site = trace.sites[detect]
+    lay = trace.layouts[site]
+    mask = image_mask(trace.norms[site], rule, value)[:, lay.patches]
+    rows, before = [], 0.0
+    for i, s in enumerate(trace.sites):
+        patches = trace.patch_norms(s)
+        logs = (patches / max(float(patches.median()), 1e-12)).log().clamp_min(0)
+        out = float(logs[mask].mean()) if mask.any() else 0.0
+        rest = float(logs[~mask].mean()) if (~mask).any() else 0.0
+        rows.append({"layer": i, "excess": out - rest, "growth": out - rest - before})
+        before = out - rest
+    return rows
+
+
+def _threshold(
+    report: Any, detect: int, rule: str, threshold: str | float
+) -> tuple[float | None, str]:
+    """The detection threshold at block ``detect`` (``None`` for per-image rules), and why."""
+    if rule == "auto":
+        value = report.layers[detect].thresholds["auto"]
+        if value == float("inf"):
+            raise VitregError(
+                f"block {detect} shows no outlier mode on these images, so the 'auto' threshold "
+                "(the valley between the bulk and the outlier mode) does not exist there; pick "
+                f"another --detect-layer (blocks with a mode: {_with_mode(report.layers)}) or "
+                "give --threshold as a norm"
+            )
+        return value, (
+            f"{value:.4g}: the valley between the bulk of the patch norms and the outlier mode "
+            f"at block {detect}"
+        )
+    if rule == "absolute":
+        return float(threshold), f"{float(threshold):.4g}: given"
+    return None, f"{rule}: given (per image)"
+
+
+def _grows(row: dict[str, float], at_detect: dict[str, float]) -> bool:
+    """Whether the outliers' excess grows at ``row``'s block by GROWTH_SHARE of its size."""
+    return row["growth"] >= GROWTH_SHARE * at_detect["excess"]
+
+
+def _written(growth: list[dict[str, float]], detect: int) -> list[int]:
+    """The blocks up to ``detect`` where the outliers' excess grows by ``GROWTH_SHARE``."""
+    return [r["layer"] for r in growth[: detect + 1] if _grows(r, growth[detect])]
+
+
+def _range(
+    growth: list[dict[str, float]], grew: list[int], emergence: int, detect: int, lowest: int
+) -> tuple[int, str]:
+    """The last block up to ``detect`` where the outliers' excess grows, and why."""
+    size = growth[detect]["excess"]
+    highest = max([emergence, *grew])
+    shares = ", ".join(
+        f"{r['layer']} (+{r['growth'] / size:.0%})" for r in growth if r["layer"] in grew
+    )
+    why = (
+        f"blocks {lowest}-{highest}: the outliers first appear at the output of block "
+        f"{emergence}, and the excess of the block-{detect} outlier patches over ordinary ones "
+        f"grows by at least {GROWTH_SHARE:.0%} of its block-{detect} size at blocks {shares or '-'}"
+        f"; units writing them sit there, and units after block {highest} only carry them. "
+        "Units in the range that only read an outlier are told apart by the causal check"
+    )
+    return highest, why
 
 
 def _with_mode(layers: list[Any]) -> list[int]:

@@ -58,6 +58,7 @@ class ProbeConfig:
     seeds: Sequence[int] = (0, 1, 2)
     device: str = "cpu"
     progress: Progress | None = None  # epochs of each fit and its early stop (None: silent)
+    label: str = ""  # what is fitted (a feature), named in each fit's progress line
 
 
 # ----------------------------------------------------------------------------- losses
@@ -423,7 +424,8 @@ class _Trainer:
         end = 0.0 if cfg.cosine else 1.0  # lr factor: warm-up, then cosine to 0 (or constant)
         x_hold, y_hold = self.x[hold], self.y[hold].to(cfg.device)
         step = 0
-        label = f"probe fit, seed {self.seed}: epochs ({L} learning rates at once)"
+        what = f" {cfg.label}" if cfg.label else ""
+        label = f"probe fit{what}, seed {self.seed}, {L} learning rates at once (epochs)"
         stopped = None
         with (cfg.progress or SILENT)(cfg.epochs, label) as update:
             for epoch in range(1, cfg.epochs + 1):

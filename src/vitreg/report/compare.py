@@ -1,18 +1,20 @@
 """Comparisons of several runs: ``vitreg compare RUN...`` and ``vitreg diagnose --models``.
 
-Both write the same files to one folder: comparison.md and report.html (the wide table, one
-column per run, and per-model curves of diagnose runs), comparison.json (the rows) and
-figures/. The console shows the long format (run, metric, value, direction), which fits 100
-columns however many runs there are. Folders that are not runs are skipped with a note.
+Both write the same files to one folder: comparison.json (the rows) first, then figures/,
+comparison.md and report.html (the wide table, one column per run, and per-model curves of
+diagnose runs), which ``vitreg report FOLDER`` renders again from comparison.json. The console
+shows the long format (run, metric, value, direction), which fits 100 columns however many runs
+there are. Folders that are not runs are skipped with a note.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitreg.core.io import write_json_atomic, write_text_atomic
+from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
 from vitreg.report.documents import (
@@ -21,9 +23,10 @@ from vitreg.report.documents import (
     read_comparison,
     read_metrics,
 )
+from vitreg.report.fields import as_list, dig, finite
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
-from vitreg.report.markdown import render_markdown as _render_markdown
+from vitreg.report.run_files import again_command, rendering, save_figures, write_report
 from vitreg.report.schema import resolve
 
 DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
@@ -220,11 +223,12 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
     fig = new_canvas(7.0, 4.8)
     rate_ax, ratio_ax = fig.subplots(2, 1, sharex=True)
     for i, (label, layers) in enumerate(curves):
-        x = [lo["layer"] for lo in layers]
-        rates = [100 * (lo["outlier_rate"].get(CURVE_RULE) or 0.0) for lo in layers]
+        x = [dig(lo, "layer") for lo in layers]
+        rates = [100 * (dig(lo, "outlier_rate", CURVE_RULE) or 0.0) for lo in layers]
+        ratios = [dig(lo, "max_over_median") for lo in layers]
         colour = f"C{i % 10}"
         rate_ax.plot(x, rates, marker=".", color=colour, label=label)
-        ratio_ax.plot(x, [lo["max_over_median"] for lo in layers], marker=".", color=colour)
+        ratio_ax.plot(x, [r if finite(r) else math.nan for r in ratios], marker=".", color=colour)
     rate_ax.set_ylabel(f"outlier rate ({CURVE_RULE}, %)")
     ratio_ax.set_ylabel("max / median patch norm")
     ratio_ax.set_yscale("log")
@@ -300,26 +304,59 @@ def comparison_report(
 
 def write_comparison(
     out: Path,
-    report: Report,
     data: dict[str, Any],
-    figures: list[Figure],
+    draw: Callable[[], tuple[Report, list[Figure]]],
     figure_format: str | None = None,
     config: dict[str, Any] | None = None,
 ) -> Path:
-    """Figures, comparison.md, report.html, config.yaml (with ``config``: a rerun with
-    ``--config``) and comparison.json in ``out``; the Markdown's path."""
+    """comparison.json (and config.yaml, a rerun with ``--config``) first, then ``draw()``'s
+    figures, comparison.md and report.html in ``out`` (a failure while rendering raises
+    RenderError with comparison.json saved); the Markdown's path."""
     import yaml
 
-    from vitreg.report.html import render_html
+    from vitreg.core.io import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
-    for fig in figures:
-        fig.save(out / "figures", figure_formats({"figure_format": figure_format}))
     if config is not None:
         write_text_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-    write_text_atomic(out / "report.html", render_html(report, figures, None))
-    write_json_atomic(out / "comparison.json", data)
-    return write_text_atomic(out / "comparison.md", _render_markdown(report))
+    saved = write_json_atomic(out / "comparison.json", data)
+    with rendering(out, saved, again_command(out)):
+        report, figures = draw()
+        save_figures(out, figures, figure_formats({"figure_format": figure_format}))
+        write_report(out, report, figures, markdown="comparison.md")
+    return out / "comparison.md"
+
+
+def compare_report(
+    data: dict[str, Any], documents: Sequence[dict[str, Any]]
+) -> tuple[Report, list[Figure]]:
+    """The report of ``vitreg compare`` from its comparison.json ``data`` and the runs'
+    documents (an empty one where a run is gone: no curve for it): the wide table, the curves,
+    the runs' banners and the provenance kept in ``data``."""
+    curves = layer_curves(list(zip(data["runs"], documents, strict=True)))
+    figures = [curves] if curves is not None else []
+    runs = [
+        f"- {code(label)}: {code(s['command'] or s['run'])}"
+        for label, s in zip(data["runs"], data["sources"], strict=True)
+    ]
+    table = wide_table(data)
+    report = comparison_report(
+        "vitreg compare",
+        table,
+        runs,
+        figures,
+        data["skipped"],
+        banner=comparison_banner(documents),
+        made=_made(data),
+    )
+    return report, figures
+
+
+def _made(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The provenance a comparison.json keeps (None in one written before it kept any)."""
+    if not isinstance(data.get("created"), str) or not isinstance(data.get("command"), str):
+        return None
+    return {**data, "config": data.get("config") if isinstance(data.get("config"), dict) else {}}
 
 
 def write_compare(
@@ -327,25 +364,38 @@ def write_compare(
 ) -> Path:
     """The files of ``vitreg compare`` (the wide table, curves of diagnose runs, the banners of
     the runs compared, provenance) in ``out``."""
-    curves = layer_curves(list(zip(merged["runs"], merged["documents"], strict=True)))
+    made = provenance(command or "vitreg compare", {"figure_format": figure_format})
+    rest = {k: v for k, v in merged.items() if k != "documents"}
+    data = {"verb": "compare", **made, **rest}
+    draw = lambda: compare_report(data, merged["documents"])  # noqa: E731
+    return write_comparison(out, data, draw, figure_format)
+
+
+def model_comparison_report(
+    data: dict[str, Any], documents: Sequence[dict[str, Any]]
+) -> tuple[Report, list[Figure]]:
+    """The report of ``vitreg diagnose --models`` from its comparison.json ``data`` and each
+    model's document: the cross-model table, per-model curves, a link to each run directory,
+    the models' banners and the provenance kept in ``data``."""
+    from vitreg.report.run import rows_table
+
+    curves = layer_curves([(m["model"], d) for m, d in zip(data["runs"], documents, strict=True)])
     figures = [curves] if curves is not None else []
     runs = [
-        f"- {code(label)}: {code(s['command'] or s['run'])}"
-        for label, s in zip(merged["runs"], merged["sources"], strict=True)
+        f"- {code(m['model'])}: [{m['run_dir']}/report.md]({m['run_dir']}/report.md), "
+        f"[{m['run_dir']}/report.html]({m['run_dir']}/report.html)"
+        for m in data["runs"]
     ]
-    made = provenance(command or "vitreg compare", {"figure_format": figure_format})
+    title = "vitreg diagnose: model comparison"
     report = comparison_report(
-        "vitreg compare",
-        wide_table(merged),
+        title,
+        rows_table(data["rows"]),
         runs,
         figures,
-        merged["skipped"],
-        banner=comparison_banner(merged["documents"]),
-        made=made,
+        banner=comparison_banner(documents),
+        made=_made(data),
     )
-    rest = {k: v for k, v in merged.items() if k != "documents"}
-    data = {"verb": "compare", **{k: v for k, v in made.items() if k != "config"}, **rest}
-    return write_comparison(out, report, data, figures, figure_format)
+    return report, figures
 
 
 def write_model_comparison(
@@ -359,29 +409,39 @@ def write_model_comparison(
     """The files of ``vitreg diagnose --models`` in ``parent``: the cross-model table, the
     per-model curves, a link to each model's run directory, the models' banners, provenance
     and config.yaml (``config``: rerun it with ``vitreg diagnose --config``)."""
-    from vitreg.report.run import model_table
-    from vitreg.report.schema import plain
+    from vitreg.report.run import model_rows
 
-    table, rows = model_table(list(labelled))
-    curves = layer_curves([(label, {"results": plain(r.to_dict())}) for label, r in labelled])
-    figures = [curves] if curves is not None else []
     meta = [
         {"model": label, "run_dir": d.name} for (label, _), d in zip(labelled, dirs, strict=True)
     ]
-    runs = [
-        f"- {code(m['model'])}: [{m['run_dir']}/report.md]({m['run_dir']}/report.md), "
-        f"[{m['run_dir']}/report.html]({m['run_dir']}/report.html)"
-        for m in meta
-    ]
     made = provenance(command or "vitreg diagnose", config or {})
+    data = {"verb": "diagnose", **made, "runs": meta, "rows": model_rows(list(labelled))}
     documents = [read_metrics(d) for d in dirs]
-    report = comparison_report(
-        "vitreg diagnose: model comparison",
-        table,
-        runs,
-        figures,
-        banner=comparison_banner(documents),
-        made=made,
-    )
-    data = {"verb": "diagnose", **made, "runs": meta, "rows": rows}
-    return write_comparison(parent, report, data, figures, figure_format, config)
+    draw = lambda: model_comparison_report(data, documents)  # noqa: E731
+    return write_comparison(parent, data, draw, figure_format, config)
+
+
+def render_comparison_again(folder: Path) -> list[Path]:
+    """comparison.md and report.html of the comparison in ``folder`` rendered again from its
+    comparison.json (the curves from the runs' metrics.json where they still exist)."""
+    path = folder / "comparison.json"
+    data = read_comparison(folder)  # checked: its verb, runs and rows
+    if data.get("verb") == "compare":
+        runs: list[Path | None] = [Path(str(dig(s, "run"))) for s in as_list(data.get("sources"))]
+        draw = compare_report
+    else:  # the per-model folders of `diagnose --models`, inside this one
+        names = [str(dig(m, "run_dir")) for m in data["runs"]]
+        runs = [folder / n if Path(n).name == n else None for n in names]
+        draw = model_comparison_report
+    documents = [_saved_document(r) for r in runs]
+    with rendering(folder, path, again_command(folder)):
+        report, figures = draw(data, documents)
+        save_figures(folder, figures)
+        write_report(folder, report, figures, markdown="comparison.md")
+    return [folder / "comparison.md", folder / "report.html"]
+
+
+def _saved_document(run: Path | None) -> dict[str, Any]:
+    """The metrics.json document of ``run``, or an empty one (no curve) where it is gone."""
+    found = load_runs([run])[0] if run is not None else []
+    return found[0][1] if found else {}

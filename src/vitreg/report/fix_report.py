@@ -1,6 +1,6 @@
-"""Run directories of ``vitreg neurons`` and ``vitreg fix``: figures, report.md, config.yaml and
-metrics.json (written last, atomically, after a stale one is removed; every headline number
-names the JSON pointer of the value it repeats in ``results``)."""
+"""Run directories of ``vitreg neurons`` and ``vitreg fix``: config.yaml and metrics.json (first,
+atomically; every headline number names the JSON pointer of the value it repeats in
+``results``), then figures, report.md and report.html."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from vitreg.report.fields import as_dict, as_list, dig, finite
 from vitreg.report.figures import (
     Figure,
     GridColumn,
@@ -30,6 +31,7 @@ from vitreg.report.markdown import (
     num,
     pct,
     provenance_section,
+    text,
 )
 from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
 
@@ -103,9 +105,9 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """report.md of ``vitreg neurons``: the verdict after the fix, how each choice was made, the
     neurons with their causal effects, figures, images, model."""
     r = doc["results"]
-    held = r["held_out"]
+    held = as_dict(r.get("held_out"))
     summary = Section("summary", "Register neurons")
-    after = held["blocks_with_outlier_mode_after"]
+    after = as_list(held.get("blocks_with_outlier_mode_after"))
     verdict = (
         "**No artifacts after the fix**: no block shows an outlier mode"
         if r["status"] == "clean"
@@ -113,13 +115,14 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         if after
         else "**PARTIAL**: the largest patch norms stay above the ordinary level"
     )
+    before = as_list(held.get("blocks_with_outlier_mode_before"))
     summary.blocks.append(
-        f"{verdict} on the {held['n_images']} held-out images with test-time registers on these "
-        f"neurons (before: at blocks {blocks_text(held['blocks_with_outlier_mode_before'])}). "
-        f"Max/median patch norm at block {r['detect_layer']}: "
-        f"{num(held['max_over_median_before'])} → {num(held['max_over_median_after'])} (ordinary "
-        f"patches: {num(held['ordinary_max_over_median'])}); patch outlier rate "
-        f"{pct(held['outlier_rate_before'])} → {pct(held['outlier_rate_after'])}."
+        f"{verdict} on the {num(held.get('n_images'))} held-out images with test-time registers "
+        f"on these neurons (before: at blocks {blocks_text(before)}). Max/median patch norm at "
+        f"block {r['detect_layer']}: {num(held.get('max_over_median_before'))} → "
+        f"{num(held.get('max_over_median_after'))} (ordinary patches: "
+        f"{num(held.get('ordinary_max_over_median'))}); patch outlier rate "
+        f"{pct(held.get('outlier_rate_before'))} → {pct(held.get('outlier_rate_after'))}."
     )
     how = (
         "the units whose zeroing removes the outliers (causal check), their fix then checked on "
@@ -129,16 +132,16 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         if r["top_k_mode"] == "fixed"
         else "the smallest k of the paper's ranking whose fix passes on held-out images"
     )
-    summary.blocks.append(
-        f"**{r['n_neurons']} register neurons** in layers "
-        f"{', '.join(str(x['layer']) for x in r['layers'])}: {how}."
-    )
-    summary.blocks += [f"Note: {n}" for n in r["notes"]]
-    summary.blocks.append(
-        f"Saved as `{r['files']['json']}` + `{r['files']['tensors']}`; apply them with "
-        f"`vitreg fix {doc['model']['spec']} --neurons {r['files']['json']}` (path relative to "
-        "this run directory)."
-    )
+    layers = ", ".join(text(dig(x, "layer")) for x in as_list(r.get("layers"))) or "–"
+    summary.blocks.append(f"**{r['n_neurons']} register neurons** in layers {layers}: {how}.")
+    summary.blocks += [f"Note: {n}" for n in as_list(r.get("notes"))]
+    files = as_dict(r.get("files"))
+    if files.get("json"):
+        apply = f"vitreg fix {doc['model']['spec']} --neurons {files['json']}"
+        summary.blocks.append(
+            f"Saved as {code(files['json'])} + {code(files.get('tensors'))}; apply them with "
+            f"{code(apply)} (path relative to this run directory)."
+        )
     return Report(
         synthetic_banner(doc),
         f"vitreg neurons: {doc['model']['spec']}",
@@ -146,7 +149,7 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             summary,
             _decisions(r),
             _neuron_table(r),
-            *([planted_section(r["planted"])] if r.get("planted") else []),
+            *([planted_section(r["planted"])] if as_list(r.get("planted")) else []),
             figure_section("Scores and calibration", figures),
             _images(doc),
             model_section(doc),
@@ -158,28 +161,33 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
 def _decisions(r: dict[str, Any]) -> Section:
     """Each automatic choice with the reason the survey or the causal check gave."""
     s = Section("decisions", "How each choice was made")
-    reasons = r["reasons"]
+    reasons = as_dict(r.get("reasons"))
     rows = [
-        ["searched blocks", reasons["highest_layer"]],
-        ["detection layer", reasons["detect_layer"]],
-        ["threshold", reasons.get("threshold", f"{r['threshold']}")],
+        ["searched blocks", text(reasons.get("highest_layer"))],
+        ["detection layer", text(reasons.get("detect_layer"))],
+        ["threshold", text(reasons.get("threshold", r.get("threshold")))],
     ]
-    causal = r.get("causal")
+    causal = as_dict(r.get("causal"))
     if causal:
-        base = causal["baseline"]
+        left = causal.get("residual_fraction")
         rows.append(
             [
                 "causal check",
-                f"{causal['n_candidates']} candidates of the ranking, {causal['n_images']} "
-                f"held-out images, {causal['passes']} passes; {base['n_outlier_patches']} outlier "
-                f"patches; outlier excess left with the set zeroed: "
-                f"{pct(max(causal['residual_fraction'], 0.0))} of the base",
+                f"{num(causal.get('n_candidates'))} candidates of the ranking, "
+                f"{num(causal.get('n_images'))} held-out images, {num(causal.get('passes'))} "
+                f"passes; {num(dig(causal, 'baseline', 'n_outlier_patches'))} outlier patches; "
+                "outlier excess left with the set zeroed: "
+                f"{pct(max(left, 0.0) if finite(left) else None)} of the base",
             ]
         )
-    calibration = r.get("calibration")
+    calibration = as_dict(r.get("calibration"))
     if calibration:
         rows.append(
-            ["top-k", f"k = {r['chosen_k']} ({calibration['status']}): {calibration['criteria']}"]
+            [
+                "top-k",
+                f"k = {r['chosen_k']} ({text(calibration.get('status'))}): "
+                f"{text(calibration.get('criteria'))}",
+            ]
         )
     s.blocks.append(Table(["", "why"], rows))
     if causal:
@@ -197,13 +205,13 @@ def _neuron_table(r: dict[str, Any]) -> Section:
     causal = r.get("causal") is not None
     header = ["rank", "layer", "unit", "score"] + (["effect alone", "in the set"] if causal else [])
     rows = []
-    for i, n in enumerate(r["neurons"]):
-        row = [str(i + 1), str(n["layer"]), str(n["unit"]), num(n["score"])]
+    for i, n in enumerate(map(as_dict, r["neurons"])):
+        row = [str(i + 1), text(n.get("layer")), text(n.get("unit")), num(n.get("score"))]
         if causal:
             row += [pct(n.get("effect_alone")), pct(n.get("effect_in_set"))]
         rows.append(row)
     s.blocks.append(Table(header, rows))
-    dropped = (r.get("causal") or {}).get("dropped", [])
+    dropped = [as_dict(d) for d in as_list(dig(r, "causal", "dropped"))]
     if dropped:
         s.blocks.append("Dropped by the causal check:")
         s.blocks.append(
@@ -211,11 +219,11 @@ def _neuron_table(r: dict[str, Any]) -> Section:
                 ["layer", "unit", "effect alone", "in the set", "why"],
                 [
                     [
-                        str(d["layer"]),
-                        str(d["unit"]),
-                        pct(d["alone"]),
-                        pct(d["in_set"]),
-                        d["reason"],
+                        text(d.get("layer")),
+                        text(d.get("unit")),
+                        pct(d.get("alone")),
+                        pct(d.get("in_set")),
+                        text(d.get("reason")),
                     ]
                     for d in dropped
                 ],
@@ -229,14 +237,21 @@ def planted_section(rows: list[dict[str, Any]]) -> Section:
     s = Section("planted", "Planted ground truth (synthetic model)")
     s.blocks.append(
         "The model is a planted fixture, so the truth is known: causes write the outliers, "
-        "readers fire because a token already is one, distractors fire elsewhere."
+        "readers fire because a token already is one, distractors fire elsewhere, helpers "
+        "(blocks 0-1) compute the flat-patch flag the causes read: zeroing them also removes "
+        "the outliers, so discovery may rank them."
     )
     s.blocks.append(
         Table(
             ["layer", "unit", "role", "in this set"],
             [
-                [str(x["layer"]), str(x["unit"]), x["role"], "yes" if x["chosen"] else "no"]
-                for x in rows
+                [
+                    text(x.get("layer")),
+                    text(x.get("unit")),
+                    text(x.get("role")),
+                    "yes" if x.get("chosen") else "no",
+                ]
+                for x in map(as_dict, rows)
             ],
         )
     )
@@ -246,11 +261,11 @@ def planted_section(rows: list[dict[str, Any]]) -> Section:
 def _images(doc: dict[str, Any]) -> Section:
     s = data_section(doc)
     split = doc["data"].get("split")
-    if split:
+    if isinstance(split, dict) and split:
         s.blocks.insert(
             1,
-            f"Split: {split['rule']}: {split['n_discovery']} images for discovery, "
-            f"{split['n_held_out']} held out.",
+            f"Split: {text(split.get('rule'))}: {num(split.get('n_discovery'))} images for "
+            f"discovery, {num(split.get('n_held_out'))} held out.",
         )
     return s
 
@@ -284,10 +299,16 @@ def write_neurons_run(
             )
         )
     doc = document("neurons", command, described, data, config, results, pointers)
-    figures = [neuron_scores(doc["results"]["ranking"], results["chosen_k"])]
-    if results.get("calibration"):
-        figures.append(calibration_curve(doc["results"]["calibration"]))
-    return write_files(Path(out_dir), doc, neurons_report(doc, figures), figures)
+    return write_files(Path(out_dir), doc, lambda: neurons_figures(doc), neurons_report)
+
+
+def neurons_figures(doc: dict[str, Any]) -> list[Figure]:
+    """The discovery scores and, when top-k was calibrated, the calibration curve."""
+    r = doc["results"]
+    figures = [neuron_scores(r["ranking"], r["chosen_k"])]
+    if r.get("calibration"):
+        figures.append(calibration_curve(r["calibration"]))
+    return figures
 
 
 # vitreg fix -----------------------------------------------------------------------------------
@@ -399,10 +420,13 @@ def fix_norm_curves(results: dict[str, Any]) -> Figure:
     return figure("fix_norm_curves", caption, fig)
 
 
-def blocks_text(blocks: list[int]) -> str:
-    """``[6, 7, 8, 10]`` -> ``6-8, 10``; ``[]`` -> ``none``."""
+def blocks_text(blocks: list[Any]) -> str:
+    """``[6, 7, 8, 10]`` -> ``6-8, 10``; ``[]`` -> ``none`` (an entry that is no block number
+    is shown as it is)."""
     if not blocks:
         return "none"
+    if not all(isinstance(b, int) for b in blocks):
+        return ", ".join(map(text, blocks))
     runs = []
     start = prev = blocks[0]
     for b in blocks[1:]:
@@ -416,40 +440,54 @@ def blocks_text(blocks: list[int]) -> str:
 
 def verdict_section(c: dict[str, Any]) -> Section:
     """The verdict after the fix, per block, by the diagnose presence test and max/median."""
-    res = c["residual"]
-    layer = c["detect_layer"]
+    res = as_dict(c.get("residual"))
+    layer = c.get("detect_layer")
     s = Section("verdict", "Verdict after the fix")
-    ordinary = res["ordinary_max_over_median"]
+    ordinary = res.get("ordinary_max_over_median")
     level = (
         f"; the ordinary (non-outlier) patches before the fix reach {num(ordinary)}, and the "
-        f"fix counts as clean up to {num(res['tolerance'])}× that"
+        f"fix counts as clean up to {num(res.get('tolerance'))}× that"
         if ordinary is not None
         else ""
     )
-    after = res["blocks_with_mode_after"]
+    before = as_list(res.get("blocks_with_mode_before"))
+    after = as_list(res.get("blocks_with_mode_after"))
     head = (
-        "**No artifacts after the fix**: no block shows an outlier mode"
-        if res["clean"]
+        "**No artifacts before the fix: nothing to remove.** No block shows an outlier mode "
+        "without the fix either, so the fix can only change the model's output (the dense "
+        "change is below)"
+        if res.get("nothing_to_fix")
+        else "**No artifacts after the fix**: no block shows an outlier mode"
+        if res.get("clean")
         else f"**Artifacts remain after the fix**: an outlier mode at blocks {blocks_text(after)}"
         if after
         else "**Artifacts remain after the fix**: no outlier mode, but the largest patch norms "
         "stay above the ordinary level"
     )
+    ratio_before = as_list(res.get("max_over_median_before"))
+    ratio_after = as_list(res.get("max_over_median_after"))
     s.blocks.append(
-        f"{head} (before: at blocks {blocks_text(res['blocks_with_mode_before'])}). Max/median "
-        f"patch norm at block {layer}: {num(res['max_over_median_before'][layer])} before, "
-        f"{num(res['max_over_median_after'][layer])} after{level}. The outlier mode is the "
-        "presence test of `vitreg diagnose` (a separate mode of patch norms, ≥ 3× the bulk)."
+        f"{head} (before: at blocks {blocks_text(before)}). Max/median patch norm at block "
+        f"{text(layer)}: {num(_at(ratio_before, layer))} before, "
+        f"{num(_at(ratio_after, layer))} after{level}. The outlier mode is the presence test of "
+        "`vitreg diagnose` (a separate mode of patch norms, ≥ 3× the bulk)."
     )
+    if res.get("threshold_from_another_model"):
+        s.blocks.append(
+            f"**The detection threshold belongs to another model**: the neuron set's threshold "
+            f"({num(c.get('threshold_value'))}) is above every patch norm of this model at block "
+            f"{text(layer)} (largest {num(res.get('largest_patch_norm_before'))}); the set was "
+            "found on a different model or resolution. Rediscover on this one (`vitreg neurons`)."
+        )
     rows = [
         [
             str(i),
-            "yes" if i in res["blocks_with_mode_before"] else "no",
+            "yes" if i in before else "no",
             "yes" if i in after else "no",
-            num(before),
-            num(res["max_over_median_after"][i]),
+            num(value),
+            num(dig(ratio_after, i)),
         ]
-        for i, before in enumerate(res["max_over_median_before"])
+        for i, value in enumerate(ratio_before)
     ]
     s.blocks.append(
         Table(
@@ -460,100 +498,123 @@ def verdict_section(c: dict[str, Any]) -> Section:
     return s
 
 
+def _at(values: list[Any], layer: Any) -> Any:
+    """``values[layer]`` for a layer index, None for no layer (or one out of range)."""
+    return dig(values, layer) if isinstance(layer, int) else None
+
+
+def _control_row(label: str, ctl: Any, outlier_rate: str | None = None) -> list[str]:
+    """One row of the causal controls: neurons, outlier rate, pooled cosine to before."""
+    ctl = as_dict(ctl)
+    rate = outlier_rate if outlier_rate is not None else pct(ctl.get("outlier_rate"))
+    return [label, text(ctl.get("n_neurons")), rate, num(dig(ctl, "pooled_cosine", "mean"))]
+
+
 def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """report.md of ``vitreg fix``: the verdict after the fix per block, before/after numbers,
     the fix settings, figures, images."""
     r = doc["results"]
     c = r["comparison"]
-    fx = c["fix"]
-    layer = c["detect_layer"]
+    fx = as_dict(c.get("fix"))
+    layer = c.get("detect_layer")
     s = Section("summary", "Before and after")
-    cos = c["pooled_cosine"]
+    cos = as_dict(c.get("pooled_cosine"))
     rows = [
         [
-            f"patch outlier rate at layer {layer}",
-            pct(c["outlier_rate_before"]),
-            pct(c["outlier_rate_after"]),
+            f"patch outlier rate at layer {text(layer)}",
+            pct(c.get("outlier_rate_before")),
+            pct(c.get("outlier_rate_after")),
         ],
         [
-            f"max patch norm at layer {layer}",
-            num(c["max_patch_norm_before"][layer]),
-            num(c["max_patch_norm_after"][layer]),
+            f"max patch norm at layer {text(layer)}",
+            num(_at(as_list(c.get("max_patch_norm_before")), layer)),
+            num(_at(as_list(c.get("max_patch_norm_after")), layer)),
         ],
-        [f"test-time register norm at layer {layer}", "–", num(c["register_norm_after"][layer])],
-        ["artifact verdict (diagnose rule)", num(c["verdict_before"]), num(c["verdict_after"])],
+        [
+            f"test-time register norm at layer {text(layer)}",
+            "–",
+            num(_at(as_list(c.get("register_norm_after")), layer)),
+        ],
+        [
+            "artifact verdict (diagnose rule)",
+            num(c.get("verdict_before")),
+            num(c.get("verdict_after")),
+        ],
     ]
     s.blocks.append(Table(["", "before", "after"], rows))
     s.blocks.append(
-        f"Outliers: patch tokens above the `{c['rule']}` threshold ({num(c['threshold_value'])}) "
-        f"at `blocks.{layer}.hook_resid_post` (residual stream), the neurons' detection layer."
+        f"Outliers: patch tokens above the {code(c.get('rule'))} threshold "
+        f"({num(c.get('threshold_value'))}) at `blocks.{text(layer)}.hook_resid_post` (residual "
+        "stream), the neurons' detection layer."
     )
-    if cos is not None:
+    if cos:
         s.blocks.append(
             f"Global information is kept: the cosine similarity between each image's pooled "
             f"embedding (`ln_final.hook_out`: [CLS], or the patch mean without one) before and "
-            f"after the fix is {num(cos['mean'])} on average (lowest {num(cos['min'])}, "
-            f"{cos['n']} images)."
+            f"after the fix is {num(cos.get('mean'))} on average (lowest {num(cos.get('min'))}, "
+            f"{num(cos.get('n'))} images)."
         )
-    if c.get("controls"):
+    dense = as_dict(c.get("patch_cosine"))
+    if dense:
+        s.blocks.append(
+            f"Dense output: the cosine similarity between each patch's final feature "
+            f"(`ln_final.hook_out`) before and after the fix is {num(dense.get('mean'))} on "
+            f"average and {num(dense.get('min'))} at the lowest ({num(dense.get('n'))} patches of "
+            "the first images): what a dense head (segmentation, depth) sees change."
+        )
+    controls = as_dict(c.get("controls"))
+    if controls:
         rows = [
             [
-                label,
-                str(ctl["n_neurons"]),
-                pct(ctl["outlier_rate"]),
-                num(ctl["pooled_cosine"]["mean"]) if ctl["pooled_cosine"] else "–",
-            ]
-            for label, ctl in (
-                ("register neurons zeroed, no register", c["controls"]["ablate_register_neurons"]),
-                ("as many random neurons zeroed", c["controls"]["ablate_random_neurons"]),
-            )
-        ]
-        shift = c["controls"].get("shift_to_patch")
-        if shift:
-            share = pct(shift["share_of_images_with_top_norm_at_patch"])
-            rows.append(
-                [
-                    "outlier moved to patch 0 (top-left)",
-                    str(shift["n_neurons"]),
-                    f"{pct(shift['outlier_rate'])} (top norm at patch 0 in {share} of images)",
-                    num(shift["pooled_cosine"]["mean"]) if shift["pooled_cosine"] else "–",
-                ]
-            )
-        rows.insert(
-            0,
-            [
                 "test-time registers",
-                str(fx["n_neurons"]),
-                pct(c["outlier_rate_after"]),
-                num(cos["mean"]) if cos else "–",
+                text(fx.get("n_neurons")),
+                pct(c.get("outlier_rate_after")),
+                num(cos.get("mean")),
             ],
-        )
+            _control_row(
+                "register neurons zeroed, no register", controls.get("ablate_register_neurons")
+            ),
+            _control_row("as many random neurons zeroed", controls.get("ablate_random_neurons")),
+        ]
+        shift = as_dict(controls.get("shift_to_patch"))
+        if shift:
+            share = pct(shift.get("share_of_images_with_top_norm_at_patch"))
+            rows.append(
+                _control_row(
+                    "outlier moved to patch 0 (top-left)",
+                    shift,
+                    f"{pct(shift.get('outlier_rate'))} (top norm at patch 0 in {share} of images)",
+                )
+            )
         s.blocks.append(
             "Causal controls (the paper's: the neurons decide the outliers; a register keeps what they carry):"
         )
         s.blocks.append(
             Table(
-                ["", "neurons", f"outlier rate at layer {layer}", "pooled cosine to before"], rows
+                ["", "neurons", f"outlier rate at layer {text(layer)}", "pooled cosine to before"],
+                rows,
             )
         )
-    n = r["neurons"]
+    n = as_dict(r.get("neurons"))
     settings = Section("fix", "The fix")
+    fix_layers = ", ".join(map(text, as_list(fx.get("layers")))) or "–"
     rows = [
-        ["neurons", f"{fx['n_neurons']} in layers {', '.join(map(str, fx['layers']))}"],
-        ["from", n["source"]],
-        ["made for", code(n["model_spec"])],
+        ["neurons", f"{text(fx.get('n_neurons'))} in layers {fix_layers}"],
+        ["from", text(n.get("source"))],
+        ["made for", code(n.get("model_spec"))],
         ["weights fingerprint", _fingerprint(n)],
-        ["registers", str(fx["n_registers"])],
-        ["[CLS]", fx["cls"]],
-        ["patches", fx["patches"]],
-        ["mode", fx["mode"]],
-        ["seed", str(fx["seed"])],
+        ["registers", text(fx.get("n_registers"))],
+        ["[CLS]", text(fx.get("cls"))],
+        ["patches", text(fx.get("patches"))],
+        ["mode", text(fx.get("mode"))],
+        ["seed", text(fx.get("seed"))],
     ]
     settings.blocks.append(Table(["", ""], rows))
     if r.get("saved"):
+        load = f'vitreg.load("local:{r["saved"]}")'
         settings.blocks.append(
-            f'Saved to `{r["saved"]}`: `vitreg.load("local:{r["saved"]}")` loads it with the '
-            "fix applied; timm's own API loads the same weights without the fix."
+            f"Saved to {code(r['saved'])}: {code(load)} loads it with the fix applied; timm's "
+            "own API loads the same weights without the fix."
         )
     return Report(
         synthetic_banner(doc),
@@ -562,7 +623,7 @@ def fix_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             verdict_section(c),
             s,
             settings,
-            *([planted_section(r["planted"])] if r.get("planted") else []),
+            *([planted_section(r["planted"])] if as_list(r.get("planted")) else []),
             figure_section("Figures", figures),
             _images(doc),
             model_section(doc),
@@ -629,6 +690,11 @@ def write_fix_run(
                 )
             )
     doc = document("fix", command, described, data, config, results, pointers)
+    return write_files(Path(out_dir), doc, lambda: fix_figures(comparison, doc, images), fix_report)
+
+
+def fix_figures(comparison: Any, doc: dict[str, Any], images: Any) -> list[Figure]:
+    """Norm maps, feature pictures and attention maps before/after, and the norm curves."""
     shown = display_images(images)
     figures = [fix_norm_maps(comparison, shown), fix_norm_curves(doc["results"])]
     attention = fix_attention_maps(comparison, shown)
@@ -637,4 +703,4 @@ def write_fix_run(
     pictures = fix_feature_pictures(comparison, shown)
     if pictures is not None:
         figures.insert(1, pictures)
-    return write_files(Path(out_dir), doc, fix_report(doc, figures), figures)
+    return figures

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitreg.report.schema import is_synthetic, shown_layer
+from vitreg.core.weights import WEIGHT_KINDS
+from vitreg.report.fields import as_dict, as_list, dig, finite
+from vitreg.report.schema import is_synthetic
 
 FIGURE_SECTION = {
     "norm_maps": "norms",
@@ -89,21 +91,25 @@ def pct(x: Any) -> str:
 
 
 def _unavailable(doc: dict[str, Any], name: str, label: str) -> str:
-    reason = doc["results"].get("not_applicable", {}).get(name)
+    reason = dig(doc, "results", "not_applicable", name)
     return f"Not available: {reason or f'the {label} analysis was not run'}."
 
 
 def is_random_init(doc: dict[str, Any]) -> bool:
-    """Whether the run's model was built with ``--random-init`` (random, untrained weights)."""
-    config = doc.get("config")
+    """Whether the run's model has random, untrained weights: its recorded weight kind, or
+    ``--random-init`` in the config of runs written before the kind was recorded."""
+    model, config = doc.get("model"), doc.get("config")
+    if isinstance(model, dict) and model.get("weights") == "random":
+        return True
     return isinstance(config, dict) and bool(config.get("random_init"))
 
 
 def random_init_banner(name: str) -> str:
-    """The banner of a report on a model with random weights (``--random-init``)."""
+    """The banner of a report on a model with random weights (``--random-init``,
+    ``pretrained=False``)."""
     return (
-        f"**RANDOM WEIGHTS:** `{name}` was built with `--random-init`: random, untrained "
-        "weights. Artifacts found here, or their absence, say nothing about the trained model; "
+        f"**RANDOM WEIGHTS:** `{name}` has random, untrained weights (`--random-init` or "
+        "`pretrained=False`); no trained weights were loaded. Artifacts found here, or their absence, say nothing about the trained model; "
         "use this report to check the tool, not to draw conclusions about the model."
     )
 
@@ -141,39 +147,47 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
     return Report(banner, f"vitreg diagnose: {name}", sections)
 
 
+def _norms_block(doc: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The norms block and its per-layer entries (each a dict; none when the block is empty)."""
+    norms = as_dict(dig(doc, "results", "norms"))
+    return norms, [as_dict(lo) for lo in as_list(norms.get("layers"))]
+
+
 def _verdict(doc: dict[str, Any]) -> Section:
-    norms = doc["results"]["norms"]
-    ev = norms["evidence"]
-    layers = norms["layers"]
+    norms, layers = _norms_block(doc)
+    ev = as_dict(norms.get("evidence"))
     s = Section("verdict", "Verdict")
-    if norms["artifacts_present"]:
-        with_mode = ev["layers_with_outlier_mode"]
+    if norms.get("artifacts_present"):
+        with_mode = as_list(ev.get("layers_with_outlier_mode"))
         s.blocks.append(
-            f"**Artifacts found.** From layer {norms['emergence_layer']} on (layers 0 to "
-            f"{len(layers) - 1}), patch-token norms on the residual stream split into a separate high-norm "
-            f"outlier mode. At layer {ev['strongest_layer']} (the clearest split) the outlier mode "
-            f"holds {pct(ev['outlier_rate'])} of patch tokens and its median norm is "
-            f"{num(ev['mode_ratio'])}× the bulk's (Ashman D = {num(ev['ashman_d'])}). Layers with "
-            f"an outlier mode: {', '.join(map(str, with_mode))}."
+            f"**Artifacts found.** From layer {text(norms.get('emergence_layer'))} on (layers 0 "
+            f"to {len(layers) - 1}), patch-token norms on the residual stream split into a "
+            f"separate high-norm outlier mode. At layer {text(ev.get('strongest_layer'))} (the "
+            f"clearest split) the outlier mode holds {pct(ev.get('outlier_rate'))} of patch "
+            f"tokens and its median norm is {num(ev.get('mode_ratio'))}× the bulk's (Ashman D = "
+            f"{num(ev.get('ashman_d'))}). Layers with an outlier mode: "
+            f"{', '.join(map(str, with_mode)) or 'none'}."
         )
     else:
-        peak = max(layers, key=lambda lo: lo["max_over_median"]) if layers else None
-        text = (
+        ratios = [lo for lo in layers if finite(lo.get("max_over_median"))]
+        peak = max(ratios, key=lambda lo: lo["max_over_median"]) if ratios else None
+        said = (
             "**No artifacts found.** No layer's patch-token norms split into a separate "
             "high-norm mode, so no token is flagged as a high-norm outlier."
         )
         if peak:
-            text += (
+            said += (
                 f" The largest max/median norm ratio is {num(peak['max_over_median'])} "
-                f"(layer {peak['layer']})."
+                f"(layer {text(peak.get('layer'))})."
             )
-        if "top_p" in norms["rules"]:
-            text += (
-                f" The top_p rule still flags {num(norms['rules']['top_p'].get('p', 2.0))}% of "
-                "tokens at every layer: it does so in every model, by construction."
+        if "top_p" in as_dict(norms.get("rules")):
+            p = dig(norms, "rules", "top_p", "p")
+            said += (
+                f" The top_p rule still flags {num(2.0 if p is None else p)}% of tokens at every "
+                "layer: it does so in every model, by construction."
             )
-        s.blocks.append(text)
-    s.blocks.append(f"Presence test: {ev['criteria']}.")
+        s.blocks.append(said)
+    s.blocks.append(f"Presence test: {text(ev.get('criteria'))}.")
     return s
 
 
@@ -183,6 +197,7 @@ def model_section(doc: dict[str, Any]) -> Section:
     rows = [
         ["spec", code_span(m["spec"]) if m.get("spec") else "– (wrapped module)"],
         ["family / source", f"{text(m.get('family'))} / {text(m.get('source') or None)}"],
+        ["weights", text(WEIGHT_KINDS.get(m.get("weights"), "not recorded"))],
         ["class", code(m.get("class_name"))],
         [
             "token layout",
@@ -226,86 +241,85 @@ def data_section(doc: dict[str, Any]) -> Section:
 
 
 def _norms(doc: dict[str, Any]) -> Section:
-    norms = doc["results"]["norms"]
-    rules = [r for r in RULE_ORDER if r in norms["rules"]] + [
-        r for r in norms["rules"] if r not in RULE_ORDER
-    ]
+    norms, layers = _norms_block(doc)
+    given = as_dict(norms.get("rules"))
+    rules = [r for r in RULE_ORDER if r in given] + [r for r in given if r not in RULE_ORDER]
     s = Section("norms", "Token norms and outliers")
-    layers = norms["layers"]
-    span = f"`{layers[0]['site']}` … `{layers[-1]['site']}`" if layers else "–"
+    span = f"{code(layers[0].get('site'))} … {code(layers[-1].get('site'))}" if layers else "–"
     s.blocks.append(
         f"Norms are L2 norms of patch tokens on the residual stream (each block's output, {span}, "
         "before any final norm), computed in float32. The rules side by side (share of patch "
-        "tokens flagged): " + "; ".join(f"`{r}` {_params(norms['rules'][r])}" for r in rules) + "."
+        "tokens flagged): " + "; ".join(f"`{r}` {_params(given[r])}" for r in rules) + "."
     )
-    staged = any(lo["site"] != f"blocks.{lo['layer']}.hook_resid_post" for lo in layers)
+    staged = any(lo.get("site") != f"blocks.{lo.get('layer')}.hook_resid_post" for lo in layers)
     header = ["layer", *(["site"] if staged else []), "median norm", "p98/median", "max/median"]
     header += [*rules, "outlier mode"]
-    rows = [_norm_row(str(lo["layer"]), lo, rules, staged) for lo in layers]
-    if norms.get("after_final_norm"):
-        rows.append(_norm_row("after final norm", norms["after_final_norm"], rules, staged))
+    rows = [_norm_row(text(lo.get("layer")), lo, rules, staged) for lo in layers]
+    final = norms.get("after_final_norm")
+    if isinstance(final, dict) and final:
+        rows.append(_norm_row("after final norm", final, rules, staged))
     s.blocks.append(Table(header, rows))
     if "top_p" in rules:
         s.blocks.append(
             "`top_p` flags the top p% of tokens in every model, with or without artifacts: it "
             "says which tokens are largest, never whether there are artifacts."
         )
-    if not norms["artifacts_present"]:
+    if not norms.get("artifacts_present"):
         s.blocks.append(
             "`auto` flags nothing here (no outlier mode, threshold infinite); compare models "
             "with `top_p` if you need a fixed share of tokens."
         )
-    e = norms["emergence_layer"]
+    e = norms.get("emergence_layer")
     s.blocks.append(
-        f"**Emergence layer:** {e} (the first layer from which an outlier mode holds at that "
-        "layer and the next)."
+        f"**Emergence layer:** {text(e)} (the first layer from which an outlier mode holds at "
+        "that layer and the next)."
         if e is not None
         else "**Emergence layer:** none (no layer has an outlier mode)."
     )
     return s
 
 
-def _params(params: dict[str, Any]) -> str:
+def _params(params: Any) -> str:
+    params = as_dict(params)
     return "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "(fitted)"
 
 
 def _norm_row(label: str, lo: dict[str, Any], rules: list[str], staged: bool) -> list[str]:
-    rates = [pct(lo["outlier_rate"].get(r)) for r in rules]
-    q = lo["quantiles"]
-    mode = "yes" if lo["artifacts_present"] else "no"
-    site = [f"`{lo['site']}`"] if staged else []
+    rates = [pct(dig(lo, "outlier_rate", r)) for r in rules]
+    mode = "yes" if lo.get("artifacts_present") else "no"
+    site = [code(lo.get("site"))] if staged else []
     return [
         label,
         *site,
-        num(q["p50"]),
-        num(lo["p98_over_median"]),
-        num(lo["max_over_median"]),
+        num(dig(lo, "quantiles", "p50")),
+        num(lo.get("p98_over_median")),
+        num(lo.get("max_over_median")),
         *rates,
         mode,
     ]
 
 
 def _final_norm(doc: dict[str, Any]) -> Section:
-    norms = doc["results"]["norms"]
+    norms, layers = _norms_block(doc)
     final = norms.get("after_final_norm")
     s = Section("final_norm", "Before vs after the final norm")
-    if not final:
+    if not isinstance(final, dict) or not final:
         s.blocks.append(
             "Not available: the model exposes no final-norm output (`ln_final.hook_out`)."
         )
         return s
-    last = norms["layers"][-1]
+    last = layers[-1] if layers else {}
     compare = (
-        f"max/median patch norm {num(last['max_over_median'])} at the last layer (residual "
-        f"stream) vs {num(final['max_over_median'])} after the final norm"
+        f"max/median patch norm {num(last.get('max_over_median'))} at the last layer (residual "
+        f"stream) vs {num(final.get('max_over_median'))} after the final norm"
     )
-    if norms["artifacts_present"] and not final["artifacts_present"]:
+    if norms.get("artifacts_present") and not final.get("artifacts_present"):
         s.blocks.append(
             f"**Warning:** the outliers are not visible after the final norm ({compare}). Measure "
             "norms on the residual stream, before the final LayerNorm: measuring after it is a "
             "common reason for failing to reproduce the artifacts (dinov2 issue 373)."
         )
-    elif norms["artifacts_present"]:
+    elif norms.get("artifacts_present"):
         s.blocks.append(f"The outliers stay visible after the final norm ({compare}).")
     else:
         s.blocks.append(f"No outlier mode on the residual stream; {compare}.")
@@ -314,14 +328,15 @@ def _final_norm(doc: dict[str, Any]) -> Section:
 
 def _attention(doc: dict[str, Any]) -> Section:
     s = Section("attention", "Attention artifacts")
-    attn = doc["results"].get("attention")
-    if not attn:
+    attn = dig(doc, "results", "attention")
+    if not isinstance(attn, dict) or not attn:
         s.blocks.append(_unavailable(doc, "attention", "attention"))
         return s
-    defs = attn.get("definitions", {})
+    defs = as_dict(attn.get("definitions"))
     s.blocks.append(
-        f"Maps: {defs.get('map', attn.get('query'))}; attention pattern: "
-        f"{attn.get('attention_source') or '–'}. Attention artifacts: {defs.get('artifact', '–')}."
+        f"Maps: {text(defs.get('map', attn.get('query')))}; attention pattern: "
+        f"{attn.get('attention_source') or '–'}. Attention artifacts: "
+        f"{text(defs.get('artifact'))}."
     )
     method = attn.get("norm_method")
     if method:
@@ -332,24 +347,27 @@ def _attention(doc: dict[str, Any]) -> Section:
         )
         s.blocks.append(
             f"Agreement compares them with the norm outliers of the same block's output by the "
-            f"`{method}` rule ({why}): {defs.get('agreement', '')}."
+            f"`{method}` rule ({why}): {defs.get('agreement') or ''}."
         )
-    norms = doc["results"]["norms"]
-    site = norms["layers"][shown_layer(norms)]["site"] if norms["layers"] else None
-    at = next((a for a in attn.get("agreement", []) if a.get("norm_site") == site), None)
+    norms, layers = _norms_block(doc)
+    shown = dig(norms, "evidence", "strongest_layer")
+    site = dig(layers, shown if isinstance(shown, int) else -1, "site")
+    agreement = [as_dict(a) for a in as_list(attn.get("agreement"))]
+    at = next((a for a in agreement if site is not None and a.get("norm_site") == site), None)
     if at and at.get("iou") is not None:
         s.blocks.append(
-            f"At `{site}`, attention artifacts and norm outliers agree with IoU {num(at['iou'])} "
-            f"(precision {num(at.get('precision'))}, recall {num(at.get('recall'))}); "
-            "a low IoU means the attention-map artifacts and the high-norm tokens are different "
-            "patches."
+            f"At {code(site)}, attention artifacts and norm outliers agree with IoU "
+            f"{num(at['iou'])} (precision {num(at.get('precision'))}, recall "
+            f"{num(at.get('recall'))}); a low IoU means the attention-map artifacts and the "
+            "high-norm tokens are different patches."
         )
     elif at:
         s.blocks.append(
-            f"No agreement at `{site}`: {at.get('reason', 'no artifacts on either side')}."
+            f"No agreement at {code(site)}: {at.get('reason') or 'no artifacts on either side'}."
         )
     ks = sorted(k for k in attn if k.startswith("sink_mass_top"))
-    header = ["layer", *(f"top-{k.removeprefix('sink_mass_top')} mass" for k in ks)]
+    # the keys are every token, the query's own included: [CLS]->[CLS] counts (said below)
+    header = ["layer", *(f"top-{k.removeprefix('sink_mass_top')} mass (self incl.)" for k in ks)]
     header += [
         "entropy (norm.)",
         "max map",
@@ -360,57 +378,66 @@ def _attention(doc: dict[str, Any]) -> Section:
         "top-p IoU",
     ]
     rows = []
-    for i, layer in enumerate(attn.get("layers", [])):
-        a = _at(attn.get("agreement"), i) or {}
+    for i, layer in enumerate(as_list(attn.get("layers"))):
+        a = as_dict(dig(agreement, i))
         rows.append(
             [
-                str(layer),
-                *(num(attn[k][i]) for k in ks),
-                num(_at(attn.get("entropy_normalized"), i)),
-                num(_at(attn.get("cls_to_patch_max"), i)),
-                pct(_at(attn.get("artifact_rate"), i)),
+                text(layer),
+                *(num(dig(attn, k, i)) for k in ks),
+                num(dig(attn, "entropy_normalized", i)),
+                num(dig(attn, "cls_to_patch_max", i)),
+                pct(dig(attn, "artifact_rate", i)),
                 *(num(a.get(k)) for k in ("precision", "recall", "iou", "top_p_iou")),
             ]
         )
     s.blocks.append(Table(header, rows))
-    s.blocks += [f"Note: {n}" for n in attn.get("notes", [])]
+    if ks:
+        s.blocks.append(
+            f"Top-k mass: {defs.get('sink_mass', 'mass of the top-k keys of each row')}. A "
+            "query's own key is among them, so [CLS] attending to itself counts in the [CLS] "
+            "row's top-1 mass (self incl.)."
+        )
+    s.blocks += [f"Note: {n}" for n in as_list(attn.get("notes"))]
     return s
 
 
 def _redundancy(doc: dict[str, Any]) -> Section:
     s = Section("redundancy", "Where outliers sit: local redundancy")
-    red = doc["results"].get("redundancy")
-    if not red:
+    red = dig(doc, "results", "redundancy")
+    if not isinstance(red, dict) or not red:
         s.blocks.append(_unavailable(doc, "redundancy", "redundancy"))
         return s
     s.blocks.append(
-        f"Local redundancy: {red.get('measure', 'neighbour cosine similarity')}, at the patch "
-        f"embedding (`{red.get('embed_site')}`) and at `{red.get('layer_site')}`. Outliers there: "
-        f"{red.get('n_outliers')} patches ({pct(red.get('outlier_rate'))}) by the "
-        f"`{red.get('outlier_method')}` rule ({red.get('outlier_method_reason')})."
+        f"Local redundancy: {red.get('measure') or 'neighbour cosine similarity'}, at the patch "
+        f"embedding ({code(red.get('embed_site'))}) and at {code(red.get('layer_site'))}. "
+        f"Outliers there: {num(red.get('n_outliers'))} patches ({pct(red.get('outlier_rate'))}) "
+        f"by the {code(red.get('outlier_method'))} rule ({text(red.get('outlier_method_reason'))})."
     )
     if red.get("note"):
         s.blocks.append(f"Note: {red['note']}")
-    vs = red.get("outlier_vs_normal") or {}
+    vs = as_dict(red.get("outlier_vs_normal"))
     if vs:
         s.blocks.append(
             "AUC = probability that an outlier's redundancy exceeds a normal patch's (0.5: no "
-            "difference; above: outliers sit in more redundant regions)."
+            "difference; above: outliers sit in more redundant regions). A median is – where "
+            "there is no patch of its kind (no outlier patches, or only outliers)."
         )
         rows = [
             [
-                f"`{m}`",
-                num(v.get("outlier", {}).get("median")),
-                num(v.get("normal", {}).get("median")),
-                num(v.get("auc")),
+                code(m),
+                num(dig(v, "outlier", "median")),
+                num(dig(v, "normal", "median")),
+                num(dig(v, "auc")),
             ]
             for m, v in vs.items()
         ]
         s.blocks.append(Table(["measure", "outlier median", "normal median", "AUC"], rows))
-    curve = red.get("rate_by_redundancy") or {}
-    if curve.get("bins"):
+    curve = as_dict(red.get("rate_by_redundancy"))
+    bins = [as_dict(b) for b in as_list(curve.get("bins"))]
+    if bins:
         s.blocks.append(
-            f"Outlier rate by `{curve.get('measure')}` redundancy ({curve.get('binning')}):"
+            f"Outlier rate by {code(curve.get('measure'))} redundancy "
+            f"({text(curve.get('binning'))}):"
         )
         rows = [
             [
@@ -418,32 +445,29 @@ def _redundancy(doc: dict[str, Any]) -> Section:
                 num(b.get("n")),
                 pct(b.get("outlier_rate")),
             ]
-            for b in curve["bins"]
+            for b in bins
         ]
         s.blocks.append(Table(["redundancy bin", "patches", "outlier rate"], rows))
-    border, bg = red.get("border") or {}, red.get("background") or {}
+    border, bg = as_dict(red.get("border")), as_dict(red.get("background"))
     if border:
         s.blocks.append(
-            f"Border ({border.get('definition')}): outlier rate {pct(border.get('outlier_rate_border'))} "
-            f"vs {pct(border.get('outlier_rate_interior'))} inside."
+            f"Border ({text(border.get('definition'))}): outlier rate "
+            f"{pct(border.get('outlier_rate_border'))} vs "
+            f"{pct(border.get('outlier_rate_interior'))} inside."
         )
     if bg:
         s.blocks.append(
-            f"Background ({bg.get('definition')}): outlier rate "
+            f"Background ({text(bg.get('definition'))}): outlier rate "
             f"{pct(bg.get('outlier_rate_background'))} vs {pct(bg.get('outlier_rate_foreground'))} "
             f"elsewhere; {pct(bg.get('outlier_share_in_background'))} of outliers are background."
         )
     return s
 
 
-def _at(values: list[Any] | None, i: int) -> Any:
-    return values[i] if values is not None and i < len(values) else None
-
-
 def _ln(doc: dict[str, Any]) -> Section:
     s = Section("ln_separation", "[CLS]/patch separation by LayerNorm")
-    ln = doc["results"].get("ln_separation")
-    if not ln:
+    ln = dig(doc, "results", "ln_separation")
+    if not isinstance(ln, dict) or not ln:
         s.blocks.append(_unavailable(doc, "ln_separation", "LayerNorm separation"))
         return s
     pairs = ["cls_patch", "patch_patch"] + (["register_patch"] if ln.get("has_registers") else [])
@@ -451,16 +475,20 @@ def _ln(doc: dict[str, Any]) -> Section:
     for p in pairs:
         header += [f"{p} before norm1", f"{p} after norm1"]
     header += ["owned channels", "norm1 gain owned/other"]
+    similarity = as_list(ln.get("similarity"))
     rows = []
-    for b, sim in enumerate(ln["similarity"]):
+    for b, sim in enumerate(similarity):
         row = [str(b)]
         for p in pairs:
-            row += [num(sim.get(pt, {}).get(p, {}).get("mean")) for pt in ("pre_ln1", "post_ln1")]
-        row += [pct(ln["owned_channel_fraction"][b]), num(ln["ln1_gain_owned_over_other"][b])]
+            row += [num(dig(sim, pt, p, "mean")) for pt in ("pre_ln1", "post_ln1")]
+        row += [
+            pct(dig(ln, "owned_channel_fraction", b)),
+            num(dig(ln, "ln1_gain_owned_over_other", b)),
+        ]
         rows.append(row)
     if ln.get("has_cls"):
         pre, post = (
-            _mean(sim.get(pt, {}).get("cls_patch", {}).get("mean") for sim in ln["similarity"])
+            _mean(dig(sim, pt, "cls_patch", "mean") for sim in similarity)
             for pt in ("pre_ln1", "post_ln1")
         )
         s.blocks.append(
@@ -469,8 +497,8 @@ def _ln(doc: dict[str, Any]) -> Section:
             "from patches (Marouani et al., ICLR 2026)."
         )
     s.blocks.append(
-        f"Mean cosine similarity averaged over images; owned channels: {ln['owned_threshold']}, "
-        "measured at each block's input."
+        f"Mean cosine similarity averaged over images; owned channels: "
+        f"{text(ln.get('owned_threshold'))}, measured at each block's input."
     )
     s.blocks.append(Table(header, rows))
     return s
@@ -478,30 +506,33 @@ def _ln(doc: dict[str, Any]) -> Section:
 
 def _features(doc: dict[str, Any]) -> Section:
     s = Section("features", "The features: PCA colours and patch similarity")
-    pics = doc["results"].get("feature_pictures")
-    if not pics:
+    pics = dig(doc, "results", "feature_pictures")
+    if not isinstance(pics, dict) or not pics:
         s.blocks.append(_unavailable(doc, "feature_pictures", "feature picture"))
         return s
-    for p in pics["sites"]:
-        share = ", ".join(pct(v) for v in p["pca"]["explained_variance"])
+    for p in map(as_dict, as_list(pics.get("sites"))):
+        share = ", ".join(pct(v) for v in as_list(dig(p, "pca", "explained_variance"))) or "–"
+        query = as_list(p.get("query_patch"))
+        row, col = (text(dig(query, i)) for i in (0, 1))
         s.blocks.append(
-            f"At `{p['site']}` ({p['where']}): the first three principal components of all "
-            f"{p['pca']['n_patches']} patch tokens explain {share} of the variance; the "
-            f"similarity map is the cosine similarity of patch (row {p['query_patch'][0]}, "
-            f"column {p['query_patch'][1]}), the centre, to every patch of its image."
+            f"At {code(p.get('site'))} ({text(p.get('where'))}): the first three principal "
+            f"components of all {num(dig(p, 'pca', 'n_patches'))} patch tokens explain {share} "
+            f"of the variance; the similarity map is the cosine similarity of patch (row {row}, "
+            f"column {col}), the centre, to every patch of its image."
         )
-    s.blocks += [f"No picture at `{site}`: {why}." for site, why in pics.get("skipped", {}).items()]
+    skipped = as_dict(pics.get("skipped"))
+    s.blocks += [f"No picture at {code(site)}: {text(why)}." for site, why in skipped.items()]
     return s
 
 
 def _mean(values: Iterable[Any]) -> float | None:
-    v = [float(x) for x in values if x is not None]
+    v = [float(x) for x in values if finite(x)]
     return sum(v) / len(v) if v else None
 
 
 def _not_applicable(doc: dict[str, Any]) -> Section:
     s = Section("not_applicable", "What did not apply")
-    na = doc["results"].get("not_applicable", {})
+    na = as_dict(dig(doc, "results", "not_applicable"))
     s.blocks += [f"`{k}`: {v}" for k, v in na.items()] or ["Every analysis that ran applied."]
     return s
 

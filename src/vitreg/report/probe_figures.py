@@ -64,6 +64,49 @@ def metric_per_layer(results: dict[str, Any]) -> Figure:
     return figure("probe_per_layer", caption, fig)
 
 
+def scores_at_layer(results: dict[str, Any]) -> Figure:
+    """One probed layer: one panel per metric, a row per feature with each condition's mean and
+    its 95% interval (base and fixed side by side), the yardsticks as dotted vertical lines."""
+    series = _series(results)
+    layer = str(results["layers"][0]).removesuffix(".hook_resid_post")
+    first = next(iter(results["conditions"].values()))[0]
+    conditions = list(results["conditions"])
+    rows = max(len({k[1:] for k in lines}) for lines in series.values())
+    fig = new_canvas(7.5, (0.9 + 0.32 * rows * len(conditions)) * len(series))
+    for i, (metric, lines) in enumerate(series.items()):
+        ax = fig.add_subplot(len(series), 1, i + 1)
+        features = list(dict.fromkeys(k[1:] for k in lines))
+        step = 0.8 / len(conditions)
+        for ci, condition in enumerate(conditions):
+            ys, means, cis = [], [], []
+            for fi, (feature, group) in enumerate(features):
+                point = lines.get((condition, feature, group))
+                if point:
+                    ys.append(fi - 0.4 + step * (ci + 0.5))
+                    means.append(point[0][1])
+                    cis.append(point[0][2])
+            ax.errorbar(means, ys, xerr=cis, fmt="o", capsize=3, label=condition)
+        for y in first.get("yardsticks", []):
+            if y["metric"] == metric and y["value"] is not None and y["group"] == "all":
+                ax.axvline(y["value"], color="0.5", linestyle=":", linewidth=1)
+                ax.annotate(
+                    y["name"], (y["value"], 0.98), xycoords=("data", "axes fraction"),
+                    fontsize=7, color="0.4", rotation=90, va="top", ha="right",
+                )  # fmt: skip
+        names = [f + ("" if g == "all" else f" ({g})") for f, g in features]
+        ax.set_yticks(range(len(features)), names, fontsize=8)
+        ax.set_ylim(len(features) - 0.5, -0.5)
+        ax.set_xlabel(metric)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, borderaxespad=0)
+    fig.subplots_adjust(left=0.28, right=0.82, bottom=0.1, top=0.95, hspace=0.6)
+    caption = (
+        f"{results['task']} at `{layer}` (the one probed layer): each feature's score, mean over "
+        "seeds with its 95% interval, per condition; dotted grey lines: the yardsticks (trivial "
+        "baselines)."
+    )
+    return figure("probe_scores", caption, fig)
+
+
 def segmentation_examples(
     results: list[tuple[str, Any]], images: dict[str, Any], layer: str
 ) -> Figure:
@@ -107,7 +150,8 @@ def _palette(k: int) -> list:
 
 def probe_figures(run: Any, results: dict[str, Any]) -> list[Figure]:
     """The figures of a :class:`~vitreg.probe.run.ProbeRun` (``results`` its ``to_dict()``)."""
-    figures = [metric_per_layer(results)] if _series(results) else []
+    drawn = metric_per_layer if len(results["layers"]) > 1 else scores_at_layer
+    figures = [drawn(results)] if _series(results) else []
     last = {c: rs[-1] for c, rs in run.results.items() if rs and rs[-1].examples}
     if last and run.images:
         layer = next(iter(last.values())).layer

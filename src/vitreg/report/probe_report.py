@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vitreg.report.fields import as_dict, as_list, dig
 from vitreg.report.figures import Figure
 from vitreg.report.markdown import (
     Report,
     Section,
     Table,
+    code,
     model_section,
     num,
     provenance_section,
@@ -57,6 +59,47 @@ def headlines(results: dict[str, Any]) -> list[tuple]:
     return out
 
 
+def verdict(results: dict[str, Any]) -> str:
+    """The run in one sentence: its best score (the task's first metric, all tokens) against the
+    yardsticks, and with two conditions what the fix changed (better/worse only when the 95%
+    intervals separate) and its largest change."""
+    scores = [
+        (c, layer["layer"], s)
+        for c, layers in results["conditions"].items()
+        for layer in layers
+        for s in layer["scores"]
+        if s["mean"] is not None and s["group"] == "all"
+    ]
+    if not scores:
+        return "No score could be computed (see the notes of each layer)."
+    metric = scores[0][2]["metric"]
+    ranked = [x for x in scores if x[2]["metric"] == metric]
+    sign = 1 if ranked[0][2]["higher_is_better"] else -1
+    c, layer, best = max(ranked, key=lambda x: sign * x[2]["mean"])
+    marks = best.get("vs_yardsticks") or {}
+    short = [f"{READ[v]} {n}" for n, v in marks.items() if v != "better"]
+    against = (
+        "with no yardstick to read it against"
+        if not marks
+        else "beats every yardstick"
+        if not short
+        else "; ".join(short)
+    )
+    where = f" at `{layer}`" if len(results["layers"]) > 1 else ""
+    text = f"Best probe: {c} `{best['feature']}`{where}, {metric} {_cell(best)}, {against}."
+    deltas = [d for d in results.get("deltas", []) if d.get("delta") is not None]
+    if deltas:
+        counts = {v: sum(d["verdict"] == v for d in deltas) for v in ("better", "worse")}
+        rest = len(deltas) - counts["better"] - counts["worse"]
+        big = max(deltas, key=lambda d: abs(d["delta"]))
+        text += (
+            f" The fix (fixed − base): {counts['better']} of {len(deltas)} scores better, "
+            f"{counts['worse']} worse, {rest} within noise or without an interval; largest "
+            f"change `{big['feature']}` {big['metric']} {_delta(big)}."
+        )
+    return text
+
+
 def data_block(run: dict[str, Any]) -> dict[str, Any]:
     """The metrics.json ``data`` block: both splits, samples used, skips and repairs by reason,
     and the datasets' warnings (e.g. one class only), each prefixed with its split."""
@@ -88,10 +131,10 @@ def data_block(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cell(score: dict[str, Any] | None) -> str:
-    if score is None or score["mean"] is None:
+    mean, ci = dig(score, "mean"), dig(score, "ci95")
+    if mean is None:
         return "–"
-    ci = score["ci95"]
-    return f"{num(score['mean'])} ± {num(ci)}" if ci is not None else num(score["mean"])
+    return f"{num(mean)} ± {num(ci)}" if ci is not None else num(mean)
 
 
 def _delta(delta: dict[str, Any] | None) -> str:
@@ -105,12 +148,12 @@ def _vs_yardsticks(by: dict[str, dict[str, Any]]) -> str:
     """Per condition, the yardsticks a score does not clearly beat (or "beats all")."""
     parts = []
     for c, s in by.items():
-        marks = s.get("vs_yardsticks", {})
+        marks = as_dict(s.get("vs_yardsticks"))
         if not marks:
             continue
         short = {n: v for n, v in marks.items() if v != "better"}
-        text = "; ".join(f"{READ[v]} {n}" for n, v in short.items()) or "beats all"
-        parts.append(f"{c}: {text}")
+        said = "; ".join(f"{READ.get(v, text(v))} {n}" for n, v in short.items()) or "beats all"
+        parts.append(f"{c}: {said}")
     return " · ".join(parts) or "–"
 
 
@@ -118,19 +161,23 @@ def yardstick_table(layer: dict[str, Any]) -> Table | None:
     """The trivial baselines of one layer's metrics, with how each was computed."""
     rows = [
         [y["name"], y["metric"], y["group"], num(y["value"]), y["description"]]
-        for y in layer.get("yardsticks", [])
+        for y in as_list(layer.get("yardsticks"))
     ]
     return Table(["yardstick", "metric", "tokens", "value", "how"], rows) if rows else None
 
 
 def class_iou_table(layers: dict[str, dict[str, Any]]) -> Table | None:
     """Segmentation: IoU of each class per condition (mean over seeds) and its test pixels."""
-    per = {c: layer["info"].get("per_class") for c, layer in layers.items()}
-    if not all(per.values()):
+    per = {c: as_list(dig(layer, "info", "per_class")) for c, layer in layers.items()}
+    if not per or not all(per.values()):
         return None
     first = next(iter(per.values()))
     rows = [
-        [str(row["class"]), str(row["test_pixels"]), *(num(per[c][i]["iou"]) for c in per)]
+        [
+            text(dig(row, "class")),
+            text(dig(row, "test_pixels")),
+            *(num(dig(per[c], i, "iou")) for c in per),
+        ]
         for i, row in enumerate(first)
     ]
     return Table(["class", "test pixels", *(f"IoU {c}" for c in per)], rows)
@@ -140,16 +187,17 @@ def layer_section(results: dict[str, Any], li: int) -> Section:
     """The side-by-side table of one layer with the Δ verdicts and each score against the
     yardsticks, the yardsticks themselves, per-class IoU (segmentation), and the notes."""
     conditions = list(results["conditions"])
-    layers = {c: results["conditions"][c][li] for c in conditions}
+    layers = {c: as_dict(dig(results["conditions"], c, li)) for c in conditions}
     first = layers[conditions[0]]
     keyed: dict[tuple, dict[str, Any]] = {}
     for c, layer in layers.items():
-        for s in layer["scores"]:
-            keyed.setdefault((s["feature"], s["group"], s["metric"]), {})[c] = s
+        for s in map(as_dict, as_list(layer.get("scores"))):
+            key = (s.get("feature"), s.get("group"), s.get("metric"))
+            keyed.setdefault(key, {})[c] = s
     deltas = {
         (d["feature"], d["group"], d["metric"]): d
         for d in results.get("deltas", [])
-        if d["layer"] == first["layer"]
+        if d["layer"] == first.get("layer")
     }
     header = ["feature", "tokens", "metric", *conditions]
     header += ["Δ (fixed − base)"] if len(conditions) == 2 else []
@@ -157,13 +205,14 @@ def layer_section(results: dict[str, Any], li: int) -> Section:
     rows = []
     for key, by in keyed.items():
         feature, group, metric = key
-        s = next(iter(by.values()))
-        arrow = "↑" if s["higher_is_better"] else "↓"
-        row = [f"`{feature}`", group, f"{metric} {arrow}", *(_cell(by.get(c)) for c in conditions)]
+        better = next(iter(by.values())).get("higher_is_better")
+        arrow = {True: " ↑", False: " ↓"}.get(better, "")
+        row = [code(feature), text(group), f"{text(metric)}{arrow}"]
+        row += [_cell(by.get(c)) for c in conditions]
         if len(conditions) == 2:
             row.append(_delta(deltas.get(key)))
         rows.append([*row, _vs_yardsticks(by)])
-    sec = Section(f"layer-{li}", f"Layer `{first['layer']}`", [Table(header, rows)])
+    sec = Section(f"layer-{li}", f"Layer {code(first.get('layer'))}", [Table(header, rows)])
     if len(conditions) == 2:
         sec.blocks.append(
             "A Δ is called better or worse only when the two 95% intervals do not overlap; "
@@ -178,10 +227,29 @@ def layer_section(results: dict[str, Any], li: int) -> Section:
         sec.blocks += ["IoU per class:", classes]
     notes: dict[str, list[str]] = {}
     for c, layer in layers.items():
-        for n in layer["notes"]:
+        for n in as_list(layer.get("notes")):
             notes.setdefault(n, []).append(c)
     sec.blocks += [f"Note ({', '.join(cs)}): {n}" for n, cs in notes.items()]
     return sec
+
+
+def _caches_section(results: dict[str, Any]) -> list[str]:
+    """The summary lines on the feature cache: stages reused, damaged shards extracted again."""
+    caches = {stage: as_dict(c) for stage, c in as_dict(results.get("caches")).items()}
+    out = []
+    reused = [s for s, c in caches.items() if c.get("forward_passes") == 0]
+    if reused:
+        out.append(f"Features reused from the cache (no forward pass): {', '.join(reused)}.")
+    replaced = [
+        f"{stage}: {n} ({reason})"
+        for stage, c in caches.items()
+        for reason, n in as_dict(c.get("replaced")).items()
+    ]
+    if replaced:
+        out.append(
+            "Cache shards found damaged on disk and extracted again: " + ", ".join(replaced) + "."
+        )
+    return out
 
 
 def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
@@ -196,34 +264,22 @@ def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
         if results["seeds"]
         else "Nothing is trained: one score per condition, computed on the test split."
     )
-    intro.blocks.append(f"Task **{task}**: {results['description']}. {how}")
+    intro.blocks.append(f"**Verdict** — {verdict(results)}")
+    intro.blocks.append(f"Task **{task}**: {text(results.get('description'))}. {how}")
     if "fixed" in results["conditions"]:
-        fix = results.get("fix") or {}
+        fix = as_dict(results.get("fix"))
         settings = "; ".join(f"{k} {text(v)}" for k, v in fix.items() if k != "name")
         intro.blocks.append(
-            f"*fixed* = the same model under {fix.get('name', 'the fix')}: {settings or '–'}."
+            f"*fixed* = the same model under {fix.get('name') or 'the fix'}: {settings or '–'}."
         )
-    reused = [s for s, c in results["caches"].items() if c["forward_passes"] == 0]
-    if reused:
-        intro.blocks.append(
-            f"Features reused from the cache (no forward pass): {', '.join(reused)}."
-        )
-    replaced = [
-        f"{stage}: {n} ({reason})"
-        for stage, c in results["caches"].items()
-        for reason, n in c.get("replaced", {}).items()
-    ]
-    if replaced:
-        intro.blocks.append(
-            "Cache shards found damaged on disk and extracted again: " + ", ".join(replaced) + "."
-        )
+    intro.blocks += _caches_section(results)
     sections = [intro]
-    n_layers = len(next(iter(results["conditions"].values())))
+    n_layers = max((len(layers) for layers in results["conditions"].values()), default=0)
     sections += [layer_section(results, li) for li in range(n_layers)]
     data = Section("data", "Data")
     rows = [[k, v] for k, v in doc["data"]["skipped"].items()]
-    data.blocks.append(doc["data"]["description"])
-    for warning in doc["data"].get("warnings", []):
+    data.blocks.append(text(doc["data"].get("description")))
+    for warning in as_list(doc["data"].get("warnings")):
         data.blocks.append(f"**Warning** — {warning}")
     data.blocks.append(
         Table(["what", "count"], rows) if rows else "No sample was skipped or repaired."
@@ -239,11 +295,12 @@ def write_probe_run(
     described: dict[str, Any],
     config: dict[str, Any],
     command: str,
-    figures: Sequence[Figure] = (),
+    figures: Sequence[Figure] | Callable[[], Sequence[Figure]] = (),
 ) -> Path:
-    """Write figures, config.yaml, report.md, report.html and (last) metrics.json of one probe
-    run."""
+    """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
+    results are saved), report.md and report.html of one probe run."""
     doc = document(
         "probe", command, described, data_block(results), config, results, headlines(results)
     )
-    return write_files(Path(out_dir), doc, probe_report(doc, figures), list(figures))
+    draw = figures if callable(figures) else lambda: figures
+    return write_files(Path(out_dir), doc, draw, probe_report)

@@ -1,7 +1,8 @@
-"""Run directories for ``vitreg diagnose``: config.yaml, report.md/.html, figures/, metrics.json.
+"""Run directories for ``vitreg diagnose``: config.yaml, metrics.json, figures/, report.md/.html.
 
-Every file is written atomically and metrics.json last (after a stale one is removed first),
-so a crash never leaves a half-written metrics.json, nor a metrics.json without its report.
+Every file is written atomically, config.yaml and metrics.json first: a crash never leaves a
+half-written metrics.json, and a failure while rendering (a bug) leaves the results saved and
+raises :class:`~vitreg.errors.RenderError`, which names ``vitreg report RUN`` to render again.
 """
 
 from __future__ import annotations
@@ -12,8 +13,14 @@ from typing import Any
 
 import torch
 
-from vitreg.core.io import write_json_atomic, write_text_atomic
-from vitreg.report.markdown import Table, build_report, markdown_table, num, pct, render_markdown
+from vitreg.report.markdown import Table, build_report, markdown_table, num, pct
+from vitreg.report.run_files import (
+    again_command,
+    rendering,
+    save_document,
+    save_figures,
+    write_report,
+)
 from vitreg.report.schema import (
     SCHEMA_VERSION,
     data_info,
@@ -60,24 +67,17 @@ def write_run(
     ``mean``/``std`` (the model's data config) de-normalise ``images`` for display; without
     them images are taken as [0, 1] (or rescaled per image when outside that range).
     """
-    import yaml
-
     from vitreg.report.figures import display_images, figure_formats, figures_for
-    from vitreg.report.html import render_html, slider_data
+    from vitreg.report.html import slider_data
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").unlink(missing_ok=True)
     doc = build_document(result, config, command)
-    shown = display_images(images[:max_maps] if images is not None else None, mean, std)
-    figs = figures_for(result, shown)
-    for fig in figs:
-        fig.save(out / "figures", figure_formats(config))
-    report = build_report(doc, figs)
-    write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
-    write_text_atomic(out / "report.md", render_markdown(report))
-    write_text_atomic(out / "report.html", render_html(report, figs, slider_data(result, shown)))
-    write_json_atomic(out / "metrics.json", doc)
+    saved = save_document(out, doc)
+    with rendering(out, saved, again_command(out)):
+        shown = display_images(images[:max_maps] if images is not None else None, mean, std)
+        figs = figures_for(result, shown)
+        save_figures(out, figs, figure_formats(config))
+        write_report(out, build_report(doc, figs), figs, slider_data(result, shown))
     return out
 
 
@@ -97,27 +97,39 @@ def compare_table(results: list[tuple[str, Any]]) -> tuple[str, list[dict[str, A
 
 def model_table(results: list[tuple[str, Any]]) -> tuple[Table, list[dict[str, Any]]]:
     """The cross-model table and its rows, from diagnose results labelled by model."""
+    rows = model_rows(results)
+    return rows_table(rows), rows
+
+
+def model_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """One row of headline numbers per model, from diagnose results labelled by model."""
     rows = []
     for label, result in results:
         metrics = {m["name"]: m for m in headline_metrics(plain(result.to_dict()))}
         row: dict[str, Any] = {"model": label}
         for key, _ in COMPARE_COLUMNS:
             row[key] = metrics[key]["value"] if key in metrics else None
-        row["max_over_median_layer"] = metrics["norm_ratio.max_over_median.peak"]["layer"]
+        peak = metrics.get("norm_ratio.max_over_median.peak") or {}
+        row["max_over_median_layer"] = peak.get("layer")
         row["verdict"] = "artifacts" if metrics["artifacts_present"]["value"] else "no artifacts"
         rows.append(row)
-    table = Table(
+    return rows
+
+
+def rows_table(rows: list[dict[str, Any]]) -> Table:
+    """The cross-model table of :func:`model_rows` (as comparison.json keeps them)."""
+    return Table(
         ["model", *(title for _, title in COMPARE_COLUMNS), "verdict"],
         [
             [
                 f"`{r['model']}`",
                 pct(r["outlier_rate"]),
                 num(r["emergence_layer"]),
-                f"{num(r['norm_ratio.max_over_median.peak'])} (layer {r['max_over_median_layer']})",
+                f"{num(r['norm_ratio.max_over_median.peak'])} "
+                f"(layer {num(r['max_over_median_layer'])})",
                 num(r["attention_norm_iou"]),
                 r["verdict"],
             ]
             for r in rows
         ],
     )
-    return table, rows

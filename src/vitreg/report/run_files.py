@@ -1,13 +1,20 @@
-"""Run-directory files shared by the verbs that write them (neurons, fix, probe): the metrics.json
-document with traceable headlines, the synthetic-model banner, and the write order (figures,
-report.md, report.html, config.yaml, then metrics.json last, a stale one removed first)."""
+"""Run-directory files shared by every verb that writes them: the metrics.json document with
+traceable headlines, the synthetic-model banner, and the write order: config.yaml and
+metrics.json first (atomically), then figures, report.md and report.html. A rendering failure
+(a bug) so never loses the results: it raises :class:`~vitreg.errors.RenderError`, which names
+them and ``vitreg report RUN``, the command that renders the report again from them."""
 
 from __future__ import annotations
 
+import json
+import shlex
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from vitreg.core.io import write_json_atomic, write_text_atomic
+from vitreg.errors import RenderError
 from vitreg.report.figures import Figure, figure_formats
 from vitreg.report.markdown import (
     FigureRef,
@@ -62,24 +69,93 @@ def document(
     return validate_metrics(doc).model_dump(mode="json")
 
 
-def write_files(
-    out: Path, doc: dict[str, Any], report: Report | None, figures: list[Figure]
-) -> Path:
-    """Figures, report.md, report.html (with a report) and config.yaml first, metrics.json last
-    (a stale one removed first): the one writer of every verb's run directory."""
+# what a rendering writes beside the results
+REPORTS = ("report.md", "report.html", "comparison.md")
+CAPTIONS = "figures.json"  # in figures/: each figure's name and caption, read by `vitreg report`
+Builder = Callable[[dict[str, Any], list[Figure]], Report]  # a verb's report from doc and figures
+
+
+def again_command(out: Path) -> str:
+    """The command that renders the report of the run in ``out`` again from its results."""
+    return shlex.join(["vitreg", "report", str(out)])
+
+
+def save_document(out: Path, doc: dict[str, Any]) -> Path:
+    """config.yaml, then metrics.json, atomically, before anything is rendered; its path."""
     import yaml
 
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
+    return write_json_atomic(out / "metrics.json", doc)
+
+
+@contextmanager
+def rendering(out: Path, saved: Path, again: str) -> Iterator[None]:
+    """Run the rendering of a report whose results are ``saved``: any failure (a bug) becomes a
+    :class:`RenderError` naming them and ``again``, and the report files are removed, so none
+    is left that disagrees with the results."""
+    try:
+        yield
+    except Exception as e:
+        for name in REPORTS:
+            (out / name).unlink(missing_ok=True)
+        raise RenderError(str(saved), again, e) from e
+
+
+def save_figures(out: Path, figures: Sequence[Figure], formats: Sequence[str] = ()) -> None:
+    """Each figure in ``out/figures`` (PNG and ``formats``) and their captions beside them."""
+    for fig in figures:
+        fig.save(out / "figures", formats)
+    if figures:
+        captions = [{"name": f.name, "caption": f.caption} for f in figures]
+        write_json_atomic(out / "figures" / CAPTIONS, captions)
+
+
+def saved_figures(out: Path) -> list[Figure]:
+    """The figures a run saved in ``out/figures`` with their captions (a run written before
+    captions were saved: each PNG, its name as caption); only files inside that folder."""
+    folder = out / "figures"
+    index = folder / CAPTIONS
+    if index.is_file():
+        listed = [(str(f["name"]), str(f["caption"])) for f in json.loads(index.read_text())]
+    else:
+        listed = [(p.stem, p.stem) for p in sorted(folder.glob("*.png"))]
+    pngs = {name: folder / f"{name}.png" for name, _ in listed if Path(name).name == name}
+    return [
+        Figure(n, c, pngs[n].read_bytes()) for n, c in listed if n in pngs and pngs[n].is_file()
+    ]
+
+
+def write_report(
+    out: Path,
+    report: Report,
+    figures: Sequence[Figure],
+    slider: dict | None = None,
+    markdown: str = "report.md",
+) -> None:
+    """Render ``report`` as Markdown and self-contained HTML, then write both files."""
     from vitreg.report.html import render_html
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").unlink(missing_ok=True)
-    for fig in figures:
-        fig.save(out / "figures", figure_formats(doc["config"]))
-    write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
-    if report is not None:
-        write_text_atomic(out / "report.md", render_markdown(report))
-        write_text_atomic(out / "report.html", render_html(report, figures, None))
-    write_json_atomic(out / "metrics.json", doc)
+    texts = {markdown: render_markdown(report), "report.html": render_html(report, figures, slider)}
+    for name, text in texts.items():
+        write_text_atomic(out / name, text)
+
+
+def write_files(
+    out: Path,
+    doc: dict[str, Any],
+    figures: Callable[[], Sequence[Figure]] | None = None,
+    report: Builder | None = None,
+) -> Path:
+    """The one writer of every verb's run directory: config.yaml and metrics.json first, then
+    ``figures()`` and ``report(doc, figures)`` as report.md and report.html; a failure while
+    rendering raises :class:`RenderError` with the results saved."""
+    saved = save_document(out, doc)
+    with rendering(out, saved, again_command(out)):
+        drawn = list(figures()) if figures is not None else []
+        save_figures(out, drawn, figure_formats(doc["config"]))
+        if report is not None:
+            write_report(out, report(doc, drawn), drawn)
     return out
 
 

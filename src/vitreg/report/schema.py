@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from vitreg.core.weights import WeightKind
 from vitreg.errors import brief
 
 SCHEMA_VERSION = "1.1"
@@ -65,6 +66,8 @@ class ModelInfo(BaseModel):
     source: str | None = None
     class_name: str | None = None
     synthetic: bool
+    # where the weights come from (Model.weights); absent in runs written before it was recorded
+    weights: WeightKind | None = None
     layout: dict[str, Any]
     dims: dict[str, int | None]
     image_size: list[int] | None = None
@@ -387,22 +390,25 @@ def plain(obj: Any) -> Any:
 
 
 def is_synthetic(model: dict[str, Any]) -> bool:
-    """A ``planted:`` spec or a note saying so: the report must say it in its first line."""
+    """Planted weights, a ``planted:`` spec or a note saying so: the report must say it in its
+    first line."""
     spec = model.get("spec") or ""
     notes = " ".join(model.get("notes") or []).lower()
-    return spec.startswith("planted:") or "synthetic" in notes
+    return model.get("weights") == "planted" or spec.startswith("planted:") or "synthetic" in notes
 
 
 def model_info(described: dict[str, Any]) -> dict[str, Any]:
     """``Model.describe()`` regrouped for metrics.json (dimensions together, synthetic flag)."""
     dims = ("n_layers", "d_model", "d_mlp", "n_heads", "n_params")
     known = {"spec", "family", "source", "class", "layout", "image_size", "attention", "notes"}
+    known.add("weights")
     return {
         "spec": described.get("spec"),
         "family": described.get("family", "unknown"),
         "source": described.get("source"),
         "class_name": described.get("class"),
         "synthetic": is_synthetic(described),
+        "weights": described.get("weights"),
         "layout": plain(described.get("layout", {})),
         "dims": {k: described.get(k) for k in dims},
         "image_size": plain(described.get("image_size")),

@@ -9,16 +9,19 @@ from typing import Any
 
 import numpy as np
 
+from vitreg.report.fields import as_dict, as_list
 from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, _overlay_grid, png_bytes
 from vitreg.report.markdown import (
     Report,
     Section,
     Table,
+    code,
     data_section,
     model_section,
     num,
     pct,
     provenance_section,
+    text,
 )
 from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
 
@@ -52,8 +55,8 @@ QUERY_TEXT = {
 def headlines(results: dict[str, Any]) -> list[tuple]:
     """One headline per summary number."""
     out = []
-    for key, text, better, unit in SUMMARY:
-        extra = {"description": text, **({"unit": unit} if unit else {})}
+    for key, label, better, unit in SUMMARY:
+        extra = {"description": label, **({"unit": unit} if unit else {})}
         out.append((f"vlm.{key}", f"/results/summary/{key}", better, extra))
     return out
 
@@ -109,50 +112,56 @@ def layer_figure(layer_maps: dict[str, np.ndarray], image: np.ndarray | None) ->
 def _fix(fix: dict[str, Any]) -> str:
     """``TestTimeRegisters (6 neurons in blocks 6, 7; 1 register; ...)``."""
     if "n_neurons" not in fix:
-        return str(fix.get("name", "the fix"))
-    blocks = ", ".join(str(b) for b in fix.get("layers", []))
+        return text(fix.get("name") or "the fix")
+    blocks = ", ".join(map(text, as_list(fix.get("layers")))) or "–"
     return (
-        f"{fix['name']} ({fix['n_neurons']} neurons in blocks {blocks}; {fix['n_registers']} "
-        f"register(s); [CLS] {fix['cls']}, patches {fix['patches']}, {fix['mode']} mode)"
+        f"{text(fix.get('name'))} ({text(fix.get('n_neurons'))} neurons in blocks {blocks}; "
+        f"{text(fix.get('n_registers'))} register(s); [CLS] {text(fix.get('cls'))}, patches "
+        f"{text(fix.get('patches'))}, {text(fix.get('mode'))} mode)"
     )
 
 
-def _answer(text: str) -> str:
-    return f"“{text}”" if text else "(empty)"
+def _answer(answer: Any) -> str:
+    return f"“{answer}”" if answer else "(empty)"
+
+
+def _first_token(side: dict[str, Any]) -> str:
+    """The most likely first answer token and its probability."""
+    token = as_dict(side.get("first_token"))
+    return f"{code(token.get('token'))} ({num(token.get('prob'))})"
 
 
 def image_section(i: int, row: dict[str, Any]) -> Section:
     """One image's answers and numbers, before and after."""
-    b, a = row["before"], row["after"]
-    ch, ft, out = row["answer_change"], row["first_token"], row["attention_on_outliers"]
+    b, a = as_dict(row.get("before")), as_dict(row.get("after"))
+    ch, ft = as_dict(row.get("answer_change")), as_dict(row.get("first_token"))
+    out = as_dict(row.get("attention_on_outliers"))
     table = Table(
         ["", "before", "after"],
         [
-            ["answer", _answer(b["answer"]), _answer(a["answer"])],
-            ["generated tokens", str(b["n_generated"]), str(a["n_generated"])],
-            [
-                "most likely first token (p)",
-                f"`{b['first_token']['token']}` ({num(b['first_token']['prob'])})",
-                f"`{a['first_token']['token']}` ({num(a['first_token']['prob'])})",
-            ],
+            ["answer", _answer(b.get("answer")), _answer(a.get("answer"))],
+            ["generated tokens", text(b.get("n_generated")), text(a.get("n_generated"))],
+            ["most likely first token (p)", _first_token(b), _first_token(a)],
             [
                 "attention mass on image tokens",
-                num(b["image_attention_mass_mean"]),
-                num(a["image_attention_mass_mean"]),
+                num(b.get("image_attention_mass_mean")),
+                num(a.get("image_attention_mass_mean")),
             ],
-            ["attention on outlier patches", pct(out["before"]), pct(out["after"])],
-            ["max/median patch norm", num(b["max_over_median"]), num(a["max_over_median"])],
-            ["max patch norm", num(b["max_patch_norm"]), num(a["max_patch_norm"])],
-            ["register norm", "–", num(a["register_norm"])],
+            ["attention on outlier patches", pct(out.get("before")), pct(out.get("after"))],
+            ["max/median patch norm", num(b.get("max_over_median")), num(a.get("max_over_median"))],
+            ["max patch norm", num(b.get("max_patch_norm")), num(a.get("max_patch_norm"))],
+            ["register norm", "–", num(a.get("register_norm"))],
         ],
     )
+    identical, same = ch.get("identical"), ft.get("same_top_token")
     change = (
-        f"Answer {'identical' if ch['identical'] else 'changed'}: token edit distance "
-        f"{ch['edit_distance']} ({pct(ch['edit_distance_normalized'])} of the longer answer). "
-        f"First answer token: KL(before ‖ after) = {num(ft['kl'])} nats, largest logit change "
-        f"{num(ft['max_abs_logit_change'])}, most likely token "
-        f"{'unchanged' if ft['same_top_token'] else 'changed'}. Outlier patches: "
-        f"{out['n_outlier_patches']} ({out['rule']})."
+        f"Answer {'identical' if identical else 'changed' if identical is not None else '–'}: "
+        f"token edit distance {num(ch.get('edit_distance'))} "
+        f"({pct(ch.get('edit_distance_normalized'))} of the longer answer). First answer token: "
+        f"KL(before ‖ after) = {num(ft.get('kl'))} nats, largest logit change "
+        f"{num(ft.get('max_abs_logit_change'))}, most likely token "
+        f"{'unchanged' if same else 'changed' if same is not None else '–'}. Outlier patches: "
+        f"{num(out.get('n_outlier_patches'))} ({text(out.get('rule'))})."
     )
     return Section(f"image-{i}", f"Image {i}", [table, change])
 
@@ -163,26 +172,27 @@ def vlm_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     intro = Section("summary", "Summary")
     intro.blocks.append(
         f"Prompt: “{results['prompt']}” (the language model reads `{results['prompt_text']!r}`). "
-        f"Greedy answers for {s['n_images']} images without and with {_fix(results['fix'])} "
-        f"on the vision tower; attention rows: {_query(results)}."
+        f"Greedy answers for {num(s.get('n_images'))} images without and with "
+        f"{_fix(results['fix'])} on the vision tower; attention rows: {_query(results)}."
+        + (f" Generation: {results['generation']['why']}." if results.get("generation") else "")
     )
     intro.blocks.append(
         Table(
             ["", "mean over images"],
             [
-                [text, pct(s[key]) if unit == "fraction" else num(s[key])]
-                for key, text, _, unit in SUMMARY
+                [label, pct(s.get(key)) if unit == "fraction" else num(s.get(key))]
+                for key, label, _, unit in SUMMARY
             ],
         )
     )
-    neurons = results.get("neurons") or {}
+    neurons = as_dict(results.get("neurons"))
     if neurons:
         intro.blocks.append(
-            f"Register neurons: {neurons.get('n_neurons')}, {neurons.get('source')}."
+            f"Register neurons: {text(neurons.get('n_neurons'))}, {text(neurons.get('source'))}."
         )
     intro.blocks.append(MEANING.format(site=results["feature_site"], query=_query(results)))
     sections = [intro, figure_section("Maps", figures)]
-    sections += [image_section(i, row) for i, row in enumerate(results["images"])]
+    sections += [image_section(i, as_dict(row)) for i, row in enumerate(results["images"])]
     sections += [data_section(doc), model_section(doc), provenance_section(doc)]
     return Report(synthetic_banner(doc), "vitreg vlm: language→image attention", sections)
 
@@ -197,11 +207,15 @@ def write_vlm_run(
     images: np.ndarray | None = None,
     layer_maps: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """Figures, report.md, report.html, config.yaml and (last) metrics.json of one vlm run;
+    """config.yaml and metrics.json, then figures, report.md and report.html of one vlm run;
     ``images`` ``[n, H, W, 3]`` in [0, 1] under the maps, ``layer_maps`` (``before``/``after``
     ``[L, h, w]`` of image 0) for the per-layer figure."""
     doc = document("vlm", command, described, data, config, results, headlines(results))
-    figures = map_figures(doc["results"], images)
-    if layer_maps is not None:
-        figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
-    return write_files(Path(out_dir), doc, vlm_report(doc, figures), figures)
+
+    def draw() -> list[Figure]:
+        figures = map_figures(doc["results"], images)
+        if layer_maps is not None:
+            figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
+        return figures
+
+    return write_files(Path(out_dir), doc, draw, vlm_report)

@@ -227,8 +227,63 @@ class FlatRule:
         w = self.filters().to(images.device)
         return F.conv2d(images.float(), w, stride=p).abs().mean(dim=1)
 
+    def mask(self, images: torch.Tensor) -> torch.Tensor:
+        """Bool ``[B, h, w]``: the patches of preprocessed ``images`` the rule selects."""
+        return self.texture_energy(images) < self.threshold
+
+    def ambiguous(self, images: torch.Tensor, band: float) -> torch.Tensor:
+        """Patches within ``band`` (relative) of the threshold, where the model's ramp is partial."""
+        ratio = self.texture_energy(images) / self.threshold
+        return (ratio > 1 - band) & (ratio < 1 + band)
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "approx_std": self.approx_std, "text": self.text}
+
+
+@dataclass(frozen=True)
+class PositionRule:
+    """Which patches the planted neurons fire on: fixed grid positions, whatever the image.
+
+    ``positions`` index the row-major patch grid ``grid``; ``kind`` says how they were drawn
+    ("positions": a few fixed positions, "random": a random subset). The flag is written by the
+    position embedding, so no upstream circuit reads the pixels.
+    """
+
+    patch_size: int
+    grid: tuple[int, int]
+    positions: tuple[int, ...]
+    kind: str = "positions"
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind}: patches at grid positions {list(self.positions)} of {self.grid}"
+
+    def mask(self, images: torch.Tensor) -> torch.Tensor:
+        """Bool ``[B, h, w]``: the selected positions, for every image."""
+        h, w = self.grid
+        if images.dim() != 4 or tuple(images.shape[-2:]) != (
+            h * self.patch_size,
+            w * self.patch_size,
+        ):
+            raise InputError(
+                f"expected preprocessed images [B, 3, {h * self.patch_size}, "
+                f"{w * self.patch_size}], got {tuple(images.shape)}"
+            )
+        m = torch.zeros(h * w, dtype=torch.bool, device=images.device)
+        m[list(self.positions)] = True
+        return m.view(1, h, w).expand(images.shape[0], h, w)
+
+    def ambiguous(self, images: torch.Tensor, band: float) -> torch.Tensor:
+        """No patch is near a threshold: an empty mask."""
+        return torch.zeros_like(self.mask(images))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "grid": list(self.grid),
+            "positions": list(self.positions),
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True)
@@ -240,12 +295,19 @@ class GroundTruth:
     :meth:`outlier_mask` have norms around ``expected_norm_ratio`` x the median patch norm;
     ``helper_units`` are the upstream circuit (texture energy in block 0, flat flag in block 1).
 
+    ``rule`` is a :class:`FlatRule` (texture energy) or, in the plant family, a
+    :class:`PositionRule`. ``writer_layers``: the blocks whose units write the outliers (the
+    causal blocks, before and after emergence); ``target_ratio``: the selected patches' median
+    norm over the median patch norm after the last writer block (``expected_norm_ratio`` is the
+    ratio at emergence).
+
     Roles: ``causal_units`` is the minimal set whose zeroing removes the outliers;
     ``reader_units`` fire because a token already is an outlier (they read its direction) and
     reinforce it; ``units`` is causal + reader units. ``distractor_units`` are
-    ``(layer, unit, kind)`` with kind "texture" (fire on textured patches) or "cls" (fire on
-    [CLS] only); they do not touch the outliers. ``emergence_layer`` is the first block whose
-    output shows the outlier mode (the last causal block; = ``first_outlier_layer``).
+    ``(layer, unit, kind)`` with kind "texture" (fire on textured patches), "cls" (fire on
+    [CLS] only) or "position" (fire on textured patches at fixed positions); they do not touch
+    the outliers. ``emergence_layer`` is the first block whose
+    output shows the outlier mode (= ``first_outlier_layer``; causal blocks may follow it).
     """
 
     name: str
@@ -254,7 +316,7 @@ class GroundTruth:
     seed: int
     layers: tuple[int, ...]
     units: tuple[tuple[int, int], ...]
-    rule: FlatRule
+    rule: FlatRule | PositionRule
     first_outlier_layer: int
     expected_norm_ratio: float
     sink_layers: tuple[int, ...]
@@ -265,10 +327,17 @@ class GroundTruth:
     reader_units: tuple[tuple[int, int], ...] = ()
     distractor_units: tuple[tuple[int, int, str], ...] = ()
     emergence_layer: int | None = None  # None: first_outlier_layer
+    writer_layers: tuple[int, ...] = ()  # (): the causal units' blocks
+    target_ratio: float | None = None  # None: expected_norm_ratio
 
     def __post_init__(self) -> None:
         if self.emergence_layer is None:
             object.__setattr__(self, "emergence_layer", self.first_outlier_layer)
+        if not self.writer_layers:
+            layers = tuple(sorted({layer for layer, _ in self.causal_units}))
+            object.__setattr__(self, "writer_layers", layers)
+        if self.target_ratio is None:
+            object.__setattr__(self, "target_ratio", self.expected_norm_ratio)
 
     def units_by_layer(self, role: str = "all") -> dict[int, list[int]]:
         """Units per layer; ``role``: "all" (causal + readers), "causal" or "reader"."""
@@ -287,16 +356,17 @@ class GroundTruth:
         return (images - mean) / std
 
     def texture_energy(self, images: torch.Tensor) -> torch.Tensor:
+        if not isinstance(self.rule, FlatRule):
+            raise InputError(f"{self.name}: a position rule reads no texture energy")
         return self.rule.texture_energy(images)
 
     def outlier_mask(self, images: torch.Tensor) -> torch.Tensor:
         """Bool ``[B, h, w]``: the patches of preprocessed ``images`` the rule selects."""
-        return self.texture_energy(images) < self.rule.threshold
+        return self.rule.mask(images)
 
     def ambiguous_mask(self, images: torch.Tensor, band: float = 0.05) -> torch.Tensor:
         """Patches within ``band`` (relative) of the threshold, where the model's ramp is partial."""
-        ratio = self.texture_energy(images) / self.rule.threshold
-        return (ratio > 1 - band) & (ratio < 1 + band)
+        return self.rule.ambiguous(images, band)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -309,6 +379,7 @@ class GroundTruth:
             causal_units=[list(u) for u in self.causal_units],
             reader_units=[list(u) for u in self.reader_units],
             distractor_units=[list(u) for u in self.distractor_units],
+            writer_layers=list(self.writer_layers),
             mean=list(self.mean),
             std=list(self.std),
         )
@@ -423,10 +494,13 @@ class _Plan:
     texture: list[int]
     units: dict[int, list[int]]
     direction: torch.Tensor
+    others: tuple[torch.Tensor, ...] = ()  # further write directions (plant family)
+    position: int | None = None  # a channel set by the position embedding (plant family)
 
     @property
     def reserved(self) -> list[int]:
-        return [self.zero, self.ref, self.energy, self.flag, *self.texture]
+        extra = [] if self.position is None else [self.position]
+        return [self.zero, self.ref, self.energy, self.flag, *self.texture, *extra]
 
 
 def _plan(module: nn.Module, spec: _Spec, g: torch.Generator) -> _Plan:
@@ -448,14 +522,15 @@ def _plan(module: nn.Module, spec: _Spec, g: torch.Generator) -> _Plan:
     return _Plan(*chans[:4], chans[4:], units, v / v.norm())
 
 
-def _reserve(module: nn.Module, plan: _Plan, protect: int, rule: FlatRule) -> None:
+def _reserve(module: nn.Module, plan: _Plan, protect: int, rule: FlatRule | PositionRule) -> None:
     """Embed texture filters and the constant reference; keep random writes off reserved channels
     in blocks ``0..protect``."""
     res = plan.reserved
     layout = _layout(module)
     pe = module.patch_embed.proj
     pe.weight[res] = 0
-    pe.weight[plan.texture] = rule.filters() * _gain_texture()
+    if isinstance(rule, FlatRule):
+        pe.weight[plan.texture] = rule.filters() * _gain_texture(rule.threshold)
     if pe.bias is not None:
         pe.bias[res] = 0
     module.pos_embed[..., res] = 0
@@ -478,9 +553,9 @@ def _reserve(module: nn.Module, plan: _Plan, protect: int, rule: FlatRule) -> No
                 ls.gamma[res] = 1.0
 
 
-def _gain_texture() -> float:
+def _gain_texture(threshold: float = THRESHOLD) -> float:
     """Embedding gain of the texture filters: 0.1 per channel at the threshold."""
-    return 0.1 / THRESHOLD
+    return 0.1 / threshold
 
 
 @dataclass
@@ -681,7 +756,14 @@ def _sinks(module: nn.Module, v: torch.Tensor, layers: range, g: torch.Generator
 
 
 def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, GroundTruth]:
-    """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth."""
+    """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth;
+    the module says its weights are planted (``vitreg_weights``), wherever it is wrapped or saved."""
+    module, truth = _build(name, img_size, seed)
+    module.vitreg_weights = "planted"
+    return module, truth
+
+
+def _build(name: str, img_size: int, seed: int) -> tuple[nn.Module, GroundTruth]:
     from vitreg.testing.planted_hf import HF_FIXTURES, build_hf
 
     if name in HF_FIXTURES:
@@ -733,4 +815,5 @@ def build_unplanted(name: str, img_size: int = 224, seed: int = 0) -> nn.Module:
     module = _create(spec, img_size)
     with torch.no_grad():
         _random_init(module, torch.Generator().manual_seed(seed + 7919))
+    module.vitreg_weights = "random"
     return module.eval()

@@ -15,9 +15,16 @@ plant, beside the causes, units that a selection can confuse with them (see ``SP
 * readers: units of later blocks that read ``v`` after LayerNorm, so they fire only on tokens
   that already are outliers, with large activations (they top a mean-|activation|-on-outliers
   ranking) and writes along ``v`` that reinforce the outliers without creating them;
-* distractors: "texture" units firing on every non-flat token (flag off) and "cls" units firing
-  on [CLS] only (the reference channel is -1 on prefix tokens), both writing a moderate vector
-  orthogonal to ``v``.
+* distractors: "texture" units firing on every non-flat token (flag off), "cls" units firing
+  on [CLS] only (the reference channel is -1 on prefix tokens) and "position" units firing on
+  the non-flagged patches at fixed grid positions (a channel of the position embedding, minus the
+  flag), all writing a moderate vector orthogonal to ``v``.
+
+The outliers emerge at the first cause group whose target is an outlier mode (``MODE_RATIO``);
+cause groups of later blocks keep writing them (amplifiers: they read the flag, not ``v``, so
+they are writers wherever they sit). :class:`Options` adds what the plant family
+(:mod:`vitreg.testing.plant_family`) varies: a texture threshold or a position rule, extra
+write directions ("v1", "v2"), no attention sinks, position-tied distractors.
 
 Each group is calibrated block by block on synthetic images: the calibration tokens are stepped
 through the blocks as they are planted, so thresholds and write sizes are set on the inputs the
@@ -27,7 +34,9 @@ the last block that reads them.
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,6 +46,7 @@ from vitreg.testing.planted import (
     THRESHOLD,
     FlatRule,
     GroundTruth,
+    PositionRule,
     _create,
     _Group,
     _layout,
@@ -54,6 +64,34 @@ from vitreg.testing.planted import (
 _FLAG_CUT = 0.25  # flag readers fire above this fraction of the flat patches' median flag
 _READ_COS = 0.4  # readers fire above this cosine with v after LayerNorm
 _CALIB_TOKENS = 512  # calibration patches (2 to 16 synthetic images)
+MODE_RATIO = 4.0  # a cause group with this target or more makes the outlier mode (emergence)
+_FLAG_OFF = 16.0  # position distractors: flag weight (x their gain) that keeps them off flags
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the plant family varies beyond the groups (the defaults build the fixtures as before).
+
+    ``threshold``: the flat rule's texture threshold; ``positions``: a position rule instead (grid
+    positions, drawn as ``rule_kind``); ``directions``: outlier write directions (1: ``v``; 2-3
+    add "v1", "v2"); ``sinks``: make outliers attention sinks after emergence; ``tied``: grid
+    positions of "position" distractors.
+    """
+
+    threshold: float = THRESHOLD
+    positions: tuple[int, ...] = ()
+    rule_kind: str = "positions"
+    directions: int = 1
+    sinks: bool = True
+    tied: tuple[int, ...] = ()
+
+
+def emergence_layer(groups: tuple[_Group, ...]) -> int:
+    """The block of the first cause group that makes an outlier mode (target >= MODE_RATIO)."""
+    strong = [gr.layer for gr in groups if gr.role == "cause" and gr.target >= MODE_RATIO]
+    if not strong:
+        raise ValueError(f"no cause group reaches an outlier mode (target >= {MODE_RATIO})")
+    return min(strong)
 
 
 def _direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> torch.Tensor:
@@ -69,12 +107,13 @@ def _direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> t
 
 
 def _circuit_plan(
-    module: nn.Module, spec: _Spec, g: torch.Generator
+    module: nn.Module, spec: _Spec, g: torch.Generator, options: Options
 ) -> tuple[_Plan, list[list[int]]]:
-    """Reserved channels, the flag circuit's units, ``v`` and each group's units."""
+    """Reserved channels, the flag circuit's units, ``v`` (and further directions) and each
+    group's units."""
     d = module.embed_dim
     hidden = module.blocks[0].mlp.fc2.in_features
-    chans = torch.randperm(d, generator=g)[: 4 + N_FILTERS].tolist()
+    chans = torch.randperm(d, generator=g)[: 5 + N_FILTERS].tolist()
     counts = {0: 2 * N_FILTERS + 2, 1: 2}
     for gr in spec.groups:
         if gr.layer < 2:
@@ -85,9 +124,24 @@ def _circuit_plan(
     for gr in spec.groups:
         groups.append(sorted(drawn[gr.layer][: gr.n]))
         drawn[gr.layer] = drawn[gr.layer][gr.n :]
-    v = _direction(torch.randn(d, generator=g), chans)
-    plan = _Plan(*chans[:4], chans[4:], {0: sorted(drawn[0]), 1: sorted(drawn[1])}, v)
+    position = chans[4 + N_FILTERS] if options.tied else None
+    reserved = chans if options.tied else chans[: 4 + N_FILTERS]
+    dirs = [_direction(torch.randn(d, generator=g), reserved)]
+    for _ in range(options.directions - 1):
+        dirs.append(_direction(torch.randn(d, generator=g), reserved, *dirs))
+    v = dirs[0]
+    units = {0: sorted(drawn[0]), 1: sorted(drawn[1])}
+    plan = _Plan(*chans[:4], chans[4 : 4 + N_FILTERS], units, v, tuple(dirs[1:]), position)
     return plan, groups
+
+
+@functools.lru_cache(maxsize=16)
+def _calibration_images(n: int, size: int) -> torch.Tensor:
+    """The synthetic calibration images (made once per count and size: a family of circuits
+    reuses them); callers must not write into them."""
+    from vitreg.testing.images import synthetic_images
+
+    return synthetic_images(n, size, seed=12345)
 
 
 def _hat(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -132,25 +186,33 @@ class _Planter:
         spec: _Spec,
         plan: _Plan,
         units: list[list[int]],
-        rule: FlatRule,
+        rule: FlatRule | PositionRule,
         size: int,
         g: torch.Generator,
+        sinks: bool = True,
     ) -> None:
-        from vitreg.testing.images import synthetic_images
-
         self.module, self.spec, self.plan, self.g = module, spec, plan, g
         self.units = units  # each group's units
+        self.rule, self.sinks = rule, sinks
         self.d = module.embed_dim
         cfg = module.pretrained_cfg
         mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
         std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
         n_img = min(max(math.ceil(_CALIB_TOKENS / _layout(module).n_patches), 2), 16)
-        x = (synthetic_images(n_img, size, seed=12345) - mean) / std
-        energy = (rule.texture_energy(x) / rule.threshold).flatten(1)
-        self.flat, self.textured = energy < 0.9, energy > 1.1  # clear of the threshold
+        x = (_calibration_images(n_img, size) - mean) / std
+        clear = ~rule.ambiguous(x, 0.1).flatten(1)  # clear of the threshold
+        selected = rule.mask(x).flatten(1)
+        self.flat, self.textured = selected & clear, ~selected & clear
         layout = _layout(module)
         self.patches, self.cls = layout.patches, layout.cls
         m = module
+        if isinstance(rule, PositionRule):  # the flag, 4x the embedded patches' median std
+            e = m._pos_embed(m.patch_embed(x))[:, self.patches]
+            std = float(e.std(dim=-1).median())
+            m.pos_embed[0, -layout.n_patches :][list(rule.positions), plan.flag] = 4.0 * std
+        if plan.position is not None:  # patches at the position-tied distractors' positions
+            tied = m.pos_embed[0, -layout.n_patches :, plan.position] > 0.5
+            self.tied = tied[None].expand_as(self.flat)
         self.h0 = m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(x))))
 
     # features read by the units, per token, from the LayerNorm hat --------------------------
@@ -160,6 +222,8 @@ class _Planter:
             return hat[..., p.flag] - hat[..., p.zero]
         if reads == "ref":  # prefix tokens: +inv_std; patches: -inv_std
             return hat[..., p.zero] - hat[..., p.ref]
+        if reads == "pos":
+            return hat[..., p.position] - hat[..., p.zero]
         return hat @ p.direction / math.sqrt(self.d)
 
     def _reads(
@@ -167,9 +231,9 @@ class _Planter:
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Input weights and biases giving ``pre_j = gains_j * (feature - cut)``."""
         p, d = self.plan, self.d
-        if reads in ("flag", "ref"):
-            sign = 1.0 if reads == "flag" else -1.0
-            ch = p.flag if reads == "flag" else p.ref
+        if reads in ("flag", "ref", "pos"):
+            sign = -1.0 if reads == "ref" else 1.0
+            ch = {"flag": p.flag, "ref": p.ref, "pos": p.position}[reads]
             w = [_onehot(d, (ch, sign * a), (p.zero, -sign * a)) for a in gains.tolist()]
             return w, -gains * cut
         offset = float((p.direction * norm.bias / norm.weight).sum())
@@ -198,6 +262,8 @@ class _Planter:
         rows = torch.zeros(b, t, dtype=torch.bool)
         if role == "cls":
             rows[:, self.cls] = True
+        elif role == "position":
+            rows[:, self.patches] = self.textured & self.tied
         else:
             rows[:, self.patches] = self.textured if role == "texture" else self.flat
         return rows
@@ -207,9 +273,11 @@ class _Planter:
         p, n = self.plan, gr.n
         if gr.writes == "random":
             base = torch.randn(self.d, generator=self.g)
-            base = _direction(base, p.reserved, p.direction)
-        else:
+            base = _direction(base, p.reserved, p.direction, *p.others)
+        elif gr.writes == "v":
             base = p.direction
+        else:  # "v1", "v2"
+            base = p.others[int(gr.writes[1:]) - 1]
         noise = torch.randn(n, self.d, generator=self.g)
         dirs = torch.stack([_direction(base + 0.25 * _direction(z, p.reserved), []) for z in noise])
         return dirs * (0.7 + 0.6 * torch.rand(n, generator=self.g))[:, None]
@@ -233,6 +301,12 @@ class _Planter:
             cut = _FLAG_CUT * med
             w_in, b_in = self._reads(blk.norm2, "flag", -acts / cut, 0.0)
             b_in = b_in + acts
+        elif gr.role == "position":  # pre = gains (pos - cut) - off * gains * flag / flag level
+            flag_med = float(self._feature("flag", hat)[self._where("cause")].median())
+            gains = acts / (0.5 * med)
+            w_in, b_in = self._reads(blk.norm2, "pos", gains, 0.5 * med)
+            w_f, _ = self._reads(blk.norm2, "flag", -_FLAG_OFF * gains / flag_med, 0.0)
+            w_in = [a + b for a, b in zip(w_in, w_f, strict=True)]
         elif gr.reads == "flag/v":  # pre = gains (flag + c cos - cut)
             gains = acts / (med * (1 - _FLAG_CUT))
             w_in, b_in = self._reads(blk.norm2, "flag", gains, _FLAG_CUT * med)
@@ -270,7 +344,7 @@ class _Planter:
                 lambda s: float(norms(s)[self.flat].median()) / base, 1 + gr.target, 1.0
             )
         else:  # distractors: a write of ``target`` x the median norm of their tokens
-            ref = n0.median() if gr.role == "texture" else out[:, self.cls].norm(dim=-1).median()
+            ref = n0.median() if gr.role != "cls" else out[:, self.cls].norm(dim=-1).median()
             scale = float(gr.target * ref / push[rows].norm(dim=-1).median())
         gamma = blk.ls2.gamma.detach() if hasattr(blk.ls2, "gamma") else torch.ones(self.d)
         for i, j in enumerate(units):
@@ -290,12 +364,14 @@ class _Planter:
             if i == 0:
                 s0 = float((hat[..., p.ref] - hat[..., p.zero]).median())
             h = _out(blocks[i], mid)
-        helpers = _plant_flag(self.module, p, _Scales(s0, inv[1], inv[first], 0.0))
-        emergence = max(gr.layer for gr in groups if gr.role == "cause")
+        helpers = []
+        if isinstance(self.rule, FlatRule):  # a position rule's flag comes from the embedding
+            helpers = _plant_flag(self.module, p, _Scales(s0, inv[1], inv[first], 0.0))
+        emergence = emergence_layer(groups)
         h = self.h0
         for i in range(max(gr.layer for gr in groups) + 1):
             blk = blocks[i]
-            if i == emergence + 1:  # later blocks see outliers: make them attention sinks
+            if i == emergence + 1 and self.sinks:  # later blocks see outliers: attention sinks
                 _sinks(self.module, p.direction, range(i, len(blocks)), self.g)
             mid = _mid(blk, h)
             here = [k for k, gr in enumerate(groups) if gr.layer == i]
@@ -304,27 +380,48 @@ class _Planter:
             h = _out(blk, mid)
             for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
                 h = self.group(blk, mid, h, groups[k], self.units[k])
-        if max(gr.layer for gr in groups) <= emergence:
+        if max(gr.layer for gr in groups) <= emergence and self.sinks:
             _sinks(self.module, p.direction, range(emergence + 1, len(blocks)), self.g)
         return helpers
 
 
+def _rule(module: nn.Module, seed: int, options: Options) -> FlatRule | PositionRule:
+    """The token rule: texture energy under ``options.threshold``, or fixed grid positions."""
+    patch = int(module.patch_embed.patch_size[0])
+    if options.positions:
+        grid = _layout(module).grid
+        return PositionRule(patch, grid, tuple(sorted(options.positions)), options.rule_kind)
+    return FlatRule(patch, options.threshold, N_FILTERS, filter_seed=seed)
+
+
+def _embed_tied(module: nn.Module, plan: _Plan, tied: tuple[int, ...]) -> None:
+    """Position-tied distractors: their channel of the position embedding at 1 on ``tied``."""
+    if tied:
+        module.pos_embed[0, -_layout(module).n_patches :][list(tied), plan.position] = 1.0
+
+
 def build_circuit(
-    name: str, spec: _Spec, img_size: int = 224, seed: int = 0
+    name: str,
+    spec: _Spec,
+    img_size: int = 224,
+    seed: int = 0,
+    options: Options | None = None,
 ) -> tuple[nn.Module, GroundTruth]:
     """A role-annotated planted fixture (``spec.groups``) and its ground truth."""
+    options = options or Options()
     module = _create(spec, img_size)
-    patch = int(module.patch_embed.patch_size[0])
-    rule = FlatRule(patch, THRESHOLD, N_FILTERS, filter_seed=seed)
-    plan, units = _circuit_plan(module, spec, torch.Generator().manual_seed(seed))
+    rule = _rule(module, seed, options)
+    plan, units = _circuit_plan(module, spec, torch.Generator().manual_seed(seed), options)
     g = torch.Generator().manual_seed(seed + 7919)
     groups = spec.groups
-    protect = max(gr.layer for gr in groups if gr.reads in ("flag", "flag/v", "ref"))
+    protect = max(gr.layer for gr in groups if gr.reads in ("flag", "flag/v", "ref", "pos"))
     module.eval()
     with torch.no_grad():
         _random_init(module, g)
         _reserve(module, plan, protect, rule)
-        helpers = _Planter(module, spec, plan, units, rule, img_size, g).run()
+        _embed_tied(module, plan, options.tied)
+        planter = _Planter(module, spec, plan, units, rule, img_size, g, options.sinks)
+        helpers = planter.run()
 
     def pairs(role: str) -> tuple[tuple[int, int], ...]:
         got = [(gr.layer, us) for gr, us in zip(groups, units, strict=True) if gr.role == role]
@@ -335,11 +432,13 @@ def build_circuit(
         sorted(
             (gr.layer, u, gr.role)
             for gr, us in zip(groups, units, strict=True)
-            if gr.role in ("texture", "cls")
+            if gr.role in ("texture", "cls", "position")
             for u in us
         )
     )
-    emergence = max(layer for layer, _ in causal)
+    emergence = emergence_layer(groups)
+    causes = [gr for gr in groups if gr.role == "cause"]
+    last = max(gr.layer for gr in causes)
     cfg = module.pretrained_cfg
     truth = GroundTruth(
         name=name,
@@ -350,10 +449,8 @@ def build_circuit(
         units=causal + readers,
         rule=rule,
         first_outlier_layer=emergence,
-        expected_norm_ratio=next(
-            gr.target for gr in groups if gr.layer == emergence and gr.role == "cause"
-        ),
-        sink_layers=tuple(range(emergence + 1, len(module.blocks))),
+        expected_norm_ratio=max(gr.target for gr in causes if gr.layer == emergence),
+        sink_layers=tuple(range(emergence + 1, len(module.blocks))) if options.sinks else (),
         helper_units=tuple(helpers),
         mean=tuple(float(m) for m in cfg["mean"]),
         std=tuple(float(s) for s in cfg["std"]),
@@ -361,5 +458,6 @@ def build_circuit(
         reader_units=readers,
         distractor_units=distractors,
         emergence_layer=emergence,
+        target_ratio=max(gr.target for gr in causes if gr.layer == last),
     )
     return module, truth

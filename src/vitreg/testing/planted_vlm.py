@@ -87,6 +87,7 @@ def build_tiny_llava(img_size: int = 112, seed: int = 0) -> tuple[nn.Module, Any
     torch.manual_seed(seed)
     vlm = LlavaForConditionalGeneration(config).eval()
     vlm.model.vision_tower.load_state_dict(tower.state_dict())
+    vlm.model.vision_tower.vitreg_weights = "planted"  # vitreg.wrap(vlm) says it is synthetic
     vlm.generation_config.pad_token_id = tokenizer.pad_token_id
     vlm.generation_config.eos_token_id = tokenizer.eos_token_id
     image_processor = CLIPImageProcessor(

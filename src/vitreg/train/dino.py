@@ -10,7 +10,9 @@ masked patch tokens is the dense signal the [CLS]/patch specialisation paper rel
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -227,7 +229,14 @@ class DinoRecipe:
         ibot = (ce * per_image).sum() / len(masks)
 
         loss = o.dino_weight * dino + o.ibot_weight * ibot
-        return loss, {"loss_dino": dino.detach(), "loss_ibot": ibot.detach()}
+        # loss_dino = teacher entropy + KL(teacher || student): near ln(out_dim) the centred,
+        # sharpened teacher is close to uniform and the [CLS] loss has little left to teach
+        entropy = -torch.special.xlogy(teacher, teacher).sum(-1).mean()
+        return loss, {
+            "loss_dino": dino.detach(),
+            "loss_ibot": ibot.detach(),
+            "teacher_entropy": entropy.detach(),
+        }
 
     def end_step(self, step: int, reduce_sum) -> dict[str, float]:
         """EMA teacher update and centre update with teacher outputs of the whole global batch."""
@@ -260,3 +269,27 @@ class DinoRecipe:
 
     def export(self) -> nn.Module:
         return self.teacher["backbone"]
+
+
+def loss_terms(history: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any] | None:
+    """What the [CLS] DINO loss did over a run, from its step records: its lowest value and
+    where, its final value, and the teacher's entropy there against ``ln(out_dim)`` (a uniform
+    teacher; ``options`` are the run's recipe options); ``loss_dino - teacher_entropy`` is
+    KL(teacher || student). ``None`` for a log without the teacher's entropy."""
+    out_dim = int(options.get("out_dim", DinoOptions.out_dim))
+    rows = [r for r in history if "loss_dino" in r and "teacher_entropy" in r]
+    if not rows:
+        return None
+    low = min(rows, key=lambda r: r["loss_dino"])
+    last = rows[-1]
+    return {
+        "out_dim": out_dim,
+        "ln_out_dim": math.log(out_dim),
+        "lowest": {"step": low["step"], "loss_dino": low["loss_dino"]},
+        "final": {
+            "step": last["step"],
+            "loss_dino": last["loss_dino"],
+            "teacher_entropy": last["teacher_entropy"],
+            "kl": last["loss_dino"] - last["teacher_entropy"],
+        },
+    }

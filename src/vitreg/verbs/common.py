@@ -60,6 +60,13 @@ def demo_notice(what: str) -> Notice:
     )
 
 
+def images_named(cfg: Any) -> str:
+    """The images a model verb runs on, in words: the folder, the sample photos or synthetic."""
+    if getattr(cfg, "images", None) is not None:
+        return f"the images in {cfg.images}"
+    return "the bundled sample photos" if getattr(cfg, "samples", False) else "synthetic images"
+
+
 def prepare(cfg: Any, notices: Notices, demo: str | None = None) -> tuple[Any, str]:
     """``cfg`` with its spec (the demo model when none; with ``demo``, what the demo has, said
     in a notice) and its run directory (default ``runs/<time>_<model>_<verb>``, checked before

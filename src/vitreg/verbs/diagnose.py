@@ -64,7 +64,7 @@ def diagnose_one(
 
     one = cfg.model_copy(update={"spec": spec})
     model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
-    with progress(source.total, f"diagnosing {spec}") as update:
+    with progress(source.total, f"diagnosing {spec} (images)") as update:
         result = diagnose(
             model,
             source,
@@ -116,7 +116,8 @@ def run_diagnose(
         try:
             labelled.append((spec, diagnose_one(cfg, spec, target, device, progress, notices)))
         except KeyboardInterrupt:
-            raise Interrupted(spec) from None
+            saved = target / "metrics.json"  # check_out left no earlier one
+            raise Interrupted(spec, saved if saved.is_file() else None) from None
         dirs.append(target)
     comparison = None
     if len(specs) > 1 and is_main():

@@ -11,7 +11,7 @@ from vitreg.configs import FixConfig
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import join_torchrun, prepare, read_document
+from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
 from vitreg.verbs.result import FixRun, Listener, Notices
@@ -55,7 +55,7 @@ def compare(
     ttr = TestTimeRegisters(
         neurons, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
     )
-    with progress(2 * source.total, "images without, then with the fix") as update:
+    with progress(2 * source.total, "images without, then with the fix (image passes)") as update:
         comparison = compare_fix(
             model,
             ttr,
@@ -90,9 +90,11 @@ def run_fix(
     from vitreg.report.fix_report import MAX_ROWS
 
     notices = Notices(on_notice)
-    cfg, command = prepare(cfg, notices, demo="planted register neurons, on synthetic images")
+    cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     spec, run_dir = cfg.spec, cfg.out
-    preloaded = neuron_file(cfg.neurons)  # a missing or bad file fails before the model loads
+    preloaded = neuron_file(
+        cfg.neurons, cfg.spec
+    )  # a missing or bad file fails before the model loads
     check_images(cfg.images)
     device = join_torchrun(cfg.device)
     model, source = model_and_images(cfg, device, progress, notices, MAX_ROWS)
@@ -136,7 +138,7 @@ def write(
     command: str,
     progress: Progress,
 ) -> None:
-    """The report, config.yaml and metrics.json (last) of one fix."""
+    """config.yaml and metrics.json, then the report, of one fix."""
     from vitreg.report.fix_report import write_fix_run
 
     with progress(None, "writing the report"):

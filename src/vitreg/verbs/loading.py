@@ -72,12 +72,12 @@ def move(model: Any, device: str | None) -> Any:
         ) from None
 
 
-def random_init_notice(spec: str) -> Notice:
-    """The notice, before any result, that ``spec`` has random weights."""
+def random_init_notice(spec: str, how: str = "built with --random-init") -> Notice:
+    """The notice, before any result, that ``spec`` has random weights (and ``how``)."""
     return Notice(
         "random_init",
-        f"RANDOM WEIGHTS: {spec} is built with --random-init (random, untrained weights); its "
-        "artifacts, or their absence, say nothing about the trained model.",
+        f"RANDOM WEIGHTS: {spec} has random, untrained weights ({how}); its artifacts, or "
+        "their absence, say nothing about the trained model.",
         caution=True,
     )
 
@@ -98,8 +98,9 @@ def load_model(
     model = move(model, device)
     for note in model.notes:
         notices.append(Notice("model", note, caution=True))
-    if random_init:
-        notices.append(random_init_notice(spec))
+    if model.weights == "random":  # how it was loaded decides, not the option alone
+        how = "built with --random-init" if random_init else "no trained weights were loaded"
+        notices.append(random_init_notice(spec, how))
     return model
 
 
@@ -114,7 +115,7 @@ def image_source(
     keep: int = 0,
 ) -> Any:
     """The image source for ``model``: the folder, the sample photos, or synthetic images (a
-    planted model without images); ``keep`` images are kept for figures. Announced in
+    planted model, or one saved from it, without images); ``keep`` images are kept for figures. Announced in
     ``notices``."""
     from vitreg.data import images as data
 
@@ -123,7 +124,7 @@ def image_source(
         source = data.folder_images(model, images, limit=limit, **common)
     elif samples:
         source = data.sample_images(model, limit=limit, **common)
-    elif spec.startswith("planted:"):
+    elif model.weights == "planted":  # planted:, and saved planted models and VLMs
         source = data.synthetic_images(model, n=limit or DEFAULT_SYNTHETIC, **common)
     else:
         try:

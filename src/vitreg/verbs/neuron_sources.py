@@ -13,12 +13,15 @@ DISCOVERED = (
 )
 
 
-def neuron_file(neurons: str | None) -> Any:
-    """The NeuronSet that a file source names, read and validated (before any model loads);
-    ``None`` for discovery or the built-in set."""
+def neuron_file(neurons: str | None, spec: str) -> Any:
+    """The NeuronSet that a file source names, read and validated, or ``spec``'s built-in set
+    (a spec without one is refused), before any model loads; ``None`` for discovery."""
     from vitreg.fix.neuron_set import NeuronSet
+    from vitreg.neurons import builtin_neurons
 
-    return None if neurons in (None, "builtin") else NeuronSet.load(neurons)
+    if neurons is None:
+        return None
+    return builtin_neurons(spec) if neurons == "builtin" else NeuronSet.load(neurons)
 
 
 def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Notices) -> Any:
@@ -80,7 +83,7 @@ def load_neurons(
         chosen = found.chosen
         origin = DISCOVERED
     elif neurons == "builtin":
-        chosen = builtin_neurons(model.spec or spec)
+        chosen = preloaded if preloaded is not None else builtin_neurons(model.spec or spec)
         origin = f"the built-in set for {chosen.model_spec}"
     else:
         chosen = preloaded if preloaded is not None else NeuronSet.load(neurons)
@@ -119,6 +122,10 @@ def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any
     roles = [(*u, "cause (writes the outliers)") for u in truth.causal_units]
     roles += [(*u, "reader (fires on outliers)") for u in truth.reader_units]
     roles += [(lay, u, f"distractor ({kind})") for lay, u, kind in truth.distractor_units]
+    roles += [
+        (lay, u, f"helper ({kind}; upstream circuit that flags flat patches)")
+        for lay, u, kind in truth.helper_units
+    ]
     chosen = set(pairs)
     return [
         {"layer": lay, "unit": u, "role": role, "chosen": (lay, u) in chosen}

@@ -8,7 +8,7 @@ from typing import Any
 
 from vitreg.configs import NeuronsConfig
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import join_torchrun, prepare, read_document
+from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import discover, planted_rows
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
@@ -18,11 +18,11 @@ def run_neurons(
     cfg: NeuronsConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> NeuronsRun:
     """Discover the register neurons of ``cfg``'s model and write the run directory
-    (neurons.json + neurons.safetensors, the report, metrics.json last)."""
+    (neurons.json + neurons.safetensors, metrics.json, then the report)."""
     from vitreg.distributed import on_main
 
     notices = Notices(on_notice)
-    cfg, command = prepare(cfg, notices, demo="planted register neurons, on synthetic images")
+    cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     check_images(cfg.images)
     model, source = model_and_images(cfg, join_torchrun(cfg.device), progress, notices)
     found = discover(model, source, cfg, progress, notices)
@@ -40,7 +40,7 @@ def write(
     command: str,
     progress: Progress,
 ) -> None:
-    """The NeuronSet files, then the report (metrics.json last)."""
+    """The NeuronSet files, then metrics.json and the report."""
     from vitreg.report.fix_report import write_neurons_run
 
     data = {**source.description(), "split": found.split}

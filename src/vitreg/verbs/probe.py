@@ -76,7 +76,7 @@ def run_probe(
     cfg, command = prepare(cfg, notices)
     spec, run_dir = cfg.spec, cfg.out
     base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
-    preloaded = neuron_file(neuron_source)  # bad input fails before the model loads
+    preloaded = neuron_file(neuron_source, spec)  # bad input fails before the model loads
     datasets = splits(cfg.data)
     device = join_torchrun(cfg.device)
     model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
@@ -103,7 +103,7 @@ def run_probe(
         from vitreg.report.probe_report import write_probe_run
 
         with progress(None, "writing the report"):
-            figures = probe_figures(result, doc)
-            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, figures)
+            draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)
+            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, draw)
     document = read_document(run_dir / "metrics.json")
     return ProbeRun("probe", run_dir, document, notices.items, probe=doc)

@@ -18,6 +18,7 @@ NoticeKind = Literal[
     "warning",  # something the user should check (e.g. a NeuronSet made for other weights)
     "resumed",  # training continued from a checkpoint
     "log",  # a step of a long run (the experiment grid: which variant, which phase)
+    "generation",  # how a VLM's answers are generated (greedy, the tokens it never emits)
 ]
 
 
@@ -118,8 +119,9 @@ class VlmRun(VerbResult):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during the run of ``spec``: nothing was written for it (no metrics.json)."""
+    """Ctrl-C during the run of ``spec``: no metrics.json was written for it, unless the
+    analysis had finished and ``saved`` is its metrics.json (then only the report is missing)."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, saved: Path | None = None) -> None:
         super().__init__(spec)
-        self.spec = spec
+        self.spec, self.saved = spec, saved

@@ -57,6 +57,7 @@ def run_vlm(
     from vitreg.report.figures import display_images
     from vitreg.report.vlm_report import write_vlm_run
     from vitreg.vlm import run_vlm as answer
+    from vitreg.vlm.run import SUPPRESSED
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices)
@@ -66,7 +67,8 @@ def run_vlm(
     ttr = TestTimeRegisters(
         chosen, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
     )
-    with progress(source.total, "answering without, then with the fix") as update:
+    notices.append(Notice("generation", f"answers: greedy; {SUPPRESSED}."))
+    with progress(source.total, "answering without, then with the fix (images)") as update:
         result = answer(
             model,
             source,

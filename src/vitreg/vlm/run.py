@@ -17,6 +17,12 @@ from vitreg.vlm.attention import Reading, read, to_grid
 from vitreg.vlm.change import answer_change, first_token_change
 from vitreg.vlm.inputs import prompt_text, query_positions, token_ids
 
+#: why generation never emits the image token (in every vlm results block)
+SUPPRESSED = (
+    "the image token is suppressed during generation: fed back with the answer, a generated "
+    "image token would be read as an image placeholder without image features"
+)
+
 
 @dataclass
 class Condition:
@@ -62,7 +68,11 @@ def condition(
     max_new_tokens: int = 32,
 ) -> Condition:
     """Generate greedily from ``ids`` and one image, then read the attention of the ``query`` rows
-    over the image tokens in a forward pass over prompt + answer (fixes active stay active)."""
+    over the image tokens in a forward pass over prompt + answer (fixes active stay active).
+
+    The image token is never generated (suppressed, :data:`SUPPRESSED`): fed back with the
+    answer it would be taken for an image placeholder that has no image features (an untrained
+    language model picks it as readily as any word)."""
     vlm = vlm_of(model)
     ids = ids.to(model.device)
     pv = pixel_values.to(device=model.device, dtype=model.dtype)
@@ -73,6 +83,7 @@ def condition(
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
             do_sample=False,
+            suppress_tokens=[vlm.image_token_id],
         )
     generated = out[0, ids.shape[1] :].cpu()
     seq = torch.cat([ids[0].cpu(), generated])[None]
@@ -132,6 +143,7 @@ class VlmResult:
     fix: dict[str, Any]
     images: list[ImageResult] = field(default_factory=list)
     tokenizer: Any = None
+    image_token_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         rows = [r.to_dict(self.tokenizer) for r in self.images]
@@ -141,6 +153,13 @@ class VlmResult:
             "query": self.query,
             "feature_site": self.feature_site,
             "fix": self.fix,
+            "generation": {
+                "greedy": True,
+                "suppressed_tokens": {
+                    self.tokenizer.convert_ids_to_tokens(self.image_token_id): self.image_token_id
+                },
+                "why": SUPPRESSED,
+            },
             "summary": summary(rows),
             "images": rows,
         }
@@ -199,6 +218,7 @@ def run_vlm(
         feature_site(model, vlm),
         {"name": type(fix).__name__, **(describe() if describe else {})},
         tokenizer=vlm.tokenizer,
+        image_token_id=vlm.image_token_id,
     )
     done = 0
     for batch in iter_batches(images, batch_size):

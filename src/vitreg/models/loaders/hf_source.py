@@ -239,7 +239,8 @@ def load_hf(
         module.vitreg_interpolate_pos_encoding = True
     if module.config.model_type == "clip_vision_model":
         attach(module, TextTower("hf", source, partial(_clip_text, source, pretrained, weights)))
-    return Loaded(module, transform=_processor_transform(source))
+    kind = "user" if is_local and pretrained and weights is None else None
+    return Loaded(module, transform=_processor_transform(source), weights=kind)
 
 
 def _clip_text(

@@ -189,6 +189,7 @@ def load_hf_vlm(
     except OSError as e:
         raise WeightsError(offline_hint(f"the weights of {source!r}", e)) from e
     processor = _processor(source)
+    notes = _planted_note(source, is_local) if pretrained else []
     check_vlm(module)
     vlm = VLM(module, getattr(processor, "tokenizer", None), processor, f"hf-vlm:{name}")
     image_processor = getattr(processor, "image_processor", None)
@@ -200,8 +201,9 @@ def load_hf_vlm(
     return Loaded(
         vlm.tower,
         transform=ProcessorTransform(image_processor) if image_processor is not None else None,
-        notes=_planted_note(source, is_local),
+        notes=notes,
         setup=setup,
+        weights=("planted" if notes else "user" if is_local else "trained") if pretrained else None,
     )
 
 

@@ -42,7 +42,9 @@ from pydantic import (
 )
 from torch import nn
 
+from vitreg.core.plugins import fill
 from vitreg.core.readers import read_json
+from vitreg.core.weights import WeightKind
 from vitreg.errors import InputError, SpecError, VitregError, WeightsError
 from vitreg.models.input_size import MAX_IMG_SIZE, activation_excess
 from vitreg.models.load import (
@@ -52,6 +54,7 @@ from vitreg.models.load import (
     inside,
     register_loader,
 )
+from vitreg.models.model import weights_of
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -307,6 +310,8 @@ class LocalConfig(BaseModel):
     architecture: str = Field(min_length=1, max_length=200)
     model_args: ModelArgs = Field(default_factory=ModelArgs)
     pretrained_cfg: PretrainedCfg | None = None
+    # where the saved weights came from, as save_local found them (None: not recorded)
+    vitreg_weights: WeightKind | None = None
 
     @field_validator("architecture", mode="before")
     @classmethod
@@ -383,6 +388,7 @@ def load_local(
     raw = read_config(directory, config_path)
     if "model_type" in raw and "architecture" not in raw:
         return _load_hf(directory, config_path, raw, pretrained, weights, kwargs)
+    fill("local_sections")  # the sections of higher layers (a saved fix)
     try:
         config = _config_model(tuple(SECTIONS.items())).model_validate(raw)
     except ValidationError as e:
@@ -407,37 +413,81 @@ def load_local(
     args = {**model_args, **kwargs}
     check_size(arch, args, model_args, kwargs, config_path)
     module = _build(arch, args, model_args, kwargs, config_path)
-    if weights is not None:  # the caller's own file
-        _load_weights(module, arch, Path(weights), config_path, kwargs, explicit=True)
-    elif pretrained:  # --random-init / pretrained=False reads no file at all
-        path = _weights_in(directory)
-        _load_weights(module, arch, path, config_path, kwargs, explicit=False)
+    sized: list[str] = []
+    if weights is not None or pretrained:  # --random-init / pretrained=False reads no file
+        path = Path(weights) if weights is not None else _weights_in(directory)
+        module, sized = _load_weights(
+            module, arch, args, path, config_path, kwargs, explicit=weights is not None
+        )
     if config.pretrained_cfg is not None:
         # metadata only: never a file to read, and the architecture is the one built
         dropped = ("file", "state_dict", "architecture")
         extra = {k: v for k, v in raw["pretrained_cfg"].items() if k not in dropped}
         module.pretrained_cfg = {**module.pretrained_cfg, **extra}
+    kind = saved_kind(config.vitreg_weights, pretrained, weights is not None)
+    said = SAVED_NOTES.get(kind, []) if kind == config.vitreg_weights else []
+    notes = [*said, *sized, *(note for note, _ in prepared)]
     if not prepared:
-        return Loaded(module)
+        return Loaded(module, notes=notes, weights=kind)
 
     def setup(model: Any) -> None:
         for _, apply in prepared:
             apply(model)
 
-    return Loaded(module, notes=[note for note, _ in prepared], setup=setup)
+    return Loaded(module, notes=notes, setup=setup, weights=kind)
+
+
+#: the note of a folder saved from a model that is not a trained ViT
+SAVED_NOTES = {
+    "planted": [
+        "synthetic: this folder was saved from a planted model (random weights with planted "
+        "register neurons). Not a trained model: use it to test tools, not to draw conclusions "
+        "about real ViTs"
+    ],
+    "random": [
+        "random weights: this folder was saved from a model with random, untrained weights; "
+        "what it shows says nothing about a trained model"
+    ],
+}
+
+
+def saved_kind(recorded: str | None, pretrained: bool, own_file: bool) -> str:
+    """The weight kind of a ``local:`` load: the caller's file or the folder's ("user"), none
+    read ("random"), or what the folder records when it was saved from a random or planted
+    model (a recorded "trained" stays "user": the folder is the user's)."""
+    if own_file:
+        return "user"
+    if not pretrained:
+        return "random"
+    return recorded if recorded in ("random", "planted") else "user"
 
 
 def _load_weights(
-    module: nn.Module, arch: str, path: Path, config_path: Path, kwargs: dict, explicit: bool
-) -> None:
-    from vitreg.models.loaders.timm_source import load_timm_weights
+    module: nn.Module,
+    arch: str,
+    args: dict,
+    path: Path,
+    config_path: Path,
+    kwargs: dict,
+    explicit: bool,
+) -> tuple[nn.Module, list[str]]:
+    """Load ``path`` into ``module``, first rebuilt at the file's input size when neither
+    config.json nor the caller names one; the module and the notes on size and resampling."""
+    from vitreg.models.load import read_state_dict
+    from vitreg.models.loaders.timm_source import load_timm_weights, size_from_weights
 
     def fix_head(n: int) -> str:
         if "num_classes" in kwargs or explicit:
             return f"pass num_classes={n}"
         return f"set model_args.num_classes to {n} in {str(config_path)!r}"
 
-    load_timm_weights(module, arch, path, f"{arch} as config.json builds it", fix_head)
+    def build(**size: Any) -> nn.Module:
+        return _build(arch, {**args, **size}, args, kwargs, config_path)
+
+    state = read_state_dict(path)
+    module, sized = size_from_weights(module, state, args, build, path)
+    what = f"{arch} as config.json builds it"
+    return module, sized + load_timm_weights(module, arch, path, what, fix_head, state=state)
 
 
 def _unknown_arg(e: TypeError) -> str | None:
@@ -565,6 +615,9 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
         if _jsonable(v) and k not in ("file", "state_dict")
     }
     config = {"architecture": arch, "model_args": model_args, "pretrained_cfg": cfg}
+    kind = weights_of(module)
+    if kind in ("random", "planted"):  # the folder keeps saying what its weights are
+        config["vitreg_weights"] = kind
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 

@@ -138,12 +138,13 @@ def load_open_clip(
             raise WeightsError(offline_hint(f"the hub files open_clip needs for {arch}", e)) from e
         raise
     visual = model.visual
+    kind = "random" if source is None else None  # an untagged pretrained=True included
     if isinstance(visual, TimmModel):
         notes.append(
             f"open_clip {arch} wraps a timm trunk ({type(visual.trunk).__name__}); vitreg uses "
             "model.visual.trunk, so forward() returns the trunk's output without open_clip's "
             "projection head (visual.head)"
         )
-        return Loaded(visual.trunk, preprocess, notes)
+        return Loaded(visual.trunk, preprocess, notes, weights=kind)
     attach(visual, TextTower("open_clip", name, lambda: (model, open_clip.get_tokenizer(arch))))
-    return Loaded(visual, preprocess, notes)
+    return Loaded(visual, preprocess, notes, weights=kind)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from vitreg.errors import SpecError, WeightsError
-from vitreg.models.input_size import check_built_size
+from vitreg.models.input_size import MAX_IMG_SIZE, check_built_size
 from vitreg.models.load import (
     Loaded,
     load_strict,
@@ -74,22 +76,94 @@ def checkpoint_filter(module: nn.Module, base: str) -> Callable | None:
     return None
 
 
+def _grid(module: nn.Module) -> tuple[int, int] | None:
+    """The patch grid a timm ViT's absolute position embedding is built for (None: it has none)."""
+    grid = getattr(getattr(module, "patch_embed", None), "grid_size", None)
+    pos = getattr(module, "pos_embed", None)
+    if grid is None or not isinstance(pos, torch.Tensor) or pos.ndim != 3:
+        return None
+    return int(grid[0]), int(grid[1])
+
+
+def file_grid(state: dict[str, torch.Tensor], module: nn.Module) -> tuple[int, int] | None:
+    """The square patch grid of the file's ``pos_embed`` ([1, N, C], N = prefix + h*w; the
+    prefix tried first is the module's own), or None when the file has none to read."""
+    pos, own = state.get("pos_embed"), _grid(module)
+    if own is None or not isinstance(pos, torch.Tensor) or pos.ndim != 3:
+        return None
+    prefix = int(module.pos_embed.shape[1]) - own[0] * own[1]
+    for p in dict.fromkeys((prefix, 1, 0)):
+        side = math.isqrt(max(int(pos.shape[1]) - p, 0))
+        if side > 0 and side * side == int(pos.shape[1]) - p:
+            return side, side
+    return None
+
+
+def _shown(grid: tuple[int, int]) -> str:
+    return f"{grid[0]}x{grid[1]}"
+
+
+def size_from_weights(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    kwargs: dict,
+    build: Callable[..., nn.Module],
+    path: str | os.PathLike,
+) -> tuple[nn.Module, list[str]]:
+    """``module`` rebuilt for the input size of the file's position-embedding grid when the
+    caller named no size (``img_size``/``dynamic_img_size``) and the grids differ, with a note
+    naming both sizes and ``--img-size``; otherwise ``module`` unchanged."""
+    grid, own = file_grid(state, module), _grid(module)
+    if grid is None or grid == own or {"img_size", "dynamic_img_size"} & set(kwargs):
+        return module, []
+    patch = tuple(int(p) for p in module.patch_embed.patch_size)
+    size = (grid[0] * patch[0], grid[1] * patch[1])
+    default = (own[0] * patch[0], own[1] * patch[1])
+    if max(size) > MAX_IMG_SIZE:
+        raise WeightsError(
+            f"the position embedding in {str(path)!r} is a {_shown(grid)} grid, an input of "
+            f"{size[0]}x{size[1]} px, above the {MAX_IMG_SIZE} px vitreg builds; pass --img-size "
+            "(img_size= in vitreg.load) with the size the weights were made for"
+        )
+    note = (
+        f"input size {size[0]}x{size[1]} px taken from the weights file {str(path)!r}: its "
+        f"position embedding is a {_shown(grid)} grid of {patch[0]} px patches (the "
+        f"architecture's default is {default[0]}x{default[1]} px); pass --img-size (img_size= "
+        "in vitreg.load) for another size, and the position embedding is then resampled"
+    )
+    return build(img_size=size[0] if size[0] == size[1] else size), [note]
+
+
 def load_timm_weights(
     module: nn.Module,
     base: str,
     path: str | os.PathLike,
     what: str,
     fix_head: Callable[[int], str] | None = None,
-) -> None:
-    """Read ``path`` safely, convert it with timm's checkpoint filter, load it strictly.
+    state: dict[str, torch.Tensor] | None = None,
+) -> list[str]:
+    """Read ``path`` safely (or take its ``state``, already read), convert it with timm's
+    checkpoint filter, load it strictly; returns the notes on what the filter changed.
 
     Unlike timm's ``pretrained_cfg_overlay=dict(file=...)`` this never drops the classifier when
     the class count differs from the architecture's default and never loads non-strictly: every
-    parameter comes from the file or the load is a :class:`WeightsError` naming the keys. A
-    module built for an input size its patches do not tile is refused first, naming the size
-    (not the file)."""
+    parameter comes from the file or the load is a :class:`WeightsError` naming the keys. The
+    one exception timm's filter makes, a position embedding made for another input size, is
+    resampled and announced with both grids. A module built for an input size its patches do
+    not tile is refused first, naming the size (not the file)."""
     check_built_size(module, what)
-    state = read_state_dict(path)
+    if state is None:
+        state = read_state_dict(path)
+    grid, own = file_grid(state, module), _grid(module)
+    notes = []
+    if grid is not None and grid != own:
+        notes.append(
+            f"position embedding resampled from {_shown(grid)} to {_shown(own)}: the weights "
+            f"in {str(path)!r} were made for another input size than the model is built for; "
+            "every other parameter is loaded as saved, this one is interpolated (timm's "
+            "checkpoint filter), so it is not the trained one. Pass --img-size to match the "
+            "weights"
+        )
     fn = checkpoint_filter(module, base)
     if fn is not None:
         try:
@@ -106,6 +180,7 @@ def load_timm_weights(
                 "size, registers and img_size)"
             ) from None
     load_strict(module, state, path, what, fix_head or (lambda n: f"pass num_classes={n}"))
+    return notes
 
 
 def _create(name: str, **kwargs: Any) -> nn.Module:
@@ -133,7 +208,18 @@ def load_timm(
     notes = timm_notes(name, pretrained or weights is not None, kwargs)
     if weights is not None:
         module = _create(name, pretrained=False, **kwargs)  # wrong arguments raise TypeError
-        load_timm_weights(module, base, weights, f"{name} (as built with {kwargs or 'defaults'})")
+        state = read_state_dict(weights)
+        module, sized = size_from_weights(
+            module,
+            state,
+            kwargs,
+            lambda **kw: _create(name, pretrained=False, **kwargs, **kw),
+            weights,
+        )
+        if sized:  # the size came from the file: the default-size note no longer applies
+            notes = timm_notes(name, True, {**kwargs, "img_size": None})
+        what = f"{name} (as built with {kwargs or 'defaults'})"
+        notes += sized + load_timm_weights(module, base, weights, what, state=state)
         return Loaded(module, notes=notes)
     if not pretrained:
         return Loaded(_create(name, pretrained=False, **kwargs), notes=notes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -161,7 +161,8 @@ def probe_scores(
 
     ``evaluate`` may return keys ``metric`` or ``metric/group``; ``groups`` maps a group to the
     n_test it was scored on (defaults to ``n_test``)."""
-    runs = fit_seeds(x_train, y_train, loss, evaluate, config=config, **kw)
+    named = replace(config, label=feature)  # the progress lines name the feature
+    runs = fit_seeds(x_train, y_train, loss, evaluate, config=named, **kw)
     scores = []
     for key, values in runs.values.items():
         metric, _, group = key.partition("/")

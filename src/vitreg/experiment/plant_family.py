@@ -1,0 +1,145 @@
+"""The automatic path scored on the randomised plant family (issue 18): what ``vitreg neurons``
+chooses with no settings, against the planted ground truth.
+
+:func:`score_circuit` builds one circuit of :mod:`vitreg.testing.plant_family`, runs
+:func:`vitreg.neurons.auto.find_neurons` on synthetic images with its defaults (the library call
+behind ``vitreg neurons``), and measures, on fresh images neither discovery nor calibration saw:
+
+* precision and recall of the chosen set against the causal units; readers and distractors
+  chosen (must be 0), units of the upstream flag circuit (``helper_units``) and unplanted units
+  chosen;
+* the after-fix verdict at every block (the presence test of ``vitreg diagnose``) and the
+  max/median patch norm at the path's detection block, against the unplanted model's;
+* whether the path's own status agrees: "clean" exactly when the fresh images are clean;
+* the cost: batch forwards through the model, the causal selection's passes, seconds.
+
+``outcome`` is "exact" (precision = recall = 1, clean, and the path says clean),
+"clean_incomplete" (clean and said so, but not exactly the causal units), "partial" (the path
+says partial and the fresh images agree), "refused" (the path raised a vitreg error) or "wrong"
+(a status the fresh images contradict: "clean" while outliers are left, or "partial" while
+clean).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.errors import VitregError
+from vitreg.fix.test_time_registers import TestTimeRegisters
+from vitreg.models.load import wrap
+from vitreg.models.model import Model
+from vitreg.neurons.auto import find_neurons
+from vitreg.testing.images import make_synthetic
+from vitreg.testing.plant_family import random_circuit, random_unplanted, sample
+
+CLEAN = 1.5  # clean: max/median within this factor of the unplanted model's (as fix_is_clean)
+N_IMAGES = 48  # images given to the automatic path (36 for discovery, 12 held out)
+N_FRESH = 16  # images for the independent after-fix check
+FLAT = 0.25  # flat fraction of the synthetic images
+
+
+def _max_over_median(model: Model, x: torch.Tensor, layer: int) -> float:
+    site = f"blocks.{layer}.hook_resid_post"
+    _, cache = model.run_with_cache(x, names=site, reduce="norm")
+    patches = cache.layout(site).take(cache[site], "patches")
+    return float(patches.max() / patches.median())
+
+
+def _blocks_with_mode(model: Model, x: torch.Tensor, batch_size: int) -> list[int]:
+    report = outliers(trace_norms(model, x, batch_size=batch_size))
+    return [i for i, layer in enumerate(report.layers) if layer.present]
+
+
+def score_circuit(
+    seed: int,
+    arch: str | None = None,
+    *,
+    n_images: int = N_IMAGES,
+    n_fresh: int = N_FRESH,
+    batch_size: int = 16,
+    **ranges: Any,
+) -> dict[str, Any]:
+    """Run the automatic path on the circuit ``seed`` draws and score it against its truth."""
+    s = sample(seed, arch, **ranges)
+    module, truth = random_circuit(arch, seed, **ranges)
+    model = wrap(module)
+    images = truth.normalize(make_synthetic(n_images, s.img_size, seed + 1000, FLAT).images)
+    fresh = truth.normalize(make_synthetic(n_fresh, s.img_size, seed + 2000, FLAT).images)
+    causal = set(truth.causal_units)
+    readers = set(truth.reader_units)
+    distractors = {(layer, unit) for layer, unit, _ in truth.distractor_units}
+    helpers = {(layer, unit) for layer, unit, _ in truth.helper_units}
+    row: dict[str, Any] = {
+        "seed": seed,
+        "arch": s.arch,
+        "depth": s.depth,
+        "width": s.width,
+        "img_size": s.img_size,
+        "rule": s.rule,
+        "sinks": s.options.sinks,
+        "directions": s.options.directions,
+        "n_causal": len(causal),
+        "writer_layers": list(truth.writer_layers),
+        "emergence_layer": truth.emergence_layer,
+        "writers_after_emergence": max(truth.writer_layers) > truth.emergence_layer,
+        "n_readers": len(readers),
+        "n_distractors": len(distractors),
+        "target_ratio": truth.target_ratio,
+    }
+    forwards = [0]
+    handle = module.patch_embed.register_forward_hook(
+        lambda *_: forwards.__setitem__(0, forwards[0] + 1)
+    )
+    t0 = time.perf_counter()
+    try:
+        found = find_neurons(model, images, batch_size=batch_size)
+    except VitregError as e:
+        row.update(outcome="refused", error=str(e), seconds=time.perf_counter() - t0)
+        return row
+    finally:
+        handle.remove()
+    row.update(seconds=time.perf_counter() - t0, forwards=forwards[0])
+    chosen = set(found.chosen.pairs())
+    hit = len(chosen & causal)
+    detect = found.detection.detect_layer
+    with TestTimeRegisters(found.chosen).applied(model):
+        modes = _blocks_with_mode(model, fresh, batch_size)
+        after = _max_over_median(model, fresh, detect)
+    control = _max_over_median(wrap(random_unplanted(arch, seed, **ranges)), fresh, detect)
+    clean = not modes and after <= CLEAN * control
+    exact = chosen == causal
+    status = found.status
+    row.update(
+        causal_passes=found.causal.passes if found.causal is not None else 0,
+        chosen=sorted([list(u) for u in chosen]),
+        n_chosen=len(chosen),
+        precision=hit / len(chosen) if chosen else 0.0,
+        recall=hit / len(causal),
+        readers_chosen=len(chosen & readers),
+        distractors_chosen=len(chosen & distractors),
+        helpers_chosen=len(chosen & helpers),
+        others_chosen=len(chosen - causal - readers - distractors - helpers),
+        missed=sorted([list(u) for u in causal - chosen]),
+        status=status,
+        detect_layer=detect,
+        searched=[found.detection.lowest_layer, found.detection.highest_layer],
+        blocks_with_mode_before=_blocks_with_mode(model, fresh, batch_size),
+        blocks_with_mode_after=modes,
+        max_over_median_after=after,
+        unplanted_max_over_median=control,
+        clean_on_fresh=clean,
+        consistent=(status == "clean") == clean,
+    )
+    if exact and clean and status == "clean":
+        row["outcome"] = "exact"
+    elif clean and status == "clean":
+        row["outcome"] = "clean_incomplete"
+    elif status == "partial" and not clean:
+        row["outcome"] = "partial"
+    else:
+        row["outcome"] = "wrong"
+    return row
