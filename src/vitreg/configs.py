@@ -23,11 +23,16 @@ from pydantic import (
 )
 
 from vitreg.analysis.rules import NAMED_THRESHOLDS
-from vitreg.errors import InputError
+from vitreg.errors import InputError, brief
+from vitreg.models.input_size import MAX_IMG_SIZE
 
 Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or an absolute norm
 FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format (PNG always)
 FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
+MAX_SEED = 2**32 - 1  # every RNG vitreg seeds (torch, numpy, the data order) takes it
+# counts that size what a run allocates or loops over, bounded before anything runs
+REGISTERS = Field(1, gt=0, le=256, description="test-time registers (the paper uses 1)")
+BATCH = Field(32, gt=0, le=65536, description="images per forward pass")
 
 
 def _weights_file(v: Path | None) -> Path | None:
@@ -52,6 +57,16 @@ def _usable_device(v: str | None) -> str | None:
         problem = device_problem(v)
         if problem is not None:
             raise ValueError(problem)
+    return v
+
+
+def _img_size(v: int | None) -> int | None:
+    """An ``--img-size`` a ViT can take, checked here so that no verb allocates for it first."""
+    if v is not None and not 1 <= v <= MAX_IMG_SIZE:
+        raise ValueError(
+            f"the input size must be a whole number of pixels from 1 to {MAX_IMG_SIZE}; ViTs "
+            "take 224 or 518, or a multiple of their patch size near it"
+        )
     return v
 
 
@@ -84,7 +99,7 @@ class ModelImages(RunConfig):
     images: Path | None = None
     samples: bool = False
     limit: PositiveInt | None = None
-    batch_size: PositiveInt = 32
+    batch_size: int = BATCH
     img_size: PositiveInt | None = None
     random_init: bool = False
     weights: Path | None = Field(
@@ -95,6 +110,7 @@ class ModelImages(RunConfig):
 
     _weights = field_validator("weights")(_weights_file)
     _device = field_validator("device")(_usable_device)
+    _size = field_validator("img_size")(_img_size)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelImages:
@@ -108,7 +124,7 @@ class ModelImages(RunConfig):
 class DiagnoseConfig(ModelImages):
     verb: ClassVar[str] = "diagnose"
 
-    max_maps: PositiveInt = 8
+    max_maps: int = Field(8, gt=0, le=1024)
     figure_format: FigureFormat = FIGURE_FORMAT
     models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
 
@@ -148,11 +164,24 @@ class FixConfig(NeuronSearch):
 
     neurons: str | None = Field(None, description="NeuronSet file, 'builtin', or None: discover")
     save: Path | None = None
-    registers: PositiveInt = 1
+    registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
     figure_format: FigureFormat = FIGURE_FORMAT
+
+    @field_validator("save")
+    @classmethod
+    def _save_folder(cls, v: Path | None) -> Path | None:
+        """A folder to save into, checked before any model loads (not an existing file)."""
+        existing = next((p for p in (v, *v.parents) if p.exists()), None) if v else None
+        if existing is not None and not existing.is_dir():
+            where = "is a file" if existing == v else f"lies inside {str(existing)!r}, a file"
+            raise ValueError(
+                f"{where}; --save writes a folder (config.json, model.safetensors, neurons.*) "
+                "that local:DIR loads: pass a new folder"
+            )
+        return v
 
 
 class VlmConfig(NeuronSearch):
@@ -165,12 +194,12 @@ class VlmConfig(NeuronSearch):
     prompt: str = Field(min_length=1)
     neurons: str = Field("auto", description="NeuronSet file, or 'auto': discover on the images")
     query: Literal["answer", "last"] = "answer"
-    max_new_tokens: PositiveInt = 32
-    registers: PositiveInt = 1
+    max_new_tokens: int = Field(32, gt=0, le=4096)
+    registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
-    batch_size: PositiveInt = 8
+    batch_size: int = Field(8, gt=0, le=65536)
 
     @field_validator("spec")
     @classmethod
@@ -200,11 +229,11 @@ class ProbeRunConfig(RunConfig):
     layers: str = Field("-1", description="comma-separated blocks, 'final' or hook names")
     templates: Path | None = Field(None, description="zero-shot prompt templates file")
     cache: Path = Path(".vitreg-cache") / "features"
-    seeds: PositiveInt = 3
-    epochs: PositiveInt = 30
+    seeds: int = Field(3, gt=0, le=1000)
+    epochs: int = Field(30, gt=0, le=100_000)
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    registers: PositiveInt = 1
-    batch_size: PositiveInt = 32
+    registers: int = REGISTERS
+    batch_size: int = BATCH
     img_size: PositiveInt | None = None
     random_init: bool = False
     weights: Path | None = Field(
@@ -216,6 +245,7 @@ class ProbeRunConfig(RunConfig):
 
     _weights = field_validator("weights")(_weights_file)
     _device = field_validator("device")(_usable_device)
+    _size = field_validator("img_size")(_img_size)
 
     @model_validator(mode="after")
     def _init_or_weights(self) -> ProbeRunConfig:
@@ -296,12 +326,12 @@ class TrainRunConfig(RunConfig):
     recipe: Literal[TRAIN_RECIPES] = "supervised"  # type: ignore[valid-type]
     steps: PositiveInt | None = None
     epochs: float | None = Field(None, gt=0)
-    batch_size: PositiveInt = 64
+    batch_size: int = Field(64, gt=0, le=65536)
     lr: float | None = Field(None, gt=0)
     img_size: PositiveInt | None = None
     accum_steps: PositiveInt = 1
     amp: Literal[AMP_MODES] = "auto"  # type: ignore[valid-type]
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     checkpoint_every: PositiveInt | None = None
     resume: bool = True
     extend: bool = False
@@ -315,14 +345,19 @@ class TrainRunConfig(RunConfig):
         return _finite(v, info.field_name)
 
     _device = field_validator("device")(_usable_device)
+    _size = field_validator("img_size")(_img_size)
 
     @field_validator("model_arg", "option")
     @classmethod
-    def _key_value(cls, v: list[str] | None) -> list[str] | None:
+    def _key_value(cls, v: list[str] | None, info: Any) -> list[str] | None:
+        from vitreg.models.loaders.local import REFUSED_ARGS
+
         for pair in v or []:
             key, sep, _ = pair.partition("=")
             if not sep or not key.strip():
-                raise ValueError(f"{pair!r} is not KEY=VALUE (e.g. depth=2)")
+                raise ValueError(f"{brief(pair)} is not KEY=VALUE (e.g. depth=2)")
+            if info.field_name == "model_arg" and key.strip() in REFUSED_ARGS:
+                raise ValueError(f"{key.strip()} is refused: {REFUSED_ARGS[key.strip()]}")
         return v
 
     @model_validator(mode="after")
@@ -379,24 +414,28 @@ CONFIGS: dict[str, type[RunConfig]] = {
 }
 
 
+MAX_FIELDS = 8  # wrong fields named in one message; the count of the rest follows
+
+
 def describe_errors(e: ValidationError, where: str, flags: bool = False) -> str:
-    """One clause per wrong field: its name (``--flag`` form with ``flags``), what it got and
-    what it expects (the alternatives of a union joined by "or")."""
+    """One clause per wrong field: its name (``--flag`` form with ``flags``), what it got (cut
+    to a line) and what it expects (the alternatives of a union joined by "or")."""
     fields: dict[str, tuple[Any, list[str]]] = {}
     for err in e.errors():
         loc = [str(x) for x in err["loc"]]
         name = ".".join(loc) if loc else "as a whole"
         if flags and loc:
             name = "--" + loc[0].replace("_", "-")
-        got, msgs = fields.setdefault(name, (err.get("input"), []))
-        msg = err["msg"].removeprefix("Value error, ")
-        if msg not in msgs:
+        got, msgs = fields.setdefault(name[:80], (err.get("input"), []))
+        msg = err["msg"].removeprefix("Value error, ")[:300]
+        if msg not in msgs and len(msgs) < 4:
             msgs.append(msg)
     parts = []
-    for name, (got, msgs) in fields.items():
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    for name, (got, msgs) in list(fields.items())[:MAX_FIELDS]:
+        shown = "" if isinstance(got, dict) else f" (got {brief(got)})"
         parts.append(f"{name}: {' or '.join(msgs)}{shown}")
-    return f"{where}: " + "; ".join(parts)
+    more = len(fields) - MAX_FIELDS
+    return f"{where}: " + "; ".join(parts) + (f"; and {more} more fields" if more > 0 else "")
 
 
 def build_config(
@@ -410,22 +449,21 @@ def build_config(
 
 
 def read_config(path: str | Path, verb: str) -> dict[str, Any]:
-    """The settings of ``verb`` in a config.yaml written by a run (checked, not yet validated)."""
-    import yaml
+    """The settings of ``verb`` in a config.yaml written by a run (checked, not yet validated),
+    read by the one YAML reader with its size, depth and alias budgets."""
+    from vitreg.core.readers import read_yaml
 
     p = Path(path)
     if not p.is_file():
         raise InputError(f"--config {p}: no such file (pass the config.yaml of a run)")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise InputError(f"--config {p} is not YAML: {str(e).splitlines()[0]}") from None
+    raw = read_yaml(p, "--config")
     if not isinstance(raw, dict):
         raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
     found = raw.pop("verb", None)
     if found != verb:
+        shown = found if isinstance(found, str) and found else "pre-1.1 or unknown"
         raise InputError(
-            f"--config {p} is the config of a {found or 'pre-1.1 or unknown'} run, not of "
+            f"--config {p} is the config of a {shown[:40]} run, not of "
             f"`vitreg {verb}`; pass the config.yaml written by a {verb} run"
         )
     return raw

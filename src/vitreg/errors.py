@@ -43,3 +43,15 @@ class RenderError(Exception):
             f"rendering the report failed ({self.cause}) after the results were saved in "
             f"{saved}; `{again}` renders the report again from them"
         )
+
+
+def brief(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages: a hostile input never
+    makes a message longer than a line, however large or deep it is."""
+    if isinstance(value, dict | list | tuple | set) and len(value) > 8:
+        return f"a {type(value).__name__} of {len(value)} items"
+    try:
+        shown = repr(value)
+    except Exception:  # a repr that fails (or recurses too deep) must not hide the real error
+        return f"a {type(value).__name__}"
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."

@@ -172,6 +172,24 @@ def test_models_writes_sub_runs_and_comparison(tmp_path: Path) -> None:
     assert "planted:deit3_s16" in result.stdout
     shown = "".join(result.stdout.split())  # both files named, each path whole
     assert f"comparison:{run_dir / 'comparison.md'}and{run_dir / 'report.html'}" in shown
+    # a folder like every other run: banner first, provenance, config.yaml that reruns it
+    assert md.startswith("**SYNTHETIC MODEL:** `planted:dinov2_s14`") and "## Provenance" in md
+    assert (
+        comparison["command"].startswith("vitreg diagnose --limit 4")
+        and specs in comparison["command"]
+    )
+    assert comparison["vitreg_version"] and comparison["config"]["models"] == specs
+    validated = runner.invoke(app, ["validate", str(run_dir)])
+    assert validated.exit_code == 0 and "comparison of 2 valid model runs" in flat(validated.stdout)
+    compared = runner.invoke(app, ["compare", str(run_dir)])
+    assert compared.exit_code == 0 and "skipped" not in compared.stdout, compared.output
+    again = runner.invoke(
+        app,
+        ["diagnose", "--config", str(run_dir / "config.yaml"), "--out", str(tmp_path / "again")],
+    )
+    assert again.exit_code == 0, again.output
+    rerun = json.loads((tmp_path / "again" / "comparison.json").read_text())
+    assert rerun["rows"] == comparison["rows"]
 
 
 def test_interrupted_run_leaves_no_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,7 +54,7 @@ def test_probe_writes_the_run_directory(runs) -> None:
     assert results["layers"] == ["blocks.0.hook_resid_post", "blocks.11.hook_resid_post"]
     assert results["seeds"] == [0, 1]
     names = [m["name"] for m in doc["metrics"]]
-    assert "base/blocks.11.hook_resid_post/cls/all/top1" in names
+    assert f"classification/{DATA}/base/blocks.11.hook_resid_post/cls/all/top1" in names
     assert all(
         len(s["values"]) == 2 for layer in results["conditions"]["base"] for s in layer["scores"]
     )
@@ -124,10 +124,10 @@ def test_compare_merges_runs_one_column_each(runs) -> None:
     merged = json.loads((out / "comparison.json").read_text())
     assert merged["runs"] == ["plain", "both"]
     rows = {r["metric"]: r["values"] for r in merged["rows"]}
-    name = "base/blocks.0.hook_resid_post/cls/all/top1"
+    name = f"classification/{DATA}/base/blocks.0.hook_resid_post/cls/all/top1"
     values = [{m["name"]: m["value"] for m in metrics(r)["metrics"]} for r in (plain, both)]
     assert rows[name] == [values[0][name], values[1][name]]
-    fixed = "fixed/blocks.0.hook_resid_post/test_time_registers/all/top1"
+    fixed = f"classification/{DATA}/fixed/blocks.0.hook_resid_post/test_time_registers/all/top1"
     assert rows[fixed][0] is None and rows[fixed][1] is not None  # absent from the plain run
     table = (out / "comparison.md").read_text()
     assert "| metric | plain | both |" in table

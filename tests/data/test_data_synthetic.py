@@ -78,7 +78,7 @@ def test_variants_fill_only_their_targets() -> None:
         assert filled == {target}
     full = open_dataset("synthetic")
     assert len(full) == 200 and full.num_classes == 4 and full[0].image.size == (64, 64)
-    with pytest.raises(SpecError, match="size >= 16"):
+    with pytest.raises(SpecError, match="16 <= size <= 4096"):
         open_dataset("synthetic:size=8")
 
 

@@ -602,3 +602,25 @@ def test_hugging_face_folder_stays_inside_and_is_typed(tmp_path: Path) -> None:
     (hf / "model.safetensors").symlink_to(outside)
     with pytest.raises(InputError, match="outside the folder"):
         vitreg.load(f"local:{hf}")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_inf_weights_name_the_file_and_the_tensor(folder: Path, value: float) -> None:
+    state = {k: v.clone() for k, v in tiny().state_dict().items()}
+    state["blocks.0.mlp.fc1.weight"][3, 5] = value
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    with pytest.raises(WeightsError, match="NaN or infinite values in 1 tensors") as err:
+        vitreg.load(f"local:{folder}")
+    assert "blocks.0.mlp.fc1.weight" in str(err.value) and "model.safetensors" in str(err.value)
+    assert_clean_failure(diagnose(folder), "model.safetensors", "blocks.0.mlp.fc1.weight")
+    with pytest.raises(WeightsError, match="blocks.0.mlp.fc1.weight"):  # --weights: same check
+        vitreg.load(f"timm:{ARCH}", weights=folder / "model.safetensors", **ARGS)
+
+
+def test_save_onto_a_file_is_refused_before_loading(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    for target, needle in ((taken, "is a file"), (taken / "inside", "lies inside")):
+        args = ["fix", "planted:dinov2_s14", "--save", str(target), "--out", str(tmp_path / "r")]
+        assert_clean_failure(runner.invoke(app, args), "--save", needle, "pass a new folder")
+    assert taken.read_text() == "not a folder" and not (tmp_path / "r").exists()

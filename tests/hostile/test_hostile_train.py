@@ -1,6 +1,7 @@
 """Hostile training runs: a device that cannot run, a resume on other data or another number of
-steps, a finished run trained again, and a checkpoint whose step was edited by hand -- each a
-named error (exit 2, no traceback) or a well-defined result, never a silent jump."""
+steps, a finished run trained again, a checkpoint whose step was edited by hand, a sidecar whose
+fields have the wrong type -- each a named error (exit 2, no traceback) or a well-defined
+result, never a silent jump."""
 
 from __future__ import annotations
 
@@ -114,3 +115,39 @@ def test_checkpoint_with_an_edited_step_is_refused(tmp_path) -> None:
     sidecar.write_text(json.dumps({**meta, "world_size": 7}))
     with pytest.raises(WeightsError, match="fields were edited"):
         run("supervised", tmp_path, steps=2, checkpoint_every=2)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"step": [2]}, "step is [2], not an int"),
+        ({"step": "2"}, "step is '2', not an int"),
+        ({"tensors": "../../model.safetensors"}, "not a file name beside the sidecar"),
+        ({"config": 5}, "config is 5, not a dict"),
+        (None, "it holds [1, 2], not an object"),
+    ],
+)
+def test_corrupt_checkpoint_sidecar_is_named(tmp_path, change, needle) -> None:
+    data = ["--data", "synthetic-cls:n=8,size=32", "--steps", "2"]
+    assert train(tmp_path, *data).exit_code == 0
+    sidecar = tmp_path / "checkpoints" / "step-00000002.json"
+    meta = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps([1, 2] if change is None else {**meta, **change}))
+    assert_clean_failure(train(tmp_path, *data), "step-00000002.json", needle, "--no-resume")
+
+
+@pytest.mark.parametrize(
+    ("arg", "needle"),
+    [
+        ("checkpoint_path=/etc/passwd", "checkpoint_path is refused"),
+        ("pretrained=true", "pretrained is refused"),
+        ("embed_dim=101", "dim should be divisible by num_heads"),
+        ("embed_dim=32768", "billion parameters"),
+        ("patch_size=64", "its patches are 64x64 pixels"),
+    ],
+)
+def test_model_args_that_cannot_build_are_named_before_training(tmp_path, arg, needle) -> None:
+    result = train(tmp_path, "--data", "synthetic-cls:n=8,size=32", "--steps", "1",
+                   "--model-arg", arg)  # fmt: skip
+    assert_clean_failure(result, needle)
+    assert not (tmp_path / "checkpoints").exists()

@@ -19,7 +19,7 @@ from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.run import run
-from vitreg.report.probe_report import write_probe_run
+from vitreg.report.probe_report import task_and_data, write_probe_run
 from vitreg.report.schema import resolve
 
 CFG = ProbeConfig(seeds=(0, 1), epochs=3)
@@ -77,7 +77,9 @@ def test_run_with_fix_reuses_the_cache_and_writes_a_traceable_report(model, tmp_
     for m in doc["metrics"]:
         value = resolve(doc, m["source"])
         assert value == m["value"], m
-        condition, layer = m["name"].split("/")[:2]
+        prefix = f"{task_and_data(doc['results'])}/"  # the task and data come first
+        assert m["name"].startswith(prefix) and prefix.startswith("classification/"), m
+        condition, layer = m["name"].removeprefix(prefix).split("/")[:2]
         assert condition in ("base", "fixed") and layer in again.layers
         assert m["source"].startswith(f"/results/conditions/{condition}/")
     report = (tmp_path / "run" / "report.md").read_text()

@@ -137,11 +137,19 @@ def emptied(doc: dict[str, Any], block: str) -> dict[str, Any] | None:
 
 # diagnose: cheap real runs ------------------------------------------------------------------
 def diagnosed(spec: str, size: int, n: int, **kwargs: Any) -> dict[str, Any]:
-    """The metrics.json document of a diagnose run of ``spec`` on ``n`` synthetic images."""
+    """The metrics.json document of a diagnose run of ``spec`` on ``n`` synthetic images (a
+    one-patch model is wrapped: ``vitreg.load`` refuses fewer than 2x2 patches)."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the planted models say they are synthetic
-        model = vitreg.load(spec, img_size=size, **kwargs)
+        if size // 14 < 2:
+            import timm
+
+            arch = "vit_small_patch14_dinov2"
+            module = timm.create_model(arch, pretrained=False, img_size=size, depth=2).eval()
+            model = vitreg.wrap(module, spec=spec)
+        else:
+            model = vitreg.load(spec, img_size=size, **kwargs)
     images = synthetic_images(n, size, seed=0, flat_fraction=0.3)
     result = diagnose(model, images, batch_size=4, max_maps=1)
     return build_document(result, {"img_size": size}, f"vitreg diagnose {spec}")

@@ -173,3 +173,19 @@ def test_demo_notice_is_data(tmp_path, monkeypatch):
     run = vitreg.run(DiagnoseConfig(out=tmp_path / "demo"))
     assert run.notices[0].kind == "demo" and "planted:dinov2_s14" in run.notices[0].text
     assert run.labelled == [("planted:dinov2_s14", None)] and run.document is None
+
+
+def test_models_of_mixed_kinds_run_on_the_same_images() -> None:
+    from vitreg.verbs.diagnose import same_images
+    from vitreg.verbs.result import Notices
+
+    mixed = DiagnoseConfig(models="planted:dinov2_s14,timm:vit_tiny_patch16_224")
+    notices = Notices(None)
+    assert same_images(mixed, ["planted:dinov2_s14", "timm:vit_tiny_patch16_224"], notices).samples
+    assert "same images" in notices.items[0].text
+    planted = DiagnoseConfig(models="planted:dinov2_s14,planted:deit3_s16")
+    assert not same_images(
+        planted, ["planted:dinov2_s14", "planted:deit3_s16"], Notices(None)
+    ).samples
+    folder = DiagnoseConfig(models="planted:a,timm:b", images=Path("imgs"))
+    assert same_images(folder, ["planted:a", "timm:b"], Notices(None)) is folder

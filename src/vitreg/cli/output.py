@@ -43,7 +43,7 @@ def fail(message: str) -> typer.Exit:
 
 def bug(e: BaseException) -> typer.Exit:
     """Print an unexpected exception as a bug report hint on stderr; return the exit (code 1)."""
-    first = (str(e).strip().splitlines() or [""])[0]
+    first = (str(e).strip().splitlines() or [""])[0][:300]  # however large the exception
     what = f"{type(e).__name__}: {first}" if first else type(e).__name__
     _errors.print(
         Text(

@@ -172,6 +172,14 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
     show_path("run directory", run_dir)
 
 
+def compare_line(runs: list[Path], out: Path, contains: str | None) -> str:
+    """The command line of a ``vitreg compare`` that wrote ``out``."""
+    import shlex
+
+    parts = ["vitreg", "compare", *map(str, runs), "--out", str(out)]
+    return shlex.join(parts + (["--filter", contains] if contains is not None else []))
+
+
 def compare_command(
     runs: list[Path] = typer.Argument(..., help="Run directories (each with a metrics.json)."),
     out: Path | None = typer.Option(
@@ -199,7 +207,7 @@ def compare_command(
         if out is not None:
             if figure_format not in (None, *VECTOR_FORMATS):
                 raise InputError(f"--figure-format: choose svg or pdf (got {figure_format!r})")
-            write_compare(out, merged, figure_format)
+            write_compare(out, merged, figure_format, compare_line(runs, out, contains))
     for path, why in merged["skipped"].items():
         console.print(f"[yellow]skipped {escape(path)}: {escape(why)}[/yellow]")
     table = Table(title="vitreg compare")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -13,35 +12,64 @@ from vitreg.cli.output import console, fail
 # files every verb's run directory holds beside metrics.json (train writes no report)
 COMPANIONS = {"train": ("config.yaml",)}
 DEFAULT_COMPANIONS = ("config.yaml", "report.md", "report.html")
+# files a comparison folder holds beside comparison.json (diagnose --models: also config.yaml)
+COMPARISON_COMPANIONS = {
+    "diagnose": ("config.yaml", "comparison.md", "report.html"),
+    "compare": ("comparison.md", "report.html"),
+}
 
 
-def check_run(run: Path) -> str:
-    """What ``run`` (a run directory or its metrics.json) holds; raises ValueError if invalid."""
+def _companions(folder: Path, names: tuple[str, ...], beside: str) -> None:
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"{folder} lacks {', '.join(missing)} beside its {beside}")
+
+
+def check_comparison(folder: Path) -> str:
+    """What a ``diagnose --models`` or ``compare --out`` folder holds; raises ValueError if its
+    comparison.json, its files or (diagnose) any per-model run directory is invalid."""
+    from vitreg.report.documents import comparison_members, read_comparison
+
+    doc = read_comparison(folder)
+    _companions(folder, COMPARISON_COMPANIONS[doc["verb"]], "comparison.json")
+    if doc["verb"] == "compare":
+        return f"compare output, {len(doc['runs'])} runs, {len(doc['rows'])} metric rows"
+    bad = []
+    for run in comparison_members(folder, doc):
+        try:
+            check_run(run, nested=True)
+        except ValueError as e:
+            bad.append(f"{run.name}: {e}")
+    if bad:
+        raise ValueError(
+            f"{len(bad)} of its {len(doc['runs'])} model runs are invalid: " + "; ".join(bad)
+        )
+    return f"diagnose --models comparison of {len(doc['runs'])} valid model runs"
+
+
+def check_run(run: Path, nested: bool = False) -> str:
+    """What ``run`` (a run directory, its metrics.json, or a comparison folder vitreg wrote)
+    holds; raises ValueError if invalid (an ``InputError`` for a file that is not even shaped
+    like a run file)."""
     from pydantic import ValidationError
 
     from vitreg.configs import describe_errors
+    from vitreg.report.documents import is_comparison, metrics_file, read_metrics
     from vitreg.report.schema import validate_metrics
 
-    path = run / "metrics.json" if run.is_dir() else run
+    path = metrics_file(run)
     if not path.is_file():
-        raise ValueError(f"{run} has no metrics.json (not a vitreg run directory)")
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path} holds a JSON {type(doc).__name__}, not a result document")
+        if is_comparison(run) and not nested:
+            return check_comparison(run)
+        raise ValueError(
+            f"{run} has no metrics.json or comparison.json (not a folder vitreg wrote)"
+        )
+    doc = read_metrics(run)
     try:
         valid = validate_metrics(doc)
     except ValidationError as e:
         raise ValueError(describe_errors(e, f"{path} does not follow the schema")) from None
-    missing = [
-        name
-        for name in COMPANIONS.get(valid.verb, DEFAULT_COMPANIONS)
-        if not (path.parent / name).is_file()
-    ]
-    if missing:
-        raise ValueError(f"{path.parent} lacks {', '.join(missing)} beside its metrics.json")
+    _companions(path.parent, COMPANIONS.get(valid.verb, DEFAULT_COMPANIONS), "metrics.json")
     return f"{valid.verb} run, schema {valid.schema_version}, {len(valid.metrics)} headline metrics"
 
 

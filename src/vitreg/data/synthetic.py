@@ -39,6 +39,9 @@ DEFAULTS = {"n": 200, "size": 64, "seed": 0, "hue": 0}
 PALETTE = np.array([[0, 0, 0], [215, 50, 45], [45, 190, 65], [50, 80, 225]], float)
 HUE_JITTER = 0.25  # share of the random colour kept around the class hue (about ±32 levels)
 MIN_SIZE = 16
+MAX_SIZE = 4096  # pixels per side (models.input_size.MAX_IMG_SIZE): one image stays < 1 GiB
+MAX_N = 10_000_000  # images per split (rendered lazily; a bound on the run, not memory)
+MAX_SEED = 2**32 - 1  # numpy's seed range
 SPLIT_CODE = {"train": 0, "val": 1}
 
 
@@ -167,23 +170,31 @@ def parse_params(arg: str) -> dict[str, int]:
                 f"bad synthetic parameter {part!r}; use key=int with keys {list(DEFAULTS)}"
             )
         try:
+            if len(value.strip()) > 20:  # above every bound below; never a 5000-digit parse
+                raise ValueError(value)
             params[key] = int(value)
         except ValueError:
             raise SpecError(
-                f"synthetic parameter {key} must be an integer, got {value!r}"
+                f"synthetic parameter {key} must be an integer of at most 20 digits, got "
+                f"{value[:40]!r}"
             ) from None
-    if (
-        params["n"] < 1
-        or params["size"] < MIN_SIZE
-        or params["seed"] < 0
-        or params["hue"] not in (0, 1)
+    if not (
+        1 <= params["n"] <= MAX_N
+        and MIN_SIZE <= params["size"] <= MAX_SIZE
+        and 0 <= params["seed"] <= MAX_SEED
+        and params["hue"] in (0, 1)
     ):
         raise SpecError(
-            f"synthetic needs n >= 1, size >= {MIN_SIZE}, seed >= 0, hue 0 or 1; got {params}"
+            f"synthetic needs 1 <= n <= {MAX_N:,}, {MIN_SIZE} <= size <= {MAX_SIZE}, "
+            f"0 <= seed <= {MAX_SEED}, hue 0 or 1; got {params}"
         )
     return params
 
 
 @register_dataset(*VARIANTS)
 def _synthetic(name: str, arg: str, split: str, spec: str) -> SyntheticShapes:
-    return SyntheticShapes(name, spec, split, **parse_params(arg))
+    try:
+        params = parse_params(arg)
+    except SpecError as e:
+        raise SpecError(f"--data {spec[:80]!r}: {e}") from None
+    return SyntheticShapes(name, spec, split, **params)

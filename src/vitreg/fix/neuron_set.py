@@ -295,7 +295,8 @@ class NeuronSet:
         neuron ``{layer: int >= 0, unit: int >= 0, score: finite}``, typed settings) and the
         tensors (1-D int64 layers and units, 1-D float scores, equal lengths, equal to the JSON's
         rows). Any problem is an :class:`InputError` naming the file and the field."""
-        from vitreg.models.load import describe_invalid, read_json
+        from vitreg.core.readers import read_json
+        from vitreg.models.load import describe_invalid
 
         meta_path, tensor_path = cls.files(path)
         if not meta_path.is_file():

@@ -1,7 +1,7 @@
 """The input size a model is built for, checked before anything is allocated or run: within
 :data:`MAX_IMG_SIZE` before the build, then (the build done, no weights read, no image run) a
-whole number of patches per side and one image's activations within
-:data:`MAX_ACTIVATION_BYTES`. Errors name ``--img-size``, the option that sets the size."""
+whole number of patches per side, at least :data:`MIN_GRID` of them, and one image's
+activations within :data:`MAX_ACTIVATION_BYTES`. Errors name ``--img-size``, the option that sets the size."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from torch import nn
 from vitreg.errors import InputError
 
 MAX_IMG_SIZE = 4096  # pixels per side
+MIN_GRID = 2  # patches per side: outliers are patches that stand out from other patches
 MAX_ACTIVATION_BYTES = 16 * 2**30  # one image through one block: attention maps + MLP
 SIZE_KWARGS = ("img_size", "image_size", "force_image_size")  # timm / HF / open_clip
 
@@ -71,14 +72,36 @@ def check_built_size(module: nn.Module, what: str) -> None:
         s < p or s % p for s, p in zip(size, patch, strict=True)
     ):
         p = patch[0]
-        near = max(1, round(size[0] / p)) * p
+        near = max(MIN_GRID, round(size[0] / p)) * p
         raise InputError(
             f"--img-size {shown} (img_size={shown}) does not fit {what}: its patches are "
             f"{patch[0]}x{patch[1]} pixels, and an input side must be a whole number of patches; "
             f"pass a multiple of {p} (e.g. {near})"
         )
+    if min(s // p for s, p in zip(size, patch, strict=True)) < MIN_GRID:
+        grid = "x".join(str(s // p) for s, p in zip(size, patch, strict=True))
+        raise InputError(
+            f"--img-size {shown} (img_size={shown}) gives {what} a {grid} grid of "
+            f"{patch[0]}x{patch[1]}-pixel patches; vitreg needs at least {MIN_GRID}x{MIN_GRID} "
+            f"patches (an artifact is a patch that stands out from the others): pass at least "
+            f"{MIN_GRID * max(patch)}"
+        )
     excess = activation_excess(module)
     if excess is not None:
         raise InputError(
             f"--img-size {shown} (img_size={shown}) for {what} {excess}; pass a smaller --img-size"
+        )
+
+
+def check_grid(grid: Any, what: str, img_size: Any = None) -> None:
+    """A wrapped model (any source) whose patch grid has fewer than :data:`MIN_GRID` patches a
+    side is refused before it runs: the check of :func:`check_built_size` for sources that are
+    not timm ViTs."""
+    sides = [g for g in (grid or ()) if isinstance(g, int)]
+    if sides and min(sides) < MIN_GRID:
+        size = f"--img-size {img_size} " if img_size is not None else "its input size "
+        raise InputError(
+            f"{size}gives {what} a {'x'.join(map(str, sides))} grid of patches; vitreg needs at "
+            f"least {MIN_GRID}x{MIN_GRID} patches (an artifact is a patch that stands out from "
+            "the others): pass a larger --img-size"
         )

@@ -8,7 +8,6 @@ and, where the source defines one, its preprocessing transform.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -20,8 +19,8 @@ import torch
 from torch import nn
 
 from vitreg.device import check_device
-from vitreg.errors import InputError, SpecError, WeightsError
-from vitreg.models.input_size import check_built_size, check_requested_size
+from vitreg.errors import InputError, SpecError, WeightsError, brief
+from vitreg.models.input_size import check_built_size, check_grid, check_requested_size
 from vitreg.models.model import Model
 
 
@@ -219,7 +218,8 @@ def load_strict(
     fix_head: Callable[[int], str] = lambda n: f"pass num_classes={n}",
 ) -> None:
     """``module.load_state_dict(state, strict=True)``; any missing or unexpected key or shape
-    mismatch is a :class:`WeightsError` listing the first keys and what to change."""
+    mismatch is a :class:`WeightsError` listing the first keys and what to change, and so are
+    NaN or infinite values (naming the tensors)."""
     own = module.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -252,6 +252,13 @@ def load_strict(
             f"the weights in {str(path)!r} do not fit {what}: " + "; ".join(parts) + f". {hint}. "
             "vitreg loads weights files strictly, so no parameter is left at its random init"
         )
+    broken = [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
+    if broken:
+        raise WeightsError(
+            f"the weights in {str(path)!r} hold NaN or infinite values in {len(broken)} tensors "
+            f"({_first(broken)}); trained weights have none, so the file is corrupt: re-export "
+            "or re-download it"
+        )
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -263,50 +270,6 @@ def _heads(module: nn.Module) -> set[str]:
     cfg = getattr(module, "pretrained_cfg", None) or {}
     names = cfg.get("classifier") or "head"
     return {n.split(".")[0] for n in ([names] if isinstance(names, str) else names)}
-
-
-def read_json(path: Path, what: str, max_bytes: int = 64 * 2**20, allow_nan: bool = False) -> Any:
-    """The JSON in ``path``, or an :class:`InputError` naming the file: unreadable, too large, not
-    UTF-8, not JSON, a key given twice in one object, or (unless ``allow_nan``) NaN/Infinity."""
-
-    class _Twice(Exception):
-        pass
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in items:
-            if k in out:
-                raise _Twice(k)
-            out[k] = v
-        return out
-
-    def constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number; write a finite number")
-
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise InputError(
-                f"{what} {str(path)!r} is {size / 2**20:.0f} MiB; a {what} is at most "
-                f"{max_bytes / 2**20:.0f} MiB, so this is not one"
-            )
-        text = path.read_bytes().decode("utf-8")
-        if allow_nan:
-            return json.loads(text, object_pairs_hook=pairs)
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
-    except _Twice as e:
-        raise InputError(
-            f"{what} {str(path)!r} gives the key {e.args[0]!r} twice in one object; JSON readers "
-            "disagree on which one wins, so vitreg refuses it: keep one"
-        ) from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{what} {str(path)!r} is not UTF-8 text ({e.reason})") from None
-    except (json.JSONDecodeError, ValueError) as e:
-        raise InputError(f"{what} {str(path)!r} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise InputError(f"{what} {str(path)!r} nests too deeply to be one") from None
-    except OSError as e:
-        raise InputError(f"could not read {what} {str(path)!r}: {e.strerror or e}") from None
 
 
 def describe_invalid(e: Any, path: str | os.PathLike, what: str) -> str:
@@ -323,10 +286,7 @@ def describe_invalid(e: Any, path: str | os.PathLike, what: str) -> str:
         if isinstance(got, dict):
             parts.append(f"{field_name}: {msg}")
             continue
-        shown = repr(got)
-        if len(shown) > 60:
-            shown = f"a {type(got).__name__}" if isinstance(got, list) else shown[:57] + "..."
-        parts.append(f"{field_name}: {msg} (got {shown})")
+        parts.append(f"{field_name}: {msg[:200]} (got {brief(got, 60)})")
     more = f"; and {e.error_count() - 6} more" if e.error_count() > 6 else ""
     return f"{what} {str(path)!r} is not valid: " + "; ".join(parts) + more
 
@@ -391,6 +351,7 @@ def load(
         loaded.module.to(device=device, dtype=dtype)
     kind = weight_kind(loaded, pretrained, weights)
     model = Model(loaded.module, spec=spec, transform=loaded.transform, weights=kind)
+    check_grid(getattr(model.layout, "grid", None), spec, kwargs.get("img_size"))
     if loaded.setup is not None:
         loaded.setup(model)
     for note in loaded.notes:

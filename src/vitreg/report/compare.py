@@ -9,7 +9,6 @@ there are. Folders that are not runs are skipped with a note.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +17,12 @@ from typing import Any
 from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
+from vitreg.report.documents import (
+    comparison_members,
+    is_comparison,
+    read_comparison,
+    read_metrics,
+)
 from vitreg.report.fields import as_list, dig, finite
 from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
@@ -29,14 +34,8 @@ CURVE_RULE = "auto"  # the outlier rule of the verdict; its rate per layer is wh
 
 
 def load_metrics(run: Path) -> dict[str, Any]:
-    """The metrics.json of a run directory (or the file itself)."""
-    path = run / "metrics.json" if run.is_dir() else run
-    if not path.is_file():
-        raise InputError(f"{run} has no metrics.json; pass run directories written by vitreg")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path} is not valid JSON ({e}); was the run interrupted?") from None
+    """The checked metrics.json of a run directory (or the file itself)."""
+    return read_metrics(run)
 
 
 def labels(runs: list[Path]) -> list[str]:
@@ -48,19 +47,40 @@ def labels(runs: list[Path]) -> list[str]:
 
 
 def load_runs(paths: Sequence[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], dict[str, str]]:
-    """The runs among ``paths`` with their documents, and each skipped path with the reason."""
+    """The runs among ``paths`` with their documents, and each skipped path with the reason. A
+    comparison folder (``diagnose --models``, ``compare --out``) stands for the runs it lists."""
     runs, skipped = [], {}
     for p in map(Path, paths):
-        try:
-            doc = load_metrics(p)
-        except InputError as e:
-            skipped[str(p)] = str(e).removeprefix(f"{p} ")
-            continue
-        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), list):
-            skipped[str(p)] = "its metrics.json has no metrics list (not a vitreg run)"
-            continue
-        runs.append((p, doc))
+        members = [p]
+        if is_comparison(p) and not (p / "metrics.json").exists():
+            try:
+                members = comparison_members(p, read_comparison(p))
+            except InputError as e:
+                skipped[str(p)] = str(e).removeprefix(f"{p} ")
+                continue
+        for run in members:
+            if any(run.resolve() == seen.resolve() for seen, _ in runs):
+                continue  # listed twice (e.g. a comparison folder and one of its runs)
+            try:
+                runs.append((run, load_metrics(run)))
+            except InputError as e:
+                skipped[str(run)] = str(e).removeprefix(f"{run} ")
     return runs, skipped
+
+
+def row_key(doc: dict[str, Any], name: str) -> tuple[str, str, str | None]:
+    """What a metric of ``doc`` is, so that only like is compared with like: the verb, the name
+    (a probe score's name starting with its task and data, as written since 1.1), and the data
+    of a run whose names do not say it (a diagnose on other images is another row)."""
+    from vitreg.report.probe_report import task_and_data
+
+    verb = str(doc.get("verb") or "diagnose")
+    results = doc.get("results") or {}
+    if verb == "probe":
+        prefix = task_and_data(results)
+        return verb, name if name.startswith(f"{prefix}/") else f"{prefix}/{name}", None
+    data = (doc.get("data") or {}).get("description")
+    return verb, name, None if data is None else str(data)
 
 
 def interval(doc: dict[str, Any], metric: dict[str, Any]) -> float | None:
@@ -103,32 +123,41 @@ def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str,
             f"none of the {len(skipped)} paths is a run directory with a metrics.json: "
             + "; ".join(f"{p}: {why}" for p, why in skipped.items())
         )
-    order: dict[str, bool | None] = {}
-    values: list[dict[str, Any]] = []
-    intervals: list[dict[str, float | None]] = []
+    order: dict[tuple, bool | None] = {}
+    values: list[dict[tuple, Any]] = []
+    intervals: list[dict[tuple, float | None]] = []
     for _, doc in found:
         here, cis = {}, {}
         for m in doc["metrics"]:
-            if contains is None or contains in m["name"]:
-                order.setdefault(m["name"], m.get("higher_is_better"))
-                here[m["name"]] = m.get("value")
-                cis[m["name"]] = interval(doc, m)
+            key = row_key(doc, m["name"])
+            if contains is None or contains in key[1]:
+                order.setdefault(key, m.get("higher_is_better"))
+                here[key] = m.get("value")
+                cis[key] = interval(doc, m)
         values.append(here)
         intervals.append(cis)
+    verbs = {key[0] for key in order}
+    data: dict[str, set[str]] = {}  # the data descriptions of each verb's runs
+    for verb, _, described in order:
+        data.setdefault(verb, set()).add(described)
     rows = [
         {
-            "metric": name,
+            "metric": key[1]
+            + (f" ({key[0]})" if len(verbs) > 1 else "")
+            + (f" on {key[2]}" if len(data[key[0]]) > 1 and key[2] is not None else ""),
+            "verb": key[0],
             "higher_is_better": better,
-            "values": [v.get(name) for v in values],
-            "ci95": [c.get(name) for c in intervals],
+            "values": [v.get(key) for v in values],
+            "ci95": [c.get(key) for c in intervals],
         }
-        for name, better in order.items()
+        for key, better in order.items()
     ]
     for row in rows:
         row["vs_first"] = verdicts(row)
     meta = [
         {
             "run": str(r),
+            "path": str(r.resolve()),
             "verb": d.get("verb"),
             "command": d.get("command"),
             "model": (d.get("model") or {}).get("spec"),
@@ -213,6 +242,29 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
     return figure("model_curves", caption, fig)
 
 
+def comparison_banner(documents: Sequence[dict[str, Any]]) -> str | None:
+    """The banners of the compared runs (synthetic models, random weights), in one paragraph:
+    a comparison says what its runs' reports say in their first line."""
+    from vitreg.report.run_files import synthetic_banner
+
+    banners = []
+    for doc in documents:
+        try:
+            banner = synthetic_banner(doc) if isinstance(doc.get("model"), dict) else None
+        except (KeyError, TypeError, AttributeError):  # a forged model block: no banner to copy
+            banner = None
+        if banner is not None and banner not in banners:
+            banners.append(banner)
+    return " ".join(banners) or None
+
+
+def provenance(command: str, config: dict[str, Any]) -> dict[str, Any]:
+    """What made a comparison: versions, time (UTC), the command line and its settings."""
+    from vitreg.report.schema import plain, utc_now, versions
+
+    return {**versions(), "created": utc_now(), "command": command, "config": plain(config)}
+
+
 def comparison_report(
     title: str,
     table: Table,
@@ -220,8 +272,13 @@ def comparison_report(
     figures: list[Figure],
     skipped: dict[str, str] | None = None,
     notes: Sequence[str] = (),
+    banner: str | None = None,
+    made: dict[str, Any] | None = None,
 ) -> Report:
-    """The comparison's sections: the wide table, the curves, the runs, the skipped paths."""
+    """The comparison's sections: the wide table, the curves, the runs, the skipped paths and
+    (with ``made``, from :func:`provenance`) the provenance; ``banner`` first."""
+    from vitreg.report.markdown import provenance_section
+
     sections = [Section("table", "Metrics", [*notes, table])]
     if figures:
         sections.append(
@@ -240,7 +297,9 @@ def comparison_report(
                 [Table(["path", "why"], [[code(p), why] for p, why in skipped.items()])],
             )
         )
-    return Report(None, title, sections)
+    if made is not None:
+        sections.append(provenance_section(made))
+    return Report(banner, title, sections)
 
 
 def write_comparison(
@@ -248,11 +307,18 @@ def write_comparison(
     data: dict[str, Any],
     draw: Callable[[], tuple[Report, list[Figure]]],
     figure_format: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """comparison.json first, then ``draw()``'s figures, comparison.md and report.html in
-    ``out`` (a failure while rendering raises RenderError with comparison.json saved); the
-    Markdown's path."""
+    """comparison.json (and config.yaml, a rerun with ``--config``) first, then ``draw()``'s
+    figures, comparison.md and report.html in ``out`` (a failure while rendering raises
+    RenderError with comparison.json saved); the Markdown's path."""
+    import yaml
+
+    from vitreg.core.io import write_text_atomic
+
     out.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        write_text_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     saved = write_json_atomic(out / "comparison.json", data)
     with rendering(out, saved, again_command(out)):
         report, figures = draw()
@@ -265,7 +331,8 @@ def compare_report(
     data: dict[str, Any], documents: Sequence[dict[str, Any]]
 ) -> tuple[Report, list[Figure]]:
     """The report of ``vitreg compare`` from its comparison.json ``data`` and the runs'
-    documents (an empty one where a run is gone: no curve for it)."""
+    documents (an empty one where a run is gone: no curve for it): the wide table, the curves,
+    the runs' banners and the provenance kept in ``data``."""
     curves = layer_curves(list(zip(data["runs"], documents, strict=True)))
     figures = [curves] if curves is not None else []
     runs = [
@@ -273,12 +340,33 @@ def compare_report(
         for label, s in zip(data["runs"], data["sources"], strict=True)
     ]
     table = wide_table(data)
-    return comparison_report("vitreg compare", table, runs, figures, data["skipped"]), figures
+    report = comparison_report(
+        "vitreg compare",
+        table,
+        runs,
+        figures,
+        data["skipped"],
+        banner=comparison_banner(documents),
+        made=_made(data),
+    )
+    return report, figures
 
 
-def write_compare(out: Path, merged: dict[str, Any], figure_format: str | None = None) -> Path:
-    """The files of ``vitreg compare`` (the wide table, curves of diagnose runs) in ``out``."""
-    data = {"verb": "compare", **{k: v for k, v in merged.items() if k != "documents"}}
+def _made(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The provenance a comparison.json keeps (None in one written before it kept any)."""
+    if not isinstance(data.get("created"), str) or not isinstance(data.get("command"), str):
+        return None
+    return {**data, "config": data.get("config") if isinstance(data.get("config"), dict) else {}}
+
+
+def write_compare(
+    out: Path, merged: dict[str, Any], figure_format: str | None = None, command: str = ""
+) -> Path:
+    """The files of ``vitreg compare`` (the wide table, curves of diagnose runs, the banners of
+    the runs compared, provenance) in ``out``."""
+    made = provenance(command or "vitreg compare", {"figure_format": figure_format})
+    rest = {k: v for k, v in merged.items() if k != "documents"}
+    data = {"verb": "compare", **made, **rest}
     draw = lambda: compare_report(data, merged["documents"])  # noqa: E731
     return write_comparison(out, data, draw, figure_format)
 
@@ -287,7 +375,8 @@ def model_comparison_report(
     data: dict[str, Any], documents: Sequence[dict[str, Any]]
 ) -> tuple[Report, list[Figure]]:
     """The report of ``vitreg diagnose --models`` from its comparison.json ``data`` and each
-    model's document: the cross-model table, per-model curves, a link to each run directory."""
+    model's document: the cross-model table, per-model curves, a link to each run directory,
+    the models' banners and the provenance kept in ``data``."""
     from vitreg.report.run import rows_table
 
     curves = layer_curves([(m["model"], d) for m, d in zip(data["runs"], documents, strict=True)])
@@ -298,7 +387,15 @@ def model_comparison_report(
         for m in data["runs"]
     ]
     title = "vitreg diagnose: model comparison"
-    return comparison_report(title, rows_table(data["rows"]), runs, figures), figures
+    report = comparison_report(
+        title,
+        rows_table(data["rows"]),
+        runs,
+        figures,
+        banner=comparison_banner(documents),
+        made=_made(data),
+    )
+    return report, figures
 
 
 def write_model_comparison(
@@ -306,32 +403,29 @@ def write_model_comparison(
     labelled: Sequence[tuple[str, Any]],
     dirs: Sequence[Path],
     figure_format: str | None = None,
+    config: dict[str, Any] | None = None,
+    command: str = "",
 ) -> Path:
     """The files of ``vitreg diagnose --models`` in ``parent``: the cross-model table, the
-    per-model curves and a link to each model's run directory."""
+    per-model curves, a link to each model's run directory, the models' banners, provenance
+    and config.yaml (``config``: rerun it with ``vitreg diagnose --config``)."""
     from vitreg.report.run import model_rows
-    from vitreg.report.schema import plain
 
     meta = [
         {"model": label, "run_dir": d.name} for (label, _), d in zip(labelled, dirs, strict=True)
     ]
-    data = {"verb": "diagnose", "runs": meta, "rows": model_rows(list(labelled))}
-    documents = [{"results": plain(r.to_dict())} for _, r in labelled]
+    made = provenance(command or "vitreg diagnose", config or {})
+    data = {"verb": "diagnose", **made, "runs": meta, "rows": model_rows(list(labelled))}
+    documents = [read_metrics(d) for d in dirs]
     draw = lambda: model_comparison_report(data, documents)  # noqa: E731
-    return write_comparison(parent, data, draw, figure_format)
+    return write_comparison(parent, data, draw, figure_format, config)
 
 
 def render_comparison_again(folder: Path) -> list[Path]:
     """comparison.md and report.html of the comparison in ``folder`` rendered again from its
     comparison.json (the curves from the runs' metrics.json where they still exist)."""
     path = folder / "comparison.json"
-    data = load_metrics(path)
-    if not isinstance(data, dict) or not all(
-        isinstance(data.get(k), list) for k in ("runs", "rows")
-    ):
-        raise InputError(
-            f"{path} is not a comparison written by vitreg (it lists no runs and rows)"
-        )
+    data = read_comparison(folder)  # checked: its verb, runs and rows
     if data.get("verb") == "compare":
         runs: list[Path | None] = [Path(str(dig(s, "run"))) for s in as_list(data.get("sources"))]
         draw = compare_report

@@ -9,7 +9,6 @@ into the same folder needs ``overwrite`` too. Files vitreg did not write are nev
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.readers import read_json, read_yaml
 from vitreg.errors import InputError
 
 # what any verb writes into its run directory (a comparison's per-model folders are found from
@@ -59,18 +59,22 @@ class RunIdentity:
 
 
 def _json(path: Path) -> Any:
+    """The JSON in ``path`` (read with the one reader's budgets), None when absent or not JSON."""
+    if not path.is_file():
+        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(path, "run file", max_bytes=2**30, allow_nan=True)
+    except InputError:
         return None
 
 
 def _yaml(path: Path) -> Any:
-    import yaml
-
+    """The YAML in ``path`` (read with the one reader's budgets), None when absent or not YAML."""
+    if not path.is_file():
+        return None
     try:
-        return yaml.safe_load(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError):
+        return read_yaml(path, "config")
+    except InputError:
         return None
 
 
@@ -82,13 +86,15 @@ def identify(folder: Path) -> RunIdentity | None:
         model = metrics.get("model")
         spec = model.get("spec") if isinstance(model, dict) else None
         return RunIdentity(metrics["verb"], spec if isinstance(spec, str) else None)
-    config = _yaml(folder / "config.yaml")
-    if isinstance(config, dict) and isinstance(config.get("verb"), str):
-        model = config.get("spec") or config.get("variant")
-        return RunIdentity(config["verb"], model if isinstance(model, str) else None)
     comparison = _json(folder / "comparison.json")
     if isinstance(comparison, dict):
+        if comparison.get("verb") == "compare":
+            return RunIdentity("compare", None)
         return RunIdentity("diagnose", _models(comparison))
+    config = _yaml(folder / "config.yaml")
+    if isinstance(config, dict) and isinstance(config.get("verb"), str):
+        model = config.get("spec") or config.get("variant") or config.get("models")
+        return RunIdentity(config["verb"], model if isinstance(model, str) else None)
     for name, verb in (
         ("train.json", "train"),
         ("log.jsonl", "train"),

@@ -31,13 +31,29 @@ READ = {
 }
 
 
+def task_and_data(results: dict[str, Any]) -> str:
+    """``task/data`` of a probe run (``classification/synthetic-cls:n=200``): the start of its
+    metric names, so that scores of other tasks or datasets never share a row in a comparison."""
+    data = results.get("data") if isinstance(results.get("data"), dict) else {}
+    specs = [
+        str(split.get("spec"))
+        for split in (data.get("train"), data.get("test"))
+        if isinstance(split, dict) and split.get("spec") is not None
+    ]
+    return f"{results.get('task')}/{'+'.join(dict.fromkeys(specs)) or 'unknown data'}"
+
+
 def headlines(results: dict[str, Any]) -> list[tuple]:
-    """One headline per score: ``condition/layer/feature/group/metric`` -> its mean."""
+    """One headline per score: ``task/data/condition/layer/feature/group/metric`` -> its mean."""
     out = []
+    prefix = task_and_data(results)
     for condition, per_layer in results["conditions"].items():
         for li, layer in enumerate(per_layer):
             for si, s in enumerate(layer["scores"]):
-                name = f"{condition}/{layer['layer']}/{s['feature']}/{s['group']}/{s['metric']}"
+                name = (
+                    f"{prefix}/{condition}/{layer['layer']}/{s['feature']}/{s['group']}/"
+                    f"{s['metric']}"
+                )
                 pointer = f"/results/conditions/{condition}/{li}/scores/{si}/mean"
                 out.append((name, pointer, s["higher_is_better"], {}))
     return out

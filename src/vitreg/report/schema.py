@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from vitreg.core.weights import WeightKind
+from vitreg.errors import brief
 
 SCHEMA_VERSION = "1.1"
 VERBS = ("diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm")
@@ -134,7 +135,7 @@ class FixResults(BaseModel):
     @field_validator("comparison")
     @classmethod
     def _residual(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if "residual" not in v or "clean" not in v["residual"]:
+        if not isinstance(v.get("residual"), dict) or "clean" not in v["residual"]:
             raise ValueError("comparison needs the residual verdict (residual.clean)")
         return v
 
@@ -266,7 +267,8 @@ class MetricsFile(BaseModel):
             RESULTS[self.verb].model_validate(self.results)
         except ValidationError as e:
             fields = "; ".join(
-                f"results.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()
+                f"results.{'.'.join(map(str, err['loc']))[:80]}: {err['msg'][:200]}"
+                for err in e.errors()[:6]
             )
             raise ValueError(f"not the results of a {self.verb} run: {fields}") from None
         return self
@@ -288,7 +290,8 @@ class MetricsFile(BaseModel):
             expected = resolve(doc, m.source, m.aggregate)
             if not _same(m.value, expected):
                 raise ValueError(
-                    f"metric {m.name}={m.value!r} differs from {m.source} = {expected!r}"
+                    f"metric {brief(m.name, 120)}={m.value!r} differs from "
+                    f"{brief(m.source, 120)} = {brief(expected)}"
                 )
         return self
 
@@ -304,7 +307,19 @@ def validate_metrics(doc: dict[str, Any]) -> MetricsFile:
 
 
 def resolve(doc: Any, pointer: str, aggregate: str | None = None) -> Any:
-    """The value at JSON ``pointer`` in ``doc``; with ``*`` segments, ``aggregate`` of the matches."""
+    """The value at JSON ``pointer`` in ``doc``; with ``*`` segments, ``aggregate`` of the matches.
+    A pointer that leads nowhere (a missing key, an index out of range, into a number) or an
+    aggregate over values that are not numbers is a ValueError naming the pointer."""
+    try:
+        return _resolve(doc, pointer, aggregate)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        why = brief(str(e), 80) if isinstance(e, ValueError) else type(e).__name__
+        raise ValueError(
+            f"pointer {brief(pointer, 120)} does not resolve in this file ({why})"
+        ) from None
+
+
+def _resolve(doc: Any, pointer: str, aggregate: str | None) -> Any:
     found = [doc]
     for raw in pointer.split("/")[1:]:
         part = raw.replace("~1", "/").replace("~0", "~")
@@ -326,8 +341,8 @@ def resolve(doc: Any, pointer: str, aggregate: str | None = None) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
-        return a == b
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b)):
+        return type(a) is type(b) and a == b
     return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
 
 

@@ -39,6 +39,7 @@ from torch import nn
 
 from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError, SpecError
+from vitreg.models.input_size import check_built_size
 
 
 @dataclass(frozen=True)
@@ -392,6 +393,7 @@ def _create(spec: _Spec, img_size: int) -> nn.Module:
 
     args = dict(img_size=img_size, num_classes=0, **spec.args)
     module = timm.create_model(spec.architecture, pretrained=False, device="meta", **args)
+    check_built_size(module, f"the planted {spec.architecture}")  # before it is calibrated
     return module.to_empty(device="cpu")
 
 

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
-from vitreg.errors import WeightsError
+from vitreg.core.readers import read_json
+from vitreg.errors import InputError, WeightsError, brief
 from vitreg.models.load import read_state_dict
 
 FORMAT = "vitreg-train-checkpoint"
@@ -100,12 +101,11 @@ def latest_checkpoint(folder: Path) -> Path | None:
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read and verify a checkpoint pair; anything unreadable is a :class:`WeightsError`."""
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"format is {meta.get('format')!r}, not {FORMAT!r}")
+        meta = read_json(path, "checkpoint sidecar", allow_nan=True)
+        check_fields(meta)
         tensor_path = path.with_name(meta["tensors"])
         blob = tensor_path.read_bytes()
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, InputError, ValueError) as e:
         raise WeightsError(f"checkpoint {str(path)!r} is unreadable ({e}); {FIX}") from None
     if len(blob) != meta.get("bytes") or hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
         raise WeightsError(
@@ -115,6 +115,37 @@ def load_checkpoint(path: Path) -> Checkpoint:
     check_metadata(path, meta, blob)
     tensors = read_state_dict(tensor_path)
     return Checkpoint(step=int(meta["step"]), tensors=tensors, meta=meta, path=path)
+
+
+# the sidecar fields a resume reads, and the type each must have
+FIELDS: dict[str, type] = {
+    "format": str,
+    "tensors": str,
+    "step": int,
+    "bytes": int,
+    "sha256": str,
+    "version": int,
+    "config": dict,
+    "optimizer": dict,
+}
+
+
+def check_fields(meta: Any) -> None:
+    """A sidecar is an object whose fields have their types (``step`` a whole number, ``tensors``
+    a file name beside it); a ValueError naming the first wrong field otherwise."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"it holds {brief(meta, 40)}, not an object")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"format is {brief(meta.get('format'), 40)}, not {FORMAT!r}")
+    for key, kind in FIELDS.items():
+        value = meta.get(key)
+        if key == "version" and value is None:
+            continue  # version-1 sidecars carry none
+        if not isinstance(value, kind) or isinstance(value, bool):
+            article = "an" if kind.__name__[0] in "aeiou" else "a"
+            raise ValueError(f"{key} is {brief(value, 40)}, not {article} {kind.__name__}")
+    if meta["step"] < 0 or meta["tensors"] != Path(meta["tensors"]).name:
+        raise ValueError("step is negative or tensors is not a file name beside the sidecar")
 
 
 def _plain(obj: Any) -> Any:

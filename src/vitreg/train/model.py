@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from vitreg.errors import SpecError, UnsupportedModelError
+from vitreg.errors import InputError, SpecError, UnsupportedModelError
 
 VIT_API = ("patch_embed", "forward_features", "forward_head", "num_prefix_tokens", "embed_dim")
 
@@ -53,6 +53,7 @@ def build_model(
             build["img_size"] = img_size
         if dynamic:
             build["dynamic_img_size"] = True
+        check_build(model_or_spec, build)
         model = _create(model_or_spec, build)
     missing = [a for a in VIT_API if not hasattr(model, a)]
     if missing:
@@ -65,6 +66,39 @@ def build_model(
     if dynamic and not getattr(model, "dynamic_img_size", False):
         enable_dynamic_size(model)
     return model
+
+
+def check_build(spec: Any, build: dict[str, Any]) -> None:
+    """Build ``spec`` on the meta device first (nothing allocated): a model above
+    :data:`~vitreg.models.loaders.local.MAX_PARAMS` or an input size it cannot take
+    (``--img-size``, ``--model-arg img_size``) is an :class:`InputError` before any memory is
+    spent on it."""
+    import torch
+
+    from vitreg.models.input_size import check_built_size
+    from vitreg.models.loaders.local import MAX_PARAMS
+
+    try:
+        with torch.device("meta"):
+            meta = _create(spec, build)
+    except (SpecError, UnsupportedModelError):
+        raise
+    except (TypeError, ValueError, AssertionError) as e:  # timm's own argument checks
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise InputError(
+            f"--model-arg: {spec} cannot be built with {sorted(build)} "
+            f"({type(e).__name__}: {first}); check each value against timm's {spec}"
+        ) from None
+    except Exception:  # some builds need real tensors: the real build decides
+        return
+    n = sum(t.numel() for t in meta.parameters())
+    if n > MAX_PARAMS:
+        raise InputError(
+            f"--model-arg {sorted(build)}: {spec} would have about {n / 1e9:.1f} billion "
+            f"parameters, above the {MAX_PARAMS / 1e9:.0f} billion vitreg trains; check depth, "
+            "embed_dim and mlp_ratio"
+        )
+    check_built_size(meta, str(spec))
 
 
 def _create(spec: Any, build: dict[str, Any]) -> nn.Module:

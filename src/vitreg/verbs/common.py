@@ -3,13 +3,13 @@ line, joining torchrun, and reading back the document a run wrote."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.readers import read_json
 from vitreg.verbs.result import Notice, Notices
 
 DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with planted artifacts
@@ -31,9 +31,10 @@ def default_run_dir(name: str, root: Path = Path("runs"), verb: str = "diagnose"
     return path
 
 
-def command_line(spec: str, options: dict[str, Any], verb: str = "diagnose") -> str:
-    """The command line that reproduces the run of ``spec`` (options left unset are omitted)."""
-    parts = ["vitreg", verb, spec]
+def command_line(spec: str | None, options: dict[str, Any], verb: str = "diagnose") -> str:
+    """The command line that reproduces the run of ``spec`` (none: the models are among the
+    options; options left unset are omitted)."""
+    parts = ["vitreg", verb, *([spec] if spec is not None else [])]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -104,4 +105,4 @@ def read_document(path: Path) -> dict[str, Any] | None:
 
     if not distributed.is_main() or not path.is_file():
         return None
-    return json.loads(path.read_text())
+    return read_json(path, "run file", max_bytes=2**30, allow_nan=True)

@@ -20,7 +20,7 @@ from vitreg.verbs.common import (
     slug,
 )
 from vitreg.verbs.loading import check_images, model_and_images
-from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notices
+from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Notices
 
 
 def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
@@ -103,6 +103,7 @@ def run_diagnose(
     if cfg.spec is None and cfg.models is None:
         notices.append(demo_notice("planted artifacts"))
     specs = specs_of(cfg)
+    cfg = same_images(cfg, specs, notices)
     name = slug(specs[0]) if len(specs) == 1 else f"compare-{len(specs)}-models"
     run_dir = cfg.out if cfg.out is not None else default_run_dir(name)
     check_out(run_dir, "diagnose", ",".join(specs), cfg.overwrite)  # before any model loads
@@ -122,7 +123,16 @@ def run_diagnose(
     if len(specs) > 1 and is_main():
         from vitreg.report.compare import write_model_comparison
 
-        comparison = write_model_comparison(run_dir, labelled, dirs, cfg.figure_format)
+        whole = cfg.model_copy(update={"out": run_dir})
+        options = {**_options(cfg, device), "models": cfg.models, "out": run_dir}
+        comparison = write_model_comparison(
+            run_dir,
+            labelled,
+            dirs,
+            cfg.figure_format,
+            config=whole.to_file(),
+            command=command_line(None, options),
+        )
     document = run_dir / ("metrics.json" if len(specs) == 1 else "comparison.json")
     return DiagnoseRun(
         "diagnose",
@@ -133,6 +143,24 @@ def run_diagnose(
         run_dirs=dirs,
         comparison=comparison,
     )
+
+
+def same_images(cfg: DiagnoseConfig, specs: list[str], notices: Notices) -> DiagnoseConfig:
+    """``cfg`` with every model on the same images: several models, none given, and not all of
+    them planted (which would each default to their own images: synthetic ones for planted
+    models, the sample photos for the others) run on the sample photos, said in a notice."""
+    planted = [s.startswith("planted:") for s in specs]
+    if len(specs) == 1 or cfg.images is not None or cfg.samples or all(planted):
+        return cfg
+    notices.append(
+        Notice(
+            "images",
+            "--models mixes planted and real models: every model runs on the bundled sample "
+            "photos (as --samples), so that the comparison is on the same images",
+            caution=True,
+        )
+    )
+    return cfg.model_copy(update={"samples": True})
 
 
 def _unique(path: Path, taken: list[Path]) -> Path:

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from vitreg.configs import FixConfig
+from vitreg.core.readers import read_json
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
@@ -25,7 +25,9 @@ def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
     args: dict[str, Any] = {}
     if spec.startswith("local:"):
         config = Path(spec.removeprefix("local:")).expanduser() / "config.json"
-        args.update(json.loads(config.read_text()).get("model_args", {}))
+        saved = read_json(config, "model config", max_bytes=4 * 2**20)
+        model_args = saved.get("model_args") if isinstance(saved, dict) else None
+        args.update(model_args if isinstance(model_args, dict) else {})
     if img_size:
         args["img_size"] = img_size
     return args

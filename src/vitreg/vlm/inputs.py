@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from vitreg.errors import InputError
+from vitreg.models.loaders.chat_template import render_chat_template
 from vitreg.models.loaders.hf_vlm import VLM
 from vitreg.models.model import Model
 
@@ -18,7 +19,7 @@ QUERIES = ("answer", "last")
 
 def prompt_text(vlm: VLM, prompt: str) -> str:
     """The full text the language model reads: ``prompt`` as given when it holds ``<image>``,
-    else through the processor's chat template, else LLaVA-1.5's ``USER: <image>\\n... ASSISTANT:``."""
+    else through the processor's chat template (rendered in vitreg's budgeted sandbox), else LLaVA-1.5's ``USER: <image>\\n... ASSISTANT:``."""
     if not prompt.strip():
         raise InputError("the prompt is empty; pass a question, e.g. --prompt 'What is shown?'")
     count = prompt.count(IMAGE)
@@ -31,8 +32,14 @@ def prompt_text(vlm: VLM, prompt: str) -> str:
         conversation = [
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}
         ]
-        return vlm.processor.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False
+        special = getattr(vlm.tokenizer, "special_tokens_map", None) or {}
+        tokens = {k: v for k, v in special.items() if isinstance(v, str)}
+        return render_chat_template(
+            template,
+            f"the chat template of {vlm.source or 'this VLM'}",
+            **tokens,
+            messages=conversation,
+            add_generation_prompt=True,
         )
     return LLAVA_15.format(prompt=prompt)
 

@@ -13,7 +13,6 @@ same image tokens.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,13 +21,14 @@ from typing import Any
 
 from torch import nn
 
+from vitreg.core.readers import read_json
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.models.adapters.hf import first_attr
 from vitreg.models.load import Loaded, offline_hint, register_loader
 from vitreg.models.loaders.hf_source import ProcessorTransform, _source
+from vitreg.models.loaders.vlm_folder import MODEL_TYPES, check_vlm_folder
 from vitreg.models.model import Model
 
-MODEL_TYPES = ("llava",)
 SPEC_EXAMPLE = "hf-vlm:llava-hf/llava-1.5-7b-hf"
 LAYOUT = "this VLM layout"
 PLANTED_FILE = "vitreg_planted.json"  # written by vitreg.testing.planted_vlm.save_tiny_llava
@@ -125,7 +125,9 @@ def _planted_note(source: str, is_local: bool) -> list[str]:
     path = Path(source) / PLANTED_FILE
     if not is_local or not path.is_file():
         return []
-    info = json.loads(path.read_text())
+    info = read_json(path, "VLM file", max_bytes=2**20)
+    if not isinstance(info, dict):
+        return []
     return [
         f"synthetic: a tiny LLaVA with random weights ({info.get('description', '')}); its tower "
         f"is the planted fixture {info.get('tower')}. Not a trained model: use it to test tools"
@@ -166,6 +168,8 @@ def load_hf_vlm(
             f"{name!r} is neither a local directory nor a hub id ORG/NAME; e.g. "
             f"{SPEC_EXAMPLE} or hf-vlm:./my_saved_llava"
         ) from None
+    if is_local:  # checked before transformers reads anything in it
+        check_vlm_folder(Path(source))
     try:
         config = AutoConfig.from_pretrained(source)
     except OSError as e:

@@ -43,6 +43,7 @@ from pydantic import (
 from torch import nn
 
 from vitreg.core.plugins import fill
+from vitreg.core.readers import read_json
 from vitreg.core.weights import WeightKind
 from vitreg.errors import InputError, SpecError, VitregError, WeightsError
 from vitreg.models.input_size import MAX_IMG_SIZE, activation_excess
@@ -51,7 +52,6 @@ from vitreg.models.load import (
     Loaded,
     describe_invalid,
     inside,
-    read_json,
     register_loader,
 )
 from vitreg.models.model import weights_of

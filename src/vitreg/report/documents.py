@@ -1,0 +1,129 @@
+"""Reading back the files vitreg writes: a run's metrics.json, and the comparison.json of a
+``diagnose --models`` or ``compare --out`` folder. Each goes through the one JSON reader (size,
+depth, UTF-8) and a type check of every field a reader indexes into, so that a forged or damaged
+file is an :class:`InputError` naming the file and the field, never a KeyError or TypeError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitreg.core.readers import read_json
+from vitreg.errors import InputError, brief
+
+MAX_RUN_FILE = 256 * 2**20  # bytes; a diagnose of a 40-block model writes a few MiB
+NUMBER = (bool, int, float, type(None))
+# the fields of one headline metric that readers use, and the types each may hold
+METRIC_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "value": NUMBER,
+    "higher_is_better": (bool, type(None)),
+    "source": (str, type(None)),
+    "aggregate": (str, type(None)),
+    "layer": (int, type(None)),
+}
+# envelope fields and the types each may hold where present
+ENVELOPE: dict[str, tuple[type, ...]] = {
+    "verb": (str,),
+    "command": (str,),
+    "created": (str,),
+    "model": (dict,),
+    "data": (dict,),
+    "config": (dict,),
+    "results": (dict,),
+}
+
+
+def _what(value: Any) -> str:
+    """``value`` named for an error: its type and its start."""
+    if value is None:
+        return "null"
+    kind = type(value).__name__
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({brief(value, 40)})"
+
+
+def check_metrics_document(doc: Any, path: Path) -> dict[str, Any]:
+    """``doc`` if it has the shape of a metrics.json (an object with a ``metrics`` list of
+    objects, each field of the type readers expect); an :class:`InputError` naming ``path`` and
+    the first wrong field otherwise."""
+    where = f"{path}"
+    if not isinstance(doc, dict):
+        raise InputError(f"{where} holds {_what(doc)}, not a result document (not a vitreg run)")
+    for key, types in ENVELOPE.items():
+        if key in doc and not isinstance(doc[key], types):
+            raise InputError(f"{where}: {key} is {_what(doc[key])}, not a {types[0].__name__}")
+    metrics = doc.get("metrics")
+    if not isinstance(metrics, list):
+        raise InputError(f"{where} has no metrics list (not a vitreg run)")
+    for i, m in enumerate(metrics):
+        if not isinstance(m, dict):
+            raise InputError(f"{where}: metrics[{i}] is {_what(m)}, not an object")
+        if not isinstance(m.get("name"), str):
+            raise InputError(f"{where}: metrics[{i}].name is {_what(m.get('name'))}, not a string")
+        for key, types in METRIC_FIELDS.items():
+            if key in m and not isinstance(m[key], types):
+                raise InputError(
+                    f"{where}: metrics[{i}].{key} is {_what(m[key])}, not "
+                    + " or ".join("null" if t is type(None) else t.__name__ for t in types)
+                )
+    return doc
+
+
+def metrics_file(run: Path) -> Path:
+    """The metrics.json of ``run`` (a run directory, or the file itself)."""
+    return run / "metrics.json" if run.is_dir() else run
+
+
+def read_metrics(run: Path) -> dict[str, Any]:
+    """The checked metrics.json of a run directory (or the file itself)."""
+    path = metrics_file(Path(run))
+    if not path.is_file():
+        raise InputError(f"{run} has no metrics.json; pass run directories written by vitreg")
+    doc = read_json(path, "run file", max_bytes=MAX_RUN_FILE, allow_nan=True)
+    return check_metrics_document(doc, path)
+
+
+def is_comparison(folder: Path) -> bool:
+    """Whether ``folder`` is a comparison folder (``diagnose --models``, ``compare --out``)."""
+    return folder.is_dir() and (folder / "comparison.json").is_file()
+
+
+def read_comparison(folder: Path) -> dict[str, Any]:
+    """The checked comparison.json of a ``diagnose --models`` or ``compare --out`` folder: its
+    verb, and the runs it lists (``runs``: per-model folders of diagnose, labels of compare)."""
+    path = folder / "comparison.json"
+    doc = read_json(path, "comparison file", max_bytes=MAX_RUN_FILE, allow_nan=True)
+    if not isinstance(doc, dict):
+        raise InputError(f"{path} holds {_what(doc)}, not a comparison")
+    verb = doc.get("verb")
+    if verb not in ("diagnose", "compare"):
+        raise InputError(f"{path}: verb is {_what(verb)}, not diagnose or compare")
+    for key in ("runs", "rows"):
+        if not isinstance(doc.get(key), list):
+            raise InputError(f"{path}: {key} is {_what(doc.get(key))}, not a list")
+    for i, row in enumerate(doc["rows"]):
+        if not isinstance(row, dict):
+            raise InputError(f"{path}: rows[{i}] is {_what(row)}, not an object")
+    if verb == "diagnose":
+        for i, run in enumerate(doc["runs"]):
+            name = run.get("run_dir") if isinstance(run, dict) else None
+            if not isinstance(name, str) or not name or Path(name).name != name:
+                raise InputError(
+                    f"{path}: runs[{i}].run_dir is {_what(name)}, not the name of a folder "
+                    "beside comparison.json"
+                )
+    else:
+        sources = doc.get("sources")
+        if not isinstance(sources, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("run"), str) for s in sources
+        ):
+            raise InputError(f"{path}: sources is not a list of objects with a run path")
+    return doc
+
+
+def comparison_members(folder: Path, doc: dict[str, Any]) -> list[Path]:
+    """The run directories a comparison lists: the per-model folders of ``diagnose --models``,
+    the runs ``compare`` read (where they were when it ran)."""
+    if doc["verb"] == "diagnose":
+        return [folder / run["run_dir"] for run in doc["runs"]]
+    return [Path(s.get("path") or s["run"]) for s in doc["sources"]]
