@@ -133,15 +133,25 @@ def test_harness_scores_a_circuit_the_path_solves() -> None:
     assert row["causal_passes"] > 0 and row["seconds"] > 0
 
 
+# seeds the path does not solve yet (benchmarks/plant_family.py, 2 Dec 2026: 17 of seeds 0-19
+# exact, the 40-unit case exact); every other seed must meet the target
+KNOWN = {
+    1: "clean but misses 15 weak units of block 3 (40 causal units over blocks 2-5)",
+    3: "SigLIP, position rule: the survey finds the outliers a block late (7, truth 6), so the "
+    "block-7 readers sit at the emergence block, where the reader test does not apply",
+    15: "partial (consistent with the fresh images): 2 readers chosen and 14 weak units missed "
+    "when writers after emergence read the flag only once the weak writes are zeroed",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="issues 18/25 target. On main (2 Dec 2026) 13 of seeds 0-19 fail: 0 4 6 7 8 11 15 16 "
-    "refused (writers after the emergence block, outside the searched range 0..E); 9 and 17 "
-    "choose flag-circuit units, 3 chooses readers (emergence found a block late), 13 and 19 "
-    "miss weak units while clean",
+@pytest.mark.parametrize(
+    "seed",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(strict=False, reason=KNOWN[s])) if s in KNOWN else s
+        for s in SEEDS
+    ],
 )
-@pytest.mark.parametrize("seed", SEEDS)
 def test_automatic_path_on_the_family(seed: int) -> None:
     """Target: the exact causal units and clean at every block; or a partial result that the
     fresh images confirm. Never a reader or a distractor."""
