@@ -81,7 +81,7 @@ def test_smoke_run_writes_report_with_traceable_headlines(smoke):
 
 
 def test_smoke_variants_differ_as_configured(smoke):
-    result, _ = smoke
+    result = smoke
     base, qkv = result.variants
     assert base["params"]["extra_total"] == 0
     assert qkv["params"]["extra"]["qkv"] > 0 and qkv["params"]["extra"]["registers"] > 0
@@ -95,7 +95,7 @@ def test_smoke_variants_differ_as_configured(smoke):
 
 
 def test_rerun_reuses_complete_variants_and_rejects_other_settings(smoke):
-    result, _ = smoke
+    result = smoke
     again = run_variants(DATA, result.out_dir, smoke_settings(), variants=two_variants())
     assert all(v["reused"] for v in again.variants)
     assert [v["summary"]["seg_miou"] for v in again.variants] == [

@@ -64,20 +64,20 @@ def verdict(results: dict[str, Any]) -> str:
     yardsticks, and with two conditions what the fix changed (better/worse only when the 95%
     intervals separate) and its largest change."""
     scores = [
-        (c, layer["layer"], s)
-        for c, layers in results["conditions"].items()
-        for layer in layers
-        for s in layer["scores"]
-        if s["mean"] is not None and s["group"] == "all"
+        (c, layer.get("layer"), s)
+        for c, layers in as_dict(results.get("conditions")).items()
+        for layer in map(as_dict, as_list(layers))
+        for s in map(as_dict, as_list(layer.get("scores")))
+        if isinstance(s.get("mean"), (int, float)) and s.get("group") == "all"
     ]
     if not scores:
         return "No score could be computed (see the notes of each layer)."
-    metric = scores[0][2]["metric"]
-    ranked = [x for x in scores if x[2]["metric"] == metric]
-    sign = 1 if ranked[0][2]["higher_is_better"] else -1
+    metric = scores[0][2].get("metric")
+    ranked = [x for x in scores if x[2].get("metric") == metric]
+    sign = 1 if ranked[0][2].get("higher_is_better", True) else -1
     c, layer, best = max(ranked, key=lambda x: sign * x[2]["mean"])
-    marks = best.get("vs_yardsticks") or {}
-    short = [f"{READ[v]} {n}" for n, v in marks.items() if v != "better"]
+    marks = as_dict(best.get("vs_yardsticks"))
+    short = [f"{READ.get(v, 'not read against')} {n}" for n, v in marks.items() if v != "better"]
     against = (
         "with no yardstick to read it against"
         if not marks
@@ -85,9 +85,13 @@ def verdict(results: dict[str, Any]) -> str:
         if not short
         else "; ".join(short)
     )
-    where = f" at `{layer}`" if len(results["layers"]) > 1 else ""
-    text = f"Best probe: {c} `{best['feature']}`{where}, {metric} {_cell(best)}, {against}."
-    deltas = [d for d in results.get("deltas", []) if d.get("delta") is not None]
+    where = f" at `{layer}`" if len(as_list(results.get("layers"))) > 1 else ""
+    text = f"Best probe: {c} `{best.get('feature')}`{where}, {metric} {_cell(best)}, {against}."
+    deltas = [
+        d
+        for d in map(as_dict, as_list(results.get("deltas")))
+        if isinstance(d.get("delta"), (int, float))
+    ]
     if deltas:
         counts = {v: sum(d["verdict"] == v for d in deltas) for v in ("better", "worse")}
         rest = len(deltas) - counts["better"] - counts["worse"]
