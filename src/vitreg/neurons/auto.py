@@ -45,11 +45,13 @@ def no_progress(total: int | None, label: str) -> AbstractContextManager[Callabl
 
 
 class Split:
-    """The held-out part of an image source (every ``HOLD_OUT``-th image) or the rest; re-iterable."""
+    """The held-out part of an image source (every ``period``-th image, by default every
+    ``HOLD_OUT``-th) or the rest; re-iterable."""
 
-    def __init__(self, source: Any, held_out: bool) -> None:
+    def __init__(self, source: Any, held_out: bool, period: int = HOLD_OUT) -> None:
         self.source = source
         self.held_out = held_out
+        self.period = period
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         from vitreg.models.model import iter_batches
@@ -58,7 +60,7 @@ class Split:
         for batch in iter_batches(self.source, 32):
             index = torch.arange(seen, seen + batch.shape[0])
             seen += batch.shape[0]
-            keep = (index % HOLD_OUT == HOLD_OUT - 1) == self.held_out
+            keep = (index % self.period == self.period - 1) == self.held_out
             if keep.any():
                 yield batch[keep]
 

@@ -7,31 +7,14 @@ the ranking that feeds the causal check is noisy at this image count (use more i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from vitreg.models.model import Model
+from vitreg.neurons.auto import Split
 from vitreg.neurons.causal import select_causal
 from vitreg.neurons.discover import discover
-
-
-class Half:
-    """Every other image (``parity`` 0 or 1) of a re-iterable batch source."""
-
-    def __init__(self, source: Any, parity: int) -> None:
-        self.source = source
-        self.parity = parity
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        seen = 0
-        for batch in self.source:
-            index = torch.arange(seen, seen + batch.shape[0])
-            seen += batch.shape[0]
-            keep = index % 2 == self.parity
-            if keep.any():
-                yield batch[keep]
 
 
 def overlap(a: set, b: set) -> float:
@@ -54,7 +37,11 @@ def half_sets(
     sets = []
     for parity in (0, 1):
         ranking = discover(
-            model, Half(discovery, parity), top_k=top_k, batch_size=batch_size, detection=detection
+            model,
+            Split(discovery, held_out=bool(parity), period=2),
+            top_k=top_k,
+            batch_size=batch_size,
+            detection=detection,
         )
         picked = select_causal(
             model,
