@@ -224,17 +224,8 @@ def find_neurons(
             ) as update,
             distributed.local(),
         ):
-            selection = select_causal(
-                model,
-                held[:causal_images],
-                ranking.pairs(),
-                detection.detect_layer,
-                detection.threshold,
-                detection.threshold_value,
-                first_layer=detection.first_written,
-                emergence_layer=detection.emergence_layer,
-                batch_size=min(batch_size, 16),
-                progress=update,
+            selection = causal_set(
+                model, held[:causal_images], ranking, detection, batch_size, progress=update
             )
         if selection.baseline["n_outlier_patches"] == 0:
             raise InputError(
@@ -317,6 +308,30 @@ def find_neurons(
                 batch_size=batch_size,
             )
     return found
+
+
+def causal_set(
+    model: Model,
+    held: torch.Tensor,
+    ranking: NeuronSet,
+    detection: Detection,
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+) -> CausalSelection:
+    """The causal selection among ``ranking``'s units on ``held``, with ``detection``'s layers
+    and threshold (the one call the automatic path and its stability check share)."""
+    return select_causal(
+        model,
+        held,
+        ranking.pairs(),
+        detection.detect_layer,
+        detection.threshold,
+        detection.threshold_value,
+        first_layer=detection.first_written,
+        emergence_layer=detection.emergence_layer,
+        batch_size=min(batch_size, 16),
+        progress=progress,
+    )
 
 
 def _ordered(ranking: NeuronSet, units: list[tuple[int, int]]) -> NeuronSet:

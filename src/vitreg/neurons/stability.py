@@ -12,8 +12,7 @@ from typing import Any
 import torch
 
 from vitreg.models.model import Model
-from vitreg.neurons.auto import Split
-from vitreg.neurons.causal import select_causal
+from vitreg.neurons.auto import Split, causal_set
 from vitreg.neurons.discover import discover
 
 
@@ -43,17 +42,7 @@ def half_sets(
             batch_size=batch_size,
             detection=detection,
         )
-        picked = select_causal(
-            model,
-            held,
-            ranking.pairs(),
-            detection.detect_layer,
-            detection.threshold,
-            detection.threshold_value,
-            first_layer=detection.first_written,
-            emergence_layer=detection.emergence_layer,
-            batch_size=min(batch_size, 16),
-        )
+        picked = causal_set(model, held, ranking, detection, batch_size)
         sets.append(set(picked.chosen))
     a, b, whole = *sets, set(chosen)
     return {
