@@ -62,7 +62,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("verb", ["diagnose", "neurons", "fix", "probe", "train"])
 def test_every_verb_writes_a_valid_result_document(runs, verb):
-    assert check_run(runs[verb]).startswith(f"{verb} run, schema 1.1")
+    assert check_run(runs[verb]).startswith(f"{verb} run, schema 2.0,")
     doc = json.loads((runs[verb] / "metrics.json").read_text())
     assert doc["verb"] == verb and doc["metrics"]
 

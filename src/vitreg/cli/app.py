@@ -15,6 +15,7 @@ from vitreg.cli.models_cmd import models
 from vitreg.cli.neurons_cmd import neurons_command
 from vitreg.cli.probe_cmd import compare_command, probe_command
 from vitreg.cli.report_cmd import report_command
+from vitreg.cli.schema_cmd import schema_command
 from vitreg.cli.train_cmd import train_command
 from vitreg.cli.validate_cmd import validate_command
 from vitreg.cli.vlm_cmd import vlm_command
@@ -35,6 +36,7 @@ app.command("fix", cls=VitregCommand)(fix_command)
 app.command("probe", cls=VitregCommand)(probe_command)
 app.command("compare", cls=VitregCommand)(compare_command)
 app.command("report", cls=VitregCommand)(report_command)
+app.command("schema", cls=VitregCommand)(schema_command)
 app.command("train", cls=VitregCommand)(train_command)
 app.command("validate", cls=VitregCommand)(validate_command)
 app.command("vlm", cls=VitregCommand)(vlm_command)

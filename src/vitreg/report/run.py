@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from vitreg.report.markdown import Table, build_report, markdown_table, num, pct
+from vitreg.report.markdown import Table, markdown_table, num, pct
+from vitreg.report.verbs.diagnose import build_report
 from vitreg.report.run_files import (
     again_command,
     rendering,
