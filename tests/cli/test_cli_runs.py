@@ -20,10 +20,10 @@ from vitreg.cli import diagnose_cmd
 from vitreg.cli.app import app
 from vitreg.errors import InputError
 from vitreg.report.markdown import render_markdown
-from vitreg.report.verbs.diagnose import build_report
 from vitreg.report.out_dir import check_out, identify
 from vitreg.report.run import build_document
 from vitreg.report.run_files import synthetic_banner
+from vitreg.report.verbs.diagnose import build_report
 from vitreg.verbs import diagnose as verb_diagnose
 from vitreg.verbs import loading
 

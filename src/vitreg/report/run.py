@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from vitreg.report.markdown import Table, markdown_table, num, pct
-from vitreg.report.verbs.diagnose import build_report
 from vitreg.report.run_files import (
     again_command,
     rendering,
@@ -32,6 +31,7 @@ from vitreg.report.schema import (
     validate_metrics,
     versions,
 )
+from vitreg.report.verbs.diagnose import build_report
 
 
 def build_document(result: Any, config: dict[str, Any], command: str) -> dict[str, Any]:

@@ -16,8 +16,8 @@ def builders() -> dict[str, Any]:
     """Each verb's report from its document and figures (``train`` writes none)."""
     from vitreg.experiment.report import build_report as experiment_report
     from vitreg.report.fix_report import fix_report, neurons_report
-    from vitreg.report.verbs.diagnose import build_report
     from vitreg.report.probe_report import probe_report
+    from vitreg.report.verbs.diagnose import build_report
     from vitreg.report.vlm_report import vlm_report
 
     return {
