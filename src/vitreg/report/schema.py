@@ -30,6 +30,12 @@ from pydantic import (
 from vitreg.core.weights import WeightKind
 from vitreg.errors import brief
 from vitreg.report.results.diagnose import DiagnoseResults
+from vitreg.report.results.experiment import ExperimentResults
+from vitreg.report.results.fix import FixResults
+from vitreg.report.results.neurons import NeuronsResults
+from vitreg.report.results.probe import ProbeResults
+from vitreg.report.results.train import TrainResults
+from vitreg.report.results.vlm import VlmResults
 from vitreg.report.upgrade import upgrade
 
 SCHEMA_VERSION = "2.0"
@@ -87,135 +93,6 @@ class DataInfo(BaseModel):
     n_images: int
     skipped: dict[str, str] = Field(default_factory=dict)
     converted: dict[str, str] = Field(default_factory=dict)
-
-
-class NeuronsResults(BaseModel):
-    """``vitreg neurons``: the chosen set, how it was chosen, and what its fix leaves."""
-
-    model_config = ConfigDict(extra="allow")
-
-    status: Literal["clean", "partial"]
-    n_neurons: int
-    chosen_k: int
-    top_k_mode: Literal["calibrated", "fixed"]
-    selection: Literal["causal", "score"]
-    detect_layer: int
-    highest_layer: int
-    lowest_layer: int
-    threshold: str
-    threshold_value: float | None
-    reasons: dict[str, str]
-    neurons: list[dict[str, Any]]
-    ranking: list[dict[str, Any]]
-    held_out: dict[str, Any]
-    causal: dict[str, Any] | None
-    calibration: dict[str, Any] | None
-
-
-class FixResults(BaseModel):
-    """``vitreg fix``: before/after comparison (with the per-block residual) and the neurons."""
-
-    model_config = ConfigDict(extra="allow")
-
-    comparison: dict[str, Any]
-    neurons: dict[str, Any]
-    discovery: dict[str, Any] | None = None
-    saved: str | None = None
-
-    @field_validator("comparison")
-    @classmethod
-    def _residual(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(v.get("residual"), dict) or "clean" not in v["residual"]:
-            raise ValueError("comparison needs the residual verdict (residual.clean)")
-        return v
-
-
-class ProbeYardstick(BaseModel):
-    """A trivial baseline of one probe metric (chance, majority class, mean depth, ...)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    metric: str
-    group: str = "all"
-    value: float | None
-    description: str
-
-
-class ProbeDelta(BaseModel):
-    """fixed − base of one score, called better/worse only when the 95% intervals separate."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    layer: str
-    feature: str
-    group: str
-    metric: str
-    delta: float
-    verdict: Literal["better", "worse", "within noise", "no interval"]
-
-
-class ProbeResults(BaseModel):
-    """``vitreg probe``: per condition (base, fixed) and layer, each task's scores over seeds
-    with the task's yardsticks, and the fixed − base differences with their verdicts."""
-
-    model_config = ConfigDict(extra="allow")
-
-    task: str
-    seeds: list[int] | int
-    layers: list[Any]
-    conditions: dict[str, list[dict[str, Any]]]
-    deltas: list[ProbeDelta] = Field(default_factory=list)
-
-    @field_validator("conditions")
-    @classmethod
-    def _yardsticks(cls, v: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-        for layers in v.values():
-            for layer in layers:
-                for y in layer.get("yardsticks", []):
-                    ProbeYardstick.model_validate(y)
-        return v
-
-
-class TrainResults(BaseModel):
-    """``vitreg train``: steps done, losses, the checkpoint and the data it trained on."""
-
-    model_config = ConfigDict(extra="allow")
-
-    recipe: str
-    steps: int
-    total_steps: int | None = None
-    final_loss: float | None
-    loss_first: float | None
-    resumed_from: int | None
-    weights: str | None
-
-
-class ExperimentResults(BaseModel):
-    """``vitreg experiment``: every variant's costs, probes and diagnosis."""
-
-    model_config = ConfigDict(extra="allow")
-
-    complete: bool
-    n_done: int
-    n_total: int
-    variants: list[dict[str, Any]]
-
-
-class VlmResults(BaseModel):
-    """``vitreg vlm``: per image, answers and language->image attention without and with the fix
-    on the vision tower, and their means."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt: str
-    prompt_text: str
-    query: str | list[int]
-    feature_site: str
-    fix: dict[str, Any]
-    summary: dict[str, Any]
-    images: list[dict[str, Any]]
-    neurons: dict[str, Any] | None = None
 
 
 RESULTS: dict[str, type[BaseModel]] = {
