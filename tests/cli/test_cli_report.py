@@ -69,7 +69,7 @@ def test_vitreg_report_renders_the_saved_results_again(failed_run) -> None:
     assert md.startswith("**SYNTHETIC MODEL:**") and "## Where outliers sit" in md
     assert "![norm_maps](figures/norm_maps.png)" in md  # the saved figures, with captions
     assert "L2 norm of each patch token" in md
-    assert "data:image/png;base64" in (out / "report.html").read_text()
+    assert "data:image/webp;base64" in (out / "report.html").read_text()
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
 
 

@@ -312,7 +312,7 @@ def test_cli_vlm_writes_a_report_with_both_maps(tiny, tmp_path: Path) -> None:
     assert (out / "figures" / "vlm_maps_0.png").is_file()
     assert (out / "figures" / "vlm_layers.png").is_file()
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64") >= 2
+    assert html.count("data:image/webp;base64") >= 2
     assert "Image 1" in report and "answer" in report
     assert load_config(out / "config.yaml", "vlm").prompt == PROMPT  # --config reruns it
     assert CliRunner().invoke(app, ["validate", str(out)]).exit_code == 0

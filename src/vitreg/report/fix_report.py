@@ -49,7 +49,7 @@ def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
     ranks = np.arange(1, len(ranking) + 1)
     for i, layer in enumerate(sorted(set(layers.tolist()))):
         sel = layers == layer
-        ax.scatter(ranks[sel], scores[sel], s=18, color=f"C{i % 10}", label=f"layer {layer}")
+        ax.scatter(ranks[sel], scores[sel], s=18, color=f"C{i % 10}", label=f"block {layer}")
     if chosen_k:
         ax.axvline(chosen_k + 0.5, color="k", ls=":", label=f"top-k = {chosen_k}")
     if len(scores) and scores.min() > 0:
@@ -418,7 +418,7 @@ def fix_norm_curves(results: dict[str, Any]) -> Figure:
     ax.plot(x, c["register_norm_after"], marker="s", color="C2", label="test-time register, after")
     ax.axvline(c["detect_layer"], color="k", ls=":", label="detection layer")
     ax.set_yscale("log")
-    ax.set_xlabel("layer")
+    ax.set_xlabel("block")
     ax.set_ylabel("token norm")
     outside_legend(ax)
     caption = (

@@ -19,6 +19,7 @@ from vitreg.report.run_files import (
     rendering,
     save_document,
     save_figures,
+    save_slider,
     write_report,
 )
 from vitreg.report.schema import (
@@ -78,7 +79,9 @@ def write_run(
         shown = display_images(images[:max_maps] if images is not None else None, mean, std)
         figs = figures_for(result, shown)
         save_figures(out, figs, figure_formats(config))
-        write_report(out, build_report(doc, figs), figs, slider_data(result, shown))
+        slider = slider_data(result, shown)
+        save_slider(out, slider)
+        write_report(out, build_report(doc, figs), figs, slider)
     return out
 
 

@@ -1,7 +1,8 @@
 """``vitreg report RUN``: render a run's report.md and report.html again from the results it
 saved (metrics.json, or a comparison's comparison.json), as after a rendering failure. Figures
-are those the run saved in figures/ (they are drawn from the analysis, which is not re-run);
-diagnose's layer slider needs the analysis too, so a report rendered again has none."""
+are those the run saved in figures/ (they are drawn from the analysis, which is not re-run),
+and diagnose's block slider the maps it saved there (figures/slider.json): the pages are the
+same bytes as the first rendering's."""
 
 from __future__ import annotations
 
@@ -50,7 +51,13 @@ def render_again(folder: str | Path) -> list[Path]:
     """Render the report of the run in ``folder`` again from its saved results; the files
     written. A failure (a bug) raises :class:`~vitreg.errors.RenderError`, results untouched."""
     from vitreg.report.compare import render_comparison_again
-    from vitreg.report.run_files import again_command, rendering, saved_figures, write_report
+    from vitreg.report.run_files import (
+        again_command,
+        rendering,
+        saved_figures,
+        saved_slider,
+        write_report,
+    )
 
     folder = Path(folder)
     saved = folder / "metrics.json"
@@ -70,5 +77,5 @@ def render_again(folder: str | Path) -> list[Path]:
         )
     with rendering(folder, saved, again_command(folder)):
         figures = saved_figures(folder)
-        write_report(folder, build(doc, figures), figures)
+        write_report(folder, build(doc, figures), figures, saved_slider(folder))
     return [folder / "report.md", folder / "report.html"]
