@@ -24,6 +24,7 @@ from vitreg.report.verbs.diagnose import build_report
 
 TYPED = {"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const"}
 OLD_RUN = TESTS / "report" / "schema_1_1_diagnose.json"
+OLD_FIX = TESTS / "report" / "schema_1_1_fix.json"  # a fix run as schema 1.1 wrote it
 # the only fields that hold JSON as read, not typed here: descriptions of inputs whose fields
 # depend on where they came from (a NeuronSet file's settings, a data set, a feature cache, a
 # task, a training recipe's options, the experiment's size preset, the fix as it describes itself)
@@ -85,6 +86,19 @@ def test_the_1_1_file_is_a_1_1_file_read_as_2_0() -> None:
     assert valid.schema_version == "2.0" and set(valid.results.attention.sink_mass) == {"1", "5"}
     assert doc == old_document(), "reading leaves the document it read untouched"
     assert upgrade({"schema_version": "9.9"}) == {"schema_version": "9.9"}
+
+
+def test_a_1_1_fix_run_has_its_medians_read_into_the_comparison() -> None:
+    from vitreg.verbs.report import builders
+
+    doc = json.loads(OLD_FIX.read_text())
+    assert doc["schema_version"] == "1.1" and "median_patch_norm_before" in doc["results"]
+    valid = validate_metrics(doc)
+    c = valid.results.comparison
+    assert c.median_patch_norm_before == doc["results"]["median_patch_norm_before"]
+    assert len(c.median_patch_norm_after) == len(c.max_patch_norm_after)
+    report = builders()["fix"](valid.model_dump(mode="json"), [])
+    assert render_markdown(report).startswith("**SYNTHETIC")
 
 
 def test_diagnose_results_where_statistics_are_none_render() -> None:

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitreg.analysis.feature_pictures import similarity_maps
 from vitreg.core.io import write_bytes_atomic
 
 CLIP_LOW, CLIP_HIGH = 1.0, 99.0
@@ -546,10 +545,11 @@ def map_grid(
     return figure(name, caption.replace("{n}", str(n)), fig)
 
 
-def similarity_column(title: str, features: Any, query: tuple[int, int]) -> GridColumn:
-    """Cosine similarity of the ``query`` patch to every patch, on the fixed -1..1 scale."""
-    maps = similarity_maps(features).numpy()
-    return GridColumn(title, maps, cmap="RdBu_r", vmin=-1, vmax=1, query=query)
+def similarity_column(title: str, pictures: Any) -> GridColumn:
+    """The cosine similarity of the query patch of ``pictures`` (one site's feature pictures)
+    to every patch, on the fixed -1..1 scale."""
+    maps = pictures.similarity.numpy()
+    return GridColumn(title, maps, cmap="RdBu_r", vmin=-1, vmax=1, query=pictures.query)
 
 
 def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
@@ -558,7 +558,7 @@ def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
     for p in pictures.by_site.values():
         label = "final norm" if p.where == "after the final norm" else p.site.split(".hook")[0]
         columns.append(GridColumn(f"PCA, {label}", p.basis.rgb(p.features)))
-        columns.append(similarity_column(f"similarity, {label}", p.features, p.query))
+        columns.append(similarity_column(f"similarity, {label}", p))
     first = next(iter(pictures.by_site.values()))
     caption = (
         "The patch features themselves, at "

@@ -1,5 +1,6 @@
 """Reading metrics.json files of older schemas as 2.0: 1.0 (diagnose only, no ``verb``) and 1.1
-(per-verb results, attention sink mass as flat ``sink_mass_top{k}`` keys). The upgrade is pure:
+(per-verb results; diagnose's attention sink mass as flat ``sink_mass_top{k}`` keys, fix's
+per-block median patch norms beside its comparison). The upgrade is pure:
 it returns a new document and never touches the file."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def upgrade(doc: Any) -> Any:
     new["schema_version"] = "2.0"
     new.setdefault("verb", "diagnose")
     results = new.get("results")
+    if new["verb"] == "fix" and isinstance(results, dict):
+        _medians_into_comparison(results)
     if new["verb"] == "diagnose" and isinstance(results, dict):
         attention = results.get("attention")
         if isinstance(attention, dict):
@@ -27,6 +30,14 @@ def upgrade(doc: Any) -> Any:
             if isinstance(attention.get("summary"), dict):
                 _nest_sink_mass(attention["summary"])
     return new
+
+
+def _medians_into_comparison(results: dict[str, Any]) -> None:
+    """1.1 fix runs kept the per-block median patch norms beside ``comparison``; 2.0 inside."""
+    comparison = results.get("comparison")
+    for key in ("median_patch_norm_before", "median_patch_norm_after"):
+        if key in results and isinstance(comparison, dict):
+            comparison[key] = results.pop(key)
 
 
 def _nest_sink_mass(block: dict[str, Any]) -> None:

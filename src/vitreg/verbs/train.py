@@ -82,10 +82,29 @@ def run_train(
     write_train_run(
         run_dir,
         result,
-        spec=cfg.variant,
+        described=describe_trained(result.model, cfg.variant),
         data=describe_training_data(cfg.data, recipe=cfg.recipe),
         config=cfg.to_file(),
         command=train_command_line(cfg),
     )
     document = json.loads((run_dir / "metrics.json").read_text())
     return TrainRun("train", run_dir, document, notices.items, training=result)
+
+
+def describe_trained(module: Any, spec: str) -> dict[str, Any]:
+    """The model block of a training run's document: vitreg's description of the trained
+    module when vitreg can wrap it, else what is known without it."""
+    from vitreg.errors import VitregError
+    from vitreg.models.load import wrap
+
+    try:
+        return wrap(module, spec=spec, weights="trained").describe()  # trained by this run
+    except VitregError:
+        return {
+            "spec": spec,
+            "family": "unknown",
+            "synthetic": False,
+            "weights": "trained",
+            "layout": {},
+            "dims": {},
+        }

@@ -68,6 +68,8 @@ class Comparison(Strict):
     outlier_rate_after: float
     max_patch_norm_before: list[float]
     max_patch_norm_after: list[float]
+    median_patch_norm_before: list[float]
+    median_patch_norm_after: list[float]
     register_norm_after: list[float | None]
     verdict_before: bool
     verdict_after: bool
@@ -92,13 +94,11 @@ class NeuronsUsed(Strict):
 
 
 class FixResults(Strict):
-    """``vitreg fix``: the comparison, the neurons, the discovery when none were given, the
-    per-block median patch norms (for the curves) and the planted ground truth."""
+    """``vitreg fix``: the comparison, the neurons, the discovery when none were given and the
+    planted ground truth."""
 
     comparison: Comparison
     neurons: NeuronsUsed
     discovery: Discovered | None = None
     saved: str | None = None
     planted: list[PlantedRow] | None = None
-    median_patch_norm_before: list[float]
-    median_patch_norm_after: list[float]
