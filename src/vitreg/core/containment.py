@@ -18,9 +18,12 @@ def outside(folder: str | Path, path: str | Path) -> str | None:
     ``None`` when it resolves inside ``folder`` (the folder itself counts as inside)."""
     try:
         root = os.path.realpath(folder, strict=True)
-        target = os.path.realpath(path, strict=False)
+        try:
+            target = os.path.realpath(path, strict=True)
+        except FileNotFoundError:  # not there (yet), or a dangling link: where it points
+            target = os.path.realpath(path, strict=False)
     except (OSError, RuntimeError) as e:  # a link loop, an unreadable folder
-        return f"a path that cannot be resolved ({e})"
+        return f"a path that cannot be resolved ({e.strerror or e})"
     if target == root or target.startswith(root.rstrip(os.sep) + os.sep):
         return None
     return target

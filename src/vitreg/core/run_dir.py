@@ -211,7 +211,7 @@ def _foreign(out: Path, files: set[str]) -> list[str]:
                 continue  # a folder: its entries are examined
             elif not (rel in OWN or _owned(rel, files)):
                 found.append(rel)
-    return found
+    return sorted(found)
 
 
 def _no_link(out: Path, rel: str) -> Path | None:

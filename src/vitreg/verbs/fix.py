@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import FixConfig
-from vitreg.core.run_dir import session
 from vitreg.core.readers import read_json
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
