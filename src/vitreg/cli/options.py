@@ -8,7 +8,10 @@ from vitreg.verbs.common import DEFAULT_SPEC
 
 SPEC = typer.Argument(None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC}).")
 IMAGES = typer.Option(
-    None, "--images", help="Folder of images (searched recursively; bad files are skipped)."
+    None,
+    "--images",
+    help="Folder of images (searched recursively; bad files are skipped), or webdataset "
+    "shards as wds:PATTERN (e.g. wds:/data/train-{0000..0099}.tar).",
 )
 SAMPLES = typer.Option(False, "--samples", help="Use the photos bundled with scikit-image.")
 LIMIT = typer.Option(None, "--limit", min=1, help="Use at most N images.")
