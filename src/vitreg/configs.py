@@ -157,6 +157,7 @@ class NeuronsConfig(NeuronSearch):
 
     figure_format: FigureFormat = FIGURE_FORMAT
     stability: bool = Field(False, description="also choose the set on each half of the images")
+    hub_dir: Path | None = Field(None, description="also write a hub-ready folder (set + card)")
 
 
 class FixConfig(NeuronSearch):

@@ -61,6 +61,12 @@ def neurons_command(
         help="Also choose the set from each half of the images and report their overlap "
         "(about twice the cost of the selection).",
     ),
+    hub_dir: Path | None = typer.Option(
+        None,
+        "--hub-dir",
+        help="Also write a hub-ready folder: the set and a model card with its metadata "
+        "(upload it with `vitreg push DIR ORG/REPO`).",
+    ),
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
@@ -81,6 +87,9 @@ def run_neurons(cfg: Any) -> None:
     with cli_errors():
         run = neurons(cfg, progress, show_notice)
     show(run.found, run.spec, run.run_dir)
+    if cfg.hub_dir is not None:
+        show_path("hub folder", cfg.hub_dir)
+        show_line(f"upload: {escape(f'vitreg push {shlex.quote(str(cfg.hub_dir))} ORG/REPO')}")
 
 
 def show(found: Any, spec: str, run_dir: Path) -> None:

@@ -59,3 +59,8 @@ def write(
             results=results,
             command=command,
         )
+        if config.get("hub_dir"):
+            from vitreg.neurons import hub
+
+            meta = hub.run_metadata(found, model, source.label, data["n_images"])
+            hub.write_folder(found.chosen, config["hub_dir"], meta)
