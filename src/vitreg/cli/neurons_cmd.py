@@ -67,6 +67,7 @@ def neurons_command(
         help="Also write a hub-ready folder: the set and a model card with its metadata "
         "(upload it with `vitreg push DIR ORG/REPO`).",
     ),
+    checkpoint_every: int | None = opt.CHECKPOINT_EVERY,
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,

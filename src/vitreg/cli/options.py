@@ -73,3 +73,12 @@ def resolve_config(
     }
     merged = {**read_config(config, cls.verb), **given}
     return build_config(cls, merged, f"--config {config} (or the options given with it)")
+
+
+CHECKPOINT_EVERY = typer.Option(
+    None,
+    "--checkpoint-every",
+    min=1,
+    help="Save the streaming statistics every N images into OUT.resume (beside the run); "
+    "running the same command again resumes from there (removed once the run is written).",
+)

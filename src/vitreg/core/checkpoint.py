@@ -119,16 +119,36 @@ class Resume:
 
 
 @contextmanager
-def resumable(folder: str | Path, every: int) -> Iterator[Resume]:
+def resumable(
+    folder: str | Path, every: int, identity: dict[str, Any] | None = None
+) -> Iterator[Resume]:
     """Within the block, streaming passes checkpoint every ``every`` images into ``folder``
-    and resume from what is there."""
+    and resume from what is there. ``identity`` (JSON: e.g. a run's resolved config) is kept in
+    ``folder/run.json``; a folder kept for another identity is refused."""
     scope = Resume(Path(folder).expanduser(), every)
     scope.folder.mkdir(parents=True, exist_ok=True)
+    if identity is not None:
+        check_identity(scope.folder / "run.json", identity)
     _active.append(scope)
     try:
         yield scope
     finally:
         _active.pop()
+
+
+def check_identity(path: Path, identity: dict[str, Any]) -> None:
+    """Write ``identity`` to ``path``, or check that the one there is the same."""
+    wanted = json.loads(json.dumps(identity, default=str))
+    if path.is_file():
+        if json.loads(path.read_text()) != wanted:
+            raise InputError(
+                f"{str(path.parent)!r} holds the checkpoints of another run (other settings or "
+                "images); remove it to start afresh"
+            )
+        return
+    rank, _ = _rank_world()
+    if rank == 0:
+        write_text_atomic(path, json.dumps(wanted, indent=2))
 
 
 def next_pass(key: dict[str, Any]) -> Pass | None:

@@ -12,6 +12,7 @@ from vitreg.verbs.common import images_named, join_torchrun, prepare, read_docum
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import discover, planted_rows
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
+from vitreg.verbs.resume import checkpointed, finished
 
 
 def run_neurons(
@@ -25,8 +26,10 @@ def run_neurons(
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     check_images(cfg.images)
     model, source = model_and_images(cfg, join_torchrun(cfg.device), progress, notices)
-    found = discover(model, source, cfg, progress, notices)
+    with checkpointed(cfg.out, cfg.checkpoint_every, cfg.to_file()):
+        found = discover(model, source, cfg, progress, notices)
     on_main(write, cfg.out, model, source, found, cfg.to_file(), command, progress)
+    finished(cfg.out, cfg.checkpoint_every)
     document = read_document(cfg.out / "metrics.json")
     return NeuronsRun("neurons", cfg.out, document, notices.items, found=found, spec=cfg.spec)
 
