@@ -474,6 +474,12 @@ def read_config(path: str | Path, verb: str) -> dict[str, Any]:
     raw = read_yaml(p, "--config")
     if not isinstance(raw, dict):
         raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
+    if "overwrite" in raw:  # issue 24: replacing a run is asked on the command line only
+        raise InputError(
+            f"--config {p} sets overwrite; vitreg never reads overwrite from a file, so that a "
+            "config cannot replace a run: remove that line and pass --overwrite on the command "
+            "line to replace the run in --out"
+        )
     found = raw.pop("verb", None)
     if found != verb:
         shown = found if isinstance(found, str) and found else "pre-1.1 or unknown"
