@@ -14,13 +14,16 @@ DISCOVERED = (
 
 
 def neuron_file(neurons: str | None, spec: str) -> Any:
-    """The NeuronSet that a file source names, read and validated, or ``spec``'s built-in set
-    (a spec without one is refused), before any model loads; ``None`` for discovery."""
+    """The NeuronSet that a file or hub source (``hf:ORG/REPO[@REVISION]``) names, read and
+    validated, or ``spec``'s built-in set (a spec without one is refused), before any model
+    loads; ``None`` for discovery."""
     from vitreg.fix.neuron_set import NeuronSet
-    from vitreg.neurons import builtin_neurons
+    from vitreg.neurons import builtin_neurons, hub
 
     if neurons is None:
         return None
+    if hub.is_hub(neurons):
+        return hub.load_hub(neurons)
     return builtin_neurons(spec) if neurons == "builtin" else NeuronSet.load(neurons)
 
 
@@ -30,6 +33,9 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
     after skips and the held-out cap) goes to ``notices``."""
     from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 
+    sizes = list(getattr(cfg, "check_sizes", ()))
+    if sizes:
+        accept_sizes(model, sizes, notices)
     found = find_neurons(
         model,
         source,
@@ -41,6 +47,7 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
         highest_layer=cfg.highest_layer,
         threshold=cfg.threshold,
         stability=getattr(cfg, "stability", False),
+        check_sizes=sizes,
         progress=progress,
     )
     split = found.split
@@ -52,6 +59,30 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
         )
     )
     return found
+
+
+def accept_sizes(model: Any, sizes: list[int], notices: Notices) -> None:
+    """Let a timm ViT built for one size take the other ``sizes`` too (position-embedding
+    interpolation, outputs at the built size unchanged), said in a notice; other models keep
+    their own rule, and a size they refuse is refused by the automatic path with the reason."""
+    from vitreg.errors import InputError
+    from vitreg.models.input_size import enable_dynamic_size
+
+    try:
+        for size in sizes:
+            model.layout_for((size, size))
+    except InputError:
+        module = model.module
+        if not (hasattr(module, "patch_embed") and hasattr(module, "dynamic_img_size")):
+            return
+        enable_dynamic_size(module)
+        notices.append(
+            Notice(
+                "sizes",
+                f"--check-sizes {','.join(map(str, sizes))}: the model now takes other sizes "
+                "(position embeddings interpolated, as timm's dynamic_img_size does)",
+            )
+        )
 
 
 def load_neurons(
@@ -67,7 +98,7 @@ def load_neurons(
     """The NeuronSet (file -- ``preloaded`` if read already --, built-in, or discovered first),
     what it is, and the discovery."""
     from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
-    from vitreg.neurons import builtin_neurons
+    from vitreg.neurons import builtin_neurons, hub
     from vitreg.neurons.auto import layer_counts
 
     found = None
@@ -86,6 +117,10 @@ def load_neurons(
     elif neurons == "builtin":
         chosen = preloaded if preloaded is not None else builtin_neurons(model.spec or spec)
         origin = f"the built-in set for {chosen.model_spec}"
+    elif hub.is_hub(neurons):
+        chosen = preloaded if preloaded is not None else hub.load_hub(neurons)
+        commit = chosen.data.get("hub", {}).get("commit")
+        origin = f"the hub set {neurons}" + (f" (commit {commit})" if commit else "")
     else:
         chosen = preloaded if preloaded is not None else NeuronSet.load(neurons)
         origin = f"the file {neurons}"
