@@ -303,9 +303,9 @@ def test_cli_vlm_writes_a_report_with_both_maps(tiny, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = validate_metrics(json.loads((out / "metrics.json").read_text()))
-    assert doc.verb == "vlm" and doc.results["summary"]["n_images"] == 2
-    s = doc.results["summary"]
-    assert s["max_over_median_before"] > 10 > 2 > s["max_over_median_after"]
+    assert doc.verb == "vlm" and doc.results.summary.n_images == 2
+    s = doc.results.summary
+    assert s.max_over_median_before > 10 > 2 > s.max_over_median_after
     assert {m.name for m in doc.metrics} >= {"vlm.identical_rate", "vlm.first_token_kl"}
     report = (out / "report.md").read_text()
     assert "feature norm" in report and "LM→image attention" in report

@@ -162,6 +162,28 @@ class Stability(Strict):
     overlap_with_whole: list[float | None]
 
 
+class SizeCheck(Strict):
+    """The chosen set's fix on the held-out images resized to one other size."""
+
+    img_size: int
+    blocks_with_outlier_mode_before: list[int]
+    blocks_with_outlier_mode_after: list[int]
+    max_over_median_before: float
+    max_over_median_after: float
+    ordinary_max_over_median: float
+    outlier_rate_before: float
+    outlier_rate_after: float
+    clean_after: bool
+
+
+class OtherSizes(Strict):
+    """The fix checked at other image sizes (register neurons can be resolution-specific)."""
+
+    method: str
+    sizes: list[SizeCheck]
+    clean_at_every_size: bool
+
+
 class PlantedRow(Strict):
     """A planted fixture's unit: its role, and whether the run chose it."""
 
@@ -199,6 +221,7 @@ class Discovered(Strict):
     discovery: Discovery
     notes: list[str]
     stability: Stability | None = None
+    other_sizes: OtherSizes | None = None
 
 
 class NeuronsResults(Discovered):
