@@ -1,38 +1,13 @@
-"""Sink events and classes: each kinds plant recovered exactly, silence elsewhere, and the rule
-against a hand computation (naive A u and its singular values)."""
+"""Sink rules against a hand computation (naive A u and its singular values); the plants are
+recovered in tests/analysis/test_analysis_kinds.py."""
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
 
-import vitreg
-from vitreg.analysis.base import run_analyses
 from vitreg.analysis.sink_rules import head_stats, sink_class, sqrt_psd
-from vitreg.analysis.sinks import SinkAnalysis, transition_block
-from vitreg.testing.planted_kinds import KINDS
-
-
-def _sinks(name: str):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = vitreg.load(f"planted:{name}")
-    x = torch.randn(6, 3, 64, 64, generator=torch.Generator().manual_seed(3))
-    res, _, _ = run_analyses(model, x, [SinkAnalysis()], batch_size=3)
-    return res["sinks"], model.module.vitreg_kind_truth
-
-
-@pytest.mark.parametrize("name", sorted(KINDS))
-def test_each_plant_recovered_exactly_and_silent_elsewhere(name: str) -> None:
-    result, truth = _sinks(name)
-    found = {(h.block, h.head, h.kind, h.key_type) for h in result.heads}
-    assert found == {(s.block, s.head, s.kind, s.key_type) for s in truth.sinks}
-    assert all(h.rate == 1.0 for h in result.heads)
-    assert result.per_image["total"] == len(truth.sinks)
-    if truth.registers_absorb:
-        assert result.register_share == 1.0
+from vitreg.analysis.sinks import transition_block
 
 
 def test_rule_matches_a_hand_computation() -> None:
