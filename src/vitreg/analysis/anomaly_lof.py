@@ -28,6 +28,7 @@ NEIGHBOURS = 30
 CONTAMINATION = 0.05
 STRONG = 1.5  # LOF score (ratio of local densities) that makes a flagged token a clear outlier
 PRESENT_SHARE = 0.5  # anomalies are reported present when this share of images has strong ones
+MIN_TOKENS = 8  # fewer patches per image: no density to compare
 RULE = (
     f"per image, LocalOutlierFactor(n_neighbors={NEIGHBOURS}, contamination={CONTAMINATION}) on "
     "the penultimate block's patch tokens flags the top 5% (SC-CLIP, Bai et al. 2024); strong: "
@@ -146,6 +147,10 @@ class LOFAnalysis(Analysis):
         grid = trace.layouts.get(sample.site) or model.layout
         h, w = grid.grid
         flags, autos, strong, scores, maps = [], [], [], [], []
+        notes = []
+        if any(len(t) < MIN_TOKENS for _, t in kept.values()):
+            notes.append(f"images with fewer than {MIN_TOKENS} patches are skipped")
+            kept = {i: v for i, v in kept.items() if len(v[1]) >= MIN_TOKENS}
         for image, (index, tokens) in kept.items():
             flagged, score = lof_flags(tokens.numpy())
             f = torch.from_numpy(flagged)
@@ -168,5 +173,5 @@ class LOFAnalysis(Analysis):
             max_score=max(scores, default=0.0),
             agreement=agree,
             maps=maps,
-            notes=[] if autos else ["no norm results: agreement with the auto outliers unknown"],
+            notes=notes + ([] if autos else ["no auto outliers to compare with (no norm results)"]),
         )
