@@ -21,7 +21,7 @@ def test_rule_matches_a_hand_computation() -> None:
     w = torch.randn(c, h, d, generator=g)
     gamma = torch.rand(c, generator=g) + 0.1
     metric = torch.einsum("chd,che->hde", w * gamma[:, None, None], w * gamma[:, None, None])
-    stats = head_stats(a, v, metric, sqrt_psd(metric))
+    stats = head_stats(a, v, metric, lambda: sqrt_psd(metric))
     u = torch.einsum("bnhd,chd->bhnc", v, w) * gamma  # u_j = gamma * W_O^h v_j
     for i in range(b):
         for j in range(h):

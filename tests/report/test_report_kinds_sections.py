@@ -18,18 +18,20 @@ from vitreg.analysis.norms import NormAnalysis
 from vitreg.analysis.positions import PositionAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
+from vitreg.report.kinds_figures import kinds_figures
 from vitreg.report.kinds_sections import detail_sections, kinds_section
 from vitreg.report.markdown import Report, Table, render_markdown
 from vitreg.report.schema import plain
 
 
-def _doc(model: vitreg.Model, size: int) -> dict[str, Any]:
+def _run(model: vitreg.Model, size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The analyses' results and the metrics.json document of them."""
     x = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(0))
     chosen = [NormAnalysis(), SinkAnalysis(), MassiveAnalysis(), LOFAnalysis()]
     res, skipped, _ = run_analyses(model, x, chosen + [PositionAnalysis(), RegisterAnalysis()])
     res["kinds"] = verdicts(res, skipped)
     results = {k: v.to_dict() for k, v in res.items()}
-    return {"results": plain({**results, "not_applicable": skipped})}
+    return res, {"results": plain({**results, "not_applicable": skipped})}
 
 
 def _markdown(doc: dict[str, Any]) -> str:
@@ -40,7 +42,7 @@ def test_plant_sections_name_the_broadcast_head() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = vitreg.load("planted:kinds_broadcast_sink")
-    doc = _doc(model, 64)
+    res, doc = _run(model, 64)
     first = kinds_section(doc)
     assert first.key == "kinds" and "broadcast sinks" in first.blocks[0]
     table = next(b for b in first.blocks if isinstance(b, Table))
@@ -48,6 +50,8 @@ def test_plant_sections_name_the_broadcast_head() -> None:
     sinks = detail_sections(doc)[0]
     heads = next(b for b in sinks.blocks if isinstance(b, Table))
     assert heads.rows[0][:4] == ["3", "2", "broadcast", "cls"]
+    figs = {f.name: f for f in kinds_figures(res)}
+    assert set(figs) == {"sink_map", "position_maps"} and figs["sink_map"].png
 
 
 ARCHS = {  # timm architectures, random weights, tiny depth and images
@@ -65,7 +69,7 @@ ARCHS = {  # timm architectures, random weights, tiny depth and images
 def test_real_architectures_show_register_and_position_sections(arch: str) -> None:
     name, kwargs, size = ARCHS[arch]
     model = vitreg.load(f"timm:{name}", pretrained=False, **kwargs)
-    text = _markdown(_doc(model, size))
+    text = _markdown(_run(model, size)[1])
     assert "## Register tokens" in text and "## Position-tied artifacts" in text
     if model.layout.n_reg:
         assert "4 registers, 0 inserted" in text and "register norm" in text

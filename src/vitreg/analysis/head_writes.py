@@ -34,7 +34,8 @@ class HeadWrites:
     def value_metric(self) -> torch.Tensor:
         """``[H, D, D]``: ``M_h = W_h^T diag(gamma^2) W_h``, so ``||u_j||^2 = v_j^T M_h v_j``."""
         w = self.w if self.gamma is None else self.w * self.gamma[:, None, None]
-        return torch.einsum("chd,che->hde", w, w)
+        per_head = w.permute(1, 0, 2)  # [H, C, D]
+        return per_head.transpose(1, 2) @ per_head
 
 
 def _parents(root: nn.Module) -> dict[int, nn.Module]:

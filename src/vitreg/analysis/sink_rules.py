@@ -17,6 +17,7 @@ whose eigenvalues are the squared singular values of ``U``: exact, without formi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,17 +52,21 @@ def sqrt_psd(m: torch.Tensor) -> torch.Tensor:
 
 
 def head_stats(
-    pattern: torch.Tensor, v: torch.Tensor, metric: torch.Tensor, metric_sqrt: torch.Tensor
+    pattern: torch.Tensor,
+    v: torch.Tensor,
+    metric: torch.Tensor,
+    metric_sqrt: Callable[[], torch.Tensor],
 ) -> HeadStats:
     """Sink statistics of ``pattern [B, H, N, N]`` and values ``v [B, N, H, D]`` given the
-    per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and its square root."""
+    per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a function returning its square
+    root (called only when some head has an event)."""
     a = pattern.float()
     b, h, n, _ = a.shape
     vh = v.float().permute(0, 2, 1, 3)  # [B, H, N, D]
     mass, key = a.mean(dim=2).max(dim=-1)
     a_is = a.gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
     routed = (a_is >= ROUTE).float().mean(-1)
-    sq = torch.einsum("bhnd,hde,bhne->bhn", vh, metric.to(vh), vh).clamp_min(0)
+    sq = ((vh @ metric.to(vh)) * vh).sum(-1).clamp_min(0)  # v_j^T M_h v_j
     un = sq.sqrt()
     us = un.gather(2, key[..., None]).squeeze(-1)
     other = (un.sum(-1) - us) / max(n - 1, 1)
@@ -71,7 +76,7 @@ def head_stats(
     if event.any():
         bi, hi = event.nonzero(as_tuple=True)
         z = (a[bi, hi] @ vh[bi, hi]).double()  # [E, N, D]: A v of each event head
-        s = metric_sqrt.to(z.device)[hi]
+        s = metric_sqrt().to(z.device)[hi]
         ev = torch.linalg.eigvalsh(s @ (z.transpose(-1, -2) @ z) @ s).clamp_min(0)
         rank[bi, hi] = (ev.sum(-1) / ev[:, -1].clamp_min(1e-30)).to(rank)
     return HeadStats(key, mass, routed, ratio, rank)

@@ -34,10 +34,16 @@ class _Pair:
 
     def __init__(self, metric: torch.Tensor) -> None:
         self.metric = metric
-        self.metric_sqrt = sqrt_psd(metric)
+        self._sqrt: torch.Tensor | None = None
         self.waiting: dict[int, dict[str, torch.Tensor]] = {}
         self.rows: list[tuple[int, HeadStats]] = []
         self.layout: TokenLayout | None = None
+
+    def metric_sqrt(self) -> torch.Tensor:
+        """``M^(1/2)`` per head, computed when the first event needs it."""
+        if self._sqrt is None:
+            self._sqrt = sqrt_psd(self.metric)
+        return self._sqrt
 
     def put(self, kind: str, t: torch.Tensor, ctx: HookContext, offset: int) -> None:
         slot = self.waiting.setdefault(offset, {})

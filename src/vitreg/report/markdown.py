@@ -27,6 +27,8 @@ FIGURE_SECTION = {
     "ln_similarity": "ln_separation",
     "channel_ownership": "ln_separation",
     "feature_pictures": "features",
+    "sink_map": "sinks",
+    "position_maps": "positions",
 }
 RULE_ORDER = ("absolute", "top_p", "robust_z", "auto")
 
