@@ -13,6 +13,7 @@ from vitreg.fix.base import Fix
 from vitreg.fix.clearclip import ClearCLIP
 from vitreg.fix.naclip import NACLIP
 from vitreg.fix.neuron_set import NeuronSet
+from vitreg.fix.sc_clip import SCCLIP
 from vitreg.fix.sclip import SCLIP
 from vitreg.hooks.sites import Handle
 from vitreg.models.model import Model
@@ -164,3 +165,11 @@ for _cls, _summary in (
     (NACLIP, "NACLIP: Gaussian-neighbour k-k, no residual/FFN"),
 ):
     FIXES.register(FixMethod(_cls.name, _summary, lambda _i, c=_cls: c(), last_block=True))
+FIXES.register(
+    FixMethod(
+        "sc-clip",
+        "SC-CLIP: LOF token repair, similarity re-aggregation, multi-level fusion",
+        lambda _inputs: SCCLIP(),
+        last_block=True,
+    )
+)
