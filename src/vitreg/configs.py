@@ -163,12 +163,21 @@ class FixConfig(NeuronSearch):
     verb: ClassVar[str] = "fix"
 
     neurons: str | None = Field(None, description="NeuronSet file, 'builtin', or None: discover")
+    method: str = Field("ttr", description="fix method, a+b to compose, a,b for a leaderboard")
     save: Path | None = None
     registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
     figure_format: FigureFormat = FIGURE_FORMAT
+
+    @field_validator("method")
+    @classmethod
+    def _methods(cls, v: str) -> str:
+        """Known method names that compose (checked before any model loads)."""
+        from vitreg.fix.methods import parse_entries
+
+        return ",".join(parse_entries(v))
 
     @field_validator("save")
     @classmethod

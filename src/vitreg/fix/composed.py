@@ -18,6 +18,8 @@ class ComposedFix(Fix):
         if len(names) != len(parts) or len(parts) < 2:
             raise InputError("a composed fix needs two or more named parts")
         self.names, self.parts = names, parts
+        # the neuron set of the part that edits one (the feature cache keys on it)
+        self.neurons = next((p.neurons for p in parts if hasattr(p, "neurons")), None)
 
     def describe(self) -> dict[str, Any]:
         return {
