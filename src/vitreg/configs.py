@@ -294,8 +294,8 @@ class ProbeRunConfig(RunConfig):
     @field_validator("templates")
     @classmethod
     def _templates_for_zero_shot(cls, v: Path | None, info: Any) -> Path | None:
-        if v is not None and info.data.get("task") not in (None, "zero-shot"):
-            raise ValueError("prompt templates apply to task zero-shot only")
+        if v is not None and info.data.get("task") not in (None, "zero-shot", "ov-seg"):
+            raise ValueError("prompt templates apply to tasks zero-shot and ov-seg only")
         if v is not None and not v.is_file():
             raise ValueError("no such file (one template per line, with {} for the class name)")
         return v
