@@ -138,9 +138,9 @@ class OvSeg(ModelTask):
         if self.background and self.settings["area_thd"]:
             pred = per_class.argmax(1)
             area = F.one_hot(pred, self.k).sum((1, 2)).float()  # [B, K]
-            fg = area[:, 1:]
+            fg = area[:, 1:]  # layout: classes (0 = background), not tokens
             keep = fg > self.settings["area_thd"] * fg.sum(1, keepdim=True)
-            per_class[:, 1:] *= keep[..., None, None]
+            per_class[:, 1:] *= keep[..., None, None]  # layout: foreground classes
         top, pred = per_class.max(1)
         if self.background:
             pred = torch.where(top < self.settings["prob_thd"], 0, pred)
