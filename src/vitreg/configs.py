@@ -164,6 +164,7 @@ class FixConfig(NeuronSearch):
 
     neurons: str | None = Field(None, description="NeuronSet file, 'builtin', or None: discover")
     method: str = Field("ttr", description="fix method, a+b to compose, a,b for a leaderboard")
+    probe: str | None = Field(None, description="leaderboard probe: TASK:DATA, e.g. ov-seg:voc:DIR")
     save: Path | None = None
     registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
@@ -178,6 +179,17 @@ class FixConfig(NeuronSearch):
         from vitreg.fix.methods import parse_entries
 
         return ",".join(parse_entries(v))
+
+    @field_validator("probe")
+    @classmethod
+    def _probe(cls, v: str | None) -> str | None:
+        """A known probe task and a dataset spec, split at the first colon."""
+        from vitreg.probe.tasks import TASKS
+
+        task, _, data = (v or "").partition(":")
+        if v is not None and (task not in TASKS or not data):
+            raise ValueError(f"give TASK:DATA with TASK one of {', '.join(sorted(TASKS))}")
+        return v
 
     @field_validator("save")
     @classmethod

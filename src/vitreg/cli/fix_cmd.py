@@ -30,6 +30,12 @@ def fix_command(
         "composes (e.g. ttr+naclip); a,b,... (or any method but ttr) writes a leaderboard "
         "against the unfixed model instead of the before/after report.",
     ),
+    probe: str | None = typer.Option(
+        None,
+        "--probe",
+        help="Leaderboard only: also score each fix with a probe, TASK:DATA (e.g. "
+        "ov-seg:voc:DIR for CLIPs with a text tower, segmentation:synthetic-seg:n=32,size=112).",
+    ),
     images: Path | None = opt.IMAGES,
     samples: bool = opt.SAMPLES,
     out: Path | None = opt.out_dir("fix"),

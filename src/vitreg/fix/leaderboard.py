@@ -154,7 +154,7 @@ def bench_fixes(
             max_over_median=ratios,
             images_per_s=speed,
             relative_speed=1.0,
-            scores={k: s(model, None) for k, s in scorers.items()},
+            scores={m: v for s in scorers.values() for m, v in s(model, None).items()},
         )
     ]
     for entry, part_of in expand(entries).items():
@@ -175,7 +175,7 @@ def bench_fixes(
         row.fix = {"method": entry, **(fix.describe() if hasattr(fix, "describe") else {})}
         row.pooled_cosine = _cosine_stats(_pair(base, ran, "pooled"))
         row.patch_cosine = _cosine_stats(_pair(base, ran, "dense"))
-        row.scores = {k: s(model, fix) for k, s in scorers.items()}
+        row.scores = {m: v for s in scorers.values() for m, v in s(model, fix).items()}
     return Board(rows, sum(len(b) for b in batches))
 
 

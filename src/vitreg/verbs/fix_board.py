@@ -14,6 +14,25 @@ from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons
 from vitreg.verbs.result import Listener, Notice, Notices
 
+CACHE = Path(".vitreg-cache") / "features"  # the probe verb's default feature cache
+OV_SEG_SIZE = 336  # the protocol's short side (VOC, Context, COCO-Object, ADE20K configs)
+
+
+def probe_scorer(spec: str, cache: Path, batch_size: int) -> Any:
+    """A leaderboard scorer running probe ``TASK:DATA`` on the model, bare or under a fix."""
+    from vitreg.probe.run import run
+
+    task, _, data = spec.partition(":")
+    size = OV_SEG_SIZE if task == "ov-seg" else None  # sliding 224 crops, as published
+
+    def score(model: Any, fix: Any) -> dict[str, dict[str, Any]]:
+        result = run(model, task, data, fix=fix, base=fix is None, cache_dir=cache,
+                     batch_size=batch_size, image_size=size)  # fmt: skip
+        layer = result.results["fixed" if fix is not None else "base"][-1]
+        return {f"{task} {s.metric}": s.to_dict() for s in layer.scores}
+
+    return score
+
 
 @dataclass
 class BoardRun:
@@ -51,8 +70,17 @@ def run_fix_board(
             done.append(entry)
             update(len(done) - 1)
 
+        scorers = {}
+        if cfg.probe is not None:
+            scorers[cfg.probe] = probe_scorer(cfg.probe, CACHE, cfg.batch_size)
         board = bench_fixes(
-            model, entries, source, inputs, batch_size=cfg.batch_size, progress=step
+            model,
+            entries,
+            source,
+            inputs,
+            batch_size=cfg.batch_size,
+            scorers=scorers,
+            progress=step,
         )
         update(len(rows))
     described = model.describe()
