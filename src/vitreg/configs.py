@@ -157,6 +157,16 @@ class NeuronsConfig(NeuronSearch):
 
     figure_format: FigureFormat = FIGURE_FORMAT
     stability: bool = Field(False, description="also choose the set on each half of the images")
+    check_sizes: list[PositiveInt] = Field(
+        default_factory=list, description="image sizes at which the chosen set's fix is checked too"
+    )
+
+    @field_validator("check_sizes", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return [] if v is None else v
 
 
 class FixConfig(NeuronSearch):
@@ -480,6 +490,12 @@ def read_config(path: str | Path, verb: str) -> dict[str, Any]:
     raw = read_yaml(p, "--config")
     if not isinstance(raw, dict):
         raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
+    if "overwrite" in raw:  # issue 24: replacing a run is asked on the command line only
+        raise InputError(
+            f"--config {p} sets overwrite; vitreg never reads overwrite from a file, so that a "
+            "config cannot replace a run: remove that line and pass --overwrite on the command "
+            "line to replace the run in --out"
+        )
     found = raw.pop("verb", None)
     if found != verb:
         shown = found if isinstance(found, str) and found else "pre-1.1 or unknown"

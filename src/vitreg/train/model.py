@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from vitreg.errors import InputError, SpecError, UnsupportedModelError
+from vitreg.models.input_size import enable_dynamic_size
 
 VIT_API = ("patch_embed", "forward_features", "forward_head", "num_prefix_tokens", "embed_dim")
 
@@ -45,6 +46,7 @@ def build_model(
 ) -> nn.Module:
     """A timm ViT with ``num_classes`` outputs (0 = features only), dynamic input size if asked."""
     kwargs = dict(kwargs or {})
+    refuse_file_args(kwargs)
     if isinstance(model_or_spec, nn.Module):
         model = model_or_spec
     else:
@@ -66,6 +68,17 @@ def build_model(
     if dynamic and not getattr(model, "dynamic_img_size", False):
         enable_dynamic_size(model)
     return model
+
+
+def refuse_file_args(kwargs: Mapping[str, Any]) -> None:
+    """Refuse constructor arguments that make timm read a file or decide on weights
+    (``checkpoint_path``, ``pretrained_cfg_overlay``, ...; issue 24), whoever passes them."""
+    from vitreg.models.loaders.local import REFUSED_ARGS
+
+    refused = sorted(set(kwargs) & set(REFUSED_ARGS))
+    if refused:
+        key = refused[0]
+        raise InputError(f"the model argument {key} is refused: {REFUSED_ARGS[key]}")
 
 
 def check_build(spec: Any, build: dict[str, Any]) -> None:
@@ -132,15 +145,3 @@ def _create(spec: Any, build: dict[str, Any]) -> nn.Module:
         return timm.create_model(spec, **build)
     except TypeError as e:
         raise SpecError(f"cannot build {spec!r} with {sorted(build)}: {e}") from None
-
-
-def enable_dynamic_size(model: nn.Module) -> None:
-    """Let a timm ViT take any multiple of its patch size (pos-embed interpolation), as
-    ``dynamic_img_size=True`` at construction would; needed for DINO's smaller local crops."""
-    from timm.layers import Format
-
-    pe = model.patch_embed
-    model.dynamic_img_size = True
-    pe.strict_img_size = False
-    pe.flatten = False
-    pe.output_fmt = Format.NHWC

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import DiagnoseConfig
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import (
@@ -91,6 +92,7 @@ def diagnose_one(
     return result
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_diagnose(
     cfg: DiagnoseConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> DiagnoseRun:

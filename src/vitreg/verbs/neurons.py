@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import NeuronsConfig
+from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
 from vitreg.verbs.loading import check_images, model_and_images
@@ -14,6 +15,7 @@ from vitreg.verbs.neuron_sources import discover, planted_rows
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_neurons(
     cfg: NeuronsConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> NeuronsRun:
