@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import FixConfig
+from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, prepare
 from vitreg.verbs.loading import check_images, model_and_images
@@ -43,6 +44,7 @@ class BoardRun:
     notices: list[Notice]
 
 
+@session()  # the --out claimed inside is released when the verb ends
 def run_fix_board(
     cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> BoardRun:
