@@ -15,11 +15,15 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize(
-    ("method", "needle"),
-    [("nope", "unknown fix method 'nope'"), ("naclip+sclip", "at most one")],
+    ("args", "needle"),
+    [
+        (["--method", "nope"], "unknown fix method 'nope'"),
+        (["--method", "naclip+sclip"], "at most one"),
+        (["--method", "naclip", "--probe", "nope:voc:x"], "TASK:DATA"),
+    ],
 )
-def test_bad_methods_fail_before_loading(method, needle, tmp_path):
-    result = runner.invoke(app, ["fix", "planted:clip_t16", "--method", method])
+def test_bad_methods_and_probes_fail_before_loading(args, needle):
+    result = runner.invoke(app, ["fix", "planted:clip_t16", *args])
     assert_clean_failure(result, needle)
 
 
