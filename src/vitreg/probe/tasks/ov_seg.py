@@ -23,6 +23,7 @@ from torch import Tensor
 from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.models.text_tower import text_tower
+from vitreg.probe import ov_seg_data  # noqa: F401  (registers voc20:, cityscapes:)
 from vitreg.probe.metrics import IGNORE_INDEX, miou
 from vitreg.probe.tasks.base import Score, TaskResult, register_task
 from vitreg.probe.yardsticks import Yardstick
