@@ -32,6 +32,7 @@ FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
 MAX_SEED = 2**32 - 1  # every RNG vitreg seeds (torch, numpy, the data order) takes it
 # counts that size what a run allocates or loops over, bounded before anything runs
 REGISTERS = Field(1, gt=0, le=256, description="test-time registers (the paper uses 1)")
+CHECKPOINT = "save the streaming statistics every N images into RUN.resume; a rerun resumes"
 BATCH = Field(32, gt=0, le=65536, description="images per forward pass")
 
 
@@ -124,6 +125,8 @@ class ModelImages(RunConfig):
 class DiagnoseConfig(ModelImages):
     verb: ClassVar[str] = "diagnose"
 
+    checkpoint_every: PositiveInt | None = Field(None, description=CHECKPOINT)
+
     max_maps: int = Field(8, gt=0, le=1024)
     figure_format: FigureFormat = FIGURE_FORMAT
     models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
@@ -160,6 +163,8 @@ class NeuronsConfig(NeuronSearch):
     check_sizes: list[PositiveInt] = Field(
         default_factory=list, description="image sizes at which the chosen set's fix is checked too"
     )
+    hub_dir: Path | None = Field(None, description="also write a hub-ready folder (set + card)")
+    checkpoint_every: PositiveInt | None = Field(None, description=CHECKPOINT)
 
     @field_validator("check_sizes", mode="before")
     @classmethod

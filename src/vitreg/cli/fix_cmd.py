@@ -1,4 +1,4 @@
-"""``vitreg fix [SPEC] --neurons FILE|builtin``: test-time registers with a before/after report."""
+"""``vitreg fix [SPEC] --neurons FILE|builtin|hf:ORG/REPO``: test-time registers with a before/after report."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def fix_command(
     neurons: str | None = typer.Option(
         None,
         "--neurons",
-        help="NeuronSet file (neurons.json from `vitreg neurons`) or 'builtin' (the published "
-        "set for SPEC); default: discover them first on these images.",
+        help="NeuronSet file (neurons.json from `vitreg neurons`), 'builtin' (the published "
+        "set for SPEC) or hf:ORG/REPO[@REVISION] (a set on the Hugging Face hub); default: "
+        "discover them first on these images.",
     ),
     method: str = typer.Option(
         "ttr",
