@@ -160,8 +160,8 @@ class NeuronsConfig(NeuronSearch):
 
     figure_format: FigureFormat = FIGURE_FORMAT
     stability: bool = Field(False, description="also choose the set on each half of the images")
-    check_sizes: list[PositiveInt] = Field(
-        default_factory=list, description="image sizes at which the chosen set's fix is checked too"
+    check_sizes: list[PositiveInt] | None = Field(
+        None, description="image sizes at which the chosen set's fix is checked too"
     )
     hub_dir: Path | None = Field(None, description="also write a hub-ready folder (set + card)")
     checkpoint_every: PositiveInt | None = Field(None, description=CHECKPOINT)
@@ -170,8 +170,8 @@ class NeuronsConfig(NeuronSearch):
     @classmethod
     def _comma_separated(cls, v: Any) -> Any:
         if isinstance(v, str):
-            return [part.strip() for part in v.split(",") if part.strip()]
-        return [] if v is None else v
+            return [part.strip() for part in v.split(",") if part.strip()] or None
+        return v
 
 
 class FixConfig(NeuronSearch):
