@@ -33,7 +33,7 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
     after skips and the held-out cap) goes to ``notices``."""
     from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 
-    sizes = list(getattr(cfg, "check_sizes", ()))
+    sizes = list(getattr(cfg, "check_sizes", None) or ())
     if sizes:
         accept_sizes(model, sizes, notices)
     found = find_neurons(

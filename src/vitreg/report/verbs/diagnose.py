@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vitreg.report.fields import finite
+from vitreg.report.kinds_sections import detail_sections, kinds_section
 from vitreg.report.markdown import (
     FigureRef,
     Report,
@@ -38,6 +39,8 @@ FIGURE_SECTION = {
     "ln_similarity": "ln_separation",
     "channel_ownership": "ln_separation",
     "feature_pictures": "features",
+    "sink_map": "sinks",
+    "position_maps": "positions",
 }
 RULE_ORDER = ("absolute", "top_p", "robust_z", "auto")
 
@@ -61,7 +64,9 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
     elif is_random_init(doc):
         banner = random_init_banner(name)
     r = results_of(doc)
+    kinds = r.kinds is not None  # documents written before issue 20: none
     sections = [
+        *([kinds_section(doc)] if kinds else []),
         _verdict(r),
         model_section(doc),
         data_section(doc),
@@ -71,6 +76,7 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
         _redundancy(r),
         _ln(r),
         _features(r),
+        *(detail_sections(doc) if kinds else []),
         _not_applicable(r),
         provenance_section(doc),
     ]
