@@ -13,6 +13,7 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
+from vitreg.core.run_dir import session
 from vitreg.report.out_dir import check_out
 
 DEFAULT_DATA = "synthetic-cls:n=200"
@@ -33,7 +34,8 @@ def probe_command(
         "classification",
         "--task",
         help="classification, token-type, position, reconstruction, segmentation, depth, "
-        "object-discovery, zero-shot (CLIP with its text tower) or attention-seg.",
+        "object-discovery, zero-shot (CLIP with its text tower), attention-seg or ov-seg "
+        "(open-vocabulary segmentation, SCLIP protocol).",
     ),
     data: str = typer.Option(
         DEFAULT_DATA,
@@ -200,7 +202,7 @@ def compare_command(
     from vitreg.report.figures import VECTOR_FORMATS
     from vitreg.report.markdown import num
 
-    with cli_errors():
+    with cli_errors(), session():  # issue 24: the --out claimed inside is released at the end
         if out is not None:
             check_out(out, "compare", None, overwrite)
         merged = compare_runs(runs, contains)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from vitreg.core.containment import outside
 from vitreg.data.datasets import IGNORE_INDEX, BaseDataset, Sample, register_dataset
 from vitreg.data.folder import (
     DECODE_ERRORS,
@@ -497,11 +498,16 @@ def _mask_ids(img: Image.Image, palette: dict[int, int] | None) -> np.ndarray | 
 
 
 def _by_stem(folder: Path, suffixes: Iterable[str] = ()) -> dict[str, Path]:
-    """``stem -> path`` of the files in ``folder`` (first suffix in ``suffixes`` wins)."""
+    """``stem -> path`` of the files in ``folder`` (first suffix in ``suffixes`` wins); a link
+    that leads outside the folder is left out, so its sample counts as having no target."""
     if not folder.is_dir():
         return {}
     order = {s: j for j, s in enumerate(suffixes)}
-    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    files = [
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and outside(folder, p) is None  # issue 24
+    ]
     if order:
         files = [p for p in files if p.suffix.lower() in order]
     out: dict[str, Path] = {}

@@ -9,6 +9,7 @@ from typing import Any
 
 from vitreg.configs import FixConfig
 from vitreg.core.readers import read_json
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
@@ -81,6 +82,7 @@ def _check_model(model: Any, spec: str, save: Path | None) -> None:
         )
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_fix(
     cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> FixRun:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.run_dir import reopen, session
 from vitreg.errors import InputError
 
 
@@ -46,6 +47,7 @@ def read_results(path: Path) -> dict[str, Any]:
         raise InputError(describe_errors(e, f"{path} does not follow the schema")) from None
 
 
+@session()  # issue 24: the run reopened inside is released when rendering ends
 def render_again(folder: str | Path) -> list[Path]:
     """Render the report of the run in ``folder`` again from its saved results; the files
     written. A failure (a bug) raises :class:`~vitreg.errors.RenderError`, results untouched."""
@@ -56,6 +58,7 @@ def render_again(folder: str | Path) -> list[Path]:
     saved = folder / "metrics.json"
     if not saved.is_file():
         if (folder / "comparison.json").is_file():
+            reopen(folder)  # issue 24: locked, and the files written listed in its manifest
             return render_comparison_again(folder)
         raise InputError(
             f"{folder} holds no metrics.json (nor comparison.json); pass a run directory "
@@ -68,6 +71,7 @@ def render_again(folder: str | Path) -> list[Path]:
             f"{folder} is a `vitreg {doc['verb']}` run, which writes no report: its "
             "metrics.json is the whole result"
         )
+    reopen(folder)  # issue 24: locked, and the files written listed in its manifest
     with rendering(folder, saved, again_command(folder)):
         figures = saved_figures(folder)
         write_report(folder, build(doc, figures), figures)

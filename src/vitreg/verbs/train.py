@@ -9,6 +9,7 @@ import shlex
 from typing import Any
 
 from vitreg.configs import TrainRunConfig
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress, step_phase
 from vitreg.verbs.common import command_line, default_run_dir, slug
@@ -51,6 +52,7 @@ def train_command_line(cfg: TrainRunConfig) -> str:
     return shlex.join(parts)
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_train(
     cfg: TrainRunConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> TrainRun:

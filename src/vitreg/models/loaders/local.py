@@ -42,6 +42,7 @@ from pydantic import (
 )
 from torch import nn
 
+from vitreg.core.containment import check_folder
 from vitreg.core.plugins import fill
 from vitreg.core.readers import read_json
 from vitreg.core.weights import WeightKind
@@ -486,8 +487,29 @@ def _load_weights(
 
     state = read_state_dict(path)
     module, sized = size_from_weights(module, state, args, build, path)
+    if not {"img_size", "dynamic_img_size"} & set(kwargs):  # only the caller's size resamples
+        _same_grid(module, state, arch, path, config_path)
     what = f"{arch} as config.json builds it"
     return module, sized + load_timm_weights(module, arch, path, what, fix_head, state=state)
+
+
+def _same_grid(module: nn.Module, state: dict, arch: str, path: Path, config_path: Path) -> None:
+    """Refuse a position embedding made for another grid than the one config.json builds: a
+    folder's weights must fit its own config (issue 24); the caller's ``--img-size`` (the one
+    way to ask for a resampled embedding, announced) skips this check."""
+    from vitreg.models.loaders.timm_source import _grid, file_grid
+
+    grid, own = file_grid(state, module), _grid(module)
+    if grid is None or grid == own:
+        return
+    patch = int(module.patch_embed.patch_size[0])
+    raise WeightsError(
+        f"the weights in {str(path)!r} do not fit {arch} as config.json builds it: pos_embed: "
+        f"file {tuple(state['pos_embed'].shape)} (a {grid[0]}x{grid[1]} grid), model "
+        f"{tuple(module.pos_embed.shape)} (a {own[0]}x{own[1]} grid); set model_args.img_size "
+        f"to {grid[0] * patch} in {str(config_path)!r}, or pass --img-size (img_size= in "
+        "vitreg.load) to resample the position embedding to that size"
+    )
 
 
 def _unknown_arg(e: TypeError) -> str | None:
@@ -581,8 +603,7 @@ def _load_hf(
             f"model config {str(config_path)!r}: model_type must be a string such as 'dinov2' "
             f"(got {raw['model_type']!r})"
         )
-    for entry in sorted(directory.iterdir()):
-        inside(directory, entry, f"the file {entry.name!r}", config_path)
+    check_folder(directory, "model folder")  # issue 24: one containment rule
     try:
         return LOADERS["hf"](str(directory), pretrained=pretrained, weights=weights, **kwargs)
     except VitregError:
