@@ -190,7 +190,7 @@ def hostile_entries(folder: Path) -> dict[str, str]:
         "dangling.png": "dangling symlink",
         "loop_a.png": "symlink loop",
         "loop_b.png": "symlink loop",
-        "device.png": "character device",
+        "device.png": "'/dev/null', outside the folder",  # a link out: never examined
         ".hidden.png": "hidden file",
         ".cache": "hidden folder",
         "sub_link": "symlink to the folder",
