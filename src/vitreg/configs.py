@@ -157,6 +157,16 @@ class NeuronsConfig(NeuronSearch):
 
     figure_format: FigureFormat = FIGURE_FORMAT
     stability: bool = Field(False, description="also choose the set on each half of the images")
+    check_sizes: list[PositiveInt] = Field(
+        default_factory=list, description="image sizes at which the chosen set's fix is checked too"
+    )
+
+    @field_validator("check_sizes", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return [] if v is None else v
 
 
 class FixConfig(NeuronSearch):

@@ -61,6 +61,12 @@ def neurons_command(
         help="Also choose the set from each half of the images and report their overlap "
         "(about twice the cost of the selection).",
     ),
+    check_sizes: str | None = typer.Option(
+        None,
+        "--check-sizes",
+        help="Comma-separated image sizes (e.g. 112,336) at which the chosen set's fix is also "
+        "checked on the held-out images, resized: register neurons can be resolution-specific.",
+    ),
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
@@ -114,6 +120,21 @@ def show(found: Any, spec: str, run_dir: Path) -> None:
                 "between the sets of two halves of the images"
             }
             if found.stability
+            else {}
+        ),
+        **(
+            {
+                "other sizes": ", ".join(
+                    f"{r['img_size']} px: "
+                    + (
+                        "clean"
+                        if r["clean_after"]
+                        else f"NOT clean ({r['max_over_median_after']:.3g})"
+                    )
+                    for r in found.other_sizes["sizes"]
+                )
+            }
+            if found.other_sizes
             else {}
         ),
         "detection": f"block {s['detect_layer']}, {s['threshold']} threshold",
