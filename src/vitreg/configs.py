@@ -32,6 +32,7 @@ FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
 MAX_SEED = 2**32 - 1  # every RNG vitreg seeds (torch, numpy, the data order) takes it
 # counts that size what a run allocates or loops over, bounded before anything runs
 REGISTERS = Field(1, gt=0, le=256, description="test-time registers (the paper uses 1)")
+CHECKPOINT = "save the streaming statistics every N images into RUN.resume; a rerun resumes"
 BATCH = Field(32, gt=0, le=65536, description="images per forward pass")
 
 
@@ -124,6 +125,8 @@ class ModelImages(RunConfig):
 class DiagnoseConfig(ModelImages):
     verb: ClassVar[str] = "diagnose"
 
+    checkpoint_every: PositiveInt | None = Field(None, description=CHECKPOINT)
+
     max_maps: int = Field(8, gt=0, le=1024)
     figure_format: FigureFormat = FIGURE_FORMAT
     models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
@@ -160,6 +163,8 @@ class NeuronsConfig(NeuronSearch):
     check_sizes: list[PositiveInt] = Field(
         default_factory=list, description="image sizes at which the chosen set's fix is checked too"
     )
+    hub_dir: Path | None = Field(None, description="also write a hub-ready folder (set + card)")
+    checkpoint_every: PositiveInt | None = Field(None, description=CHECKPOINT)
 
     @field_validator("check_sizes", mode="before")
     @classmethod
@@ -173,12 +178,33 @@ class FixConfig(NeuronSearch):
     verb: ClassVar[str] = "fix"
 
     neurons: str | None = Field(None, description="NeuronSet file, 'builtin', or None: discover")
+    method: str = Field("ttr", description="fix method, a+b to compose, a,b for a leaderboard")
+    probe: str | None = Field(None, description="leaderboard probe: TASK:DATA, e.g. ov-seg:voc:DIR")
     save: Path | None = None
     registers: int = REGISTERS
     cls: Literal["zero", "keep"] = "zero"
     patches: Literal["zero", "mean", "keep"] = "zero"
     mode: Literal["paper", "reference"] = "paper"
     figure_format: FigureFormat = FIGURE_FORMAT
+
+    @field_validator("method")
+    @classmethod
+    def _methods(cls, v: str) -> str:
+        """Known method names that compose (checked before any model loads)."""
+        from vitreg.fix.methods import parse_entries
+
+        return ",".join(parse_entries(v))
+
+    @field_validator("probe")
+    @classmethod
+    def _probe(cls, v: str | None) -> str | None:
+        """A known probe task and a dataset spec, split at the first colon."""
+        from vitreg.probe.tasks import TASKS
+
+        task, _, data = (v or "").partition(":")
+        if v is not None and (task not in TASKS or not data):
+            raise ValueError(f"give TASK:DATA with TASK one of {', '.join(sorted(TASKS))}")
+        return v
 
     @field_validator("save")
     @classmethod
@@ -295,8 +321,8 @@ class ProbeRunConfig(RunConfig):
     @field_validator("templates")
     @classmethod
     def _templates_for_zero_shot(cls, v: Path | None, info: Any) -> Path | None:
-        if v is not None and info.data.get("task") not in (None, "zero-shot"):
-            raise ValueError("prompt templates apply to task zero-shot only")
+        if v is not None and info.data.get("task") not in (None, "zero-shot", "ov-seg"):
+            raise ValueError("prompt templates apply to tasks zero-shot and ov-seg only")
         if v is not None and not v.is_file():
             raise ValueError("no such file (one template per line, with {} for the class name)")
         return v

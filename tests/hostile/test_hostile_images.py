@@ -190,7 +190,7 @@ def hostile_entries(folder: Path) -> dict[str, str]:
         "dangling.png": "dangling symlink",
         "loop_a.png": "symlink loop",
         "loop_b.png": "symlink loop",
-        "device.png": "'/dev/null', outside the folder",  # a link out: never examined
+        "device.png": "outside the folder",  # a link out of the folder is never followed
         ".hidden.png": "hidden file",
         ".cache": "hidden folder",
         "sub_link": "symlink to the folder",

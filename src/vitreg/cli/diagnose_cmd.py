@@ -81,6 +81,7 @@ def diagnose_model(
     out: Path | None = opt.out_dir("diagnose"),
     limit: int | None = opt.LIMIT,
     batch_size: int = opt.BATCH_SIZE,
+    checkpoint_every: int | None = opt.CHECKPOINT_EVERY,
     device: str | None = opt.DEVICE,
     max_maps: int = typer.Option(
         8, "--max-maps", min=1, help="Images whose per-layer maps are kept for figures."

@@ -1,4 +1,4 @@
-"""``vitreg fix [SPEC] --neurons FILE|builtin``: test-time registers with a before/after report."""
+"""``vitreg fix [SPEC] --neurons FILE|builtin|hf:ORG/REPO``: test-time registers with a before/after report."""
 
 from __future__ import annotations
 
@@ -20,8 +20,22 @@ def fix_command(
     neurons: str | None = typer.Option(
         None,
         "--neurons",
-        help="NeuronSet file (neurons.json from `vitreg neurons`) or 'builtin' (the published "
-        "set for SPEC); default: discover them first on these images.",
+        help="NeuronSet file (neurons.json from `vitreg neurons`), 'builtin' (the published "
+        "set for SPEC) or hf:ORG/REPO[@REVISION] (a set on the Hugging Face hub); default: "
+        "discover them first on these images.",
+    ),
+    method: str = typer.Option(
+        "ttr",
+        "--method",
+        help="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip or sc-clip; a+b "
+        "composes (e.g. ttr+naclip); a,b,... (or any method but ttr) writes a leaderboard "
+        "against the unfixed model instead of the before/after report.",
+    ),
+    probe: str | None = typer.Option(
+        None,
+        "--probe",
+        help="Leaderboard only: also score each fix with a probe, TASK:DATA (e.g. "
+        "ov-seg:voc:DIR for CLIPs with a text tower, segmentation:synthetic-seg:n=32,size=112).",
     ),
     images: Path | None = opt.IMAGES,
     samples: bool = opt.SAMPLES,
@@ -64,9 +78,29 @@ def run_fix_command(cfg: Any) -> None:
     """The fix verb on a typed :class:`~vitreg.configs.FixConfig`, then its summary."""
     from vitreg.verbs import run_fix
 
+    if cfg.method != "ttr":
+        run_board_command(cfg)
+        return
     with cli_errors():
         run = run_fix(cfg, progress, show_notice)
     show(run.comparison, run.run_dir, run.saved)
+
+
+def run_board_command(cfg: Any) -> None:
+    """``--method`` other than plain ttr: the leaderboard, then its table on the console."""
+    from vitreg.report.fix_board import board_table
+    from vitreg.verbs.fix_board import run_fix_board
+
+    with cli_errors():
+        run = run_fix_board(cfg, progress, show_notice)
+    table = board_table(run.board.to_dict(), reasons=False)
+    shown = Table(title="vitreg fix: leaderboard")
+    for column in table.header:
+        shown.add_column(column)
+    for row in table.rows:
+        shown.add_row(*(escape(cell) for cell in row))
+    console.print(shown)
+    show_path("leaderboard", run.run_dir / "leaderboard.md")
 
 
 def show(comparison: Any, run_dir: Path, save: Path | None) -> None:

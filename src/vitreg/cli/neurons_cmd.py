@@ -67,6 +67,13 @@ def neurons_command(
         help="Comma-separated image sizes (e.g. 112,336) at which the chosen set's fix is also "
         "checked on the held-out images, resized: register neurons can be resolution-specific.",
     ),
+    hub_dir: Path | None = typer.Option(
+        None,
+        "--hub-dir",
+        help="Also write a hub-ready folder: the set and a model card with its metadata "
+        "(upload it with `vitreg push DIR ORG/REPO`).",
+    ),
+    checkpoint_every: int | None = opt.CHECKPOINT_EVERY,
     device: str | None = opt.DEVICE,
     figure_format: str | None = opt.FIGURE_FORMAT,
     config: Path | None = opt.CONFIG,
@@ -87,6 +94,9 @@ def run_neurons(cfg: Any) -> None:
     with cli_errors():
         run = neurons(cfg, progress, show_notice)
     show(run.found, run.spec, run.run_dir)
+    if cfg.hub_dir is not None:
+        show_path("hub folder", cfg.hub_dir)
+        show_line(f"upload: {escape(f'vitreg push {shlex.quote(str(cfg.hub_dir))} ORG/REPO')}")
 
 
 def show(found: Any, spec: str, run_dir: Path) -> None:

@@ -8,7 +8,10 @@ from vitreg.verbs.common import DEFAULT_SPEC
 
 SPEC = typer.Argument(None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC}).")
 IMAGES = typer.Option(
-    None, "--images", help="Folder of images (searched recursively; bad files are skipped)."
+    None,
+    "--images",
+    help="Folder of images (searched recursively; bad files are skipped), or webdataset "
+    "shards as wds:PATTERN (e.g. wds:/data/train-{0000..0099}.tar).",
 )
 SAMPLES = typer.Option(False, "--samples", help="Use the photos bundled with scikit-image.")
 LIMIT = typer.Option(None, "--limit", min=1, help="Use at most N images.")
@@ -70,3 +73,12 @@ def resolve_config(
     }
     merged = {**read_config(config, cls.verb), **given}
     return build_config(cls, merged, f"--config {config} (or the options given with it)")
+
+
+CHECKPOINT_EVERY = typer.Option(
+    None,
+    "--checkpoint-every",
+    min=1,
+    help="Save the streaming statistics every N images into OUT.resume (beside the run); "
+    "running the same command again resumes from there (removed once the run is written).",
+)

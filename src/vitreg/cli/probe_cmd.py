@@ -34,7 +34,8 @@ def probe_command(
         "classification",
         "--task",
         help="classification, token-type, position, reconstruction, segmentation, depth, "
-        "object-discovery, zero-shot (CLIP with its text tower) or attention-seg.",
+        "object-discovery, zero-shot (CLIP with its text tower), attention-seg or ov-seg "
+        "(open-vocabulary segmentation, SCLIP protocol).",
     ),
     data: str = typer.Option(
         DEFAULT_DATA,

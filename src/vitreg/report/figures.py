@@ -584,4 +584,6 @@ def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:
         figs.append(feature_pictures(res["feature_pictures"], images))
     if res.get("ln_separation") is not None:
         figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
-    return figs
+    from vitreg.report.kinds_figures import kinds_figures
+
+    return figs + kinds_figures(res)

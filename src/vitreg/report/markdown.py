@@ -27,6 +27,8 @@ FIGURE_SECTION = {
     "ln_similarity": "ln_separation",
     "channel_ownership": "ln_separation",
     "feature_pictures": "features",
+    "sink_map": "sinks",
+    "position_maps": "positions",
 }
 RULE_ORDER = ("absolute", "top_p", "robust_z", "auto")
 
@@ -127,7 +129,11 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
         )
     elif is_random_init(doc):
         banner = random_init_banner(name)
+    from vitreg.report.kinds_sections import detail_sections, kinds_section
+
+    kinds = dig(doc, "results", "kinds") is not None  # documents written before issue 20: none
     sections = [
+        *([kinds_section(doc)] if kinds else []),
         _verdict(doc),
         model_section(doc),
         data_section(doc),
@@ -137,6 +143,7 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
         _redundancy(doc),
         _ln(doc),
         _features(doc),
+        *(detail_sections(doc) if kinds else []),
         _not_applicable(doc),
         provenance_section(doc),
     ]

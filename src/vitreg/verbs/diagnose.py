@@ -22,6 +22,7 @@ from vitreg.verbs.common import (
 )
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Notices
+from vitreg.verbs.resume import checkpointed, finished
 
 
 def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
@@ -65,7 +66,11 @@ def diagnose_one(
 
     one = cfg.model_copy(update={"spec": spec})
     model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
-    with progress(source.total, f"diagnosing {spec} (images)") as update:
+    every = cfg.checkpoint_every
+    with (
+        checkpointed(out_dir, every, one.to_file()),
+        progress(source.total, f"diagnosing {spec} (images)") as update,
+    ):
         result = diagnose(
             model,
             source,
@@ -89,6 +94,7 @@ def diagnose_one(
                 max_maps=cfg.max_maps,
             )
     barrier()
+    finished(out_dir, every)
     return result
 
 

@@ -14,13 +14,16 @@ DISCOVERED = (
 
 
 def neuron_file(neurons: str | None, spec: str) -> Any:
-    """The NeuronSet that a file source names, read and validated, or ``spec``'s built-in set
-    (a spec without one is refused), before any model loads; ``None`` for discovery."""
+    """The NeuronSet that a file or hub source (``hf:ORG/REPO[@REVISION]``) names, read and
+    validated, or ``spec``'s built-in set (a spec without one is refused), before any model
+    loads; ``None`` for discovery."""
     from vitreg.fix.neuron_set import NeuronSet
-    from vitreg.neurons import builtin_neurons
+    from vitreg.neurons import builtin_neurons, hub
 
     if neurons is None:
         return None
+    if hub.is_hub(neurons):
+        return hub.load_hub(neurons)
     return builtin_neurons(spec) if neurons == "builtin" else NeuronSet.load(neurons)
 
 
@@ -95,7 +98,7 @@ def load_neurons(
     """The NeuronSet (file -- ``preloaded`` if read already --, built-in, or discovered first),
     what it is, and the discovery."""
     from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
-    from vitreg.neurons import builtin_neurons
+    from vitreg.neurons import builtin_neurons, hub
     from vitreg.neurons.auto import layer_counts
 
     found = None
@@ -114,6 +117,10 @@ def load_neurons(
     elif neurons == "builtin":
         chosen = preloaded if preloaded is not None else builtin_neurons(model.spec or spec)
         origin = f"the built-in set for {chosen.model_spec}"
+    elif hub.is_hub(neurons):
+        chosen = preloaded if preloaded is not None else hub.load_hub(neurons)
+        commit = chosen.data.get("hub", {}).get("commit")
+        origin = f"the hub set {neurons}" + (f" (commit {commit})" if commit else "")
     else:
         chosen = preloaded if preloaded is not None else NeuronSet.load(neurons)
         origin = f"the file {neurons}"
