@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vitreg.core.io import write_bytes_atomic, write_json_atomic, write_text_atomic
-from vitreg.core.run_dir import LOCK, MANIFEST, claim, session
+from vitreg.core.run_dir import LOCK, MANIFEST, claim, reopen, session
 from vitreg.errors import InputError
 from vitreg.train.log import append_record
 
@@ -166,3 +166,18 @@ def test_a_resumable_verb_continues_its_own_unfinished_run(tmp_path) -> None:
         write_text_atomic(out / "train.json", "{}")
     doc = manifest(out)
     assert doc["state"] == "complete" and doc["files"] == ["log.jsonl", "train.json"]
+
+
+def test_a_reopened_run_keeps_its_state_and_records_what_is_added(tmp_path) -> None:
+    out = run_into(tmp_path / "run")
+    with session():
+        reopen(out)
+        write_text_atomic(out / "report.md", "# again")
+    doc = manifest(out)
+    assert doc["state"] == "complete" and "report.md" in doc["files"]
+    bare = tmp_path / "library"  # written by the library's writers: locked, never owned
+    bare.mkdir()
+    with session():
+        reopen(bare)
+        write_text_atomic(bare / "report.md", "# again")
+    assert sorted(p.name for p in bare.iterdir()) == ["report.md"]

@@ -76,3 +76,36 @@ def test_a_metrics_json_linked_outside_its_run_is_never_read(tmp_path: Path) -> 
     result = runner.invoke(app, ["validate", str(run)])
     assert result.exit_code == 2 and "outside the folder" in flat(result.output)
     assert "root:" not in result.output  # nothing of the file echoed
+
+
+@pytest.mark.filterwarnings("ignore:only 1 usable sample")
+def test_dataset_listings_and_targets_that_leave_the_folder_are_never_read(tmp_path) -> None:
+    from vitreg.train.data import open_data
+
+    root = tmp_path / "voc"
+    (root / "JPEGImages").mkdir(parents=True)
+    (root / "SegmentationClass").mkdir()
+    Image.new("RGB", (40, 32)).save(root / "JPEGImages" / "a.jpg")
+    Image.new("RGB", (40, 32)).save(root / "JPEGImages" / "b.jpg")
+    Image.new("L", (40, 32)).save(tmp_path / "mask.png")
+    (root / "SegmentationClass" / "a.png").symlink_to(tmp_path / "mask.png")  # leads out
+    Image.new("L", (40, 32)).save(root / "SegmentationClass" / "b.png")
+    sets = root / "ImageSets" / "Segmentation"
+    sets.mkdir(parents=True)
+    (sets / "train.txt").write_text("a\nb\n")
+    data = open_data(f"voc:{root}")
+    assert [data[i].key for i in range(len(data)) if _readable(data, i)] == ["b"]
+    assert data.log.to_dict() == {"missing_mask": 1}  # the link out counts as no mask
+    (sets / "train.txt").write_text("a\n../../mask\n")
+    with pytest.raises(InputError, match=r"lists '../../mask', not an image id"):
+        open_data(f"voc:{root}")
+
+
+def _readable(data, i: int) -> bool:
+    from vitreg.data.datasets import SkipSample
+
+    try:
+        data[i]
+    except SkipSample:
+        return False
+    return True

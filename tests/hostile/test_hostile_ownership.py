@@ -81,3 +81,14 @@ def test_a_second_train_run_is_refused_naming_the_first_and_never_interleaves(tm
         result = runner.invoke(app, [*TRAIN, "--out", str(out)])
         assert_clean_failure(result, "in use by another vitreg run", f"pid {os.getpid()}")
         assert (out / "log.jsonl").read_text().splitlines() == ['{"step": 1}']
+
+
+def test_fix_save_into_a_folder_of_the_users_own_files_is_refused(tmp_path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    args = ["fix", "--neurons", "builtin", "--out", str(tmp_path / "run"), "--save", str(mine)]
+    result = runner.invoke(app, args)
+    assert_clean_failure(result, "files vitreg did not write", "config.json")
+    assert (mine / "config.json").read_text() == '{"mine": true}'
+    assert not (tmp_path / "run").exists()  # the --out claimed first is left as it was

@@ -54,6 +54,7 @@ class Run:
     made: list[Path] = field(default_factory=list)  # folders the claim created
     started: str = ""
     kept_state: str | None = None  # a reopened run keeps its state
+    owned: bool = True  # False: a folder vitreg keeps no manifest of (only locked)
 
 
 _ACTIVE: list[Run] = []
@@ -143,7 +144,8 @@ def _unlock(run: Run) -> None:
 def _entry(name: Any, where: Path) -> str:
     """A manifest entry: a plain relative path inside the folder, or an :class:`InputError`."""
     parts = PurePosixPath(name).parts if isinstance(name, str) else ()
-    if not parts or parts[0] == "/" or any(p in ("", ".", "..") for p in parts) or "\\" in name:
+    bad = not parts or parts[0] == "/" or any(p in ("", ".", "..") for p in parts)
+    if bad or "\\" in name or name in OWN:
         raise InputError(
             f"{str(where)!r} names {brief(name)}, not a file inside the folder: this is not a "
             "manifest vitreg wrote, so vitreg removes and overwrites nothing on its word; pass "
@@ -357,19 +359,19 @@ def claim(
 
 
 def reopen(folder: str | Path) -> Run:
-    """Lock a run directory vitreg wrote to add files to it (a report rendered again): its
-    manifest keeps its verb, model and state and records the new files."""
+    """Lock a run directory to add files to it (a report rendered again): its manifest keeps
+    its verb, model and state and records the new files. A folder without a manifest (written
+    by the library's writers, not a verb) is only locked: vitreg does not own it, so a verb
+    refuses it as ``--out`` later."""
     folder = Path(folder)
     fd = _lock(folder, "report")
     run = Run(folder, os.path.realpath(folder), "", None, fd)
     try:
         doc = _read_manifest(folder)
         if doc is None:
-            raise InputError(
-                f"{str(folder)!r} holds no {MANIFEST}: it is not a run directory vitreg wrote "
-                "(or one written before vitreg recorded its files), so vitreg writes nothing "
-                "into it; rerun the command into a new --out"
-            )
+            run.owned = False
+            _ACTIVE.append(run)
+            return run
         run.verb, run.model, run.kept_state = doc["verb"], doc["model"], doc["state"]
         run.started, run.files = str(doc.get("started") or ""), set(doc["files"])
         foreign = _foreign(folder, run.files)
@@ -395,7 +397,7 @@ def record(path: str | Path) -> None:
     for run in reversed(_ACTIVE):
         if full.startswith(run.root + os.sep):
             rel = os.path.relpath(full, run.root).replace(os.sep, "/")
-            if rel not in OWN and rel not in run.files:
+            if run.owned and rel not in OWN and rel not in run.files:
                 run.files.add(rel)
                 _save(run, run.kept_state or "running")
             return
@@ -409,7 +411,7 @@ def finish(run: Run, ok: bool) -> None:
     try:
         if run.files:
             _save(run, run.kept_state or ("complete" if ok else "incomplete"))
-        else:
+        elif run.owned:
             Path(run.root, MANIFEST).unlink(missing_ok=True)
     finally:
         _unlock(run)

@@ -297,6 +297,8 @@ class VOCBoxes(FileDataset):
     def _read(self, i: int) -> Sample:
         item = self.items[i]
         image = self.read_image(item)
+        if item.target.is_symlink() and outside(item.target.parent, item.target) is not None:
+            raise self.skip("link_outside", item.key)  # issue 24: containment
         try:
             raw, size = read_voc_boxes(item.target)
         except (ET.ParseError, OSError, ValueError, TypeError, AttributeError):
@@ -352,6 +354,12 @@ def _voc_ids(root: Path, imageset: str, folder: Path, suffix: str, split: str) -
     listing = root / "ImageSets" / imageset / f"{split}.txt"
     if listing.is_file():
         ids = [ln.split()[0] for ln in listing.read_text().splitlines() if ln.strip()]
+        bad = next((i for i in ids if Path(i).name != i or i in (".", "..")), None)
+        if bad is not None:  # issue 24: an id names a file inside the dataset folder
+            raise InputError(
+                f"{listing} lists {bad[:80]!r}, not an image id (a file name without folders); "
+                "vitreg reads nothing outside the dataset folder"
+            )
     else:
         if not folder.is_dir():
             raise InputError(f"neither {listing} nor {folder}/ exists in {root}")

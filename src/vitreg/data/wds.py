@@ -209,7 +209,7 @@ def wds_images(
         "source": "webdataset",
         "description": f"the webdataset shards {pattern} ({len(paths)} shards)",
         "path": pattern,
-        "shards": [str(p) for p in paths],
+        "n_shards": len(paths),  # the pattern names them; a list of 10k paths would not help
         "synthetic": False,
         "max_pixels": max_pixels,
     }

@@ -90,10 +90,13 @@ def run_fix(
     directory (and the fixed model with ``save``)."""
     from vitreg.distributed import is_main, on_main
     from vitreg.report.fix_report import MAX_ROWS
+    from vitreg.report.out_dir import check_out
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     spec, run_dir = cfg.spec, cfg.out
+    if cfg.save is not None:  # issue 24: --save is a run folder vitreg owns too
+        check_out(cfg.save, "fix", spec, cfg.overwrite)
     preloaded = neuron_file(
         cfg.neurons, cfg.spec
     )  # a missing or bad file fails before the model loads

@@ -43,6 +43,7 @@ from pydantic import (
 from torch import nn
 
 from vitreg.core.containment import check_folder
+from vitreg.core.io import write_bytes_atomic, write_text_atomic
 from vitreg.core.plugins import fill
 from vitreg.core.readers import read_json
 from vitreg.core.weights import WeightKind
@@ -620,8 +621,9 @@ def _load_hf(
 
 
 def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: Any) -> Path:
-    """Write a timm model as ``config.json`` + ``model.safetensors`` (loadable as ``local:DIR``)."""
-    from safetensors.torch import save_file
+    """Write a timm model as ``config.json`` + ``model.safetensors`` (loadable as ``local:DIR``),
+    atomically (listed in the manifest of a claimed run folder holding them)."""
+    from safetensors.torch import save
 
     arch = getattr(module, "pretrained_cfg", {}).get("architecture")
     if not arch:
@@ -629,7 +631,7 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"))
+    write_bytes_atomic(out / "model.safetensors", save(state))
     cfg = {
         k: v
         for k, v in module.pretrained_cfg.items()
@@ -639,7 +641,7 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
     kind = weights_of(module)
     if kind in ("random", "planted"):  # the folder keeps saying what its weights are
         config["vitreg_weights"] = kind
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_text_atomic(out / "config.json", json.dumps(config, indent=2))
     return out
 
 
