@@ -73,7 +73,9 @@ def document(
 # what a rendering writes beside the results
 REPORTS = ("report.md", "report.html", "comparison.md")
 CAPTIONS = "figures.json"  # in figures/: each figure's name and caption, read by `vitreg report`
-SLIDER = "slider.json"  # in figures/: the maps of report.html's block slider, read by `vitreg report`
+SLIDER = (
+    "slider.json"  # in figures/: the maps of report.html's block slider, read by `vitreg report`
+)
 Builder = Callable[[dict[str, Any], list[Figure]], Report]  # a verb's report from doc and figures
 
 
