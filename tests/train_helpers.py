@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from vitreg.train import TrainResult, train
+from vitreg.train import TrainResult, TrainSettings, train
 
 TINY = {"depth": 2, "embed_dim": 64, "num_heads": 2, "patch_size": 8}
 DINO = {"out_dim": 64, "hidden_dim": 64, "bottleneck_dim": 32, "n_local_crops": 2}
@@ -43,4 +43,6 @@ def run(recipe: str, out: Any, **kw: Any) -> TrainResult:
     }
     args.update(kw)
     data = args.pop("data") if "data" in args else TinyData()
-    return train("vit_tiny_patch16_224", data, recipe, out, **args)
+    structured = {k: args.pop(k) for k in ("model_kwargs", "options", "progress") if k in args}
+    settings = TrainSettings(recipe=recipe, **args)
+    return train("vit_tiny_patch16_224", data, settings, out, **structured)

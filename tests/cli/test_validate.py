@@ -229,26 +229,12 @@ def test_probe_library_call_gives_the_cli_numbers(runs, tmp_path):
 def test_train_library_call_gives_the_cli_numbers(runs, tmp_path):
     """``vitreg.train.train`` on the typed config's values trains what `vitreg train` did."""
     from vitreg.configs import load_config
-    from vitreg.train import train
+    from vitreg.train import TrainSettings, train
 
     cfg = load_config(runs["train"] / "config.yaml", "train")
     assert cfg.model_arg == ["depth=1"] and cfg.option is None
-    result = train(
-        cfg.variant,
-        cfg.data,
-        cfg.recipe,
-        tmp_path / "lib",
-        steps=cfg.steps,
-        epochs=cfg.epochs,
-        batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        img_size=cfg.img_size,
-        accum_steps=cfg.accum_steps,
-        amp=cfg.amp,
-        seed=cfg.seed,
-        model_kwargs={"depth": 1},
-        device=cfg.device,
-    )
+    settings = TrainSettings(**cfg.model_dump(include=set(TrainSettings.model_fields)))
+    result = train(cfg.variant, cfg.data, settings, tmp_path / "lib", model_kwargs={"depth": 1})
     doc = json.loads((runs["train"] / "metrics.json").read_text())["results"]
     assert result.steps == doc["steps"] == 1
     assert result.losses[-1] == doc["final_loss"]

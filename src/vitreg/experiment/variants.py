@@ -126,25 +126,25 @@ def _train_variant(
     pretrained: bool,
     steps: Callable[[int, int, Any], None],
 ) -> tuple[Any, list[str]]:
-    from vitreg.train import train
+    from vitreg.train import TrainSettings, train
 
-    common = {
-        "progress": steps,
-        "steps": settings.steps,
-        "batch_size": settings.batch_size,
-        "lr": settings.lr,
-        "seed": seed,
-        "img_size": settings.img_size,
-        "options": settings.dino if settings.recipe == "dino" else None,
-        "checkpoint_every": max(1, settings.steps // 4),
-        "resume": True,
-    }
+    run = TrainSettings(
+        recipe=settings.recipe,
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        lr=settings.lr,
+        seed=seed,
+        img_size=settings.img_size,
+        checkpoint_every=max(1, settings.steps // 4),
+    )
+    options = settings.dino if settings.recipe == "dino" else None
     if v.finetune is not None:
         model, notes = source_model(v, settings, seed, pretrained)
-        return train(model, data, settings.recipe, out, **common), notes
+        return train(model, data, run, out, options=options, progress=steps), notes
     spec = {"base": BASE, **{k: plain(x) for k, x in v.options.items()}}
     kwargs = settings.model_kwargs()
-    return train(spec, data, settings.recipe, out, model_kwargs=kwargs, **common), []
+    result = train(spec, data, run, out, model_kwargs=kwargs, options=options, progress=steps)
+    return result, []
 
 
 def run_config(v: Variant, seed: int, settings: Settings, spec: str, pretrained: bool) -> dict:

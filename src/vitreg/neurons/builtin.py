@@ -57,7 +57,7 @@ def builtin_neurons(spec: str) -> NeuronSet:
     if spec not in BUILTIN:
         raise VitregError(
             f"no built-in neuron set for {spec!r} (built-in: {sorted(BUILTIN)}); pass a "
-            "NeuronSet file from `vitreg neurons`, or no --neurons to discover them first"
+            "NeuronSet file from `vitreg neurons`, or --neurons discover to find them first"
         )
     entry = BUILTIN[spec]
     pairs = [(layer, u) for layer, units in entry["table"].items() for u in units]

@@ -9,10 +9,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from vitreg.configs import DEFAULT_SPEC
 from vitreg.core.readers import read_json
 from vitreg.verbs.result import Notice, Notices
-
-DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with planted artifacts
 
 
 def slug(spec: str) -> str:

@@ -52,9 +52,7 @@ def compare(
     """The TestTimeRegisters of ``cfg`` and its before/after comparison on ``source``."""
     from vitreg.fix import TestTimeRegisters, compare_fix
 
-    ttr = TestTimeRegisters(
-        neurons, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
-    )
+    ttr = TestTimeRegisters(neurons, **cfg.ttr_args())
     with progress(2 * source.total, "images without, then with the fix (image passes)") as update:
         comparison = compare_fix(
             model,
@@ -92,9 +90,7 @@ def run_fix(
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     spec, run_dir = cfg.spec, cfg.out
-    preloaded = neuron_file(
-        cfg.neurons, cfg.spec
-    )  # a missing or bad file fails before the model loads
+    preloaded = neuron_file(cfg.neurons, spec)  # a missing or bad file fails before the model
     check_images(cfg.images)
     device = join_torchrun(cfg.device)
     model, source = model_and_images(cfg, device, progress, notices, MAX_ROWS)

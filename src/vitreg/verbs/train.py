@@ -29,16 +29,11 @@ def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def train_args(cfg: TrainRunConfig) -> dict[str, Any]:
-    """The keyword arguments of :func:`vitreg.train.train` (after variant, data, recipe and the
-    run directory) that a :class:`~vitreg.configs.TrainRunConfig` sets."""
-    names = ("steps", "epochs", "batch_size", "lr", "accum_steps", "amp", "seed")
-    names += ("checkpoint_every", "resume", "extend", "img_size", "device")
-    return {
-        **{k: getattr(cfg, k) for k in names},
-        "model_kwargs": parse_pairs(cfg.model_arg),
-        "options": parse_pairs(cfg.option),
-    }
+def train_settings(cfg: TrainRunConfig) -> Any:
+    """The :class:`~vitreg.train.settings.TrainSettings` part of a run config."""
+    from vitreg.train.settings import TrainSettings
+
+    return TrainSettings(**cfg.model_dump(include=set(TrainSettings.model_fields)))
 
 
 def train_command_line(cfg: TrainRunConfig) -> str:
@@ -70,7 +65,13 @@ def run_train(
     check_out(run_dir, "train", cfg.variant, cfg.overwrite)
     with step_phase(progress, "training (optimizer steps)") as steps:  # rank 0 only
         result = train(
-            cfg.variant, cfg.data, cfg.recipe, run_dir, progress=steps, **train_args(cfg)
+            cfg.variant,
+            cfg.data,
+            train_settings(cfg),
+            run_dir,
+            model_kwargs=parse_pairs(cfg.model_arg),
+            options=parse_pairs(cfg.option),
+            progress=steps,
         )
     if int(os.environ.get("RANK", "0")) != 0:
         return TrainRun("train", run_dir, None, [], training=result)
