@@ -88,7 +88,8 @@ class NeuronSource(str):
     :attr:`kind` is what the verbs dispatch on (``vitreg.verbs.neuron_sources.READERS`` reads
     each kind but discovery); a new kind, such as a set on the Hugging Face Hub, is a spelling
     recognised in :meth:`parse` and :attr:`kind` plus a reader there. ``None`` and ``auto``
-    (the spellings of vitreg 0.x configs) read as ``discover``."""
+    (how earlier config.yaml files and ``vitreg vlm --neurons auto`` said it) read as
+    ``discover``."""
 
     WORDS: ClassVar[tuple[str, ...]] = ("discover", "builtin")
 
@@ -451,7 +452,8 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
     def _no_layers_for_model_tasks(cls, v: str, info: Any) -> str:
         from vitreg.probe.tasks import TASKS
 
-        task = TASKS.get(info.data.get("task", ""))
+        name = info.data.get("task", "")
+        task = TASKS.get(name) if name in TASKS else None
         if getattr(task, "scores_model", False) and v.strip() != "-1":
             raise ValueError(
                 "zero-shot scores the image embedding and attention-seg the last block's "

@@ -35,11 +35,10 @@ def test_every_option_default_and_help_is_its_config_field():
         assert set(params) == {*cls.model_fields, "config"}, verb
         for name, field in cls.model_fields.items():
             p = params[name]
-            want = None if field.is_required() else field.default
+            want = None if field.is_required() else field.get_default(call_default_factory=True)
             got = p.default
-            assert (got == want) or (got is None and want is None) or (
-                got in ((), []) and want is None
-            ), (verb, name, got, want)
+            unset = (None, (), [])  # an option left out: the config's default (None, no items)
+            assert got == want or (got in unset and want in unset), (verb, name, got, want)
             description = field.description.replace("<verb>", verb)
             assert p.help == (f"{description} {REQUIRED}" if field.is_required() else description)
 

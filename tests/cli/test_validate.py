@@ -277,40 +277,16 @@ def test_experiment_config_round_trips_and_reruns_the_same_call(tmp_path, monkey
     assert result.exit_code == 0 and calls[-1]["settings"].steps == 3  # the option wins
 
 
-@pytest.mark.parametrize("verb", ["neurons", "fix", "probe", "train", "experiment"])
-def test_config_fields_are_the_command_options(verb):
-    """Every option of the command is a field of its config, with the same default."""
-    import inspect
-
-    from vitreg.cli import experiment_cmd, fix_cmd, neurons_cmd, probe_cmd, train_cmd
-    from vitreg.configs import CONFIGS
-
-    command = {
-        "neurons": neurons_cmd.neurons_command,
-        "fix": fix_cmd.fix_command,
-        "probe": probe_cmd.probe_command,
-        "train": train_cmd.train_command,
-        "experiment": experiment_cmd.variants_command,
-    }[verb]
-    params = inspect.signature(command).parameters
-    fields = CONFIGS[verb].model_fields
-    options = set(params) - {"ctx", "config"}
-    assert options <= set(fields)
-    if verb in ("probe", "train", "experiment"):
-        assert options == set(fields)  # (fix discovers with the neurons defaults, not options)
-    for name in options:
-        field = fields[name]
-        default = params[name].default.default
-        assert default == (None if field.is_required() else field.default), name
-
-
 def test_train_and_experiment_configs_allow_what_the_trainer_does():
     from typing import get_args
 
     from vitreg.configs import ExperimentConfig, TrainRunConfig
-    from vitreg.train.config import AMP, RECIPES
+    from vitreg.core.choices import AMP, RECIPES
+    from vitreg.train.config import DEFAULTS
+    from vitreg.train.settings import TrainSettings
 
+    assert issubclass(TrainRunConfig, TrainSettings)  # the CLI's settings are train()'s
     fields = TrainRunConfig.model_fields
-    assert get_args(fields["recipe"].annotation) == RECIPES
+    assert get_args(fields["recipe"].annotation) == RECIPES == tuple(DEFAULTS)
     assert get_args(fields["amp"].annotation) == AMP
     assert set(get_args(ExperimentConfig.model_fields["recipe"].annotation)) == set(RECIPES)

@@ -8,7 +8,7 @@ import timm
 import torch
 from pydantic import ValidationError
 
-from train_helpers import DINO, TINY, TinyData, run
+from train_helpers import DINO, TINY, AtStep, TinyData, run
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.load import read_state_dict
 from vitreg.train.augment import dino_view, three_augment
@@ -103,12 +103,12 @@ def test_dino_step_trains_mask_token_and_moves_teacher_and_centres():
 def test_interrupted_run_resumes_with_identical_losses(tmp_path):
     full = run("supervised", tmp_path / "full", checkpoint_every=2)
 
-    def stop(step, total, record):
+    def stop(step):
         if step == 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run("supervised", tmp_path / "cut", checkpoint_every=2, progress=stop)
+        run("supervised", tmp_path / "cut", checkpoint_every=2, progress=AtStep(stop))
     resumed = run("supervised", tmp_path / "cut", checkpoint_every=2)
     assert resumed.resumed_from == 2 and resumed.losses == full.losses
     again = run("supervised", tmp_path / "cut", checkpoint_every=2, resume=False)

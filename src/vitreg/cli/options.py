@@ -25,8 +25,9 @@ PLAIN = (bool, int, float, str, Path)  # the types the command line parses itsel
 
 def _plain(annotation: Any) -> Any:
     """What the command line parses a field as: its own type where click has it (``int``,
-    ``Path``, ``list[str]``, ...), else text that the config validates (literals, unions of
-    words and numbers, neuron sources); optional, so that an unset option is ``None``."""
+    ``Path``, a repeated ``list[str]``, ...), else text that the config validates (literals,
+    unions of words and numbers, neuron sources, comma-separated numbers); optional, so that an
+    unset option is ``None``."""
     if get_origin(annotation) is Annotated:  # PositiveInt and the like
         return _plain(get_args(annotation)[0])
     if get_origin(annotation) in (Union, types.UnionType):
@@ -34,8 +35,8 @@ def _plain(annotation: Any) -> Any:
         return _plain(args[0]) if len(args) == 1 else str | None
     if annotation is bool:
         return bool
-    if get_origin(annotation) is list:
-        return list[str] | None
+    if get_origin(annotation) is list:  # KEY=VALUE pairs repeat; numbers are comma-separated
+        return list[str] | None if get_args(annotation) == (str,) else str | None
     if annotation in PLAIN:
         return annotation | None
     return str | None
@@ -52,7 +53,9 @@ def field_option(cls: type[BaseModel], name: str, flags: str | None = None, verb
     """The typer option of ``cls``'s field ``name``: ``--name-with-dashes`` (``--x/--no-x`` for
     a switch that is on by default; ``flags`` to name it otherwise), its default and its help."""
     field = cls.model_fields[name]
-    default = None if field.is_required() else field.default
+    default = None if field.is_required() else field.get_default(call_default_factory=True)
+    if default == []:  # an empty list: unset, the config's default
+        default = None
     flag = "--" + name.replace("_", "-")
     if flags is None and default is True:
         flags = f"{flag}/--no-{flag[2:]}"

@@ -24,7 +24,7 @@ from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
 from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
-from vitreg.progress import SILENT, Progress, step_phase
+from vitreg.progress import SILENT, Progress
 from vitreg.report.schema import plain
 from vitreg.train.dino import loss_terms
 
@@ -113,21 +113,9 @@ def train_variant(
 ) -> tuple[Any, list[str]]:
     """Train one entry (resuming from ``out``'s checkpoints; its steps reported to
     ``progress``); returns (TrainResult, notes)."""
-    with step_phase(progress, f"training {v.name} seed {seed} (steps)") as steps:
-        return _train_variant(v, seed, out, settings, data, pretrained, steps)
-
-
-def _train_variant(
-    v: Variant,
-    seed: int,
-    out: Path,
-    settings: Settings,
-    data: Any,
-    pretrained: bool,
-    steps: Callable[[int, int, Any], None],
-) -> tuple[Any, list[str]]:
     from vitreg.train import TrainSettings, train
 
+    label = f"training {v.name} seed {seed} (steps)"
     run = TrainSettings(
         recipe=settings.recipe,
         steps=settings.steps,
@@ -140,10 +128,12 @@ def _train_variant(
     options = settings.dino if settings.recipe == "dino" else None
     if v.finetune is not None:
         model, notes = source_model(v, settings, seed, pretrained)
-        return train(model, data, run, out, options=options, progress=steps), notes
+        return train(model, data, run, out, options=options, progress=progress, label=label), notes
     spec = {"base": BASE, **{k: plain(x) for k, x in v.options.items()}}
     kwargs = settings.model_kwargs()
-    result = train(spec, data, run, out, model_kwargs=kwargs, options=options, progress=steps)
+    result = train(
+        spec, data, run, out, model_kwargs=kwargs, options=options, progress=progress, label=label
+    )
     return result, []
 
 

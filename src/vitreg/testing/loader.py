@@ -7,11 +7,11 @@ import os
 from typing import Any
 
 from vitreg.errors import SpecError
-from vitreg.models.load import Loaded, register_loader
+from vitreg.models.load import LOADERS, Loaded
 from vitreg.testing.planted import build
 
 
-@register_loader("planted")
+@LOADERS.register("planted")
 def load_planted(
     name: str,
     pretrained: bool = True,

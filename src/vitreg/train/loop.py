@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from collections.abc import Mapping
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from torch import nn
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.device import check_device
 from vitreg.distributed import DistContext, rank_slice, setup
+from vitreg.progress import SILENT, Progress, Update
 from vitreg.train import checkpoint as ckpt_io
 from vitreg.train.config import (
     DEFAULTS,
@@ -29,8 +30,6 @@ from vitreg.train.model import build_model, describe
 from vitreg.train.recipe import BatchSpec, norm_stats, parse_options
 from vitreg.train.schedule import warmup_cosine
 from vitreg.train.settings import TrainSettings
-
-Progress = Callable[[int, int, dict[str, Any]], None]
 
 
 @dataclass
@@ -64,7 +63,8 @@ def train(
     *,
     model_kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
+    progress: Progress = SILENT,
+    label: str = "training (optimizer steps)",
 ) -> TrainResult:
     """Train a timm ViT on ``data`` with ``settings`` (its recipe, length, batch, schedule,
     checkpoints; the defaults when ``None``); under torchrun every rank takes its slice.
@@ -72,7 +72,8 @@ def train(
     ``settings.batch_size`` is global (all ranks and accumulation steps); ``lr`` defaults to the
     recipe's base rate x batch_size/256; ``model_kwargs`` go to the model's constructor and
     ``options`` are recipe settings (see ``SupervisedOptions`` and ``DinoOptions``);
-    ``progress(step, total, record)`` is called after every step (rank 0 only). A resume checks
+    ``progress`` shows the steps as one phase called ``label``, with loss and learning rate,
+    opened at the first step (rank 0 only). A resume checks
     that the checkpoint was made with the same settings, data and total steps; ``extend`` lets
     a longer ``steps`` continue a run (its schedule is stretched from there). Writes
     ``log.jsonl``, ``checkpoints/``, ``model.safetensors`` and ``train.json`` to ``out_dir``.
@@ -81,7 +82,7 @@ def train(
     check_device(s.device)
     ctx = setup(s.device)
     devices = [ctx.device.index or 0] if ctx.device.type == "cuda" else []
-    run = _Run(model_or_spec, data, s, Path(out_dir), model_kwargs, options, progress)
+    run = _Run(model_or_spec, data, s, Path(out_dir), model_kwargs, options, progress, label)
     with torch.random.fork_rng(devices=devices):
         return _run(ctx, run)
 
@@ -96,7 +97,8 @@ class _Run:
     out: Path
     model_kwargs: Mapping[str, Any] | None
     options: Mapping[str, Any] | None
-    progress: Progress | None
+    progress: Progress
+    label: str
 
 
 def _run(ctx: DistContext, a: _Run) -> TrainResult:
@@ -154,15 +156,18 @@ def _run(ctx: DistContext, a: _Run) -> TrainResult:
         module = nn.parallel.DistributedDataParallel(recipe.module, device_ids=ids)
 
     history: list[dict[str, Any]] = []
-    for step in range(start, total):
-        record = _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype)
-        history.append(record)
-        if ctx.is_main:
-            append_record(out / "log.jsonl", record)
-            if record["step"] % config.checkpoint_every == 0 or record["step"] == total:
-                _save(out, config, recipe, optimizer, scaler, ctx, record["step"])
-            if a.progress is not None:
-                a.progress(record["step"], total, record)
+    with ExitStack() as phase:  # opened at the first step: an error before it is shown alone
+        update: Update | None = None
+        for step in range(start, total):
+            record = _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype)
+            history.append(record)
+            if ctx.is_main:
+                append_record(out / "log.jsonl", record)
+                if record["step"] % config.checkpoint_every == 0 or record["step"] == total:
+                    _save(out, config, recipe, optimizer, scaler, ctx, record["step"])
+                if update is None:
+                    update = phase.enter_context(a.progress(total, a.label))
+                update(record["step"], loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
 
     exported = recipe.export()
     if ctx.is_main:  # the whole log: a finished run trained again records its last step

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,6 @@ def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
     return args
 
 
-def _two_passes(update: Callable[[int], None], total: int) -> Callable[[int], None]:
-    """compare_fix counts images from 0 twice (without, then with the fix): one bar over both."""
-    state = {"offset": 0, "last": 0}
-
-    def both(n: int) -> None:
-        if n <= state["last"]:
-            state["offset"] += total
-        state["last"] = n
-        update(state["offset"] + n)
-
-    return both
-
-
 def compare(
     model: Any, neurons: Any, source: Any, cfg: FixConfig, progress: Progress
 ) -> tuple[Any, Any]:
@@ -53,14 +39,7 @@ def compare(
     from vitreg.fix import TestTimeRegisters, compare_fix
 
     ttr = TestTimeRegisters(neurons, **cfg.ttr_args())
-    with progress(2 * source.total, "images without, then with the fix (image passes)") as update:
-        comparison = compare_fix(
-            model,
-            ttr,
-            source,
-            batch_size=cfg.batch_size,
-            progress=_two_passes(update, source.total),
-        )
+    comparison = compare_fix(model, ttr, source, batch_size=cfg.batch_size, progress=progress)
     return ttr, comparison
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from vitreg.configs import TrainRunConfig
 from vitreg.errors import InputError
-from vitreg.progress import SILENT, Progress, step_phase
+from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import command_line, default_run_dir, slug
 from vitreg.verbs.result import Listener, Notice, Notices, TrainRun
 
@@ -63,16 +63,15 @@ def run_train(
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(cfg.variant), verb="train")
     cfg = cfg.model_copy(update={"out": run_dir})
     check_out(run_dir, "train", cfg.variant, cfg.overwrite)
-    with step_phase(progress, "training (optimizer steps)") as steps:  # rank 0 only
-        result = train(
-            cfg.variant,
-            cfg.data,
-            train_settings(cfg),
-            run_dir,
-            model_kwargs=parse_pairs(cfg.model_arg),
-            options=parse_pairs(cfg.option),
-            progress=steps,
-        )
+    result = train(
+        cfg.variant,
+        cfg.data,
+        train_settings(cfg),
+        run_dir,
+        model_kwargs=parse_pairs(cfg.model_arg),
+        options=parse_pairs(cfg.option),
+        progress=progress,  # rank 0 only
+    )
     if int(os.environ.get("RANK", "0")) != 0:
         return TrainRun("train", run_dir, None, [], training=result)
     notices = Notices(on_notice)
