@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # CLI tests read stderr's error paragraph alone; tests/test_cli_progress.py turns progress on
 os.environ.setdefault("VITREG_PROGRESS", "off")
-torch.set_num_threads(2)
+# the cores shared among pytest-xdist workers (one worker: all of them, up to 2 as before)
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 2) // WORKERS)))
 
 TESTS = Path(__file__).resolve().parent  # helper modules and worker scripts live here
 ROOT = TESTS.parent  # the repository
 # a bound on any child process, only to stop a hung test: a loaded machine never reaches it
 HANG_GUARD_S = 1800
+
+
+def free_port() -> int:
+    """A TCP port free now, for torchrun's rendezvous (test files may run in parallel)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

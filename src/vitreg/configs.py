@@ -311,6 +311,19 @@ class NeuronsConfig(RunConfig, Figures, NeuronSearch, ImageSet, ModelSource):
         description="Also choose the set from each half of the images and report their overlap "
         "(about twice the cost of the selection).",
     )
+    check_sizes: list[PositiveInt] = Field(
+        default_factory=list,
+        description="Comma-separated image sizes (e.g. 112,336) at which the chosen set's fix is "
+        "also checked on the held-out images, resized: register neurons can be "
+        "resolution-specific.",
+    )
+
+    @field_validator("check_sizes", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return [] if v is None else v
 
 
 class FixConfig(RunConfig, Figures, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, ModelSource):

@@ -67,11 +67,6 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def env_rank() -> int:
-    """The rank torchrun gave this process (``RANK``), readable before any group exists."""
-    return int(os.environ.get("RANK", "0"))
-
-
 def under_torchrun() -> bool:
     """Whether torchrun started several processes (``WORLD_SIZE > 1``)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1

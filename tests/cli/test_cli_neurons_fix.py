@@ -52,8 +52,8 @@ def the_images(m, n: int = 8) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def neurons_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     run_dir = tmp_path_factory.mktemp("neurons") / "run"
-    result = runner.invoke(app, ["neurons", *SMALL, "--out", str(run_dir)])
-    return run_dir, result
+    args = ["neurons", *SMALL, "--check-sizes", "140", "--out", str(run_dir)]
+    return run_dir, runner.invoke(app, args)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,14 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
     headline = {h["name"]: h["value"] for h in m["metrics"]}
     assert headline["n_neurons"] == len(saved) and headline["detect_layer"] == r["detect_layer"]
     assert {x["layer"] for x in r["layers"]} == set(saved.by_layer())
+    # --check-sizes: the set found at 112 px checked at 140 px, said in metrics, report, console
+    (row,) = r["other_sizes"]["sizes"]
+    assert row["img_size"] == 140 and row["clean_after"] and r["other_sizes"]["clean_at_every_size"]
+    assert (
+        "Other sizes (the held-out images resized): 140 px clean"
+        in (run_dir / "report.md").read_text()
+    )
+    assert "│ other sizes │ 140 px: clean │" in out and "the model now takes other sizes" in out
 
 
 def test_fix_records_a_command_that_fix_accepts(fix_run) -> None:

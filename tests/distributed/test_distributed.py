@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vitreg
-from conftest import HANG_GUARD_S, TESTS
+from conftest import HANG_GUARD_S, TESTS, free_port
 from vitreg.neurons.discover import discover
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build
@@ -23,7 +23,7 @@ def test_torchrun_discovery_equals_single_process(tmp_path):
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
-        "--master_port=29517",
+        f"--master_port={free_port()}",
         str(script),
         str(out),
     ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import HANG_GUARD_S, TESTS
+from conftest import HANG_GUARD_S, TESTS, free_port
 from vitreg import distributed
 from vitreg.cli.app import app
 
@@ -71,12 +70,6 @@ def test_functions_are_identities_on_one_process() -> None:
 
 
 # torchrun helpers ---------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(args: list[str], no_python: bool = False, timeout: int = HANG_GUARD_S) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     cmd += [f"--master_port={free_port()}", *(["--no-python"] if no_python else []), *args]

@@ -9,9 +9,11 @@ import vitreg
 from vitreg import InputError, VitregError
 from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.neurons.auto import find_neurons
+from vitreg.models.input_size import enable_dynamic_size
+from vitreg.neurons.auto import HOLD_OUT, find_neurons
 from vitreg.neurons.detection import choose_detection
 from vitreg.neurons.discover import discover
+from vitreg.neurons.stability import other_sizes
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
@@ -116,8 +118,24 @@ def test_discover_honours_a_highest_layer_above_the_detection_layer(images):
 
 def test_stability_compares_the_sets_of_two_halves_of_the_images(images):
     model, truth = planted("dinov2_s14")
-    found = find_neurons(model, images, batch_size=8, stability=True)
+    with pytest.raises(
+        InputError, match="cannot check the fix at 140 px: this model takes 112x112"
+    ):
+        find_neurons(model, images, batch_size=8, check_sizes=[140])  # before any work
+    enable_dynamic_size(model.module)
+    found = find_neurons(model, images, batch_size=8, stability=True, check_sizes=[140])
     s = found.results()["stability"]
     assert [set(map(tuple, h)) for h in s["halves"]] == [set(truth.causal_units)] * 2
     assert s["overlap_between_halves"] == 1.0 and s["overlap_with_whole"] == [1.0, 1.0]
-    assert find_neurons(model, images, batch_size=8).stability is None  # opt-in
+    # the set found at 112 px cleans 140 px too (the plant fires on flat patches at any size)
+    sizes = found.results()["other_sizes"]
+    (row,) = sizes["sizes"]
+    assert row["img_size"] == 140 and sizes["clean_at_every_size"] and row["clean_after"]
+    assert row["blocks_with_outlier_mode_before"] and not row["blocks_with_outlier_mode_after"]
+    assert row["max_over_median_after"] < row["max_over_median_before"] / 5
+    # one unit of the three leaves outliers at 140 px: said, not hidden
+    held = images[HOLD_OUT - 1 :: HOLD_OUT]
+    one = other_sizes(model, found.chosen.first(1), held, [140], target=0.01, tolerance=1.5)
+    assert not one["clean_at_every_size"] and one["sizes"][0]["blocks_with_outlier_mode_after"]
+    plain = find_neurons(model, images, batch_size=8)
+    assert plain.stability is None and plain.other_sizes is None  # opt-in

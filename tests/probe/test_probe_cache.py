@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import vitreg
 from cache_worker import ToyDataset, small_vit
-from conftest import HANG_GUARD_S, TESTS
+from conftest import HANG_GUARD_S, TESTS, free_port
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
@@ -221,7 +221,7 @@ def test_bad_requests_name_the_fix(vit, tmp_path):
 def test_torchrun_two_ranks_equal_one_process(vit, tmp_path):
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        "--master_port=29531", str(WORKER), str(tmp_path / "dist"), "dist",
+        f"--master_port={free_port()}", str(WORKER), str(tmp_path / "dist"), "dist",
     ]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -137,8 +137,6 @@ def test_harness_scores_a_circuit_the_path_solves() -> None:
 # exact, the 40-unit case exact); every other seed must meet the target
 KNOWN = {
     1: "clean but misses 15 weak units of block 3 (40 causal units over blocks 2-5)",
-    3: "SigLIP, position rule: the survey finds the outliers a block late (7, truth 6), so the "
-    "block-7 readers sit at the emergence block, where the reader test does not apply",
     15: "partial (consistent with the fresh images): 2 readers chosen and 14 weak units missed "
     "when writers after emergence read the flag only once the weak writes are zeroed",
 }

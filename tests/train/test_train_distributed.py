@@ -1,21 +1,14 @@
 """torchrun with 2 CPU ranks (gloo), per-rank batch 4, reproduces one process with batch 8."""
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import HANG_GUARD_S, TESTS
+from conftest import HANG_GUARD_S, TESTS, free_port
 from train_helpers import run
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_torchrun_two_ranks_match_one_process(tmp_path):

@@ -155,12 +155,6 @@ def threshold(norms: Any, method: str, **params: float) -> float:
     raise ValueError(f"unknown outlier method {method!r}; choose from {SET_RULES}")
 
 
-def set_mask(norms: torch.Tensor, method: str, **params: float) -> torch.Tensor:
-    """Bool like ``norms``: above the :func:`threshold` of ``method`` over all of ``norms``."""
-    cut = threshold(norms.detach().cpu().double().numpy(), method, **params)
-    return norms > cut
-
-
 # A fix leaves no artifact when no block shows an outlier mode and the max/median patch norm is
 # within this factor of the ordinary (non-outlier) patches' max/median before the fix.
 FIX_TOLERANCE = 1.5

@@ -65,6 +65,21 @@ def show(found: Any, spec: str, run_dir: Path) -> None:
             if found.stability
             else {}
         ),
+        **(
+            {
+                "other sizes": ", ".join(
+                    f"{r['img_size']} px: "
+                    + (
+                        "clean"
+                        if r["clean_after"]
+                        else f"NOT clean ({r['max_over_median_after']:.3g})"
+                    )
+                    for r in found.other_sizes["sizes"]
+                )
+            }
+            if found.other_sizes
+            else {}
+        ),
         "detection": f"block {s['detect_layer']}, {s['threshold']} threshold",
         "held-out outlier rate": f"{held['outlier_rate_before']:.2%} -> "
         f"{held['outlier_rate_after']:.2%} ({held['n_images']} images)",

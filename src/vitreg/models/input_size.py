@@ -105,3 +105,16 @@ def check_grid(grid: Any, what: str, img_size: Any = None) -> None:
             f"least {MIN_GRID}x{MIN_GRID} patches (an artifact is a patch that stands out from "
             "the others): pass a larger --img-size"
         )
+
+
+def enable_dynamic_size(model: nn.Module) -> None:
+    """Let a timm ViT take any multiple of its patch size (pos-embed interpolation), as
+    ``dynamic_img_size=True`` at construction would: DINO's smaller local crops, and checking
+    a neuron set at other sizes. At the built size the outputs are unchanged."""
+    from timm.layers import Format
+
+    pe = model.patch_embed
+    model.dynamic_img_size = True
+    pe.strict_img_size = False
+    pe.flatten = False
+    pe.output_fmt = Format.NHWC

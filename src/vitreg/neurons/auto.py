@@ -14,7 +14,7 @@ calibration, each decision recorded with its evidence.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,7 @@ class Found:
     split: dict[str, Any]
     mode: str  # "calibrated" or "fixed" (top-k given)
     stability: dict[str, Any] | None = None  # the sets of two halves of the images (opt-in)
+    other_sizes: dict[str, Any] | None = None  # the fix checked at other resolutions (opt-in)
 
     @property
     def status(self) -> str:
@@ -122,6 +123,7 @@ class Found:
             "discovery": self.ranking.data,
             "notes": list(self.curve.notes),
             "stability": self.stability,
+            "other_sizes": self.other_sizes,
         }
 
 
@@ -162,6 +164,7 @@ def find_neurons(
     max_held_out: int = MAX_HELD_OUT,
     causal_images: int = CAUSAL_IMAGES,
     stability: bool = False,
+    check_sizes: Sequence[int] = (),
     progress: Progress = SILENT,
 ) -> Found:
     """Register neurons of ``model`` from preprocessed ``images`` with nothing to set by hand.
@@ -171,7 +174,14 @@ def find_neurons(
     images. ``n_images`` is the image count when ``images`` has no ``len`` (a stream).
     ``stability``: also choose the causal set from each half of the discovery images and report
     their overlap (:mod:`~vitreg.neurons.stability`; about twice the cost of the selection).
+    ``check_sizes``: image sizes at which the chosen set's fix is also checked (the held-out
+    images resized), since register neurons can be resolution-specific.
     """
+    for size in check_sizes:  # before any work: a size the model refuses fails now, not at the end
+        try:
+            model.layout_for((size, size))
+        except InputError as e:
+            raise InputError(f"cannot check the fix at {size} px: {e}") from None
     total = n_images if n_images is not None else len(images)
     n_disc, n_held = split_sizes(total)
     if n_held < MIN_HELD_OUT:
@@ -299,6 +309,22 @@ def find_neurons(
                 detection,
                 selection.chosen,
                 top_k=DISCOVER_K,
+                batch_size=batch_size,
+            )
+    if check_sizes:
+        from vitreg.neurons.stability import other_sizes
+
+        with (
+            progress(None, f"checking the fix at sizes {', '.join(map(str, check_sizes))}"),
+            distributed.local(),
+        ):
+            found.other_sizes = other_sizes(
+                model,
+                chosen,
+                held,
+                list(check_sizes),
+                target=target,
+                tolerance=tolerance,
                 batch_size=batch_size,
             )
     return found

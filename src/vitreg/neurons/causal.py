@@ -19,10 +19,12 @@ block from the emergence block to the detection layer:
 - **pruning**: each chosen unit is measured exactly, zeroed alone (the others active) and
   restored alone (the others zeroed). A unit after the emergence block whose activation on the
   outlier patches falls below :data:`READER_PERSISTENCE` of its base level once the others are
-  zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped (a
-  unit up to the emergence block cannot be one: no outlier exists at its input yet). Units that move the excess
-  neither way alone are kept only if restoring them together brings excess back, and then those
-  whose own estimated write is a real share of it; the rest are bystanders, dropped.
+  zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped. A
+  unit before the emergence block cannot be one (no outlier exists at its input yet); one at the
+  emergence block only when its input already carries :data:`EXISTING` of that block's excess
+  (the survey placed the emergence a block late). Units that move the excess neither way alone
+  are kept only if restoring them together brings excess back, and then those whose own
+  estimated write is a real share of it; the rest are bystanders, dropped.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from vitreg.progress import Update
 Unit = tuple[int, int]
 READER_PERSISTENCE = 0.3  # a unit below this share of its base activation on the outliers,
 # with the rest of the set zeroed, fires because the patches are outliers: a reader
+EXISTING = 0.5  # share of a block's outlier excess already at its input: the outlier exists
 MEDIATED = 50  # zeroing a unit removes > this x its own direct write: it acts through others
 ESTIMATE_TRIES = 4  # tiers of estimated units tried, when one over-reads, before exact groups
 MAX_ROUNDS = 3  # selection rounds: readers and mediators dropped by pruning are excluded
@@ -485,10 +488,18 @@ def _prune(
             >= min_gain
         )
 
+    def outlier_at_input(layer: int) -> bool:
+        """Whether the outlier exists at the input of ``layer``: after the emergence block, or
+        at it when the previous block already carries most of its excess."""
+        prior = base.excess.get(layer - 1)
+        at = base.excess.get(layer, 0.0)
+        return layer > first or (
+            layer == first and prior is not None and at > 0 and prior >= EXISTING * at
+        )
+
     for u in rest:
         p = effects[u]["persistence"]
-        # only a unit after the emergence block can read an outlier: before, none exists yet
-        if u[0] > first and p < READER_PERSISTENCE:
+        if outlier_at_input(u[0]) and p < READER_PERSISTENCE:
             drop(
                 u,
                 "reader",

@@ -1,8 +1,11 @@
 """How stable the automatic path's answer is: the causal set chosen from each of two disjoint
-halves of the discovery images (same detection, same held-out images), and their overlap.
+halves of the discovery images (same detection, same held-out images), and their overlap; and
+whether the set found at one resolution also cleans others.
 
 A set that two halves of the images agree on does not hang on a few images; a low overlap says
-the ranking that feeds the causal check is noisy at this image count (use more images).
+the ranking that feeds the causal check is noisy at this image count (use more images). Register
+neurons are resolution-specific in the paper's lists, so a set is checked at each other size
+with the same held-out images resized.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from typing import Any
 
 import torch
 
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
 from vitreg.neurons.auto import Split, causal_set
+from vitreg.neurons.calibrate import calibrate_top_k
 from vitreg.neurons.discover import discover
 
 
@@ -51,4 +56,50 @@ def half_sets(
         "halves": [sorted([list(u) for u in s]) for s in sets],
         "overlap_between_halves": overlap(a, b),
         "overlap_with_whole": [overlap(a, whole), overlap(b, whole)],
+    }
+
+
+def other_sizes(
+    model: Model,
+    chosen: NeuronSet,
+    held: torch.Tensor,
+    sizes: list[int],
+    *,
+    target: float,
+    tolerance: float,
+    batch_size: int = 32,
+) -> dict[str, Any]:
+    """The fix of ``chosen`` checked on ``held`` resized to each of ``sizes`` (every block, as
+    on the native size): before and after, and whether it is clean at every size."""
+    _, curve = calibrate_top_k(
+        model,
+        chosen,
+        held,
+        ks=(0, len(chosen)),
+        image_sizes=sizes,
+        keep_all=True,
+        target=target,
+        tolerance=tolerance,
+        batch_size=batch_size,
+    )
+    rows = []
+    for size, (before, after) in zip(sizes, curve.checks.values(), strict=True):
+        rows.append(
+            {
+                "img_size": size,
+                "blocks_with_outlier_mode_before": before.blocks_with_mode,
+                "blocks_with_outlier_mode_after": after.blocks_with_mode,
+                "max_over_median_before": before.max_over_median,
+                "max_over_median_after": after.max_over_median,
+                "ordinary_max_over_median": before.ordinary_max_over_median,
+                "outlier_rate_before": before.outlier_rate,
+                "outlier_rate_after": after.outlier_rate,
+                "clean_after": after.clean,
+            }
+        )
+    return {
+        "method": f"the chosen set's fix on the {len(held)} held-out images resized (bicubic) to "
+        "each size, checked at every block as at the native size",
+        "sizes": rows,
+        "clean_at_every_size": all(r["clean_after"] for r in rows),
     }

@@ -134,6 +134,20 @@ def neurons_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             f"from all images {' and '.join(pct(x) for x in as_list(stable.get('overlap_with_whole')))}"
             ". A low overlap says the ranking is noisy at this image count: use more images."
         )
+    sizes = as_list(dig(r.get("other_sizes"), "sizes"))
+    if sizes:
+        summary.blocks.append(
+            "Other sizes (the held-out images resized): "
+            + "; ".join(
+                f"{num(dig(z, 'img_size'))} px "
+                + ("clean" if dig(z, "clean_after") else "**not clean**")
+                + f", max/median {num(dig(z, 'max_over_median_before'))} → "
+                f"{num(dig(z, 'max_over_median_after'))}"
+                for z in sizes
+            )
+            + ". Register neurons can be resolution-specific: a set that does not clean a size "
+            "should be found again at that size."
+        )
     how = (
         "the units whose zeroing removes the outliers (causal check), their fix then checked on "
         "held-out images"

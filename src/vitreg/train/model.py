@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from vitreg.errors import InputError, SpecError, UnsupportedModelError
+from vitreg.models.input_size import enable_dynamic_size
 
 VIT_API = ("patch_embed", "forward_features", "forward_head", "num_prefix_tokens", "embed_dim")
 
@@ -132,15 +133,3 @@ def _create(spec: Any, build: dict[str, Any]) -> nn.Module:
         return timm.create_model(spec, **build)
     except TypeError as e:
         raise SpecError(f"cannot build {spec!r} with {sorted(build)}: {e}") from None
-
-
-def enable_dynamic_size(model: nn.Module) -> None:
-    """Let a timm ViT take any multiple of its patch size (pos-embed interpolation), as
-    ``dynamic_img_size=True`` at construction would; needed for DINO's smaller local crops."""
-    from timm.layers import Format
-
-    pe = model.patch_embed
-    model.dynamic_img_size = True
-    pe.strict_img_size = False
-    pe.flatten = False
-    pe.output_fmt = Format.NHWC

@@ -46,6 +46,9 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
     after skips and the held-out cap) goes to ``notices``."""
     from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 
+    sizes = list(getattr(cfg, "check_sizes", ()))
+    if sizes:
+        accept_sizes(model, sizes, notices)
     found = find_neurons(
         model,
         source,
@@ -57,6 +60,7 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
         highest_layer=cfg.highest_layer,
         threshold=cfg.threshold,
         stability=getattr(cfg, "stability", False),
+        check_sizes=sizes,
         progress=progress,
     )
     split = found.split
@@ -68,6 +72,30 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
         )
     )
     return found
+
+
+def accept_sizes(model: Any, sizes: list[int], notices: Notices) -> None:
+    """Let a timm ViT built for one size take the other ``sizes`` too (position-embedding
+    interpolation, outputs at the built size unchanged), said in a notice; other models keep
+    their own rule, and a size they refuse is refused by the automatic path with the reason."""
+    from vitreg.errors import InputError
+    from vitreg.models.input_size import enable_dynamic_size
+
+    try:
+        for size in sizes:
+            model.layout_for((size, size))
+    except InputError:
+        module = model.module
+        if not (hasattr(module, "patch_embed") and hasattr(module, "dynamic_img_size")):
+            return
+        enable_dynamic_size(module)
+        notices.append(
+            Notice(
+                "sizes",
+                f"--check-sizes {','.join(map(str, sizes))}: the model now takes other sizes "
+                "(position embeddings interpolated, as timm's dynamic_img_size does)",
+            )
+        )
 
 
 def load_neurons(
