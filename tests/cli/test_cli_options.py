@@ -60,3 +60,22 @@ def test_a_shared_setting_reads_the_same_in_every_verb():
             assert field.description in next(iter(texts)), (part.__name__, name)
     modes = {p.help for v in ("fix", "vlm", "probe") for p in command(v).params if p.name == "mode"}
     assert modes == {"paper (per-neuron max, Algorithm 2) or reference (the official code's edit)."}
+
+
+def test_a_neuron_source_is_typed_and_reads_the_earlier_spellings(tmp_path):
+    from vitreg.configs import FixConfig, ProbeRunConfig, VlmConfig
+    from vitreg.verbs.probe import fix_plan
+
+    assert FixConfig().neurons.kind == "discover" == FixConfig(neurons=None).neurons
+    vlm = VlmConfig(spec="hf-vlm:x", prompt="what?", neurons="auto")  # vlm's old spelling
+    assert vlm.neurons.kind == "discover" and vlm.to_file()["neurons"] == "discover"
+    assert FixConfig(neurons="builtin").neurons.kind == "builtin"
+    named = FixConfig(neurons=str(tmp_path / "neurons.json"))
+    assert named.neurons.kind == "file" and named.to_file()["neurons"] == str(
+        tmp_path / "neurons.json"
+    )
+    both = ProbeRunConfig(fix="both", neurons="builtin")
+    assert fix_plan(both.fix, both.neurons) == (True, "builtin", True)
+    only = ProbeRunConfig(fix="builtin")
+    base, source, fixed = fix_plan(only.fix, only.neurons)
+    assert (base, source.kind, fixed) == (False, "builtin", True)

@@ -1,4 +1,5 @@
-"""``vitreg fix [SPEC] --neurons FILE|builtin``: test-time registers with a before/after report."""
+"""``vitreg fix [SPEC] --neurons FILE|builtin|discover``: test-time registers with a before/after
+report."""
 
 from __future__ import annotations
 
