@@ -111,12 +111,13 @@ def build(name: str, img_size: int, depth: int | None):
 def interleaved(
     arms: dict[str, Callable[[], Any]], repeats: int
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Time two arms ``repeats`` times each, their order alternating (ABBA) so both see the same
-    machine load; returns every timing and each arm's median, in seconds."""
-    first, second = arms
-    times: dict[str, list[float]] = {first: [], second: []}
+    """Time the arms ``repeats`` times each, their order reversed every other round (ABBA for
+    two) so all see the same machine load; returns every timing and each arm's median, in
+    seconds."""
+    names = list(arms)
+    times: dict[str, list[float]] = {arm: [] for arm in names}
     for r in range(repeats):
-        for arm in (first, second) if r % 2 == 0 else (second, first):
+        for arm in names if r % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             arms[arm]()
             times[arm].append(time.perf_counter() - t0)

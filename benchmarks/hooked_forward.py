@@ -2,9 +2,15 @@
 
 Hooked arm: ``Model.run_with_cache`` keeping the per-token norms of every block's
 ``hook_resid_post`` and the [CLS] attention row of the last 4 blocks' ``attn.hook_pattern``.
-Plain arm: the source module's own ``forward_features``. Both run under ``torch.inference_mode``
-on the same random-weight model and batch; after a warm-up the arms alternate (ABBA) so both see
-the same machine load. Each model runs in a fresh process so its peak RSS is its own.
+Patterns arm: ``Model.trace`` with the reducers of diagnose's ``AttentionAnalysis`` (every
+block's ``attn.hook_pattern``, recomputed from q/k under fused attention). Kinds arm: the same
+plus the sink and LOF analyses on (``SinkAnalysis`` -- every block's ``attn.hook_v`` paired with
+its pattern, sink statistics per head in the hooks -- and ``LOFAnalysis``, which keeps the
+penultimate block's patch tokens); their ``finish`` (sink summary, per-image LOF fits) is timed
+apart, as it runs once after the forward. Plain arm: the source module's own
+``forward_features``. All run under ``torch.inference_mode``/``no_grad`` on the same
+random-weight model and batch; after a warm-up the arms alternate so all see the same machine
+load. Each model runs in a fresh process so its peak RSS is its own.
 
     python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b]
 """
@@ -13,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from typing import Any
 
 from _common import (
@@ -53,6 +61,10 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Time both arms on one model in this process."""
     import torch
 
+    from vitreg.analysis.anomaly_lof import LOFAnalysis
+    from vitreg.analysis.attention import AttentionAnalysis
+    from vitreg.analysis.sinks import SinkAnalysis
+
     torch.manual_seed(0)
     model = build(name, args.img_size, args.depth)
     rss_built = rss_mb()
@@ -66,13 +78,48 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     def hooked() -> Any:
         return model.run_with_cache(x, names=names, reduce=reduce)
 
+    analyses = [AttentionAnalysis(), SinkAnalysis(), LOFAnalysis()]
+
+    def traced(chosen: list[Any]) -> Any:
+        reducers = {a.name: a.reducers(model) for a in chosen}
+        trace = model.trace(x, [r for rs in reducers.values() for r in rs], batch_size=len(x))
+        return trace, reducers
+
+    def patterns() -> Any:
+        return traced(analyses[:1])
+
+    def kinds() -> Any:
+        return traced(analyses)
+
+    def finish(trace: Any, reducers: dict[str, list[Any]]) -> dict[str, Any]:
+        from vitreg.models.model import TraceResult
+
+        done: dict[str, Any] = {}
+        for a in analyses[1:]:
+            own = TraceResult(reducers[a.name], trace.n_images, trace.layouts, trace.attn_source)
+            done[a.name] = a.finish(model, own, done)
+        return done
+
     for _ in range(args.warmup):
         ref = plain()
     peak_plain = peak_rss_mb()
     for _ in range(args.warmup):
         out, cache = hooked()
     peak_hooked = peak_rss_mb()
-    times, med = interleaved({"plain": plain, "hooked": hooked}, args.repeats)
+    for _ in range(args.warmup):
+        patterns()
+    peak_patterns = peak_rss_mb()
+    for _ in range(args.warmup):
+        done = finish(*kinds())
+    peak_kinds = peak_rss_mb()
+    arms = {"plain": plain, "hooked": hooked, "patterns": patterns, "kinds": kinds}
+    times, med = interleaved(arms, args.repeats)
+    finish_s = []
+    for _ in range(args.repeats):
+        passed = kinds()
+        t0 = time.perf_counter()
+        done = finish(*passed)
+        finish_s.append(time.perf_counter() - t0)
     return {
         "model": name,
         "n_tokens": model.layout.n_tokens,
@@ -83,8 +130,21 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "median_s": med,
         "images_per_s": {arm: args.batch_size / s for arm, s in med.items()},
         "ratio_hooked_over_plain": med["plain"] / med["hooked"],
+        "ratio_patterns_over_plain": med["plain"] / med["patterns"],
+        "ratio_kinds_over_plain": med["plain"] / med["kinds"],
+        "ratio_kinds_over_patterns": med["patterns"] / med["kinds"],
+        "kinds_finish_median_s": statistics.median(finish_s),
+        "kinds_found": {
+            "sink_events_per_image": done["sinks"].per_image.get("total", 0.0),
+            "lof_images": done["lof"].n_images,
+        },
         "rss_mb_after_build": rss_built,
-        "peak_rss_mb": {"after_plain_warmup": peak_plain, "after_hooked_warmup": peak_hooked},
+        "peak_rss_mb": {
+            "after_plain_warmup": peak_plain,
+            "after_hooked_warmup": peak_hooked,
+            "after_patterns_warmup": peak_patterns,
+            "after_kinds_warmup": peak_kinds,
+        },
         "environment": environment(),
     }
 
@@ -118,11 +178,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"batch {args.batch_size}, {args.img_size} px, {args.repeats} interleaved repeats")
     for r in results:
         ips = r["images_per_s"]
-        verdict = "ok" if r["ratio_hooked_over_plain"] >= TARGET else "BELOW TARGET"
+        for arm in ("hooked", "patterns", "kinds"):
+            ratio = r[f"ratio_{arm}_over_plain"]
+            verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+            print(
+                f"{r['model']:<28} {arm:<8} plain {ips['plain']:6.1f} img/s  {arm} "
+                f"{ips[arm]:6.1f} img/s  ratio {ratio:.3f} (target >= {TARGET}: {verdict})  "
+                f"peak RSS {r['peak_rss_mb'][f'after_{arm}_warmup']:.0f} MB"
+            )
         print(
-            f"{r['model']:<28} plain {ips['plain']:6.1f} img/s  hooked {ips['hooked']:6.1f} "
-            f"img/s  ratio {r['ratio_hooked_over_plain']:.3f} (target >= {TARGET}: {verdict})  "
-            f"peak RSS {r['peak_rss_mb']['after_hooked_warmup']:.0f} MB"
+            f"{'':<28} kinds / patterns {r['ratio_kinds_over_patterns']:.3f} (the cost of sinks "
+            f"and LOF over diagnose's own pattern capture); sink + LOF finish "
+            f"{r['kinds_finish_median_s']:.3f} s per batch"
         )
     print(f"wrote {out}")
 

@@ -1,6 +1,7 @@
 """The tests mirror the package: every folder under tests/ names a package or module of
 src/vitreg (tests/models/adapters for vitreg.models.adapters), except the two that test across
-packages: hostile (every hostile input, by class) and benchmarks (the scripts in benchmarks/)."""
+packages: hostile (every hostile input, by class), benchmarks (the scripts in benchmarks/) and gpu
+(the CUDA parity checks of benchmarks/gpu.sh)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import vitreg
 from conftest import ROOT, TESTS
 
 SRC = Path(vitreg.__file__).parent
-ACROSS = {"hostile": "hostile inputs of every verb", "benchmarks": "smoke runs of benchmarks/"}
+ACROSS = {
+    "hostile": "hostile inputs of every verb",
+    "benchmarks": "smoke runs of benchmarks/",
+    "gpu": "CUDA against CPU across packages (hooks, attention, the fix), run by gpu.sh",
+}
 
 
 def test_every_test_folder_names_a_package_or_module():

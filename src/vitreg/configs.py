@@ -37,6 +37,12 @@ DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with p
 Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or an absolute norm
 FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format (PNG always)
 BATCH = Field(32, gt=0, le=65536, description="Images per forward pass.")
+CHECKPOINT_EVERY = Field(
+    None,
+    gt=0,
+    description="Save the streaming statistics every N images into OUT.resume (beside the run); "
+    "running the same command again resumes from there (removed once the run is written).",
+)
 
 
 def _weights_file(v: Path | None) -> Path | None:
@@ -83,20 +89,24 @@ def _finite(v: float | None, name: str) -> float | None:
 class NeuronSource(str):
     """Where a verb's register neurons come from, spelled as on the command line: ``discover``
     (find them first on the run's images, as ``vitreg neurons`` does), ``builtin`` (the
-    published set for the model) or the path of a NeuronSet file (its ``.json``, or the stem).
+    published set for the model), ``hf:ORG/REPO[@REVISION]`` (a set on the Hugging Face hub)
+    or the path of a NeuronSet file (its ``.json``, or the stem).
 
     :attr:`kind` is what the verbs dispatch on (``vitreg.verbs.neuron_sources.READERS`` reads
-    each kind but discovery); a new kind, such as a set on the Hugging Face Hub, is a spelling
-    recognised in :meth:`parse` and :attr:`kind` plus a reader there. ``None`` and ``auto``
+    each kind but discovery); a new kind is a spelling recognised in :meth:`parse` and
+    :attr:`kind` plus a reader there. ``None`` and ``auto``
     (how earlier config.yaml files and ``vitreg vlm --neurons auto`` said it) read as
     ``discover``."""
 
     WORDS: ClassVar[tuple[str, ...]] = ("discover", "builtin")
+    HUB: ClassVar[str] = "hf:"  # vitreg.neurons.hub.PREFIX
 
     @property
     def kind(self) -> str:
-        """``discover``, ``builtin`` or ``file``."""
-        return str(self) if self in self.WORDS else "file"
+        """``discover``, ``builtin``, ``hub`` or ``file``."""
+        if self in self.WORDS:
+            return str(self)
+        return "hub" if self.startswith(self.HUB) else "file"
 
     @classmethod
     def parse(cls, value: object) -> NeuronSource:
@@ -106,7 +116,7 @@ class NeuronSource(str):
         if isinstance(value, Path):
             value = str(value)
         if not isinstance(value, str) or not value.strip():
-            raise ValueError("name a NeuronSet file, builtin or discover")
+            raise ValueError("name a NeuronSet file, builtin, hf:ORG/REPO or discover")
         return cls(value)
 
     @classmethod
@@ -194,7 +204,9 @@ class ImageSet(Part):
     """The images a model verb runs on, and how many at a time."""
 
     images: Path | None = Field(
-        None, description="Folder of images (searched recursively; bad files are skipped)."
+        None,
+        description="Folder of images (searched recursively; bad files are skipped), or "
+        "webdataset shards as wds:PATTERN (e.g. wds:/data/train-{0000..0099}.tar).",
     )
     samples: bool = Field(False, description="Use the photos bundled with scikit-image.")
     limit: PositiveInt | None = Field(None, description="Use at most N images.")
@@ -278,8 +290,9 @@ class NeuronChoice(Part):
     neurons: NeuronSource = Field(
         DISCOVER,
         description="Where the register neurons come from: a NeuronSet file (neurons.json from "
-        "`vitreg neurons`), builtin (the published set for SPEC), or discover (find them first "
-        "on these images, as `vitreg neurons` does).",
+        "`vitreg neurons`), builtin (the published set for SPEC), hf:ORG/REPO[@REVISION] (a set "
+        "on the Hugging Face hub), or discover (find them first on these images, as "
+        "`vitreg neurons` does).",
     )
 
 
@@ -295,6 +308,7 @@ class DiagnoseConfig(RunConfig, Figures, ImageSet, ModelSource):
     models: str | None = Field(
         None, description="Comma-separated specs: diagnose each and compare them."
     )
+    checkpoint_every: PositiveInt | None = CHECKPOINT_EVERY
 
     @model_validator(mode="after")
     def _spec_or_models(self) -> DiagnoseConfig:
@@ -311,27 +325,63 @@ class NeuronsConfig(RunConfig, Figures, NeuronSearch, ImageSet, ModelSource):
         description="Also choose the set from each half of the images and report their overlap "
         "(about twice the cost of the selection).",
     )
-    check_sizes: list[PositiveInt] = Field(
-        default_factory=list,
+    check_sizes: list[PositiveInt] | None = Field(
+        None,
         description="Comma-separated image sizes (e.g. 112,336) at which the chosen set's fix is "
         "also checked on the held-out images, resized: register neurons can be "
         "resolution-specific.",
     )
+    hub_dir: Path | None = Field(
+        None,
+        description="Also write a hub-ready folder: the set and a model card with its metadata "
+        "(upload it with `vitreg push DIR ORG/REPO`).",
+    )
+    checkpoint_every: PositiveInt | None = CHECKPOINT_EVERY
 
     @field_validator("check_sizes", mode="before")
     @classmethod
     def _comma_separated(cls, v: Any) -> Any:
         if isinstance(v, str):
-            return [part.strip() for part in v.split(",") if part.strip()]
-        return [] if v is None else v
+            return [part.strip() for part in v.split(",") if part.strip()] or None
+        return v
 
 
 class FixConfig(RunConfig, Figures, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, ModelSource):
     verb: ClassVar[str] = "fix"
 
+    method: str = Field(
+        "ttr",
+        description="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip or sc-clip; a+b "
+        "composes (e.g. ttr+naclip); a,b,... (or any method but ttr) writes a leaderboard "
+        "against the unfixed model instead of the before/after report.",
+    )
+    probe: str | None = Field(
+        None,
+        description="Leaderboard only: also score each fix with a probe, TASK:DATA (e.g. "
+        "ov-seg:voc:DIR for CLIPs with a text tower, segmentation:synthetic-seg:n=32,size=112).",
+    )
     save: Path | None = Field(
         None, description="Also save the fixed model here (timm models; load it as local:DIR)."
     )
+
+    @field_validator("method")
+    @classmethod
+    def _methods(cls, v: str) -> str:
+        """Known method names that compose (checked before any model loads)."""
+        from vitreg.fix.methods import parse_entries
+
+        return ",".join(parse_entries(v))
+
+    @field_validator("probe")
+    @classmethod
+    def _probe(cls, v: str | None) -> str | None:
+        """A known probe task and a dataset spec, split at the first colon."""
+        from vitreg.probe.tasks import TASKS
+
+        task, _, data = (v or "").partition(":")
+        if v is not None and (task not in TASKS or not data):
+            raise ValueError(f"give TASK:DATA with TASK one of {', '.join(sorted(TASKS))}")
+        return v
 
     @field_validator("save")
     @classmethod
@@ -382,7 +432,8 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
     task: str = Field(
         "classification",
         description="classification, token-type, position, reconstruction, segmentation, "
-        "depth, object-discovery, zero-shot (CLIP with its text tower) or attention-seg.",
+        "depth, object-discovery, zero-shot (CLIP with its text tower), attention-seg or ov-seg "
+        "(open-vocabulary segmentation, SCLIP protocol).",
     )
     data: str = Field(
         "synthetic-cls:n=200",
@@ -454,8 +505,8 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
     @field_validator("templates")
     @classmethod
     def _templates_for_zero_shot(cls, v: Path | None, info: Any) -> Path | None:
-        if v is not None and info.data.get("task") not in (None, "zero-shot"):
-            raise ValueError("prompt templates apply to task zero-shot only")
+        if v is not None and info.data.get("task") not in (None, "zero-shot", "ov-seg"):
+            raise ValueError("prompt templates apply to tasks zero-shot and ov-seg only")
         if v is not None and not v.is_file():
             raise ValueError("no such file (one template per line, with {} for the class name)")
         return v
@@ -639,6 +690,12 @@ def read_config(path: str | Path, verb: str) -> dict[str, Any]:
     raw = read_yaml(p, "--config")
     if not isinstance(raw, dict):
         raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
+    if "overwrite" in raw:  # issue 24: replacing a run is asked on the command line only
+        raise InputError(
+            f"--config {p} sets overwrite; vitreg never reads overwrite from a file, so that a "
+            "config cannot replace a run: remove that line and pass --overwrite on the command "
+            "line to replace the run in --out"
+        )
     found = raw.pop("verb", None)
     if found != verb:
         shown = found if isinstance(found, str) and found else "pre-1.1 or unknown"

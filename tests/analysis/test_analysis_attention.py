@@ -135,7 +135,7 @@ def test_planted_cls_attention_concentrates_on_outliers_and_agrees_with_norms(pl
     assert first["recall"] >= 0.8 and first["iou"] >= 0.7, first
     assert a.summary()["layer"] == 11
     d = json.loads(json.dumps(a.to_dict()))
-    assert d["summary"]["site"] == "blocks.11.attn.hook_pattern" and len(d["sink_mass_top5"]) == 12
+    assert d["summary"]["site"] == "blocks.11.attn.hook_pattern" and len(d["sink_mass"]["5"]) == 12
 
 
 def test_unplanted_sinks_are_low_and_agreement_still_computed(planted):

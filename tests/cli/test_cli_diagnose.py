@@ -215,23 +215,27 @@ def test_interrupted_run_leaves_no_metrics(tmp_path: Path, monkeypatch: pytest.M
 def test_crash_while_rendering_keeps_the_new_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from vitreg.core.io import write_text_atomic
+    from vitreg.core.run_dir import MANIFEST, claim, session
     from vitreg.errors import RenderError
 
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "metrics.json").write_text('{"stale": true}')  # from an earlier run
+    with session():  # an earlier run, replaced with --overwrite
+        claim(run_dir, "diagnose", "planted:dinov2_s14")
+        write_text_atomic(run_dir / "metrics.json", '{"stale": true}')
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr("vitreg.report.html.render_html", boom)  # after figures and report.md
-    args = ["--debug", "diagnose", *SIZE, "--limit", "2", "--out", str(run_dir)]  # the raw error
+    args = ["--debug", "diagnose", *SIZE, "--limit", "2", "--out", str(run_dir), "--overwrite"]
     result = runner.invoke(app, args)
     assert isinstance(result.exception, RenderError)
     assert isinstance(result.exception.__cause__, RuntimeError)
     assert not (run_dir / "report.md").exists()  # no report beside results it does not show
     doc = json.loads((run_dir / "metrics.json").read_text())
     assert doc["verb"] == "diagnose" and "stale" not in doc
+    assert json.loads((run_dir / MANIFEST).read_text())["state"] == "incomplete"
 
 
 @pytest.mark.slow

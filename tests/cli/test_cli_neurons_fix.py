@@ -140,7 +140,7 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     assert "outlier moved to patch 0" in report
     page = (run_dir / "report.html").read_text()
     assert (
-        "data:image/png;base64," in page
+        "data:image/webp;base64," in page
         and "Causal controls" in page
         and "http" not in page.split("<body")[0]
     )

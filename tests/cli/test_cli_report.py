@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from vitreg.cli.app import app
-from vitreg.report import compare, markdown
+from vitreg.report import compare
 from vitreg.report.schema import validate_metrics
+from vitreg.report.verbs import diagnose as diagnose_report
 
 runner = CliRunner()
 DIAGNOSE = ["diagnose", "planted:dinov2_s14", "--img-size", "56", "--limit", "2"]
@@ -44,7 +45,7 @@ def failed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     """A diagnose run whose report rendering raised (the redundancy section)."""
     out = tmp_path_factory.mktemp("failed") / "run"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(markdown, "_redundancy", broken)
+        mp.setattr(diagnose_report, "_redundancy", broken)
         result = runner.invoke(app, [*DIAGNOSE, "--out", str(out)])
     return out, result
 
@@ -53,7 +54,7 @@ def test_rendering_failure_exits_1_with_the_results_saved(failed_run) -> None:
     out, result = failed_run
     assert_render_failure(result, out / "metrics.json", out)
     doc = validate_metrics(json.loads((out / "metrics.json").read_text()))
-    assert doc.verb == "diagnose" and doc.results["norms"]["layers"]
+    assert doc.verb == "diagnose" and doc.results.norms.layers
     assert (out / "config.yaml").is_file() and (out / "figures" / "norm_maps.png").is_file()
     assert not (out / "report.md").exists() and not (out / "report.html").exists()
     checked = runner.invoke(app, ["validate", str(out)])
@@ -69,7 +70,7 @@ def test_vitreg_report_renders_the_saved_results_again(failed_run) -> None:
     assert md.startswith("**SYNTHETIC MODEL:**") and "## Where outliers sit" in md
     assert "![norm_maps](figures/norm_maps.png)" in md  # the saved figures, with captions
     assert "L2 norm of each patch token" in md
-    assert "data:image/png;base64" in (out / "report.html").read_text()
+    assert "data:image/webp;base64" in (out / "report.html").read_text()
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
 
 

@@ -4,6 +4,7 @@ noise on flags, and ``--weights FILE`` equal to the same weights in a ``local:``
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -18,11 +19,14 @@ from typer.testing import CliRunner
 import vitreg.verbs
 from cli_helpers import flat
 from vitreg.cli.app import app
+from vitreg.core.io import write_bytes_atomic, write_json_atomic, write_text_atomic
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
-from vitreg.report.markdown import build_report, render_markdown
-from vitreg.report.out_dir import check_out, identify
+from vitreg.report.markdown import render_markdown
+from vitreg.report.out_dir import check_out
 from vitreg.report.run import build_document
 from vitreg.report.run_files import synthetic_banner
+from vitreg.report.verbs.diagnose import build_report
 from vitreg.verbs import diagnose as verb_diagnose
 from vitreg.verbs import loading
 
@@ -39,13 +43,17 @@ def no_model(monkeypatch):
     monkeypatch.setattr(loading, "load_spec", refuse)  # inspect imports it when it runs
 
 
-def fake_run(folder: Path, verb: str, spec: str) -> Path:
-    """A run directory as ``verb`` leaves it (metrics.json, config.yaml, report, a figure)."""
-    (folder / "figures").mkdir(parents=True)
-    (folder / "figures" / "norms.png").write_bytes(b"png")
-    (folder / "report.md").write_text("# old\n")
-    (folder / "config.yaml").write_text(yaml.safe_dump({"verb": verb, "spec": spec}))
-    (folder / "metrics.json").write_text(json.dumps({"verb": verb, "model": {"spec": spec}}))
+def fake_run(folder: Path, verb: str, spec: str, finish: bool = True) -> Path:
+    """A run directory as ``verb`` leaves it (manifest, metrics.json, config.yaml, report, a
+    figure); ``finish=False``: one that ended with an error before it was complete."""
+    with contextlib.suppress(RuntimeError), session():
+        check_out(folder, verb, spec)
+        write_bytes_atomic(folder / "figures" / "norms.png", b"png")
+        write_text_atomic(folder / "report.md", "# old\n")
+        write_text_atomic(folder / "config.yaml", yaml.safe_dump({"verb": verb, "spec": spec}))
+        write_json_atomic(folder / "metrics.json", {"verb": verb, "model": {"spec": spec}})
+        if not finish:
+            raise RuntimeError("the run failed")
     return folder
 
 
@@ -56,35 +64,35 @@ def test_out_must_be_a_writable_folder(tmp_path):
         check_out(tmp_path / "file", "diagnose", "planted:dinov2_s14")
     with pytest.raises(InputError, match="cannot be written"):
         check_out(tmp_path / "file" / "below", "diagnose", "planted:dinov2_s14")
-    check_out(tmp_path / "new" / "run", "diagnose", "planted:dinov2_s14")
-    assert not (tmp_path / "new").exists()  # checked, nothing left behind
+    with session():
+        check_out(tmp_path / "new" / "run", "diagnose", "planted:dinov2_s14")
+    assert not (tmp_path / "new").exists()  # a run that wrote nothing leaves nothing behind
     with pytest.raises(InputError, match="cannot be written"):
         check_out(Path("/proc/vitreg-cannot-be-here"), "diagnose", "planted:dinov2_s14")
 
 
 def test_a_used_out_is_refused_unless_overwrite_removes_the_old_run(tmp_path):
     old = fake_run(tmp_path / "run", "neurons", "planted:dinov2_s14")
-    (old / "notes.txt").write_text("mine")  # not a run file: never removed
-    assert identify(old).verb == "neurons"
     with pytest.raises(InputError, match="holds a `vitreg neurons` run of planted:dinov2_s14"):
         check_out(old, "fix", "planted:dinov2_s14")
     with pytest.raises(InputError, match="this same command on this model"):
         check_out(old, "neurons", "planted:dinov2_s14")
-    with pytest.raises(InputError, match="not a `vitreg neurons` run of planted:deit3_s16"):
-        check_out(old, "neurons", "planted:deit3_s16")
-    check_out(old, "fix", "planted:dinov2_s14", overwrite=True)
-    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+    with pytest.raises(InputError, match="not a `vitreg fix` run of planted:deit3_s16"):
+        check_out(old, "fix", "planted:deit3_s16")
+    with session():
+        check_out(old, "fix", "planted:dinov2_s14", overwrite=True)
+    assert sorted(p.name for p in old.iterdir()) == []
 
 
 def test_train_resumes_its_own_run_and_refuses_another(tmp_path):
-    run = tmp_path / "train"
-    run.mkdir()
-    (run / "log.jsonl").write_text('{"step": 1}\n')  # an unfinished train run records no model
-    check_out(run, "train", "vit_tiny_patch16_224")  # resume: allowed
-    fake_run(tmp_path / "done", "train", "vit_tiny_patch16_224")
-    check_out(tmp_path / "done", "train", "vit_tiny_patch16_224")
+    run = fake_run(tmp_path / "train", "train", "vit_tiny_patch16_224", finish=False)
+    with pytest.raises(InputError, match="partial files of a `vitreg train` run"):
+        check_out(run, "diagnose", "vit_tiny_patch16_224")
+    with session():
+        check_out(run, "train", "vit_tiny_patch16_224")  # resume its unfinished run: allowed
+    assert (run / "metrics.json").is_file()
     with pytest.raises(InputError, match="not a `vitreg train` run of vit_small"):
-        check_out(tmp_path / "done", "train", "vit_small_patch16_224")
+        check_out(run, "train", "vit_small_patch16_224")
 
 
 def test_cli_refuses_a_used_out_before_loading_and_overwrite_clears_it_first(tmp_path, no_model):
@@ -219,7 +227,7 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
         "random": ["timm:vit_tiny_patch16_224", "--img-size", "32", "--random-init"],
     }
     for name, spec in specs.items():
-        args = ["diagnose", *spec, "--images", str(images), "--out", str(tmp_path / name)]
+        args = ["diagnose", *spec, "--images", str(images), "--out", str(tmp_path / "runs" / name)]
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
         consoles[name] = flat(result.stdout)

@@ -68,7 +68,7 @@ def test_smoke_run_writes_report_with_traceable_headlines(smoke):
     assert doc["metrics"], "no headline metrics"
     from vitreg.cli.validate_cmd import check_run
 
-    assert check_run(out).startswith("experiment run, schema 1.1")
+    assert check_run(out).startswith("experiment run, schema 2.0,")
     for m in doc["metrics"]:
         assert resolve(doc, m["source"]) == pytest.approx(m["value"]), m["name"]
     names = {m["name"] for m in doc["metrics"]}

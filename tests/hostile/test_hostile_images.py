@@ -190,7 +190,7 @@ def hostile_entries(folder: Path) -> dict[str, str]:
         "dangling.png": "dangling symlink",
         "loop_a.png": "symlink loop",
         "loop_b.png": "symlink loop",
-        "device.png": "character device",
+        "device.png": "outside the folder",  # a link out of the folder is never followed
         ".hidden.png": "hidden file",
         ".cache": "hidden folder",
         "sub_link": "symlink to the folder",
@@ -412,6 +412,7 @@ def test_a_single_class_is_a_recorded_warning(tmp_path: Path) -> None:
 def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path) -> None:
     from vitreg.report.train_report import write_train_run
     from vitreg.train import TrainSettings, train
+    from vitreg.verbs.train import describe_trained
 
     root = tmp_path / "folder"  # pre-split: train/<class>/, so every file is in the train split
     classes(root / "train", {"a": 1})
@@ -441,8 +442,9 @@ def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path)
         result = train("vit_tiny_patch16_224", data, settings, tmp_path / "run", model_kwargs=tiny)
     assert [str(w.message).split(" in ")[0] for w in warned] == ["only 1 class (a)"]
     config = {"command": "train"}
-    write_train_run(tmp_path / "run", result, spec="vit_tiny_patch16_224", data=described,
-                    config=config, command="vitreg train (test)")  # fmt: skip
+    write_train_run(tmp_path / "run", result, data=described, config=config,
+                    described=describe_trained(result.model, "vit_tiny_patch16_224"),
+                    command="vitreg train (test)")  # fmt: skip
     block = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]
     assert block["n_images"] == 1 and block["skipped"] == described["skipped"]
     assert block["warnings"] == described["warnings"]

@@ -151,3 +151,20 @@ def test_model_args_that_cannot_build_are_named_before_training(tmp_path, arg, n
                    "--model-arg", arg)  # fmt: skip
     assert_clean_failure(result, needle)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_file_reading_model_args_are_refused_from_a_config_and_the_library(tmp_path) -> None:
+    import yaml
+
+    from vitreg.train.model import build_model
+
+    config = tmp_path / "config.yaml"
+    values = {"verb": "train", "variant": "vit_tiny_patch16_224", "data": "synthetic-cls:n=8",
+              "steps": 1, "model_arg": ["pretrained_cfg_overlay={\"file\": \"/etc/passwd\"}"]}  # fmt: skip
+    config.write_text(yaml.safe_dump(values))
+    result = runner.invoke(app, ["train", "--config", str(config), "--out", str(tmp_path / "r")])
+    assert_clean_failure(result, "pretrained_cfg_overlay is refused")
+    with pytest.raises(InputError, match="checkpoint_path is refused"):
+        build_model("vit_tiny_patch16_224", dynamic=False, img_size=32, num_classes=2,
+                    kwargs={"checkpoint_path": "/etc/passwd"})  # fmt: skip
+    assert not (tmp_path / "r").exists()

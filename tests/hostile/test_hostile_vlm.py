@@ -121,6 +121,28 @@ def test_hostile_vlm_folder_on_the_cli_is_one_paragraph(saved: Path, tmp_path: P
     assert_clean_failure(result, CASES[case][1])
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "vitreg_planted.json"])
+def test_a_vlm_file_linked_outside_the_folder_is_refused_unread(
+    saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    import transformers
+
+    folder = Path(shutil.copytree(saved, tmp_path / "llava"))
+    moved = tmp_path / f"elsewhere-{name}"
+    (folder / name).rename(moved)
+    (folder / name).symlink_to(moved)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("transformers read the folder before vitreg checked it")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
+    with pytest.raises(InputError, match=f"entry '.*{name}' leads .*elsewhere-{name}"):
+        vitreg.load(f"hf-vlm:{folder}")
+    result = runner.invoke(app, ["inspect", f"hf-vlm:{folder}"])
+    assert_clean_failure(result, "outside the folder")
+    assert "synthetic: a tiny LLaVA" not in result.output  # the linked file is never echoed
+
+
 def test_the_valid_folder_still_loads(saved: Path) -> None:
     model = vitreg.load(f"hf-vlm:{saved}", pretrained=False)
     assert model.vlm.image_token_id == 4

@@ -66,9 +66,12 @@ def test_a_local_folder_without_img_size_takes_the_file_size(saved, tmp_path):
     assert model.layout.grid == (4, 4)
     assert torch.allclose(model.features(x), ref, atol=1e-6)
     assert any("taken from the weights file" in n for n in model.notes)
-    config["model_args"]["img_size"] = 112  # the folder names a size: it wins, resampled
+    config["model_args"]["img_size"] = 112  # the folder's size contradicts its weights: refused
     (folder / "config.json").write_text(json.dumps(config))
-    model = quiet_load(f"local:{folder}")
+    shapes = r"pos_embed: file \(1, 17, 384\) \(a 4x4 grid\), model \(1, 65, 384\) \(a 8x8 grid\)"
+    with pytest.raises(WeightsError, match=shapes + ".*img_size to 56"):
+        quiet_load(f"local:{folder}")
+    model = quiet_load(f"local:{folder}", img_size=112)  # the caller's size: resampled, said
     assert model.layout.grid == (8, 8)
     assert any("resampled from 4x4 to 8x8" in n for n in model.notes)
 

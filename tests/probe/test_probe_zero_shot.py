@@ -269,7 +269,7 @@ def test_cli_probe_zero_shot_on_a_random_init_open_clip(tiny_arch: str, tmp_path
     report = (tmp_path / "run" / "report.md").read_text()
     assert "top1" in report and "Nothing is trained" in report
     wrong = CliRunner().invoke(app, [*args[:4], "classification", *args[5:]])
-    assert wrong.exit_code == 2 and "zero-shot only" in " ".join(wrong.stderr.split())
+    assert wrong.exit_code == 2 and "zero-shot and ov-seg only" in " ".join(wrong.stderr.split())
 
 
 # Hugging Face CLIP ---------------------------------------------------------------------------

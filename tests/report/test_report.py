@@ -137,7 +137,7 @@ def test_metrics_json_validates_and_traces_to_the_result(
     doc = load_metrics(planted_run)
     validate_metrics(doc)
     assert (
-        doc["schema_version"] == "1.1" and doc["verb"] == "diagnose" and doc["command"] == COMMAND
+        doc["schema_version"] == "2.0" and doc["verb"] == "diagnose" and doc["command"] == COMMAND
     )
     assert doc["torch_version"] == torch.__version__ and doc["timm_version"]
     assert doc["created"].endswith("+00:00")
@@ -165,16 +165,17 @@ def test_schema_rejects_untraceable_or_malformed_documents(planted_run: Path) ->
     with pytest.raises(pydantic.ValidationError, match="finite"):
         validate_metrics(bad)
     schema = json_schema()
-    assert {"schema_version", "metrics", "results", "model"} <= set(schema["required"])
+    required = set(schema["$defs"]["DiagnoseDocument"]["required"])
+    assert {"schema_version", "verb", "metrics", "results", "model"} <= required
 
 
 def test_planted_report_says_synthetic_first_and_shows_the_evidence(planted_run: Path) -> None:
     md = (planted_run / "report.md").read_text()
     first = md.splitlines()[0]
     assert "SYNTHETIC" in first and "planted:dinov2_s14" in first
-    assert "**Artifacts found.** From layer 6 on" in md
-    assert "**Emergence layer:** 6" in md
-    assert "| layer | median norm | p98/median | max/median | top_p | robust_z | auto |" in md
+    assert "**Artifacts found.** From block 6 on" in md
+    assert "**Emergence block:** 6" in md
+    assert "| block | median norm | p98/median | max/median | top_p | robust_z | auto |" in md
     assert "flags the top p% of tokens in every model" in md
     assert "not visible after the final norm" in md  # the planted outliers vanish after ln_final
     links = [line.split("](")[1].rstrip(")") for line in md.splitlines() if line.startswith("![")]
@@ -190,8 +191,8 @@ def test_unplanted_report_says_no_artifacts(
     md = (run / "report.md").read_text()
     # the unplanted control has random weights: no synthetic banner, the random-weights one
     assert md.startswith("**RANDOM WEIGHTS:**") and "SYNTHETIC" not in md.splitlines()[0]
-    assert "**No artifacts found.**" in md and "**Emergence layer:** none" in md
-    assert "top_p rule still flags 2% of tokens at every layer" in md
+    assert "**No artifacts found.**" in md and "**Emergence block:** none" in md
+    assert "top_p rule still flags 2% of tokens at every block" in md
     doc = load_metrics(run)
     metrics = {m["name"]: m["value"] for m in doc["metrics"]}
     assert metrics["artifacts_present"] is False and metrics["emergence_layer"] is None

@@ -89,12 +89,12 @@ def test_slider_changes_the_maps_without_console_errors(report_html: Path, drive
 
     before = state()
     assert before["label"].startswith(
-        "layer 2 (blocks.2.hook_resid_post"
+        "block 2 (blocks.2.hook_resid_post"
     )  # last block (no artifacts)
     slider = driver.find_element(By.ID, "layer-slider")
     slider.send_keys(Keys.ARROW_LEFT)
     after = state()
-    assert after["value"] == "1" and after["label"].startswith("layer 1 (blocks.1.hook_resid_post")
+    assert after["value"] == "1" and after["label"].startswith("block 1 (blocks.1.hook_resid_post")
     assert after["norm"] != before["norm"] and after["attn"] != before["attn"]
     slider.send_keys(Keys.END)  # the last position: after the final norm, no attention map
     final = state()

@@ -70,7 +70,7 @@ def test_files_hold_the_wide_table_and_the_curves(runs: list[Path], tmp_path: Pa
     assert (out / "figures" / "model_curves.png").is_file()
     assert (out / "figures" / "model_curves.svg").is_file()
     html = (out / "report.html").read_text()
-    assert "data:image/png;base64," in html and "<code>" in html and "`" not in html
+    assert "data:image/webp;base64," in html and "<code>" in html and "`" not in html
     data = json.loads((out / "comparison.json").read_text())
     assert data["verb"] == "compare" and len(data["rows"]) == 3
 

@@ -127,7 +127,7 @@ def assert_every_edge_renders(doc: dict[str, Any], seed: int = 0) -> None:
 
 def emptied(doc: dict[str, Any], block: str) -> dict[str, Any] | None:
     """``doc`` with every field of ``results[block]`` emptied at once (an analysis that saw
-    nothing), its headlines re-read."""
+    nothing), its headlines re-read; None when the schema refuses it."""
     out = copy.deepcopy(doc)
     node = out["results"][block]
     for key, value in node.items():
@@ -187,14 +187,22 @@ def test_the_edge_documents_are_the_edges_they_claim(diagnose_docs) -> None:
 def test_all_patches_outliers_and_analyses_that_saw_nothing_render(diagnose_docs) -> None:
     doc = copy.deepcopy(diagnose_docs["planted"])
     red = doc["results"]["redundancy"]
-    red.update(outlier_rate=1.0, n_outliers=red.get("n_patches"))
+    red.update(outlier_rate=1.0, n_outliers=doc["data"]["n_images"] * math.prod(red["layer_grid"]))
     for v in red["outlier_vs_normal"].values():
         v.update(normal=None, auc=None)  # every patch an outlier: no normal patch to compare
-    render(doc)
+    render(reread(doc))
+    for block in ("redundancy", "attention", "ln_separation", "feature_pictures"):
+        absent = copy.deepcopy(diagnose_docs["planted"])
+        absent["results"][block] = None  # the analysis did not run
+        absent = reread(absent)
+        assert absent is not None, block
+        render(absent)
     for block in ("redundancy", "attention", "ln_separation", "feature_pictures", "norms"):
         empty = emptied(diagnose_docs["planted"], block)
-        assert empty is not None, block
-        render(empty)
+        if empty is not None:  # an empty block the types allow (no feature picture) renders
+            render(empty)
+    # a norms block of empty fields is not a result: the types refuse it before any renderer
+    assert emptied(diagnose_docs["planted"], "norms") is None
 
 
 # the other verbs: real small runs (minutes on two cores) ------------------------------------

@@ -73,3 +73,43 @@ def test_log_axes_read_plain_numbers() -> None:
     ratio = fig.source.axes[1]
     labels = [t.get_text() for t in ratio.get_yticklabels(which="both") if t.get_text()]
     assert labels and all(re.fullmatch(r"[0-9.]+", lab) for lab in labels), labels
+
+
+def test_a_line_of_nearly_equal_values_gets_short_tick_labels() -> None:
+    """The experiment's mIoU axis of issue 19 (0.199702 to 0.199714): widened to 2% of the
+    values, its labels are plain and short, never offset notation."""
+    from vitreg.report.figures import encode, new_canvas
+
+    fig = new_canvas(4, 3)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1, 2], [0.199702, 0.199714, 0.199709])
+    encode(fig, "png")
+    lo, hi = ax.get_ylim()
+    assert hi - lo >= 0.02 * 0.1997 and lo < 0.199702 and hi > 0.199714
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(len(t) <= 6 for t in labels), labels
+    assert ax.yaxis.get_offset_text().get_text() == ""
+
+
+def test_report_html_shows_figures_at_column_width_and_figures_keeps_them_whole() -> None:
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from vitreg.report.figures import figure, new_canvas
+    from vitreg.report.render.images import DISPLAY_WIDTH, display_uri
+
+    fig = new_canvas(12, 4)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.imshow(np.random.default_rng(0).random((16, 48)), cmap="inferno")
+    full = figure("maps", "caption", fig).png
+    uri = display_uri(full)
+    head, data = uri.split(",", 1)
+    shown = base64.b64decode(data)
+    assert head == "data:image/webp;base64" and display_uri(full) == uri  # deterministic
+    width = {
+        name: Image.open(io.BytesIO(b)).width for name, b in (("full", full), ("shown", shown))
+    }
+    assert width["shown"] == DISPLAY_WIDTH < width["full"] and len(shown) < len(full)

@@ -17,3 +17,20 @@ def test_pipe_and_line_breaks_are_escaped_in_one_place() -> None:
     # a report renders its tables through the same helper
     report = Report(None, "t", [Section("s", "S", [table])])
     assert render_markdown(report) == "# t\n\n## S\n\n" + expected
+
+
+def test_html_tables_align_numbers_right_prose_left_and_never_break_a_header_word() -> None:
+    import re
+
+    from vitreg.report.html import align, render_html
+
+    numbers = ["0.25", "–", "12.5%", "-3e-05", "1.2 – 3.4", "0.25 ± 0.1", "3.1 (block 4)", "yes"]
+    prose = ["`blocks.3.hook_resid_post`", "patch embedding", "cause (writes the outliers)"]
+    assert [align(c) for c in numbers] == ["num"] * len(numbers)
+    assert [align(c) for c in prose] == ["txt"] * len(prose)
+    table = Table(["block", "specialised", "tokens"], [["0", "patch embedding", "0.5"]])
+    page = render_html(Report(None, "t", [Section("s", "S", [table])]), [], None)
+    assert '<td class="txt">patch embedding</td><td class="num">0.5</td>' in page
+    rule = re.search(r"th, td:first-child \{([^}]*)\}", page)
+    assert rule and "overflow-wrap: normal" in rule.group(1)  # headers break between words only
+    assert re.search(r"td\.txt[^{]*\{[^}]*text-align: left", page)

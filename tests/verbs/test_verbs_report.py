@@ -4,26 +4,74 @@ no results, is a clear error."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 import vitreg
-from vitreg.configs import DiagnoseConfig, TrainRunConfig
+from vitreg.configs import DiagnoseConfig, FixConfig, NeuronsConfig, ProbeRunConfig, TrainRunConfig
 from vitreg.errors import InputError
 from vitreg.verbs.report import render_again
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_rendered_again_is_the_report_the_run_wrote(tmp_path, cli_models) -> None:
-    config = DiagnoseConfig(spec="planted:dinov2_s14", img_size=56, limit=2, batch_size=2)
-    run = vitreg.run(config.model_copy(update={"max_maps": 1, "out": tmp_path / "run"}))
-    written = (run.run_dir / "report.md").read_text()
-    (run.run_dir / "report.md").unlink()
-    (run.run_dir / "report.html").unlink()
-    assert render_again(run.run_dir) == [run.run_dir / "report.md", run.run_dir / "report.html"]
-    assert (run.run_dir / "report.md").read_text() == written
-    html = (run.run_dir / "report.html").read_text()
-    assert html.count("data:image/png;base64") == len(list(run.run_dir.glob("figures/*.png")))
+def rendered_again_is_the_same(folder: Path) -> None:
+    """Delete the pages a run wrote, render them again from its saved files: the same bytes."""
+    pages = [p for p in ("report.md", "comparison.md", "report.html") if (folder / p).is_file()]
+    first = {p: (folder / p).read_bytes() for p in pages}
+    for p in pages:
+        (folder / p).unlink()
+    assert sorted(render_again(folder)) == sorted(folder / p for p in pages)
+    for p in pages:
+        assert (folder / p).read_bytes() == first[p], p
+    assert b"data:image/webp;base64" in first["report.html"]
+
+
+def planted_truth(folder: Path) -> str:
+    """The planted demo model's ground-truth register neurons as a NeuronSet file."""
+    from vitreg.fix.neuron_set import NeuronSet
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        model = vitreg.load("planted:dinov2_s14", img_size=56)
+    truth = model.module.vitreg_planted.units
+    return str(NeuronSet.from_pairs(truth, model).save(folder / "truth"))
+
+
+TINY = {"spec": "planted:dinov2_s14", "img_size": 56, "limit": 2, "batch_size": 2}
+RUNS: dict[str, Callable[[Path], Any]] = {
+    "diagnose": lambda tmp: DiagnoseConfig(**TINY, max_maps=1),
+    "diagnose --models": lambda tmp: DiagnoseConfig(
+        **{**TINY, "spec": None}, models="planted:dinov2_s14,planted:dinov2_s14_reg4", max_maps=1
+    ),
+    "neurons": lambda tmp: NeuronsConfig(**{**TINY, "img_size": 112, "limit": 8}),
+    "fix": lambda tmp: FixConfig(**TINY, neurons=planted_truth(tmp)),
+    "probe": lambda tmp: ProbeRunConfig(
+        spec="planted:dinov2_s14",
+        img_size=28,
+        data="synthetic-cls:n=8,size=28",
+        epochs=1,
+        seeds=1,
+    ),
+}
+
+
+SLOW = {"diagnose --models", "neurons"}  # two models; discovery with its causal check
+
+
+@pytest.mark.parametrize(
+    "verb", [pytest.param(v, marks=[pytest.mark.slow] if v in SLOW else []) for v in RUNS]
+)
+def test_rendered_again_is_the_report_the_run_wrote(tmp_path, cli_models, verb: str) -> None:
+    """``vitreg report RUN`` writes the pages of the first rendering, byte for byte: the
+    document, the saved figures and (diagnose) the saved block slider are all it needs."""
+    config = RUNS[verb](tmp_path)
+    run = vitreg.run(config.model_copy(update={"out": tmp_path / "run"}))
+    rendered_again_is_the_same(run.run_dir)
 
 
 def test_a_train_run_has_no_report_to_render(tmp_path) -> None:

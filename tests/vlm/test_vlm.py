@@ -303,16 +303,16 @@ def test_cli_vlm_writes_a_report_with_both_maps(tiny, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = validate_metrics(json.loads((out / "metrics.json").read_text()))
-    assert doc.verb == "vlm" and doc.results["summary"]["n_images"] == 2
-    s = doc.results["summary"]
-    assert s["max_over_median_before"] > 10 > 2 > s["max_over_median_after"]
+    assert doc.verb == "vlm" and doc.results.summary.n_images == 2
+    s = doc.results.summary
+    assert s.max_over_median_before > 10 > 2 > s.max_over_median_after
     assert {m.name for m in doc.metrics} >= {"vlm.identical_rate", "vlm.first_token_kl"}
     report = (out / "report.md").read_text()
     assert "feature norm" in report and "LM→image attention" in report
     assert (out / "figures" / "vlm_maps_0.png").is_file()
     assert (out / "figures" / "vlm_layers.png").is_file()
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64") >= 2
+    assert html.count("data:image/webp;base64") >= 2
     assert "Image 1" in report and "answer" in report
     assert load_config(out / "config.yaml", "vlm").prompt == PROMPT  # --config reruns it
     assert CliRunner().invoke(app, ["validate", str(out)]).exit_code == 0

@@ -217,7 +217,7 @@ class AttentionResult:
         return {
             "layer": self.layers[index],
             "site": self.sites[index],
-            **{f"sink_mass_top{k}": v[index] for k, v in self.sink_mass_topk.items()},
+            "sink_mass": {str(k): v[index] for k, v in self.sink_mass_topk.items()},
             "entropy": self.entropy[index],
             "cls_to_patch_max": self.cls_to_patch_max[index],
             "artifact_rate": self.artifact_rate[index],
@@ -240,7 +240,7 @@ class AttentionResult:
             "layers": self.layers,
             "map_grid": [list(m.shape[-2:]) for m in self.layer_maps],
             "n_keys": self.n_keys,
-            **{f"sink_mass_top{k}": v for k, v in self.sink_mass_topk.items()},
+            "sink_mass": {str(k): v for k, v in self.sink_mass_topk.items()},
             "entropy": self.entropy,
             "entropy_normalized": entropy_norm,
             "cls_to_patch_max": self.cls_to_patch_max,

@@ -14,12 +14,19 @@ def default_analyses(
     rules: dict[str, dict[str, float]] | None = None, max_maps: int = 8
 ) -> list[Analysis]:
     """Norms/outliers first (the others use its outlier masks), then attention, redundancy, LN,
-    and the feature pictures (PCA colours, centre-patch similarity)."""
+    the feature pictures (PCA colours, centre-patch similarity), and the other kinds of artifact:
+    sinks, massive activations, LOF anomaly tokens, position-tied artifacts, registers (last:
+    it reads the four before it)."""
+    from vitreg.analysis.anomaly_lof import LOFAnalysis
     from vitreg.analysis.attention import AttentionAnalysis
     from vitreg.analysis.feature_pictures import FeaturePictureAnalysis
     from vitreg.analysis.ln_separation import LNAnalysis
+    from vitreg.analysis.massive import MassiveAnalysis
     from vitreg.analysis.norms import NormAnalysis
+    from vitreg.analysis.positions import PositionAnalysis
     from vitreg.analysis.redundancy import RedundancyAnalysis
+    from vitreg.analysis.registers import RegisterAnalysis
+    from vitreg.analysis.sinks import SinkAnalysis
 
     return [
         NormAnalysis(rules),
@@ -27,6 +34,11 @@ def default_analyses(
         RedundancyAnalysis(max_maps=max_maps),
         LNAnalysis(),
         FeaturePictureAnalysis(keep=min(max_maps, 4)),
+        SinkAnalysis(),
+        MassiveAnalysis(),
+        LOFAnalysis(),
+        PositionAnalysis(),
+        RegisterAnalysis(),
     ]
 
 
@@ -45,10 +57,12 @@ class DiagnoseResult:
         return bool(self.results["norms"].report.verdict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``results`` block of metrics.json (analyses' own ``to_dict``)."""
+        """The ``results`` block of metrics.json (analyses' own ``to_dict``; the per-kind
+        verdict first)."""
         sources = sorted(set(self.attn_source.values()))
+        first = sorted(self.results, key=lambda name: name != "kinds")
         return {
-            **{name: r.to_dict() for name, r in self.results.items()},
+            **{name: self.results[name].to_dict() for name in first},
             "not_applicable": dict(self.not_applicable),
             "attention_source": sources[0] if len(sources) == 1 else sources,
         }
@@ -75,5 +89,9 @@ def diagnose(
     results, skipped, trace = run_analyses(
         model, data, chosen, batch_size=batch_size, limit=limit, progress=progress
     )
+    if "norms" in results:  # the per-kind verdict reads what ran and why the rest did not
+        from vitreg.analysis.kinds import verdicts
+
+        results["kinds"] = verdicts(results, skipped)
     desc = {"n_images": trace.n_images, **(data_description or {})}
     return DiagnoseResult(model.describe(), desc, results, skipped, dict(trace.attn_source))

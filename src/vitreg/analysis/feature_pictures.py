@@ -141,6 +141,11 @@ class FeaturePictures:
     def query(self) -> tuple[int, int]:
         return query_patch(*self.features.shape[1:3])
 
+    @property
+    def similarity(self) -> torch.Tensor:
+        """``[n, h, w]`` cosine similarity of each kept image's centre patch to every patch."""
+        return similarity_maps(self.features)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "site": self.site,

@@ -14,7 +14,9 @@ from vitreg.cli.inspect_cmd import inspect_model
 from vitreg.cli.models_cmd import models
 from vitreg.cli.neurons_cmd import neurons_command
 from vitreg.cli.probe_cmd import compare_command, probe_command
+from vitreg.cli.push_cmd import push_command
 from vitreg.cli.report_cmd import report_command
+from vitreg.cli.schema_cmd import schema_command
 from vitreg.cli.train_cmd import train_command
 from vitreg.cli.validate_cmd import validate_command
 from vitreg.cli.vlm_cmd import vlm_command
@@ -35,9 +37,11 @@ app.command("fix", cls=VitregCommand)(fix_command)
 app.command("probe", cls=VitregCommand)(probe_command)
 app.command("compare", cls=VitregCommand)(compare_command)
 app.command("report", cls=VitregCommand)(report_command)
+app.command("schema", cls=VitregCommand)(schema_command)
 app.command("train", cls=VitregCommand)(train_command)
 app.command("validate", cls=VitregCommand)(validate_command)
 app.command("vlm", cls=VitregCommand)(vlm_command)
+app.command("push", cls=VitregCommand)(push_command)
 app.add_typer(experiment_app, name="experiment")
 
 

@@ -1,5 +1,5 @@
-"""``vitreg fix [SPEC] --neurons FILE|builtin|discover``: test-time registers with a before/after
-report."""
+"""``vitreg fix [SPEC] --neurons FILE|builtin|hf:ORG/REPO|discover``: test-time registers
+with a before/after report (or a leaderboard of fix methods)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def run_fix_command(cfg: Any) -> None:
     """The fix verb on a typed :class:`~vitreg.configs.FixConfig`, then its summary."""
     from vitreg.verbs import run_fix
 
+    if cfg.method != "ttr":
+        run_board_command(cfg)
+        return
     with cli_errors():
         run = run_fix(cfg, progress, show_notice)
     show(run.comparison, run.run_dir, run.saved)
@@ -30,6 +33,23 @@ fix_command = opt.config_command(
     "Apply test-time registers and report before/after: norm maps, outlier rate, embeddings.",
     argument="spec",
 )
+
+
+def run_board_command(cfg: Any) -> None:
+    """``--method`` other than plain ttr: the leaderboard, then its table on the console."""
+    from vitreg.report.fix_board import board_table
+    from vitreg.verbs.fix_board import run_fix_board
+
+    with cli_errors():
+        run = run_fix_board(cfg, progress, show_notice)
+    table = board_table(run.board.to_dict(), reasons=False)
+    shown = Table(title="vitreg fix: leaderboard")
+    for column in table.header:
+        shown.add_column(column)
+    for row in table.rows:
+        shown.add_row(*(escape(cell) for cell in row))
+    console.print(shown)
+    show_path("leaderboard", run.run_dir / "leaderboard.md")
 
 
 def show(comparison: Any, run_dir: Path, save: Path | None) -> None:

@@ -22,6 +22,9 @@ def run_neurons(cfg: Any) -> None:
     with cli_errors():
         run = neurons(cfg, progress, show_notice)
     show(run.found, run.spec, run.run_dir)
+    if cfg.hub_dir is not None:
+        show_path("hub folder", cfg.hub_dir)
+        show_line(f"upload: {escape(f'vitreg push {shlex.quote(str(cfg.hub_dir))} ORG/REPO')}")
 
 
 neurons_command = opt.config_command(

@@ -14,6 +14,7 @@ from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
 from vitreg.configs import Figures, ProbeRunConfig, RunConfig
+from vitreg.core.run_dir import session
 from vitreg.report.out_dir import check_out
 
 # a Δ's verdict in the console table (short, so the table fits 100 columns)
@@ -144,7 +145,7 @@ def compare_command(
     from vitreg.report.figures import VECTOR_FORMATS
     from vitreg.report.markdown import num
 
-    with cli_errors():
+    with cli_errors(), session():  # issue 24: the --out claimed inside is released at the end
         if out is not None:
             check_out(out, "compare", None, overwrite)
         merged = compare_runs(runs, contains)

@@ -70,7 +70,9 @@ def check_run(run: Path, nested: bool = False) -> str:
     except ValidationError as e:
         raise ValueError(describe_errors(e, f"{path} does not follow the schema")) from None
     _companions(path.parent, COMPANIONS.get(valid.verb, DEFAULT_COMPANIONS), "metrics.json")
-    return f"{valid.verb} run, schema {valid.schema_version}, {len(valid.metrics)} headline metrics"
+    version = doc.get("schema_version")
+    read = "" if version == valid.schema_version else f" (read as {valid.schema_version})"
+    return f"{valid.verb} run, schema {version}{read}, {len(valid.metrics)} headline metrics"
 
 
 def validate_command(

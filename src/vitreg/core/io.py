@@ -8,11 +8,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.run_dir import record
+
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    """Write to a temporary file in the same folder, fsync, then rename over ``path`` (listed
+    first in the manifest of the claimed run directory holding it, if any)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    record(target)  # issue 24: the run's manifest lists every file it writes
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -1,12 +1,12 @@
 """Image folders for analyses: every entry the walk meets is used, converted or listed as skipped.
 
 Files that are not images or cannot be decoded are skipped and listed with the reason; so are
-hidden files and folders, dangling links, symlink loops, links to folders (not followed), and
-FIFOs, sockets and devices (never opened: reading a FIFO would block). Grayscale, palette,
-RGBA/LA and 16-bit images are converted to 8-bit RGB (as torchvision's ImageFolder does for
-ImageNet's grayscale JPEGs); 32-bit integer and float images are scaled to 8 bits by their
-range. Every conversion is listed (with the scaling used), so a report can say exactly what the
-model saw.
+hidden files and folders, dangling links, symlink loops, links to folders (not followed), links
+that lead outside the folder (never read), and FIFOs, sockets and devices (never opened:
+reading a FIFO would block). Grayscale, palette, RGBA/LA and 16-bit images are converted to
+8-bit RGB (as torchvision's ImageFolder does for ImageNet's grayscale JPEGs); 32-bit integer
+and float images are scaled to 8 bits by their range. Every conversion is listed (with the
+scaling used), so a report can say exactly what the model saw.
 
 Pixel budget: an image may hold at most ``max_pixels`` pixels (default :data:`MAX_PIXELS`).
 The size is read from the header (``Image.open`` is lazy) before any pixel is decoded, so a
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitreg.core.containment import outside
 from vitreg.errors import InputError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm"}
@@ -151,6 +152,13 @@ def walk_folder(directory: str | Path) -> tuple[list[Path], list[WalkSkip]]:
                     skip(path, "dangling_symlink", f"dangling symlink to {_target(path)}")
                 else:
                     skip(path, "unreadable_entry", f"could not be examined ({_os_error(e)})")
+                continue
+            if link and outside(root, path) is not None:  # issue 24: one containment rule
+                skip(
+                    path,
+                    "link_outside",
+                    f"symlink to {_target(path)}, outside the folder; not read",
+                )
                 continue
             via = f" (a symlink to {_target(path)})" if link else ""
             if stat.S_ISDIR(st.st_mode):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from vitreg.core.containment import outside
 from vitreg.data.datasets import IGNORE_INDEX, BaseDataset, Sample, register_dataset
 from vitreg.data.folder import (
     DECODE_ERRORS,
@@ -296,6 +297,8 @@ class VOCBoxes(FileDataset):
     def _read(self, i: int) -> Sample:
         item = self.items[i]
         image = self.read_image(item)
+        if item.target.is_symlink() and outside(item.target.parent, item.target) is not None:
+            raise self.skip("link_outside", item.key)  # issue 24: containment
         try:
             raw, size = read_voc_boxes(item.target)
         except (ET.ParseError, OSError, ValueError, TypeError, AttributeError):
@@ -351,6 +354,12 @@ def _voc_ids(root: Path, imageset: str, folder: Path, suffix: str, split: str) -
     listing = root / "ImageSets" / imageset / f"{split}.txt"
     if listing.is_file():
         ids = [ln.split()[0] for ln in listing.read_text().splitlines() if ln.strip()]
+        bad = next((i for i in ids if Path(i).name != i or i in (".", "..")), None)
+        if bad is not None:  # issue 24: an id names a file inside the dataset folder
+            raise InputError(
+                f"{listing} lists {bad[:80]!r}, not an image id (a file name without folders); "
+                "vitreg reads nothing outside the dataset folder"
+            )
     else:
         if not folder.is_dir():
             raise InputError(f"neither {listing} nor {folder}/ exists in {root}")
@@ -497,11 +506,16 @@ def _mask_ids(img: Image.Image, palette: dict[int, int] | None) -> np.ndarray | 
 
 
 def _by_stem(folder: Path, suffixes: Iterable[str] = ()) -> dict[str, Path]:
-    """``stem -> path`` of the files in ``folder`` (first suffix in ``suffixes`` wins)."""
+    """``stem -> path`` of the files in ``folder`` (first suffix in ``suffixes`` wins); a link
+    that leads outside the folder is left out, so its sample counts as having no target."""
     if not folder.is_dir():
         return {}
     order = {s: j for j, s in enumerate(suffixes)}
-    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    files = [
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and outside(folder, p) is None  # issue 24
+    ]
     if order:
         files = [p for p in files if p.suffix.lower() in order]
     out: dict[str, Path] = {}

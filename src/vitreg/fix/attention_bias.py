@@ -80,6 +80,14 @@ class AttentionBiasSubstitute(Fix):
         )
         return cls(neurons, keys, values)
 
+    def describe(self) -> dict[str, Any]:
+        return {
+            "method": "attention-bias",
+            "n_neurons": len(self.neurons),
+            "layers": int(self.keys.shape[0]),
+            "heads": int(self.keys.shape[1]),
+        }
+
     def apply(self, model: Model) -> Handle:
         for name in (hook_name(0, "attn.hook_k"), hook_name(0, "attn.hook_v")):
             if not model.site(name).writable:

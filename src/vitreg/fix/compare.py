@@ -166,6 +166,8 @@ class FixComparison:
             "outlier_rate_after": self.outlier_rate_after,
             "max_patch_norm_before": self.max_norm_before,
             "max_patch_norm_after": self.max_norm_after,
+            "median_patch_norm_before": [lo.quantiles["p50"] for lo in self.before.report.layers],
+            "median_patch_norm_after": [lo.quantiles["p50"] for lo in self.after.report.layers],
             "register_norm_after": self.register_norm,
             "verdict_before": self.before.report.verdict,
             "verdict_after": self.after.report.verdict,

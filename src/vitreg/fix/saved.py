@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vitreg.core.io import write_text_atomic
 from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
@@ -92,7 +93,7 @@ def save_fixed(
         "n_neurons": len(ttr.neurons),
         "options": options,
     }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_text_atomic(out / "config.json", json.dumps(config, indent=2))
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitreg.core.containment import check_inside
 from vitreg.core.registry import Registry
 from vitreg.device import check_device
 from vitreg.errors import InputError, SpecError, WeightsError, brief
@@ -303,20 +304,9 @@ def contained(folder: Path, name: str, field_name: str, config: Path) -> Path:
 
 
 def inside(folder: Path, target: Path, field_name: str, config: Path) -> Path:
-    """``target`` if its resolved path (symlinks followed) is inside ``folder``'s."""
-    try:
-        root, resolved = folder.resolve(), target.resolve()
-    except (OSError, RuntimeError) as e:
-        raise InputError(
-            f"{str(config)!r}: {field_name} {str(target)!r} cannot be resolved: {e}"
-        ) from None
-    if resolved != root and root not in resolved.parents:
-        raise InputError(
-            f"{str(config)!r}: {field_name} {str(target)!r} resolves (through a symlink) to "
-            f"{str(resolved)!r}, outside the folder {str(root)!r}; vitreg reads nothing outside a local: folder "
-            "(copy the file into it)"
-        )
-    return target
+    """``target`` if it resolves (links followed) inside ``folder`` (the one containment rule,
+    :mod:`vitreg.core.containment`); the error names ``config`` and ``field_name``."""
+    return check_inside(folder, target, f"{str(config)!r}: {field_name}")
 
 
 def load(

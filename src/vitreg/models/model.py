@@ -82,6 +82,50 @@ def _raw_batches(data: Any, batch_size: int) -> Iterable[torch.Tensor]:
             )
 
 
+def trace_state(
+    reducers: Sequence[Reducer], layouts: dict[str, Any], sources: dict[str, str]
+) -> dict[str, Any]:
+    """What a checkpoint of ``Model.trace`` keeps: every reducer's statistics (this rank's, not
+    merged) and the layouts and attention sources seen so far."""
+    from vitreg.core.checkpoint import state_of
+
+    return {"reducers": [state_of(r) for r in reducers], "layouts": layouts, "sources": sources}
+
+
+def resume_trace(
+    reducers: Sequence[Reducer],
+    batch_size: int,
+    limit: int | None,
+    attention: str,
+    stop: int | None,
+    layouts: dict[str, Any],
+    sources: dict[str, str],
+) -> tuple[Any, int, bool]:
+    """The checkpoint of this trace inside ``vitreg.core.checkpoint.resumable`` (else ``None``),
+    the images its saved state covers (restored into ``reducers``, ``layouts`` and ``sources``)
+    and whether the pass had finished."""
+    from vitreg.core.checkpoint import next_pass, restore_into
+
+    key = {
+        "kind": "trace",
+        "reducers": [[type(r).__name__, r.site] for r in reducers],
+        "batch_size": batch_size,
+        "limit": limit,
+        "attention": attention,
+        "stop_at_layer": stop,
+    }
+    ckpt = next_pass(key)
+    if ckpt is None:
+        return None, 0, False
+    seen, finished, state = ckpt.resume()
+    if state is not None:
+        for r, saved in zip(reducers, state["reducers"], strict=True):
+            restore_into(r, saved)
+        layouts.update(state["layouts"])
+        sources.update(state["sources"])
+    return ckpt, seen, finished
+
+
 def weights_of(module: nn.Module) -> str:
     """The weight kind a module carries (set when vitreg loaded it; planted fixtures say so);
     a module vitreg did not load holds the user's weights."""
@@ -511,12 +555,25 @@ class Model:
         k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
         feeds = self._until([(n, feed(n)) for n in by_site], k)
         stream = distributed.shard(iter_batches(data, batch_size, limit))
+        ckpt, skip, finished = resume_trace(
+            reducers, batch_size, limit, attention, k, layouts, sources
+        )
+
+        def state() -> dict[str, Any]:
+            return trace_state(reducers, layouts, sources)
+
         with torch.no_grad(), self.hooks(feeds, attention):
             for batch in stream:
+                if stream.seen <= skip:  # covered by the checkpoint this pass resumed from
+                    continue
                 offset = stream.offset  # global index of this part's first image
                 self.features(batch, stop_at_layer=k)
+                if ckpt is not None:
+                    ckpt.step(stream.seen, state)
                 if progress is not None:
                     progress(stream.seen)
+        if ckpt is not None and not finished:
+            ckpt.save(stream.seen, state(), done=True)
         if stream.world > 1:  # every rank gets the statistics of all images
             distributed.merge_reducers(reducers)
             layouts = distributed.merge_dicts(layouts)

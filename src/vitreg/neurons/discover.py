@@ -138,9 +138,22 @@ def discover(
     ]
     hooks.append((hook_name(detect, "hook_resid_post"), score))
     last = max(detect, highest) + 1  # later blocks feed none of these hooks: they don't run
-    done = None if progress is None else (lambda n: progress(stream.seen))  # images of all ranks
+    sums = {"score_sum": score_sum, "images_with": images_with, "images_seen": images_seen}
+    key = {"kind": "discover", "layers": [searched[0], detect, last], "rule": rule, "value": value}
+    key.update(signed=signed, sparsity=sparsity, prefix=include_prefix, batch_size=batch_size)
+    ckpt, skip, finished = resume_sums(key | {"limit": limit}, sums)
+
+    def done(n: int) -> None:
+        if ckpt is not None:
+            ckpt.step(stream.seen, lambda: sums)
+        if progress is not None:
+            progress(stream.seen)  # images of all ranks
+
+    fresh = (part for part in stream if stream.seen > skip)  # parts the checkpoint lacks
     with model.hooks(hooks):
-        model.run_batches(stream, batch_size, None, done, stop_at_layer=last)
+        model.run_batches(fresh, batch_size, None, done, stop_at_layer=last)
+    if ckpt is not None and not finished:
+        ckpt.save(stream.seen, sums, done=True)
     if stream.world > 1:
         for t in (score_sum, images_with, images_seen):
             distributed.all_reduce_sum(t)
@@ -184,3 +197,18 @@ def discover(
         settings,
         data_desc,
     )
+
+
+def resume_sums(key: dict[str, Any], sums: dict[str, torch.Tensor]) -> tuple[Any, int, bool]:
+    """The checkpoint of a discovery pass inside ``vitreg.core.checkpoint.resumable`` (else
+    ``None``), the images its saved sums cover (copied into ``sums``) and whether it finished."""
+    from vitreg.core.checkpoint import next_pass
+
+    ckpt = next_pass(key)
+    if ckpt is None:
+        return None, 0, False
+    seen, finished, state = ckpt.resume()
+    if state is not None:
+        for name, t in sums.items():
+            t.copy_(state[name])
+    return ckpt, seen, finished

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from vitreg import distributed
+from vitreg.core.containment import check_inside
 from vitreg.core.io import write_json_atomic
 from vitreg.core.layout import TokenLayout
 from vitreg.data.datasets import LabeledDataset
@@ -197,6 +198,8 @@ def extract(
         if size > 1:
             check_same_key(key)
         folder = Path(root) / key
+        if folder.is_symlink():  # issue 24: one containment rule
+            check_inside(root, folder, "feature cache folder")
         n_shards = -(-len(dataset) // shard_size)
         writer = ShardWriter(
             model,
@@ -213,6 +216,8 @@ def extract(
         replaced = torch.zeros(len(REPLACED), dtype=torch.long)
         for i in range(rank, n_shards, size):
             path = folder / shard_name(i)
+            if path.is_symlink():  # issue 24: one containment rule
+                check_inside(folder, path, "feature cache shard")
             problem = shard_problem(path, key, i)
             if problem is None:
                 continue

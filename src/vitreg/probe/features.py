@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from vitreg.core.containment import check_inside
 from vitreg.core.layout import TokenLayout
+from vitreg.core.readers import read_json
 from vitreg.errors import InputError, VitregError
 from vitreg.probe.shards import MANIFEST, pixels_key, shard_meta
 from vitreg.probe.views import NORMS, PATCH_VIEWS, TOP_INDEX
@@ -29,7 +31,8 @@ class CachedFeatures:
         path = self.folder / MANIFEST
         if not path.is_file():
             raise InputError(f"{self.folder} has no {MANIFEST}; run probe.extract to (re)build it")
-        self.manifest: dict[str, Any] = json.loads(path.read_text())
+        check_inside(self.folder, path, "feature cache manifest")  # issue 24: containment
+        self.manifest: dict[str, Any] = read_json(path, "feature cache manifest")
         self.forward_passes = forward_passes
 
     @property
@@ -102,10 +105,14 @@ class CachedFeatures:
         t = self._cat(f"target/{name}")
         return t if name == "depth" else t.long()
 
+    def _shard(self, shard: dict[str, Any]) -> Path:
+        """The file of a manifest entry, refused unless it resolves inside the cache folder."""
+        return check_inside(self.folder, self.folder / str(shard["file"]), "feature cache shard")
+
     def _metas(self) -> list[dict[str, str]]:
         out = []
         for shard in self.manifest["shards"]:
-            meta = shard_meta(self.folder / shard["file"])
+            meta = shard_meta(self._shard(shard))
             if meta is None or meta.get("key") != self.manifest["key"]:
                 raise VitregError(f"{shard['file']} in {self.folder} is missing or damaged")
             out.append(meta)
@@ -115,7 +122,7 @@ class CachedFeatures:
         parts = []
         for shard in self.manifest["shards"]:
             if shard["n"]:
-                with safe_open(str(self.folder / shard["file"]), framework="pt") as f:
+                with safe_open(str(self._shard(shard)), framework="pt") as f:
                     parts.append(f.get_tensor(tensor))
         if not parts:
             raise InputError(f"{self.folder} holds no samples (all were skipped)")

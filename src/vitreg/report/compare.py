@@ -232,7 +232,7 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
     rate_ax.set_ylabel(f"outlier rate ({CURVE_RULE}, %)")
     ratio_ax.set_ylabel("max / median patch norm")
     ratio_ax.set_yscale("log")
-    ratio_ax.set_xlabel("layer")
+    ratio_ax.set_xlabel("block")
     outside_legend(rate_ax)
     caption = (
         "Per layer, on the residual stream (block outputs): the share of patch tokens in the "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.containment import check_inside
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, brief
 
@@ -70,8 +71,11 @@ def check_metrics_document(doc: Any, path: Path) -> dict[str, Any]:
 
 
 def metrics_file(run: Path) -> Path:
-    """The metrics.json of ``run`` (a run directory, or the file itself)."""
-    return run / "metrics.json" if run.is_dir() else run
+    """The metrics.json of ``run`` (a run directory, or the file itself); in a run directory it
+    must resolve inside it (issue 24: one containment rule)."""
+    if not run.is_dir():
+        return run
+    return check_inside(run, run / "metrics.json", "metrics.json")
 
 
 def read_metrics(run: Path) -> dict[str, Any]:
@@ -91,7 +95,7 @@ def is_comparison(folder: Path) -> bool:
 def read_comparison(folder: Path) -> dict[str, Any]:
     """The checked comparison.json of a ``diagnose --models`` or ``compare --out`` folder: its
     verb, and the runs it lists (``runs``: per-model folders of diagnose, labels of compare)."""
-    path = folder / "comparison.json"
+    path = check_inside(folder, folder / "comparison.json", "comparison.json")  # issue 24
     doc = read_json(path, "comparison file", max_bytes=MAX_RUN_FILE, allow_nan=True)
     if not isinstance(doc, dict):
         raise InputError(f"{path} holds {_what(doc)}, not a comparison")
@@ -124,6 +128,6 @@ def read_comparison(folder: Path) -> dict[str, Any]:
 def comparison_members(folder: Path, doc: dict[str, Any]) -> list[Path]:
     """The run directories a comparison lists: the per-model folders of ``diagnose --models``,
     the runs ``compare`` read (where they were when it ran)."""
-    if doc["verb"] == "diagnose":
-        return [folder / run["run_dir"] for run in doc["runs"]]
+    if doc["verb"] == "diagnose":  # issue 24: each folder resolves inside the comparison's
+        return [check_inside(folder, folder / run["run_dir"], "run_dir") for run in doc["runs"]]
     return [Path(s.get("path") or s["run"]) for s in doc["sources"]]

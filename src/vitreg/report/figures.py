@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitreg.analysis.feature_pictures import similarity_maps
 from vitreg.core.io import write_bytes_atomic
 
 CLIP_LOW, CLIP_HIGH = 1.0, 99.0
@@ -27,6 +26,9 @@ CLIP_TEXT = f"{CLIP_LOW:g}st to {CLIP_HIGH:g}th percentile"
 MAX_ROWS = 4
 DPI = 200
 TICK_SIZE = 8
+PAD_INCHES = 0.05
+PNG_COMPRESSION = 1  # zlib level of figures/*.png: level 6 took a quarter of a report's time
+MIN_SPAN = 0.02  # of the values' size: the narrowest y range a line plot is drawn with
 VECTOR_FORMATS = ("svg", "pdf")
 
 
@@ -101,11 +103,15 @@ def all_axes(fig: Any) -> list[Any]:
 
 
 def tidy(fig: Any) -> None:
-    """Readable ticks everywhere (colour bars too) and plain numbers: no offset text."""
+    """Readable ticks everywhere (colour bars too) and plain numbers: no offset text; a plot
+    whose values barely vary gets a y range of at least MIN_SPAN of their size, so its tick
+    labels stay short (0.1997 to 0.2003, not 0.199702 to 0.199714)."""
     from matplotlib.ticker import ScalarFormatter
 
     for ax in all_axes(fig):
         ax.tick_params(which="both", labelsize=TICK_SIZE)
+        if ax.get_lines() and ax.get_yscale() == "linear":
+            widen(ax)
         for axis in (ax.xaxis, ax.yaxis):
             fmt = axis.get_major_formatter()
             if isinstance(fmt, ScalarFormatter):
@@ -114,6 +120,16 @@ def tidy(fig: Any) -> None:
             elif axis.get_scale() == "log":
                 axis.set_major_formatter(_plain_log()())
                 axis.set_minor_formatter(_plain_log()(labelOnlyBase=False))
+
+
+def widen(ax: Any) -> None:
+    """``ax``'s y range widened around its centre to at least ``MIN_SPAN`` x its largest
+    |limit| when the data span less."""
+    lo, hi = ax.get_ylim()
+    need = MIN_SPAN * max(abs(lo), abs(hi))
+    if hi - lo < need:
+        mid = (lo + hi) / 2
+        ax.set_ylim(mid - need / 2, mid + need / 2)
 
 
 def _plain_log() -> type:
@@ -132,7 +148,10 @@ def encode(fig: Any, fmt: str) -> bytes:
     """``fig`` as ``fmt`` bytes (png at DPI, svg, pdf), cropped to its content (no cut labels)."""
     tidy(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=DPI, bbox_inches="tight", pad_inches=0.05)
+    extra = {"pil_kwargs": {"compress_level": PNG_COMPRESSION}} if fmt == "png" else {}
+    # the tight box measured once here: savefig's "tight" draws the whole figure twice
+    box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(PAD_INCHES)
+    fig.savefig(buf, format=fmt, dpi=DPI, bbox_inches=box, **extra)
     return buf.getvalue()
 
 
@@ -240,7 +259,7 @@ def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
     trace, report = norms.trace, norms.report
     layers = map_layers(len(trace.sites), report.emergence_layer)
     sites = [trace.sites[i] for i in layers]
-    titles = [f"layer {i}" for i in layers]
+    titles = [f"block {i}" for i in layers]
     if trace.final_site:
         sites.append(trace.final_site)
         titles.append("after final norm")
@@ -281,7 +300,7 @@ def norm_quantiles(report: Any) -> Figure:
     if report.emergence_layer is not None:
         ax.axvline(report.emergence_layer, color="r", ls=":", label="emergence")
     ax.set_yscale("log")
-    ax.set_xlabel("layer")
+    ax.set_xlabel("block")
     ax.set_ylabel("patch-token norm")
     outside_legend(ax)
     caption = (
@@ -328,7 +347,7 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
                 lw=1.5,
             )
     labels = [
-        ("final norm" if lo_.layer is None else f"layer {lo_.layer}")
+        ("final norm" if lo_.layer is None else f"block {lo_.layer}")
         + (" *" if lo_.present else "")
         for _, lo_ in entries
     ]
@@ -352,7 +371,7 @@ def attention_maps(
     """Head-mean attention maps over the input images at a few layers."""
     picks = map_layers(len(attn.layer_maps), emergence)
     maps = [attn.layer_maps[i].detach().float().cpu().numpy() for i in picks]
-    titles = [f"layer {attn.layers[i] if attn.layers[i] is not None else i}" for i in picks]
+    titles = [f"block {attn.layers[i] if attn.layers[i] is not None else i}" for i in picks]
     fig = _overlay_grid(maps, titles, images, "attention")
     caption = (
         f"{_attention_what(attn)}, averaged over heads ({source} attention), over the input "
@@ -390,7 +409,7 @@ def attention_agreement(attn: Any) -> Figure:
         if not np.isnan(y).all():
             ax.plot(x, y, marker="o", label=key)  # NaN (0/0) leaves a gap
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("layer")
+    ax.set_xlabel("block")
     ax.set_ylabel("agreement")
     outside_legend(ax)
     caption = (
@@ -457,7 +476,7 @@ def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:
         red.embed_maps.detach().float().cpu().numpy(),
         red.layer_maps.detach().float().cpu().numpy(),
     ]
-    titles = ["patch embedding", f"layer {red.layer}"]
+    titles = ["patch embedding", f"block {red.layer}"]
     fig = _overlay_grid(maps, titles, images, "neighbour cosine")
     caption = (
         "Local redundancy: mean cosine similarity of each patch to its 4 neighbours at the patch "
@@ -526,10 +545,11 @@ def map_grid(
     return figure(name, caption.replace("{n}", str(n)), fig)
 
 
-def similarity_column(title: str, features: Any, query: tuple[int, int]) -> GridColumn:
-    """Cosine similarity of the ``query`` patch to every patch, on the fixed -1..1 scale."""
-    maps = similarity_maps(features).numpy()
-    return GridColumn(title, maps, cmap="RdBu_r", vmin=-1, vmax=1, query=query)
+def similarity_column(title: str, pictures: Any) -> GridColumn:
+    """The cosine similarity of the query patch of ``pictures`` (one site's feature pictures)
+    to every patch, on the fixed -1..1 scale."""
+    maps = pictures.similarity.numpy()
+    return GridColumn(title, maps, cmap="RdBu_r", vmin=-1, vmax=1, query=pictures.query)
 
 
 def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
@@ -538,7 +558,7 @@ def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
     for p in pictures.by_site.values():
         label = "final norm" if p.where == "after the final norm" else p.site.split(".hook")[0]
         columns.append(GridColumn(f"PCA, {label}", p.basis.rgb(p.features)))
-        columns.append(similarity_column(f"similarity, {label}", p.features, p.query))
+        columns.append(similarity_column(f"similarity, {label}", p))
     first = next(iter(pictures.by_site.values()))
     caption = (
         "The patch features themselves, at "
@@ -584,4 +604,6 @@ def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:
         figs.append(feature_pictures(res["feature_pictures"], images))
     if res.get("ln_separation") is not None:
         figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
-    return figs
+    from vitreg.report.kinds_figures import kinds_figures
+
+    return figs + kinds_figures(res)

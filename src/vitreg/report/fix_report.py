@@ -49,7 +49,7 @@ def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
     ranks = np.arange(1, len(ranking) + 1)
     for i, layer in enumerate(sorted(set(layers.tolist()))):
         sel = layers == layer
-        ax.scatter(ranks[sel], scores[sel], s=18, color=f"C{i % 10}", label=f"layer {layer}")
+        ax.scatter(ranks[sel], scores[sel], s=18, color=f"C{i % 10}", label=f"block {layer}")
     if chosen_k:
         ax.axvline(chosen_k + 0.5, color="k", ls=":", label=f"top-k = {chosen_k}")
     if len(scores) and scores.min() > 0:
@@ -401,8 +401,8 @@ def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure |
         ]
         if b.where != "after the final norm":
             columns += [
-                similarity_column(f"similarity before, {label}", b.features, b.query),
-                similarity_column(f"similarity after, {label}", a.features, a.query),
+                similarity_column(f"similarity before, {label}", b),
+                similarity_column(f"similarity after, {label}", a),
             ]
         where.append(f"`{site}` ({b.where})")
     first = next(iter(before.by_site.values()))
@@ -427,12 +427,12 @@ def fix_norm_curves(results: dict[str, Any]) -> Figure:
     x = list(range(len(c["max_patch_norm_before"])))
     ax.plot(x, c["max_patch_norm_before"], marker="o", color="C3", label="max patch, before")
     ax.plot(x, c["max_patch_norm_after"], marker="o", color="C0", label="max patch, after")
-    ax.plot(x, results["median_patch_norm_before"], ls="--", color="C3", label="median, before")
-    ax.plot(x, results["median_patch_norm_after"], ls="--", color="C0", label="median, after")
+    ax.plot(x, c["median_patch_norm_before"], ls="--", color="C3", label="median, before")
+    ax.plot(x, c["median_patch_norm_after"], ls="--", color="C0", label="median, after")
     ax.plot(x, c["register_norm_after"], marker="s", color="C2", label="test-time register, after")
     ax.axvline(c["detect_layer"], color="k", ls=":", label="detection layer")
     ax.set_yscale("log")
-    ax.set_xlabel("layer")
+    ax.set_xlabel("block")
     ax.set_ylabel("token norm")
     outside_legend(ax)
     caption = (
@@ -676,12 +676,6 @@ def write_fix_run(
     """Write the ``vitreg fix`` run directory; ``images`` are display copies in [0, 1]."""
     results = {"comparison": comparison.to_dict(), **results}
     layer = comparison.detect_layer
-    results["median_patch_norm_before"] = [
-        lo.quantiles["p50"] for lo in comparison.before.report.layers
-    ]
-    results["median_patch_norm_after"] = [
-        lo.quantiles["p50"] for lo in comparison.after.report.layers
-    ]
     c = "/results/comparison"
     at = {"layer": layer}
     pointers = [

@@ -8,9 +8,8 @@ small and opens offline: no CDN, no external file.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
+import re
 from functools import cache
 from typing import Any
 
@@ -18,20 +17,18 @@ import numpy as np
 
 from vitreg.report.figures import CLIP_TEXT, clip_range, colormap_lut
 from vitreg.report.markdown import FigureRef, Report, Table
+from vitreg.report.render.images import display_uri, image_uri
 
 SLIDER_IMAGES = 4
-
-
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+# a number (1.5, -3e-05, 12%, 2.1×), a missing value (–), yes/no, or a range of numbers
+_NUMBER = r"[-+−]?(\d[\d,]*\.?\d*|\.\d+)(e[-+]?\d+)?\s*[%×x]?"
+NUMERIC = re.compile(rf"–|yes|no|{_NUMBER}(\s*[±–-]\s*{_NUMBER})?(\s*\(.*\))?", re.IGNORECASE)
 
 
 def _image_uri(img: np.ndarray) -> str:
     from PIL import Image
 
-    buf = io.BytesIO()
-    Image.fromarray((img * 255).round().astype(np.uint8)).save(buf, format="PNG")
-    return data_uri(buf.getvalue())
+    return image_uri(Image.fromarray((img * 255).round().astype(np.uint8)))
 
 
 def _rounded(x: np.ndarray) -> list[float]:
@@ -53,7 +50,7 @@ def slider_data(result: Any, images: np.ndarray | None, n: int = SLIDER_IMAGES) 
         final = site == trace.final_site
         layers.append(
             {
-                "label": "after final norm" if final else f"layer {i}",
+                "label": "after final norm" if final else f"block {i}",
                 "site": site,
                 "where": "after the final norm" if final else "residual stream",
                 "grid": list(maps.shape[1:]),
@@ -127,7 +124,8 @@ def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
     env.filters["inline"] = inline
     env.filters["markdown"] = markdown
     env.filters["plain"] = plain
-    uris = {f"figures/{f.filename}": data_uri(f.png) for f in figures}
+    env.filters["align"] = align
+    uris = {f"figures/{f.filename}": display_uri(f.png) for f in figures}
     slider_json = json.dumps(slider, separators=(",", ":")).replace("</", "<\\/")
     return env.get_template("report.html.j2").render(
         report=report,
@@ -137,6 +135,12 @@ def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
         clip_text=CLIP_TEXT,
         kind=_kind,
     )
+
+
+def align(cell: Any) -> str:
+    """A table cell's CSS class: ``num`` (right-aligned) for a number, a share, a range of
+    numbers or a missing value; ``txt`` (left-aligned) for prose, names and code."""
+    return "num" if NUMERIC.fullmatch(str(cell).strip()) else "txt"
 
 
 def _kind(block: Any) -> str:

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from vitreg.report.markdown import Table, build_report, markdown_table, num, pct
+from vitreg.report.markdown import Table, markdown_table, num, pct
 from vitreg.report.run_files import (
     again_command,
     rendering,
     save_document,
     save_figures,
+    save_slider,
     write_report,
 )
 from vitreg.report.schema import (
@@ -31,6 +32,7 @@ from vitreg.report.schema import (
     validate_metrics,
     versions,
 )
+from vitreg.report.verbs.diagnose import build_report
 
 
 def build_document(result: Any, config: dict[str, Any], command: str) -> dict[str, Any]:
@@ -77,7 +79,9 @@ def write_run(
         shown = display_images(images[:max_maps] if images is not None else None, mean, std)
         figs = figures_for(result, shown)
         save_figures(out, figs, figure_formats(config))
-        write_report(out, build_report(doc, figs), figs, slider_data(result, shown))
+        slider = slider_data(result, shown)
+        save_slider(out, slider)
+        write_report(out, build_report(doc, figs), figs, slider)
     return out
 
 

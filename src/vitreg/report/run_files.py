@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.core.io import write_json_atomic, write_text_atomic
-from vitreg.errors import RenderError
+from vitreg.core.readers import read_json
+from vitreg.errors import InputError, RenderError
 from vitreg.report.figures import Figure, figure_formats
 from vitreg.report.markdown import (
     FigureRef,
@@ -72,6 +73,9 @@ def document(
 # what a rendering writes beside the results
 REPORTS = ("report.md", "report.html", "comparison.md")
 CAPTIONS = "figures.json"  # in figures/: each figure's name and caption, read by `vitreg report`
+SLIDER = (
+    "slider.json"  # in figures/: the maps of report.html's block slider, read by `vitreg report`
+)
 Builder = Callable[[dict[str, Any], list[Figure]], Report]  # a verb's report from doc and figures
 
 
@@ -124,6 +128,24 @@ def saved_figures(out: Path) -> list[Figure]:
     return [
         Figure(n, c, pngs[n].read_bytes()) for n, c in listed if n in pngs and pngs[n].is_file()
     ]
+
+
+def save_slider(out: Path, slider: dict[str, Any] | None) -> None:
+    """The block slider's maps and images in ``out/figures``, so ``vitreg report`` renders the
+    same page again without the analysis."""
+    if slider is not None:
+        write_json_atomic(out / "figures" / SLIDER, slider)
+
+
+def saved_slider(out: Path) -> dict[str, Any] | None:
+    """The slider a run saved (None: a verb without one, or a run written before it was)."""
+    path = out / "figures" / SLIDER
+    if not path.is_file():
+        return None
+    slider = read_json(path, "slider file", allow_nan=True)
+    if not isinstance(slider, dict):
+        raise InputError(f"{path} holds no slider object; delete it to render without the slider")
+    return slider
 
 
 def write_report(

@@ -4,8 +4,8 @@ config, creation time, headline metrics) around a ``results`` block typed per ve
 Every headline metric names the JSON pointer (``source``) of the number it repeats inside the
 same file, with an optional aggregate over a ``*`` wildcard, so a reader (and
 :func:`validate_metrics`) can check that each headline equals a number in ``results``.
-Version 1.1 added ``verb`` and the per-verb results types; 1.0 documents (diagnose only) still
-validate.
+Version 2.0 types every results field (``report/results/``); 1.1 and 1.0 files are read as
+2.0 by :func:`vitreg.report.upgrade.upgrade`, so old runs still validate and compare.
 """
 
 from __future__ import annotations
@@ -15,21 +15,30 @@ import importlib.metadata
 import math
 import platform
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
+    TypeAdapter,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from vitreg.core.weights import WeightKind
 from vitreg.errors import brief
+from vitreg.report.results.diagnose import DiagnoseResults
+from vitreg.report.results.experiment import ExperimentResults
+from vitreg.report.results.fix import FixResults
+from vitreg.report.results.neurons import NeuronsResults
+from vitreg.report.results.probe import ProbeResults
+from vitreg.report.results.train import TrainResults
+from vitreg.report.results.vlm import VlmResults
+from vitreg.report.upgrade import upgrade
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "2.0"
 VERBS = ("diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm")
 Number = bool | int | float | None
 
@@ -86,150 +95,8 @@ class DataInfo(BaseModel):
     converted: dict[str, str] = Field(default_factory=dict)
 
 
-class Results(BaseModel):
-    """``DiagnoseResult.to_dict()``: one block per analysis plus what did not apply and why."""
-
-    model_config = ConfigDict(extra="allow")
-
-    norms: dict[str, Any]
-    attention: dict[str, Any] | None = None
-    redundancy: dict[str, Any] | None = None
-    ln_separation: dict[str, Any] | None = None
-    not_applicable: dict[str, str] = Field(default_factory=dict)
-    attention_source: str | list[str] | None = None
-
-
-class NeuronsResults(BaseModel):
-    """``vitreg neurons``: the chosen set, how it was chosen, and what its fix leaves."""
-
-    model_config = ConfigDict(extra="allow")
-
-    status: Literal["clean", "partial"]
-    n_neurons: int
-    chosen_k: int
-    top_k_mode: Literal["calibrated", "fixed"]
-    selection: Literal["causal", "score"]
-    detect_layer: int
-    highest_layer: int
-    lowest_layer: int
-    threshold: str
-    threshold_value: float | None
-    reasons: dict[str, str]
-    neurons: list[dict[str, Any]]
-    ranking: list[dict[str, Any]]
-    held_out: dict[str, Any]
-    causal: dict[str, Any] | None
-    calibration: dict[str, Any] | None
-
-
-class FixResults(BaseModel):
-    """``vitreg fix``: before/after comparison (with the per-block residual) and the neurons."""
-
-    model_config = ConfigDict(extra="allow")
-
-    comparison: dict[str, Any]
-    neurons: dict[str, Any]
-    discovery: dict[str, Any] | None = None
-    saved: str | None = None
-
-    @field_validator("comparison")
-    @classmethod
-    def _residual(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(v.get("residual"), dict) or "clean" not in v["residual"]:
-            raise ValueError("comparison needs the residual verdict (residual.clean)")
-        return v
-
-
-class ProbeYardstick(BaseModel):
-    """A trivial baseline of one probe metric (chance, majority class, mean depth, ...)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    metric: str
-    group: str = "all"
-    value: float | None
-    description: str
-
-
-class ProbeDelta(BaseModel):
-    """fixed − base of one score, called better/worse only when the 95% intervals separate."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    layer: str
-    feature: str
-    group: str
-    metric: str
-    delta: float
-    verdict: Literal["better", "worse", "within noise", "no interval"]
-
-
-class ProbeResults(BaseModel):
-    """``vitreg probe``: per condition (base, fixed) and layer, each task's scores over seeds
-    with the task's yardsticks, and the fixed − base differences with their verdicts."""
-
-    model_config = ConfigDict(extra="allow")
-
-    task: str
-    seeds: list[int] | int
-    layers: list[Any]
-    conditions: dict[str, list[dict[str, Any]]]
-    deltas: list[ProbeDelta] = Field(default_factory=list)
-
-    @field_validator("conditions")
-    @classmethod
-    def _yardsticks(cls, v: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-        for layers in v.values():
-            for layer in layers:
-                for y in layer.get("yardsticks", []):
-                    ProbeYardstick.model_validate(y)
-        return v
-
-
-class TrainResults(BaseModel):
-    """``vitreg train``: steps done, losses, the checkpoint and the data it trained on."""
-
-    model_config = ConfigDict(extra="allow")
-
-    recipe: str
-    steps: int
-    total_steps: int | None = None
-    final_loss: float | None
-    loss_first: float | None
-    resumed_from: int | None
-    weights: str | None
-
-
-class ExperimentResults(BaseModel):
-    """``vitreg experiment``: every variant's costs, probes and diagnosis."""
-
-    model_config = ConfigDict(extra="allow")
-
-    complete: bool
-    n_done: int
-    n_total: int
-    variants: list[dict[str, Any]]
-
-
-class VlmResults(BaseModel):
-    """``vitreg vlm``: per image, answers and language->image attention without and with the fix
-    on the vision tower, and their means."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt: str
-    prompt_text: str
-    query: str | list[int]
-    feature_site: str
-    fix: dict[str, Any]
-    summary: dict[str, Any]
-    images: list[dict[str, Any]]
-    neurons: dict[str, Any] | None = None
-
-
 RESULTS: dict[str, type[BaseModel]] = {
-    "diagnose": Results,
+    "diagnose": DiagnoseResults,
     "neurons": NeuronsResults,
     "fix": FixResults,
     "probe": ProbeResults,
@@ -239,13 +106,13 @@ RESULTS: dict[str, type[BaseModel]] = {
 }
 
 
-class MetricsFile(BaseModel):
-    """The whole metrics.json document."""
+class Envelope(BaseModel):
+    """What every metrics.json holds around its verb's results: versions, command, model,
+    images, config, creation time and the headline metrics (each traced into ``results``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal["1.0", "1.1"]
-    verb: Literal[VERBS] = "diagnose"  # type: ignore[valid-type]  # 1.0 documents: diagnose
+    schema_version: Literal["2.0"]
     vitreg_version: str
     torch_version: str
     timm_version: str | None
@@ -256,22 +123,8 @@ class MetricsFile(BaseModel):
     command: str
     model: ModelInfo
     data: DataInfo
-    config: dict[str, Any]
-    results: dict[str, Any]
+    config: dict[str, Any] = Field(description="the resolved config the run was made with")
     metrics: list[Metric]
-
-    @model_validator(mode="after")
-    def _typed_results(self) -> MetricsFile:
-        """``results`` must be the verb's results type (its fields named on failure)."""
-        try:
-            RESULTS[self.verb].model_validate(self.results)
-        except ValidationError as e:
-            fields = "; ".join(
-                f"results.{'.'.join(map(str, err['loc']))[:80]}: {err['msg'][:200]}"
-                for err in e.errors()[:6]
-            )
-            raise ValueError(f"not the results of a {self.verb} run: {fields}") from None
-        return self
 
     @field_validator("created")
     @classmethod
@@ -281,7 +134,7 @@ class MetricsFile(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _traceable(self) -> MetricsFile:
+    def _traceable(self) -> Envelope:
         doc = self.model_dump(mode="json")
         names = [m.name for m in self.metrics]
         if len(set(names)) != len(names):
@@ -296,14 +149,36 @@ class MetricsFile(BaseModel):
         return self
 
 
+def _document(verb: str, results: type[BaseModel]) -> type[Envelope]:
+    """The metrics.json model of one verb: the envelope with ``verb`` and its results type."""
+    name = f"{verb.capitalize()}Document"
+    doc = f"metrics.json of a `vitreg {verb}` run."
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        name,
+        __base__=Envelope,
+        __doc__=doc,
+        verb=(Literal[verb], ...),
+        results=(results, ...),
+    )
+
+
+DOCUMENTS: dict[str, type[Envelope]] = {v: _document(v, t) for v, t in RESULTS.items()}
+MetricsFile = Annotated[Union[tuple(DOCUMENTS.values())], Field(discriminator="verb")]  # noqa: UP007
+_FILE = TypeAdapter(MetricsFile)
+
+
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of metrics.json (for consumers in other languages)."""
-    return MetricsFile.model_json_schema()
+    """The JSON Schema of metrics.json (for consumers in other languages): one document type
+    per verb, told apart by ``verb``, with every results field described."""
+    schema = _FILE.json_schema()
+    schema["title"] = f"vitreg metrics.json (schema {SCHEMA_VERSION})"
+    return schema
 
 
-def validate_metrics(doc: dict[str, Any]) -> MetricsFile:
-    """Validate a metrics.json document, including that every headline traces to ``results``."""
-    return MetricsFile.model_validate(doc)
+def validate_metrics(doc: Any) -> Envelope:
+    """Validate a metrics.json document (a 1.0 or 1.1 one read as 2.0), including that every
+    headline traces to ``results``; the verb's document model."""
+    return _FILE.validate_python(upgrade(doc))  # type: ignore[no-any-return]
 
 
 def resolve(doc: Any, pointer: str, aggregate: str | None = None) -> Any:

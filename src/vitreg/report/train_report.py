@@ -96,29 +96,11 @@ def train_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     return Report(synthetic_banner(doc), f"vitreg train: {r['recipe']}", sections)
 
 
-def describe_trained(module: Any, spec: str) -> dict[str, Any]:
-    """The model block of the document: vitreg's description when vitreg can wrap the model."""
-    from vitreg.errors import VitregError
-    from vitreg.models.load import wrap
-
-    try:
-        return wrap(module, spec=spec, weights="trained").describe()  # trained by this run
-    except VitregError:
-        return {
-            "spec": spec,
-            "family": "unknown",
-            "synthetic": False,
-            "weights": "trained",
-            "layout": {},
-            "dims": {},
-        }
-
-
 def write_train_run(
     out_dir: str | Path,
     result: Any,
     *,
-    spec: str,
+    described: dict[str, Any],
     data: str | Mapping[str, Any],
     n_samples: int | None = None,
     config: dict[str, Any],
@@ -127,7 +109,8 @@ def write_train_run(
     """config.yaml, report.md/html with the loss curve and (last) metrics.json of a finished
     training run in ``out_dir``.
 
-    ``data`` is the data block (:func:`vitreg.train.data.describe_training_data`: usable
+    ``described`` is the model block (``vitreg.verbs.train.describe_trained``); ``data`` is
+    the data block (:func:`vitreg.train.data.describe_training_data`: usable
     samples, skips by reason, warnings) or, as before, the spec alone with ``n_samples``."""
     from vitreg.train.dino import loss_terms
 
@@ -152,7 +135,6 @@ def write_train_run(
         ("final_loss", "/results/final_loss", False, {"description": "loss at the last step"}),
         ("steps", "/results/steps", None, {"description": "optimizer steps done"}),
     ]
-    described = describe_trained(result.model, spec)
     doc = document(
         "train",
         command,

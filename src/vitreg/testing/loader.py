@@ -9,6 +9,7 @@ from typing import Any
 from vitreg.errors import SpecError
 from vitreg.models.load import LOADERS, Loaded
 from vitreg.testing.planted import build
+from vitreg.testing.planted_kinds import KINDS, build_kind
 
 
 @LOADERS.register("planted")
@@ -16,7 +17,7 @@ def load_planted(
     name: str,
     pretrained: bool = True,
     weights: str | os.PathLike | None = None,
-    img_size: int = 224,
+    img_size: int | None = None,
     seed: int = 0,
     **kwargs: Any,
 ) -> Loaded:
@@ -28,7 +29,13 @@ def load_planted(
         )
     if kwargs:
         raise SpecError(f"planted:{name} takes only img_size and seed, got {sorted(kwargs)}")
-    module, truth = build(name, img_size=img_size, seed=seed)
+    if name in KINDS:  # issue-20 kinds: no register neurons to discover or fix
+        module, kind = build_kind(name, img_size=img_size or 64, seed=seed)
+        module.vitreg_weights = "planted"
+        module.vitreg_kind_truth = kind
+        note = f"synthetic: {kind.description} (seed {seed}); random weights, not a trained model"
+        return Loaded(module, notes=[note])
+    module, truth = build(name, img_size=img_size or 224, seed=seed)
     module.vitreg_planted = truth
 
     def pairs(units) -> str:

@@ -164,10 +164,12 @@ _FLAG_T = 1.0  # planted units fire above this flag value
 def list_planted() -> dict[str, str]:
     """Planted fixture names with one-line descriptions."""
     from vitreg.testing.planted_hf import HF_FIXTURES
+    from vitreg.testing.planted_kinds import KINDS
 
     return {
         **{name: spec.description for name, spec in SPECS.items()},
         **{name: fixture.description for name, fixture in HF_FIXTURES.items()},
+        **{name: kind.description for name, kind in KINDS.items()},
     }
 
 
@@ -756,8 +758,9 @@ def _sinks(module: nn.Module, v: torch.Tensor, layers: range, g: torch.Generator
 
 
 def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, GroundTruth]:
-    """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth;
-    the module says its weights are planted (``vitreg_weights``), wherever it is wrapped or saved."""
+    """The planted fixture ``name`` at ``img_size`` px, deterministic in ``seed``, and its truth
+    (a :class:`~vitreg.testing.planted_kinds.KindTruth` for the ``kinds_*`` fixtures); the module
+    says its weights are planted (``vitreg_weights``), wherever it is wrapped or saved."""
     module, truth = _build(name, img_size, seed)
     module.vitreg_weights = "planted"
     return module, truth
@@ -765,9 +768,12 @@ def build(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, Gro
 
 def _build(name: str, img_size: int, seed: int) -> tuple[nn.Module, GroundTruth]:
     from vitreg.testing.planted_hf import HF_FIXTURES, build_hf
+    from vitreg.testing.planted_kinds import KINDS, build_kind
 
     if name in HF_FIXTURES:
         return build_hf(name, img_size=img_size, seed=seed)
+    if name in KINDS:
+        return build_kind(name, img_size=img_size, seed=seed)
     spec = _spec(name)
     if spec.groups:
         from vitreg.testing.planted_circuits import build_circuit

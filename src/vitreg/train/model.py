@@ -46,6 +46,7 @@ def build_model(
 ) -> nn.Module:
     """A timm ViT with ``num_classes`` outputs (0 = features only), dynamic input size if asked."""
     kwargs = dict(kwargs or {})
+    refuse_file_args(kwargs)
     if isinstance(model_or_spec, nn.Module):
         model = model_or_spec
     else:
@@ -67,6 +68,17 @@ def build_model(
     if dynamic and not getattr(model, "dynamic_img_size", False):
         enable_dynamic_size(model)
     return model
+
+
+def refuse_file_args(kwargs: Mapping[str, Any]) -> None:
+    """Refuse constructor arguments that make timm read a file or decide on weights
+    (``checkpoint_path``, ``pretrained_cfg_overlay``, ...; issue 24), whoever passes them."""
+    from vitreg.models.loaders.local import REFUSED_ARGS
+
+    refused = sorted(set(kwargs) & set(REFUSED_ARGS))
+    if refused:
+        key = refused[0]
+        raise InputError(f"the model argument {key} is refused: {REFUSED_ARGS[key]}")
 
 
 def check_build(spec: Any, build: dict[str, Any]) -> None:

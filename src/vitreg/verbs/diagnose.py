@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import DiagnoseConfig
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import (
@@ -21,6 +22,7 @@ from vitreg.verbs.common import (
 )
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Notices
+from vitreg.verbs.resume import checkpointed, finished
 
 
 def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
@@ -64,7 +66,11 @@ def diagnose_one(
 
     one = cfg.model_copy(update={"spec": spec})
     model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
-    with progress(source.total, f"diagnosing {spec} (images)") as update:
+    every = cfg.checkpoint_every
+    with (
+        checkpointed(out_dir, every, one.to_file()),
+        progress(source.total, f"diagnosing {spec} (images)") as update,
+    ):
         result = diagnose(
             model,
             source,
@@ -88,9 +94,11 @@ def diagnose_one(
                 max_maps=cfg.max_maps,
             )
     barrier()
+    finished(out_dir, every)
     return result
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_diagnose(
     cfg: DiagnoseConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> DiagnoseRun:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from vitreg.configs import ExperimentConfig
+from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import default_run_dir, read_document
 from vitreg.verbs.result import ExperimentRun, Listener, Notice, Notices
@@ -66,6 +67,7 @@ def experiment_command_line(cfg: ExperimentConfig) -> str:
     return shlex.join(parts)
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_experiment(
     cfg: ExperimentConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> ExperimentRun:

@@ -8,6 +8,7 @@ from typing import Any
 
 from vitreg.configs import FixConfig
 from vitreg.core.readers import read_json
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
@@ -58,6 +59,7 @@ def _check_model(model: Any, spec: str, save: Path | None) -> None:
         )
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_fix(
     cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> FixRun:
@@ -65,10 +67,13 @@ def run_fix(
     directory (and the fixed model with ``save``)."""
     from vitreg.distributed import is_main, on_main
     from vitreg.report.fix_report import MAX_ROWS
+    from vitreg.report.out_dir import check_out
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     spec, run_dir = cfg.spec, cfg.out
+    if cfg.save is not None:  # issue 24: --save is a run folder vitreg owns too
+        check_out(cfg.save, "fix", spec, cfg.overwrite)
     preloaded = neuron_file(cfg.neurons, spec)  # a missing or bad file fails before the model
     check_images(cfg.images)
     device = join_torchrun(cfg.device)

@@ -118,9 +118,12 @@ def image_source(
     planted model, or one saved from it, without images); ``keep`` images are kept for figures. Announced in
     ``notices``."""
     from vitreg.data import images as data
+    from vitreg.data import wds
 
     common = {"batch_size": batch_size, "keep": keep}
-    if images is not None:
+    if wds.is_wds(images):
+        source = wds.wds_images(model, images, limit=limit, **common)
+    elif images is not None:
         source = data.folder_images(model, images, limit=limit, **common)
     elif samples:
         source = data.sample_images(model, limit=limit, **common)
@@ -154,8 +157,13 @@ def model_and_images(
 
 
 def check_images(images: Path | None) -> None:
-    """An empty or missing image folder fails here, before any model is loaded."""
-    if images is not None:
+    """An empty or missing image folder (or missing shards) fails here, before any model is
+    loaded."""
+    from vitreg.data import wds
+
+    if wds.is_wds(images):
+        wds.shard_paths(images)
+    elif images is not None:
         from vitreg.data.folder import list_images
 
         list_images(images)

@@ -1,5 +1,5 @@
 """Where a verb's register neurons come from (a :class:`~vitreg.configs.NeuronSource`): a
-NeuronSet file, the built-in set, or discovery on the run's own images (the automatic path of
+NeuronSet file, the built-in set, a set on the Hugging Face hub, or discovery on the run's own images (the automatic path of
 ``vitreg neurons``). A new kind of source adds its reader to :data:`READERS`."""
 
 from __future__ import annotations
@@ -28,13 +28,24 @@ def _file(source: NeuronSource, spec: str) -> Any:
     return NeuronSet.load(source)
 
 
-READERS: dict[str, Callable[[NeuronSource, str], Any]] = {"builtin": _builtin, "file": _file}
+def _hub(source: NeuronSource, spec: str) -> Any:
+    from vitreg.neurons import hub
+
+    return hub.load_hub(source)
+
+
+READERS: dict[str, Callable[[NeuronSource, str], Any]] = {
+    "builtin": _builtin,
+    "file": _file,
+    "hub": _hub,
+}
 """How each kind of source but discovery is read: ``reader(source, spec) -> NeuronSet``."""
 
 
-def neuron_file(neurons: NeuronSource, spec: str) -> Any:
+def neuron_file(neurons: NeuronSource | str | None, spec: str) -> Any:
     """The NeuronSet that ``neurons`` names, read and validated (a spec without a built-in set
     is refused), before any model loads; ``None`` for discovery."""
+    neurons = NeuronSource.parse(neurons)  # a library caller may spell it as a plain string
     if neurons.kind == "discover":
         return None
     return READERS[neurons.kind](neurons, spec)
@@ -46,7 +57,7 @@ def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Not
     after skips and the held-out cap) goes to ``notices``."""
     from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 
-    sizes = list(getattr(cfg, "check_sizes", ()))
+    sizes = list(getattr(cfg, "check_sizes", None) or ())
     if sizes:
         accept_sizes(model, sizes, notices)
     found = find_neurons(
@@ -101,7 +112,7 @@ def accept_sizes(model: Any, sizes: list[int], notices: Notices) -> None:
 def load_neurons(
     model: Any,
     spec: str,
-    neurons: NeuronSource,
+    neurons: NeuronSource | str | None,
     source: Any,
     cfg: Any,
     progress: Progress,
@@ -110,6 +121,7 @@ def load_neurons(
 ) -> tuple[Any, dict[str, Any], Any]:
     """The NeuronSet ``neurons`` names (``preloaded`` if read already), or the one discovered
     first; what it is; and the discovery."""
+    neurons = NeuronSource.parse(neurons)
     from vitreg.fix.neuron_set import weights_fingerprint
     from vitreg.neurons.auto import layer_counts
 
@@ -129,8 +141,7 @@ def load_neurons(
     else:
         read = READERS[neurons.kind]
         chosen = preloaded if preloaded is not None else read(neurons, model.spec or spec)
-        builtin = f"the built-in set for {chosen.model_spec}"
-        origin = builtin if neurons.kind == "builtin" else f"the {neurons.kind} {neurons}"
+        origin = _origin(neurons, chosen)
     chosen.check_applicable(model)  # other architecture, bad units or settings, empty: clear error
     matches = None
     if chosen.fingerprint is not None:
@@ -155,6 +166,17 @@ def load_neurons(
         "settings": chosen.settings,
     }
     return chosen, info, found
+
+
+def _origin(neurons: NeuronSource, chosen: Any) -> str:
+    """What a set read from ``neurons`` is, as metrics.json records it (a hub set with the
+    commit read)."""
+    if neurons.kind == "builtin":
+        return f"the built-in set for {chosen.model_spec}"
+    if neurons.kind == "hub":
+        commit = chosen.data.get("hub", {}).get("commit")
+        return f"the hub set {neurons}" + (f" (commit {commit})" if commit else "")
+    return f"the {neurons.kind} {neurons}"
 
 
 def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any]] | None:

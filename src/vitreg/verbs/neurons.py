@@ -7,13 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import NeuronsConfig
+from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import discover, planted_rows
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
+from vitreg.verbs.resume import checkpointed, finished
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_neurons(
     cfg: NeuronsConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> NeuronsRun:
@@ -25,8 +28,10 @@ def run_neurons(
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     check_images(cfg.images)
     model, source = model_and_images(cfg, join_torchrun(cfg.device), progress, notices)
-    found = discover(model, source, cfg, progress, notices)
+    with checkpointed(cfg.out, cfg.checkpoint_every, cfg.to_file()):
+        found = discover(model, source, cfg, progress, notices)
     on_main(write, cfg.out, model, source, found, cfg.to_file(), command, progress)
+    finished(cfg.out, cfg.checkpoint_every)
     document = read_document(cfg.out / "metrics.json")
     return NeuronsRun("neurons", cfg.out, document, notices.items, found=found, spec=cfg.spec)
 
@@ -59,3 +64,8 @@ def write(
             results=results,
             command=command,
         )
+        if config.get("hub_dir"):
+            from vitreg.neurons import hub
+
+            meta = hub.run_metadata(found, model, source.label, data["n_images"])
+            hub.write_folder(found.chosen, config["hub_dir"], meta)

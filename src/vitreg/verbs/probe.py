@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vitreg.configs import NeuronsConfig, NeuronSource, ProbeRunConfig
+from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import join_torchrun, prepare, read_document
 from vitreg.verbs.loading import image_source, load_model
@@ -65,6 +66,7 @@ def probe_fix(
     return TestTimeRegisters(chosen, **cfg.ttr_args())
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_probe(
     cfg: ProbeRunConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> ProbeRun:

@@ -1,7 +1,8 @@
 """``vitreg report RUN``: render a run's report.md and report.html again from the results it
 saved (metrics.json, or a comparison's comparison.json), as after a rendering failure. Figures
-are those the run saved in figures/ (they are drawn from the analysis, which is not re-run);
-diagnose's layer slider needs the analysis too, so a report rendered again has none."""
+are those the run saved in figures/ (they are drawn from the analysis, which is not re-run),
+and diagnose's block slider the maps it saved there (figures/slider.json): the pages are the
+same bytes as the first rendering's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.run_dir import reopen, session
 from vitreg.errors import InputError
 
 
@@ -16,8 +18,8 @@ def builders() -> dict[str, Any]:
     """Each verb's report from its document and figures (``train`` writes none)."""
     from vitreg.experiment.report import build_report as experiment_report
     from vitreg.report.fix_report import fix_report, neurons_report
-    from vitreg.report.markdown import build_report
     from vitreg.report.probe_report import probe_report
+    from vitreg.report.verbs.diagnose import build_report
     from vitreg.report.vlm_report import vlm_report
 
     return {
@@ -46,16 +48,24 @@ def read_results(path: Path) -> dict[str, Any]:
         raise InputError(describe_errors(e, f"{path} does not follow the schema")) from None
 
 
+@session()  # issue 24: the run reopened inside is released when rendering ends
 def render_again(folder: str | Path) -> list[Path]:
     """Render the report of the run in ``folder`` again from its saved results; the files
     written. A failure (a bug) raises :class:`~vitreg.errors.RenderError`, results untouched."""
     from vitreg.report.compare import render_comparison_again
-    from vitreg.report.run_files import again_command, rendering, saved_figures, write_report
+    from vitreg.report.run_files import (
+        again_command,
+        rendering,
+        saved_figures,
+        saved_slider,
+        write_report,
+    )
 
     folder = Path(folder)
     saved = folder / "metrics.json"
     if not saved.is_file():
         if (folder / "comparison.json").is_file():
+            reopen(folder)  # issue 24: locked, and the files written listed in its manifest
             return render_comparison_again(folder)
         raise InputError(
             f"{folder} holds no metrics.json (nor comparison.json); pass a run directory "
@@ -68,7 +78,8 @@ def render_again(folder: str | Path) -> list[Path]:
             f"{folder} is a `vitreg {doc['verb']}` run, which writes no report: its "
             "metrics.json is the whole result"
         )
+    reopen(folder)  # issue 24: locked, and the files written listed in its manifest
     with rendering(folder, saved, again_command(folder)):
         figures = saved_figures(folder)
-        write_report(folder, build(doc, figures), figures)
+        write_report(folder, build(doc, figures), figures, saved_slider(folder))
     return [folder / "report.md", folder / "report.html"]

@@ -9,6 +9,7 @@ import shlex
 from typing import Any
 
 from vitreg.configs import TrainRunConfig
+from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import command_line, default_run_dir, slug
@@ -46,6 +47,7 @@ def train_command_line(cfg: TrainRunConfig) -> str:
     return shlex.join(parts)
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_train(
     cfg: TrainRunConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> TrainRun:
@@ -82,10 +84,29 @@ def run_train(
     write_train_run(
         run_dir,
         result,
-        spec=cfg.variant,
+        described=describe_trained(result.model, cfg.variant),
         data=describe_training_data(cfg.data, recipe=cfg.recipe),
         config=cfg.to_file(),
         command=train_command_line(cfg),
     )
     document = json.loads((run_dir / "metrics.json").read_text())
     return TrainRun("train", run_dir, document, notices.items, training=result)
+
+
+def describe_trained(module: Any, spec: str) -> dict[str, Any]:
+    """The model block of a training run's document: vitreg's description of the trained
+    module when vitreg can wrap it, else what is known without it."""
+    from vitreg.errors import VitregError
+    from vitreg.models.load import wrap
+
+    try:
+        return wrap(module, spec=spec, weights="trained").describe()  # trained by this run
+    except VitregError:
+        return {
+            "spec": spec,
+            "family": "unknown",
+            "synthetic": False,
+            "weights": "trained",
+            "layout": {},
+            "dims": {},
+        }

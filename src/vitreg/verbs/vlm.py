@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vitreg.configs import VlmConfig
+from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import prepare, read_document
 from vitreg.verbs.loading import model_and_images
@@ -26,6 +27,7 @@ def describe_vlm(model: Any) -> dict[str, Any]:
     }
 
 
+@session()  # issue 24: the --out claimed inside is released when the verb ends
 def run_vlm(
     cfg: VlmConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> VlmRun:

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from vitreg.core.containment import check_folder
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.load import Loaded, offline_hint, read_state_dict
 from vitreg.models.text_tower import TextTower, attach
@@ -95,9 +96,11 @@ class ProcessorTransform:
 
 
 def _source(name: str) -> tuple[str, bool]:
-    """(hub id or directory, is_local) for the name after ``hf:``."""
+    """(hub id or directory, is_local) for the name after ``hf:`` (or ``hf-vlm:``); a directory
+    is checked first: transformers reads its files by name, so none may lead outside it."""
     path = Path(name).expanduser()
     if path.is_dir():
+        check_folder(path, "model folder")  # issue 24: one containment rule
         return str(path), True
     if name.count("/") != 1 or name.startswith((".", "/", "~")) or not all(name.split("/")):
         raise SpecError(

@@ -42,6 +42,8 @@ from pydantic import (
 )
 from torch import nn
 
+from vitreg.core.containment import check_folder
+from vitreg.core.io import write_bytes_atomic, write_text_atomic
 from vitreg.core.readers import read_json
 from vitreg.core.registry import Registry
 from vitreg.core.weights import WeightKind
@@ -479,8 +481,29 @@ def _load_weights(
 
     state = read_state_dict(path)
     module, sized = size_from_weights(module, state, args, build, path)
+    if not {"img_size", "dynamic_img_size"} & set(kwargs):  # only the caller's size resamples
+        _same_grid(module, state, arch, path, config_path)
     what = f"{arch} as config.json builds it"
     return module, sized + load_timm_weights(module, arch, path, what, fix_head, state=state)
+
+
+def _same_grid(module: nn.Module, state: dict, arch: str, path: Path, config_path: Path) -> None:
+    """Refuse a position embedding made for another grid than the one config.json builds: a
+    folder's weights must fit its own config (issue 24); the caller's ``--img-size`` (the one
+    way to ask for a resampled embedding, announced) skips this check."""
+    from vitreg.models.loaders.timm_source import _grid, file_grid
+
+    grid, own = file_grid(state, module), _grid(module)
+    if grid is None or grid == own:
+        return
+    patch = int(module.patch_embed.patch_size[0])
+    raise WeightsError(
+        f"the weights in {str(path)!r} do not fit {arch} as config.json builds it: pos_embed: "
+        f"file {tuple(state['pos_embed'].shape)} (a {grid[0]}x{grid[1]} grid), model "
+        f"{tuple(module.pos_embed.shape)} (a {own[0]}x{own[1]} grid); set model_args.img_size "
+        f"to {grid[0] * patch} in {str(config_path)!r}, or pass --img-size (img_size= in "
+        "vitreg.load) to resample the position embedding to that size"
+    )
 
 
 def _unknown_arg(e: TypeError) -> str | None:
@@ -574,8 +597,7 @@ def _load_hf(
             f"model config {str(config_path)!r}: model_type must be a string such as 'dinov2' "
             f"(got {raw['model_type']!r})"
         )
-    for entry in sorted(directory.iterdir()):
-        inside(directory, entry, f"the file {entry.name!r}", config_path)
+    check_folder(directory, "model folder")  # issue 24: one containment rule
     try:
         return LOADERS["hf"](str(directory), pretrained=pretrained, weights=weights, **kwargs)
     except VitregError:
@@ -592,8 +614,9 @@ def _load_hf(
 
 
 def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: Any) -> Path:
-    """Write a timm model as ``config.json`` + ``model.safetensors`` (loadable as ``local:DIR``)."""
-    from safetensors.torch import save_file
+    """Write a timm model as ``config.json`` + ``model.safetensors`` (loadable as ``local:DIR``),
+    atomically (listed in the manifest of a claimed run folder holding them)."""
+    from safetensors.torch import save
 
     arch = getattr(module, "pretrained_cfg", {}).get("architecture")
     if not arch:
@@ -601,7 +624,7 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"))
+    write_bytes_atomic(out / "model.safetensors", save(state))
     cfg = {
         k: v
         for k, v in module.pretrained_cfg.items()
@@ -611,7 +634,7 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
     kind = weights_of(module)
     if kind in ("random", "planted"):  # the folder keeps saying what its weights are
         config["vitreg_weights"] = kind
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_text_atomic(out / "config.json", json.dumps(config, indent=2))
     return out
 
 

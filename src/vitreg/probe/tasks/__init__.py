@@ -6,6 +6,7 @@ from vitreg.probe.tasks import (
     dense,
     discovery,
     local_info,
+    ov_seg,
     token_type,
     zero_shot,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "discovery",
     "get_task",
     "local_info",
+    "ov_seg",
     "register_task",
     "token_type",
     "zero_shot",

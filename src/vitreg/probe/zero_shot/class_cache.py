@@ -13,6 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save as save_tensors
 from torch import Tensor
 
+from vitreg.core.containment import check_inside
 from vitreg.core.io import write_bytes_atomic
 from vitreg.probe.zero_shot.text import ClipTowers, class_embeddings
 
@@ -34,6 +35,8 @@ def cached_class_embeddings(
     if root is None:
         return class_embeddings(towers, names, templates), None, False
     path = Path(root) / FOLDER / f"{class_key(towers, names, templates)}.safetensors"
+    if path.is_symlink() or (Path(root) / FOLDER).is_symlink():  # issue 24: containment
+        check_inside(root, path, "class-embedding cache file")
     try:
         with safe_open(str(path), framework="pt") as f:
             return f.get_tensor("classes"), path, True

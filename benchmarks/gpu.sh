@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The prepared GPU check: the `gpu` tests (hooks, attention capture and the fix on CUDA in fp32
+# and bf16 autocast, against the CPU) and the benchmarks' ratios on the GPU (gpu_check.py), in
+# one JSON with a printed summary. Under 8 minutes on one CUDA GPU.
+#
+#   benchmarks/gpu.sh [OUT.json]          (default benchmarks/results/gpu.json)
+#
+# Without CUDA it takes the CPU fallback path: the same tests with VITREG_TEST_DEVICE=cpu (the
+# device checked against itself, small models) and gpu_check.py --tiny, so the script is known
+# to run before a GPU is at hand. PYTHON picks the interpreter (default: python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+OUT=${1:-benchmarks/results/gpu.json}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$(dirname "$OUT")"
+
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    MODE=cuda
+    TEST_DEVICE=cuda
+    BENCH=(--device cuda)
+else
+    MODE=cpu-fallback
+    TEST_DEVICE=cpu
+    BENCH=(--device cpu --tiny)
+    echo "no CUDA device: CPU fallback path (tiny sizes; the figures say nothing about a GPU)"
+fi
+
+start=$(date +%s)
+set +e
+VITREG_TEST_DEVICE=$TEST_DEVICE "$PY" -m pytest -q -m gpu tests/gpu -p no:cacheprovider \
+    --junitxml="$WORK/tests.xml"
+tests_rc=$?
+set -e
+tests_s=$(( $(date +%s) - start ))
+"$PY" benchmarks/gpu_check.py "${BENCH[@]}" --out "$WORK/bench.json"
+bench_s=$(( $(date +%s) - start - tests_s ))
+
+"$PY" - "$WORK/tests.xml" "$WORK/bench.json" "$OUT" "$MODE" "$tests_rc" "$tests_s" "$bench_s" <<'PYEOF'
+import json
+import sys
+import xml.etree.ElementTree as ET
+
+xml, bench, out, mode, rc, tests_s, bench_s = sys.argv[1:]
+cases = []
+for case in ET.parse(xml).getroot().iter("testcase"):
+    kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+    cases.append({
+        "test": f"{case.get('classname')}::{case.get('name')}",
+        "outcome": kinds[0] if kinds else "passed",
+        "seconds": float(case.get("time", 0)),
+    })
+counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failure", "error", "skipped")}
+doc = {
+    "check": "gpu",
+    "mode": mode,
+    "tests": {"exit_code": int(rc), "counts": counts, "seconds": int(tests_s), "cases": cases},
+    "benchmark_seconds": int(bench_s),
+    "benchmark": json.load(open(bench)),
+}
+with open(out, "w") as f:
+    json.dump(doc, f, indent=2)
+print(f"\n== vitreg GPU check ({mode}) ==")
+print(f"tests: {counts['passed']} passed, {counts['failure'] + counts['error']} failed, "
+      f"{counts['skipped']} skipped in {tests_s} s")
+b = doc["benchmark"]
+print(f"ratios ({b['environment'].get('device')}, batch {b['settings']['batch_size']}, "
+      f"{b['settings']['img_size']} px; speed of the second arm over the first) in {bench_s} s:")
+for r in b["results"]:
+    cells = "  ".join(f"{k} {r[k]['ratio']:.2f} (target {t})" for k, t in b["targets"].items())
+    print(f"  {r['model']:<28} {r['precision']:<5} {cells}")
+print(f"wrote {out}")
+sys.exit(1 if int(rc) not in (0, 5) else 0)  # 5: no test collected
+PYEOF

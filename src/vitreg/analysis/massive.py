@@ -1,0 +1,220 @@
+"""Massive activations (Sun et al. 2024): single residual-stream entries orders of magnitude above
+the rest, on a few tokens and fixed channels.
+
+Criterion, per image and block output (``hook_resid_post``): ``|x[t, c]| > 100`` and
+``|x[t, c]| >= 1000 x median(|x|)`` over all tokens and channels of that hidden state (Sun et
+al.: "magnitudes larger than 100 and at least roughly 1,000 times larger than the median
+magnitude of its hidden state"). The trace keeps only the entries that pass (bounded), the
+medians and per-channel maxima; the result says in which blocks, channels and tokens they sit
+and whether those tokens are the high-norm tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vitreg.analysis.base import Analysis
+from vitreg.analysis.norms import norm_sites
+from vitreg.core.layout import TokenLayout
+from vitreg.hooks.reducers import Reducer, as_tokens
+from vitreg.hooks.sites import HookContext
+from vitreg.models.model import Model, TraceResult
+
+ABSOLUTE = 100.0
+RELATIVE = 1000.0
+HIGH_NORM = 3.0  # a token is high-norm at >= this x the median patch norm (the outlier-mode ratio)
+MAX_ENTRIES = 20_000  # massive entries kept per block
+TOP_CHANNELS = 8
+RULE = (
+    f"|activation| > {ABSOLUTE:g} and >= {RELATIVE:g} x the median |activation| of the image's "
+    "hidden state at that block output (Sun et al. 2024, Massive Activations in LLMs)"
+)
+
+
+class MassiveEntries(Reducer):
+    """Per image: the median ``|x|``; every entry passing the criterion (image, token, channel,
+    value), up to :data:`MAX_ENTRIES`."""
+
+    def __init__(self, site: str, layer: int) -> None:
+        super().__init__(site)
+        self.layer = layer
+        self.medians: dict[int, float] = {}
+        self.entries: list[torch.Tensor] = []  # [k, 4] float64: image, token, channel, value
+        self.layout: TokenLayout | None = None
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        self.layout = ctx.layout
+        x = as_tokens(t).float().abs()
+        b = x.shape[0]
+        med = x.reshape(b, -1).median(dim=1).values
+        bound = torch.maximum(med * RELATIVE, torch.full_like(med, ABSOLUTE))
+        hit = x > bound[:, None, None]
+        for i, m in enumerate(med.tolist()):
+            self.medians[image_offset + i] = m
+        if hit.any() and sum(len(e) for e in self.entries) < MAX_ENTRIES:
+            bi, ti, ci = hit.nonzero(as_tuple=True)
+            rows = torch.stack([bi + image_offset, ti, ci], 1).double()
+            self.entries.append(torch.cat([rows, x[bi, ti, ci, None].double()], 1).cpu())
+
+    def merge(self, other: Reducer) -> None:
+        assert isinstance(other, MassiveEntries)
+        self.medians.update(other.medians)
+        self.entries += other.entries
+        self.layout = self.layout or other.layout
+        self.n_images = max(self.n_images, other.n_images)
+
+    def result(self) -> dict[str, Any]:
+        entries = torch.cat(self.entries)[:MAX_ENTRIES] if self.entries else torch.empty(0, 4)
+        return {"layer": self.layer, "medians": self.medians, "entries": entries}
+
+
+@dataclass
+class MassiveChannel:
+    """One channel carrying massive activations."""
+
+    channel: int
+    blocks: list[int]
+    hits_per_image: float  # massive (token) entries per image, summed over blocks
+    max_value: float
+    max_over_median: float
+    token_types: dict[str, int]
+    top_tokens: list[int]  # most frequent token indices
+    high_norm_share: float  # share of its entries on high-norm tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class MassiveResult:
+    """Massive activations per block and per channel, and their overlap with high-norm tokens."""
+
+    n_images: int
+    blocks: list[dict[str, Any]]
+    channels: list[MassiveChannel]
+    first_block: int | None
+    on_high_norm: float | None  # share of massive entries on high-norm tokens
+    outliers_with_massive: float | None  # share of auto-rule patch outliers with a massive entry
+    rule: str = RULE
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def present(self) -> bool:
+        return bool(self.channels)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "present": self.present,
+            "rule": self.rule,
+            "n_images": self.n_images,
+            "first_block": self.first_block,
+            "blocks": self.blocks,
+            "channels": [c.to_dict() for c in self.channels],
+            "on_high_norm_tokens": self.on_high_norm,
+            "auto_outliers_with_massive": self.outliers_with_massive,
+            "high_norm_rule": f"token norm >= {HIGH_NORM:g} x the median patch norm at that block",
+            "notes": list(self.notes),
+        }
+
+
+def _high_norm(norms: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """Bool ``[n_images, N]``: tokens at >= :data:`HIGH_NORM` x the image's median patch norm."""
+    med = layout.take(norms, "patches").median(dim=1).values
+    return norms >= HIGH_NORM * med[:, None]
+
+
+def summarise(per_block: list[dict[str, Any]], n_images: int, norms: Any = None) -> MassiveResult:
+    """Turn each block's kept entries into a :class:`MassiveResult` (``norms``: the
+    :class:`~vitreg.analysis.norms.NormsResult`, for the overlap with high-norm tokens)."""
+    blocks, by_channel = [], {}
+    on_high = total = 0
+    outliers_hit = outliers_all = 0
+    layout = None
+    for b in per_block:
+        e, layer = b["entries"], b["layer"]
+        layout = b.get("layout") or layout
+        med = torch.tensor([b["medians"][i] for i in sorted(b["medians"])])
+        images, tokens, chans = (e[:, k].long() for k in range(3))
+        high = None
+        if norms is not None and b["site"] in norms.trace.norms:
+            tn = norms.trace.norms[b["site"]]
+            lay = norms.trace.layouts[b["site"]]
+            high = _high_norm(tn, lay)
+            mask = norms.report.masks(norms.trace, b["site"], "auto").flatten(1)
+            hit_tokens = torch.zeros_like(high)
+            hit_tokens[images, tokens] = True
+            outliers_all += int(mask.sum())
+            outliers_hit += int((mask & lay.take(hit_tokens, "patches")).sum())
+        blocks.append(
+            {
+                "block": layer,
+                "median_abs": float(med.median()) if len(med) else 0.0,
+                "entries_per_image": len(e) / max(n_images, 1),
+                "channels": sorted(set(chans.tolist())),
+            }
+        )
+        for c in set(chans.tolist()):
+            sel = chans == c
+            entry = by_channel.setdefault(c, {"blocks": [], "rows": [], "ratio": 0.0, "high": []})
+            entry["blocks"].append(layer)
+            entry["rows"].append(e[sel])
+            ratio = e[sel, 3] / med[images[sel]].clamp_min(1e-12).double()
+            entry["ratio"] = max(entry["ratio"], float(ratio.max()))
+            if high is not None:
+                entry["high"].append(high[images[sel], tokens[sel]])
+        if high is not None:
+            on_high += int(high[images, tokens].sum())
+            total += len(e)
+    labels = layout.token_types() if layout is not None else None
+    channels = []
+    for c, entry in by_channel.items():
+        rows = torch.cat(entry["rows"])
+        tokens = rows[:, 1].long().tolist()
+        highs = torch.cat(entry["high"]) if entry["high"] else None
+        channels.append(
+            MassiveChannel(
+                channel=c,
+                blocks=entry["blocks"],
+                hits_per_image=len(rows) / max(n_images, 1),
+                max_value=float(rows[:, 3].max()),
+                max_over_median=entry["ratio"],
+                token_types=dict(Counter(labels[t] for t in tokens)) if labels else {},
+                top_tokens=[t for t, _ in Counter(tokens).most_common(4)],
+                high_norm_share=float(highs.float().mean()) if highs is not None else float("nan"),
+            )
+        )
+    channels.sort(key=lambda ch: -ch.max_value)
+    first = min((b["block"] for b in blocks if b["entries_per_image"] > 0), default=None)
+    return MassiveResult(
+        n_images=n_images,
+        blocks=blocks,
+        channels=channels[:TOP_CHANNELS],
+        first_block=first,
+        on_high_norm=on_high / total if total else None,
+        outliers_with_massive=outliers_hit / outliers_all if outliers_all else None,
+        notes=[]
+        if norms is not None
+        else ["no norm results: overlap with high-norm tokens unknown"],
+    )
+
+
+class MassiveAnalysis(Analysis):
+    """Massive activations at every block output (Sun et al. 2024)."""
+
+    name = "massive"
+
+    def reducers(self, model: Model) -> list[Reducer]:
+        sites, _ = norm_sites(model)
+        return [MassiveEntries(s, i) for i, s in enumerate(sites)]
+
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> MassiveResult:
+        per_block = [
+            {**r.result(), "site": r.site, "layout": r.layout}
+            for r in trace.reducers
+            if isinstance(r, MassiveEntries)
+        ]
+        return summarise(per_block, trace.n_images, done.get("norms"))

@@ -1,0 +1,104 @@
+"""The attention-sink rules of Fesser et al. (2026, "A Unifying View of Attention Sinks"), as
+written in their code (KempnerInstitute/attention_sink, ``vit_causal/common.py``).
+
+For one image, block and head with attention ``A [N, N]`` (all queries, all keys):
+
+* dominant key ``s = argmax_j mean_i A_ij``; ``mass = mean_i A_is``;
+* sink event: ``routed = mean_i [A_is >= 0.5] >= 0.9`` (their relaxed Definition 1);
+* ``ratio = ||u_s|| / mean_{j != s} ||u_j||`` with ``u_j = gamma * W_O^h v_j`` (the values as the
+  residual stream receives them);
+* NOP-like: ``ratio <= 0.2``; broadcast-like: ``ratio >= 0.5`` and stable rank
+  ``||U||_F^2 / sigma_1(U)^2 <= 1.5`` of the head update ``U = A u`` (N x C); else "other".
+
+The stable rank is computed only for events (the classes need it only there) from the
+``D x D`` matrix ``S G S`` (``G = (A v)^T (A v)``, ``S = M^(1/2)``, ``M = W^T diag(gamma^2) W``),
+whose eigenvalues are the squared singular values of ``U``: exact, without forming ``U``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+ROUTE = 0.5  # A_is a query must put on the dominant key
+EVENT_FRACTION = 0.9  # share of queries that must do so
+NOP_RATIO = 0.2
+BROADCAST_RATIO = 0.5
+BROADCAST_RANK = 1.5
+CLASSES = ("nop", "broadcast", "other")
+
+
+@dataclass
+class HeadStats:
+    """Sink statistics of a batch, each ``[B, H]``; ``stable_rank`` is NaN where no event."""
+
+    key: torch.Tensor
+    mass: torch.Tensor
+    routed: torch.Tensor
+    ratio: torch.Tensor
+    stable_rank: torch.Tensor
+
+    @property
+    def event(self) -> torch.Tensor:
+        return self.routed >= EVENT_FRACTION
+
+
+def sqrt_psd(m: torch.Tensor) -> torch.Tensor:
+    """Symmetric square root of a batch of PSD matrices (float64)."""
+    ev, vec = torch.linalg.eigh(m.double())
+    return (vec * ev.clamp_min(0).sqrt()[..., None, :]) @ vec.transpose(-1, -2)
+
+
+def head_stats(
+    pattern: torch.Tensor,
+    v: torch.Tensor,
+    metric: torch.Tensor,
+    metric_sqrt: Callable[[], torch.Tensor],
+) -> HeadStats:
+    """Sink statistics of ``pattern [B, H, N, N]`` and values ``v [B, N, H, D]`` given the
+    per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a function returning its square
+    root (called only when some head has an event)."""
+    a = pattern.float()
+    b, h, n, _ = a.shape
+    vh = v.float().permute(0, 2, 1, 3)  # [B, H, N, D]
+    mass, key = a.mean(dim=2).max(dim=-1)
+    a_is = a.gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
+    routed = (a_is >= ROUTE).float().mean(-1)
+    sq = ((vh @ metric.to(vh)) * vh).sum(-1).clamp_min(0)  # v_j^T M_h v_j
+    un = sq.sqrt()
+    us = un.gather(2, key[..., None]).squeeze(-1)
+    other = (un.sum(-1) - us) / max(n - 1, 1)
+    ratio = us / other.clamp_min(1e-12)
+    rank = torch.full_like(ratio, float("nan"))
+    event = routed >= EVENT_FRACTION
+    if event.any():
+        bi, hi = event.nonzero(as_tuple=True)
+        z = (a[bi, hi] @ vh[bi, hi]).double()  # [E, N, D]: A v of each event head
+        s = metric_sqrt().to(z.device)[hi]
+        ev = torch.linalg.eigvalsh(s @ (z.transpose(-1, -2) @ z) @ s).clamp_min(0)
+        rank[bi, hi] = (ev.sum(-1) / ev[:, -1].clamp_min(1e-30)).to(rank)
+    return HeadStats(key, mass, routed, ratio, rank)
+
+
+def sink_class(ratio: torch.Tensor, stable_rank: torch.Tensor) -> list[str]:
+    """The class of each event (flat): "nop", "broadcast" or "other"."""
+    out = []
+    for r, sr in zip(ratio.flatten().tolist(), stable_rank.flatten().tolist(), strict=True):
+        if r <= NOP_RATIO:
+            out.append("nop")
+        elif r >= BROADCAST_RATIO and sr <= BROADCAST_RANK:
+            out.append("broadcast")
+        else:
+            out.append("other")
+    return out
+
+
+RULE = (
+    f"sink event: >= {EVENT_FRACTION:.0%} of all queries put >= {ROUTE} on the dominant key "
+    f"(argmax of the mean attention column); NOP-like: ||u_s|| / mean_(j != s) ||u_j|| <= "
+    f"{NOP_RATIO} with u = LayerScale * W_O^h v; broadcast-like: that ratio >= "
+    f"{BROADCAST_RATIO} and stable rank of the head update A u <= {BROADCAST_RANK} "
+    "(Fesser et al. 2026, KempnerInstitute/attention_sink)"
+)

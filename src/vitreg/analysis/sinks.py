@@ -1,0 +1,286 @@
+"""Attention sinks per block and head: events, NOP-like vs broadcast-like, the key they land on.
+
+Each block's ``attn.hook_v`` and ``attn.hook_pattern`` are paired inside the trace (whichever
+comes first waits for the other), so the sink statistics of :mod:`vitreg.analysis.sink_rules`
+cost one pass and keep ``[n_images, heads]`` numbers per block, never the patterns. The result
+gives events per image by class and key type ([CLS], register, patch), the heads that sink in
+at least half the images, the block where sinks move from [CLS] to patches, and a map of how
+often each patch position is the sink.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vitreg.analysis.base import Analysis
+from vitreg.analysis.head_writes import head_writes
+from vitreg.analysis.sink_rules import CLASSES, RULE, HeadStats, head_stats, sink_class, sqrt_psd
+from vitreg.core.layout import TokenLayout
+from vitreg.errors import UnsupportedModelError
+from vitreg.hooks.reducers import Reducer
+from vitreg.hooks.sites import HookContext
+from vitreg.models.model import Model, TraceResult
+
+HEAD_RATE = 0.5  # a head is a sink head when it has an event in at least this share of images
+KEY_TYPES = ("cls", "register", "extra", "patch")
+
+
+class _Pair:
+    """The values and the pattern of one block, batch by batch, turned into :class:`HeadStats`."""
+
+    def __init__(self, metric: torch.Tensor) -> None:
+        self.metric = metric
+        self._sqrt: torch.Tensor | None = None
+        self.waiting: dict[int, dict[str, torch.Tensor]] = {}
+        self.rows: list[tuple[int, HeadStats]] = []
+        self.layout: TokenLayout | None = None
+
+    def metric_sqrt(self) -> torch.Tensor:
+        """``M^(1/2)`` per head, computed when the first event needs it."""
+        if self._sqrt is None:
+            self._sqrt = sqrt_psd(self.metric)
+        return self._sqrt
+
+    def put(self, kind: str, t: torch.Tensor, ctx: HookContext, offset: int) -> None:
+        slot = self.waiting.setdefault(offset, {})
+        slot[kind] = t
+        if kind == "pattern":
+            self.layout = ctx.layout
+        if len(slot) == 2:
+            del self.waiting[offset]
+            stats = head_stats(slot["pattern"], slot["v"], self.metric, self.metric_sqrt)
+            cpu = HeadStats(*(getattr(stats, f).cpu() for f in HeadStats.__dataclass_fields__))
+            self.rows.append((offset, cpu))
+
+
+class SinkValues(Reducer):
+    """The ``hook_v`` half of a block's pair (keeps nothing itself)."""
+
+    def __init__(self, site: str, pair: _Pair) -> None:
+        super().__init__(site)
+        self.pair = pair
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        self.pair.put("v", t, ctx, image_offset)
+
+    def merge(self, other: Reducer) -> None:
+        self.n_images = max(self.n_images, other.n_images)
+
+    def result(self) -> dict[str, Any]:
+        return {}
+
+
+class SinkPatterns(Reducer):
+    """The ``hook_pattern`` half of a block's pair: holds the block's statistics."""
+
+    def __init__(self, site: str, pair: _Pair, layer: int) -> None:
+        super().__init__(site)
+        self.pair = pair
+        self.layer = layer
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        self.pair.put("pattern", t, ctx, image_offset)
+
+    def merge(self, other: Reducer) -> None:
+        assert isinstance(other, SinkPatterns)
+        self.pair.rows.extend(other.pair.rows)
+        self.pair.layout = self.pair.layout or other.pair.layout
+        self.n_images = max(self.n_images, other.n_images)
+
+    def result(self) -> dict[str, Any]:
+        rows = sorted(self.pair.rows, key=lambda r: r[0])
+        fields = HeadStats.__dataclass_fields__
+        stats = {f: torch.cat([getattr(s, f) for _, s in rows]) for f in fields} if rows else {}
+        return {"layer": self.layer, "stats": stats, "layout": self.pair.layout}
+
+
+@dataclass
+class SinkHead:
+    """A head with sink events in at least :data:`HEAD_RATE` of the images."""
+
+    block: int
+    head: int
+    rate: float
+    kind: str  # majority class of its events
+    key_type: str  # majority key type
+    key_position: list[int] | None  # [row, col] of the majority key when it is a patch
+    ratio: float  # median value-norm ratio over its events
+    stable_rank: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SinkResult:
+    """Sink events of every block and head, summarised per image, per block and per head."""
+
+    n_images: int
+    n_heads: int
+    per_image: dict[str, float]  # mean events per image: total, per class, per key type
+    per_image_from_block1: dict[str, float]  # the paper's tables count blocks >= 1
+    blocks: list[dict[str, Any]]
+    heads: list[SinkHead]
+    transition_block: int | None
+    register_share: float | None  # share of events whose key is a register (None: no registers)
+    patch_map: list[list[float]]  # events per image whose key is each patch position
+    rule: str = RULE
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def present(self) -> bool:
+        return bool(self.heads)
+
+    def kinds_present(self) -> dict[str, list[SinkHead]]:
+        """Sink heads by class ("nop", "broadcast", "other")."""
+        return {c: [h for h in self.heads if h.kind == c] for c in CLASSES}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "present": self.present,
+            "rule": self.rule,
+            "n_images": self.n_images,
+            "n_heads": self.n_heads,
+            "head_rate_threshold": HEAD_RATE,
+            "per_image": self.per_image,
+            "per_image_from_block1": self.per_image_from_block1,
+            "blocks": self.blocks,
+            "heads": [h.to_dict() for h in self.heads],
+            "transition_block": self.transition_block,
+            "register_share": self.register_share,
+            "patch_map": self.patch_map,
+            "notes": list(self.notes),
+        }
+
+
+def _key_types(key: torch.Tensor, layout: TokenLayout) -> list[str]:
+    labels = layout.token_types()
+    return [labels[k] for k in key.flatten().tolist()]
+
+
+def _counts(kinds: list[str], types: list[str], n_images: int) -> dict[str, float]:
+    out = {"total": len(kinds) / max(n_images, 1)}
+    for c, n in Counter(kinds).items():
+        out[c] = n / max(n_images, 1)
+    for t, n in Counter(types).items():
+        out[f"on_{t}"] = n / max(n_images, 1)
+    return {k: float(v) for k, v in sorted(out.items())}
+
+
+def summarise(per_block: list[dict[str, Any]], n_images: int) -> SinkResult:
+    """Turn each block's ``[n_images, H]`` statistics into a :class:`SinkResult`."""
+    layout: TokenLayout = next(b["layout"] for b in per_block if b["layout"] is not None)
+    h, w = layout.grid
+    patch_map = torch.zeros(h * w)
+    all_kinds: list[str] = []
+    all_types: list[str] = []
+    from1_kinds: list[str] = []
+    from1_types: list[str] = []
+    blocks, heads = [], []
+    n_heads = 0
+    for b in per_block:
+        st, layer = b["stats"], b["layer"]
+        if not st:
+            continue
+        event = st["routed"] >= 0.9
+        n_heads = event.shape[1]
+        ki, hi = event.nonzero(as_tuple=True)
+        kinds = sink_class(st["ratio"][ki, hi], st["stable_rank"][ki, hi])
+        keys = st["key"][ki, hi]
+        types = _key_types(keys, layout)
+        all_kinds += kinds
+        all_types += types
+        if layer >= 1:
+            from1_kinds += kinds
+            from1_types += types
+        for k, t in zip(keys.tolist(), types, strict=True):
+            if t == "patch":
+                patch_map[k - layout.patches.start] += 1
+        blocks.append({"block": layer, **_counts(kinds, types, n_images)})
+        for head in range(n_heads):
+            mine = (hi == head).nonzero(as_tuple=True)[0].tolist()
+            rate = len(mine) / max(n_images, 1)
+            if rate < HEAD_RATE:
+                continue
+            kind = Counter(kinds[i] for i in mine).most_common(1)[0][0]
+            key = Counter(int(keys[i]) for i in mine).most_common(1)[0][0]
+            key_type = layout.token_types()[key]
+            cell = key - layout.patches.start
+            pos = [cell // w, cell % w] if key_type == "patch" else None
+            sel = (ki[mine], hi[mine])
+            heads.append(
+                SinkHead(
+                    layer,
+                    head,
+                    rate,
+                    kind,
+                    key_type,
+                    pos,
+                    float(st["ratio"][sel].median()),
+                    float(st["stable_rank"][sel].median()),
+                )
+            )
+    n_reg_events = sum(t == "register" for t in all_types)
+    return SinkResult(
+        n_images=n_images,
+        n_heads=n_heads,
+        per_image=_counts(all_kinds, all_types, n_images),
+        per_image_from_block1=_counts(from1_kinds, from1_types, n_images),
+        blocks=blocks,
+        heads=heads,
+        transition_block=transition_block(blocks),
+        register_share=(n_reg_events / len(all_types) if all_types else 0.0)
+        if layout.n_reg
+        else None,
+        patch_map=(patch_map / max(n_images, 1)).reshape(h, w).tolist(),
+    )
+
+
+def transition_block(blocks: list[dict[str, Any]]) -> int | None:
+    """The first block after one with [CLS] sinks from which patch sinks outnumber [CLS] sinks
+    in every later block with sinks (None: sinks never move from [CLS] to patches)."""
+    seen_cls = False
+    candidate = None
+    for b in blocks:
+        on_cls, on_patch = b.get("on_cls", 0.0), b.get("on_patch", 0.0)
+        if on_cls + on_patch == 0:
+            continue
+        if on_patch > on_cls and seen_cls:
+            candidate = b["block"] if candidate is None else candidate
+        else:
+            candidate = None
+        seen_cls = seen_cls or on_cls > 0
+    return candidate
+
+
+class SinkAnalysis(Analysis):
+    """Sink events and classes of every head of every block (Fesser et al. 2026)."""
+
+    name = "sinks"
+
+    def not_applicable(self, model: Model) -> str | None:
+        names = set(model.hook_names())
+        if not any(n.endswith("attn.hook_pattern") for n in names):
+            return "the model has no attention pattern sites"
+        try:
+            for i in range(model.n_layers):
+                head_writes(model, i)
+        except UnsupportedModelError as e:
+            return f"sink classes need each head's W_O and LayerScale: {e}"
+        return None
+
+    def reducers(self, model: Model) -> list[Reducer]:
+        out: list[Reducer] = []
+        for i in range(model.n_layers):
+            p = f"blocks.{i}.attn"
+            pair = _Pair(head_writes(model, i).value_metric().to(model.device))
+            out += [SinkValues(f"{p}.hook_v", pair), SinkPatterns(f"{p}.hook_pattern", pair, i)]
+        return out
+
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> SinkResult:
+        per_block = [r.result() for r in trace.reducers if isinstance(r, SinkPatterns)]
+        return summarise(per_block, trace.n_images)

@@ -1,0 +1,135 @@
+"""The fix leaderboard's files: ``leaderboard.json`` (the board and what produced it),
+``leaderboard.md`` (one table, its columns explained) and ``figures/fix_leaderboard.png``
+(max/median patch norm per block after each fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitreg.core.io import write_json_atomic, write_text_atomic
+from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
+from vitreg.report.markdown import Table, code_span, escape_text, markdown_table, num
+from vitreg.report.schema import plain, utc_now, versions
+
+COLUMNS = (
+    ("fix", "the entry (`a+b`: a composition; its parts get rows of their own)"),
+    ("blocks with outlier mode", "blocks whose patch norms still have a separate outlier mode"),
+    ("worst max/median", "largest max/median patch norm over the blocks (1 = no outlier)"),
+    ("last block max/median", "the same at the last block, the features dense heads read"),
+    ("pooled cos", "cosine of the pooled embedding ([CLS]) to the unfixed model, mean"),
+    ("patch cos", "cosine of each final patch feature to the unfixed model: mean (min)"),
+    ("images/s", "throughput of the forward pass with the fix on"),
+    ("x unfixed", "throughput relative to the unfixed model (1 = no cost)"),
+)
+
+
+def _cos(stats: dict[str, Any] | None, with_min: bool = False) -> str:
+    if not stats:
+        return "–"
+    return num(stats["mean"]) + (f" ({num(stats['min'])})" if with_min else "")
+
+
+def _score(s: dict[str, Any]) -> str:
+    ci = s.get("ci95")
+    return num(s.get("mean")) + (f" ± {num(ci)}" if ci is not None else "")
+
+
+def board_table(board: dict[str, Any], reasons: bool = True) -> Table:
+    """One row per entry; refused entries say why in the mode column (``reasons``) or only
+    that they were refused (the console's narrow table)."""
+    metrics = sorted({m for r in board["rows"] for m in r["scores"]})
+    header = [c for c, _ in COLUMNS] + metrics
+    rows = []
+    for r in board["rows"]:
+        name = code_span(r["entry"])
+        if r["refused"]:
+            why = "refused: " + escape_text(r["refused"]) if reasons else "refused (see report)"
+            rows.append([name, why] + ["–"] * (len(header) - 2))
+            continue
+        rows.append(
+            [
+                name,
+                ", ".join(map(str, r["blocks_with_mode"])) or "none",
+                num(r["residual_max_over_median"]),
+                num(r["last_block_max_over_median"]),
+                _cos(r["pooled_cosine"]),
+                _cos(r["patch_cosine"], with_min=True),
+                num(r["images_per_s"]),
+                num(r["relative_speed"]),
+                *(_score(r["scores"][m]) if m in r["scores"] else "–" for m in metrics),
+            ]
+        )
+    return Table(header, rows)
+
+
+def board_markdown(doc: dict[str, Any]) -> str:
+    """leaderboard.md: what ran, the table, its columns, and what each composition's parts did."""
+    board = doc["board"]
+    lines = []
+    if doc.get("synthetic"):
+        lines += [
+            f"**SYNTHETIC MODEL:** {code_span(doc['model'])} has random weights with planted "
+            "register neurons; use this table to check the tool, not to rank methods.",
+            "",
+        ]
+    lines += [
+        f"# Fix leaderboard: {code_span(doc['model'])}",
+        "",
+        f"{board['n_images']} images ({escape_text(doc['data'].get('description'))}); command: "
+        f"{code_span(doc['command'])}",
+        "",
+        markdown_table(board_table(board)).rstrip(),
+        "",
+        "## Columns",
+        "",
+        *(f"- **{c}**: {what}" for c, what in COLUMNS),
+        "- probe columns (when asked for): score mean ± 95% interval over the probe seeds",
+        "",
+    ]
+    composed = [r for r in board["rows"] if "parts" in r["fix"]]
+    if composed:
+        lines += ["## Compositions", ""]
+        for r in composed:
+            parts = " then ".join(code_span(p["name"]) for p in r["fix"]["parts"])
+            lines.append(
+                f"- {code_span(r['entry'])} applies {parts}; each part's own row shows what it "
+                "does alone."
+            )
+        lines.append("")
+    lines += ["## Settings", ""]
+    for r in board["rows"]:
+        for part in r["fix"].get("parts", [r["fix"]]):
+            if part:
+                lines.append(f"- {code_span(r['entry'])}: {code_span(part)}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def board_figure(board: dict[str, Any]) -> Figure:
+    """Max/median patch norm per block, one line per entry (log scale)."""
+    fig = new_canvas(7.0, 3.6)
+    fig.subplots_adjust(right=0.72)
+    ax = fig.subplots()
+    for i, r in enumerate(x for x in board["rows"] if not x["refused"]):
+        style = "--" if r["entry"] == "none" else "-"
+        ax.plot(r["max_over_median"], style, marker="o", ms=3, color=f"C{i % 10}", label=r["entry"])
+    ax.set_yscale("log")
+    ax.set_xlabel("block")
+    ax.set_ylabel("max / median patch norm")
+    outside_legend(ax)
+    caption = (
+        "Max over median patch-token norm at each block's output (`hook_resid_post`) after each "
+        "fix; the dashed line is the unfixed model. 1 means no token stands out."
+    )
+    return figure("fix_leaderboard", caption, fig)
+
+
+def write_board(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write the leaderboard files into ``out``; ``meta``: model, data, command, config,
+    synthetic. Returns the JSON's path."""
+    doc = {**versions(), "created": utc_now(), **plain(meta), "board": plain(board)}
+    out.mkdir(parents=True, exist_ok=True)
+    path = write_json_atomic(out / "leaderboard.json", doc)
+    board_figure(board).save(out / "figures")
+    write_text_atomic(out / "leaderboard.md", board_markdown(doc))
+    return path

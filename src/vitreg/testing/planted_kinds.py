@@ -1,0 +1,240 @@
+"""Planted fixtures for each kind of token artifact beside high-norm outliers (issue 20).
+
+Tiny timm DINOv2-style ViTs (64 wide, 6 blocks, 4 heads, 8-px patches, LayerScale) with seeded
+trained-like random weights (:func:`vitreg.testing.planted._random_init`) and one planted kind:
+
+* ``kinds_nop_sink``: one head whose every query attends to [CLS], whose value there is ~0
+  (a NOP-like sink, Fesser et al. 2026);
+* ``kinds_broadcast_sink``: one head whose every query attends to [CLS], whose value there is
+  large, so the head writes one vector into every token (a broadcast-like sink);
+* ``kinds_position``: a large position embedding at fixed patches (the four corners and the
+  top-left 2x2), along one channel (SigLIP's edge patches, openpi #947; dinov2 #419);
+* ``kinds_massive``: an MLP unit of one block writes a value ~1000x the median activation into
+  one channel of [CLS] (a massive activation, Sun et al. 2024);
+* ``kinds_registers``: 4 registers carrying high norms and serving as NOP sinks in two blocks,
+  with clean patches (trained-style registers that absorbed the artifacts);
+* ``kinds_clean`` / ``kinds_clean_reg4``: the same weights with nothing planted.
+
+Each plant uses reserved residual channels that no block writes into, so what it puts there
+stays exact in every block; :class:`KindTruth` says what was planted and where.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitreg.errors import SpecError
+
+ARGS = dict(embed_dim=64, depth=6, num_heads=4, patch_size=8)
+IMG_SIZE = 64  # 8 x 8 patches
+POSITION_PATCHES = ((0, 0), (0, 1), (1, 0), (1, 1), (0, -1), (-1, 0), (-1, -1))
+KEY_LOGIT = 14.0  # sink key logit over the other keys (attention ~0.9999 on the sink)
+CLS_MARK = 30.0  # reserved [CLS] channel value
+PATCH_MARK = 6.0  # reserved patch channel value (the NOP head's values read it)
+POSITION_VALUE = 40.0  # planted position-embedding entry (~5x the median patch norm)
+MASSIVE_VALUE = 1000.0  # planted massive activation (~3000x the median |activation|)
+REGISTER_MARK = 20.0  # reserved register channel value (~3x the median patch norm)
+
+
+@dataclass(frozen=True)
+class PlantedSink:
+    """A planted sink head: ``block``, ``head``, class ("nop"/"broadcast") and key token."""
+
+    block: int
+    head: int
+    kind: str
+    key_type: str  # "cls" | "register" | "patch"
+    key_index: int  # index within its token type
+
+
+@dataclass(frozen=True)
+class KindTruth:
+    """What a kinds fixture plants; empty fields mean "none of this kind".
+
+    ``massive``: ``(first_block, token_type, token_index, channel)``; ``positions``: the
+    row-major patch indices with a planted position embedding (along ``position_channel``);
+    ``registers_absorb``: the registers carry the high norms and the sinks, patches are clean.
+    """
+
+    name: str
+    architecture: str
+    model_args: dict
+    seed: int
+    description: str
+    sinks: tuple[PlantedSink, ...] = ()
+    massive: tuple[tuple[int, str, int, int], ...] = ()
+    positions: tuple[int, ...] = ()
+    position_channel: int | None = None
+    registers_absorb: bool = False
+    reserved: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sinks"] = [asdict(s) for s in self.sinks]
+        d["massive"] = [list(m) for m in self.massive]
+        d["positions"] = list(self.positions)
+        d["reserved"] = list(self.reserved)
+        return d
+
+
+@dataclass(frozen=True)
+class _Kind:
+    architecture: str
+    description: str
+
+
+KINDS: dict[str, _Kind] = {
+    "kinds_clean": _Kind("vit_small_patch14_dinov2", "tiny DINOv2-style ViT, nothing planted"),
+    "kinds_clean_reg4": _Kind(
+        "vit_small_patch14_reg4_dinov2", "tiny DINOv2-style ViT with 4 registers, nothing planted"
+    ),
+    "kinds_nop_sink": _Kind(
+        "vit_small_patch14_dinov2", "tiny ViT: block 2 head 1 is a NOP-like sink on [CLS]"
+    ),
+    "kinds_broadcast_sink": _Kind(
+        "vit_small_patch14_dinov2", "tiny ViT: block 3 head 2 is a broadcast-like sink on [CLS]"
+    ),
+    "kinds_position": _Kind(
+        "vit_small_patch14_dinov2",
+        "tiny ViT: large position embedding at the corner and top-left patches (one channel)",
+    ),
+    "kinds_massive": _Kind(
+        "vit_small_patch14_dinov2",
+        "tiny ViT: a block-2 MLP unit writes a massive activation into one [CLS] channel",
+    ),
+    "kinds_registers": _Kind(
+        "vit_small_patch14_reg4_dinov2",
+        "tiny ViT with 4 registers that carry the high norms and NOP sinks (blocks 2, 4)",
+    ),
+}
+
+
+def _base(name: str, img_size: int, seed: int) -> tuple[nn.Module, torch.Generator]:
+    """The fixture's architecture with seeded trained-like random weights."""
+    from vitreg.testing.planted import _create, _random_init, _Spec
+
+    spec = _Spec(KINDS[name].architecture, KINDS[name].description, (), (), dict(ARGS))
+    module = _create(spec, img_size)
+    g = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        _random_init(module, g)
+    return module, g
+
+
+def _reserve(module: nn.Module, channels: list[int]) -> None:
+    """No embedding, token or block writes into ``channels`` and no block reads them (the
+    plants add their own readers); pre-norm biases there are 0."""
+    pe = module.patch_embed.proj
+    pe.weight[channels] = 0.0
+    if pe.bias is not None:
+        pe.bias[channels] = 0.0
+    module.pos_embed[..., channels] = 0.0
+    for tok in (module.cls_token, module.reg_token):
+        if tok is not None:
+            tok[..., channels] = 0.0
+    for blk in module.blocks:
+        for lin in (blk.attn.proj, blk.mlp.fc2):
+            lin.weight[channels] = 0.0
+            lin.bias[channels] = 0.0
+        for lin in (blk.attn.qkv, blk.mlp.fc1):
+            lin.weight[:, channels] = 0.0
+        for norm in (blk.norm1, blk.norm2):
+            norm.bias[channels] = 0.0
+
+
+def _patch_positions(module: nn.Module) -> slice:
+    """The rows of ``pos_embed`` that belong to patches."""
+    n = module.patch_embed.num_patches
+    return slice(module.pos_embed.shape[1] - n, module.pos_embed.shape[1])
+
+
+def _sink_head(module: nn.Module, block: int, head: int, key: int, value: int, g: torch.Generator):
+    """Make ``head`` of ``block`` attend from every query to the token marked in channel
+    ``key``; its values read channel ``value`` only (constant query, rank-1 key and value)."""
+    blk = module.blocks[block]
+    attn = blk.attn
+    d, hd = module.embed_dim, module.embed_dim // attn.num_heads
+    u = torch.randn(hd, generator=g)
+    u = u / u.norm()
+    q_rows = slice(head * hd, (head + 1) * hd)
+    k_rows = slice(d + head * hd, d + (head + 1) * hd)
+    v_rows = slice(2 * d + head * hd, 2 * d + (head + 1) * hd)
+    mark = float(blk.norm1.weight[key]) * 7.0  # ~ LayerNorm output of the marked token
+    attn.qkv.weight[q_rows] = 0.0
+    attn.qkv.bias[q_rows] = 4.0 * u
+    attn.qkv.weight[k_rows] = 0.0
+    attn.qkv.weight[k_rows, key] = u * KEY_LOGIT / (attn.scale * 4.0 * mark)
+    attn.qkv.bias[k_rows] = 0.0
+    v_dir = torch.randn(hd, generator=g)
+    attn.qkv.weight[v_rows] = 0.0
+    attn.qkv.weight[v_rows, value] = v_dir / v_dir.norm()
+    attn.qkv.bias[v_rows] = 0.0
+
+
+def build_kind(name: str, img_size: int = IMG_SIZE, seed: int = 0) -> tuple[nn.Module, KindTruth]:
+    """The kinds fixture ``name`` at ``img_size`` px (8-px patches) and what it plants."""
+    if name not in KINDS:
+        raise SpecError(f"unknown planted kinds fixture {name!r}; known: {sorted(KINDS)}")
+    module, g = _base(name, img_size, seed)
+    d = module.embed_dim
+    order = torch.randperm(d, generator=torch.Generator().manual_seed(seed)).tolist()
+    c_cls, c_patch, c_pos, c_mass, c_reg, c_key = order[:6]
+    reserved = [c_cls, c_patch, c_pos, c_mass, c_reg, c_key]
+    truth: dict[str, Any] = {}
+    with torch.no_grad():
+        if name not in ("kinds_clean", "kinds_clean_reg4"):
+            _reserve(module, reserved)
+            module.cls_token[..., c_cls] = CLS_MARK
+            module.pos_embed[:, _patch_positions(module), c_patch] = PATCH_MARK
+        if name == "kinds_nop_sink":
+            _sink_head(module, 2, 1, c_cls, c_patch, g)
+            truth["sinks"] = (PlantedSink(2, 1, "nop", "cls", 0),)
+        elif name == "kinds_broadcast_sink":
+            _sink_head(module, 3, 2, c_cls, c_cls, g)
+            truth["sinks"] = (PlantedSink(3, 2, "broadcast", "cls", 0),)
+        elif name == "kinds_position":
+            h, w = module.patch_embed.grid_size
+            cells = sorted({(r % h) * w + (c % w) for r, c in POSITION_PATCHES})
+            rows = _patch_positions(module).start + torch.tensor(cells)
+            module.pos_embed[0, rows, c_pos] = POSITION_VALUE
+            truth.update(positions=tuple(cells), position_channel=c_pos)
+        elif name == "kinds_massive":
+            _massive_unit(module, 2, c_cls, c_mass)
+            truth["massive"] = ((2, "cls", 0, c_mass),)
+        elif name == "kinds_registers":
+            module.reg_token[..., c_reg] = REGISTER_MARK
+            module.reg_token[0, 0, c_key] = REGISTER_MARK
+            for block in (2, 4):
+                _sink_head(module, block, 0, c_key, c_patch, g)
+            truth.update(
+                sinks=tuple(PlantedSink(b, 0, "nop", "register", 0) for b in (2, 4)),
+                registers_absorb=True,
+            )
+    module.eval()
+    return module, KindTruth(
+        name=name,
+        architecture=KINDS[name].architecture,
+        model_args=dict(img_size=img_size, num_classes=0, **ARGS),
+        seed=seed,
+        description=KINDS[name].description,
+        reserved=tuple(reserved) if name not in ("kinds_clean", "kinds_clean_reg4") else (),
+        **truth,
+    )
+
+
+def _massive_unit(module: nn.Module, block: int, read: int, write: int) -> None:
+    """One MLP unit of ``block`` fires on the token marked in channel ``read`` ([CLS]) and
+    writes :data:`MASSIVE_VALUE` into channel ``write`` of it."""
+    blk = module.blocks[block]
+    fc1, fc2 = blk.mlp.fc1, blk.mlp.fc2
+    mark = float(blk.norm2.weight[read]) * 7.0
+    fc1.weight[0] = 0.0
+    fc1.weight[0, read] = 10.0 / mark
+    fc1.bias[0] = -5.0  # ~5 on [CLS], ~-5 (GELU ~ -1e-6) on every other token
+    act = 5.0
+    fc2.weight[:, 0] = 0.0
+    fc2.weight[write, 0] = MASSIVE_VALUE / (act * float(blk.ls2.gamma[write]))

@@ -1,0 +1,98 @@
+"""``vitreg fix --method a,b,...`` (any method but plain ``ttr``): every listed fix on one model
+and one image set, measured side by side into one leaderboard (table, JSON, figure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitreg.configs import FixConfig
+from vitreg.core.run_dir import session
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.common import images_named, prepare
+from vitreg.verbs.loading import check_images, model_and_images
+from vitreg.verbs.neuron_sources import load_neurons
+from vitreg.verbs.result import Listener, Notice, Notices
+
+CACHE = Path(".vitreg-cache") / "features"  # the probe verb's default feature cache
+OV_SEG_SIZE = 336  # the protocol's short side (VOC, Context, COCO-Object, ADE20K configs)
+
+
+def probe_scorer(spec: str, cache: Path, batch_size: int) -> Any:
+    """A leaderboard scorer running probe ``TASK:DATA`` on the model, bare or under a fix."""
+    from vitreg.probe.run import run
+
+    task, _, data = spec.partition(":")
+    size = OV_SEG_SIZE if task == "ov-seg" else None  # sliding 224 crops, as published
+
+    def score(model: Any, fix: Any) -> dict[str, dict[str, Any]]:
+        result = run(model, task, data, fix=fix, base=fix is None, cache_dir=cache,
+                     batch_size=batch_size, image_size=size)  # fmt: skip
+        layer = result.results["fixed" if fix is not None else "base"][-1]
+        return {f"{task} {s.metric}": s.to_dict() for s in layer.scores}
+
+    return score
+
+
+@dataclass
+class BoardRun:
+    """The leaderboard's folder, the board itself and the run's notices."""
+
+    run_dir: Path
+    board: Any
+    notices: list[Notice]
+
+
+@session()  # the --out claimed inside is released when the verb ends
+def run_fix_board(
+    cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> BoardRun:
+    """Measure every entry of ``cfg.method`` against the unfixed model; write the leaderboard."""
+    from vitreg.fix.leaderboard import bench_fixes, expand
+    from vitreg.fix.methods import FIXES, FixInputs, parse_entries
+    from vitreg.report.fix_board import write_board
+    from vitreg.report.schema import is_synthetic
+
+    notices = Notices(on_notice)
+    cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
+    entries = parse_entries(cfg.method)
+    check_images(cfg.images)
+    model, source = model_and_images(cfg, cfg.device, progress, notices)
+    neurons = None
+    if any(m.needs_neurons for e in entries for m in FIXES.parts(e)):
+        neurons, _, _ = load_neurons(model, cfg.spec, cfg.neurons, source, cfg, progress, notices)
+    ttr = {"n_registers": cfg.registers, "cls": cfg.cls, "patches": cfg.patches, "mode": cfg.mode}
+    inputs = FixInputs(model, neurons, source, cfg.batch_size, ttr)
+    rows = expand(entries)
+    with progress(len(rows), "fixes measured against the unfixed model") as update:
+        done: list[str] = []
+
+        def step(entry: str) -> None:
+            done.append(entry)
+            update(len(done) - 1)
+
+        scorers = {}
+        if cfg.probe is not None:
+            scorers[cfg.probe] = probe_scorer(cfg.probe, CACHE, cfg.batch_size)
+        board = bench_fixes(
+            model,
+            entries,
+            source,
+            inputs,
+            batch_size=cfg.batch_size,
+            scorers=scorers,
+            progress=step,
+        )
+        update(len(rows))
+    described = model.describe()
+    meta = {
+        "model": cfg.spec,
+        "synthetic": is_synthetic(described),
+        "data": source.description(),
+        "command": command,
+        "config": cfg.to_file(),
+        "model_info": described,
+    }
+    write_board(Path(cfg.out), board.to_dict(), meta)
+    return BoardRun(Path(cfg.out), board, notices.items)

@@ -1,0 +1,61 @@
+"""Sink rules against a hand computation (naive A u and its singular values); the plants are
+recovered in tests/analysis/test_analysis_kinds.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitreg.analysis.sink_rules import head_stats, sink_class, sqrt_psd
+from vitreg.analysis.sinks import transition_block
+
+
+def test_rule_matches_a_hand_computation() -> None:
+    g = torch.Generator().manual_seed(0)
+    b, h, n, d, c = 2, 3, 7, 4, 12
+    logits = torch.randn(b, h, n, n, generator=g)
+    logits[0, 1, :, 2] += 6.0  # head 1 of image 0 sinks on token 2
+    logits[1, 2, :5, 4] += 6.0  # 5 of 7 queries only: no event
+    a = logits.softmax(-1)
+    v = torch.randn(b, n, h, d, generator=g)
+    w = torch.randn(c, h, d, generator=g)
+    gamma = torch.rand(c, generator=g) + 0.1
+    metric = torch.einsum("chd,che->hde", w * gamma[:, None, None], w * gamma[:, None, None])
+    stats = head_stats(a, v, metric, lambda: sqrt_psd(metric))
+    u = torch.einsum("bnhd,chd->bhnc", v, w) * gamma  # u_j = gamma * W_O^h v_j
+    for i in range(b):
+        for j in range(h):
+            col = a[i, j].mean(0)
+            s = int(col.argmax())
+            assert int(stats.key[i, j]) == s
+            routed = float((a[i, j][:, s] >= 0.5).float().mean())
+            assert float(stats.routed[i, j]) == pytest.approx(routed)
+            norms = u[i, j].norm(dim=-1)
+            others = torch.cat([norms[:s], norms[s + 1 :]]).mean()
+            assert float(stats.ratio[i, j]) == pytest.approx(float(norms[s] / others), rel=1e-4)
+            if routed >= 0.9:
+                sv = torch.linalg.svdvals((a[i, j] @ u[i, j]).double())
+                want = float((sv**2).sum() / sv[0] ** 2)
+                assert float(stats.stable_rank[i, j]) == pytest.approx(want, rel=1e-6)
+            else:
+                assert torch.isnan(stats.stable_rank[i, j])
+    assert stats.event.tolist() == [[False, True, False], [False, False, False]]
+
+
+def test_classes_at_the_published_thresholds() -> None:
+    ratio = torch.tensor([0.2, 0.21, 0.5, 0.5, 3.0], dtype=torch.float64)
+    rank = torch.tensor([9.0, 1.0, 1.5, 1.51, 1.2], dtype=torch.float64)
+    assert sink_class(ratio, rank) == ["nop", "other", "broadcast", "other", "broadcast"]
+
+
+def test_transition_from_cls_to_patches() -> None:
+    blocks = [
+        {"block": 0, "on_cls": 2.0},
+        {"block": 1, "on_cls": 1.0, "on_patch": 0.5},
+        {"block": 2, "on_cls": 0.5, "on_patch": 1.0},
+        {"block": 3},
+        {"block": 4, "on_patch": 2.0},
+    ]
+    assert transition_block(blocks) == 2
+    assert transition_block([{"block": 0, "on_patch": 1.0}]) is None  # never on [CLS] first
+    assert transition_block(blocks + [{"block": 5, "on_cls": 3.0}]) is None
