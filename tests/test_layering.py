@@ -3,7 +3,7 @@
 The order is written once, in :data:`LAYERS`. Imports inside functions (lazy imports) and under
 ``TYPE_CHECKING`` count too: the point is the direction of the dependency, not when it runs.
 A lower layer that needs something from a higher one offers a registry the higher one fills on
-import (``models.load.register_loader`` for ``planted:``, ``models.loaders.local.register_section``
+import (``models.load.LOADERS`` for ``planted:``, ``models.loaders.local.SECTIONS``
 for a saved fix); the top-level ``vitreg/__init__.py`` imports the packages that register.
 """
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from vitreg.train import TrainResult, train
+from vitreg.train import TrainResult, TrainSettings, train
 
 TINY = {"depth": 2, "embed_dim": 64, "num_heads": 2, "patch_size": 8}
 DINO = {"out_dim": 64, "hidden_dim": 64, "bottleneck_dim": 32, "n_local_crops": 2}
@@ -31,6 +33,20 @@ class TinyData:
         return self.x[i], (i % 4 if self.labels else None)
 
 
+class AtStep:
+    """A Progress that calls ``fn(step)`` after every optimizer step (to interrupt a run)."""
+
+    def __init__(self, fn: Callable[[int], None]) -> None:
+        self.fn = fn
+
+    @contextmanager
+    def __call__(self, total: int | None, label: str) -> Iterator[Callable[..., None]]:
+        yield lambda done, **status: self.fn(done)
+
+    def note(self, message: str) -> None:
+        return None
+
+
 def run(recipe: str, out: Any, **kw: Any) -> TrainResult:
     """Train the tiny ViT (32 px, 16 patches) for a few steps with test-sized defaults."""
     args: dict[str, Any] = {
@@ -43,4 +59,8 @@ def run(recipe: str, out: Any, **kw: Any) -> TrainResult:
     }
     args.update(kw)
     data = args.pop("data") if "data" in args else TinyData()
-    return train("vit_tiny_patch16_224", data, recipe, out, **args)
+    structured = {
+        k: args.pop(k) for k in ("model_kwargs", "options", "progress", "label") if k in args
+    }
+    settings = TrainSettings(recipe=recipe, **args)
+    return train("vit_tiny_patch16_224", data, settings, out, **structured)

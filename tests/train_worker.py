@@ -11,18 +11,18 @@ import sys
 
 import torch
 
-from train_helpers import run
+from train_helpers import AtStep, run
 
 mode, out = sys.argv[1], sys.argv[2]
 if mode == "kill":
     torch.set_num_threads(1)  # as the test's own runs: bit-identical losses need equal threads
     kill_at = int(sys.argv[3])
 
-    def die(step, total, record):
+    def die(step):
         if step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    run("dino", out, checkpoint_every=2, progress=die)
+    run("dino", out, checkpoint_every=2, progress=AtStep(die))
 elif mode == "dist":
     torch.set_num_threads(1)
     sup = run("supervised", f"{out}/sup")

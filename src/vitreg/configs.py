@@ -1,5 +1,11 @@
 """Typed run configurations, one per verb, shared by the Python API and the CLI.
 
+Each verb's config is composed of parts that several verbs share (:class:`ModelSource`,
+:class:`ImageSet`, :class:`NeuronSearch`, :class:`TtrSettings`, :class:`NeuronChoice`,
+:class:`Figures`, the run directory of :class:`RunConfig`; training's
+:class:`~vitreg.train.settings.TrainSettings`), so a setting has one default and one description
+wherever it appears; the CLI's options are generated from them (``vitreg.cli.options``).
+
 Each run writes its config as ``config.yaml`` (the model's fields plus ``verb``), and
 ``vitreg <verb> --config config.yaml`` reads it back through the same model, so a rerun uses
 exactly the same settings. Validation happens here, before any model is loaded, and every
@@ -21,19 +27,22 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import core_schema
 
-from vitreg.analysis.rules import NAMED_THRESHOLDS
+from vitreg.core.choices import MAX_IMG_SIZE, NAMED_THRESHOLDS, RECIPES
 from vitreg.errors import InputError, brief
-from vitreg.models.input_size import MAX_IMG_SIZE
+from vitreg.train.settings import TrainSettings
 
+DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with planted artifacts
 Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or an absolute norm
 FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format (PNG always)
-FIGURE_FORMAT = Field(None, description="also write every figure as svg or pdf")
-MAX_SEED = 2**32 - 1  # every RNG vitreg seeds (torch, numpy, the data order) takes it
-# counts that size what a run allocates or loops over, bounded before anything runs
-REGISTERS = Field(1, gt=0, le=256, description="test-time registers (the paper uses 1)")
-CHECKPOINT = "save the streaming statistics every N images into RUN.resume; a rerun resumes"
-BATCH = Field(32, gt=0, le=65536, description="images per forward pass")
+BATCH = Field(32, gt=0, le=65536, description="Images per forward pass.")
+CHECKPOINT_EVERY = Field(
+    None,
+    gt=0,
+    description="Save the streaming statistics every N images into OUT.resume (beside the run); "
+    "running the same command again resumes from there (removed once the run is written).",
+)
 
 
 def _weights_file(v: Path | None) -> Path | None:
@@ -77,75 +86,168 @@ def _finite(v: float | None, name: str) -> float | None:
     return v
 
 
-class RunConfig(BaseModel):
-    """Settings every verb shares: where results go."""
+class NeuronSource(str):
+    """Where a verb's register neurons come from, spelled as on the command line: ``discover``
+    (find them first on the run's images, as ``vitreg neurons`` does), ``builtin`` (the
+    published set for the model), ``hf:ORG/REPO[@REVISION]`` (a set on the Hugging Face hub)
+    or the path of a NeuronSet file (its ``.json``, or the stem).
+
+    :attr:`kind` is what the verbs dispatch on (``vitreg.verbs.neuron_sources.READERS`` reads
+    each kind but discovery); a new kind is a spelling recognised in :meth:`parse` and
+    :attr:`kind` plus a reader there. ``None`` and ``auto``
+    (how earlier config.yaml files and ``vitreg vlm --neurons auto`` said it) read as
+    ``discover``."""
+
+    WORDS: ClassVar[tuple[str, ...]] = ("discover", "builtin")
+    HUB: ClassVar[str] = "hf:"  # vitreg.neurons.hub.PREFIX
+
+    @property
+    def kind(self) -> str:
+        """``discover``, ``builtin``, ``hub`` or ``file``."""
+        if self in self.WORDS:
+            return str(self)
+        return "hub" if self.startswith(self.HUB) else "file"
+
+    @classmethod
+    def parse(cls, value: object) -> NeuronSource:
+        """The source ``value`` names (a string, or ``None``/``"auto"`` for discovery)."""
+        if value is None or value == "auto":
+            return cls("discover")
+        if isinstance(value, Path):
+            value = str(value)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError("name a NeuronSet file, builtin, hf:ORG/REPO or discover")
+        return cls(value)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            cls.parse,
+            json_schema_input_schema=core_schema.str_schema(),
+            serialization=core_schema.to_string_ser_schema(),
+        )
+
+
+DISCOVER = NeuronSource("discover")
+
+
+# ------------------------------------------------------------------------------------ the parts
+class Part(BaseModel):
+    """A group of settings that several verbs share, composed into their configs."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class RunConfig(Part):
+    """Settings every verb shares: where results go."""
+
     verb: ClassVar[str] = ""
 
-    out: Path | None = Field(None, description="run directory (default runs/<time>_<model>_<verb>)")
+    out: Path | None = Field(
+        None, description="Run directory (default runs/<time>_<model>_<verb>)."
+    )
     # an action on the run directory, not a setting of the run: never in config.yaml, so that a
     # rerun with --config never replaces a run unless asked again
-    overwrite: bool = Field(False, exclude=True, description="replace the run already in out")
+    overwrite: bool = Field(
+        False,
+        exclude=True,
+        description="Replace the run already in --out (its run files are removed first); "
+        "without it a folder holding a run is refused.",
+    )
 
     def to_file(self) -> dict[str, Any]:
         """What config.yaml holds: ``verb`` and every field (not ``overwrite``), JSON-typed."""
         return {"verb": self.verb, **self.model_dump(mode="json")}
 
 
-class ModelImages(RunConfig):
-    """A model and the images it runs on."""
+class Figures(Part):
+    """How the run's figures are written."""
 
-    spec: str | None = Field(None, description="model spec; None: the synthetic demo")
-    images: Path | None = None
-    samples: bool = False
-    limit: PositiveInt | None = None
-    batch_size: int = BATCH
-    img_size: PositiveInt | None = None
-    random_init: bool = False
+    figure_format: FigureFormat = Field(
+        None, description="Also write every figure as svg or pdf (next to its 200 dpi PNG)."
+    )
+
+
+class ModelSource(Part):
+    """The model a verb runs: its spec and how it is built."""
+
+    spec: str | None = Field(
+        None, description=f"Model spec (default: the synthetic demo {DEFAULT_SPEC})."
+    )
+    img_size: PositiveInt | None = Field(
+        None, description="Input size in pixels (passed as img_size where taken)."
+    )
+    random_init: bool = Field(
+        False, description="Build the architecture with random weights (no download)."
+    )
     weights: Path | None = Field(
         None,
-        description="weights file loaded into spec: every key, strictly (a resampled position embedding is announced)",
+        description="Weights file (.safetensors; or a torch state dict, read with "
+        "weights_only=True) loaded strictly into SPEC's architecture instead of its pretrained "
+        "weights; without --img-size the input size is the file's (a resampled position "
+        "embedding is announced).",
     )
-    device: str | None = None
+    device: str | None = Field(None, description="torch device, e.g. cpu or cuda:0.")
 
     _weights = field_validator("weights")(_weights_file)
     _device = field_validator("device")(_usable_device)
     _size = field_validator("img_size")(_img_size)
 
     @model_validator(mode="after")
-    def _one_source(self) -> ModelImages:
-        if self.images is not None and self.samples:
-            raise ValueError("images and samples exclude each other; pass one of them")
+    def _init_or_weights(self) -> ModelSource:
         if self.random_init and self.weights is not None:
             raise ValueError("random_init and weights exclude each other; pass one of them")
         return self
 
 
-class DiagnoseConfig(ModelImages):
-    verb: ClassVar[str] = "diagnose"
+class ImageSet(Part):
+    """The images a model verb runs on, and how many at a time."""
 
-    checkpoint_every: PositiveInt | None = Field(None, description=CHECKPOINT)
-
-    max_maps: int = Field(8, gt=0, le=1024)
-    figure_format: FigureFormat = FIGURE_FORMAT
-    models: str | None = Field(None, description="comma-separated specs to diagnose and compare")
+    images: Path | None = Field(
+        None,
+        description="Folder of images (searched recursively; bad files are skipped), or "
+        "webdataset shards as wds:PATTERN (e.g. wds:/data/train-{0000..0099}.tar).",
+    )
+    samples: bool = Field(False, description="Use the photos bundled with scikit-image.")
+    limit: PositiveInt | None = Field(None, description="Use at most N images.")
+    batch_size: int = BATCH
 
     @model_validator(mode="after")
-    def _spec_or_models(self) -> DiagnoseConfig:
-        if self.spec and self.models:
-            raise ValueError("pass either one spec or models A,B,C, not both")
+    def _images_or_samples(self) -> ImageSet:
+        if self.images is not None and self.samples:
+            raise ValueError("images and samples exclude each other; pass one of them")
         return self
 
 
-class NeuronSearch(ModelImages):
-    """How register neurons are found (shared by neurons, and by fix when it discovers first)."""
+class NeuronSearch(Part):
+    """How register neurons are found (``vitreg neurons``, and the verbs that discover first)."""
 
-    target: float = Field(0.01, ge=0.0, le=1.0)
-    top_k: Literal["auto"] | PositiveInt = "auto"
-    detect_layer: int | None = None
-    highest_layer: int | None = None
-    threshold: Threshold = "auto"
+    target: float = Field(
+        0.01,
+        ge=0.0,
+        le=1.0,
+        description="Held-out patch outlier rate the fix must also reach (besides no outlier "
+        "mode).",
+    )
+    top_k: Literal["auto"] | PositiveInt = Field(
+        "auto",
+        description="'auto': the causal units, the smallest k whose fix leaves no artifacts on "
+        "held-out images; or a number of neurons (the paper's top-k ranking).",
+    )
+    detect_layer: int | None = Field(
+        None,
+        description="Block whose output defines outliers (default: the cleanest outlier mode).",
+    )
+    highest_layer: int | None = Field(
+        None,
+        description="Last block searched for neurons (default: the last block where the "
+        "outliers still grow, up to the detection layer).",
+    )
+    threshold: Threshold = Field(
+        "auto",
+        description="Outlier rule: auto (valley of the norm histogram), mean3std, robust, or a "
+        "norm.",
+    )
 
     @field_validator("threshold")
     @classmethod
@@ -155,16 +257,86 @@ class NeuronSearch(ModelImages):
         return v
 
 
-class NeuronsConfig(NeuronSearch):
+class TtrSettings(Part):
+    """How test-time registers edit the model (``vitreg.fix.TestTimeRegisters``)."""
+
+    registers: int = Field(
+        1, gt=0, le=256, description="Test-time registers to insert (the paper uses 1)."
+    )
+    cls: Literal["zero", "keep"] = Field(
+        "zero", description="Register neurons on [CLS]: zero or keep."
+    )
+    patches: Literal["zero", "mean", "keep"] = Field(
+        "zero", description="Register neurons on patches: zero, mean or keep."
+    )
+    mode: Literal["paper", "reference"] = Field(
+        "paper",
+        description="paper (per-neuron max, Algorithm 2) or reference (the official code's edit).",
+    )
+
+    def ttr_args(self) -> dict[str, Any]:
+        """The keyword arguments of ``TestTimeRegisters`` after the neurons."""
+        return {
+            "n_registers": self.registers,
+            "cls": self.cls,
+            "patches": self.patches,
+            "mode": self.mode,
+        }
+
+
+class NeuronChoice(Part):
+    """Which register neurons a fix uses."""
+
+    neurons: NeuronSource = Field(
+        DISCOVER,
+        description="Where the register neurons come from: a NeuronSet file (neurons.json from "
+        "`vitreg neurons`), builtin (the published set for SPEC), hf:ORG/REPO[@REVISION] (a set "
+        "on the Hugging Face hub), or discover (find them first on these images, as "
+        "`vitreg neurons` does).",
+    )
+
+
+# ------------------------------------------------------------------------------ one per verb
+# pydantic orders fields from the last base to the first, then the class's own: the bases are
+# listed so that the model and its images come first in config.yaml and in --help
+class DiagnoseConfig(RunConfig, Figures, ImageSet, ModelSource):
+    verb: ClassVar[str] = "diagnose"
+
+    max_maps: int = Field(
+        8, gt=0, le=1024, description="Images whose per-layer maps are kept for figures."
+    )
+    models: str | None = Field(
+        None, description="Comma-separated specs: diagnose each and compare them."
+    )
+    checkpoint_every: PositiveInt | None = CHECKPOINT_EVERY
+
+    @model_validator(mode="after")
+    def _spec_or_models(self) -> DiagnoseConfig:
+        if self.spec and self.models:
+            raise ValueError("pass either one spec or models A,B,C, not both")
+        return self
+
+
+class NeuronsConfig(RunConfig, Figures, NeuronSearch, ImageSet, ModelSource):
     verb: ClassVar[str] = "neurons"
 
-    figure_format: FigureFormat = FIGURE_FORMAT
-    stability: bool = Field(False, description="also choose the set on each half of the images")
-    check_sizes: list[PositiveInt] | None = Field(
-        None, description="image sizes at which the chosen set's fix is checked too"
+    stability: bool = Field(
+        False,
+        description="Also choose the set from each half of the images and report their overlap "
+        "(about twice the cost of the selection).",
     )
-    hub_dir: Path | None = Field(None, description="also write a hub-ready folder (set + card)")
-    checkpoint_every: PositiveInt | None = Field(None, description=CHECKPOINT)
+    check_sizes: list[PositiveInt] | None = Field(
+        None,
+        description="Comma-separated image sizes (e.g. 112,336) at which the chosen set's fix is "
+        "also checked on the held-out images, resized: register neurons can be "
+        "resolution-specific.",
+    )
+    hub_dir: Path | None = Field(
+        None,
+        description="Also write a hub-ready folder: the set and a model card with its metadata "
+        "(upload it with `vitreg push DIR ORG/REPO`).",
+    )
+    checkpoint_every: PositiveInt | None = CHECKPOINT_EVERY
 
     @field_validator("check_sizes", mode="before")
     @classmethod
@@ -174,18 +346,23 @@ class NeuronsConfig(NeuronSearch):
         return v
 
 
-class FixConfig(NeuronSearch):
+class FixConfig(RunConfig, Figures, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, ModelSource):
     verb: ClassVar[str] = "fix"
 
-    neurons: str | None = Field(None, description="NeuronSet file, 'builtin', or None: discover")
-    method: str = Field("ttr", description="fix method, a+b to compose, a,b for a leaderboard")
-    probe: str | None = Field(None, description="leaderboard probe: TASK:DATA, e.g. ov-seg:voc:DIR")
-    save: Path | None = None
-    registers: int = REGISTERS
-    cls: Literal["zero", "keep"] = "zero"
-    patches: Literal["zero", "mean", "keep"] = "zero"
-    mode: Literal["paper", "reference"] = "paper"
-    figure_format: FigureFormat = FIGURE_FORMAT
+    method: str = Field(
+        "ttr",
+        description="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip or sc-clip; a+b "
+        "composes (e.g. ttr+naclip); a,b,... (or any method but ttr) writes a leaderboard "
+        "against the unfixed model instead of the before/after report.",
+    )
+    probe: str | None = Field(
+        None,
+        description="Leaderboard only: also score each fix with a probe, TASK:DATA (e.g. "
+        "ov-seg:voc:DIR for CLIPs with a text tower, segmentation:synthetic-seg:n=32,size=112).",
+    )
+    save: Path | None = Field(
+        None, description="Also save the fixed model here (timm models; load it as local:DIR)."
+    )
 
     @field_validator("method")
     @classmethod
@@ -220,22 +397,24 @@ class FixConfig(NeuronSearch):
         return v
 
 
-class VlmConfig(NeuronSearch):
+class VlmConfig(RunConfig, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, ModelSource):
     """``vitreg vlm``: a VLM's answers and language->image attention, without and with
     test-time registers on its vision tower."""
 
     verb: ClassVar[str] = "vlm"
 
-    spec: str = Field(description="hf-vlm:ORG/NAME or hf-vlm:DIR (a LLaVA model)")
-    prompt: str = Field(min_length=1)
-    neurons: str = Field("auto", description="NeuronSet file, or 'auto': discover on the images")
-    query: Literal["answer", "last"] = "answer"
-    max_new_tokens: int = Field(32, gt=0, le=4096)
-    registers: int = REGISTERS
-    cls: Literal["zero", "keep"] = "zero"
-    patches: Literal["zero", "mean", "keep"] = "zero"
-    mode: Literal["paper", "reference"] = "paper"
-    batch_size: int = Field(8, gt=0, le=65536)
+    spec: str = Field(
+        description="VLM spec: hf-vlm:ORG/NAME (e.g. hf-vlm:llava-hf/llava-1.5-7b-hf) or "
+        "hf-vlm:DIR."
+    )
+    prompt: str = Field(min_length=1, description="The question asked about each image.")
+    query: Literal["answer", "last"] = Field(
+        "answer",
+        description="Text rows whose attention is mapped: answer (the rows that generated the "
+        "answer) or last (the last prompt token).",
+    )
+    max_new_tokens: int = Field(32, gt=0, le=4096, description="Answer length cap.")
+    batch_size: int = Field(8, gt=0, le=65536, description="Images per tower pass.")
 
     @field_validator("spec")
     @classmethod
@@ -244,50 +423,52 @@ class VlmConfig(NeuronSearch):
             raise ValueError("must be an hf-vlm: spec, e.g. hf-vlm:llava-hf/llava-1.5-7b-hf")
         return v
 
-    @field_validator("neurons")
-    @classmethod
-    def _neurons_source(cls, v: str) -> str:
-        if v != "auto" and not (Path(v).is_file() or Path(f"{v}.json").is_file()):
-            raise ValueError("neither auto nor an existing NeuronSet file (neurons.json)")
-        return v
 
-
-class ProbeRunConfig(RunConfig):
+class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
     """``vitreg probe``: linear probes on frozen tokens, with and without test-time registers."""
 
     verb: ClassVar[str] = "probe"
 
-    spec: str | None = Field(None, description="model spec; None: the synthetic demo")
-    task: str = "classification"
-    data: str = "synthetic-cls:n=200"
-    fix: str = Field("none", description="none, both, builtin or a NeuronSet file")
-    neurons: str | None = Field(None, description="with fix both: NeuronSet file or 'builtin'")
-    layers: str = Field("-1", description="comma-separated blocks, 'final' or hook names")
-    templates: Path | None = Field(None, description="zero-shot prompt templates file")
-    cache: Path = Path(".vitreg-cache") / "features"
-    seeds: int = Field(3, gt=0, le=1000)
-    epochs: int = Field(30, gt=0, le=100_000)
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    registers: int = REGISTERS
-    batch_size: int = BATCH
-    img_size: PositiveInt | None = None
-    random_init: bool = False
-    weights: Path | None = Field(
-        None,
-        description="weights file loaded into spec: every key, strictly (a resampled position embedding is announced)",
+    task: str = Field(
+        "classification",
+        description="classification, token-type, position, reconstruction, segmentation, "
+        "depth, object-discovery, zero-shot (CLIP with its text tower), attention-seg or ov-seg "
+        "(open-vocabulary segmentation, SCLIP protocol).",
     )
-    device: str | None = None
-    figure_format: FigureFormat = FIGURE_FORMAT
-
-    _weights = field_validator("weights")(_weights_file)
-    _device = field_validator("device")(_usable_device)
-    _size = field_validator("img_size")(_img_size)
-
-    @model_validator(mode="after")
-    def _init_or_weights(self) -> ProbeRunConfig:
-        if self.random_init and self.weights is not None:
-            raise ValueError("random_init and weights exclude each other; pass one of them")
-        return self
+    data: str = Field(
+        "synthetic-cls:n=200",
+        description="Dataset: imagefolder:DIR, voc:DIR, voc-boxes:DIR, ade20k:DIR, nyu:DIR, or "
+        "the seeded synthetic shapes synthetic-cls, synthetic-seg, synthetic-depth, "
+        "synthetic-boxes or synthetic (all targets), with parameters such as "
+        ":n=200,size=64,seed=0. Train split -> probe, val split -> scores.",
+    )
+    fix: str = Field(
+        "none",
+        description="none (the bare model), both (bare and with test-time registers, side by "
+        "side), or a neuron source as --neurons of `vitreg fix` names it (with the fix only).",
+    )
+    neurons: NeuronSource = Field(
+        DISCOVER,
+        description="With --fix both: a NeuronSet file, builtin, or discover (find them first, "
+        "as `vitreg neurons` does).",
+    )
+    layers: str = Field(
+        "-1",
+        description="Comma-separated blocks (negative from the end), 'final', or hook names.",
+    )
+    templates: Path | None = Field(
+        None,
+        description="zero-shot: prompt templates, one per line with {} for the class name "
+        "(default: OpenAI's 80 ImageNet templates).",
+    )
+    cache: Path = Field(
+        Path(".vitreg-cache") / "features",
+        description="Feature cache folder (reused across runs).",
+    )
+    seeds: int = Field(3, gt=0, le=1000, description="Probe training seeds (mean and 95% CI).")
+    epochs: int = Field(30, gt=0, le=100_000, description="Epochs per probe (early stopping).")
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw or sgd.")
+    batch_size: int = BATCH
 
     @field_validator("task")
     @classmethod
@@ -301,20 +482,23 @@ class ProbeRunConfig(RunConfig):
     @field_validator("fix")
     @classmethod
     def _fix_source(cls, v: str) -> str:
-        if v not in ("none", "both", "builtin") and not Path(v).exists():
+        if v in ("none", "both"):
+            return v
+        source = NeuronSource.parse(v)
+        if source.kind == "file" and not Path(v).exists():
             raise ValueError(
                 "neither none, both, builtin nor an existing NeuronSet file (neurons.json from "
                 "`vitreg neurons`)"
             )
-        return v
+        return source
 
     @field_validator("neurons")
     @classmethod
-    def _neurons_with_fix_both(cls, v: str | None, info: Any) -> str | None:
+    def _neurons_with_fix_both(cls, v: NeuronSource, info: Any) -> NeuronSource:
         fix = info.data.get("fix")  # absent when fix itself is wrong
-        if v is not None and fix == "none":
+        if v.kind != "discover" and fix == "none":
             raise ValueError("applies to fix both only; with fix none there is no fix")
-        if v is not None and fix not in (None, "both"):
+        if v.kind != "discover" and fix not in (None, "both"):
             raise ValueError("give the neurons once: fix FILE, or fix both with neurons FILE")
         return v
 
@@ -332,7 +516,8 @@ class ProbeRunConfig(RunConfig):
     def _no_layers_for_model_tasks(cls, v: str, info: Any) -> str:
         from vitreg.probe.tasks import TASKS
 
-        task = TASKS.get(info.data.get("task", ""))
+        name = info.data.get("task", "")
+        task = TASKS.get(name) if name in TASKS else None
         if getattr(task, "scores_model", False) and v.strip() != "-1":
             raise ValueError(
                 "zero-shot scores the image embedding and attention-seg the last block's "
@@ -348,34 +533,25 @@ class ProbeRunConfig(RunConfig):
         return v
 
 
-TRAIN_RECIPES = ("supervised", "dino")  # vitreg.train.config.RECIPES
-AMP_MODES = ("auto", "off", "bf16", "fp16")  # vitreg.train.config.AMP
-
-
-class TrainRunConfig(RunConfig):
-    """``vitreg train``: train a ViT (supervised DeiT-III or DINO/iBOT)."""
+class TrainRunConfig(RunConfig, TrainSettings):
+    """``vitreg train``: train a ViT (supervised DeiT-III or DINO/iBOT); the training settings
+    are :class:`~vitreg.train.settings.TrainSettings`, what :func:`vitreg.train.train` takes."""
 
     verb: ClassVar[str] = "train"
 
-    variant: str = Field(description="timm ViT name or vitreg variant (vitreg_*)")
-    data: str
-    recipe: Literal[TRAIN_RECIPES] = "supervised"  # type: ignore[valid-type]
-    steps: PositiveInt | None = None
-    epochs: float | None = Field(None, gt=0)
-    batch_size: int = Field(64, gt=0, le=65536)
-    lr: float | None = Field(None, gt=0)
-    img_size: PositiveInt | None = None
-    accum_steps: PositiveInt = 1
-    amp: Literal[AMP_MODES] = "auto"  # type: ignore[valid-type]
-    seed: int = Field(0, ge=0, le=MAX_SEED)
-    checkpoint_every: PositiveInt | None = None
-    resume: bool = True
-    extend: bool = False
-    device: str | None = None
-    model_arg: list[str] | None = Field(None, description="model constructor KEY=VALUE pairs")
-    option: list[str] | None = Field(None, description="recipe option KEY=VALUE pairs")
+    variant: str = Field(
+        description="timm ViT name (e.g. vit_tiny_patch16_224) or vitreg variant (vitreg_*)."
+    )
+    data: str = Field(description="Dataset spec: imagefolder:DIR, synthetic-cls:n=64,size=32, ...")
+    model_arg: list[str] | None = Field(
+        None,
+        description="Model constructor argument KEY=VALUE (repeatable), e.g. depth=2.",
+    )
+    option: list[str] | None = Field(
+        None, description="Recipe option KEY=VALUE (repeatable), e.g. n_local_crops=2."
+    )
 
-    @field_validator("epochs", "lr")
+    @field_validator("epochs", "lr", "min_lr", "weight_decay", "clip_grad")
     @classmethod
     def _finite_number(cls, v: float | None, info: Any) -> float | None:
         return _finite(v, info.field_name)
@@ -403,22 +579,41 @@ class TrainRunConfig(RunConfig):
         return self
 
 
-class ExperimentConfig(RunConfig):
+class ExperimentConfig(RunConfig, Figures):
     """``vitreg experiment variants``: train, probe and diagnose the ViT variant grid."""
 
     verb: ClassVar[str] = "experiment"
 
-    data: str = Field(description="dataset spec or image folder")
-    size: str | None = Field(None, description="size preset; None: small on a GPU, else tiny")
-    steps: PositiveInt | None = None
-    recipe: Literal[TRAIN_RECIPES] = "dino"  # type: ignore[valid-type]
-    include_gap: bool = True
-    finetune: str | None = Field(None, description="also fine-tune this timm ViT")
-    pretrained: bool = False
-    seeds: PositiveInt | None = None
-    batch_size: PositiveInt | None = None
-    threads: PositiveInt | None = None
-    figure_format: FigureFormat = FIGURE_FORMAT
+    data: str = Field(
+        description="Dataset spec or image folder: synthetic:n=256,size=48 (labels, masks, "
+        "depth: all probes) or imagefolder:DIR (labels only: classification probe only)."
+    )
+    out: Path | None = Field(
+        None, description="Experiment folder (default runs/<time>_variants_experiment)."
+    )
+    size: str | None = Field(
+        None, description="tiny (default on CPU, ~1 min per variant) or small (default on GPU)."
+    )
+    steps: PositiveInt | None = Field(None, description="Training steps per variant.")
+    recipe: Literal[RECIPES] = Field(  # type: ignore[valid-type]
+        "dino", description="dino (default: the dense iBOT loss the gains need) or supervised."
+    )
+    include_gap: bool = Field(True, description="Add the GAP baseline (average pooling, no [CLS]).")
+    finetune: str | None = Field(
+        None,
+        description="Also fine-tune this timm ViT as is and converted to +early QKV (random "
+        "init unless --pretrained).",
+    )
+    pretrained: bool = Field(
+        False, description="Load --finetune's timm weights (needs them cached or online)."
+    )
+    seeds: PositiveInt | None = Field(
+        None, description="Training seeds per variant (default 1; 3 measures noise)."
+    )
+    batch_size: PositiveInt | None = Field(None, description="Global batch.")
+    threads: PositiveInt | None = Field(
+        None, description="torch CPU threads (default: 1 for tiny on CPU)."
+    )
 
     @field_validator("size")
     @classmethod

@@ -10,9 +10,9 @@ ends at its real last step. ``progress.note(text)`` reports a one-line event (a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import Any, Protocol
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
 Update = Callable[..., None]  # update(done: int, **status: object)
 
@@ -40,19 +40,3 @@ class Silent:
 
 
 SILENT = Silent()
-
-
-@contextmanager
-def step_phase(progress: Progress, label: str) -> Iterator[Callable[[int, int, Any], None]]:
-    """``vitreg.train``'s per-step callback ``(step, total, record)`` as one phase of
-    ``progress`` showing loss and lr; the phase opens at the first step, so an error before
-    training is reported alone."""
-    with ExitStack() as stack:
-        updates: list[Update] = []
-
-        def callback(step: int, total: int, record: Any) -> None:
-            if not updates:
-                updates.append(stack.enter_context(progress(total, label)))
-            updates[0](step, loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
-
-        yield callback

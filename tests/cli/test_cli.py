@@ -15,8 +15,8 @@ from cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
 from vitreg.cli.inspect_cmd import compress_names
 from vitreg.cli.output import cli_errors
-from vitreg.models.adapters.base import registered_adapters
-from vitreg.models.families import FAMILIES, get_family
+from vitreg.models.adapters.base import ADAPTERS
+from vitreg.models.families import families, get_family
 from vitreg.models.load import SPEC_EXAMPLES
 from vitreg.verbs.loading import size_kwargs
 
@@ -38,7 +38,7 @@ def test_version() -> None:
 def test_models_table_lists_every_family() -> None:
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.output
-    for fam in FAMILIES:
+    for fam in families():
         assert fam.key in result.stdout
         for spec in fam.examples:
             assert spec in result.stdout
@@ -49,16 +49,19 @@ def test_models_json() -> None:
     result = runner.invoke(app, ["models", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    assert [r["key"] for r in rows] == [f.key for f in FAMILIES]
+    assert [r["key"] for r in rows] == [f.key for f in families()]
     by_key = {r["key"]: r for r in rows}
     assert by_key["dinov2"]["status"] == "ready"
     assert "timm:vit_small_patch14_reg4_dinov2.lvd142m" in by_key["dinov2"]["examples"]
     assert all(r["notes"] and r["examples"] for r in rows)
 
 
-def test_families_match_adapters_and_sources() -> None:
-    assert {a.family for a in registered_adapters()} == {f.adapter for f in FAMILIES}
-    for fam in FAMILIES:
+def test_families_come_from_every_adapter_and_name_known_sources() -> None:
+    listed = families()
+    assert {a.family for a in ADAPTERS.values()} == {f.adapter for f in listed}
+    assert all(vars(a).get("families") for a in ADAPTERS.values())  # each adapter lists its own
+    assert len({f.key for f in listed}) == len(listed)
+    for fam in listed:
         for spec in fam.examples:
             assert spec.split(":", 1)[0] in SPEC_EXAMPLES, spec
     assert get_family("siglip").adapter == "timm-vit"

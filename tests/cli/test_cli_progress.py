@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 import vitreg
 from cli_helpers import ANSI, run_on_pty
+from train_helpers import run as train_tiny
 from vitreg.cli import train_cmd
 from vitreg.cli.progress import ConsoleProgress
 from vitreg.probe.linear import ProbeConfig, fit_linear
 from vitreg.probe.run import run
-from vitreg.progress import step_phase
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -135,22 +135,18 @@ def test_probe_run_reports_real_totals_and_cache_hits(tmp_path):
     )
 
 
-def test_train_steps_become_one_phase_with_loss_and_lr():
+def test_train_steps_become_one_phase_with_loss_and_lr(tmp_path):
     seen = Recorder()
-    statuses = []
-    with step_phase(seen, "training") as callback:
-        for step in (1, 2, 3):
-            callback(step, 3, {"loss": 1.0 / step, "lr": 1e-3})
-    assert seen.phases == [("training", 3, 3)]
-    with pytest.raises(RuntimeError), step_phase(seen, "never started"):
-        raise RuntimeError("before the first step")
-    assert [label for label, _, _ in seen.phases] == ["training"]  # no phase without a step
+    train_tiny("supervised", tmp_path / "a", steps=3, progress=seen)
+    assert seen.phases == [("training (optimizer steps)", 3, 3)]
+    again = Recorder()  # a finished run trained again takes no step: no phase
+    train_tiny("supervised", tmp_path / "a", steps=3, progress=again)
+    assert again.phases == []
     buf = io.StringIO()
     plain = ConsoleProgress(Console(file=buf, width=200), every=0.0)
-    with step_phase(plain, "training") as callback:
-        callback(1, 2, {"loss": 0.5, "lr": 2e-4})
-        statuses.append(buf.getvalue().strip())
-    assert statuses == ["training: 1/2 (50%) loss=0.5000 lr=2.00e-04"]
+    train_tiny("supervised", tmp_path / "b", steps=1, progress=plain, label="training")
+    status = buf.getvalue().strip().splitlines()[0]
+    assert re.fullmatch(r"training: 1/1 \(100%\) loss=\d+\.\d{4} lr=\d\.\d\de-\d\d", status), status
 
 
 def test_a_real_pseudo_terminal_sees_the_train_bar_move(tmp_path):

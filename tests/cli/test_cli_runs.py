@@ -16,8 +16,8 @@ from PIL import Image
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+import vitreg.verbs
 from cli_helpers import flat
-from vitreg.cli import diagnose_cmd
 from vitreg.cli.app import app
 from vitreg.core.io import write_bytes_atomic, write_json_atomic, write_text_atomic
 from vitreg.core.run_dir import session
@@ -146,10 +146,10 @@ def test_random_init_and_weights_exclude_each_other(tmp_path, no_model):
 
 # ----------------------------------------------------------------------------- bugs and help
 def test_an_unexpected_error_is_a_bug_report_and_debug_shows_the_traceback(monkeypatch):
-    def broken(cfg, overwrite=False):
+    def broken(*args, **kwargs):
         raise RuntimeError("boom inside the library")
 
-    monkeypatch.setattr(diagnose_cmd, "run_diagnose", broken)
+    monkeypatch.setattr(vitreg.verbs, "run_diagnose", broken)
     result = runner.invoke(app, ["diagnose"])
     assert result.exit_code == 1
     err = flat(result.stderr)
@@ -162,10 +162,10 @@ def test_an_unexpected_error_is_a_bug_report_and_debug_shows_the_traceback(monke
 
 
 def test_an_input_error_escaping_a_verb_is_still_exit_2(monkeypatch):
-    def bad(cfg, overwrite=False):
+    def bad(*args, **kwargs):
         raise InputError("the input is wrong in this way")
 
-    monkeypatch.setattr(diagnose_cmd, "run_diagnose", bad)
+    monkeypatch.setattr(vitreg.verbs, "run_diagnose", bad)
     result = runner.invoke(app, ["diagnose"])
     assert result.exit_code == 2 and flat(result.stderr) == "error: the input is wrong in this way"
 

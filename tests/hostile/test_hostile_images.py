@@ -337,19 +337,20 @@ def voc(root: Path, keys: str = "abcde", without_mask: str = "c") -> Path:
 
 
 def test_voc_without_labels_is_a_clear_train_error_and_a_missing_mask_a_count(tmp_path) -> None:
-    from vitreg.train import train
+    from vitreg.train import TrainSettings, train
 
     spec = f"voc:{voc(tmp_path / 'voc')}"
     kw = {"steps": 1, "batch_size": 4, "img_size": 32, "lr": 1e-3}
-    kw["model_kwargs"] = {"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}
+    tiny = {"model_kwargs": {"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}}
     with pytest.raises(InputError, match="needs class labels.*provides \\['mask'\\] targets"):
-        train("vit_tiny_patch16_224", spec, "supervised", tmp_path / "sup", **kw)
+        train("vit_tiny_patch16_224", spec, TrainSettings(**kw), tmp_path / "sup", **tiny)
     data = open_data(spec)
     described = describe_training_data(data)
     assert described["n_images"] == 4 and described["n_listed"] == 5
     assert described["skipped"] == {"missing_mask": "1 samples skipped"}
     options = {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16, "n_local_crops": 0}
-    result = train("vit_tiny_patch16_224", data, "dino", tmp_path / "dino", options=options, **kw)
+    dino = TrainSettings(recipe="dino", **kw)
+    result = train("vit_tiny_patch16_224", data, dino, tmp_path / "dino", options=options, **tiny)
     assert result.steps == 1 and data.log.to_dict() == {"missing_mask": 1}
 
 
@@ -410,7 +411,7 @@ def test_a_single_class_is_a_recorded_warning(tmp_path: Path) -> None:
 
 def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path) -> None:
     from vitreg.report.train_report import write_train_run
-    from vitreg.train import train
+    from vitreg.train import TrainSettings, train
     from vitreg.verbs.train import describe_trained
 
     root = tmp_path / "folder"  # pre-split: train/<class>/, so every file is in the train split
@@ -435,10 +436,10 @@ def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path)
     ]
     dino = describe_training_data(data, recipe="dino")  # labels unused: no class warning
     assert [w.split(" in ")[0] for w in dino["warnings"]] == ["only 1 usable sample"]
-    kw = {"steps": 1, "batch_size": 2, "img_size": 32, "lr": 1e-3}
-    kw["model_kwargs"] = {"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}
+    settings = TrainSettings(steps=1, batch_size=2, img_size=32, lr=1e-3)
+    tiny = {"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}
     with pytest.warns(DataWarning) as warned:  # the recipe uses the labels: one class warns
-        result = train("vit_tiny_patch16_224", data, "supervised", tmp_path / "run", **kw)
+        result = train("vit_tiny_patch16_224", data, settings, tmp_path / "run", model_kwargs=tiny)
     assert [str(w.message).split(" in ")[0] for w in warned] == ["only 1 class (a)"]
     config = {"command": "train"}
     write_train_run(tmp_path / "run", result, data=described, config=config,

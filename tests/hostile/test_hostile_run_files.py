@@ -33,6 +33,26 @@ def train_doc() -> dict:
         "loss_first": 1.0,
         "resumed_from": None,
         "weights": None,
+        "log": "train_log.jsonl",
+        "train_config": {
+            "recipe": "supervised",
+            "steps": 2,
+            "batch_size": 2,
+            "lr": 1e-3,
+            "min_lr": 1e-6,
+            "weight_decay": 0.05,
+            "warmup_steps": 0,
+            "clip_grad": None,
+            "accum_steps": 1,
+            "amp": "none",
+            "seed": 0,
+            "img_size": 32,
+            "checkpoint_every": 2,
+            "keep_checkpoints": 1,
+            "model": {"name": "vit_tiny_patch16_224"},
+            "options": {},
+            "data": {},
+        },
     }
     headlines = [("final_loss", "/results/final_loss", False, {})]
     return document("train", "vitreg train", described, {"n_images": 8}, {}, results, headlines)

@@ -6,8 +6,9 @@ import math
 import pytest
 import timm
 import torch
+from pydantic import ValidationError
 
-from train_helpers import DINO, TINY, TinyData, run
+from train_helpers import DINO, TINY, AtStep, TinyData, run
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.load import read_state_dict
 from vitreg.train.augment import dino_view, three_augment
@@ -102,12 +103,12 @@ def test_dino_step_trains_mask_token_and_moves_teacher_and_centres():
 def test_interrupted_run_resumes_with_identical_losses(tmp_path):
     full = run("supervised", tmp_path / "full", checkpoint_every=2)
 
-    def stop(step, total, record):
+    def stop(step):
         if step == 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run("supervised", tmp_path / "cut", checkpoint_every=2, progress=stop)
+        run("supervised", tmp_path / "cut", checkpoint_every=2, progress=AtStep(stop))
     resumed = run("supervised", tmp_path / "cut", checkpoint_every=2)
     assert resumed.resumed_from == 2 and resumed.losses == full.losses
     again = run("supervised", tmp_path / "cut", checkpoint_every=2, resume=False)
@@ -156,7 +157,7 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     ("kwargs", "error", "needle"),
     [
         ({"batch_size": 6, "accum_steps": 4}, SpecError, "divisible"),
-        ({"recipe": "mae"}, SpecError, "unknown recipe"),
+        ({"recipe": "mae"}, ValidationError, "recipe"),
         ({"options": {"n_crops": 2}}, SpecError, "valid options"),
         ({"epochs": 1}, SpecError, "exactly one of steps and epochs"),
         ({"data": TinyData(labels=False)}, InputError, "needs class labels"),
@@ -169,10 +170,11 @@ def test_bad_input_is_a_clear_error(tmp_path, kwargs, error, needle):
     recipe = kwargs.pop("recipe", "supervised")
     model = kwargs.pop("model", None)
     if model is not None:
-        from vitreg.train import train
+        from vitreg.train import TrainSettings, train
 
+        settings = TrainSettings(recipe=recipe, steps=1, batch_size=8)
         with pytest.raises(error, match=needle):
-            train(model, TinyData(), recipe, tmp_path, steps=1, batch_size=8)
+            train(model, TinyData(), settings, tmp_path)
         return
     with pytest.raises(error, match=needle):
         run(recipe, tmp_path, **kwargs)
@@ -180,20 +182,25 @@ def test_bad_input_is_a_clear_error(tmp_path, kwargs, error, needle):
 
 def test_epochs_and_a_model_instance(tmp_path):
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=10, **TINY)
-    from vitreg.train import train
+    from vitreg.train import TrainSettings, train
 
-    result = train(model, TinyData(), "dino", tmp_path, epochs=1, batch_size=8, options=DINO)
+    settings = TrainSettings(recipe="dino", epochs=1, batch_size=8)
+    result = train(model, TinyData(), settings, tmp_path, options=DINO)
     assert result.steps == 2 and model.dynamic_img_size and model.num_classes == 0
 
 
 def test_vitreg_variants_train(tmp_path):
     pytest.importorskip("vitreg.arch.variant")
-    from vitreg.train import train
+    from vitreg.train import TrainSettings, train
 
     kwargs = {**TINY, "init_values": 1e-5}  # the default specialisation includes LayerScale
-    common = {"steps": 2, "batch_size": 4, "img_size": 32, "model_kwargs": kwargs}
+    common = {"steps": 2, "batch_size": 4, "img_size": 32}
     spec = {"base": "vit_tiny_patch16_224", "registers": 2}
-    dino = train(spec, TinyData(), "dino", tmp_path / "d", options=DINO, **common)
+    dino = TrainSettings(recipe="dino", **common)
+    dino = train(spec, TinyData(), dino, tmp_path / "d", model_kwargs=kwargs, options=DINO)
     assert dino.model.num_prefix_tokens == 3 and all(map(math.isfinite, dino.losses))
-    named = train("vitreg_vit_tiny_patch16_224", TinyData(), "supervised", tmp_path / "s", **common)
+    supervised = TrainSettings(**common)
+    named = train(
+        "vitreg_vit_tiny_patch16_224", TinyData(), supervised, tmp_path / "s", model_kwargs=kwargs
+    )
     assert len(named.losses) == 2 and all(map(math.isfinite, named.losses))

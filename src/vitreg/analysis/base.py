@@ -10,11 +10,12 @@ finishes the analyses on the statistics of all images and gets the single-proces
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from vitreg.hooks.reducers import Reducer
 from vitreg.models.model import Model, TraceResult
+from vitreg.progress import Update
 
 
 class Analysis(ABC):
@@ -41,7 +42,7 @@ def run_analyses(
     analyses: Sequence[Analysis],
     batch_size: int = 32,
     limit: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
     attention: str = "auto",
 ) -> tuple[dict[str, Any], dict[str, str], TraceResult]:
     """One pass for all ``analyses``: returns (results, not-applicable reasons, the trace)."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from vitreg.analysis.base import Analysis, run_analyses
 from vitreg.models.model import Model
+from vitreg.progress import Update
 
 
 def default_analyses(
@@ -78,7 +78,7 @@ def diagnose(
     batch_size: int = 32,
     limit: int | None = None,
     max_maps: int = 8,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> DiagnoseResult:
     """Run the artifact analyses on ``data`` (tensor, DataLoader or iterable of batches).
 

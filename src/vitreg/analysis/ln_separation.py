@@ -10,7 +10,6 @@ fraction of owned channels (``|r| > log 4``), and how the ``norm1`` gain weights
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ from vitreg.errors import UnsupportedModelError
 from vitreg.hooks.reducers import Mean, Reducer, as_tokens
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.progress import Update
 
 PAIRS = ("cls_patch", "patch_patch", "register_patch", "register_cls")
 POINTS = {
@@ -122,7 +122,7 @@ def ln_separation(
     data: Any,
     batch_size: int = 32,
     limit: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> LNSeparation:
     """Measure [CLS]/register/patch similarity around each LayerNorm and channel ownership."""
     results, skipped, _ = run_analyses(model, data, [LNAnalysis()], batch_size, limit, progress)

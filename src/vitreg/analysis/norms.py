@@ -8,7 +8,6 @@ run on patch tokens; [CLS], registers and inserted tokens are summarised on thei
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ from vitreg.analysis.thresholds import METHODS, BimodalFit, bimodal_fit, thresho
 from vitreg.core.layout import TokenLayout
 from vitreg.hooks.reducers import Reducer, TokenNorms
 from vitreg.models.model import Model, TraceResult
+from vitreg.progress import Update
 
 QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.98, 0.99, 1.0)
 DEFAULT_RULES: dict[str, dict[str, float]] = {
@@ -60,7 +60,7 @@ def trace_norms(
     data: Any,
     batch_size: int = 32,
     limit: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> NormTrace:
     """Stream ``data`` once, keeping only per-token norms at each block output and the final norm."""
     results, _, _ = run_analyses(model, data, [NormAnalysis()], batch_size, limit, progress)

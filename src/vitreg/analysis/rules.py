@@ -39,22 +39,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitreg.core.choices import (  # noqa: F401  (the rules' vocabulary, re-exported)
+    MASK_RULES,
+    NAMED_THRESHOLDS,
+    PER_IMAGE_RULES,
+    RULES,
+    SET_RULES,
+)
 from vitreg.errors import InputError
-
-RULES: tuple[str, ...] = ("auto", "absolute", "top_p", "robust_z", "mean3std", "robust")
-"""Every outlier rule name vitreg knows; the subsets below are taken from it."""
-
-SET_RULES: tuple[str, ...] = ("absolute", "top_p", "robust_z", "auto")
-"""Rules giving one cut for a pooled set of norms (:func:`threshold`; the norm analysis)."""
-
-MASK_RULES: tuple[str, ...] = ("auto", "absolute", "mean3std", "robust")
-"""Rules giving a ``[B, N]`` mask batch by batch (:func:`image_mask`; register neurons)."""
-
-NAMED_THRESHOLDS: tuple[str, ...] = tuple(r for r in MASK_RULES if r != "absolute")
-"""``--threshold`` words of ``vitreg neurons`` (``absolute`` is given as a number there)."""
-
-PER_IMAGE_RULES: tuple[str, ...] = ("mean3std", "robust")
-"""Mask rules whose cut is computed per image (no value)."""
 
 assert {*SET_RULES, *MASK_RULES} == set(RULES), "every rule subset is taken from RULES"
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, err_console, show_notice, show_path
 from vitreg.cli.progress import progress
+from vitreg.configs import DiagnoseConfig
 
 
 def _layer_shown(norms: Any) -> int:
@@ -73,37 +74,6 @@ def show_summary(labelled: list[tuple[str, Any]]) -> None:
     )
 
 
-def diagnose_model(
-    ctx: typer.Context,
-    spec: str | None = opt.SPEC,
-    images: Path | None = opt.IMAGES,
-    samples: bool = opt.SAMPLES,
-    out: Path | None = opt.out_dir("diagnose"),
-    limit: int | None = opt.LIMIT,
-    batch_size: int = opt.BATCH_SIZE,
-    checkpoint_every: int | None = opt.CHECKPOINT_EVERY,
-    device: str | None = opt.DEVICE,
-    max_maps: int = typer.Option(
-        8, "--max-maps", min=1, help="Images whose per-layer maps are kept for figures."
-    ),
-    random_init: bool = opt.RANDOM_INIT,
-    weights: Path | None = opt.WEIGHTS,
-    img_size: int | None = opt.IMG_SIZE,
-    models: str | None = typer.Option(
-        None, "--models", help="Comma-separated specs: diagnose each and compare them."
-    ),
-    figure_format: str | None = opt.FIGURE_FORMAT,
-    config: Path | None = opt.CONFIG,
-    overwrite: bool = opt.OVERWRITE,
-) -> None:
-    """Find token artifacts: norms and outliers by every rule, attention sinks, LN separation."""
-    from vitreg.configs import DiagnoseConfig
-
-    with cli_errors():
-        cfg = opt.resolve_config(ctx, DiagnoseConfig, config, dict(locals()))
-    run_diagnose(cfg)
-
-
 def run_diagnose(cfg: Any) -> None:
     """The diagnose verb on a typed :class:`~vitreg.configs.DiagnoseConfig`, then its summary."""
     from vitreg.verbs import Interrupted
@@ -129,3 +99,11 @@ def run_diagnose(cfg: Any) -> None:
         show_path("comparison", run.comparison, f" and {escape(str(where / 'report.html'))}")
     for (label, _), d in zip(run.labelled, run.run_dirs, strict=True):
         show_path(f"run directory ({escape(label)})", d)
+
+
+diagnose_model = opt.config_command(
+    DiagnoseConfig,
+    run_diagnose,
+    "Find token artifacts: norms and outliers by every rule, attention sinks, LN separation.",
+    argument="spec",
+)

@@ -1,77 +1,18 @@
-"""``vitreg fix [SPEC] --neurons FILE|builtin|hf:ORG/REPO``: test-time registers with a before/after report."""
+"""``vitreg fix [SPEC] --neurons FILE|builtin|hf:ORG/REPO|discover``: test-time registers
+with a before/after report (or a leaderboard of fix methods)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, show_line, show_notice, show_path
 from vitreg.cli.progress import progress
-
-
-def fix_command(
-    ctx: typer.Context,
-    spec: str | None = opt.SPEC,
-    neurons: str | None = typer.Option(
-        None,
-        "--neurons",
-        help="NeuronSet file (neurons.json from `vitreg neurons`), 'builtin' (the published "
-        "set for SPEC) or hf:ORG/REPO[@REVISION] (a set on the Hugging Face hub); default: "
-        "discover them first on these images.",
-    ),
-    method: str = typer.Option(
-        "ttr",
-        "--method",
-        help="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip or sc-clip; a+b "
-        "composes (e.g. ttr+naclip); a,b,... (or any method but ttr) writes a leaderboard "
-        "against the unfixed model instead of the before/after report.",
-    ),
-    probe: str | None = typer.Option(
-        None,
-        "--probe",
-        help="Leaderboard only: also score each fix with a probe, TASK:DATA (e.g. "
-        "ov-seg:voc:DIR for CLIPs with a text tower, segmentation:synthetic-seg:n=32,size=112).",
-    ),
-    images: Path | None = opt.IMAGES,
-    samples: bool = opt.SAMPLES,
-    out: Path | None = opt.out_dir("fix"),
-    save: Path | None = typer.Option(
-        None, "--save", help="Also save the fixed model here (timm models; load it as local:DIR)."
-    ),
-    registers: int = typer.Option(1, "--registers", min=1, help="Test-time registers to insert."),
-    cls: str = typer.Option("zero", "--cls", help="Register neurons on [CLS]: zero or keep."),
-    patches: str = typer.Option(
-        "zero", "--patches", help="Register neurons on patches: zero, mean or keep."
-    ),
-    mode: str = typer.Option(
-        "paper",
-        "--mode",
-        help="paper (per-neuron max, Algorithm 2) or reference (the official code's edit).",
-    ),
-    target: float = typer.Option(
-        0.01, "--target", min=0.0, max=1.0, help="Outlier rate for top-k when discovering first."
-    ),
-    limit: int | None = opt.LIMIT,
-    batch_size: int = opt.BATCH_SIZE,
-    img_size: int | None = opt.IMG_SIZE,
-    random_init: bool = opt.RANDOM_INIT,
-    weights: Path | None = opt.WEIGHTS,
-    device: str | None = opt.DEVICE,
-    figure_format: str | None = opt.FIGURE_FORMAT,
-    config: Path | None = opt.CONFIG,
-    overwrite: bool = opt.OVERWRITE,
-) -> None:
-    """Apply test-time registers and report before/after: norm maps, outlier rate, embeddings."""
-    from vitreg.configs import FixConfig
-
-    with cli_errors():
-        cfg = opt.resolve_config(ctx, FixConfig, config, dict(locals()))
-    run_fix_command(cfg)
+from vitreg.configs import FixConfig
 
 
 def run_fix_command(cfg: Any) -> None:
@@ -84,6 +25,14 @@ def run_fix_command(cfg: Any) -> None:
     with cli_errors():
         run = run_fix(cfg, progress, show_notice)
     show(run.comparison, run.run_dir, run.saved)
+
+
+fix_command = opt.config_command(
+    FixConfig,
+    run_fix_command,
+    "Apply test-time registers and report before/after: norm maps, outlier rate, embeddings.",
+    argument="spec",
+)
 
 
 def run_board_command(cfg: Any) -> None:

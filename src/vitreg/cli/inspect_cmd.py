@@ -13,6 +13,7 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, fail
 from vitreg.cli.progress import progress
+from vitreg.configs import ModelSource
 
 
 def _ranges(values: list[int]) -> str:
@@ -95,10 +96,10 @@ def inspect_model(
     spec: str = typer.Argument(
         ..., help="Model spec, e.g. timm:vit_small_patch14_reg4_dinov2.lvd142m"
     ),
-    random_init: bool = opt.RANDOM_INIT,
-    img_size: int | None = opt.IMG_SIZE,
-    weights: Path | None = opt.WEIGHTS,
-    device: str | None = opt.DEVICE,
+    random_init: bool = opt.field_option(ModelSource, "random_init"),
+    img_size: int | None = opt.field_option(ModelSource, "img_size"),
+    weights: Path | None = opt.field_option(ModelSource, "weights"),
+    device: str | None = opt.field_option(ModelSource, "device"),
     hooks: bool = typer.Option(False, "--hooks", help="List the canonical hook names."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ) -> None:

@@ -11,14 +11,15 @@ from rich.table import Table
 from rich.text import Text
 
 from vitreg.cli.output import console
-from vitreg.models.families import FAMILIES, status
 
 
 def models(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ) -> None:
     """List the supported model families with example specs and what to watch out for."""
-    rows = [{**fam.to_dict(), "status": status(fam)} for fam in FAMILIES]
+    from vitreg.models.families import families, status
+
+    rows = [{**fam.to_dict(), "status": status(fam)} for fam in families()]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -6,85 +6,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
 from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, show_line, show_notice, show_path
 from vitreg.cli.progress import progress
-
-
-def neurons_command(
-    ctx: typer.Context,
-    spec: str | None = opt.SPEC,
-    images: Path | None = opt.IMAGES,
-    samples: bool = opt.SAMPLES,
-    top_k: str = typer.Option(
-        "auto",
-        "--top-k",
-        help="'auto': the causal units, the smallest k whose fix leaves no artifacts on held-out "
-        "images; or a number of neurons (the paper's top-k ranking).",
-    ),
-    target: float = typer.Option(
-        0.01,
-        "--target",
-        min=0.0,
-        max=1.0,
-        help="Held-out patch outlier rate the fix must also reach (besides no outlier mode).",
-    ),
-    out: Path | None = opt.out_dir("neurons"),
-    limit: int | None = opt.LIMIT,
-    batch_size: int = opt.BATCH_SIZE,
-    img_size: int | None = opt.IMG_SIZE,
-    random_init: bool = opt.RANDOM_INIT,
-    weights: Path | None = opt.WEIGHTS,
-    detect_layer: int | None = typer.Option(
-        None,
-        "--detect-layer",
-        help="Block whose output defines outliers (default: the cleanest outlier mode).",
-    ),
-    highest_layer: int | None = typer.Option(
-        None,
-        "--highest-layer",
-        help="Last block searched for neurons (default: the last block where the outliers "
-        "still grow, up to the detection layer).",
-    ),
-    threshold: str = typer.Option(
-        "auto",
-        "--threshold",
-        help="Outlier rule: auto (valley of the norm histogram), mean3std, robust, or a norm.",
-    ),
-    stability: bool = typer.Option(
-        False,
-        "--stability",
-        help="Also choose the set from each half of the images and report their overlap "
-        "(about twice the cost of the selection).",
-    ),
-    check_sizes: str | None = typer.Option(
-        None,
-        "--check-sizes",
-        help="Comma-separated image sizes (e.g. 112,336) at which the chosen set's fix is also "
-        "checked on the held-out images, resized: register neurons can be resolution-specific.",
-    ),
-    hub_dir: Path | None = typer.Option(
-        None,
-        "--hub-dir",
-        help="Also write a hub-ready folder: the set and a model card with its metadata "
-        "(upload it with `vitreg push DIR ORG/REPO`).",
-    ),
-    checkpoint_every: int | None = opt.CHECKPOINT_EVERY,
-    device: str | None = opt.DEVICE,
-    figure_format: str | None = opt.FIGURE_FORMAT,
-    config: Path | None = opt.CONFIG,
-    overwrite: bool = opt.OVERWRITE,
-) -> None:
-    """Find register neurons: discovery, a causal check and the fix checked on held-out images."""
-    from vitreg.configs import NeuronsConfig
-
-    with cli_errors():
-        cfg = opt.resolve_config(ctx, NeuronsConfig, config, dict(locals()))
-    run_neurons(cfg)
+from vitreg.configs import NeuronsConfig
 
 
 def run_neurons(cfg: Any) -> None:
@@ -97,6 +25,14 @@ def run_neurons(cfg: Any) -> None:
     if cfg.hub_dir is not None:
         show_path("hub folder", cfg.hub_dir)
         show_line(f"upload: {escape(f'vitreg push {shlex.quote(str(cfg.hub_dir))} ORG/REPO')}")
+
+
+neurons_command = opt.config_command(
+    NeuronsConfig,
+    run_neurons,
+    "Find register neurons: discovery, a causal check and the fix checked on held-out images.",
+    argument="spec",
+)
 
 
 def show(found: Any, spec: str, run_dir: Path) -> None:

@@ -1,58 +1,117 @@
-"""Option declarations shared by several verbs, so each flag reads and behaves the same everywhere."""
+"""The options of every verb, generated from its typed config (:mod:`vitreg.configs`): each field
+is an option whose default, help and type come from the field, so that a setting reads and
+behaves the same in every verb, in config.yaml and in the library, and cannot drift."""
 
 from __future__ import annotations
 
+import inspect
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Union, get_args, get_origin
+
 import typer
-
-from vitreg.verbs.common import DEFAULT_SPEC
-
-SPEC = typer.Argument(None, help=f"Model spec (default: the synthetic demo {DEFAULT_SPEC}).")
-IMAGES = typer.Option(
-    None,
-    "--images",
-    help="Folder of images (searched recursively; bad files are skipped), or webdataset "
-    "shards as wds:PATTERN (e.g. wds:/data/train-{0000..0099}.tar).",
-)
-SAMPLES = typer.Option(False, "--samples", help="Use the photos bundled with scikit-image.")
-LIMIT = typer.Option(None, "--limit", min=1, help="Use at most N images.")
-BATCH_SIZE = typer.Option(32, "--batch-size", min=1, help="Images per forward pass.")
-IMG_SIZE = typer.Option(
-    None, "--img-size", min=1, help="Input size in pixels (passed as img_size where taken)."
-)
-RANDOM_INIT = typer.Option(
-    False, "--random-init", help="Build the architecture with random weights (no download)."
-)
-DEVICE = typer.Option(None, "--device", help="torch device, e.g. cpu or cuda:0.")
-WEIGHTS = typer.Option(
-    None,
-    "--weights",
-    help="Weights file (.safetensors; or a torch state dict, read with weights_only=True) "
-    "loaded strictly into SPEC's architecture instead of its pretrained weights; without "
-    "--img-size the input size is the file's (a resampled position embedding is announced).",
-)
-OVERWRITE = typer.Option(
-    False,
-    "--overwrite",
-    help="Replace the run already in --out (its run files are removed first); without it a "
-    "folder holding a run is refused.",
-)
-FIGURE_FORMAT = typer.Option(
-    None,
-    "--figure-format",
-    help="Also write every figure as svg or pdf (next to its 200 dpi PNG).",
-)
-
-
-def out_dir(verb: str) -> typer.models.OptionInfo:
-    """The ``--out`` run-directory option of ``verb``."""
-    return typer.Option(None, "--out", help=f"Run directory (default runs/<time>_<model>_{verb}).")
-
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 CONFIG = typer.Option(
     None,
     "--config",
     help="A run's config.yaml: rerun with its settings (options given here override them).",
 )
+REQUIRED = "Required unless --config gives it."
+PLAIN = (bool, int, float, str, Path)  # the types the command line parses itself
+
+
+def _plain(annotation: Any) -> Any:
+    """What the command line parses a field as: its own type where click has it (``int``,
+    ``Path``, a repeated ``list[str]``, ...), else text that the config validates (literals,
+    unions of words and numbers, neuron sources, comma-separated numbers); optional, so that an
+    unset option is ``None``."""
+    if get_origin(annotation) is Annotated:  # PositiveInt and the like
+        return _plain(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return _plain(args[0]) if len(args) == 1 else str | None
+    if annotation is bool:
+        return bool
+    if get_origin(annotation) is list:  # KEY=VALUE pairs repeat; numbers are comma-separated
+        return list[str] | None if get_args(annotation) == (str,) else str | None
+    if annotation in PLAIN:
+        return annotation | None
+    return str | None
+
+
+def _help(field: FieldInfo, verb: str) -> str:
+    """The field's description, with its verb filled in and, without a default, that it is
+    required."""
+    text = (field.description or "").replace("<verb>", verb)
+    return f"{text} {REQUIRED}" if field.is_required() else text
+
+
+def field_option(cls: type[BaseModel], name: str, flags: str | None = None, verb: str = "") -> Any:
+    """The typer option of ``cls``'s field ``name``: ``--name-with-dashes`` (``--x/--no-x`` for
+    a switch that is on by default; ``flags`` to name it otherwise), its default and its help."""
+    field = cls.model_fields[name]
+    default = None if field.is_required() else field.get_default(call_default_factory=True)
+    if default == []:  # an empty list: unset, the config's default
+        default = None
+    flag = "--" + name.replace("_", "-")
+    if flags is None and default is True:
+        flags = f"{flag}/--no-{flag[2:]}"
+    return typer.Option(
+        str(default) if isinstance(default, str) else default,
+        flags or flag,
+        help=_help(field, verb),
+    )
+
+
+def config_command(
+    cls: type[BaseModel],
+    run: Callable[[Any], None],
+    doc: str,
+    argument: str | None = None,
+    flags: dict[str, str] | None = None,
+) -> Callable[..., None]:
+    """A typer command for the verb of ``cls``: ``argument`` (the field given positionally,
+    e.g. the model spec), one option per other field, and ``--config``; it builds the typed
+    config (options on top of ``--config``'s) and calls ``run`` with it."""
+    verb = getattr(cls, "verb", "")
+    params = [
+        inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+    ]
+    for name, field in cls.model_fields.items():
+        if name == argument:
+            default: Any = typer.Argument(None, help=_help(field, verb), show_default=False)
+            annotation: Any = str | None
+        else:
+            default = field_option(cls, name, (flags or {}).get(name), verb)
+            annotation = _plain(field.annotation)
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
+        )
+    params.append(
+        inspect.Parameter(
+            "config", inspect.Parameter.KEYWORD_ONLY, default=CONFIG, annotation=Path | None
+        )
+    )
+
+    def command(ctx: typer.Context, **values: Any) -> None:
+        from vitreg.cli.output import cli_errors
+
+        config = values.pop("config")
+        given = {k: v for k, v in values.items() if v is not None}  # unset: the config's default
+        with cli_errors():
+            cfg = resolve_config(ctx, cls, config, given)
+        run(cfg)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {}
+    command.__doc__ = doc
+    command.__name__ = f"{verb}_command"
+    return command
 
 
 def resolve_config(
@@ -73,12 +132,3 @@ def resolve_config(
     }
     merged = {**read_config(config, cls.verb), **given}
     return build_config(cls, merged, f"--config {config} (or the options given with it)")
-
-
-CHECKPOINT_EVERY = typer.Option(
-    None,
-    "--checkpoint-every",
-    min=1,
-    help="Save the streaming statistics every N images into OUT.resume (beside the run); "
-    "running the same command again resumes from there (removed once the run is written).",
-)

@@ -13,10 +13,10 @@ from rich.table import Table
 from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
+from vitreg.configs import Figures, ProbeRunConfig, RunConfig
 from vitreg.core.run_dir import session
 from vitreg.report.out_dir import check_out
 
-DEFAULT_DATA = "synthetic-cls:n=200"
 # a Δ's verdict in the console table (short, so the table fits 100 columns)
 DELTA_WORDS = {
     "better": "better",
@@ -24,71 +24,6 @@ DELTA_WORDS = {
     "within noise": "noise",
     "no interval": "no CI",
 }
-CACHE = Path(".vitreg-cache") / "features"
-
-
-def probe_command(
-    ctx: typer.Context,
-    spec: str | None = opt.SPEC,
-    task: str = typer.Option(
-        "classification",
-        "--task",
-        help="classification, token-type, position, reconstruction, segmentation, depth, "
-        "object-discovery, zero-shot (CLIP with its text tower), attention-seg or ov-seg "
-        "(open-vocabulary segmentation, SCLIP protocol).",
-    ),
-    data: str = typer.Option(
-        DEFAULT_DATA,
-        "--data",
-        help="Dataset: imagefolder:DIR, voc:DIR, voc-boxes:DIR, ade20k:DIR, nyu:DIR, or the "
-        "seeded synthetic shapes synthetic-cls, synthetic-seg, synthetic-depth, "
-        "synthetic-boxes or synthetic (all targets), with parameters such as "
-        ":n=200,size=64,seed=0. Train split -> probe, val split -> scores.",
-    ),
-    fix: str = typer.Option(
-        "none",
-        "--fix",
-        help="none (the bare model), both (bare and with test-time registers, side by side), "
-        "or a NeuronSet file / 'builtin' (with the fix only).",
-    ),
-    neurons: str | None = typer.Option(
-        None,
-        "--neurons",
-        help="With --fix both: NeuronSet file or 'builtin' (default: discover them first, as "
-        "`vitreg neurons` does).",
-    ),
-    layers: str = typer.Option(
-        "-1",
-        "--layers",
-        help="Comma-separated blocks (negative from the end), 'final', or hook names.",
-    ),
-    templates: Path | None = typer.Option(
-        None,
-        "--templates",
-        help="zero-shot: prompt templates, one per line with {} for the class name (default: "
-        "OpenAI's 80 ImageNet templates).",
-    ),
-    out: Path | None = opt.out_dir("probe"),
-    cache: Path = typer.Option(CACHE, "--cache", help="Feature cache folder (reused across runs)."),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="Probe training seeds (mean and 95% CI)."),
-    epochs: int = typer.Option(30, "--epochs", min=1, help="Epochs per probe (early stopping)."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw or sgd."),
-    registers: int = typer.Option(1, "--registers", min=1, help="Test-time registers to insert."),
-    batch_size: int = opt.BATCH_SIZE,
-    img_size: int | None = opt.IMG_SIZE,
-    random_init: bool = opt.RANDOM_INIT,
-    weights: Path | None = opt.WEIGHTS,
-    device: str | None = opt.DEVICE,
-    figure_format: str | None = opt.FIGURE_FORMAT,
-    config: Path | None = opt.CONFIG,
-    overwrite: bool = opt.OVERWRITE,
-) -> None:
-    """Linear probes on frozen tokens, with and without test-time registers."""
-    from vitreg.configs import ProbeRunConfig
-
-    with cli_errors():
-        cfg = opt.resolve_config(ctx, ProbeRunConfig, config, dict(locals()))
-    run_probe(cfg)
 
 
 def run_probe(cfg: Any) -> None:
@@ -99,6 +34,14 @@ def run_probe(cfg: Any) -> None:
         run = probe(cfg, progress, show_notice)
     if run.document is not None:  # under torchrun only rank 0 scores and writes
         show(run.probe, run.run_dir)
+
+
+probe_command = opt.config_command(
+    ProbeRunConfig,
+    run_probe,
+    "Linear probes on frozen tokens, with and without test-time registers.",
+    argument="spec",
+)
 
 
 def block_name(layer: str) -> str:
@@ -192,8 +135,8 @@ def compare_command(
     contains: str | None = typer.Option(
         None, "--filter", help="Only metrics whose name contains this text."
     ),
-    overwrite: bool = opt.OVERWRITE,
-    figure_format: str | None = opt.FIGURE_FORMAT,
+    overwrite: bool = opt.field_option(RunConfig, "overwrite"),
+    figure_format: str | None = opt.field_option(Figures, "figure_format"),
 ) -> None:
     """Merge the headline metrics of several runs: run, metric, value, direction (folders that
     are not runs are skipped with a note)."""

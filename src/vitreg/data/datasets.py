@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from PIL import Image
 
+from vitreg.core.registry import Registry
 from vitreg.errors import InputError, SpecError, VitregError
 
 IGNORE_INDEX = 255
@@ -219,27 +220,24 @@ class BaseDataset:
 
 
 Builder = Callable[[str, str, str, str], LabeledDataset]  # (name, arg, split, spec) -> dataset
-DATASETS: dict[str, Builder] = {}
+DATASETS: Registry[Builder] = Registry(
+    "datasets", modules=("vitreg.data.formats", "vitreg.data.synthetic")
+)
 
 
 def register_dataset(*names: str) -> Callable[[Builder], Builder]:
-    """Register a builder under one or more spec names (``name:arg``)."""
+    """Register a builder in :data:`DATASETS` under one or more spec names (``name:arg``)."""
 
     def wrap(builder: Builder) -> Builder:
         for name in names:
-            DATASETS[name] = builder
+            DATASETS.register(name, builder)
         return builder
 
     return wrap
 
 
-def _load_builtin() -> None:
-    from vitreg.data import formats, synthetic  # noqa: F401  (registration side effect)
-
-
 def open_dataset(spec: str, split: str = "train") -> LabeledDataset:
     """The dataset a spec string names, e.g. ``voc:DIR`` or ``synthetic-seg:n=200,size=64``."""
-    _load_builtin()
     if split not in SPLITS:
         raise SpecError(f"unknown split {split!r}; use one of {list(SPLITS)}")
     name, _, arg = spec.strip().partition(":")

@@ -24,7 +24,7 @@ from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
 from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
-from vitreg.progress import SILENT, Progress, step_phase
+from vitreg.progress import SILENT, Progress
 from vitreg.report.schema import plain
 from vitreg.train.dino import loss_terms
 
@@ -113,38 +113,28 @@ def train_variant(
 ) -> tuple[Any, list[str]]:
     """Train one entry (resuming from ``out``'s checkpoints; its steps reported to
     ``progress``); returns (TrainResult, notes)."""
-    with step_phase(progress, f"training {v.name} seed {seed} (steps)") as steps:
-        return _train_variant(v, seed, out, settings, data, pretrained, steps)
+    from vitreg.train import TrainSettings, train
 
-
-def _train_variant(
-    v: Variant,
-    seed: int,
-    out: Path,
-    settings: Settings,
-    data: Any,
-    pretrained: bool,
-    steps: Callable[[int, int, Any], None],
-) -> tuple[Any, list[str]]:
-    from vitreg.train import train
-
-    common = {
-        "progress": steps,
-        "steps": settings.steps,
-        "batch_size": settings.batch_size,
-        "lr": settings.lr,
-        "seed": seed,
-        "img_size": settings.img_size,
-        "options": settings.dino if settings.recipe == "dino" else None,
-        "checkpoint_every": max(1, settings.steps // 4),
-        "resume": True,
-    }
+    label = f"training {v.name} seed {seed} (steps)"
+    run = TrainSettings(
+        recipe=settings.recipe,
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        lr=settings.lr,
+        seed=seed,
+        img_size=settings.img_size,
+        checkpoint_every=max(1, settings.steps // 4),
+    )
+    options = settings.dino if settings.recipe == "dino" else None
     if v.finetune is not None:
         model, notes = source_model(v, settings, seed, pretrained)
-        return train(model, data, settings.recipe, out, **common), notes
+        return train(model, data, run, out, options=options, progress=progress, label=label), notes
     spec = {"base": BASE, **{k: plain(x) for k, x in v.options.items()}}
     kwargs = settings.model_kwargs()
-    return train(spec, data, settings.recipe, out, model_kwargs=kwargs, **common), []
+    result = train(
+        spec, data, run, out, model_kwargs=kwargs, options=options, progress=progress, label=label
+    )
+    return result, []
 
 
 def run_config(v: Variant, seed: int, settings: Settings, spec: str, pretrained: bool) -> dict:

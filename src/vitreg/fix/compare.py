@@ -3,7 +3,6 @@ whether the global embedding is kept (cosine of the pooled token before vs after
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.progress import SILENT, Progress
 
 
 class Pooled(Reducer):
@@ -212,13 +212,21 @@ def _ordinary(result: NormsResult, layer: int, rule: str, value: float | None) -
     return ordinary_level(patches, _flagged(result, layer, rule, value))
 
 
+def image_count(data: Any, limit: int | None) -> int | None:
+    """The images one pass over ``data`` reads (``None`` for a stream of unknown length)."""
+    n = getattr(data, "total", None)
+    if n is None and hasattr(data, "__len__"):
+        n = len(data)
+    return n if limit is None or n is None else min(n, limit)
+
+
 def compare_fix(
     model: Model,
     ttr: TestTimeRegisters,
     data: Any,
     batch_size: int = 32,
     limit: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Progress = SILENT,
     controls: bool = True,
     max_maps: int = 4,
 ) -> FixComparison:
@@ -227,6 +235,7 @@ def compare_fix(
     Attention maps are kept for the first ``max_maps`` images. With ``controls``, two more passes
     measure the paper's causal controls: the register neurons zeroed with no register, as many
     random neurons of the same layers zeroed, and the outlier moved to the first patch.
+    ``progress`` shows one phase per pass over the images, each counting them once.
     """
     settings = ttr.neurons.settings
 
@@ -240,9 +249,11 @@ def compare_fix(
             pictures,
         ]
 
-    before, _, _ = run_analyses(model, data, analyses(), batch_size, limit, progress)
-    with ttr.applied(model):
-        after, _, _ = run_analyses(model, data, analyses(), batch_size, limit, progress)
+    total = image_count(data, limit)
+    with progress(total, "images without the fix") as update:
+        before, _, _ = run_analyses(model, data, analyses(), batch_size, limit, update)
+    with ttr.applied(model), progress(total, "images with the fix") as update:
+        after, _, _ = run_analyses(model, data, analyses(), batch_size, limit, update)
     nb, na = before["norms"], after["norms"]
     detect = settings.get("detect_layer", nb.report.evidence.get("strongest_layer"))
     if detect is None:

@@ -9,9 +9,9 @@ from typing import Any
 
 from torch import nn
 
+from vitreg.core.choices import MAX_IMG_SIZE
 from vitreg.errors import InputError
 
-MAX_IMG_SIZE = 4096  # pixels per side
 MIN_GRID = 2  # patches per side: outliers are patches that stand out from other patches
 MAX_ACTIVATION_BYTES = 16 * 2**30  # one image through one block: attention maps + MLP
 SIZE_KWARGS = ("img_size", "image_size", "force_image_size")  # timm / HF / open_clip

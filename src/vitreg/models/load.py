@@ -2,7 +2,7 @@
 
 Specs: ``timm:NAME[.tag]``, ``hf:ORG/NAME``, ``open_clip:ARCH/TAG``, ``local:DIR``,
 ``planted:NAME``, ``hf-vlm:ORG/NAME`` (a LLaVA model's vision tower; the VLM is ``model.vlm``).
-Each source has a loader registered in :data:`LOADERS`; a loader returns the source module
+Each source has a loader in the registry :data:`LOADERS`; a loader returns the source module
 and, where the source defines one, its preprocessing transform.
 """
 
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from vitreg.core.containment import check_inside
+from vitreg.core.registry import Registry
 from vitreg.device import check_device
 from vitreg.errors import InputError, SpecError, WeightsError, brief
 from vitreg.models.input_size import check_built_size, check_grid, check_requested_size
@@ -41,7 +42,17 @@ class Loaded:
 
 
 Loader = Callable[..., Loaded]
-LOADERS: dict[str, Loader] = {}
+#: one loader per spec source; vitreg's own are imported on first use, higher layers register
+#: theirs through :mod:`vitreg.core.plugins` (``planted:``)
+LOADERS: Registry[Loader] = Registry("loaders")
+for _source, _loader in {
+    "timm": "vitreg.models.loaders.timm_source:load_timm",
+    "hf": "vitreg.models.loaders.hf_source:load_hf",
+    "hf-vlm": "vitreg.models.loaders.hf_vlm:load_hf_vlm",
+    "local": "vitreg.models.loaders.local:load_local",
+    "open_clip": "vitreg.models.loaders.open_clip_source:load_open_clip",
+}.items():
+    LOADERS.register(_source, _loader)
 
 SPEC_EXAMPLES = {
     "timm": "timm:vit_small_patch14_reg4_dinov2.lvd142m",
@@ -53,14 +64,6 @@ SPEC_EXAMPLES = {
 }
 
 
-def register_loader(source: str) -> Callable[[Loader], Loader]:
-    def deco(fn: Loader) -> Loader:
-        LOADERS[source] = fn
-        return fn
-
-    return deco
-
-
 def parse_spec(spec: str) -> tuple[str, str]:
     """Split ``'source:name'``; raise :class:`SpecError` with examples when it is malformed."""
     if not isinstance(spec, str) or ":" not in spec:
@@ -70,7 +73,6 @@ def parse_spec(spec: str) -> tuple[str, str]:
             "Run `vitreg models` for the supported families"
         )
     source, name = spec.split(":", 1)
-    ensure_loaders()
     if source not in LOADERS:
         raise SpecError(
             f"unknown model source {source!r} in {spec!r}; known sources: {sorted(LOADERS)}"
@@ -78,14 +80,6 @@ def parse_spec(spec: str) -> tuple[str, str]:
     if not name:
         raise SpecError(f"model spec {spec!r} names no model; e.g. {SPEC_EXAMPLES[source]}")
     return source, name
-
-
-def ensure_loaders() -> None:
-    """Fill :data:`LOADERS`: vitreg's own loaders, then those of higher layers (``planted:``)."""
-    from vitreg.core.plugins import fill
-    from vitreg.models import loaders  # noqa: F401  (importing them registers them)
-
-    fill("loaders")
 
 
 def offline_hint(tried: str, cause: BaseException) -> str:

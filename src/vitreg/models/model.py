@@ -19,6 +19,7 @@ from vitreg.hooks.cache import ActivationCache
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import Handle, HookContext, HookFn, Site
 from vitreg.models.adapters.base import Adapter, adapter_for
+from vitreg.progress import Update
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
@@ -516,7 +517,7 @@ class Model:
         batch_size: int = 32,
         attention: str = "auto",
         limit: int | None = None,
-        progress: Callable[[int], None] | None = None,
+        progress: Update | None = None,
         stop_at_layer: int | None = None,
     ) -> TraceResult:
         """Stream ``data`` through the model, feeding each reducer its site; keep only statistics.
@@ -584,7 +585,7 @@ class Model:
         data: Any,
         batch_size: int = 32,
         limit: int | None = None,
-        progress: Callable[[int], None] | None = None,
+        progress: Update | None = None,
         stop_at_layer: int | None = None,
     ) -> int:
         """``features`` over every batch of ``data`` (no grad) for the hooks attached; returns

@@ -14,8 +14,7 @@ calibration, each decision recorded with its evidence.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ from vitreg.neurons.calibrate import DEFAULT_KS, TOLERANCE, TopKCurve, calibrate
 from vitreg.neurons.causal import CausalSelection, select_causal
 from vitreg.neurons.detection import Detection, choose_detection
 from vitreg.neurons.discover import discover
+from vitreg.progress import SILENT, Progress, Update
 
 HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
 MIN_HELD_OUT = 2  # held-out images the check needs: one image's content never stands for a model
@@ -36,12 +36,6 @@ SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal ch
 DISCOVER_K = 64  # candidates ranked by discovery when top-k is chosen automatically
 MAX_HELD_OUT = 32  # held-out images used at most (memory and time flat in the image count)
 CAUSAL_IMAGES = 16  # held-out images used by the causal check
-
-Progress = Callable[[int | None, str], AbstractContextManager[Callable[[int], None]]]
-
-
-def no_progress(total: int | None, label: str) -> AbstractContextManager[Callable[[int], None]]:
-    return nullcontext(lambda n: None)
 
 
 class Split:
@@ -171,7 +165,7 @@ def find_neurons(
     causal_images: int = CAUSAL_IMAGES,
     stability: bool = False,
     check_sizes: Sequence[int] = (),
-    progress: Progress = no_progress,
+    progress: Progress = SILENT,
 ) -> Found:
     """Register neurons of ``model`` from preprocessed ``images`` with nothing to set by hand.
 
@@ -342,7 +336,7 @@ def causal_set(
     ranking: NeuronSet,
     detection: Detection,
     batch_size: int,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> CausalSelection:
     """The causal selection among ``ranking``'s units on ``held``, with ``detection``'s layers
     and threshold (the one call the automatic path and its stability check share)."""

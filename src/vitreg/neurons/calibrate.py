@@ -15,7 +15,7 @@ resolution is known to fail at another). When no k passes, the result is "partia
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from vitreg.errors import VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model, iter_batches
+from vitreg.progress import Update
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 
@@ -196,7 +197,7 @@ def calibrate_top_k(
     image_sizes: Sequence[int | None] = (None,),
     batch_size: int = 32,
     limit: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
     keep_all: bool = False,
     **ttr_options: Any,
 ) -> tuple[NeuronSet, TopKCurve]:

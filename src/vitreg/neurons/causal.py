@@ -40,6 +40,7 @@ from vitreg.analysis.rules import image_mask
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
+from vitreg.progress import Update
 
 Unit = tuple[int, int]
 READER_PERSISTENCE = 0.3  # a unit below this share of its base activation on the outliers,
@@ -257,7 +258,7 @@ def select_causal(
     clean_at: float = 0.02,
     max_units: int = 64,
     batch_size: int = 16,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> CausalSelection:
     """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs).
 

@@ -9,7 +9,6 @@ torchrun they are all-reduced and every rank gets the single-process ranking.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
 from vitreg.neurons.detection import Detection, choose_detection, layer_index
+from vitreg.progress import Update
 
 THRESHOLDS = MASK_RULES
 outlier_mask = image_mask  # ``[B, N]`` outlier mask from per-token norms under a rule
@@ -43,7 +43,7 @@ def discover(
     limit: int | None = None,
     calibration_images: int = 32,
     detection: Detection | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> NeuronSet:
     """Rank register neurons; returns the ``top_k`` best as a :class:`NeuronSet`.
 

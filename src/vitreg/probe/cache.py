@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from vitreg.probe.shards import (
     shard_problem,
 )
 from vitreg.probe.views import absent_views, check_views
+from vitreg.progress import Update
 
 FORMAT = 1
 FINAL = "ln_final.hook_out"
@@ -174,7 +175,7 @@ def extract(
     dtype: torch.dtype = torch.float16,
     pixels: bool = False,
     image_size: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> CachedFeatures:
     """Token views of every sample at ``layers`` (optionally under ``fix``), cached on disk.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.probe.views import NORMS, TOP_INDEX, patch_pixels, reducer, unpack
+from vitreg.progress import Update
 
 MANIFEST = "manifest.json"
 
@@ -107,7 +108,7 @@ class ShardWriter:
     batch_size: int
     dtype: torch.dtype
     pixels: bool
-    progress: Callable[[int], None] | None = None
+    progress: Update | None = None
     forward_passes: int = 0
     done: int = 0
     _parts: dict[str, list[torch.Tensor]] = field(default_factory=dict, repr=False)

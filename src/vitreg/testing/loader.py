@@ -7,12 +7,12 @@ import os
 from typing import Any
 
 from vitreg.errors import SpecError
-from vitreg.models.load import Loaded, register_loader
+from vitreg.models.load import LOADERS, Loaded
 from vitreg.testing.planted import build
 from vitreg.testing.planted_kinds import KINDS, build_kind
 
 
-@register_loader("planted")
+@LOADERS.register("planted")
 def load_planted(
     name: str,
     pretrained: bool = True,

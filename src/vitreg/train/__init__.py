@@ -1,8 +1,25 @@
-"""Training: supervised (DeiT III) and DINO/iBOT recipes, DDP, checkpoints with resume."""
+"""Training: supervised (DeiT III) and DINO/iBOT recipes, DDP, checkpoints with resume.
 
-from vitreg.train.config import TrainConfig
-from vitreg.train.dino import DinoOptions
-from vitreg.train.loop import TrainResult, train
-from vitreg.train.supervised import SupervisedOptions
+The names below load on first use, so that :mod:`vitreg.train.settings` (which the CLI's help is
+built from) imports without torch."""
 
-__all__ = ["DinoOptions", "SupervisedOptions", "TrainConfig", "TrainResult", "train"]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_HOMES = {
+    "DinoOptions": "vitreg.train.dino",
+    "SupervisedOptions": "vitreg.train.supervised",
+    "TrainConfig": "vitreg.train.config",
+    "TrainResult": "vitreg.train.loop",
+    "TrainSettings": "vitreg.train.settings",
+    "train": "vitreg.train.loop",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'vitreg.train' has no attribute {name!r}")
+    return getattr(import_module(_HOMES[name]), name)

@@ -8,10 +8,9 @@ from typing import Any
 
 import torch
 
+from vitreg.core.choices import AMP
 from vitreg.errors import InputError, SpecError
 
-RECIPES = ("supervised", "dino")
-AMP = ("auto", "off", "bf16", "fp16")
 # base learning rate per 256 images, weight decay, gradient clipping (DeiT III / DINO defaults)
 DEFAULTS = {"supervised": (2.5e-4, 0.05, None), "dino": (5e-4, 0.04, 3.0)}
 # settings that may change between a checkpoint and its resume without changing the trajectory
@@ -102,11 +101,6 @@ def check_batch(batch_size: int, world: int, accum_steps: int) -> None:
             f"the global batch size {batch_size} must be divisible by ranks x accumulation steps "
             f"= {world} x {accum_steps}; pick a multiple of {world * accum_steps}"
         )
-
-
-def check_recipe(recipe: str) -> None:
-    if recipe not in RECIPES:
-        raise SpecError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from collections.abc import Mapping
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,13 +15,13 @@ from torch import nn
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.device import check_device
 from vitreg.distributed import DistContext, rank_slice, setup
+from vitreg.progress import SILENT, Progress, Update
 from vitreg.train import checkpoint as ckpt_io
 from vitreg.train.config import (
     DEFAULTS,
     TrainConfig,
     amp_dtype,
     check_batch,
-    check_recipe,
     resolve_steps,
 )
 from vitreg.train.data import data_identity, derive_seed, num_classes, open_data
@@ -29,8 +29,7 @@ from vitreg.train.log import append_record, read_records, trim_after
 from vitreg.train.model import build_model, describe
 from vitreg.train.recipe import BatchSpec, norm_stats, parse_options
 from vitreg.train.schedule import warmup_cosine
-
-Progress = Callable[[int, int, dict[str, Any]], None]
+from vitreg.train.settings import TrainSettings
 
 
 @dataclass
@@ -59,111 +58,116 @@ class TrainResult:
 def train(
     model_or_spec: nn.Module | str | Mapping[str, Any],
     data: Any,
-    recipe: str = "supervised",
+    settings: TrainSettings | None = None,
     out_dir: str | Path = "runs/train",
     *,
-    steps: int | None = None,
-    epochs: float | None = None,
-    batch_size: int = 64,
-    lr: float | None = None,
-    min_lr: float | None = None,
-    weight_decay: float | None = None,
-    warmup_steps: int | None = None,
-    clip_grad: float | None = None,
-    accum_steps: int = 1,
-    amp: str = "auto",
-    seed: int = 0,
-    checkpoint_every: int | None = None,
-    keep_checkpoints: int = 2,
-    resume: bool = True,
-    extend: bool = False,
-    progress: Progress | None = None,
-    img_size: int | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None = None,
-    device: str | torch.device | None = None,
+    progress: Progress = SILENT,
+    label: str = "training (optimizer steps)",
 ) -> TrainResult:
-    """Train a timm ViT with ``recipe`` on ``data``; under torchrun every rank takes its slice.
+    """Train a timm ViT on ``data`` with ``settings`` (its recipe, length, batch, schedule,
+    checkpoints; the defaults when ``None``); under torchrun every rank takes its slice.
 
-    ``batch_size`` is global (all ranks and accumulation steps); ``lr`` defaults to the recipe's
-    base rate x batch_size/256; ``options`` are recipe settings (see ``SupervisedOptions`` and
-    ``DinoOptions``); ``progress(step, total, record)`` is called after every step (rank 0 only).
-    A resume checks that the checkpoint was made with the same settings, data and total steps;
-    ``extend`` lets a longer ``steps`` continue a run (its schedule is stretched from there).
-    Writes ``log.jsonl``, ``checkpoints/``, ``model.safetensors`` and ``train.json`` to ``out_dir``.
+    ``settings.batch_size`` is global (all ranks and accumulation steps); ``lr`` defaults to the
+    recipe's base rate x batch_size/256; ``model_kwargs`` go to the model's constructor and
+    ``options`` are recipe settings (see ``SupervisedOptions`` and ``DinoOptions``);
+    ``progress`` shows the steps as one phase called ``label``, with loss and learning rate,
+    opened at the first step (rank 0 only). A resume checks
+    that the checkpoint was made with the same settings, data and total steps; ``extend`` lets
+    a longer ``steps`` continue a run (its schedule is stretched from there). Writes
+    ``log.jsonl``, ``checkpoints/``, ``model.safetensors`` and ``train.json`` to ``out_dir``.
     """
-    args = dict(locals())
-    check_recipe(recipe)
-    check_device(device)
-    ctx = setup(device)
+    s = settings if settings is not None else TrainSettings()
+    check_device(s.device)
+    ctx = setup(s.device)
     devices = [ctx.device.index or 0] if ctx.device.type == "cuda" else []
+    run = _Run(model_or_spec, data, s, Path(out_dir), model_kwargs, options, progress, label)
     with torch.random.fork_rng(devices=devices):
-        return _run(ctx, args)
+        return _run(ctx, run)
 
 
-def _run(ctx: DistContext, a: dict[str, Any]) -> TrainResult:
-    recipe_name, out = a["recipe"], Path(a["out_dir"])
-    data = open_data(a["data"])
-    check_batch(a["batch_size"], ctx.world, a["accum_steps"])
-    total = resolve_steps(a["steps"], a["epochs"], len(data), a["batch_size"])
-    autocast_dtype = amp_dtype(a["amp"], ctx.device)
+@dataclass
+class _Run:
+    """One call of :func:`train`: what it trains, on what, how, and where."""
+
+    model_or_spec: nn.Module | str | Mapping[str, Any]
+    data: Any
+    s: TrainSettings
+    out: Path
+    model_kwargs: Mapping[str, Any] | None
+    options: Mapping[str, Any] | None
+    progress: Progress
+    label: str
+
+
+def _run(ctx: DistContext, a: _Run) -> TrainResult:
+    s, out = a.s, a.out
+    recipe_name = s.recipe
+    data = open_data(a.data)
+    check_batch(s.batch_size, ctx.world, s.accum_steps)
+    total = resolve_steps(s.steps, s.epochs, len(data), s.batch_size)
+    autocast_dtype = amp_dtype(s.amp, ctx.device)
     base_lr, base_wd, base_clip = DEFAULTS[recipe_name]
-    lr = a["lr"] if a["lr"] is not None else base_lr * a["batch_size"] / 256
+    lr = s.lr if s.lr is not None else base_lr * s.batch_size / 256
 
-    torch.manual_seed(a["seed"])
+    torch.manual_seed(s.seed)
     dino = recipe_name == "dino"
     classes = 0 if dino else num_classes(data)
     model = build_model(
-        a["model_or_spec"],
+        a.model_or_spec,
         dynamic=dino,
-        img_size=a["img_size"],
+        img_size=s.img_size,
         num_classes=classes,
-        kwargs=a["model_kwargs"],
+        kwargs=a.model_kwargs,
     )
-    img_size = a["img_size"] or int(model.patch_embed.img_size[0])
+    img_size = s.img_size or int(model.patch_embed.img_size[0])
     mean, std = norm_stats(model)
-    spec = BatchSpec(data, a["seed"], a["batch_size"], img_size, mean, std)
-    recipe, opts = _make_recipe(recipe_name, model, spec, classes, a["options"], total)
+    spec = BatchSpec(data, s.seed, s.batch_size, img_size, mean, std)
+    recipe, opts = _make_recipe(recipe_name, model, spec, classes, a.options, total)
     recipe.to(ctx.device)
 
     config = TrainConfig(
         recipe=recipe_name,
         steps=total,
-        batch_size=a["batch_size"],
+        batch_size=s.batch_size,
         lr=lr,
-        min_lr=a["min_lr"] if a["min_lr"] is not None else lr * 1e-3,
-        weight_decay=a["weight_decay"] if a["weight_decay"] is not None else base_wd,
-        warmup_steps=a["warmup_steps"] if a["warmup_steps"] is not None else total // 10,
-        clip_grad=a["clip_grad"] if a["clip_grad"] is not None else base_clip,
-        accum_steps=a["accum_steps"],
-        amp=a["amp"],
-        seed=a["seed"],
+        min_lr=s.min_lr if s.min_lr is not None else lr * 1e-3,
+        weight_decay=s.weight_decay if s.weight_decay is not None else base_wd,
+        warmup_steps=s.warmup_steps if s.warmup_steps is not None else total // 10,
+        clip_grad=s.clip_grad if s.clip_grad is not None else base_clip,
+        accum_steps=s.accum_steps,
+        amp=s.amp,
+        seed=s.seed,
         img_size=img_size,
-        checkpoint_every=a["checkpoint_every"] or min(1000, total),
-        keep_checkpoints=a["keep_checkpoints"],
-        model=describe(a["model_or_spec"], a["model_kwargs"] or {}),
+        checkpoint_every=s.checkpoint_every or min(1000, total),
+        keep_checkpoints=s.keep_checkpoints,
+        model=describe(a.model_or_spec, a.model_kwargs or {}),
         options=opts,
         data=data_identity(data),
     )
     optimizer = torch.optim.AdamW(param_groups(recipe.module, config.weight_decay), lr=lr)
     scaler = torch.amp.GradScaler("cuda") if autocast_dtype == torch.float16 else None
 
-    start, resumed = _restore(ctx, out, config, recipe, optimizer, scaler, a["resume"], a["extend"])
+    start, resumed = _restore(ctx, out, config, recipe, optimizer, scaler, s.resume, s.extend)
     module: nn.Module = recipe.module
     if ctx.world > 1:
         ids = [ctx.device] if ctx.device.type == "cuda" else None
         module = nn.parallel.DistributedDataParallel(recipe.module, device_ids=ids)
 
     history: list[dict[str, Any]] = []
-    for step in range(start, total):
-        record = _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype)
-        history.append(record)
-        if ctx.is_main:
-            append_record(out / "log.jsonl", record)
-            if record["step"] % config.checkpoint_every == 0 or record["step"] == total:
-                _save(out, config, recipe, optimizer, scaler, ctx, record["step"])
-            if a["progress"] is not None:
-                a["progress"](record["step"], total, record)
+    with ExitStack() as phase:  # opened at the first step: an error before it is shown alone
+        update: Update | None = None
+        for step in range(start, total):
+            record = _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype)
+            history.append(record)
+            if ctx.is_main:
+                append_record(out / "log.jsonl", record)
+                if record["step"] % config.checkpoint_every == 0 or record["step"] == total:
+                    _save(out, config, recipe, optimizer, scaler, ctx, record["step"])
+                if update is None:
+                    update = phase.enter_context(a.progress(total, a.label))
+                update(record["step"], loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
 
     exported = recipe.export()
     if ctx.is_main:  # the whole log: a finished run trained again records its last step

@@ -9,10 +9,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from vitreg.configs import DEFAULT_SPEC
 from vitreg.core.readers import read_json
 from vitreg.verbs.result import Notice, Notices
-
-DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with planted artifacts
 
 
 def slug(spec: str) -> str:
@@ -39,6 +38,8 @@ def command_line(spec: str | None, options: dict[str, Any], verb: str = "diagnos
         flag = "--" + key.replace("_", "-")
         if value is True:
             parts.append(flag)
+        elif isinstance(value, list | tuple):  # numbers, comma-separated (--check-sizes 112,336)
+            parts += [flag, ",".join(map(str, value))] if value else []
         elif value not in (None, False):
             parts += [flag, str(value)]
     return shlex.join(parts)
@@ -49,7 +50,11 @@ def config_command(cfg: Any, spec: str) -> str:
     default, as options (a default is what the command does unasked, and some verbs have no
     option for a field they share, e.g. ``fix`` and ``--top-k``)."""
     fields = type(cfg).model_fields
-    options = {k: v for k, v in cfg.model_dump().items() if k != "spec" and v != fields[k].default}
+    options = {
+        k: v
+        for k, v in cfg.model_dump().items()
+        if k != "spec" and v != fields[k].get_default(call_default_factory=True)
+    }
     return command_line(spec, options, cfg.verb)
 
 

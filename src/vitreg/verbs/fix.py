@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,36 +33,14 @@ def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
     return args
 
 
-def _two_passes(update: Callable[[int], None], total: int) -> Callable[[int], None]:
-    """compare_fix counts images from 0 twice (without, then with the fix): one bar over both."""
-    state = {"offset": 0, "last": 0}
-
-    def both(n: int) -> None:
-        if n <= state["last"]:
-            state["offset"] += total
-        state["last"] = n
-        update(state["offset"] + n)
-
-    return both
-
-
 def compare(
     model: Any, neurons: Any, source: Any, cfg: FixConfig, progress: Progress
 ) -> tuple[Any, Any]:
     """The TestTimeRegisters of ``cfg`` and its before/after comparison on ``source``."""
     from vitreg.fix import TestTimeRegisters, compare_fix
 
-    ttr = TestTimeRegisters(
-        neurons, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
-    )
-    with progress(2 * source.total, "images without, then with the fix (image passes)") as update:
-        comparison = compare_fix(
-            model,
-            ttr,
-            source,
-            batch_size=cfg.batch_size,
-            progress=_two_passes(update, source.total),
-        )
+    ttr = TestTimeRegisters(neurons, **cfg.ttr_args())
+    comparison = compare_fix(model, ttr, source, batch_size=cfg.batch_size, progress=progress)
     return ttr, comparison
 
 
@@ -97,9 +74,7 @@ def run_fix(
     spec, run_dir = cfg.spec, cfg.out
     if cfg.save is not None:  # issue 24: --save is a run folder vitreg owns too
         check_out(cfg.save, "fix", spec, cfg.overwrite)
-    preloaded = neuron_file(
-        cfg.neurons, cfg.spec
-    )  # a missing or bad file fails before the model loads
+    preloaded = neuron_file(cfg.neurons, spec)  # a missing or bad file fails before the model
     check_images(cfg.images)
     device = join_torchrun(cfg.device)
     model, source = model_and_images(cfg, device, progress, notices, MAX_ROWS)

@@ -1,10 +1,13 @@
-"""Where a verb's register neurons come from: a NeuronSet file, the built-in set, or discovery
-on the run's own images (the automatic path of ``vitreg neurons``)."""
+"""Where a verb's register neurons come from (a :class:`~vitreg.configs.NeuronSource`): a
+NeuronSet file, the built-in set, a set on the Hugging Face hub, or discovery on the run's own images (the automatic path of
+``vitreg neurons``). A new kind of source adds its reader to :data:`READERS`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from vitreg.configs import NeuronSource
 from vitreg.progress import Progress
 from vitreg.verbs.result import Notice, Notices
 
@@ -13,18 +16,39 @@ DISCOVERED = (
 )
 
 
-def neuron_file(neurons: str | None, spec: str) -> Any:
-    """The NeuronSet that a file or hub source (``hf:ORG/REPO[@REVISION]``) names, read and
-    validated, or ``spec``'s built-in set (a spec without one is refused), before any model
-    loads; ``None`` for discovery."""
-    from vitreg.fix.neuron_set import NeuronSet
-    from vitreg.neurons import builtin_neurons, hub
+def _builtin(source: NeuronSource, spec: str) -> Any:
+    from vitreg.neurons import builtin_neurons
 
-    if neurons is None:
+    return builtin_neurons(spec)
+
+
+def _file(source: NeuronSource, spec: str) -> Any:
+    from vitreg.fix.neuron_set import NeuronSet
+
+    return NeuronSet.load(source)
+
+
+def _hub(source: NeuronSource, spec: str) -> Any:
+    from vitreg.neurons import hub
+
+    return hub.load_hub(source)
+
+
+READERS: dict[str, Callable[[NeuronSource, str], Any]] = {
+    "builtin": _builtin,
+    "file": _file,
+    "hub": _hub,
+}
+"""How each kind of source but discovery is read: ``reader(source, spec) -> NeuronSet``."""
+
+
+def neuron_file(neurons: NeuronSource | str | None, spec: str) -> Any:
+    """The NeuronSet that ``neurons`` names, read and validated (a spec without a built-in set
+    is refused), before any model loads; ``None`` for discovery."""
+    neurons = NeuronSource.parse(neurons)  # a library caller may spell it as a plain string
+    if neurons.kind == "discover":
         return None
-    if hub.is_hub(neurons):
-        return hub.load_hub(neurons)
-    return builtin_neurons(spec) if neurons == "builtin" else NeuronSet.load(neurons)
+    return READERS[neurons.kind](neurons, spec)
 
 
 def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Notices) -> Any:
@@ -88,25 +112,25 @@ def accept_sizes(model: Any, sizes: list[int], notices: Notices) -> None:
 def load_neurons(
     model: Any,
     spec: str,
-    neurons: str | None,
+    neurons: NeuronSource | str | None,
     source: Any,
     cfg: Any,
     progress: Progress,
     notices: Notices,
     preloaded: Any = None,
 ) -> tuple[Any, dict[str, Any], Any]:
-    """The NeuronSet (file -- ``preloaded`` if read already --, built-in, or discovered first),
-    what it is, and the discovery."""
-    from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
-    from vitreg.neurons import builtin_neurons, hub
+    """The NeuronSet ``neurons`` names (``preloaded`` if read already), or the one discovered
+    first; what it is; and the discovery."""
+    neurons = NeuronSource.parse(neurons)
+    from vitreg.fix.neuron_set import weights_fingerprint
     from vitreg.neurons.auto import layer_counts
 
     found = None
-    if neurons is None:
+    if neurons.kind == "discover":
         notices.append(
             Notice(
                 "discovery",
-                "No --neurons given: discovering register neurons on these images first (as "
+                "--neurons discover: discovering register neurons on these images first (as "
                 "`vitreg neurons` does); the fix is then evaluated on the same images.",
                 caution=True,
             )
@@ -114,16 +138,10 @@ def load_neurons(
         found = discover(model, source, cfg, progress, notices)
         chosen = found.chosen
         origin = DISCOVERED
-    elif neurons == "builtin":
-        chosen = preloaded if preloaded is not None else builtin_neurons(model.spec or spec)
-        origin = f"the built-in set for {chosen.model_spec}"
-    elif hub.is_hub(neurons):
-        chosen = preloaded if preloaded is not None else hub.load_hub(neurons)
-        commit = chosen.data.get("hub", {}).get("commit")
-        origin = f"the hub set {neurons}" + (f" (commit {commit})" if commit else "")
     else:
-        chosen = preloaded if preloaded is not None else NeuronSet.load(neurons)
-        origin = f"the file {neurons}"
+        read = READERS[neurons.kind]
+        chosen = preloaded if preloaded is not None else read(neurons, model.spec or spec)
+        origin = _origin(neurons, chosen)
     chosen.check_applicable(model)  # other architecture, bad units or settings, empty: clear error
     matches = None
     if chosen.fingerprint is not None:
@@ -148,6 +166,17 @@ def load_neurons(
         "settings": chosen.settings,
     }
     return chosen, info, found
+
+
+def _origin(neurons: NeuronSource, chosen: Any) -> str:
+    """What a set read from ``neurons`` is, as metrics.json records it (a hub set with the
+    commit read)."""
+    if neurons.kind == "builtin":
+        return f"the built-in set for {chosen.model_spec}"
+    if neurons.kind == "hub":
+        commit = chosen.data.get("hub", {}).get("commit")
+        return f"the hub set {neurons}" + (f" (commit {commit})" if commit else "")
+    return f"the {neurons.kind} {neurons}"
 
 
 def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any]] | None:

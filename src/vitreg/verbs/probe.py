@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitreg.configs import NeuronsConfig, ProbeRunConfig
+from vitreg.configs import NeuronsConfig, NeuronSource, ProbeRunConfig
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import join_torchrun, prepare, read_document
@@ -28,14 +28,14 @@ def parse_layers(text: str) -> list[int | str]:
     return out
 
 
-def fix_plan(fix: str, neurons: str | None) -> tuple[bool, str | None, bool]:
-    """(run base?, neuron source, run fixed?) from ``fix`` none|both|FILE|builtin (the config
-    has checked ``fix`` and that ``neurons`` goes with ``fix both`` only)."""
+def fix_plan(fix: str, neurons: NeuronSource) -> tuple[bool, NeuronSource | None, bool]:
+    """(run base?, neuron source, run fixed?) from ``fix`` none|both|SOURCE (the config has
+    checked ``fix`` and that ``neurons`` goes with ``fix both`` only)."""
     if fix == "none":
         return True, None, False
     if fix == "both":
         return True, neurons, True
-    return False, fix, True
+    return False, NeuronSource.parse(fix), True
 
 
 def probe_config(cfg: ProbeRunConfig) -> Any:
@@ -48,7 +48,7 @@ def probe_config(cfg: ProbeRunConfig) -> Any:
 def probe_fix(
     model: Any,
     spec: str,
-    neurons: str | None,
+    neurons: NeuronSource,
     cfg: ProbeRunConfig,
     progress: Progress,
     notices: Notices,
@@ -60,10 +60,10 @@ def probe_fix(
 
     search = NeuronsConfig(batch_size=cfg.batch_size)
     source = None
-    if neurons is None:
+    if neurons.kind == "discover":
         source = image_source(model, spec, None, False, None, cfg.batch_size, notices)
     chosen, _, _ = load_neurons(model, spec, neurons, source, search, progress, notices, preloaded)
-    return TestTimeRegisters(chosen, n_registers=cfg.registers)
+    return TestTimeRegisters(chosen, **cfg.ttr_args())
 
 
 @session()  # issue 24: the --out claimed inside is released when the verb ends
@@ -78,7 +78,8 @@ def run_probe(
     cfg, command = prepare(cfg, notices)
     spec, run_dir = cfg.spec, cfg.out
     base, neuron_source, fixed = fix_plan(cfg.fix, cfg.neurons)
-    preloaded = neuron_file(neuron_source, spec)  # bad input fails before the model loads
+    # a missing or bad neuron file fails before the model loads
+    preloaded = None if neuron_source is None else neuron_file(neuron_source, spec)
     datasets = splits(cfg.data)
     device = join_torchrun(cfg.device)
     model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)

@@ -11,7 +11,7 @@ from typing import Any
 from vitreg.configs import TrainRunConfig
 from vitreg.core.run_dir import session
 from vitreg.errors import InputError
-from vitreg.progress import SILENT, Progress, step_phase
+from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import command_line, default_run_dir, slug
 from vitreg.verbs.result import Listener, Notice, Notices, TrainRun
 
@@ -30,16 +30,11 @@ def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def train_args(cfg: TrainRunConfig) -> dict[str, Any]:
-    """The keyword arguments of :func:`vitreg.train.train` (after variant, data, recipe and the
-    run directory) that a :class:`~vitreg.configs.TrainRunConfig` sets."""
-    names = ("steps", "epochs", "batch_size", "lr", "accum_steps", "amp", "seed")
-    names += ("checkpoint_every", "resume", "extend", "img_size", "device")
-    return {
-        **{k: getattr(cfg, k) for k in names},
-        "model_kwargs": parse_pairs(cfg.model_arg),
-        "options": parse_pairs(cfg.option),
-    }
+def train_settings(cfg: TrainRunConfig) -> Any:
+    """The :class:`~vitreg.train.settings.TrainSettings` part of a run config."""
+    from vitreg.train.settings import TrainSettings
+
+    return TrainSettings(**cfg.model_dump(include=set(TrainSettings.model_fields)))
 
 
 def train_command_line(cfg: TrainRunConfig) -> str:
@@ -70,10 +65,15 @@ def run_train(
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(cfg.variant), verb="train")
     cfg = cfg.model_copy(update={"out": run_dir})
     check_out(run_dir, "train", cfg.variant, cfg.overwrite)
-    with step_phase(progress, "training (optimizer steps)") as steps:  # rank 0 only
-        result = train(
-            cfg.variant, cfg.data, cfg.recipe, run_dir, progress=steps, **train_args(cfg)
-        )
+    result = train(
+        cfg.variant,
+        cfg.data,
+        train_settings(cfg),
+        run_dir,
+        model_kwargs=parse_pairs(cfg.model_arg),
+        options=parse_pairs(cfg.option),
+        progress=progress,  # rank 0 only
+    )
     if int(os.environ.get("RANK", "0")) != 0:
         return TrainRun("train", run_dir, None, [], training=result)
     notices = Notices(on_notice)

@@ -10,30 +10,8 @@ from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import prepare, read_document
 from vitreg.verbs.loading import model_and_images
-from vitreg.verbs.neuron_sources import DISCOVERED, discover, load_neurons
+from vitreg.verbs.neuron_sources import load_neurons, neuron_file
 from vitreg.verbs.result import Listener, Notice, Notices, VlmRun
-
-
-def choose_neurons(
-    model: Any, spec: str, source: Any, cfg: VlmConfig, progress: Progress, notices: Notices
-) -> tuple[Any, dict[str, Any]]:
-    """The NeuronSet of ``neurons``: the file, or (auto) discovered on these images first."""
-    if cfg.neurons != "auto":
-        chosen, info, _ = load_neurons(model, spec, cfg.neurons, source, cfg, progress, notices)
-        return chosen, info
-    from vitreg.neurons.auto import layer_counts
-
-    notices.append(
-        Notice(
-            "discovery",
-            "--neurons auto: discovering the tower's register neurons on these images first (as "
-            "`vitreg neurons` does); the answers are then compared on the same images.",
-            caution=True,
-        )
-    )
-    chosen = discover(model, source, cfg, progress, notices).chosen
-    chosen.check_applicable(model)
-    return chosen, {"source": DISCOVERED, "n_neurons": len(chosen), "layers": layer_counts(chosen)}
 
 
 def describe_vlm(model: Any) -> dict[str, Any]:
@@ -64,11 +42,12 @@ def run_vlm(
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices)
     spec, run_dir = cfg.spec, cfg.out
+    preloaded = neuron_file(cfg.neurons, spec)  # a missing or bad file fails before the model
     model, source = model_and_images(cfg, cfg.device, progress, notices, cfg.limit or 64)
-    chosen, info = choose_neurons(model, spec, source, cfg, progress, notices)
-    ttr = TestTimeRegisters(
-        chosen, n_registers=cfg.registers, cls=cfg.cls, patches=cfg.patches, mode=cfg.mode
+    chosen, info, _ = load_neurons(
+        model, spec, cfg.neurons, source, cfg, progress, notices, preloaded
     )
+    ttr = TestTimeRegisters(chosen, **cfg.ttr_args())
     notices.append(Notice("generation", f"answers: greedy; {SUPPRESSED}."))
     with progress(source.total, "answering without, then with the fix (images)") as update:
         result = answer(

@@ -3,7 +3,7 @@ with a fix on the vision tower, and how much the answer changed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ from vitreg.analysis.rules import Z_CUT, robust_mask
 from vitreg.fix.base import Fix
 from vitreg.models.loaders.hf_vlm import vlm_of
 from vitreg.models.model import Model, iter_batches
+from vitreg.progress import Update
 from vitreg.vlm.attention import Reading, read, to_grid
 from vitreg.vlm.change import answer_change, first_token_change
 from vitreg.vlm.inputs import prompt_text, query_positions, token_ids
@@ -199,7 +200,7 @@ def run_vlm(
     max_new_tokens: int = 32,
     query: str | Sequence[int] = "answer",
     batch_size: int = 8,
-    progress: Callable[[int], None] | None = None,
+    progress: Update | None = None,
 ) -> VlmResult:
     """For each image (tensor batches, a DataLoader or an image source in the tower's input
     space): answer ``prompt`` and read the attention maps without, then with ``fix`` applied

@@ -22,7 +22,7 @@ from tiny_models import (
     open_clip_images,
     open_clip_tower,
 )
-from vitreg.models.adapters.base import registered_adapters
+from vitreg.models.adapters.base import ADAPTERS
 
 
 def _timm(key: str) -> tuple[vitreg.Model, torch.Tensor]:
@@ -99,4 +99,10 @@ def test_hooks_leave_the_source_forward_unchanged(case: str) -> None:
 
 def test_the_matrix_covers_every_registered_adapter() -> None:
     families = {CASES[case]()[0].family for case in CASES}
-    assert families == {cls.family for cls in registered_adapters()}
+    assert families == {cls.family for cls in ADAPTERS.values()}
+
+
+def test_adapters_that_check_the_class_come_before_those_that_search_a_container() -> None:
+    order = ADAPTERS.names()
+    assert order.index("TimmViTAdapter") < order.index("HFDinov2Adapter")
+    assert ADAPTERS.names("HF*") == ["HFDinov2Adapter", "HFCLIPAdapter", "HFSiglipAdapter"]

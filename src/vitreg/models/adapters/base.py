@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from vitreg.core.layout import TokenLayout
+from vitreg.core.registry import Registry
 from vitreg.errors import InputError, UnsupportedModelError
 from vitreg.hooks.sites import EmbedSite, Handle, Site
 
@@ -22,11 +24,30 @@ from vitreg.hooks.sites import EmbedSite, Handle, Site
 ValuesFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Family:
+    """A model family an adapter wraps, as ``vitreg models`` lists it: where it comes from, how
+    to name it, what to watch out for (facts from reference/timm_internals.md, §3, §6, §7)."""
+
+    key: str
+    name: str
+    library: str  # import name of the library that builds the module
+    examples: tuple[str, ...]
+    notes: tuple[str, ...]
+    extra: str | None = None  # pip extra that installs ``library`` (None: a core dependency)
+    adapter: str = ""  # the ``family`` of the adapter that wraps it (filled by the listing)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class Adapter(ABC):
     """Binds vitreg's vocabulary to one family of source modules."""
 
     family: ClassVar[str]
     source: ClassVar[str]
+    # the model families this adapter wraps (its own, not a parent's), for ``vitreg models``
+    families: ClassVar[tuple[Family, ...]] = ()
     hierarchical: ClassVar[bool] = False
     supports_insertion: ClassVar[bool] = True
     # True when the source's own outputs (and so ``features``) already exclude inserted tokens
@@ -159,27 +180,29 @@ class Adapter(ABC):
         self.grid_for((int(x.shape[-2]), int(x.shape[-1])))
 
 
-_REGISTRY: list[type[Adapter]] = []
+#: every adapter, tried highest priority first: those that check the module's own class (timm,
+#: open_clip) before those that search a container for a tower (Hugging Face)
+ADAPTERS: Registry[type[Adapter]] = Registry("adapters", modules=("vitreg.models.adapters",))
+EXACT = 10  # the priority of an adapter that matches the module's own class
+SEARCHING = 0  # the priority of one that looks inside the module for the network it wraps
 
 
-def register_adapter(cls: type[Adapter]) -> type[Adapter]:
-    """Class decorator adding an adapter to the registry (first match wins, in import order)."""
-    _REGISTRY.append(cls)
-    return cls
+def register_adapter(priority: int) -> Callable[[type[Adapter]], type[Adapter]]:
+    """Class decorator adding an adapter to :data:`ADAPTERS` under its class name."""
 
+    def deco(cls: type[Adapter]) -> type[Adapter]:
+        ADAPTERS.register(cls.__name__, cls, priority=priority)
+        return cls
 
-def registered_adapters() -> list[type[Adapter]]:
-    from vitreg.models import adapters  # noqa: F401  (importing registers the built-ins)
-
-    return list(_REGISTRY)
+    return deco
 
 
 def adapter_for(module: nn.Module) -> Adapter:
     """Instantiate the adapter that handles ``module``, or raise :class:`UnsupportedModelError`."""
-    for cls in registered_adapters():
+    for cls in ADAPTERS.values():
         if cls.matches(module):
             return cls(module)
-    names = ", ".join(c.family for c in registered_adapters())
+    names = ", ".join(dict.fromkeys(c.family for c in ADAPTERS.values()))
     raise UnsupportedModelError(
         f"no vitreg adapter handles {type(module).__module__}.{type(module).__name__}; "
         f"supported families: {names}. Run `vitreg models` for example specs, or pass the "

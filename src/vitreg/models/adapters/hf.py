@@ -42,7 +42,7 @@ from vitreg.hooks.sites import (
     Site,
     _check_replacement,
 )
-from vitreg.models.adapters.base import Adapter, ValuesFn, register_adapter
+from vitreg.models.adapters.base import SEARCHING, Adapter, Family, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -442,7 +442,7 @@ class HFViTAdapter(Adapter):
         return Handle([h.remove for h in handles])
 
 
-@register_adapter
+@register_adapter(SEARCHING)
 class HFDinov2Adapter(HFViTAdapter):
     """``Dinov2Model`` / ``Dinov2WithRegistersModel`` (+ classification wrappers).
 
@@ -453,6 +453,23 @@ class HFDinov2Adapter(HFViTAdapter):
 
     family = "hf-dinov2"
     model_types = ("dinov2", "dinov2_with_registers")
+
+    families = (
+        Family(
+            "hf-dinov2",
+            "DINOv2 (HF)",
+            "transformers",
+            ("hf:facebook/dinov2-with-registers-small", "hf:facebook/dinov2-small"),
+            (
+                "Needs vitreg[hf]. Positions are interpolated, so any multiple of the patch size works.",
+                "The default sdpa attention returns no weights: patterns come from the eager path "
+                "or from q/k, see `vitreg inspect`.",
+                "HF heads pool by index ([CLS] or a mean over the rest): inserted tokens are "
+                "stripped from features, but custom heads must skip them too.",
+            ),
+            extra="hf",
+        ),
+    )
 
     def grid_for(self, image_size: tuple[int, int]) -> tuple[int, int]:
         return image_grid(image_size, self.patch_size, None, True, False, "")
@@ -469,7 +486,7 @@ class HFDinov2Adapter(HFViTAdapter):
         )
 
 
-@register_adapter
+@register_adapter(SEARCHING)
 class HFCLIPAdapter(HFViTAdapter):
     """``CLIPVisionModel`` (LLaVA's vision tower), v4 ``CLIPVisionTransformer``,
     ``CLIPVisionModelWithProjection``.
@@ -484,6 +501,24 @@ class HFCLIPAdapter(HFViTAdapter):
 
     family = "hf-clip"
     model_types = ("clip_vision_model",)
+
+    families = (
+        Family(
+            "hf-clip",
+            "CLIP vision (HF)",
+            "transformers",
+            ("hf:openai/clip-vit-large-patch14-336", "hf-vlm:llava-hf/llava-1.5-7b-hf"),
+            (
+                "Needs vitreg[hf]. The vision tower used by LLaVA-style VLMs, which read patch tokens "
+                "of the penultimate layer.",
+                "hf-vlm: loads a whole LLaVA model and wraps its tower (the VLM is model.vlm); "
+                "`vitreg vlm` maps the language model's attention over the image before and after "
+                "the fix.",
+                "OpenAI towers use QuickGELU and a pre-layernorm (pre_layrnorm) before the blocks.",
+            ),
+            extra="hf",
+        ),
+    )
 
     def data_config(self) -> dict:
         """OpenAI CLIP's processor: shortest side to the model size, center crop, bicubic."""
@@ -508,7 +543,7 @@ class HFCLIPAdapter(HFViTAdapter):
         )
 
 
-@register_adapter
+@register_adapter(SEARCHING)
 class HFSiglipAdapter(HFViTAdapter):
     """``SiglipVisionModel``: no [CLS]; ``ln_final.hook_out`` is ``post_layernorm`` over all tokens,
     which feeds the attention-pooling head. Inputs must have the configured size unless
@@ -517,6 +552,22 @@ class HFSiglipAdapter(HFViTAdapter):
     family = "hf-siglip"
     model_types = ("siglip_vision_model",)
     n_cls = 0
+
+    families = (
+        Family(
+            "hf-siglip",
+            "SigLIP vision (HF)",
+            "transformers",
+            ("hf:google/siglip-base-patch16-224",),
+            (
+                "Needs vitreg[hf]. No [CLS] token; post_layernorm covers all tokens and feeds the "
+                "attention-pooling head.",
+                "Inputs must have the configured size unless interpolate_pos_encoding=True is "
+                "passed to vitreg.load. Random-weight builds need the config in the HF cache.",
+            ),
+            extra="hf",
+        ),
+    )
 
     def data_config(self) -> dict:
         """SigLIP's processor: squash-resize to the model size, mean/std 0.5, bicubic."""

@@ -38,7 +38,7 @@ from vitreg.hooks.attention import (
     softmax_pattern,
 )
 from vitreg.hooks.sites import Handle, HookContext, HookFn, InputSite, LayoutFn, OutputSite, Site
-from vitreg.models.adapters.base import Adapter, ValuesFn, register_adapter
+from vitreg.models.adapters.base import EXACT, Adapter, Family, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
 
 Convert = tuple[Callable[[Any], torch.Tensor], Callable[[torch.Tensor, Any], Any]]
@@ -169,13 +169,30 @@ def recompute_capture(attn: nn.MultiheadAttention, seq_first: bool) -> Callable:
     return capture
 
 
-@register_adapter
+@register_adapter(EXACT)
 class OpenClipViTAdapter(Adapter):
     """open_clip ``VisionTransformer`` with ``ResidualAttentionBlock`` blocks (plain MHA)."""
 
     family = "open_clip-vit"
     source = "open_clip"
     strips_extra = True
+
+    families = (
+        Family(
+            "openclip",
+            "OpenCLIP",
+            "open_clip",
+            ("open_clip:ViT-B-16/laion2b_s34b_b88k",),
+            (
+                "Spec is ARCH/PRETRAINED_TAG as in open_clip.list_pretrained(); needs vitreg[openclip].",
+                "open_clip calls nn.MultiheadAttention with need_weights=False: patterns come from "
+                "q/k, see `vitreg inspect` for the path used.",
+                "Towers built on a timm trunk (SigLIP, EVA-02 configs) are handled by the timm "
+                "adapters of that trunk.",
+            ),
+            extra="openclip",
+        ),
+    )
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)

@@ -18,7 +18,7 @@ from torch import nn
 from vitreg.core.layout import TokenLayout
 from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
 from vitreg.hooks.sites import Handle, HookFn, LayoutFn, OutputSite, Site
-from vitreg.models.adapters.base import ValuesFn, register_adapter
+from vitreg.models.adapters.base import EXACT, Family, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import TimmViTAdapter, insert_after_prefix, qkv_part
 
 
@@ -96,11 +96,40 @@ def rope_pattern(attn: nn.Module) -> Callable[[torch.Tensor, torch.Tensor, dict]
     return compute
 
 
-@register_adapter
+@register_adapter(EXACT)
 class TimmEvaAdapter(TimmViTAdapter):
     """timm ``Eva`` with pre-norm ``EvaBlock``s (``EvaAttention`` or ``AttentionRope``)."""
 
     family = "timm-eva"
+
+    families = (
+        Family(
+            "dinov3",
+            "DINOv3",
+            "timm",
+            ("timm:vit_small_patch16_dinov3.lvd1689m",),
+            (
+                "timm Eva class: rope instead of absolute positions, 4 trained registers, LayerScale "
+                "as bare gamma_1/gamma_2 parameters (no module to hook).",
+                "Default 256 px, any multiple of 16 works; timm pools by average, upstream DINOv3 uses "
+                "[CLS] (pass global_pool='token').",
+                "S+/H+/7B use SwiGLU MLPs; *_qkvb variants add the qkv bias inside F.linear, "
+                "bypassing hooks on attn.qkv.",
+            ),
+        ),
+        Family(
+            "eva02",
+            "EVA-02",
+            "timm",
+            ("timm:eva02_base_patch14_224.mim_in22k",),
+            (
+                "timm Eva class: rope plus absolute positions, no LayerScale.",
+                "T/S use a packed SwiGLU MLP; B/L use SwiGLU with a LayerNorm before fc2, so "
+                "mlp.hook_post is the hidden unit before that norm.",
+                "MIM models pool by average (fc_norm); mean/std are the OpenAI CLIP constants.",
+            ),
+        ),
+    )
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:

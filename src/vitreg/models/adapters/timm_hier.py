@@ -25,7 +25,7 @@ from vitreg.errors import InputError
 from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
 from vitreg.hooks.patterns import PatternRead, PatternReading
 from vitreg.hooks.sites import InputSite, OutputSite, Site
-from vitreg.models.adapters.base import Adapter, register_adapter
+from vitreg.models.adapters.base import EXACT, Adapter, Family, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
 
 Grid = tuple[int, int]
@@ -252,9 +252,23 @@ def nchw_grid() -> dict[str, Callable]:
     }
 
 
-@register_adapter
+@register_adapter(EXACT)
 class TimmSwinAdapter(_HierAdapter):
     """timm ``SwinTransformer``: NHWC stages of shifted-window blocks, final LayerNorm ``norm``."""
+
+    families = (
+        Family(
+            "swin",
+            "Swin Transformer",
+            "timm",
+            ("timm:swin_tiny_patch4_window7_224.ms_in1k",),
+            (
+                "Hierarchical: no [CLS], 4 stages of NHWC token grids with their own layouts.",
+                "Attention is windowed (49x49 per window, shifted on odd blocks), not global.",
+                "Takes no extra tokens: test-time registers do not apply.",
+            ),
+        ),
+    )
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -343,10 +357,25 @@ def _pvt_pattern(attn: nn.Module) -> Callable[[torch.Tensor, torch.Tensor, dict]
     return compute
 
 
-@register_adapter
+@register_adapter(EXACT)
 class TimmPvtV2Adapter(_HierAdapter):
     """timm ``PyramidVisionTransformerV2``: blocks take ``(x [B, N, C], feat_size)``; each stage
     ends with its own LayerNorm and emits NCHW."""
+
+    families = (
+        Family(
+            "pvt_v2",
+            "PVT-v2",
+            "timm",
+            ("timm:pvt_v2_b0.in1k",),
+            (
+                "Hierarchical: no [CLS], 4 stages; spatial-reduction attention gives N x N_kv "
+                "patterns.",
+                "The MLP has a depthwise conv; neurons are read after its activation.",
+                "Takes no extra tokens and no img_size argument (any size works).",
+            ),
+        ),
+    )
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:

@@ -18,7 +18,7 @@ from vitreg.hooks.sites import (
     bhnd_to_bnhd,
     bnhd_to_bhnd,
 )
-from vitreg.models.adapters.base import Adapter, ValuesFn, register_adapter
+from vitreg.models.adapters.base import EXACT, Adapter, Family, ValuesFn, register_adapter
 
 _ATTN_PARTS = ("qkv", "q_norm", "k_norm", "attn_drop", "scale", "num_heads")
 _BLOCK_PARTS = ("norm1", "attn", "norm2", "mlp")
@@ -70,12 +70,88 @@ def image_grid(
     return h // ph, w // pw
 
 
-@register_adapter
+@register_adapter(EXACT)
 class TimmViTAdapter(Adapter):
     """timm ``VisionTransformer`` with ``Block``-style blocks (pre-norm, fused or plain attention)."""
 
     family = "timm-vit"
     source = "timm"
+
+    families = (
+        Family(
+            "dinov2",
+            "DINOv2 (+reg4)",
+            "timm",
+            (
+                "timm:vit_small_patch14_dinov2.lvd142m",
+                "timm:vit_small_patch14_reg4_dinov2.lvd142m",
+            ),
+            (
+                "Defaults to 518x518 inputs (37x37 patches) with a strict size check; pass "
+                "img_size=224 or dynamic_img_size=True to vitreg.load for other sizes.",
+                "reg4 models have 4 trained registers after [CLS], with no positional embedding.",
+                "LayerScale (ls1/ls2). The giant model uses a packed SwiGLU MLP: mlp.hook_post is "
+                "the gated product, not the SiLU gate.",
+            ),
+        ),
+        Family(
+            "clip",
+            "CLIP in timm",
+            "timm",
+            ("timm:vit_base_patch16_clip_quickgelu_224.openai",),
+            (
+                "Untagged CLIP names load fine-tuned ImageNet classifiers "
+                "(e.g. .laion2b_ft_in12k_in1k); always name the tag (.openai, .laion2b, ...).",
+                "OpenAI weights were trained with QuickGELU: use the *_clip_quickgelu_* names, the "
+                "plain names build nn.GELU.",
+                "Pre-norm (norm_pre = ln_pre), no LayerScale; the head is the CLIP projection. "
+                "Mean/std differ per tag: use model.transform.",
+            ),
+        ),
+        Family(
+            "siglip",
+            "SigLIP",
+            "timm",
+            ("timm:vit_base_patch16_siglip_224.webli",),
+            (
+                "No [CLS] token: the layout has no prefix, every token is a patch.",
+                "Pools with a MAP head (attention-pool latent) whose attention is not a block hook; "
+                "*_siglip_gap_* variants average instead.",
+                "Mean/std 0.5.",
+            ),
+        ),
+        Family(
+            "deit3",
+            "DeiT-III",
+            "timm",
+            ("timm:deit3_small_patch16_224.fb_in1k",),
+            (
+                "Supervised ImageNet training; LayerScale (init 1e-6); [CLS] gets no positional "
+                "embedding (no_embed_class).",
+            ),
+        ),
+        Family(
+            "dino",
+            "DINO (v1)",
+            "timm",
+            ("timm:vit_small_patch16_224.dino",),
+            (
+                "Plain ViT without LayerScale; the untagged name loads supervised augreg weights, "
+                "not DINO: keep the .dino tag.",
+            ),
+        ),
+        Family(
+            "planted",
+            "planted (synthetic)",
+            "timm",
+            ("planted:dinov2_s14",),
+            (
+                "Synthetic: a real timm architecture with random weights and planted register "
+                "neurons, with the ground truth. For offline demos and tests, not for claims about "
+                "pretrained models.",
+            ),
+        ),
+    )
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:

@@ -21,7 +21,7 @@ from torch import nn
 
 from vitreg.core.containment import check_folder
 from vitreg.errors import InputError, SpecError, WeightsError
-from vitreg.models.load import Loaded, offline_hint, read_state_dict, register_loader
+from vitreg.models.load import Loaded, offline_hint, read_state_dict
 from vitreg.models.text_tower import TextTower, attach
 
 _DINOV2 = dict(mlp_ratio=4, patch_size=14, image_size=518, layer_norm_eps=1e-6, hidden_act="gelu")
@@ -217,7 +217,6 @@ def _processor_transform(source: str) -> ProcessorTransform | None:
     return ProcessorTransform(processor)
 
 
-@register_loader("hf")
 def load_hf(
     name: str, pretrained: bool = True, weights: str | os.PathLike | None = None, **kwargs: Any
 ) -> Loaded:

@@ -24,7 +24,7 @@ from torch import nn
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.models.adapters.hf import first_attr
-from vitreg.models.load import Loaded, offline_hint, register_loader
+from vitreg.models.load import Loaded, offline_hint
 from vitreg.models.loaders.hf_source import ProcessorTransform, _source
 from vitreg.models.loaders.vlm_folder import MODEL_TYPES, check_vlm_folder
 from vitreg.models.model import Model
@@ -144,7 +144,6 @@ def _processor(source: str) -> Any | None:
         return None
 
 
-@register_loader("hf-vlm")
 def load_hf_vlm(
     name: str, pretrained: bool = True, weights: str | os.PathLike | None = None, **kwargs: Any
 ) -> Loaded:

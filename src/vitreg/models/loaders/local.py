@@ -44,8 +44,8 @@ from torch import nn
 
 from vitreg.core.containment import check_folder
 from vitreg.core.io import write_bytes_atomic, write_text_atomic
-from vitreg.core.plugins import fill
 from vitreg.core.readers import read_json
+from vitreg.core.registry import Registry
 from vitreg.core.weights import WeightKind
 from vitreg.errors import InputError, SpecError, VitregError, WeightsError
 from vitreg.models.input_size import MAX_IMG_SIZE, activation_excess
@@ -54,7 +54,6 @@ from vitreg.models.load import (
     Loaded,
     describe_invalid,
     inside,
-    register_loader,
 )
 from vitreg.models.model import weights_of
 
@@ -289,13 +288,9 @@ class Section:
     prepare: Callable[[Path, Path, Any], tuple[str, Callable[[Any], None]]]
 
 
-#: config.json keys handled by higher layers, filled when they are imported
-SECTIONS: dict[str, Section] = {}
-
-
-def register_section(key: str, section: Section) -> None:
-    """Let a higher layer validate and apply ``key`` of a ``local:`` folder's config.json."""
-    SECTIONS[key] = section
+#: config.json keys handled by higher layers (a saved fix), which register them through
+#: :mod:`vitreg.core.plugins`: ``SECTIONS.register(key, section)``
+SECTIONS: Registry[Section] = Registry("local_sections")
 
 
 def _an_object(cls: type, v: Any) -> Any:
@@ -378,7 +373,6 @@ def read_config(directory: Path, config_path: Path) -> dict[str, Any]:
     return raw
 
 
-@register_loader("local")
 def load_local(
     name: str, pretrained: bool = True, weights: str | os.PathLike | None = None, **kwargs: Any
 ) -> Loaded:
@@ -390,7 +384,6 @@ def load_local(
     raw = read_config(directory, config_path)
     if "model_type" in raw and "architecture" not in raw:
         return _load_hf(directory, config_path, raw, pretrained, weights, kwargs)
-    fill("local_sections")  # the sections of higher layers (a saved fix)
     try:
         config = _config_model(tuple(SECTIONS.items())).model_validate(raw)
     except ValidationError as e:

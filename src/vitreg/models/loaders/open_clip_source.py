@@ -16,7 +16,7 @@ import warnings
 from typing import Any
 
 from vitreg.errors import SpecError, WeightsError
-from vitreg.models.load import Loaded, offline_hint, register_loader, weights_read_error
+from vitreg.models.load import Loaded, offline_hint, weights_read_error
 from vitreg.models.text_tower import TextTower, attach
 
 
@@ -80,7 +80,6 @@ def _tag_preprocess(arch: str, tag: str, kwargs: dict) -> dict:
     return {arg: cfg[k] for k, arg in keys.items() if k in cfg and arg not in kwargs}
 
 
-@register_loader("open_clip")
 def load_open_clip(
     name: str, pretrained: bool = True, weights: str | os.PathLike | None = None, **kwargs: Any
 ) -> Loaded:

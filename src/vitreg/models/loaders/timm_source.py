@@ -18,7 +18,6 @@ from vitreg.models.load import (
     load_strict,
     offline_hint,
     read_state_dict,
-    register_loader,
 )
 
 
@@ -189,7 +188,6 @@ def _create(name: str, **kwargs: Any) -> nn.Module:
     return timm.create_model(name, **kwargs)
 
 
-@register_loader("timm")
 def load_timm(
     name: str, pretrained: bool = True, weights: str | os.PathLike | None = None, **kwargs: Any
 ) -> Loaded:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from vitreg.core.registry import Registry
 from vitreg.errors import InputError, SpecError
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitResult, ProbeConfig, fit_seeds
@@ -100,13 +101,12 @@ class Task(ABC):
         """Scores of this task at ``layer`` (a cached hook name)."""
 
 
-TASKS: dict[str, type[Task]] = {}
+TASKS: Registry[type[Task]] = Registry("tasks", modules=("vitreg.probe.tasks",))
 
 
 def register_task(cls: type[Task]) -> type[Task]:
-    """Class decorator: make a task available by its ``name``."""
-    TASKS[cls.name] = cls
-    return cls
+    """Class decorator: make a task available by its ``name`` in :data:`TASKS`."""
+    return TASKS.register(cls.name, cls)
 
 
 def get_task(name: str) -> Task:
