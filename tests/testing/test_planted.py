@@ -54,6 +54,8 @@ def masks(truth, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_list_planted_names_and_descriptions() -> None:
+    from vitreg.testing.planted_kinds import KINDS
+
     names = list_planted()
     assert set(names) == {
         "dinov2_s14",
@@ -65,6 +67,7 @@ def test_list_planted_names_and_descriptions() -> None:
         "deit3_s16",
         "dinov2_s14_early",
         "dinov2_s14_multiblock",
+        *KINDS,  # one tiny model per kind of artifact (issue 20)
     }
     assert all(isinstance(d, str) and d for d in names.values())
 

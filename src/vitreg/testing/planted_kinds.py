@@ -236,5 +236,5 @@ def _massive_unit(module: nn.Module, block: int, read: int, write: int) -> None:
     fc1.weight[0, read] = 10.0 / mark
     fc1.bias[0] = -5.0  # ~5 on [CLS], ~-5 (GELU ~ -1e-6) on every other token
     act = 5.0
-    fc2.weight[:, 0] = 0.0
+    fc2.weight[:, 0] = 0.0  # layout: hidden unit 0's output column, not a token
     fc2.weight[write, 0] = MASSIVE_VALUE / (act * float(blk.ls2.gamma[write]))
