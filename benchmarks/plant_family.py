@@ -90,7 +90,7 @@ def read_partial(path: Path, args: argparse.Namespace) -> dict[int, dict[str, An
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Outcome counts, the seeds of each non-exact outcome, precision/recall means and costs."""
-    ran = [r for r in rows if r["outcome"] != "refused"]
+    ran = [r for r in rows if r["outcome"] not in ("refused", "not_built")]
     by = Counter(r["outcome"] for r in rows)
 
     def mean(key: str, rs: list[dict[str, Any]]) -> float | None:
@@ -108,8 +108,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "distractors_chosen": sum(r.get("distractors_chosen", 0) for r in rows),
         "helpers_chosen": sum(r.get("helpers_chosen", 0) for r in rows),
         "others_chosen": sum(r.get("others_chosen", 0) for r in rows),
-        "after_emergence": Counter(r["outcome"] for r in rows if r["writers_after_emergence"]),
-        "median_seconds": statistics.median(r["seconds"] for r in rows) if rows else None,
+        "after_emergence": Counter(r["outcome"] for r in rows if r.get("writers_after_emergence")),
+        "median_seconds": statistics.median(r["seconds"] for r in ran) if ran else None,
         "median_forwards": statistics.median(r["forwards"] for r in ran) if ran else None,
     }
 

@@ -15,7 +15,9 @@ behind ``vitreg neurons``), and measures, on fresh images neither discovery nor 
 
 ``outcome`` is "exact" (precision = recall = 1, clean, and the path says clean),
 "clean_incomplete" (clean and said so, but not exactly the causal units), "partial" (the path
-says partial and the fresh images agree), "refused" (the path raised a vitreg error) or "wrong"
+says partial and the fresh images agree), "not_built" (the family's planter could not reach
+the drawn outlier ratio: a fixture failure, not the path's), "refused" (the path raised a vitreg
+error) or "wrong"
 (a status the fresh images contradict: "clean" while outliers are left, or "partial" while
 clean).
 """
@@ -65,7 +67,10 @@ def score_circuit(
 ) -> dict[str, Any]:
     """Run the automatic path on the circuit ``seed`` draws and score it against its truth."""
     s = sample(seed, arch, **ranges)
-    module, truth = random_circuit(arch, seed, **ranges)
+    try:
+        module, truth = random_circuit(arch, seed, **ranges)
+    except RuntimeError as e:  # the planter's calibration missed its target ratio
+        return {"seed": seed, "arch": s.arch, "outcome": "not_built", "error": str(e)}
     model = wrap(module)
     images = truth.normalize(make_synthetic(n_images, s.img_size, seed + 1000, FLAT).images)
     fresh = truth.normalize(make_synthetic(n_fresh, s.img_size, seed + 2000, FLAT).images)
