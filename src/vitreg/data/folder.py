@@ -357,16 +357,34 @@ def iter_folder(
         log.skipped[str(s.path)] = s.message
     if not files and not walked:
         raise InputError(f"image folder {str(directory)!r} is empty; put .jpg/.png images in it")
+
+    def entries() -> Iterator[tuple[str, Callable[[], tuple[Image.Image, str | None]]]]:
+        for path in files:
+            if limit is not None and len(log.used) >= limit:
+                return
+            if path.suffix.lower() not in IMAGE_SUFFIXES:
+                log.skipped[str(path)] = f"not an image file ({path.suffix or 'no suffix'})"
+                continue
+            yield str(path), lambda path=path: load_image(path, max_pixels)
+
+    yield from decoded_batches(entries(), transform, batch_size, log, repr(str(directory)), True)
+
+
+def decoded_batches(
+    entries: Iterator[tuple[str, Callable[[], tuple[Image.Image, str | None]]]],
+    transform: Callable[[Image.Image], torch.Tensor],
+    batch_size: int,
+    log: FolderLog,
+    where: str,
+    short_names: bool = False,
+) -> Iterator[torch.Tensor]:
+    """Batches of ``transform``ed images from ``(name, decode)`` entries (a folder's files, a
+    shard's samples), undecodable ones skipped and conversions noted in ``log``; an error naming
+    ``where`` when not one decodes."""
     batch: list[torch.Tensor] = []
-    for path in files:
-        if limit is not None and len(log.used) >= limit:
-            break
-        name = str(path)
-        if path.suffix.lower() not in IMAGE_SUFFIXES:
-            log.skipped[name] = f"not an image file ({path.suffix or 'no suffix'})"
-            continue
+    for name, decode in entries:
         try:
-            img, note = load_image(path, max_pixels)
+            img, note = decode()
         except DECODE_ERRORS as e:
             log.skipped[name] = skip_reason(e)
             continue
@@ -381,6 +399,9 @@ def iter_folder(
         yield torch.stack(batch)
     if not log.used:
         raise InputError(
-            f"no readable image in {str(directory)!r}; skipped: "
-            + "; ".join(f"{Path(k).name}: {v}" for k, v in list(log.skipped.items())[:5])
+            f"no readable image in {where}; skipped: "
+            + "; ".join(
+                f"{Path(k).name if short_names else k}: {v}"
+                for k, v in list(log.skipped.items())[:5]
+            )
         )

@@ -30,12 +30,11 @@ import torch
 from PIL import Image
 
 from vitreg.data.folder import (
-    DECODE_ERRORS,
     IMAGE_SUFFIXES,
     MAX_PIXELS,
     FolderLog,
     PixelBudgetError,
-    skip_reason,
+    decoded_batches,
     to_rgb,
 )
 from vitreg.data.images import ImageSource
@@ -135,37 +134,22 @@ def iter_wds(
     """Batches of transformed images from the shards of ``wds:PATTERN``; ``log`` records used,
     converted and skipped samples as for a folder."""
     log = log if log is not None else FolderLog()
-    batch: list[torch.Tensor] = []
-    for sample in iter_samples(shard_paths(images)):
-        if limit is not None and len(log.used) >= limit:
-            break
-        base = f"{Path(sample['__url__']).name}/{sample['__key__']}"
-        members = [k for k in sample if not k.startswith("__")]
-        image_keys = [k for k in members if _suffix(k) in IMAGE_SUFFIXES]
-        if not image_keys:
-            listed = ", ".join(sorted(members)) or "nothing"
-            log.skipped[base] = f"no image member in the sample (has {listed})"
-            continue
-        name = f"{base}.{image_keys[0]}"
-        try:
-            img, note = decode_bytes(sample[image_keys[0]], name, max_pixels)
-        except DECODE_ERRORS as e:
-            log.skipped[name] = skip_reason(e)
-            continue
-        if note is not None:
-            log.converted[name] = note
-        log.used.append(name)
-        batch.append(transform(img))
-        if len(batch) == batch_size:
-            yield torch.stack(batch)
-            batch = []
-    if batch:
-        yield torch.stack(batch)
-    if not log.used:
-        raise InputError(
-            f"no readable image in {images}; skipped: "
-            + "; ".join(f"{k}: {v}" for k, v in list(log.skipped.items())[:5])
-        )
+
+    def entries() -> Iterator[tuple[str, Callable[[], tuple[Image.Image, str | None]]]]:
+        for sample in iter_samples(shard_paths(images)):
+            if limit is not None and len(log.used) >= limit:
+                return
+            base = f"{Path(sample['__url__']).name}/{sample['__key__']}"
+            members = [k for k in sample if not k.startswith("__")]
+            image_keys = [k for k in members if _suffix(k) in IMAGE_SUFFIXES]
+            if not image_keys:
+                listed = ", ".join(sorted(members)) or "nothing"
+                log.skipped[base] = f"no image member in the sample (has {listed})"
+                continue
+            name, data = f"{base}.{image_keys[0]}", sample[image_keys[0]]
+            yield name, lambda data=data, name=name: decode_bytes(data, name, max_pixels)
+
+    yield from decoded_batches(entries(), transform, batch_size, log, str(images))
 
 
 def count_samples(paths: list[Path]) -> int:
