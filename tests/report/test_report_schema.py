@@ -31,8 +31,8 @@ OLD_FIX = TESTS / "report" / "schema_1_1_fix.json"  # a fix run as schema 1.1 wr
 AS_READ = {
     "NeuronsUsed.settings",
     "TrainedModel.kwargs",
-    "TrainSettings.options",
-    "TrainSettings.data",
+    "TrainConfigRecord.options",
+    "TrainConfigRecord.data",
     "ProbeLayer.info",
     "ProbeResults.data",
     "ProbeResults.caches",

@@ -15,7 +15,7 @@ class TrainedModel(Strict):
     kwargs: dict[str, JsonValue] = Field(default_factory=dict, description="timm create_model")
 
 
-class TrainSettings(Strict):
+class TrainConfigRecord(Strict):
     """``TrainConfig``: every number that shapes a run (stored in each checkpoint too)."""
 
     recipe: str
@@ -66,5 +66,5 @@ class TrainResults(Strict):
     resumed_from: int | None
     weights: str | None
     log: str
-    train_config: TrainSettings
+    train_config: TrainConfigRecord
     dino_terms: DinoTerms | None = None
