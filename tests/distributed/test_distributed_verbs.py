@@ -177,3 +177,25 @@ def test_torchrun_neurons_equals_one_process(tmp_path: Path) -> None:
 def test_torchrun_fix_equals_one_process(tmp_path: Path) -> None:
     out = check_verb(tmp_path, "fix", 16)
     assert out.count("vitreg fix") == 1 and out.count("run directory") == 1
+
+
+# the issue-20 analyses: 2 ranks equal one process ------------------------------------------------
+@pytest.mark.slow  # ~50 s: one torchrun over 4 plants, each traced sharded and whole
+def test_torchrun_kinds_analyses_equal_one_process(tmp_path: Path) -> None:
+    """diagnose with the sink, massive, LOF, position and register analyses on kinds plants."""
+    torchrun([str(TESTS / "dist_kinds_worker.py"), str(tmp_path)])
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert same(ranks[0], ranks[1]) == []  # every rank has the merged result
+    for name, run in ranks[0].items():
+        sharded, whole = run["sharded"], run["whole"]
+        assert sharded["n_images"] == whole["n_images"] == 7
+        diffs = same(sharded["results"], whole["results"], name)
+        assert diffs == [], diffs[:10]
+    # the plants are found, so the comparison covers non-empty results of each analysis
+    res = {name: run["sharded"]["results"] for name, run in ranks[0].items()}
+    assert res["kinds_nop_sink"]["sinks"]["heads"] and res["kinds_nop_sink"]["sinks"]["present"]
+    assert res["kinds_position"]["positions"]["present"]
+    assert res["kinds_position"]["lof"]["n_images"] == 7
+    assert res["kinds_massive"]["massive"]["present"]
+    assert res["kinds_registers"]["registers"]["absorbed"]
+    assert "NOP sinks" in res["kinds_registers"]["kinds"]["present"]

@@ -62,11 +62,14 @@ def head_stats(
     root (called only when some head has an event)."""
     a = pattern.float()
     b, h, n, _ = a.shape
-    vh = v.float().permute(0, 2, 1, 3)  # [B, H, N, D]
     mass, key = a.mean(dim=2).max(dim=-1)
     a_is = a.gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
     routed = (a_is >= ROUTE).float().mean(-1)
-    sq = ((vh @ metric.to(vh)) * vh).sum(-1).clamp_min(0)  # v_j^T M_h v_j
+    # v_j^T M_h v_j as one [H, B*N, D] @ [H, D, D] product on the values where they lie (a
+    # view of the qkv output for timm), then a dot product per token: no copy of v
+    vt = v.float().permute(2, 0, 1, 3).reshape(h, b * n, -1)
+    vm = torch.bmm(vt, metric.to(vt))
+    sq = torch.linalg.vecdot(vm, vt).reshape(h, b, n).permute(1, 0, 2).clamp_min(0)
     un = sq.sqrt()
     us = un.gather(2, key[..., None]).squeeze(-1)
     other = (un.sum(-1) - us) / max(n - 1, 1)
@@ -75,6 +78,7 @@ def head_stats(
     event = routed >= EVENT_FRACTION
     if event.any():
         bi, hi = event.nonzero(as_tuple=True)
+        vh = v.float().permute(0, 2, 1, 3)  # [B, H, N, D]
         z = (a[bi, hi] @ vh[bi, hi]).double()  # [E, N, D]: A v of each event head
         s = metric_sqrt().to(z.device)[hi]
         ev = torch.linalg.eigvalsh(s @ (z.transpose(-1, -2) @ z) @ s).clamp_min(0)

@@ -46,12 +46,18 @@ def softmax_pattern(
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
 ) -> torch.Tensor:
-    """``softmax(q*scale @ k^T + mask)`` for ``[B, H, N, D]`` inputs, in timm's operation order."""
+    """``softmax(q*scale @ k^T + mask)`` for ``[B, H, N, D]`` inputs, in timm's operation order.
+
+    Without autograd the mask and the softmax are applied in place on the scores (one
+    ``[B, H, N, N]`` buffer per pattern); the values are those of the out-of-place expression.
+    """
     scores = (q * scale) @ k.transpose(-2, -1)
     bias = additive_mask(q.shape[-2], scores, attn_mask, is_causal)
+    in_place = not scores.requires_grad
     if bias is not None:
-        scores = scores + bias
-    return scores.softmax(dim=-1)
+        fits = torch.broadcast_shapes(scores.shape, bias.shape) == scores.shape
+        scores = scores.add_(bias) if in_place and fits else scores + bias
+    return torch.softmax(scores, dim=-1, out=scores) if in_place else scores.softmax(dim=-1)
 
 
 @dataclass
