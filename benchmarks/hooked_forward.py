@@ -12,13 +12,14 @@ apart, as it runs once after the forward. Plain arm: the source module's own
 random-weight model and batch; after a warm-up the arms alternate so all see the same machine
 load. Each model runs in a fresh process so its peak RSS is its own.
 
-    python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b]
+    python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -65,6 +66,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from vitreg.analysis.attention import AttentionAnalysis
     from vitreg.analysis.sinks import SinkAnalysis
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = build(name, args.img_size, args.depth)
     rss_built = rss_mb()
@@ -134,6 +137,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "ratio_kinds_over_plain": med["plain"] / med["kinds"],
         "ratio_kinds_over_patterns": med["patterns"] / med["kinds"],
         "kinds_finish_median_s": statistics.median(finish_s),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": [round(x, 2) for x in os.getloadavg()],
         "kinds_found": {
             "sink_events_per_image": done["sinks"].per_image.get("total", 0.0),
             "lof_images": done["lof"].n_images,
@@ -153,6 +158,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_timing_options(p, batch_size=16)
     p.add_argument("--models", default=MODELS, help="comma-separated timm names")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
+    )
     add_size_and_out_options(p, "hooked_forward")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(measure(args.child, args)))
         return
-    shared = child_flags(args, ("batch_size", "repeats", "warmup", "img_size", "depth"))
+    shared = child_flags(args, ("batch_size", "repeats", "warmup", "img_size", "depth", "threads"))
     results = []
     for name in args.models.split(","):
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
@@ -175,7 +183,11 @@ def main(argv: list[str] | None = None) -> None:
         environment=[r.pop("environment") for r in results][0],
         results=results,
     )
-    print(f"batch {args.batch_size}, {args.img_size} px, {args.repeats} interleaved repeats")
+    threads = results[0]["torch_threads"]
+    print(
+        f"batch {args.batch_size}, {args.img_size} px, {args.repeats} interleaved repeats, "
+        f"{threads} torch threads, load average {results[0]['load_average_1m']}"
+    )
     for r in results:
         ips = r["images_per_s"]
         for arm in ("hooked", "patterns", "kinds"):

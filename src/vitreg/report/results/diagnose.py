@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field
 
 from vitreg.report.results.base import Strict
+from vitreg.report.results.kinds import LOF, Kinds, Massive, Positions, Registers, Sinks
 
 
 class Quantiles(Strict):
@@ -263,13 +264,12 @@ class DiagnoseResults(Strict):
     redundancy: Redundancy | None = None
     ln_separation: LNSeparation | None = None
     feature_pictures: FeaturePictures | None = None
-    # the issue-20 analyses (per-kind verdict, sinks, massive activations, LOF anomaly tokens,
-    # position-tied artifacts, register tokens) as their analyses write them: not typed yet
-    kinds: dict[str, JsonValue] | None = None
-    sinks: dict[str, JsonValue] | None = None
-    massive: dict[str, JsonValue] | None = None
-    lof: dict[str, JsonValue] | None = None
-    positions: dict[str, JsonValue] | None = None
-    registers: dict[str, JsonValue] | None = None
+    # the issue-20 analyses (vitreg.report.results.kinds)
+    kinds: Kinds | None = None
+    sinks: Sinks | None = None
+    massive: Massive | None = None
+    lof: LOF | None = None
+    positions: Positions | None = None
+    registers: Registers | None = None
     not_applicable: dict[str, str] = Field(default_factory=dict)
     attention_source: str | list[str] | None = None
