@@ -10,7 +10,10 @@ penultimate block's patch tokens); their ``finish`` (sink summary, per-image LOF
 apart, as it runs once after the forward. Plain arm: the source module's own
 ``forward_features``. All run under ``torch.inference_mode``/``no_grad`` on the same
 random-weight model and batch; after a warm-up the arms alternate so all see the same machine
-load. Each model runs in a fresh process so its peak RSS is its own.
+load. Besides wall-clock ratios it records each arm's CPU seconds (``time.process_time``) and
+their ratios, which other jobs on a shared machine skew far less (``--threads 1`` keeps torch's
+threads from waiting on each other there). Each model runs in a fresh process so its peak RSS is
+its own.
 
     python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b] [--threads 1]
 """
@@ -115,8 +118,21 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.warmup):
         done = finish(*kinds())
     peak_kinds = peak_rss_mb()
+    cpu: dict[str, list[float]] = {}
+
+    def on_cpu(arm: str, fn: Any) -> Any:
+        """``fn`` recording the CPU seconds of this process it takes (load-robust work measure)."""
+
+        def run() -> Any:
+            c0 = time.process_time()
+            fn()
+            cpu.setdefault(arm, []).append(time.process_time() - c0)
+
+        return run
+
     arms = {"plain": plain, "hooked": hooked, "patterns": patterns, "kinds": kinds}
-    times, med = interleaved(arms, args.repeats)
+    times, med = interleaved({a: on_cpu(a, f) for a, f in arms.items()}, args.repeats)
+    cpu_med = {arm: statistics.median(ts) for arm, ts in cpu.items()}
     finish_s = []
     for _ in range(args.repeats):
         passed = kinds()
@@ -136,6 +152,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "ratio_patterns_over_plain": med["plain"] / med["patterns"],
         "ratio_kinds_over_plain": med["plain"] / med["kinds"],
         "ratio_kinds_over_patterns": med["patterns"] / med["kinds"],
+        "cpu_seconds": cpu,
+        "cpu_ratio_over_plain": {a: cpu_med["plain"] / cpu_med[a] for a in arms if a != "plain"},
         "kinds_finish_median_s": statistics.median(finish_s),
         "torch_threads": torch.get_num_threads(),
         "load_average_1m": [round(x, 2) for x in os.getloadavg()],
@@ -196,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{r['model']:<28} {arm:<8} plain {ips['plain']:6.1f} img/s  {arm} "
                 f"{ips[arm]:6.1f} img/s  ratio {ratio:.3f} (target >= {TARGET}: {verdict})  "
-                f"peak RSS {r['peak_rss_mb'][f'after_{arm}_warmup']:.0f} MB"
+                f"peak RSS {r['peak_rss_mb'][f'after_{arm}_warmup']:.0f} MB; by CPU time "
+                f"{r['cpu_ratio_over_plain'][arm]:.3f}"
             )
         print(
             f"{'':<28} kinds / patterns {r['ratio_kinds_over_patterns']:.3f} (the cost of sinks "
