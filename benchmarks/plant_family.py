@@ -1,7 +1,7 @@
 """The automatic path of ``vitreg neurons`` on the randomised plant family (issue 18).
 
 For each seed, ``vitreg.experiment.plant_family.score_circuit`` builds the circuit the seed draws
-(:mod:`vitreg.testing.plant_family`: 5 architectures, 2-40 causal units over 1-4 blocks, writers
+(:mod:`vitreg.testing.planted.plant_family`: 5 architectures, 2-40 causal units over 1-4 blocks, writers
 after emergence, readers, distractors, 4 token rules, sinks or none), runs
 ``vitreg.find_neurons`` with no settings on 48 synthetic images and scores it on 16 fresh ones:
 precision and recall against the causal units, readers and distractors chosen, the after-fix

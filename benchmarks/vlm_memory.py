@@ -30,7 +30,7 @@ def child(n_images: int, max_new_tokens: int) -> dict:
     import vitreg
     from vitreg import NeuronSet, TestTimeRegisters
     from vitreg.testing.images import synthetic_pil
-    from vitreg.testing.planted_vlm import save_tiny_llava
+    from vitreg.testing.planted import save_tiny_llava
     from vitreg.vlm import run_vlm
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,8 +12,7 @@ import torch
 from vitreg.errors import InputError
 from vitreg.testing import random_circuit, random_unplanted
 from vitreg.testing.images import make_synthetic
-from vitreg.testing.plant_check import check_circuit
-from vitreg.testing.plant_family import ARCHS, FEATURED, RULES, sample
+from vitreg.testing.planted import ARCHS, FEATURED, RULES, check_circuit, sample
 
 SEEDS = range(20)
 

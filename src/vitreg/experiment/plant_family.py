@@ -1,7 +1,7 @@
 """The automatic path scored on the randomised plant family (issue 18): what ``vitreg neurons``
 chooses with no settings, against the planted ground truth.
 
-:func:`score_circuit` builds one circuit of :mod:`vitreg.testing.plant_family`, runs
+:func:`score_circuit` builds one circuit of :mod:`vitreg.testing.planted.plant_family`, runs
 :func:`vitreg.neurons.auto.find_neurons` on synthetic images with its defaults (the library call
 behind ``vitreg neurons``), and measures, on fresh images neither discovery nor calibration saw:
 
@@ -36,7 +36,7 @@ from vitreg.models.load import wrap
 from vitreg.models.model import Model
 from vitreg.neurons.auto import find_neurons
 from vitreg.testing.images import make_synthetic
-from vitreg.testing.plant_family import random_circuit, random_unplanted, sample
+from vitreg.testing.planted import random_circuit, random_unplanted, sample
 
 CLEAN = 1.5  # clean: max/median within this factor of the unplanted model's (as fix_is_clean)
 N_IMAGES = 48  # images given to the automatic path (36 for discovery, 12 held out)

@@ -31,7 +31,7 @@ from vitreg.models.model import Model
 
 SPEC_EXAMPLE = "hf-vlm:llava-hf/llava-1.5-7b-hf"
 LAYOUT = "this VLM layout"
-PLANTED_FILE = "vitreg_planted.json"  # written by vitreg.testing.planted_vlm.save_tiny_llava
+PLANTED_FILE = "vitreg_planted.json"  # written by vitreg.testing.planted.save_tiny_llava
 
 
 @dataclass
