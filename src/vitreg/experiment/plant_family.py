@@ -32,8 +32,8 @@ import torch
 from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.errors import VitregError
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.models.load import wrap
 from vitreg.models.model import Model
+from vitreg.models.wrapping import wrap
 from vitreg.neurons.auto import find_neurons
 from vitreg.testing.images import make_synthetic
 from vitreg.testing.planted import random_circuit, random_unplanted, sample

@@ -392,11 +392,11 @@ def load_local(
 
     arch = config.architecture
     if not timm.is_model(arch):
-        from vitreg.models.loaders.timm_source import _suggest
+        from vitreg.models.loaders.timm_source import did_you_mean
 
         raise InputError(
             f"model config {str(config_path)!r}: architecture {arch!r} is not a timm "
-            f"architecture{_suggest(arch)}"
+            f"architecture{did_you_mean(arch)}"
         )
     # a bad section (e.g. a saved fix's neuron set) fails before a build
     prepared = [
@@ -491,9 +491,9 @@ def _same_grid(module: nn.Module, state: dict, arch: str, path: Path, config_pat
     """Refuse a position embedding made for another grid than the one config.json builds: a
     folder's weights must fit its own config (issue 24); the caller's ``--img-size`` (the one
     way to ask for a resampled embedding, announced) skips this check."""
-    from vitreg.models.loaders.timm_source import _grid, file_grid
+    from vitreg.models.loaders.timm_source import built_grid, file_grid
 
-    grid, own = file_grid(state, module), _grid(module)
+    grid, own = file_grid(state, module), built_grid(module)
     if grid is None or grid == own:
         return
     patch = int(module.patch_embed.patch_size[0])

@@ -1,6 +1,6 @@
 """``probe.run`` for a :class:`~vitreg.probe.zero_shot.base.ModelTask`: one pass over the test
 split per condition (bare model, under the fix), bad samples skipped and counted as the feature
-cache counts them; the result is the same :class:`~vitreg.probe.run.ProbeRun` other tasks give."""
+cache counts them; the result is the same :class:`~vitreg.probe.scores.ProbeScores` other tasks give."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.cache import input_config
-from vitreg.probe.run import ProbeRun, _data
+from vitreg.probe.scores import ProbeScores, data_record
 from vitreg.probe.tasks.base import TaskResult
 from vitreg.probe.zero_shot.base import ModelTask
 
@@ -32,7 +32,7 @@ def run_model_task(
     batch_size: int,
     image_size: int | None,
     progress: Any,
-) -> ProbeRun:
+) -> ProbeScores:
     """Score ``probe`` on the test split of ``data`` (a spec's ``val`` split, or the second of a
     pair) bare (``base``) and/or under ``fix``; no train split is read: nothing is trained.
     ``options``: ``templates`` (a prompt file for zero-shot, None for OpenAI's 80) and
@@ -74,8 +74,8 @@ def run_model_task(
         }
     first = next(iter(passes.values()), {"skipped": {}, "repairs": {}})
     unused = {"spec": test.describe().get("spec"), "split": "none, this task trains nothing"}
-    data = {"train": unused, "test": _data(test, first)}
-    return ProbeRun(
+    data = {"train": unused, "test": data_record(test, first)}
+    return ProbeScores(
         probe.name,
         model.describe(),
         data,
