@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import vitreg
-from timm_models import build as build_timm
 from vitreg import VitregError
 from vitreg.core.layout import TokenLayout
 from vitreg.fix.neuron_set import NeuronSet
@@ -13,6 +12,7 @@ from vitreg.hooks.sites import HookContext
 from vitreg.neurons.discover import discover
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
+from vitreg.testing.tiny import timm_vit as build_timm
 
 SIZE = 112
 FAST = ["dinov2_s14", "dinov2_s14_reg4", "dinov2_s14_swiglu", "deit3_s16"]

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 from conftest import images
 from hook_names import plain_vit_names
-from tiny_models import EVA_MODELS, eva_model
 from vitreg.errors import InputError
 from vitreg.hooks.attention import softmax_pattern
 from vitreg.models.adapters.timm_eva import TimmEvaAdapter
+from vitreg.testing.tiny import EVA_MODELS, eva_model
 
 LAYOUTS = {  # n_cls, n_reg, grid, patch size
     "dinov3": (1, 4, (4, 4), (16, 16)),

@@ -12,9 +12,9 @@ import transformers  # noqa: E402
 
 import vitreg  # noqa: E402
 from conftest import images  # noqa: E402
-from tiny_models import HF_DINO, HF_KINDS, HF_VISION, hf_size, hf_tiny  # noqa: E402
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError  # noqa: E402
 from vitreg.models.loaders.hf_source import BUILTIN_CONFIGS, ProcessorTransform  # noqa: E402
+from vitreg.testing.tiny import HF_DINO, HF_KINDS, HF_VISION, hf_size, hf_tiny  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", list(HF_KINDS))

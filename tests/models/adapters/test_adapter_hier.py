@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import images
-from tiny_models import hier_model
 from vitreg.errors import InputError, UnsupportedModelError
 from vitreg.models.adapters.timm_hier import TimmPvtV2Adapter, TimmSwinAdapter
+from vitreg.testing.tiny import hier_model
 
 STAGES = {  # key -> per-stage (grid side, channels); effective patch size is 4 * 2**s
     "swin": [(14, 48), (7, 96), (4, 192), (2, 384)],

@@ -12,7 +12,7 @@ from hook_names import PER_BLOCK
 from vitreg import HookError, InputError, SpecError, WeightsError
 
 open_clip = pytest.importorskip("open_clip")
-from tiny_models import (  # noqa: E402
+from vitreg.testing.tiny import (  # noqa: E402
     OPEN_CLIP_BASE,
     OPEN_CLIP_TOWERS,
     embeds_before_ln_pre,

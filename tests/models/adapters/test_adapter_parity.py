@@ -11,22 +11,23 @@ import torch
 
 import vitreg
 from conftest import images
-from timm_models import TIMM_VITS, build
-from tiny_models import (
+from vitreg.models.adapters.base import ADAPTERS
+from vitreg.testing.tiny import (
     EVA_MODELS,
     HF_KINDS,
+    TIMM_VITS,
     eva_model,
     hf_size,
     hf_tiny,
     hier_model,
     open_clip_images,
     open_clip_tower,
+    timm_vit,
 )
-from vitreg.models.adapters.base import ADAPTERS
 
 
 def _timm(key: str) -> tuple[vitreg.Model, torch.Tensor]:
-    module, size = build(key)
+    module, size = timm_vit(key)
     return vitreg.wrap(module), images(2, size)
 
 
