@@ -5,7 +5,6 @@ import torch
 
 import vitreg
 from conftest import images
-from hook_names import plain_vit_names
 from vitreg import HookError
 from vitreg.testing.tiny import TIMM_VITS, timm_vit
 
@@ -53,12 +52,6 @@ def test_pattern_native_when_source_is_unfused():
     _, cache = model.run_with_cache(images(1, size), names="blocks.1.attn.hook_pattern")
     assert cache.attn_source["blocks.1.attn.hook_pattern"] == "native"
     assert "unfused" in model.adapter.attention_path()
-
-
-def test_hook_name_snapshot():
-    module, _ = timm_vit("dinov2")
-    names = vitreg.wrap(module).hook_names()
-    assert names == plain_vit_names(3)
 
 
 def test_editing_mlp_units_changes_output_and_removal_restores():
@@ -123,19 +116,6 @@ def test_unknown_hook_name_suggests_close_names():
     module, _ = timm_vit("dino")
     with pytest.raises(HookError, match="did you mean"):
         vitreg.wrap(module).resolve("blocks.0.hook_resid_pots")
-
-
-def test_layouts_per_family():
-    expect = {
-        "dinov2": (1, 0, (4, 4)),
-        "dinov2_reg4": (1, 4, (4, 4)),
-        "siglip": (0, 0, (4, 4)),
-        "clip_quickgelu": (1, 0, (4, 4)),
-        "deit3": (1, 0, (4, 4)),
-    }
-    for key, (n_cls, n_reg, grid) in expect.items():
-        lay = vitreg.wrap(timm_vit(key)[0]).layout
-        assert (lay.n_cls, lay.n_reg, lay.grid) == (n_cls, n_reg, grid), key
 
 
 def test_swiglu_neurons_are_the_gated_product():
