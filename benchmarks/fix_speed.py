@@ -20,9 +20,11 @@ from _common import (
     add_size_and_out_options,
     add_timing_options,
     build,
+    finish,
     interleaved,
+    parser,
     peak_rss_mb,
-    write_result,
+    verdict,
 )
 from ttr_speed import neuron_set
 
@@ -72,7 +74,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     add_timing_options(p, batch_size=16)
     p.add_argument("--methods", default=METHODS, help="comma-separated vitreg fix methods")
     p.add_argument("--n-neurons", type=int, default=10, help="ttr's seeded neuron count")
@@ -84,22 +86,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     res = measure(args)
-    out = write_result(
+    lines = [f"{args.model}, batch {args.batch_size}, {args.img_size} px, median of {args.repeats}"]
+    for entry, row in res["methods"].items():
+        met = row["meets_target"]
+        ips = row["images_per_s"]
+        lines.append(
+            f"{entry:>12}: {ips['fixed']:.1f} img/s vs {ips['bare']:.1f} unfixed, ratio "
+            f"{row['ratio_fixed_over_bare']:.3f} ({'no target' if met is None else verdict(met)})"
+        )
+    finish(
         args,
         "fix_speed",
+        res,
+        lines,
         target=f"last-block methods: images/s >= {TARGET} x the unfixed model's",
         target_ratio=TARGET,
-        **res,
     )
-    print(f"{args.model}, batch {args.batch_size}, {args.img_size} px, median of {args.repeats}")
-    for entry, row in res["methods"].items():
-        verdict = {True: "ok", False: "BELOW TARGET", None: "no target"}[row["meets_target"]]
-        ips = row["images_per_s"]
-        print(
-            f"{entry:>12}: {ips['fixed']:.1f} img/s vs {ips['bare']:.1f} unfixed, "
-            f"ratio {row['ratio_fixed_over_bare']:.3f} ({verdict})"
-        )
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, write_result
+from _common import (
+    RESULTS,
+    parser,
+    write_result,
+)
 
 # the 40-causal-unit case: weak units and the emergence block, all inside the range today's path
 # searches, so its cost is the causal selection's over 40 units (seed 1 of the family has 40
@@ -115,7 +119,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--seeds", type=int, default=200, help="how many seeds")
     p.add_argument("--first", type=int, default=0, help="first seed")
     p.add_argument("--large-seed", type=int, default=1000, help="seed of the 40-unit case")
