@@ -276,7 +276,7 @@ class PretrainedCfg(BaseModel):
 
 
 @dataclass(frozen=True)
-class Section:
+class ConfigSection:
     """A ``config.json`` key a higher layer handles (``fix`` registers ``vitreg_fix``).
 
     ``schema`` validates the key's value (errors are named ``KEY.field``); ``prepare(directory,
@@ -290,7 +290,7 @@ class Section:
 
 #: config.json keys handled by higher layers (a saved fix), which register them through
 #: :mod:`vitreg.core.plugins`: ``SECTIONS.register(key, section)``
-SECTIONS: Registry[Section] = Registry("local_sections")
+SECTIONS: Registry[ConfigSection] = Registry("local_sections")
 
 
 def _an_object(cls: type, v: Any) -> Any:
@@ -321,7 +321,7 @@ class LocalConfig(BaseModel):
 
 
 @functools.cache
-def _config_model(sections: tuple[tuple[str, Section], ...]) -> type[LocalConfig]:
+def _config_model(sections: tuple[tuple[str, ConfigSection], ...]) -> type[LocalConfig]:
     """:class:`LocalConfig` with one optional field per registered section."""
     if not sections:
         return LocalConfig

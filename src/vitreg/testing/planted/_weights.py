@@ -46,6 +46,8 @@ class Group:
 
 @dataclass(frozen=True)
 class Spec:
+    """A fixture's timm architecture, its planted layers and unit counts (or role groups)."""
+
     architecture: str
     description: str
     layers: tuple[int, ...]
@@ -76,6 +78,7 @@ def create(spec: Spec, img_size: int) -> nn.Module:
 
 
 def token_layout(module: nn.Module) -> TokenLayout:
+    """The token layout of a planted timm ViT, read off its own attributes."""
     pe = module.patch_embed
     n_cls = 1 if getattr(module, "cls_token", None) is not None else 0
     grid = tuple(int(s) for s in pe.grid_size)
@@ -162,7 +165,7 @@ def random_init(module: nn.Module, g: torch.Generator) -> None:
 
 
 @dataclass
-class Plan:
+class PlantPlan:
     """Reserved residual channels and chosen units of one fixture."""
 
     zero: int
@@ -181,7 +184,9 @@ class Plan:
         return [self.zero, self.ref, self.energy, self.flag, *self.texture, *extra]
 
 
-def reserve(module: nn.Module, plan: Plan, protect: int, rule: FlatRule | PositionRule) -> None:
+def reserve(
+    module: nn.Module, plan: PlantPlan, protect: int, rule: FlatRule | PositionRule
+) -> None:
     """Embed texture filters and the constant reference; keep random writes off reserved channels
     in blocks ``0..protect``."""
     res = plan.reserved
@@ -219,6 +224,8 @@ def gain_texture(threshold: float = THRESHOLD) -> float:
 
 @dataclass
 class Scales:
+    """LayerNorm scales and the median patch norm measured before planting."""
+
     s0: float  # LayerNorm-hat per raw embedding unit at block 0's MLP
     s1: float  # ... per raw residual unit at block 1's MLP
     s_plant: float  # ... at the first planted layer's MLP
@@ -239,13 +246,14 @@ def set_unit(mlp: nn.Module, j: int, w_in: torch.Tensor, b_in: float, w_out: tor
 
 
 def onehot(d: int, *pairs: tuple[int, float]) -> torch.Tensor:
+    """A length-``d`` vector with ``value`` added at each ``(index, value)`` pair."""
     v = torch.zeros(d)
     for i, val in pairs:
         v[i] += val
     return v
 
 
-def plant_flag(module: nn.Module, plan: Plan, sc: Scales) -> list[tuple[int, int, str]]:
+def plant_flag(module: nn.Module, plan: PlantPlan, sc: Scales) -> list[tuple[int, int, str]]:
     """Blocks 0-1: the texture-energy channel and the flat flag (no random numbers drawn)."""
     d = module.embed_dim
     blocks = module.blocks

@@ -87,7 +87,7 @@ FEATURED: dict[int, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class Sample:
+class CircuitSample:
     """One sampled circuit: the architecture and what is planted into it."""
 
     seed: int
@@ -149,7 +149,7 @@ def _split(g: torch.Generator, total: int, parts: int) -> list[int]:
     return counts
 
 
-def sample(seed: int, arch: str | None = None, **ranges: Any) -> Sample:
+def sample(seed: int, arch: str | None = None, **ranges: Any) -> CircuitSample:
     """The circuit that ``seed`` (and ``arch``, when given) draws from :class:`Ranges`."""
     r = _ranges(seed, ranges)
     g = torch.Generator().manual_seed(1_000_003 * (seed + 1))
@@ -222,7 +222,7 @@ def sample(seed: int, arch: str | None = None, **ranges: Any) -> Sample:
     sinks = bool(torch.rand(1, generator=g) < r.sink)
     options = Options(threshold, positions, rule, dirs, sinks, tied)
     order = sorted(groups, key=lambda gr: (gr.layer, gr.role != "cause"))
-    return Sample(seed, arch, depth, width, patch * side, tuple(order), options, rule)
+    return CircuitSample(seed, arch, depth, width, patch * side, tuple(order), options, rule)
 
 
 def random_circuit(

@@ -42,7 +42,7 @@ from vitreg.testing.planted._weights import (
     NORM_RATIO,
     THRESHOLD,
     Group,
-    Plan,
+    PlantPlan,
     Scales,
     Spec,
     create,
@@ -136,7 +136,7 @@ def _spec(name: str) -> Spec:
     return SPECS[name]
 
 
-def _plan(module: nn.Module, spec: Spec, g: torch.Generator) -> Plan:
+def _plan(module: nn.Module, spec: Spec, g: torch.Generator) -> PlantPlan:
     d = module.embed_dim
     hidden = module.blocks[0].mlp.fc2.in_features
     chans = torch.randperm(d, generator=g)[: 4 + N_FILTERS].tolist()
@@ -152,14 +152,14 @@ def _plan(module: nn.Module, spec: Spec, g: torch.Generator) -> Plan:
     }
     v = torch.randn(d, generator=g)
     v = v - v.mean()
-    return Plan(*chans[:4], chans[4:], units, v / v.norm())
+    return PlantPlan(*chans[:4], chans[4:], units, v / v.norm())
 
 
 class _Stop(Exception):
     """Ends the calibration forward after the first planted layer."""
 
 
-def _calibrate(module: nn.Module, plan: Plan, spec: Spec, img_size: int) -> Scales:
+def _calibrate(module: nn.Module, plan: PlantPlan, spec: Spec, img_size: int) -> Scales:
     """Measure LayerNorm scales and the median patch norm on a few synthetic images."""
     from vitreg.testing.images import synthetic_images
 
@@ -204,7 +204,7 @@ def _calibrate(module: nn.Module, plan: Plan, spec: Spec, img_size: int) -> Scal
 
 
 def _plant(
-    module: nn.Module, plan: Plan, spec: Spec, sc: Scales, g: torch.Generator
+    module: nn.Module, plan: PlantPlan, spec: Spec, sc: Scales, g: torch.Generator
 ) -> list[tuple[int, int, str]]:
     """Write the texture-energy, flat-flag, register-neuron and attention-sink weights."""
     helpers = plant_flag(module, plan, sc)

@@ -45,7 +45,7 @@ from vitreg.testing.planted._weights import (
     N_FILTERS,
     THRESHOLD,
     Group,
-    Plan,
+    PlantPlan,
     Scales,
     Spec,
     create,
@@ -106,7 +106,7 @@ def _direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> t
 
 def _circuit_plan(
     module: nn.Module, spec: Spec, g: torch.Generator, options: Options
-) -> tuple[Plan, list[list[int]]]:
+) -> tuple[PlantPlan, list[list[int]]]:
     """Reserved channels, the flag circuit's units, ``v`` (and further directions) and each
     group's units."""
     d = module.embed_dim
@@ -129,7 +129,7 @@ def _circuit_plan(
         dirs.append(_direction(torch.randn(d, generator=g), reserved, *dirs))
     v = dirs[0]
     units = {0: sorted(drawn[0]), 1: sorted(drawn[1])}
-    plan = Plan(*chans[:4], chans[4 : 4 + N_FILTERS], units, v, tuple(dirs[1:]), position)
+    plan = PlantPlan(*chans[:4], chans[4 : 4 + N_FILTERS], units, v, tuple(dirs[1:]), position)
     return plan, groups
 
 
@@ -182,7 +182,7 @@ class _Planter:
         self,
         module: nn.Module,
         spec: Spec,
-        plan: Plan,
+        plan: PlantPlan,
         units: list[list[int]],
         rule: FlatRule | PositionRule,
         size: int,
@@ -392,7 +392,7 @@ def _rule(module: nn.Module, seed: int, options: Options) -> FlatRule | Position
     return FlatRule(patch, options.threshold, N_FILTERS, filter_seed=seed)
 
 
-def _embed_tied(module: nn.Module, plan: Plan, tied: tuple[int, ...]) -> None:
+def _embed_tied(module: nn.Module, plan: PlantPlan, tied: tuple[int, ...]) -> None:
     """Position-tied distractors: their channel of the position embedding at 1 on ``tied``."""
     if tied:
         module.pos_embed[0, -token_layout(module).n_patches :][list(tied), plan.position] = 1.0
