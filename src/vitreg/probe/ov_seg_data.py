@@ -203,8 +203,10 @@ class COCOSegmentation(FileDataset):
         item = self.items[i]
         image = self.read_image(item)
         ids = self.read_ids(item, image, None)
-        if self.objects and item.target is not None and item.target.name.endswith(
-            "_labelTrainIds.png"
+        if (
+            self.objects
+            and item.target is not None
+            and item.target.name.endswith("_labelTrainIds.png")
         ):  # the COCO-Object conversion: things shift by one, stuff and unlabelled -> 0
             ids = np.where(ids < COCO_THINGS, ids + 1, 0)
         bad = (ids >= self.num_classes) & (ids != IGNORE_INDEX)

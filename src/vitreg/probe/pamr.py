@@ -60,7 +60,5 @@ def pamr(
     weights = affinity(image.float(), dilations)
     out = scores.float()
     for _ in range(steps):
-        out = sum(
-            n * weights[:, j : j + 1] for j, n in enumerate(_shifted(out, dilations, False))
-        )
+        out = sum(n * weights[:, j : j + 1] for j, n in enumerate(_shifted(out, dilations, False)))
     return out.to(scores.dtype)

@@ -74,7 +74,11 @@ class Protocol:
     area_thd: float | None = None
 
     def settings(self) -> dict[str, Any]:
-        return {"logit_scale": self.logit_scale, "prob_thd": self.prob_thd, "area_thd": self.area_thd}
+        return {
+            "logit_scale": self.logit_scale,
+            "prob_thd": self.prob_thd,
+            "area_thd": self.area_thd,
+        }
 
 
 #: dataset name -> the SCLIP config it follows (``configs/cfg_*.py``)
