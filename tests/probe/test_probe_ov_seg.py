@@ -5,6 +5,7 @@ run with and without a last-block fix."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -162,11 +163,12 @@ def test_non_square_images_are_resized_keeping_aspect_and_scored_at_mask_size(
 ) -> None:
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (24, 40, 3), np.uint8))
     sample = Sample(image, "wide", mask=np.zeros((24, 40), np.int64))
-    task.short_side = 32
-    item = task.prepare(sample, input_config(clip_model))
+    smaller = copy.copy(task)  # the module's task keeps its settings
+    smaller.short_side = 32
+    item = smaller.prepare(sample, input_config(clip_model))
     assert item["image"].shape == (3, 32, 53) and item["mask"].shape == (24, 40)
     with torch.no_grad():
-        pred = task.outputs(clip_model, item["image"][None], (24, 40))
+        pred = smaller.outputs(clip_model, item["image"][None], (24, 40))
     assert pred.shape == (1, 24, 40)
 
 
