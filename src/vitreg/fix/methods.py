@@ -60,6 +60,9 @@ class FixRegistry(Mapping[str, FixMethod]):
             raise InputError(f"unknown fix method {name!r}; choose from {', '.join(self)}")
         return self._items[name]
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
 
@@ -91,6 +94,13 @@ class FixRegistry(Mapping[str, FixMethod]):
                 raise InputError(f"{m.name} edits register neurons; pass a neuron set")
         fixes = [m.build(inputs) for m in methods]
         return fixes[0] if len(fixes) == 1 else ComposedFix([m.name for m in methods], fixes)
+
+
+def is_entry(text: str) -> bool:
+    """Whether ``text`` names one entry by method names alone (``naclip``, ``ttr+naclip``);
+    whether the parts compose is :meth:`FixRegistry.parts`'s to check."""
+    parts = [p.strip() for p in text.split("+")]
+    return all(p in FIXES for p in parts)
 
 
 def parse_entries(text: str) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor
 
 from vitreg.data.datasets import Sample
