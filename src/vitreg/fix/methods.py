@@ -41,6 +41,7 @@ class FixMethod:
     build: Callable[[FixInputs], Fix]
     needs_neurons: bool = False
     last_block: bool = False
+    needs_images: bool = False  # estimates something from ``FixInputs.data``
 
 
 class FixRegistry(Mapping[str, FixMethod]):
@@ -159,6 +160,7 @@ FIXES.register(
         "the TTR appendix substitute: neurons zeroed plus one fixed key/value slot per head",
         _attention_bias,
         needs_neurons=True,
+        needs_images=True,
     )
 )
 FIXES.register(

@@ -69,7 +69,7 @@ def probe_fix(
 
     method = cfg.fix if is_entry(cfg.fix) else None
     parts = FIXES.parts(method) if method else []
-    needs_data = any(m.name == "attention-bias" for m in parts)
+    needs_data = any(m.needs_images for m in parts)
     source = None
     if (neurons is not None and neurons.kind == "discover") or needs_data:
         source = image_source(model, spec, None, False, None, cfg.batch_size, notices)
