@@ -122,18 +122,20 @@ def build(name: str, img_size: int, depth: int | None):
 
 
 def interleaved(
-    arms: dict[str, Callable[[], Any]], repeats: int
+    arms: dict[str, Callable[[], Any]],
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Time the arms ``repeats`` times each, their order reversed every other round (ABBA for
     two) so all see the same machine load; returns every timing and each arm's median, in
-    seconds."""
+    seconds of ``clock`` (wall time, or ``time.process_time`` for this process's CPU time)."""
     names = list(arms)
     times: dict[str, list[float]] = {arm: [] for arm in names}
     for r in range(repeats):
         for arm in names if r % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
+            t0 = clock()
             arms[arm]()
-            times[arm].append(time.perf_counter() - t0)
+            times[arm].append(clock() - t0)
     return times, {arm: statistics.median(ts) for arm, ts in times.items()}
 
 

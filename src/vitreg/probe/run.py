@@ -50,6 +50,7 @@ def run(
     batch_size: int = 32,
     templates: str | Path | None = None,
     image_size: int | None = None,
+    task_options: dict[str, Any] | None = None,
     progress: Progress = SILENT,
 ) -> ProbeScores:
     """Score ``task`` on ``data`` at ``layers``: the bare model (``base``) and/or under ``fix``.
@@ -58,7 +59,8 @@ def run(
     ``progress`` reports extraction (samples), cache hits and probe training (a phase per
     condition over the layers, each fit's epochs inside it, unless ``config`` has its own).
     Under ``torchrun`` each rank extracts its share of the shards and only rank 0 trains and
-    scores the probes (the other ranks return a run without results)."""
+    scores the probes (the other ranks return a run without results). ``task_options`` go to
+    a task that runs the model itself (ov-seg: ``pamr_steps``, ``pamr_dilations``)."""
     probe = get_task(task)
     if getattr(probe, "scores_model", False):  # zero-shot, attention-seg: no cache, no training
         from vitreg.probe.zero_shot.runner import run_model_task
@@ -69,7 +71,7 @@ def run(
             data,
             fix=fix,
             base=base,
-            options={"templates": templates, "cache_dir": cache_dir},
+            options={"templates": templates, "cache_dir": cache_dir, **(task_options or {})},
             batch_size=batch_size,
             image_size=image_size,
             progress=progress,
