@@ -34,8 +34,8 @@ from vitreg.data.formats import (
     FileDataset,
     FileItem,
     VOCSegmentation,
-    _by_stem,
-    _voc_ids,
+    by_stem_files,
+    voc_ids,
 )
 from vitreg.errors import InputError, SpecError
 
@@ -150,9 +150,9 @@ class PascalContext(FileDataset):
                 "ImageSets/SegmentationContext/{train,val}.txt"
             )
         masks = root / "SegmentationClassContext"
-        ids = _voc_ids(root, "SegmentationContext", masks, ".png", split)
-        images = _by_stem(root / "JPEGImages", IMAGE_ORDER)
-        by_stem = _by_stem(masks, (".png",))
+        ids = voc_ids(root, "SegmentationContext", masks, ".png", split)
+        images = by_stem_files(root / "JPEGImages", IMAGE_ORDER)
+        by_stem = by_stem_files(masks, (".png",))
         self.items = [
             FileItem(k, images.get(k, root / "JPEGImages" / k), by_stem.get(k)) for k in ids
         ]
@@ -190,7 +190,7 @@ class COCOSegmentation(FileDataset):
                 f"no images/{sub}/ in {root}; {name}:DIR expects images/{{train,val}}2017/*.jpg "
                 f"and annotations/{{train,val}}2017/*{self.SUFFIXES[name][0]}"
             )
-        masks = _by_stem(root / "annotations" / sub, (".png",))
+        masks = by_stem_files(root / "annotations" / sub, (".png",))
         for image in self.images_in(root / "images" / sub):
             stems = (f"{image.stem}{s.removesuffix('.png')}" for s in self.SUFFIXES[name])
             target = next((masks[s] for s in stems if s in masks), None)
