@@ -68,7 +68,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def partial_path(args: argparse.Namespace) -> Path:
-    return Path(args.out).with_suffix(".partial.jsonl")
+    """Where each scored seed's row is appended (its folder made if missing)."""
+    path = Path(args.out).with_suffix(".partial.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def partial_key(args: argparse.Namespace) -> list[int]:
