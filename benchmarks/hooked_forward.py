@@ -21,7 +21,6 @@ its own.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -33,8 +32,10 @@ from _common import (
     add_timing_options,
     build,
     child_flags,
+    emit,
     environment,
     interleaved,
+    parser,
     peak_rss_mb,
     rss_mb,
     run_child,
@@ -173,7 +174,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     add_timing_options(p, batch_size=16)
     p.add_argument("--models", default=MODELS, help="comma-separated timm names")
     p.add_argument(
@@ -187,7 +188,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args)))
+        emit(measure(args.child, args))
         return
     shared = child_flags(args, ("batch_size", "repeats", "warmup", "img_size", "depth", "threads"))
     results = []
