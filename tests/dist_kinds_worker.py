@@ -20,7 +20,7 @@ from vitreg.analysis.norms import NormAnalysis
 from vitreg.analysis.positions import PositionAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
-from vitreg.testing.planted_kinds import build_kind
+from vitreg.testing.planted import build_kind
 
 PLANTS = ("kinds_nop_sink", "kinds_position", "kinds_massive", "kinds_registers")
 N_IMAGES, BATCH = 7, 3  # uneven: batches of 3, 3, 1 over 2 ranks

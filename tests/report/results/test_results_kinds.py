@@ -23,7 +23,7 @@ from vitreg.cli.app import app
 from vitreg.report.results import kinds as typed
 from vitreg.report.results.diagnose import DiagnoseResults
 from vitreg.report.schema import json_schema, plain, validate_metrics
-from vitreg.testing.planted_kinds import build_kind
+from vitreg.testing.planted import build_kind
 
 BLOCKS = {
     "kinds": typed.Kinds,
