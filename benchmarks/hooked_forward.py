@@ -157,7 +157,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ratio_over_plain": {a: cpu_med["plain"] / cpu_med[a] for a in arms if a != "plain"},
         "kinds_finish_median_s": statistics.median(finish_s),
         "torch_threads": torch.get_num_threads(),
-        "load_average_1m": [round(x, 2) for x in os.getloadavg()],
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min
         "kinds_found": {
             "sink_events_per_image": done["sinks"].per_image.get("total", 0.0),
             "lof_images": done["lof"].n_images,
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     threads = results[0]["torch_threads"]
     print(
         f"batch {args.batch_size}, {args.img_size} px, {args.repeats} interleaved repeats, "
-        f"{threads} torch threads, load average {results[0]['load_average_1m']}"
+        f"{threads} torch threads, load average at the end {results[0]['load_average_at_end']}"
     )
     for r in results:
         ips = r["images_per_s"]
