@@ -20,7 +20,7 @@ from vitreg.probe.run import run
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
 from vitreg.report.markdown import Report, render_markdown
 from vitreg.report.probe_figures import probe_figures
-from vitreg.report.probe_report import layer_section, write_probe_run
+from vitreg.report.verbs.probe import layer_section, write_probe_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from vitreg.report.train_report import dino_reading, loss_figure
+from vitreg.report.verbs.train import dino_reading, loss_figure
 from vitreg.train.dino import loss_terms
 
 

@@ -54,7 +54,7 @@ def run_board_command(cfg: Any) -> None:
 
 def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
     """The console summary: the verdict per block first, then the detection layer's numbers."""
-    from vitreg.report.fix_report import blocks_text
+    from vitreg.report.verbs.neurons import blocks_text
 
     c = comparison.to_dict()
     res = c["residual"]

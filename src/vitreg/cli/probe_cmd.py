@@ -52,7 +52,7 @@ def block_name(layer: str) -> str:
 def show(doc: dict[str, Any], run_dir: Path) -> None:
     """Console table: every score, base and fixed side by side, the Δ with its verdict, and
     the yardsticks each layer's scores are read against."""
-    from vitreg.report.probe_report import verdict
+    from vitreg.report.verbs.probe import verdict
 
     conditions = list(doc["conditions"])
     both = len(conditions) == 2

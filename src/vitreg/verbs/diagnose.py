@@ -3,7 +3,6 @@ images, written to a run directory exactly as ``vitreg diagnose`` does."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,6 @@ from vitreg.verbs.common import (
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Notices
 from vitreg.verbs.resume import checkpointed, finished
-
-
-def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
-    """The report layer's ``write_run`` and ``compare_table`` (imported when first needed)."""
-    from vitreg.report.run import compare_table, write_run
-
-    return write_run, compare_table
 
 
 def specs_of(cfg: DiagnoseConfig) -> list[str]:
@@ -63,6 +55,7 @@ def diagnose_one(
     """Load ``spec``, diagnose it on the chosen images, write its run directory; the result."""
     from vitreg.analysis.diagnose import diagnose
     from vitreg.distributed import barrier, is_main
+    from vitreg.report.verbs.diagnose import write_diagnose_run
 
     one = cfg.model_copy(update={"spec": spec})
     model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
@@ -80,10 +73,9 @@ def diagnose_one(
             progress=update,
         )
     result.data.update(source.description())
-    write_run, _ = _report()
     if is_main():  # under torchrun every rank has the result; rank 0 writes it
         with progress(None, "writing the report"):
-            write_run(
+            write_diagnose_run(
                 out_dir,
                 result,
                 images=source.display_images(),
@@ -137,7 +129,6 @@ def run_diagnose(
             run_dir,
             labelled,
             dirs,
-            cfg.figure_format,
             config=whole.to_file(),
             command=command_line(None, options),
         )

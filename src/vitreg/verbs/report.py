@@ -6,30 +6,30 @@ same bytes as the first rendering's."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from vitreg.core.run_dir import reopen, session
 from vitreg.errors import InputError
 
+# each verb's renderer: a module with headlines(results) and report(doc, figures)
+RENDERERS = {
+    "diagnose": "vitreg.report.verbs.diagnose",
+    "neurons": "vitreg.report.verbs.neurons",
+    "fix": "vitreg.report.verbs.fix",
+    "probe": "vitreg.report.verbs.probe",
+    "vlm": "vitreg.report.verbs.vlm",
+    "train": "vitreg.report.verbs.train",
+    "experiment": "vitreg.experiment.report",
+}
 
-def builders() -> dict[str, Any]:
-    """Each verb's report from its document and figures (``train`` writes none)."""
-    from vitreg.experiment.report import build_report as experiment_report
-    from vitreg.report.fix_report import fix_report, neurons_report
-    from vitreg.report.probe_report import probe_report
-    from vitreg.report.verbs.diagnose import build_report
-    from vitreg.report.vlm_report import vlm_report
 
-    return {
-        "diagnose": build_report,
-        "neurons": neurons_report,
-        "fix": fix_report,
-        "probe": probe_report,
-        "vlm": vlm_report,
-        "experiment": experiment_report,
-    }
+def renderer(verb: str) -> ModuleType:
+    """The renderer module of ``verb`` (imported when first needed)."""
+    return importlib.import_module(RENDERERS[verb])
 
 
 def read_results(path: Path) -> dict[str, Any]:
@@ -52,14 +52,8 @@ def read_results(path: Path) -> dict[str, Any]:
 def render_again(folder: str | Path) -> list[Path]:
     """Render the report of the run in ``folder`` again from its saved results; the files
     written. A failure (a bug) raises :class:`~vitreg.errors.RenderError`, results untouched."""
+    from vitreg.report import writer
     from vitreg.report.compare import render_comparison_again
-    from vitreg.report.run_files import (
-        again_command,
-        rendering,
-        saved_figures,
-        saved_slider,
-        write_report,
-    )
 
     folder = Path(folder)
     saved = folder / "metrics.json"
@@ -72,14 +66,6 @@ def render_again(folder: str | Path) -> list[Path]:
             "written by vitreg"
         )
     doc = read_results(saved)
-    build = builders().get(doc["verb"])
-    if build is None:
-        raise InputError(
-            f"{folder} is a `vitreg {doc['verb']}` run, which writes no report: its "
-            "metrics.json is the whole result"
-        )
+    render = renderer(doc["verb"]).report
     reopen(folder)  # issue 24: locked, and the files written listed in its manifest
-    with rendering(folder, saved, again_command(folder)):
-        figures = saved_figures(folder)
-        write_report(folder, build(doc, figures), figures, saved_slider(folder))
-    return [folder / "report.md", folder / "report.html"]
+    return writer.render_again(folder, lambda figures: (render(doc, figures), figures))

@@ -54,7 +54,7 @@ def run_train(
     """Train ``cfg``'s variant on its data and write the run directory (checkpoints, log.jsonl,
     model.safetensors, config.yaml, metrics.json)."""
     from vitreg.report.out_dir import check_out
-    from vitreg.report.train_report import write_train_run
+    from vitreg.report.verbs.train import write_train_run
     from vitreg.train import train
     from vitreg.train.data import describe_training_data
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vitreg.report.document import Headline, build_document
 from vitreg.report.fields import as_dict, as_list, dig
 from vitreg.report.figures import Figure
 from vitreg.report.markdown import (
@@ -14,12 +15,14 @@ from vitreg.report.markdown import (
     Section,
     Table,
     code,
+    figure_section,
     model_section,
     num,
     provenance_section,
+    synthetic_banner,
     text,
 )
-from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
+from vitreg.report.writer import write_run
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -43,7 +46,7 @@ def task_and_data(results: dict[str, Any]) -> str:
     return f"{results.get('task')}/{'+'.join(dict.fromkeys(specs)) or 'unknown data'}"
 
 
-def headlines(results: dict[str, Any]) -> list[tuple]:
+def headlines(results: dict[str, Any]) -> list[Headline]:
     """One headline per score: ``task/data/condition/layer/feature/group/metric`` -> its mean."""
     out = []
     prefix = task_and_data(results)
@@ -55,7 +58,7 @@ def headlines(results: dict[str, Any]) -> list[tuple]:
                     f"{s['metric']}"
                 )
                 pointer = f"/results/conditions/{condition}/{li}/scores/{si}/mean"
-                out.append((name, pointer, s["higher_is_better"], {}))
+                out.append(Headline(name, pointer, s["higher_is_better"]))
     return out
 
 
@@ -256,7 +259,7 @@ def _caches_section(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
+def report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     """The probe run's report: summary, one section per layer, figures, data, model."""
     results = doc["results"]
     task = results["task"]
@@ -303,8 +306,14 @@ def write_probe_run(
 ) -> Path:
     """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
     results are saved), report.md and report.html of one probe run."""
-    doc = document(
-        "probe", command, described, data_block(results), config, results, headlines(results)
+    doc = build_document(
+        "probe",
+        results,
+        headlines(results),
+        command=command,
+        described=described,
+        data=data_block(results),
+        config=config,
     )
     draw = figures if callable(figures) else lambda: figures
-    return write_files(Path(out_dir), doc, draw, probe_report)
+    return write_run(out_dir, doc, report, draw)

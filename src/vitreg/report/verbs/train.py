@@ -1,6 +1,6 @@
-"""The run directory of ``vitreg train``: steps, losses, the weights and the data, in the same
-envelope as every verb (config.yaml, metrics.json, report.md/html with the loss curve; the step
-log is log.jsonl). A DINO run's report reads its [CLS] loss against the teacher's entropy."""
+"""The report of ``vitreg train`` and its run directory: steps, losses, the weights and the
+data, in the same envelope as every verb (config.yaml, metrics.json, report.md/html with the
+loss curve; the step log is log.jsonl). A DINO run's report reads its [CLS] loss against the teacher's entropy."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vitreg.report.document import Headline, build_document
 from vitreg.report.figures import Figure, figure, new_canvas
-from vitreg.report.markdown import Report, Section, model_section, num, provenance_section
-from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
+from vitreg.report.markdown import (
+    Report,
+    Section,
+    figure_section,
+    model_section,
+    num,
+    provenance_section,
+    synthetic_banner,
+)
+from vitreg.report.writer import write_run
 
 PARTS = ("loss_dino", "loss_ibot")  # the terms a DINO run's loss is the sum of
 
@@ -77,7 +86,7 @@ def loss_figure(history: list[dict[str, Any]], terms: dict[str, Any] | None) -> 
     return figure("training_loss", caption, fig)
 
 
-def train_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """The training run's report: what was trained and how the loss went, the curve, the model."""
     r = doc["results"]
     summary = Section("summary", "Summary")
@@ -94,6 +103,14 @@ def train_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     sections += [figure_section("Figures", figures)] if figures else []
     sections += [model_section(doc), provenance_section(doc)]
     return Report(synthetic_banner(doc), f"vitreg train: {r['recipe']}", sections)
+
+
+def headlines(results: dict[str, Any]) -> list[Headline]:
+    """The headline numbers of a training run: its last loss and the steps done."""
+    return [
+        Headline("final_loss", "/results/final_loss", False, "loss at the last step"),
+        Headline("steps", "/results/steps", None, "optimizer steps done"),
+    ]
 
 
 def write_train_run(
@@ -131,25 +148,16 @@ def write_train_run(
         "train_config": result.config.to_dict(),
         "dino_terms": terms,
     }
-    headlines = [
-        ("final_loss", "/results/final_loss", False, {"description": "loss at the last step"}),
-        ("steps", "/results/steps", None, {"description": "optimizer steps done"}),
-    ]
-    doc = document(
+    doc = build_document(
         "train",
-        command,
-        described,
-        dict(data)
+        results,
+        headlines(results),
+        command=command,
+        described=described,
+        data=dict(data)
         if isinstance(data, Mapping)
         else {"description": data, "n_images": n_samples or 0},
-        config,
-        results,
-        headlines,
+        config=config,
     )
     history = result.history
-    return write_files(
-        Path(out_dir),
-        doc,
-        lambda: [loss_figure(history, terms)] if history else [],
-        train_report,
-    )
+    return write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from vitreg.report.document import Headline, build_document
 from vitreg.report.fields import as_dict, as_list
 from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, _overlay_grid, png_bytes
 from vitreg.report.markdown import (
@@ -17,13 +18,15 @@ from vitreg.report.markdown import (
     Table,
     code,
     data_section,
+    figure_section,
     model_section,
     num,
     pct,
     provenance_section,
+    synthetic_banner,
     text,
 )
-from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
+from vitreg.report.writer import write_run
 
 SUMMARY = (
     ("identical_rate", "answers identical", True, "fraction"),
@@ -52,13 +55,12 @@ QUERY_TEXT = {
 }
 
 
-def headlines(results: dict[str, Any]) -> list[tuple]:
+def headlines(results: dict[str, Any]) -> list[Headline]:
     """One headline per summary number."""
-    out = []
-    for key, label, better, unit in SUMMARY:
-        extra = {"description": label, **({"unit": unit} if unit else {})}
-        out.append((f"vlm.{key}", f"/results/summary/{key}", better, extra))
-    return out
+    return [
+        Headline(f"vlm.{key}", f"/results/summary/{key}", better, label, unit=unit)
+        for key, label, better, unit in SUMMARY
+    ]
 
 
 def _query(results: dict[str, Any]) -> str:
@@ -166,7 +168,7 @@ def image_section(i: int, row: dict[str, Any]) -> Section:
     return Section(f"image-{i}", f"Image {i}", [table, change])
 
 
-def vlm_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     results = doc["results"]
     s = results["summary"]
     intro = Section("summary", "Summary")
@@ -210,7 +212,15 @@ def write_vlm_run(
     """config.yaml and metrics.json, then figures, report.md and report.html of one vlm run;
     ``images`` ``[n, H, W, 3]`` in [0, 1] under the maps, ``layer_maps`` (``before``/``after``
     ``[L, h, w]`` of image 0) for the per-layer figure."""
-    doc = document("vlm", command, described, data, config, results, headlines(results))
+    doc = build_document(
+        "vlm",
+        results,
+        headlines(results),
+        command=command,
+        described=described,
+        data=data,
+        config=config,
+    )
 
     def draw() -> list[Figure]:
         figures = map_figures(doc["results"], images)
@@ -218,4 +228,4 @@ def write_vlm_run(
             figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
         return figures
 
-    return write_files(Path(out_dir), doc, draw, vlm_report)
+    return write_run(out_dir, doc, report, draw)
