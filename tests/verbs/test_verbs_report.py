@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def rendered_again_is_the_same(folder: Path) -> None:
     """Delete the pages a run wrote, render them again from its saved files: the same bytes."""
-    pages = [p for p in ("report.md", "comparison.md", "report.html") if (folder / p).is_file()]
+    names = ("report.md", "comparison.md", "leaderboard.md", "report.html")
+    pages = [p for p in names if (folder / p).is_file()]
     first = {p: (folder / p).read_bytes() for p in pages}
     for p in pages:
         (folder / p).unlink()
@@ -80,6 +81,19 @@ def test_rendered_again_is_the_report_the_run_wrote(tmp_path, cli_models, verb: 
     config = RUNS[verb](tmp_path)
     run = vitreg.run(config.model_copy(update={"out": tmp_path / "run"}))
     rendered_again_is_the_same(run.run_dir)
+
+
+def test_a_fix_leaderboard_renders_again_and_validates(tmp_path) -> None:
+    """``vitreg fix --method`` folders are folders like any other: `vitreg report` renders
+    their pages again byte for byte, and `vitreg validate` checks leaderboard.json."""
+    from vitreg.cli.validate_cmd import check_run
+    from vitreg.verbs.fix_board import run_fix_board
+
+    values = {"spec": "planted:clip_t16", "method": "naclip", "img_size": 64, "limit": 2}
+    run = run_fix_board(FixConfig(**values, batch_size=2, out=tmp_path / "board"))
+    rendered_again_is_the_same(run.run_dir)
+    assert check_run(run.run_dir) == "fix leaderboard of 2 entries on 2 images"
+    assert (run.run_dir / "leaderboard.md").read_text().startswith("**SYNTHETIC MODEL:**")
 
 
 def test_a_folder_without_valid_results_is_a_clear_error(tmp_path) -> None:

@@ -37,7 +37,7 @@ fix_command = opt.config_command(
 
 def run_board_command(cfg: Any) -> None:
     """``--method`` other than plain ttr: the leaderboard, then its table on the console."""
-    from vitreg.report.fix_board import board_table
+    from vitreg.report.verbs.fix_board import board_table
     from vitreg.verbs.fix_board import run_fix_board
 
     with cli_errors():

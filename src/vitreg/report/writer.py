@@ -46,6 +46,7 @@ class Layout:
 RUN = Layout("metrics.json", "report.md")  # one verb's run
 MODELS = Layout("comparison.json", "comparison.md")  # diagnose --models
 COMPARE = Layout("comparison.json", "comparison.md", config_yaml=False)  # vitreg compare
+BOARD = Layout("leaderboard.json", "leaderboard.md", config_yaml=False)  # vitreg fix --method
 
 
 def again_command(out: Path) -> str:

@@ -1,5 +1,6 @@
 """``vitreg report RUN``: render a run's report.md and report.html again from the results it
-saved (metrics.json, or a comparison's comparison.json), as after a rendering failure. Figures
+saved (metrics.json, a comparison's comparison.json or a leaderboard's leaderboard.json), as
+after a rendering failure. Figures
 are those the run saved in figures/ (they are drawn from the analysis, which is not re-run),
 and diagnose's block slider the maps it saved there (figures/slider.json): the pages are the
 same bytes as the first rendering's."""
@@ -7,7 +8,7 @@ same bytes as the first rendering's."""
 from __future__ import annotations
 
 import importlib
-import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,16 +35,22 @@ def renderer(verb: str) -> ModuleType:
 
 def read_results(path: Path) -> dict[str, Any]:
     """The validated metrics.json at ``path``; InputError saying why it cannot be rendered."""
+    from vitreg.core.readers import read_json
+    from vitreg.report.documents import MAX_RUN_FILE
+    from vitreg.report.schema import validate_metrics
+
+    doc = read_json(path, "run file", max_bytes=MAX_RUN_FILE, allow_nan=True)
+    return checked(lambda: validate_metrics(doc).model_dump(mode="json"), path)
+
+
+def checked(read: Callable[[], Any], path: Path) -> Any:
+    """``read()``, a schema error in it an InputError naming ``path`` and the wrong fields."""
     from pydantic import ValidationError
 
     from vitreg.configs import describe_errors
-    from vitreg.report.schema import validate_metrics
 
     try:
-        doc = json.loads(path.read_text())
-        return validate_metrics(doc).model_dump(mode="json")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path} cannot be read as JSON ({e})") from None
+        return read()
     except ValidationError as e:
         raise InputError(describe_errors(e, f"{path} does not follow the schema")) from None
 
@@ -54,18 +61,20 @@ def render_again(folder: str | Path) -> list[Path]:
     written. A failure (a bug) raises :class:`~vitreg.errors.RenderError`, results untouched."""
     from vitreg.report import writer
     from vitreg.report.compare import render_comparison_again
+    from vitreg.report.documents import RunDir, read_board
+    from vitreg.report.verbs import fix_board
 
-    folder = Path(folder)
-    saved = folder / "metrics.json"
-    if not saved.is_file():
-        if (folder / "comparison.json").is_file():
-            reopen(folder)  # issue 24: locked, and the files written listed in its manifest
-            return render_comparison_again(folder)
-        raise InputError(
-            f"{folder} holds no metrics.json (nor comparison.json); pass a run directory "
-            "written by vitreg"
-        )
-    doc = read_results(saved)
+    found = RunDir.open(folder)
+    folder = found.path
+    if found.kind == "comparison":
+        reopen(folder)  # issue 24: locked, and the files written listed in its manifest
+        return render_comparison_again(folder)
+    if found.kind == "leaderboard":
+        board = checked(lambda: read_board(folder).model_dump(mode="json"), found.document)
+        reopen(folder)
+        draw = lambda figures: (fix_board.report(board, figures), figures)  # noqa: E731
+        return writer.render_again(folder, draw, writer.BOARD)
+    doc = read_results(found.document)
     render = renderer(doc["verb"]).report
-    reopen(folder)  # issue 24: locked, and the files written listed in its manifest
+    reopen(folder)
     return writer.render_again(folder, lambda figures: (render(doc, figures), figures))
