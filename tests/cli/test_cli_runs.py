@@ -24,8 +24,8 @@ from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.report.markdown import render_markdown, synthetic_banner
 from vitreg.report.out_dir import check_out
-from vitreg.report.verbs import diagnose as diagnose_renderer
 from vitreg.report.verbs.diagnose import diagnose_document, report
+from vitreg.verbs import diagnose as verb_diagnose
 from vitreg.verbs import loading
 
 runner = CliRunner()
@@ -218,7 +218,7 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
         results[out.name], configs[out.name] = result.to_dict(), config
         docs[out.name] = diagnose_document(result, config, "vitreg diagnose (test)")
 
-    monkeypatch.setattr(diagnose_renderer, "write_diagnose_run", keep)
+    monkeypatch.setattr(verb_diagnose, "_writer", lambda: keep)
     specs = {
         "file": ["timm:vit_tiny_patch16_224", "--img-size", "32", "--weights", str(weights)],
         "folder": [f"local:{folder}"],

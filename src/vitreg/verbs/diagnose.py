@@ -3,6 +3,7 @@ images, written to a run directory exactly as ``vitreg diagnose`` does."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,13 @@ from vitreg.verbs.common import (
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Notices
 from vitreg.verbs.resume import checkpointed, finished
+
+
+def _writer() -> Callable[..., Path]:
+    """The report layer's diagnose writer (imported when first needed; tests swap it)."""
+    from vitreg.report.verbs.diagnose import write_diagnose_run
+
+    return write_diagnose_run
 
 
 def specs_of(cfg: DiagnoseConfig) -> list[str]:
@@ -55,7 +63,6 @@ def diagnose_one(
     """Load ``spec``, diagnose it on the chosen images, write its run directory; the result."""
     from vitreg.analysis.diagnose import diagnose
     from vitreg.distributed import barrier, is_main
-    from vitreg.report.verbs.diagnose import write_diagnose_run
 
     one = cfg.model_copy(update={"spec": spec})
     model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
@@ -73,9 +80,10 @@ def diagnose_one(
             progress=update,
         )
     result.data.update(source.description())
+    write_run = _writer()
     if is_main():  # under torchrun every rank has the result; rank 0 writes it
         with progress(None, "writing the report"):
-            write_diagnose_run(
+            write_run(
                 out_dir,
                 result,
                 images=source.display_images(),
