@@ -27,6 +27,7 @@ from vitreg.report.markdown import (
     provenance_section,
     text,
 )
+from vitreg.report.results.train import DinoTerms
 from vitreg.report.verbs.train import dino_reading
 from vitreg.report.writer import write_run
 
@@ -235,7 +236,7 @@ def conclusions(results: dict[str, Any]) -> list[str]:
         )
         out.append(
             f"**The DINO loss** of `{dino[0]['name']}` (first seed): "
-            + dino_reading(dino[0]["dino_terms"])
+            + dino_reading(DinoTerms.model_validate(dino[0]["dino_terms"]))
             + f" Final [CLS] DINO loss / teacher entropy of every variant: {ends}."
         )
     ln = [
