@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from vitreg.report.document import Headline, build_document
-from vitreg.report.fields import as_dict, as_list, dig
 from vitreg.report.figures import (
     Figure,
     GridColumn,
@@ -36,6 +35,7 @@ from vitreg.report.markdown import (
     synthetic_banner,
     text,
 )
+from vitreg.report.results.fix import Comparison, Control, FixResults
 from vitreg.report.verbs.neurons import blocks_text, images_section, planted_section
 from vitreg.report.writer import write_run
 
@@ -124,19 +124,18 @@ def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure |
     return map_grid("fix_feature_pictures", columns, images, caption)
 
 
-def fix_norm_curves(results: dict[str, Any]) -> Figure:
+def fix_norm_curves(c: Comparison) -> Figure:
     """Max and median patch norm per layer before/after, and the register's norm after."""
-    c = results["comparison"]
     fig = new_canvas(6.5, 3.6)
     fig.subplots_adjust(right=0.97)
     ax = fig.subplots()
-    x = list(range(len(c["max_patch_norm_before"])))
-    ax.plot(x, c["max_patch_norm_before"], marker="o", color="C3", label="max patch, before")
-    ax.plot(x, c["max_patch_norm_after"], marker="o", color="C0", label="max patch, after")
-    ax.plot(x, c["median_patch_norm_before"], ls="--", color="C3", label="median, before")
-    ax.plot(x, c["median_patch_norm_after"], ls="--", color="C0", label="median, after")
-    ax.plot(x, c["register_norm_after"], marker="s", color="C2", label="test-time register, after")
-    ax.axvline(c["detect_layer"], color="k", ls=":", label="detection layer")
+    x = list(range(len(c.max_patch_norm_before)))
+    ax.plot(x, c.max_patch_norm_before, marker="o", color="C3", label="max patch, before")
+    ax.plot(x, c.max_patch_norm_after, marker="o", color="C0", label="max patch, after")
+    ax.plot(x, c.median_patch_norm_before, ls="--", color="C3", label="median, before")
+    ax.plot(x, c.median_patch_norm_after, ls="--", color="C0", label="median, after")
+    ax.plot(x, c.register_norm_after, marker="s", color="C2", label="test-time register, after")
+    ax.axvline(c.detect_layer, color="k", ls=":", label="detection layer")
     ax.set_yscale("log")
     ax.set_xlabel("block")
     ax.set_ylabel("token norm")
@@ -150,45 +149,42 @@ def fix_norm_curves(results: dict[str, Any]) -> Figure:
     return figure("fix_norm_curves", caption, fig)
 
 
-def verdict_section(c: dict[str, Any]) -> Section:
+def verdict_section(c: Comparison) -> Section:
     """The verdict after the fix, per block, by the diagnose presence test and max/median."""
-    res = as_dict(c.get("residual"))
-    layer = c.get("detect_layer")
+    res, layer = c.residual, c.detect_layer
     s = Section("verdict", "Verdict after the fix")
-    ordinary = res.get("ordinary_max_over_median")
+    ordinary = res.ordinary_max_over_median
     level = (
         f"; the ordinary (non-outlier) patches before the fix reach {num(ordinary)}, and the "
-        f"fix counts as clean up to {num(res.get('tolerance'))}× that"
+        f"fix counts as clean up to {num(res.tolerance)}× that"
         if ordinary is not None
         else ""
     )
-    before = as_list(res.get("blocks_with_mode_before"))
-    after = as_list(res.get("blocks_with_mode_after"))
+    before, after = res.blocks_with_mode_before, res.blocks_with_mode_after
     head = (
         "**No artifacts before the fix: nothing to remove.** No block shows an outlier mode "
         "without the fix either, so the fix can only change the model's output (the dense "
         "change is below)"
-        if res.get("nothing_to_fix")
+        if res.nothing_to_fix
         else "**No artifacts after the fix**: no block shows an outlier mode"
-        if res.get("clean")
+        if res.clean
         else f"**Artifacts remain after the fix**: an outlier mode at blocks {blocks_text(after)}"
         if after
         else "**Artifacts remain after the fix**: no outlier mode, but the largest patch norms "
         "stay above the ordinary level"
     )
-    ratio_before = as_list(res.get("max_over_median_before"))
-    ratio_after = as_list(res.get("max_over_median_after"))
+    ratio_before, ratio_after = res.max_over_median_before, res.max_over_median_after
     s.blocks.append(
         f"{head} (before: at blocks {blocks_text(before)}). Max/median patch norm at block "
-        f"{text(layer)}: {num(_at(ratio_before, layer))} before, "
+        f"{layer}: {num(_at(ratio_before, layer))} before, "
         f"{num(_at(ratio_after, layer))} after{level}. The outlier mode is the presence test of "
         "`vitreg diagnose` (a separate mode of patch norms, ≥ 3× the bulk)."
     )
-    if res.get("threshold_from_another_model"):
+    if res.threshold_from_another_model:
         s.blocks.append(
             f"**The detection threshold belongs to another model**: the neuron set's threshold "
-            f"({num(c.get('threshold_value'))}) is above every patch norm of this model at block "
-            f"{text(layer)} (largest {num(res.get('largest_patch_norm_before'))}); the set was "
+            f"({num(c.threshold_value)}) is above every patch norm of this model at block "
+            f"{layer} (largest {num(res.largest_patch_norm_before)}); the set was "
             "found on a different model or resolution. Rediscover on this one (`vitreg neurons`)."
         )
     rows = [
@@ -197,7 +193,7 @@ def verdict_section(c: dict[str, Any]) -> Section:
             "yes" if i in before else "no",
             "yes" if i in after else "no",
             num(value),
-            num(dig(ratio_after, i)),
+            num(_at(ratio_after, i)),
         ]
         for i, value in enumerate(ratio_before)
     ]
@@ -210,92 +206,89 @@ def verdict_section(c: dict[str, Any]) -> Section:
     return s
 
 
-def _at(values: list[Any], layer: Any) -> Any:
-    """``values[layer]`` for a layer index, None for no layer (or one out of range)."""
-    return dig(values, layer) if isinstance(layer, int) else None
+def _at(values: list[Any], i: int) -> Any:
+    """``values[i]``, None where the list is shorter."""
+    return values[i] if 0 <= i < len(values) else None
 
 
-def _control_row(label: str, ctl: Any, outlier_rate: str | None = None) -> list[str]:
+def _control_row(label: str, ctl: Control | None, outlier_rate: str | None = None) -> list[str]:
     """One row of the causal controls: neurons, outlier rate, pooled cosine to before."""
-    ctl = as_dict(ctl)
-    rate = outlier_rate if outlier_rate is not None else pct(ctl.get("outlier_rate"))
-    return [label, text(ctl.get("n_neurons")), rate, num(dig(ctl, "pooled_cosine", "mean"))]
+    if ctl is None:
+        return [label, "–", outlier_rate or "–", "–"]
+    rate = outlier_rate if outlier_rate is not None else pct(ctl.outlier_rate)
+    cos = ctl.pooled_cosine.mean if ctl.pooled_cosine is not None else None
+    return [label, text(ctl.n_neurons), rate, num(cos)]
 
 
 def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """report.md of ``vitreg fix``: the verdict after the fix per block, before/after numbers,
     the fix settings, figures, images."""
-    r = doc["results"]
-    c = r["comparison"]
-    fx = as_dict(c.get("fix"))
-    layer = c.get("detect_layer")
+    r = FixResults.model_validate(doc["results"])
+    c, fx = r.comparison, r.comparison.fix
+    layer = c.detect_layer
     s = Section("summary", "Before and after")
-    cos = as_dict(c.get("pooled_cosine"))
     rows = [
         [
-            f"patch outlier rate at layer {text(layer)}",
-            pct(c.get("outlier_rate_before")),
-            pct(c.get("outlier_rate_after")),
+            f"patch outlier rate at layer {layer}",
+            pct(c.outlier_rate_before),
+            pct(c.outlier_rate_after),
         ],
         [
-            f"max patch norm at layer {text(layer)}",
-            num(_at(as_list(c.get("max_patch_norm_before")), layer)),
-            num(_at(as_list(c.get("max_patch_norm_after")), layer)),
+            f"max patch norm at layer {layer}",
+            num(_at(c.max_patch_norm_before, layer)),
+            num(_at(c.max_patch_norm_after, layer)),
         ],
         [
-            f"test-time register norm at layer {text(layer)}",
+            f"test-time register norm at layer {layer}",
             "–",
-            num(_at(as_list(c.get("register_norm_after")), layer)),
+            num(_at(c.register_norm_after, layer)),
         ],
-        [
-            "artifact verdict (diagnose rule)",
-            num(c.get("verdict_before")),
-            num(c.get("verdict_after")),
-        ],
+        ["artifact verdict (diagnose rule)", num(c.verdict_before), num(c.verdict_after)],
     ]
     s.blocks.append(Table(["", "before", "after"], rows))
     s.blocks.append(
-        f"Outliers: patch tokens above the {code(c.get('rule'))} threshold "
-        f"({num(c.get('threshold_value'))}) at `blocks.{text(layer)}.hook_resid_post` (residual "
+        f"Outliers: patch tokens above the {code(c.rule)} threshold "
+        f"({num(c.threshold_value)}) at `blocks.{layer}.hook_resid_post` (residual "
         "stream), the neurons' detection layer."
     )
-    if cos:
+    cos = c.pooled_cosine
+    if cos is not None:
         s.blocks.append(
             f"Global information is kept: the cosine similarity between each image's pooled "
             f"embedding (`ln_final.hook_out`: [CLS], or the patch mean without one) before and "
-            f"after the fix is {num(cos.get('mean'))} on average (lowest {num(cos.get('min'))}, "
-            f"{num(cos.get('n'))} images)."
+            f"after the fix is {num(cos.mean)} on average (lowest {num(cos.min)}, "
+            f"{num(cos.n)} images)."
         )
-    dense = as_dict(c.get("patch_cosine"))
-    if dense:
+    dense = c.patch_cosine
+    if dense is not None:
         s.blocks.append(
             f"Dense output: the cosine similarity between each patch's final feature "
-            f"(`ln_final.hook_out`) before and after the fix is {num(dense.get('mean'))} on "
-            f"average and {num(dense.get('min'))} at the lowest ({num(dense.get('n'))} patches of "
+            f"(`ln_final.hook_out`) before and after the fix is {num(dense.mean)} on "
+            f"average and {num(dense.min)} at the lowest ({num(dense.n)} patches of "
             "the first images): what a dense head (segmentation, depth) sees change."
         )
-    controls = as_dict(c.get("controls"))
+    controls = c.controls
     if controls:
         rows = [
             [
                 "test-time registers",
-                text(fx.get("n_neurons")),
-                pct(c.get("outlier_rate_after")),
-                num(cos.get("mean")),
+                text(fx.n_neurons),
+                pct(c.outlier_rate_after),
+                num(cos.mean if cos is not None else None),
             ],
             _control_row(
                 "register neurons zeroed, no register", controls.get("ablate_register_neurons")
             ),
             _control_row("as many random neurons zeroed", controls.get("ablate_random_neurons")),
         ]
-        shift = as_dict(controls.get("shift_to_patch"))
-        if shift:
-            share = pct(shift.get("share_of_images_with_top_norm_at_patch"))
+        shift = controls.get("shift_to_patch")
+        if shift is not None:
+            share = pct(shift.share_of_images_with_top_norm_at_patch)
             rows.append(
                 _control_row(
                     "outlier moved to patch 0 (top-left)",
                     shift,
-                    f"{pct(shift.get('outlier_rate'))} (top norm at patch 0 in {share} of images)",
+                    f"{pct(shift.outlier_rate)} (top norm at patch 0 in {share} of images)",
                 )
             )
         s.blocks.append(
@@ -303,29 +296,28 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         )
         s.blocks.append(
             Table(
-                ["", "neurons", f"outlier rate at layer {text(layer)}", "pooled cosine to before"],
+                ["", "neurons", f"outlier rate at layer {layer}", "pooled cosine to before"],
                 rows,
             )
         )
-    n = as_dict(r.get("neurons"))
+    n = r.neurons
     settings = Section("fix", "The fix")
-    fix_layers = ", ".join(map(text, as_list(fx.get("layers")))) or "–"
     rows = [
-        ["neurons", f"{text(fx.get('n_neurons'))} in layers {fix_layers}"],
-        ["from", text(n.get("source"))],
-        ["made for", code(n.get("model_spec"))],
-        ["weights fingerprint", _fingerprint(n)],
-        ["registers", text(fx.get("n_registers"))],
-        ["[CLS]", text(fx.get("cls"))],
-        ["patches", text(fx.get("patches"))],
-        ["mode", text(fx.get("mode"))],
-        ["seed", text(fx.get("seed"))],
+        ["neurons", f"{fx.n_neurons} in layers {', '.join(map(str, fx.layers)) or '–'}"],
+        ["from", text(n.source)],
+        ["made for", code(n.model_spec)],
+        ["weights fingerprint", _fingerprint(n.fingerprint_matches)],
+        ["registers", text(fx.n_registers)],
+        ["[CLS]", text(fx.cls)],
+        ["patches", text(fx.patches)],
+        ["mode", text(fx.mode)],
+        ["seed", text(fx.seed)],
     ]
     settings.blocks.append(Table(["", ""], rows))
-    if r.get("saved"):
-        load = f'vitreg.load("local:{r["saved"]}")'
+    if r.saved:
+        load = f'vitreg.load("local:{r.saved}")'
         settings.blocks.append(
-            f"Saved to {code(r['saved'])}: {code(load)} loads it with the fix applied; timm's "
+            f"Saved to {code(r.saved)}: {code(load)} loads it with the fix applied; timm's "
             "own API loads the same weights without the fix."
         )
     return Report(
@@ -335,7 +327,7 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             verdict_section(c),
             s,
             settings,
-            *([planted_section(r["planted"])] if as_list(r.get("planted")) else []),
+            *([planted_section(r.planted)] if r.planted else []),
             figure_section("Figures", figures),
             images_section(doc),
             model_section(doc),
@@ -344,10 +336,10 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     )
 
 
-def _fingerprint(n: dict[str, Any]) -> str:
-    if n.get("fingerprint_matches") is None:
+def _fingerprint(matches: bool | None) -> str:
+    if matches is None:
         return "not recorded"
-    return "matches this model" if n["fingerprint_matches"] else "differs from this model's"
+    return "matches this model" if matches else "differs from this model's"
 
 
 def headlines(results: dict[str, Any]) -> list[Headline]:
@@ -420,7 +412,10 @@ def write_fix_run(
 def figures(comparison: Any, doc: dict[str, Any], images: Any) -> list[Figure]:
     """Norm maps, feature pictures and attention maps before/after, and the norm curves."""
     shown = display_images(images)
-    drawn = [fix_norm_maps(comparison, shown), fix_norm_curves(doc["results"])]
+    drawn = [
+        fix_norm_maps(comparison, shown),
+        fix_norm_curves(FixResults.model_validate(doc["results"]).comparison),
+    ]
     attention = fix_attention_maps(comparison, shown)
     if attention is not None:
         drawn.insert(1, attention)

@@ -4,13 +4,13 @@ the calibration curve), and the run directory written through the one writer."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vitreg.report.document import Headline, build_document
-from vitreg.report.fields import as_dict, as_list, dig, finite
 from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
 from vitreg.report.markdown import (
     Report,
@@ -26,6 +26,7 @@ from vitreg.report.markdown import (
     synthetic_banner,
     text,
 )
+from vitreg.report.results.neurons import NeuronsResults, PlantedRow
 from vitreg.report.writer import write_run
 
 
@@ -94,45 +95,44 @@ def calibration_curve(curve: dict[str, Any]) -> Figure:
 def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """report.md of ``vitreg neurons``: the verdict after the fix, how each choice was made, the
     neurons with their causal effects, figures, images, model."""
-    r = doc["results"]
-    held = as_dict(r.get("held_out"))
+    r = NeuronsResults.model_validate(doc["results"])
+    held = r.held_out
     summary = Section("summary", "Register neurons")
-    after = as_list(held.get("blocks_with_outlier_mode_after"))
+    after = held.blocks_with_outlier_mode_after
     verdict = (
         "**No artifacts after the fix**: no block shows an outlier mode"
-        if r["status"] == "clean"
+        if r.status == "clean"
         else f"**PARTIAL**: an outlier mode remains at blocks {blocks_text(after)}"
         if after
         else "**PARTIAL**: the largest patch norms stay above the ordinary level"
     )
-    before = as_list(held.get("blocks_with_outlier_mode_before"))
     summary.blocks.append(
-        f"{verdict} on the {num(held.get('n_images'))} held-out images with test-time registers "
-        f"on these neurons (before: at blocks {blocks_text(before)}). Max/median patch norm at "
-        f"block {r['detect_layer']}: {num(held.get('max_over_median_before'))} → "
-        f"{num(held.get('max_over_median_after'))} (ordinary patches: "
-        f"{num(held.get('ordinary_max_over_median'))}); patch outlier rate "
-        f"{pct(held.get('outlier_rate_before'))} → {pct(held.get('outlier_rate_after'))}."
+        f"{verdict} on the {held.n_images} held-out images with test-time registers "
+        f"on these neurons (before: at blocks {blocks_text(held.blocks_with_outlier_mode_before)})"
+        f". Max/median patch norm at block {r.detect_layer}: {num(held.max_over_median_before)}"
+        f" → {num(held.max_over_median_after)} (ordinary patches: "
+        f"{num(held.ordinary_max_over_median)}); patch outlier rate "
+        f"{pct(held.outlier_rate_before)} → {pct(held.outlier_rate_after)}."
     )
-    stable = as_dict(r.get("stability"))
-    if stable:
-        halves = [len(as_list(h)) for h in as_list(stable.get("halves"))]
+    stable = r.stability
+    if stable is not None:
+        halves = [len(h) for h in stable.halves]
         summary.blocks.append(
             f"Stability: the causal set chosen from each half of the discovery images "
             f"({' and '.join(map(str, halves))} units) overlaps "
-            f"{pct(stable.get('overlap_between_halves'))} (Jaccard), and each overlaps the set "
-            f"from all images {' and '.join(pct(x) for x in as_list(stable.get('overlap_with_whole')))}"
+            f"{pct(stable.overlap_between_halves)} (Jaccard), and each overlaps the set "
+            f"from all images {' and '.join(pct(x) for x in stable.overlap_with_whole)}"
             ". A low overlap says the ranking is noisy at this image count: use more images."
         )
-    sizes = as_list(dig(r.get("other_sizes"), "sizes"))
+    sizes = r.other_sizes.sizes if r.other_sizes is not None else []
     if sizes:
         summary.blocks.append(
             "Other sizes (the held-out images resized): "
             + "; ".join(
-                f"{num(dig(z, 'img_size'))} px "
-                + ("clean" if dig(z, "clean_after") else "**not clean**")
-                + f", max/median {num(dig(z, 'max_over_median_before'))} → "
-                f"{num(dig(z, 'max_over_median_after'))}"
+                f"{z.img_size} px "
+                + ("clean" if z.clean_after else "**not clean**")
+                + f", max/median {num(z.max_over_median_before)} → "
+                f"{num(z.max_over_median_after)}"
                 for z in sizes
             )
             + ". Register neurons can be resolution-specific: a set that does not clean a size "
@@ -141,20 +141,19 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     how = (
         "the units whose zeroing removes the outliers (causal check), their fix then checked on "
         "held-out images"
-        if r["selection"] == "causal"
+        if r.selection == "causal"
         else "fixed by --top-k (the paper's ranking)"
-        if r["top_k_mode"] == "fixed"
+        if r.top_k_mode == "fixed"
         else "the smallest k of the paper's ranking whose fix passes on held-out images"
     )
-    layers = ", ".join(text(dig(x, "layer")) for x in as_list(r.get("layers"))) or "–"
-    summary.blocks.append(f"**{r['n_neurons']} register neurons** in layers {layers}: {how}.")
-    summary.blocks += [f"Note: {n}" for n in as_list(r.get("notes"))]
-    files = as_dict(r.get("files"))
-    if files.get("json"):
-        apply = f"vitreg fix {doc['model']['spec']} --neurons {files['json']}"
+    layers = ", ".join(str(x.layer) for x in r.layers) or "–"
+    summary.blocks.append(f"**{r.n_neurons} register neurons** in layers {layers}: {how}.")
+    summary.blocks += [f"Note: {n}" for n in r.notes]
+    if r.files.get("json"):
+        apply = f"vitreg fix {doc['model']['spec']} --neurons {r.files['json']}"
         summary.blocks.append(
-            f"Saved as {code(files['json'])} + {code(files.get('tensors'))}; apply them with "
-            f"{code(apply)} (path relative to this run directory)."
+            f"Saved as {code(r.files['json'])} + {code(r.files.get('tensors'))}; apply them "
+            f"with {code(apply)} (path relative to this run directory)."
         )
     return Report(
         synthetic_banner(doc),
@@ -163,7 +162,7 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             summary,
             _decisions(r),
             _neuron_table(r),
-            *([planted_section(r["planted"])] if as_list(r.get("planted")) else []),
+            *([planted_section(r.planted)] if r.planted else []),
             figure_section("Scores and calibration", figures),
             images_section(doc),
             model_section(doc),
@@ -172,39 +171,32 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     )
 
 
-def _decisions(r: dict[str, Any]) -> Section:
+def _decisions(r: NeuronsResults) -> Section:
     """Each automatic choice with the reason the survey or the causal check gave."""
     s = Section("decisions", "How each choice was made")
-    reasons = as_dict(r.get("reasons"))
     rows = [
-        ["searched blocks", text(reasons.get("highest_layer"))],
-        ["detection layer", text(reasons.get("detect_layer"))],
-        ["threshold", text(reasons.get("threshold", r.get("threshold")))],
+        ["searched blocks", text(r.reasons.get("highest_layer"))],
+        ["detection layer", text(r.reasons.get("detect_layer"))],
+        ["threshold", text(r.reasons.get("threshold", r.threshold))],
     ]
-    causal = as_dict(r.get("causal"))
-    if causal:
-        left = causal.get("residual_fraction")
+    causal = r.causal
+    if causal is not None:
+        left = causal.residual_fraction
         rows.append(
             [
                 "causal check",
-                f"{num(causal.get('n_candidates'))} candidates of the ranking, "
-                f"{num(causal.get('n_images'))} held-out images, {num(causal.get('passes'))} "
-                f"passes; {num(dig(causal, 'baseline', 'n_outlier_patches'))} outlier patches; "
-                "outlier excess left with the set zeroed: "
-                f"{pct(max(left, 0.0) if finite(left) else None)} of the base",
+                f"{causal.n_candidates} candidates of the ranking, {causal.n_images} held-out "
+                f"images, {causal.passes} passes; {causal.baseline.n_outlier_patches} outlier "
+                "patches; outlier excess left with the set zeroed: "
+                f"{pct(max(left, 0.0) if math.isfinite(left) else None)} of the base",
             ]
         )
-    calibration = as_dict(r.get("calibration"))
-    if calibration:
+    if r.calibration is not None:
         rows.append(
-            [
-                "top-k",
-                f"k = {r['chosen_k']} ({text(calibration.get('status'))}): "
-                f"{text(calibration.get('criteria'))}",
-            ]
+            ["top-k", f"k = {r.chosen_k} ({r.calibration.status}): {r.calibration.criteria}"]
         )
     s.blocks.append(Table(["", "why"], rows))
-    if causal:
+    if causal is not None:
         s.blocks.append(
             "Causal effect: the share of the outlier excess at the detection layer (mean "
             "log-norm of the base outlier patches above the median, less the ordinary patches' "
@@ -214,31 +206,25 @@ def _decisions(r: dict[str, Any]) -> Section:
     return s
 
 
-def _neuron_table(r: dict[str, Any]) -> Section:
+def _neuron_table(r: NeuronsResults) -> Section:
     s = Section("neurons", "The neurons")
-    causal = r.get("causal") is not None
+    causal = r.causal is not None
     header = ["rank", "layer", "unit", "score"] + (["effect alone", "in the set"] if causal else [])
     rows = []
-    for i, n in enumerate(map(as_dict, r["neurons"])):
-        row = [str(i + 1), text(n.get("layer")), text(n.get("unit")), num(n.get("score"))]
+    for i, n in enumerate(r.neurons):
+        row = [str(i + 1), str(n.layer), str(n.unit), num(n.score)]
         if causal:
-            row += [pct(n.get("effect_alone")), pct(n.get("effect_in_set"))]
+            row += [pct(n.effect_alone), pct(n.effect_in_set)]
         rows.append(row)
     s.blocks.append(Table(header, rows))
-    dropped = [as_dict(d) for d in as_list(dig(r, "causal", "dropped"))]
+    dropped = r.causal.dropped if r.causal is not None else []
     if dropped:
         s.blocks.append("Dropped by the causal check:")
         s.blocks.append(
             Table(
                 ["layer", "unit", "effect alone", "in the set", "why"],
                 [
-                    [
-                        text(d.get("layer")),
-                        text(d.get("unit")),
-                        pct(d.get("alone")),
-                        pct(d.get("in_set")),
-                        text(d.get("reason")),
-                    ]
+                    [str(d.layer), str(d.unit), pct(d.alone), pct(d.in_set), text(d.reason)]
                     for d in dropped
                 ],
             )
@@ -246,7 +232,7 @@ def _neuron_table(r: dict[str, Any]) -> Section:
     return s
 
 
-def planted_section(rows: list[dict[str, Any]]) -> Section:
+def planted_section(rows: list[PlantedRow]) -> Section:
     """The planted fixture's units, their role, and whether the set includes them."""
     s = Section("planted", "Planted ground truth (synthetic model)")
     s.blocks.append(
@@ -258,15 +244,7 @@ def planted_section(rows: list[dict[str, Any]]) -> Section:
     s.blocks.append(
         Table(
             ["layer", "unit", "role", "in this set"],
-            [
-                [
-                    text(x.get("layer")),
-                    text(x.get("unit")),
-                    text(x.get("role")),
-                    "yes" if x.get("chosen") else "no",
-                ]
-                for x in map(as_dict, rows)
-            ],
+            [[str(x.layer), str(x.unit), x.role, "yes" if x.chosen else "no"] for x in rows],
         )
     )
     return s
