@@ -4,6 +4,7 @@ a clear error."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,14 @@ from typing import Any
 import pytest
 
 import vitreg
-from vitreg.configs import DiagnoseConfig, FixConfig, NeuronsConfig, ProbeRunConfig, TrainRunConfig
+from vitreg.configs import (
+    DiagnoseConfig,
+    FixConfig,
+    NeuronsConfig,
+    ProbeRunConfig,
+    TrainRunConfig,
+    VlmConfig,
+)
 from vitreg.errors import InputError
 from vitreg.verbs.report import render_again
 
@@ -43,6 +51,23 @@ def planted_truth(folder: Path) -> str:
     return str(NeuronSet.from_pairs(truth, model).save(folder / "truth"))
 
 
+def tiny_llava(folder: Path) -> VlmConfig:
+    """vlm on a tiny planted LLaVA with its ground-truth register neurons, two short answers."""
+    from vitreg.fix.neuron_set import NeuronSet
+    from vitreg.testing.planted_vlm import save_tiny_llava
+
+    llava = save_tiny_llava(folder / "llava", img_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tower = vitreg.load(f"hf-vlm:{llava}")
+    units = json.loads((llava / "vitreg_planted.json").read_text())["ground_truth"]["units"]
+    neurons = NeuronSet.from_pairs(units, tower).save(folder / "truth")
+    return VlmConfig(
+        spec=f"hf-vlm:{llava}", prompt="What is in the image?", neurons=str(neurons),
+        max_new_tokens=2, limit=2,
+    )  # fmt: skip
+
+
 TINY = {"spec": "planted:dinov2_s14", "img_size": 56, "limit": 2, "batch_size": 2}
 RUNS: dict[str, Callable[[Path], Any]] = {
     "diagnose": lambda tmp: DiagnoseConfig(**TINY, max_maps=1),
@@ -66,10 +91,11 @@ RUNS: dict[str, Callable[[Path], Any]] = {
         img_size=32,
         model_arg=["depth=1"],
     ),
+    "vlm": tiny_llava,
 }
 
 
-SLOW = {"diagnose --models", "neurons"}  # two models; discovery with its causal check
+SLOW = {"diagnose --models", "neurons", "vlm"}  # two models; discovery; a LLaVA generating
 
 
 @pytest.mark.parametrize(
@@ -81,6 +107,17 @@ def test_rendered_again_is_the_report_the_run_wrote(tmp_path, cli_models, verb: 
     config = RUNS[verb](tmp_path)
     run = vitreg.run(config.model_copy(update={"out": tmp_path / "run"}))
     rendered_again_is_the_same(run.run_dir)
+
+
+@pytest.mark.slow  # trains and evaluates one tiny variant
+def test_an_experiment_renders_again(tmp_path) -> None:
+    from vitreg.experiment import grid, preset, run_variants
+
+    settings = preset("tiny").with_(steps=1, batch_size=4, img_size=32, depth=2, embed_dim=32,
+                                    num_heads=2, probe_epochs=1, diagnose_images=2, batch_eval=8)  # fmt: skip
+    variants = [v for v in grid() if v.name == "baseline-none"]
+    run_variants("synthetic:n=8,size=32", tmp_path, settings, variants=variants, command="t")
+    rendered_again_is_the_same(tmp_path)
 
 
 def test_a_fix_leaderboard_renders_again_and_validates(tmp_path) -> None:
