@@ -8,10 +8,26 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from vitreg.report.document import Headline, build_document, headline_values
 from vitreg.report.fields import finite
+from vitreg.report.figures import (
+    Figure,
+    attention_agreement,
+    attention_heads,
+    attention_maps,
+    channel_ownership,
+    display_images,
+    feature_pictures,
+    ln_similarity,
+    norm_histograms,
+    norm_maps,
+    norm_quantiles,
+    redundancy_maps,
+)
+from vitreg.report.kinds_figures import kinds_figures
 from vitreg.report.kinds_sections import detail_sections, kinds_section
 from vitreg.report.markdown import (
     FigureRef,
@@ -565,7 +581,6 @@ def write_diagnose_run(
     """Write the run directory of a :class:`DiagnoseResult`; ``images`` (model input space)
     feed the overlays. ``mean``/``std`` (the model's data config) de-normalise ``images`` for
     display; without them images are taken as [0, 1] (or rescaled per image when outside)."""
-    from vitreg.report.figures import display_images, figures_for
     from vitreg.report.html import slider_data
 
     doc = diagnose_document(result, config, command)
@@ -574,7 +589,7 @@ def write_diagnose_run(
         out_dir,
         doc,
         report,
-        lambda: figures_for(result, shown),
+        lambda: figures(result, shown),
         lambda _: slider_data(result, shown),
     )
 
@@ -620,3 +635,34 @@ def rows_table(rows: list[dict[str, Any]]) -> Table:
             for r in rows
         ],
     )
+
+
+def figures(result: Any, images: np.ndarray | None) -> list[Figure]:
+    """Every figure of a :class:`DiagnoseResult` its analyses support (a missing analysis
+    gives no figure)."""
+    res = result.results
+    norms = res.get("norms")
+    figs: list[Figure] = []
+    if norms is not None:
+        figs += [
+            norm_maps(norms, images),
+            norm_quantiles(norms.report),
+            norm_histograms(norms.trace, norms.report),
+        ]
+    emergence = norms.report.emergence_layer if norms is not None else None
+    if res.get("attention") is not None:
+        sources = sorted(set(result.attn_source.values())) or ["captured"]
+        attn = res["attention"]
+        figs += [
+            attention_maps(attn, images, emergence, "/".join(sources)),
+            attention_agreement(attn),
+        ]
+        if attn.last_layer_heads.numel():
+            figs.insert(-1, attention_heads(attn, images))
+    if res.get("redundancy") is not None:
+        figs.append(redundancy_maps(res["redundancy"], images))
+    if res.get("feature_pictures") is not None and res["feature_pictures"].by_site:
+        figs.append(feature_pictures(res["feature_pictures"], images))
+    if res.get("ln_separation") is not None:
+        figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
+    return figs + kinds_figures(res)

@@ -11,7 +11,7 @@ import numpy as np
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.fields import as_list
-from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, _overlay_grid, png_bytes
+from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.markdown import (
     Report,
     Section,
@@ -83,7 +83,7 @@ def map_figures(results: VlmResults, images: np.ndarray | None) -> list[Figure]:
                 )
                 titles.append(f"{title}, {cond}")
         shown = images[start : start + len(part)] if images is not None else None
-        fig = _overlay_grid(maps, titles, shown, "feature norm / attention")
+        fig = overlay_grid(maps, titles, shown, "feature norm / attention")
         last = start + len(part) - 1
         figs.append(
             Figure(
@@ -104,7 +104,7 @@ def layer_figure(layer_maps: dict[str, np.ndarray], image: np.ndarray | None) ->
     n_layers = layer_maps["before"].shape[0]
     maps = [np.stack([layer_maps["before"][i], layer_maps["after"][i]]) for i in range(n_layers)]
     shown = np.stack([image, image]) if image is not None else None
-    fig = _overlay_grid(maps, [f"LM layer {i}" for i in range(n_layers)], shown, "attention")
+    fig = overlay_grid(maps, [f"LM layer {i}" for i in range(n_layers)], shown, "attention")
     return Figure(
         "vlm_layers",
         "Image 0: the language model's attention over the image tokens per layer (mean over "
