@@ -22,6 +22,7 @@ from vitreg.errors import RenderError
 from vitreg.report import figures
 from vitreg.report.markdown import markdown_table
 from vitreg.report.schema import json_schema, resolve, validate_metrics
+from vitreg.report.verbs import diagnose as diagnose_renderer
 from vitreg.report.verbs.diagnose import model_rows, rows_table
 from vitreg.report.verbs.diagnose import write_diagnose_run as write_run
 from vitreg.testing.images import synthetic_images
@@ -232,7 +233,7 @@ def test_failed_rendering_keeps_the_new_results(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("figure failed")
 
-    monkeypatch.setattr(figures, "norm_histograms", broken)
+    monkeypatch.setattr(diagnose_renderer, "norm_histograms", broken)
     with pytest.raises(RenderError, match="figure failed") as failed:
         write_run(run, planted, config={}, command="rendering fails")
     assert failed.value.saved == str(run / "metrics.json")
