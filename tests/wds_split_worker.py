@@ -34,7 +34,7 @@ torch.set_num_threads(1)
 distributed.setup()
 out, folder, pattern, one_shard = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 model = vitreg.wrap(build("dinov2_s14", img_size=112)[0])
-shards = wds_images(model, pattern, BATCH)
+shards = wds_images(model, pattern, BATCH, keep=4)
 seen: list[int] = []
 split = model.trace(shards, reducers(model), batch_size=BATCH, progress=seen.append)
 indices = distributed.split(shards).indices()
@@ -46,11 +46,14 @@ except Killed:
     pass
 forwarded: list[int] = []
 with resumable(out / "resume", every=1):
-    again = model.trace(wds_images(model, pattern, BATCH), reducers(model), progress=forwarded.append)
+    again = model.trace(
+        wds_images(model, pattern, BATCH), reducers(model), progress=forwarded.append
+    )
 single = wds_images(model, one_shard, BATCH)
 unsplit = model.trace(single, reducers(model))
+pictures = folder_images(model, folder, BATCH, keep=4)
 with distributed.local():  # one process' results, from the folder
-    whole = model.trace(folder_images(model, folder, BATCH), reducers(model))
+    whole = model.trace(pictures, reducers(model))
     whole4 = model.trace(folder_images(model, folder, BATCH, limit=4), reducers(model))
     one = model.trace(wds_images(model, one_shard, BATCH), reducers(model))
 torch.save(
@@ -68,6 +71,7 @@ torch.save(
         "forwarded": forwarded,
         "description": shards.description(),
         "note": single.split_note(distributed.world()),
+        "pictures": (shards.display_images(), pictures.display_images()),
     },
     out / f"rank{distributed.rank()}.pt",
 )

@@ -39,6 +39,8 @@ def test_shards_split_by_rank_give_the_folder_results(tmp_path: Path) -> None:
         assert desc["n_images"] == 7 and list(desc["converted"]) == ["shard-1.tar/004.png"]
         assert set(desc["skipped"]) == {"shard-0.tar/002b.png", "shard-1.tar/zzz"}
         assert "not split by rank" in r["note"]
+        shown, want = r["pictures"]  # the first images for figures, though rank 1 read shard 1
+        assert shown.shape[0] == 4 and torch.allclose(shown, want)
     norms = ranks[0]["split"][0][3]
     assert norms["image_index"].tolist() == list(range(7))  # rows in global image order
     # killed after its first part (checkpointed there), each rank resumed from its own checkpoint
