@@ -1,6 +1,6 @@
 """Run by tests/distributed/test_distributed_wds.py under torchrun: traces of webdataset shards
-split by rank (every reducer kind, an image limit, a run killed and resumed), beside the same
-images read from a folder by one process.
+split by rank (every reducer kind, an image limit, a run killed and resumed) and neuron
+discovery, beside the same images read from a folder by one process.
 
 ``torchrun --nproc_per_node=2 wds_split_worker.py OUT FOLDER PATTERN ONE_SHARD`` writes
 ``OUT/rank<r>.pt``.
@@ -17,6 +17,7 @@ from vitreg import distributed
 from vitreg.core.checkpoint import resumable
 from vitreg.data.images import folder_images
 from vitreg.data.wds import wds_images
+from vitreg.neurons.discover import discover
 from vitreg.testing.planted import build
 
 BATCH = 3
@@ -49,6 +50,7 @@ with resumable(out / "resume", every=1):
     again = model.trace(
         wds_images(model, pattern, BATCH), reducers(model), progress=forwarded.append
     )
+found = discover(model, wds_images(model, pattern, BATCH), batch_size=BATCH, top_k=10)
 single = wds_images(model, one_shard, BATCH)
 unsplit = model.trace(single, reducers(model))
 pictures = folder_images(model, folder, BATCH, keep=4)
@@ -56,6 +58,7 @@ with distributed.local():  # one process' results, from the folder
     whole = model.trace(pictures, reducers(model))
     whole4 = model.trace(folder_images(model, folder, BATCH, limit=4), reducers(model))
     one = model.trace(wds_images(model, one_shard, BATCH), reducers(model))
+    found_whole = discover(model, folder_images(model, folder, BATCH), batch_size=BATCH, top_k=10)
 torch.save(
     {
         "split": results(split),
@@ -71,6 +74,7 @@ torch.save(
         "forwarded": forwarded,
         "description": shards.description(),
         "note": single.split_note(distributed.world()),
+        "discovered": [(f.pairs(), f.scores) for f in (found, found_whole)],
         "pictures": (shards.display_images(), pictures.display_images()),
     },
     out / f"rank{distributed.rank()}.pt",

@@ -1,7 +1,8 @@
 """Webdataset shards under torchrun with 2 ranks: each rank reads only its own shards (shards
 ``rank::2``, as webdataset's ``split_by_node``), and the merged statistics, per-image rows, image
 count and skip/convert listing equal one process reading the same images from a folder -- also
-under an image limit, after a kill and resume, and with fewer shards than ranks (no split)."""
+under an image limit, after a kill and resume, for neuron discovery, and with fewer shards than
+ranks (no split)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def test_shards_split_by_rank_give_the_folder_results(tmp_path: Path) -> None:
         assert desc["n_images"] == 7 and list(desc["converted"]) == ["shard-1.tar/004.png"]
         assert set(desc["skipped"]) == {"shard-0.tar/002b.png", "shard-1.tar/zzz"}
         assert "not split by rank" in r["note"]
+        (pairs, scores), (want_pairs, want_scores) = r["discovered"]
+        assert pairs == want_pairs and same(scores, want_scores) == []
         shown, want = r["pictures"]  # the first images for figures, though rank 1 read shard 1
         assert shown.shape[0] == 4 and torch.allclose(shown, want)
     norms = ranks[0]["split"][0][3]
