@@ -64,8 +64,9 @@ def discover(
     (the official code counts [CLS] among them: ``include_prefix=True`` reproduces it).
 
     Under torchrun every rank passes the same ``data``: each scores its part of every batch
-    (:func:`vitreg.distributed.shard`), the survey is one sharded ``Model.trace``, and the sums
-    are all-reduced, so every rank returns the single-process ranking.
+    (:func:`vitreg.distributed.shard`) -- or its own shards of a webdataset source
+    (:func:`vitreg.distributed.split`) --, the survey is one sharded ``Model.trace``, and the
+    sums are all-reduced, so every rank returns the single-process ranking.
     """
     n_layers = model.n_layers
     rule = "absolute" if isinstance(threshold, (int, float)) else threshold
