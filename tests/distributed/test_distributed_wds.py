@@ -28,8 +28,9 @@ def test_shards_split_by_rank_give_the_folder_results(tmp_path: Path) -> None:
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     # rank 0 reads shards 0 and 2 (images 0-1 and 5-6), rank 1 shard 1 (images 2-4)
     assert [r["indices"] for r in ranks] == [[0, 1, 5, 6], [2, 3, 4]]
-    # progress: the global index past each part (batches of ceil(3 / 2) = 2, none across shards)
-    assert [r["progress"] for r in ranks] == [[2, 7], [4, 5]]
+    # progress: the global index past each part (batches of ceil(3 / 2) = 2, none across
+    # shards), then the count of all ranks
+    assert [r["progress"] for r in ranks] == [[2, 7, 7], [4, 5, 7]]
     for r in ranks:
         assert r["n"] == (7, 4, 7, 3)
         for got, want in (("split", "whole"), ("limited", "whole4"), ("again", "whole")):
@@ -47,4 +48,4 @@ def test_shards_split_by_rank_give_the_folder_results(tmp_path: Path) -> None:
     norms = ranks[0]["split"][0][3]
     assert norms["image_index"].tolist() == list(range(7))  # rows in global image order
     # killed after its first part (checkpointed there), each rank resumed from its own checkpoint
-    assert [r["forwarded"] for r in ranks] == [[7], [5]]
+    assert [r["forwarded"] for r in ranks] == [[7, 7], [5, 7]]

@@ -580,6 +580,8 @@ class Model:
                     ckpt.step(stream.seen, state)
                 if progress is not None:
                     progress(stream.seen)
+        if progress is not None and stream.independent:  # this rank's last part may end early
+            progress(stream.seen)  # the image count of all ranks
         if ckpt is not None and not finished:
             ckpt.save(stream.seen, state(), done=True)
         if stream.world > 1:  # every rank gets the statistics of all images

@@ -155,6 +155,8 @@ def discover(
     fresh = (part for part in stream if stream.seen > skip)  # parts the checkpoint lacks
     with model.hooks(hooks):
         model.run_batches(fresh, batch_size, None, done, stop_at_layer=last)
+    if progress is not None and stream.independent:  # this rank's last part may end early
+        progress(stream.seen)  # the image count of all ranks
     if ckpt is not None and not finished:
         ckpt.save(stream.seen, sums, done=True)
     if stream.world > 1:
