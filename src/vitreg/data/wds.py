@@ -275,10 +275,12 @@ class ShardParts:
             mine: dict[int, ShardCheck | str] = {}
             for s in range(start, min(len(paths), start + step)):
                 if s % self.world == self.rank and s not in checks:
+                    # any error goes through the gather: raised here alone, it would leave the
+                    # other ranks waiting in it
                     try:
                         mine[s] = check_shard(paths[s], self.source.max_pixels)
-                    except Exception as e:  # noqa: BLE001 -- raised alone, it would leave the
-                        mine[s] = f"{type(e).__name__}: {e}"  # other ranks in the gather
+                    except Exception as e:  # noqa: BLE001
+                        mine[s] = f"{type(e).__name__}: {e}"
             for part in distributed.all_gather(mine):
                 for s, found in part.items():
                     if isinstance(found, str):
