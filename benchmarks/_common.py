@@ -1,7 +1,10 @@
-"""Helpers shared by the benchmark scripts: memory readings, fresh child processes, JSON output."""
+"""The runner every benchmark script shares: its options, the interleaved timing of arms, speed
+ratios, fresh child processes (and the JSON line a child prints), memory readings, the result
+file and the closing summary."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -62,6 +65,16 @@ def run_child(script: str, args: list[str]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def emit(result: dict[str, Any]) -> None:
+    """A child's answer to :func:`run_child`: its result as the last line of stdout."""
+    print(json.dumps(result))
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser described by the first paragraph of the script's docstring."""
+    return argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+
+
 def add_size_and_out_options(p: Any, benchmark: str) -> None:
     """The options every benchmark takes: input size, a shallower model for smoke runs, --out."""
     p.add_argument("--img-size", type=int, default=224)
@@ -109,16 +122,48 @@ def build(name: str, img_size: int, depth: int | None):
 
 
 def interleaved(
-    arms: dict[str, Callable[[], Any]], repeats: int
+    arms: dict[str, Callable[[], Any]],
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Time the arms ``repeats`` times each, their order reversed every other round (ABBA for
     two) so all see the same machine load; returns every timing and each arm's median, in
-    seconds."""
+    seconds of ``clock`` (wall time, or ``time.process_time`` for this process's CPU time)."""
     names = list(arms)
     times: dict[str, list[float]] = {arm: [] for arm in names}
     for r in range(repeats):
         for arm in names if r % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
+            t0 = clock()
             arms[arm]()
-            times[arm].append(time.perf_counter() - t0)
+            times[arm].append(clock() - t0)
     return times, {arm: statistics.median(ts) for arm, ts in times.items()}
+
+
+def speed(
+    times: dict[str, list[float]], batch_size: int, ratio: str, over: str, under: str
+) -> dict[str, Any]:
+    """The JSON fields of a two-arm speed comparison: every timing, the medians, images/s, and
+    ``ratio`` = median seconds of ``over`` / those of ``under``, overall and per round."""
+    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    return {
+        "seconds": times,
+        "median_s": med,
+        "images_per_s": {arm: batch_size / s for arm, s in med.items()},
+        ratio: med[over] / med[under],
+        "ratio_per_round": [o / u for o, u in zip(times[over], times[under], strict=True)],
+    }
+
+
+def verdict(ok: bool, miss: str = "BELOW TARGET") -> str:
+    """What the summary says of a target: "ok" or ``miss``."""
+    return "ok" if ok else miss
+
+
+def finish(args: Any, benchmark: str, res: dict[str, Any], lines: list[str], **fields: Any) -> Path:
+    """Write the result (``res`` and ``fields``, e.g. the target, with the settings and the
+    environment), print the summary ``lines`` and where the file is."""
+    out = write_result(args, benchmark, **fields, **res)
+    for line in lines:
+        print(line)
+    print(f"wrote {out}")
+    return out

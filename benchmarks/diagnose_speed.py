@@ -23,7 +23,14 @@ import tempfile
 import time
 from typing import Any
 
-from _common import add_size_and_out_options, build, peak_rss_mb, write_result
+from _common import (
+    add_size_and_out_options,
+    build,
+    finish,
+    parser,
+    peak_rss_mb,
+    verdict,
+)
 
 MODEL = "vit_small_patch14_dinov2"
 TARGET = 2.0  # (diagnose + report) / (plain forward + report)
@@ -93,7 +100,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--n-images", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved")
@@ -106,26 +113,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     res = measure(args)
-    out = write_result(
-        args,
-        "diagnose_speed",
-        target=f"(diagnose + report) / (plain forward + report) <= {TARGET}",
-        **res,
-    )
     s, ratio = res["seconds"], res["ratios"]
     main_ratio = ratio["diagnose_plus_report_over_plain_plus_report"]
-    verdict = "ok" if main_ratio <= TARGET else "ABOVE TARGET"
-    print(f"{args.model}, {args.n_images} images of {args.img_size} px, batch {args.batch_size}")
-    print(f"analyses: {', '.join(res['analyses'])}; median of {args.repeats} interleaved rounds")
-    print(
+    lines = [
+        f"{args.model}, {args.n_images} images of {args.img_size} px, batch {args.batch_size}",
+        f"analyses: {', '.join(res['analyses'])}; median of {args.repeats} interleaved rounds",
         f"plain forward {s['plain_forward']:.2f} s, diagnose {s['diagnose']:.2f} s, "
-        f"report writing {s['report']:.2f} s"
+        f"report writing {s['report']:.2f} s",
+        f"ratio (diagnose + report) / (plain + report) = {main_ratio:.2f} (target <= {TARGET}: "
+        f"{verdict(main_ratio <= TARGET, 'ABOVE TARGET')}); diagnose / plain = "
+        f"{ratio['diagnose_over_plain']:.2f}",
+    ]
+    finish(
+        args,
+        "diagnose_speed",
+        res,
+        lines,
+        target=f"(diagnose + report) / (plain forward + report) <= {TARGET}",
     )
-    print(
-        f"ratio (diagnose + report) / (plain + report) = {main_ratio:.2f} "
-        f"(target <= {TARGET}: {verdict}); diagnose / plain = {ratio['diagnose_over_plain']:.2f}"
-    )
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ images, each in a fresh process.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -49,8 +48,10 @@ from _common import (
     add_size_and_out_options,
     build,
     child_flags,
+    emit,
     environment,
     interleaved,
+    parser,
     peak_rss_mb,
     rss_mb,
     run_child,
@@ -378,7 +379,7 @@ def measure_auto_memory(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--n-images", type=int, default=256)
     p.add_argument("--small-n-images", type=int, default=64, help="memory run to compare with")
     p.add_argument("--batch-size", type=int, default=32)
@@ -502,7 +503,7 @@ def print_auto(auto: dict[str, Any], args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.child is not None:
-        print(json.dumps(run_in_child(args)))
+        emit(run_in_child(args))
         return
     shared = child_flags(args, CHILD_KEYS)
     runs = []

@@ -16,7 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import peak_rss_mb, write_result
+from _common import (
+    parser,
+    peak_rss_mb,
+    write_result,
+)
 
 TARGET_S = 20 * 60
 
@@ -47,7 +51,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--preset", default="tiny")
     p.add_argument("--data", default="synthetic:n=256,size=48")
     p.add_argument("--steps", type=int, default=None, help="fewer training steps (smoke runs)")

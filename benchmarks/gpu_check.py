@@ -24,7 +24,13 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-from _common import RESULTS, build, environment, write_json
+from _common import (
+    RESULTS,
+    build,
+    environment,
+    parser,
+    write_json,
+)
 from hooked_forward import hooked_names, reduce
 from ttr_speed import neuron_set
 
@@ -130,7 +136,7 @@ def measure(name: str, precision: str, args: argparse.Namespace) -> dict[str, An
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--models", default=None, help=f"comma-separated timm names ({MODELS})")
     p.add_argument("--precisions", default="fp32,bf16")

@@ -18,7 +18,6 @@ load. Each model runs in a fresh process so its peak RSS is its own.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,8 +28,10 @@ from _common import (
     add_timing_options,
     build,
     child_flags,
+    emit,
     environment,
     interleaved,
+    parser,
     peak_rss_mb,
     rss_mb,
     run_child,
@@ -150,7 +151,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     add_timing_options(p, batch_size=16)
     p.add_argument("--models", default=MODELS, help="comma-separated timm names")
     add_size_and_out_options(p, "hooked_forward")
@@ -161,7 +162,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args)))
+        emit(measure(args.child, args))
         return
     shared = child_flags(args, ("batch_size", "repeats", "warmup", "img_size", "depth"))
     results = []

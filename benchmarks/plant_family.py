@@ -1,7 +1,7 @@
 """The automatic path of ``vitreg neurons`` on the randomised plant family (issue 18).
 
 For each seed, ``vitreg.experiment.plant_family.score_circuit`` builds the circuit the seed draws
-(:mod:`vitreg.testing.plant_family`: 5 architectures, 2-40 causal units over 1-4 blocks, writers
+(:mod:`vitreg.testing.planted.plant_family`: 5 architectures, 2-40 causal units over 1-4 blocks, writers
 after emergence, readers, distractors, 4 token rules, sinks or none), runs
 ``vitreg.find_neurons`` with no settings on 48 synthetic images and scores it on 16 fresh ones:
 precision and recall against the causal units, readers and distractors chosen, the after-fix
@@ -29,7 +29,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, write_result
+from _common import (
+    RESULTS,
+    parser,
+    write_result,
+)
 
 # the 40-causal-unit case: weak units and the emergence block, all inside the range today's path
 # searches, so its cost is the causal selection's over 40 units (seed 1 of the family has 40
@@ -64,7 +68,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def partial_path(args: argparse.Namespace) -> Path:
-    return Path(args.out).with_suffix(".partial.jsonl")
+    """Where each scored seed's row is appended (its folder made if missing)."""
+    path = Path(args.out).with_suffix(".partial.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def partial_key(args: argparse.Namespace) -> list[int]:
@@ -115,7 +122,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--seeds", type=int, default=200, help="how many seeds")
     p.add_argument("--first", type=int, default=0, help="first seed")
     p.add_argument("--large-seed", type=int, default=1000, help="seed of the 40-unit case")

@@ -20,7 +20,12 @@ import statistics
 import time
 from typing import Any
 
-from _common import add_size_and_out_options, build, write_result
+from _common import (
+    add_size_and_out_options,
+    build,
+    parser,
+    write_result,
+)
 
 MODEL = "vit_base_patch16_224"
 
@@ -90,7 +95,7 @@ def time_extraction(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--n-tokens", type=int, default=10_000)
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--n-lrs", type=int, default=8)

@@ -19,7 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, write_result
+from _common import (
+    RESULTS,
+    parser,
+    write_result,
+)
 
 MAX_HTML_MB = 3.0
 
@@ -71,7 +75,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--limit", type=int, default=None, help="images (default: the demo's)")
     p.add_argument("--img-size", type=int, default=None, help="input size (default: the demo's)")
     p.add_argument("--out", default=str(RESULTS / "report_size.json"))

@@ -23,9 +23,12 @@ from _common import (
     add_size_and_out_options,
     add_timing_options,
     build,
+    finish,
     interleaved,
+    parser,
     peak_rss_mb,
-    write_result,
+    speed,
+    verdict,
 )
 
 MODEL = "vit_base_patch16_224"
@@ -54,7 +57,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ref = full()
     for _ in range(args.warmup):
         got = stopped()
-    times, med = interleaved(arms, args.repeats)
+    times, _ = interleaved(arms, args.repeats)
     return {
         "model": args.model,
         "n_layers": model.n_layers,
@@ -62,17 +65,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "stop_at_layer": stop,
         "blocks_run": {"full": model.n_layers, "stopped": stop},
         "activations_equal": bool(torch.equal(got, ref)),
-        "seconds": times,
-        "median_s": med,
-        "images_per_s": {arm: args.batch_size / s for arm, s in med.items()},
-        "ratio_full_over_stopped": med["full"] / med["stopped"],
-        "ratio_per_round": [f / s for f, s in zip(times["full"], times["stopped"], strict=True)],
+        **speed(times, args.batch_size, "ratio_full_over_stopped", over="full", under="stopped"),
         "peak_rss_mb": peak_rss_mb(),
     }
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     add_timing_options(p, batch_size=16)
     p.add_argument("--layer", type=int, default=2, help="block whose hook_resid_post is probed")
     p.add_argument("--model", default=MODEL, help="timm model name")
@@ -83,25 +82,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     res = measure(args)
-    out = write_result(
+    ips, ratio = res["images_per_s"], res["ratio_full_over_stopped"]
+    lines = [
+        f"{args.model} ({res['n_layers']} blocks), batch {args.batch_size}, {args.img_size} px",
+        f"run_with_cache of {res['site']}: full vs stop_at_layer={res['stop_at_layer']}; "
+        f"median of {args.repeats} interleaved runs; activations equal: {res['activations_equal']}",
+        f"full {ips['full']:.1f} img/s, stopped {ips['stopped']:.1f} img/s, speed-up "
+        f"{ratio:.2f}x (target >= {TARGET}: {verdict(ratio >= TARGET)})",
+    ]
+    finish(
         args,
         "stop_at_layer",
+        res,
+        lines,
         target=f"full seconds / stopped seconds >= {TARGET}",
         target_ratio=TARGET,
-        **res,
     )
-    ips, ratio = res["images_per_s"], res["ratio_full_over_stopped"]
-    verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
-    print(f"{args.model} ({res['n_layers']} blocks), batch {args.batch_size}, {args.img_size} px")
-    print(
-        f"run_with_cache of {res['site']}: full vs stop_at_layer={res['stop_at_layer']}; "
-        f"median of {args.repeats} interleaved runs; activations equal: {res['activations_equal']}"
-    )
-    print(
-        f"full {ips['full']:.1f} img/s, stopped {ips['stopped']:.1f} img/s, speed-up "
-        f"{ratio:.2f}x (target >= {TARGET}: {verdict})"
-    )
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

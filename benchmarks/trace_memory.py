@@ -12,7 +12,6 @@ within 300 MB of 20 images.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -22,7 +21,9 @@ from _common import (
     add_size_and_out_options,
     build,
     child_flags,
+    emit,
     environment,
+    parser,
     peak_rss_mb,
     rss_mb,
     run_child,
@@ -79,7 +80,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--n-images", default="20,200", help="comma-separated image counts")
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--model", default="vit_small_patch14_dinov2")
@@ -94,7 +95,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.child is not None:
-        print(json.dumps(measure(args.child, args)))
+        emit(measure(args.child, args))
         return
     shared = child_flags(args, ("batch_size", "model", "img_size", "depth"))
     shared += ["--diagnose"] if args.diagnose else []

@@ -22,7 +22,16 @@ import statistics
 import time
 from typing import Any
 
-from _common import add_size_and_out_options, add_timing_options, build, peak_rss_mb, write_result
+from _common import (
+    add_size_and_out_options,
+    add_timing_options,
+    build,
+    finish,
+    parser,
+    peak_rss_mb,
+    speed,
+    verdict,
+)
 
 MODEL = "vit_base_patch16_224"
 TARGET = 0.9  # ttr images/s over bare images/s
@@ -91,27 +100,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 times["bare"].append(time.perf_counter() - t0)
             else:
                 fixed(times["ttr"])
-    med = {arm: statistics.median(ts) for arm, ts in times.items()}
-    ips = {arm: args.batch_size / s for arm, s in med.items()}
     return {
         "model": args.model,
         "n_tokens": {"bare": ref.shape[1], "ttr_returned": out.shape[1]},
         "fix": ttr.describe(),
         "neurons": [{"layer": layer, "unit": unit} for layer, unit in neurons.pairs()],
         "outputs_differ": bool(not torch.equal(out, ref)),
-        "seconds": times,
-        "median_s": med,
+        **speed(times, args.batch_size, "ratio_ttr_over_bare", over="bare", under="ttr"),
         "apply_remove_median_s": statistics.median(apply_s),
-        "images_per_s": ips,
-        "ratio_ttr_over_bare": ips["ttr"] / ips["bare"],
-        "ratio_per_round": [b / t for b, t in zip(times["bare"], times["ttr"], strict=True)],
         "peak_rss_mb": peak_rss_mb(),
         "model_left_bare": model.layout.n_extra == 0,
     }
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     add_timing_options(p, batch_size=32)
     p.add_argument("--n-neurons", type=int, default=10)
     p.add_argument("--layers", default="3-5", help="inclusive layer range of the neurons")
@@ -123,26 +126,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     res = measure(args)
-    out = write_result(
+    ips, ratio, fix = res["images_per_s"], res["ratio_ttr_over_bare"], res["fix"]
+    lines = [
+        f"{args.model}, batch {args.batch_size}, {args.img_size} px",
+        f"{fix['n_neurons']} neurons in layers {fix['layers']}, {fix['n_registers']} register; "
+        f"median of {args.repeats} interleaved runs",
+        f"bare {ips['bare']:.1f} img/s, ttr {ips['ttr']:.1f} img/s, ratio {ratio:.3f} "
+        f"(target >= {TARGET}: {verdict(ratio >= TARGET)}); "
+        f"apply+remove {res['apply_remove_median_s'] * 1e3:.1f} ms",
+    ]
+    finish(
         args,
         "ttr_speed",
+        res,
+        lines,
         target=f"ttr images/s >= {TARGET} x bare forward_features images/s",
         target_ratio=TARGET,
-        **res,
     )
-    ips, ratio = res["images_per_s"], res["ratio_ttr_over_bare"]
-    verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
-    fix = res["fix"]
-    print(f"{args.model}, batch {args.batch_size}, {args.img_size} px")
-    print(
-        f"{fix['n_neurons']} neurons in layers {fix['layers']}, {fix['n_registers']} register; "
-        f"median of {args.repeats} interleaved runs"
-    )
-    print(
-        f"bare {ips['bare']:.1f} img/s, ttr {ips['ttr']:.1f} img/s, ratio {ratio:.3f} "
-        f"(target >= {TARGET}: {verdict}); apply+remove {res['apply_remove_median_s'] * 1e3:.1f} ms"
-    )
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -15,11 +15,18 @@ written: extra parameters per component (``vitreg.arch.param_report``) and the F
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from typing import Any
 
-from _common import add_size_and_out_options, add_timing_options, peak_rss_mb, write_result
+from _common import (
+    add_size_and_out_options,
+    add_timing_options,
+    finish,
+    interleaved,
+    parser,
+    peak_rss_mb,
+    speed,
+    verdict,
+)
 
 MODEL = "deit3_base_patch16_224"
 TARGET = 0.95  # variant images/s over baseline images/s
@@ -43,21 +50,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
 
-    def run(arm: str) -> float:
+    def run(arm: str) -> None:
         with torch.inference_mode():
-            t0 = time.perf_counter()
             arms[arm].forward_features(x)
-            return time.perf_counter() - t0
 
     for arm in arms:
         for _ in range(args.warmup):
             run(arm)
-    times: dict[str, list[float]] = {"baseline": [], "variant": []}
-    for r in range(args.repeats):
-        for arm in ("baseline", "variant") if r % 2 == 0 else ("variant", "baseline"):
-            times[arm].append(run(arm))
-    med = {arm: statistics.median(ts) for arm, ts in times.items()}
-    ips = {arm: args.batch_size / s for arm, s in med.items()}
+    times, _ = interleaved({arm: (lambda arm=arm: run(arm)) for arm in arms}, args.repeats)
     flops = flop_report(arms["variant"])
     report = param_report(arms["variant"])
     return {
@@ -66,19 +66,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "params": report.as_dict(),
         "params_lines": report.lines(),
         "flops": flops,
-        "seconds": times,
-        "median_s": med,
-        "images_per_s": ips,
-        "ratio_variant_over_baseline": ips["variant"] / ips["baseline"],
-        "ratio_per_round": [
-            b / v for b, v in zip(times["baseline"], times["variant"], strict=True)
-        ],
+        **speed(
+            times, args.batch_size, "ratio_variant_over_baseline", over="baseline", under="variant"
+        ),
         "peak_rss_mb": peak_rss_mb(),
     }
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     add_timing_options(p, batch_size=8)
     p.add_argument("--specialize", default="norm,ls,qkv", help="comma-separated components")
     p.add_argument("--model", default=MODEL, help="timm model name (needs LayerScale for 'ls')")
@@ -89,27 +85,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     res = measure(args)
-    out = write_result(
+    ips, ratio = res["images_per_s"], res["ratio_variant_over_baseline"]
+    lines = [
+        f"{args.model}, specialize={args.specialize}, batch {args.batch_size}, {args.img_size} px",
+        f"extra parameters per component (% of the {res['params']['baseline']:,d} baseline):",
+        *(f"  {line}" for line in res["params_lines"]),
+        f"FLOPs: variant - shared = {res['flops']['delta']['specialisation']}",
+        f"baseline {ips['baseline']:.2f} img/s, variant {ips['variant']:.2f} img/s, ratio "
+        f"{ratio:.3f} (target >= {TARGET}: {verdict(ratio >= TARGET)}); median of "
+        f"{args.repeats} interleaved runs",
+    ]
+    finish(
         args,
         "variant_speed",
+        res,
+        lines,
         target=f"variant images/s >= {TARGET} x baseline images/s",
         target_ratio=TARGET,
-        **res,
     )
-    ips, ratio = res["images_per_s"], res["ratio_variant_over_baseline"]
-    verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
-    print(
-        f"{args.model}, specialize={args.specialize}, batch {args.batch_size}, {args.img_size} px"
-    )
-    print(f"extra parameters per component (% of the {res['params']['baseline']:,d} baseline):")
-    for line in res["params_lines"]:
-        print(f"  {line}")
-    print(f"FLOPs: variant - shared = {res['flops']['delta']['specialisation']}")
-    print(
-        f"baseline {ips['baseline']:.2f} img/s, variant {ips['variant']:.2f} img/s, ratio "
-        f"{ratio:.3f} (target >= {TARGET}: {verdict}); median of {args.repeats} interleaved runs"
-    )
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,17 @@ run's cost should not grow with the number of images beyond the per-image result
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-from _common import RESULTS, peak_rss_mb, run_child, write_result
+from _common import (
+    RESULTS,
+    emit,
+    parser,
+    peak_rss_mb,
+    run_child,
+    write_result,
+)
 
 BENCHMARK = "vlm_memory"
 
@@ -30,7 +36,7 @@ def child(n_images: int, max_new_tokens: int) -> dict:
     import vitreg
     from vitreg import NeuronSet, TestTimeRegisters
     from vitreg.testing.images import synthetic_pil
-    from vitreg.testing.planted_vlm import save_tiny_llava
+    from vitreg.testing.planted import save_tiny_llava
     from vitreg.vlm import run_vlm
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,14 +61,14 @@ def child(n_images: int, max_new_tokens: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--images", default="1,8", help="comma-separated image counts, one process each")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--out", default=str(RESULTS / f"{BENCHMARK}.json"))
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child, args.max_new_tokens)))
+        emit(child(args.child, args.max_new_tokens))
         return
     arms = [
         run_child(__file__, [f"--child={n}", f"--max-new-tokens={args.max_new_tokens}"])

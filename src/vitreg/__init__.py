@@ -38,8 +38,9 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and readers
         TopK,
         hook_name,
     )
-    from vitreg.models.load import load, wrap
+    from vitreg.models.load import load
     from vitreg.models.model import Model, TraceResult
+    from vitreg.models.wrapping import wrap
     from vitreg.neurons.auto import find_neurons
     from vitreg.verbs import run
 
@@ -65,7 +66,7 @@ _EXPORTS = {
     ),
     "hook_name": "vitreg.hooks",
     "load": "vitreg.models.load",
-    "wrap": "vitreg.models.load",
+    "wrap": "vitreg.models.wrapping",
     "Model": "vitreg.models.model",
     "TraceResult": "vitreg.models.model",
     "find_neurons": "vitreg.neurons.auto",

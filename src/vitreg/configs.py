@@ -445,12 +445,21 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
     fix: str = Field(
         "none",
         description="none (the bare model), both (bare and with test-time registers, side by "
-        "side), or a neuron source as --neurons of `vitreg fix` names it (with the fix only).",
+        "side), a fix method of `vitreg fix --method` (clearclip, sclip, naclip, sc-clip, "
+        "ttr+naclip, ...: bare and fixed, side by side), or a neuron source as --neurons of "
+        "`vitreg fix` names it (with the fix only).",
     )
     neurons: NeuronSource = Field(
         DISCOVER,
-        description="With --fix both: a NeuronSet file, builtin, or discover (find them first, "
-        "as `vitreg neurons` does).",
+        description="With --fix both (or a method that edits register neurons): a NeuronSet "
+        "file, builtin, or discover (find them first, as `vitreg neurons` does).",
+    )
+    pamr: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="ov-seg: PAMR refinement steps on the upsampled logits (0: off; NACLIP's "
+        "published setting is 10, at dilations 8 and 16).",
     )
     layers: str = Field(
         "-1",
@@ -482,8 +491,17 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
     @field_validator("fix")
     @classmethod
     def _fix_source(cls, v: str) -> str:
+        from vitreg.fix.methods import FIXES, is_entry
+
         if v in ("none", "both"):
             return v
+        if is_entry(v):  # a method name wins over a file of that name
+            FIXES.parts(v)
+            return v.replace(" ", "")
+        if "," in v and all(is_entry(e) for e in v.split(",")):
+            raise ValueError(
+                "probe takes one fix; `vitreg fix --method a,b --probe TASK:DATA` compares several"
+            )
         source = NeuronSource.parse(v)
         if source.kind == "file" and not Path(v).exists():
             raise ValueError(
@@ -498,8 +516,17 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
         fix = info.data.get("fix")  # absent when fix itself is wrong
         if v.kind != "discover" and fix == "none":
             raise ValueError("applies to fix both only; with fix none there is no fix")
-        if v.kind != "discover" and fix not in (None, "both"):
+        from vitreg.fix.methods import is_entry
+
+        if v.kind != "discover" and fix not in (None, "both") and not is_entry(fix):
             raise ValueError("give the neurons once: fix FILE, or fix both with neurons FILE")
+        return v
+
+    @field_validator("pamr")
+    @classmethod
+    def _pamr_for_ov_seg(cls, v: int, info: Any) -> int:
+        if v and info.data.get("task") not in (None, "ov-seg"):
+            raise ValueError("PAMR refines ov-seg's pixel logits; other tasks take none")
         return v
 
     @field_validator("templates")

@@ -15,7 +15,7 @@ from vitreg.analysis.norms import NormAnalysis
 from vitreg.analysis.positions import PositionAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
-from vitreg.testing.planted_kinds import build_kind
+from vitreg.testing.planted import build_kind
 
 EXPECTED = {
     "kinds_clean": set(),

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import vitreg
-from timm_models import build
 from vitreg import UnsupportedModelError
 from vitreg.analysis.ln_separation import OWNED, ln_separation, pair_similarities
 from vitreg.core.layout import TokenLayout
+from vitreg.testing.tiny import timm_vit
 
 
 def direct(x, n_cls, regs, patches):
@@ -52,7 +52,7 @@ def test_hand_made_case_orthogonal_after_centering():
 
 
 def test_model_numbers_equal_a_direct_computation():
-    module, size = build("dinov2_reg4")
+    module, size = timm_vit("dinov2_reg4")
     model = vitreg.wrap(module)
     x = torch.randn(5, 3, size, size, generator=torch.Generator().manual_seed(2))
     res = ln_separation(model, x, batch_size=2)
@@ -80,6 +80,6 @@ def test_model_numbers_equal_a_direct_computation():
 
 
 def test_no_cls_model_is_not_applicable():
-    module, size = build("siglip")
+    module, size = timm_vit("siglip")
     with pytest.raises(UnsupportedModelError, match="no \\[CLS\\]"):
         ln_separation(vitreg.wrap(module), torch.randn(1, 3, size, size))

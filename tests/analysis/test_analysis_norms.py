@@ -8,7 +8,8 @@ import torch
 
 import vitreg
 from vitreg.analysis.norms import outliers, trace_norms
-from vitreg.analysis.thresholds import bimodal_fit, threshold
+from vitreg.analysis.rules import threshold
+from vitreg.analysis.thresholds import bimodal_fit
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 

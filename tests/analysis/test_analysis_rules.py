@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import median_abs_deviation
 
-from vitreg.analysis import attention, rules, thresholds
+from vitreg.analysis import attention, rules
 from vitreg.analysis.attention import artifact_masks
 from vitreg.analysis.rules import image_mask, robust_cut, robust_mask, robust_spread, threshold
 
@@ -35,7 +35,7 @@ def every_caller(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "rules.robust_mask": robust_mask(x),
         "rules.image_mask": image_mask(x, "robust"),
         "discover.outlier_mask": discover.outlier_mask(x, "robust", None),
-        "thresholds.threshold per row": per_set,
+        "rules.threshold per row": per_set,
         "attention.artifact_masks": artifact_masks(x.view(-1, side, side)).flatten(1),
     }
 
@@ -111,8 +111,6 @@ def test_other_rules_and_errors() -> None:
 
 
 def test_rule_names_are_one_shared_list() -> None:
-    assert thresholds.METHODS is rules.SET_RULES
-    assert thresholds.threshold is rules.threshold
     assert attention.threshold is rules.threshold
     assert detection.RULES is rules.MASK_RULES
     assert discover.THRESHOLDS is rules.MASK_RULES

@@ -5,7 +5,6 @@ import timm
 import torch
 
 from conftest import images
-from timm_models import build
 from vitreg.arch import (
     VariantConfig,
     convert,
@@ -15,6 +14,7 @@ from vitreg.arch import (
     param_report,
 )
 from vitreg.arch.attention import BiasAttention
+from vitreg.testing.tiny import timm_vit
 
 ALL = ("norm", "ls", "qkv", "proj", "mlp")
 
@@ -33,7 +33,7 @@ def jitter_(model, seed=1):
     [("dinov2_reg4", ALL), ("deit3", ALL), ("clip_quickgelu", ("norm", "qkv", "proj", "mlp"))],
 )
 def test_converted_model_equals_its_source(key, specialize):
-    src, size = build(key)
+    src, size = timm_vit(key)
     jitter_(src)
     x = images(2, size)
     variant = convert(
@@ -53,7 +53,7 @@ def test_converted_model_equals_its_source(key, specialize):
 
 
 def test_conversion_with_attention_bias_adds_a_slot_and_changes_outputs():
-    src, size = build("dinov2_reg4")
+    src, size = timm_vit("dinov2_reg4")
     x = images(2, size)
     variant = create_variant(src, attn_bias=True)
     assert all(isinstance(b.attn, BiasAttention) for b in variant.blocks)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import vitreg
 from cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
-from vitreg.data.images import synthetic_images
+from vitreg.data.images import synthetic_source
 from vitreg.fix import TestTimeRegisters, compare_fix
 from vitreg.neurons import NeuronSet, builtin_neurons
 from vitreg.neurons.auto import SPLIT_RULE, find_neurons
@@ -46,7 +46,7 @@ def metrics(run_dir: Path) -> dict:
 
 def the_images(m, n: int = 8) -> torch.Tensor:
     """The first ``n`` synthetic images (the commands' default source for planted models)."""
-    return torch.cat(list(synthetic_images(m, n=n, batch_size=8)))
+    return torch.cat(list(synthetic_source(m, n=n, batch_size=8)))
 
 
 @pytest.fixture(scope="module")

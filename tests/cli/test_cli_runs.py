@@ -220,7 +220,7 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
         results[out.name], configs[out.name] = result.to_dict(), config
         docs[out.name] = build_document(result, config, "vitreg diagnose (test)")
 
-    monkeypatch.setattr(verb_diagnose, "_report", lambda: (keep, None))
+    monkeypatch.setattr(verb_diagnose, "_writer", lambda: keep)
     specs = {
         "file": ["timm:vit_tiny_patch16_224", "--img-size", "32", "--weights", str(weights)],
         "folder": [f"local:{folder}"],

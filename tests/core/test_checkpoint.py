@@ -37,9 +37,9 @@ def model() -> Any:
 
 
 def source(model: Any, n: int = 12) -> Any:
-    from vitreg.data.images import synthetic_images
+    from vitreg.data.images import synthetic_source
 
-    return synthetic_images(model, n=n, batch_size=4)
+    return synthetic_source(model, n=n, batch_size=4)
 
 
 def test_states_encode_without_pickle() -> None:
@@ -139,7 +139,7 @@ class KillIn:
 
 @pytest.mark.slow
 def test_a_killed_neuron_search_resumes_to_the_same_set(tmp_path: Path) -> None:
-    from vitreg.data.images import synthetic_images
+    from vitreg.data.images import synthetic_source
     from vitreg.models.load import load
     from vitreg.neurons.auto import find_neurons
 
@@ -147,7 +147,7 @@ def test_a_killed_neuron_search_resumes_to_the_same_set(tmp_path: Path) -> None:
     planted = load("planted:dinov2_s14", img_size=112)
 
     def run(progress: Any) -> Any:
-        images = synthetic_images(planted, n=16, batch_size=4)
+        images = synthetic_source(planted, n=16, batch_size=4)
         return find_neurons(planted, images, n_images=16, batch_size=4, progress=progress)
 
     whole = run(KillIn()).results()

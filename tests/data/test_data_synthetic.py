@@ -12,7 +12,7 @@ from vitreg.data.datasets import Sample, open_dataset
 from vitreg.data.synthetic import CLASS_NAMES, render
 from vitreg.data.transforms import crop_geometry, model_input, prepare
 from vitreg.errors import SpecError
-from vitreg.models.load import wrap
+from vitreg.models.wrapping import wrap
 
 
 def test_items_are_deterministic_lazy_and_split_apart() -> None:

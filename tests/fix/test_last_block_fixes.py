@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import vitreg
-from tiny_models import hf_tiny, hier_model, open_clip_tower
 from vitreg.errors import UnsupportedModelError
 from vitreg.fix.clearclip import ClearCLIP
 from vitreg.fix.naclip import NACLIP
 from vitreg.fix.sclip import SCLIP
+from vitreg.testing.tiny import hf_tiny, hier_model, open_clip_tower
 
 FIXES = {"clearclip": ClearCLIP, "sclip": SCLIP, "naclip": NACLIP}
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import vitreg
-from tiny_models import eva_model, hf_tiny, open_clip_tower
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
+from vitreg.testing.tiny import eva_model, hf_tiny, open_clip_tower
 
 
 def family_model(key):

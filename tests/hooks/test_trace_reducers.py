@@ -5,15 +5,15 @@ import torch
 
 import vitreg
 from conftest import images
-from timm_models import build
 from vitreg import Histogram, HookError, InputError, Max, Mean, TokenNorms, TopK
+from vitreg.testing.tiny import timm_vit
 
 SITE = "blocks.1.hook_resid_post"
 
 
 @pytest.fixture(scope="module")
 def setup():
-    module, size = build("dinov2_reg4")
+    module, size = timm_vit("dinov2_reg4")
     model = vitreg.wrap(module)
     x = images(7, size, seed=3)
     _, cache = model.run_with_cache(x, names=[SITE, "blocks.1.mlp.hook_post"])

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vitreg.testing.planted_vlm import save_tiny_llava
+    from vitreg.testing.planted import save_tiny_llava
 
     return save_tiny_llava(tmp_path_factory.mktemp("vlm") / "llava")
 

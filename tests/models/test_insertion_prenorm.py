@@ -12,14 +12,14 @@ from torch import nn
 
 import vitreg
 from conftest import images
-from timm_models import build as timm_build
-from tiny_models import (
+from vitreg.testing.tiny import (
     embeds_before_ln_pre,
     hf_tiny,
     open_clip_images,
     open_clip_tower,
     run_blocks,
 )
+from vitreg.testing.tiny import timm_vit as timm_build
 
 K = 2  # inserted tokens in the hand-built comparisons
 

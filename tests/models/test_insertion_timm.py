@@ -6,8 +6,8 @@ import torch
 
 import vitreg
 from conftest import images
-from timm_models import build, realistic_
 from vitreg import HookError, InputError
+from vitreg.testing.tiny import realistic_, timm_vit
 
 
 def hand_built(model, x, extra):
@@ -26,7 +26,7 @@ def hand_built(model, x, extra):
 
 @pytest.mark.parametrize("key", ["dinov2", "dinov2_reg4", "siglip", "clip_quickgelu", "deit3"])
 def test_inserted_forward_equals_hand_built_reference(key):
-    module, size = build(key)
+    module, size = timm_vit(key)
     model = vitreg.wrap(module)
     x = images(2, size)
     extra = torch.randn(1, 3, model.d_model)
@@ -41,7 +41,7 @@ def test_inserted_forward_equals_hand_built_reference(key):
 
 
 def test_pooling_heads_and_intermediates_ignore_inserted_tokens():
-    module, size = build("dinov2_reg4")
+    module, size = timm_vit("dinov2_reg4")
     module.reset_classifier(5, global_pool="avg")
     model = vitreg.wrap(module)
     x = images(2, size)
@@ -60,7 +60,7 @@ def test_pooling_heads_and_intermediates_ignore_inserted_tokens():
 
 
 def test_token_pooling_reads_cls_and_registers_stay_put():
-    module, size = build("dinov2_reg4")
+    module, size = timm_vit("dinov2_reg4")
     model = vitreg.wrap(module)
     x = images(1, size)
     with model.insert_tokens(1), torch.no_grad():
@@ -97,7 +97,7 @@ def test_dynamic_size_model_keeps_pos_embed_right_across_calls():
 
 
 def test_batched_values_and_errors():
-    module, size = build("dino")
+    module, size = timm_vit("dino")
     model = vitreg.wrap(module)
     x = images(2, size)
     per_image = torch.randn(2, 1, model.d_model)
@@ -116,7 +116,7 @@ def test_batched_values_and_errors():
 
 def test_zero_tokens_fully_masked_leave_original_tokens_unchanged():
     """Plumbing check from the reference: tokens nobody attends to change nothing else."""
-    module, size = build("deit3")
+    module, size = timm_vit("deit3")
     model = vitreg.wrap(module)
     x = images(2, size)
     ref = model.features(x)

@@ -8,9 +8,9 @@ from safetensors.torch import save_file
 
 import vitreg
 from conftest import images
-from timm_models import build
 from vitreg import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.models.loaders.local import save_local
+from vitreg.testing.tiny import timm_vit
 
 SMALL = dict(pretrained=False, depth=2, img_size=56)
 
@@ -67,7 +67,7 @@ def test_traps_are_reported_as_notes():
 
 
 def test_weights_file_roundtrip_safetensors_and_torch(tmp_path):
-    module, size = build("dinov2")
+    module, size = timm_vit("dinov2")
     x = images(1, size)
     ref = module.forward_features(x)
     st = tmp_path / "w.safetensors"
@@ -108,7 +108,7 @@ def test_pickled_code_is_never_executed(tmp_path):
 
 
 def test_local_dir_roundtrip_and_errors(tmp_path):
-    module, size = build("dinov2_reg4")
+    module, size = timm_vit("dinov2_reg4")
     x = images(1, size)
     save_local(module, tmp_path / "m", depth=3, img_size=56)
     m = vitreg.load(f"local:{tmp_path / 'm'}")

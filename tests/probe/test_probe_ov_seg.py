@@ -1,21 +1,43 @@
 """Open-vocabulary segmentation on a tiny random-init open_clip CLIP: crop offsets, the pixel
-predictions against a hand computation of the protocol, the sliding window, and a probe run
-with and without a last-block fix."""
+predictions against a hand computation of the protocol, the sliding window, the keep-ratio
+resize on non-square images scored at the masks' size, the protocol's class lists, and a probe
+run with and without a last-block fix."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 import vitreg
-from vitreg.data.datasets import open_dataset
+from vitreg.data.datasets import Sample, open_dataset
+from vitreg.data.formats import ADE20K_CLASSES, VOC_CLASSES
 from vitreg.fix.naclip import NACLIP
+from vitreg.probe.cache import input_config
+from vitreg.probe.metrics import miou
+from vitreg.probe.ov_seg_data import (
+    CITYSCAPES_CLASSES,
+    COCO_OBJECT_CLASSES,
+    COCO_STUFF_CLASSES,
+    CONTEXT60_CLASSES,
+)
 from vitreg.probe.run import run
-from vitreg.probe.tasks.ov_seg import BACKGROUND_NAMES, OvSeg, windows
+from vitreg.probe.tasks.ov_seg import (
+    BACKGROUND_NAMES,
+    PROTOCOLS,
+    OvSeg,
+    confusion,
+    miou_of,
+    protocol_names,
+    resized_size,
+    windows,
+)
 
 open_clip = pytest.importorskip("open_clip")
 TINY = {
@@ -104,3 +126,88 @@ def test_probe_run_scores_ov_seg_with_and_without_a_fix(clip_model, templates, t
         assert layer.yardsticks[0].name == "majority class"
         assert layer.info["logit_scale"] == 65.0
     assert result.fix["method"] == "naclip"
+
+
+def test_resize_keeps_the_aspect_with_the_long_side_capped():
+    assert resized_size(500, 375, 336) == (448, 336)  # 500 * 336 / 375 = 448
+    assert resized_size(2048, 1024, 560) == (1120, 560)  # Cityscapes at 560
+    assert resized_size(4000, 100, 336) == (2048, 51)  # long side held at 2048
+
+
+def test_protocol_class_lists_match_the_readers():
+    sizes = {"voc": VOC_CLASSES, "voc20": VOC_CLASSES[1:], "context60": CONTEXT60_CLASSES,
+             "context59": CONTEXT60_CLASSES[1:], "coco-object": COCO_OBJECT_CLASSES,
+             "coco-stuff": COCO_STUFF_CLASSES, "cityscapes": CITYSCAPES_CLASSES,
+             "ade20k": ADE20K_CLASSES}  # fmt: skip
+    assert set(sizes) == set(PROTOCOLS)
+    for name, classes in sizes.items():
+        assert len(protocol_names(PROTOCOLS[name].names)) == len(classes), name
+    assert protocol_names("context60")[0] == ["background"]  # prompted as the word itself
+    assert protocol_names("coco-object")[0] == list(BACKGROUND_NAMES)
+    assert len(protocol_names("voc21")[15]) == 7  # person and its six variants
+    assert PROTOCOLS["coco-stuff"].short_side == 448 and PROTOCOLS["cityscapes"].short_side == 560
+
+
+def test_confusion_counts_give_the_pooled_miou():
+    g = torch.Generator().manual_seed(3)
+    pred = torch.randint(0, 5, (3, 7, 9), generator=g)
+    target = torch.randint(0, 4, (3, 7, 9), generator=g)  # class 4 only ever predicted
+    target[0, :2] = 255
+    counts = confusion(pred, target, 5)
+    assert int(counts.sum()) == int((target != 255).sum())
+    assert miou_of(counts) == pytest.approx(miou(pred, target, 5, 255), abs=1e-6)
+
+
+def test_non_square_images_are_resized_keeping_aspect_and_scored_at_mask_size(
+    clip_model, task
+) -> None:
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (24, 40, 3), np.uint8))
+    sample = Sample(image, "wide", mask=np.zeros((24, 40), np.int64))
+    smaller = copy.copy(task)  # the module's task keeps its settings
+    smaller.short_side = 32
+    item = smaller.prepare(sample, input_config(clip_model))
+    assert item["image"].shape == (3, 32, 53) and item["mask"].shape == (24, 40)
+    with torch.no_grad():
+        pred = smaller.outputs(clip_model, item["image"][None], (24, 40))
+    assert pred.shape == (1, 24, 40)
+
+
+def _context60(root: Path) -> None:
+    voc = root / "VOC2010"
+    rng = np.random.default_rng(1)
+    for key, (h, w) in (("a", (24, 40)), ("b", (36, 20)), ("c", (24, 40))):
+        (voc / "JPEGImages").mkdir(parents=True, exist_ok=True)
+        (voc / "SegmentationClassContext").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)).save(
+            voc / "JPEGImages" / f"{key}.jpg"
+        )
+        mask = rng.choice([0, 15, 37, 255], (h, w)).astype(np.uint8)
+        Image.fromarray(mask).save(voc / "SegmentationClassContext" / f"{key}.png")
+    (voc / "ImageSets" / "SegmentationContext").mkdir(parents=True)
+    (voc / "ImageSets" / "SegmentationContext" / "val.txt").write_text("a\nb\nc\n")
+
+
+@pytest.mark.slow  # about 10 s on a shared CPU (60 classes through the text tower)
+def test_context60_run_scores_non_square_images_at_their_own_size(
+    clip_model, templates, tmp_path
+) -> None:
+    _context60(tmp_path)
+    data = f"context60:{tmp_path}"
+    result = run(clip_model, "ov-seg", data, cache_dir=tmp_path, batch_size=2,
+                 templates=templates, image_size=40)  # fmt: skip
+    (layer,) = result.results["base"]
+    assert layer.info["num_classes"] == 60 and layer.info["logit_scale"] == 50.0
+    assert layer.info["area_thd"] is None and layer.info["short_side"] == 40
+    assert result.caches["base/test"]["forward_passes"] == 3  # sizes differ: a, b, c apart
+    by_hand = OvSeg()
+    ds = open_dataset(data, "val")
+    by_hand.setup(clip_model, ds, {"templates": templates, "image_size": 40})
+    preds, masks = [], []
+    for i in range(len(ds)):
+        item = by_hand.prepare(ds[i], input_config(clip_model))
+        with torch.no_grad():
+            preds.append(by_hand.outputs(clip_model, item["image"][None], item["mask"].shape))
+        masks.append(item["mask"][None])
+    flat = [torch.cat([t.flatten().long() for t in ts]) for ts in (preds, masks)]
+    scores = {s.metric: s.values[0] for s in layer.scores}
+    assert scores["miou"] == pytest.approx(miou(flat[0], flat[1], 60, 255), abs=1e-6)

@@ -18,7 +18,8 @@ from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.metrics import depth_metrics, miou
-from vitreg.probe.run import ProbeRun, run
+from vitreg.probe.run import run
+from vitreg.probe.scores import ProbeScores
 
 ONE_SEED = ProbeConfig(seeds=(0,), epochs=10)
 COLOURS = np.array([[220, 40, 40], [40, 200, 40], [40, 40, 220], [210, 210, 40]], float)
@@ -125,13 +126,15 @@ def pixel_vit(size: int = 64) -> vitreg.Model:
     return vitreg.wrap(module)
 
 
-def scores(result: ProbeRun, condition: str = "base", layer: int = 0) -> dict[tuple, list[float]]:
+def scores(
+    result: ProbeScores, condition: str = "base", layer: int = 0
+) -> dict[tuple, list[float]]:
     """(feature, group, metric) -> values over seeds."""
     out = result.results[condition][layer].scores
     return {(s.feature, s.group, s.metric): s.values for s in out}
 
 
-def cached(result: ProbeRun, stage: str) -> CachedFeatures:
+def cached(result: ProbeScores, stage: str) -> CachedFeatures:
     return CachedFeatures(result.caches[stage]["folder"])
 
 

@@ -259,7 +259,7 @@ def test_probe_report_renders_every_edge(tmp_path: Path, planted_neurons: Path) 
 
 @pytest.mark.slow
 def test_vlm_report_renders_every_edge(tmp_path: Path) -> None:
-    from vitreg.testing.planted_vlm import save_tiny_llava
+    from vitreg.testing.planted import save_tiny_llava
 
     folder = save_tiny_llava(tmp_path / "llava", img_size=64)
     with warnings.catch_warnings():

@@ -19,7 +19,7 @@ from vitreg.errors import InputError, SpecError
 from vitreg.report.schema import validate_metrics
 from vitreg.testing import build
 from vitreg.testing.images import synthetic_pil
-from vitreg.testing.planted_vlm import save_tiny_llava
+from vitreg.testing.planted import save_tiny_llava
 from vitreg.vlm import (
     answer_change,
     condition,

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from vitreg.analysis.base import Analysis, run_analyses
-from vitreg.analysis.thresholds import METHODS, BimodalFit, bimodal_fit, threshold
+from vitreg.analysis.rules import SET_RULES as METHODS
+from vitreg.analysis.rules import threshold
+from vitreg.analysis.thresholds import BimodalFit, bimodal_fit
 from vitreg.core.layout import TokenLayout
 from vitreg.hooks.reducers import Reducer, TokenNorms
 from vitreg.models.model import Model, TraceResult

@@ -23,7 +23,8 @@ from scipy.stats import rankdata
 
 from vitreg.analysis.base import Analysis
 from vitreg.analysis.norms import NormsResult, norm_sites
-from vitreg.analysis.thresholds import METHODS, threshold
+from vitreg.analysis.rules import SET_RULES as METHODS
+from vitreg.analysis.rules import threshold
 from vitreg.errors import HookError, VitregError
 from vitreg.hooks.reducers import Reducer, TokenNorms
 from vitreg.hooks.sites import HookContext

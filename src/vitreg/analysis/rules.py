@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitreg.analysis.thresholds import bimodal_fit
 from vitreg.core.choices import (  # noqa: F401  (the rules' vocabulary, re-exported)
     MASK_RULES,
     NAMED_THRESHOLDS,
@@ -149,8 +150,6 @@ def threshold(norms: Any, method: str, **params: float) -> float:
     if method == "robust_z":
         return robust_threshold(x, float(params.get("z", Z_CUT)))
     if method == "auto":
-        from vitreg.analysis.thresholds import bimodal_fit  # the mixture fit lives there
-
         return bimodal_fit(x).threshold
     raise ValueError(f"unknown outlier method {method!r}; choose from {SET_RULES}")
 

@@ -1,4 +1,6 @@
-"""Outlier rules on a set of token norms, side by side, and a presence test that can say "none".
+"""The presence test that can say "none": a two-Gaussian fit of log10 norms (the ``auto`` rule).
+
+The outlier rules on a set of token norms, side by side:
 
 - ``absolute``: norm > a given value (Darcet's hand-picked 150 for DINOv2-g).
 - ``top_p``: the top p% (the reassessment's 98th percentile; flags p% of *every* model).
@@ -7,9 +9,8 @@
 - ``auto``: the valley of a two-component Gaussian mixture fitted to log10 norms, used only
   when the distribution is really bimodal (see :func:`bimodal_fit`), else nothing is flagged.
 
-The rule names (:data:`METHODS`) and :func:`threshold` live in :mod:`vitreg.analysis.rules`
-(shared with attention artifacts and register neurons) and are re-exported here; the mixture
-fit is this module's own.
+The rule names (``SET_RULES``) and ``threshold`` live in :mod:`vitreg.analysis.rules` (shared
+with attention artifacts and register neurons), which calls :func:`bimodal_fit` for ``auto``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from vitreg.analysis.rules import SET_RULES as METHODS
-from vitreg.analysis.rules import threshold
-
-__all__ = ["METHODS", "BimodalFit", "bimodal_fit", "threshold"]
+__all__ = ["BimodalFit", "bimodal_fit"]
 
 # presence criteria for a bimodal split of log10 norms (documented in the report)
 MIN_BIC_GAIN = 10.0  # two Gaussians must beat one by this much BIC

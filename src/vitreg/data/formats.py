@@ -263,9 +263,9 @@ class VOCSegmentation(FileDataset):
     def __init__(self, spec: str, split: str, root: Path) -> None:
         super().__init__("voc", spec, split, ("mask",))
         root = _voc_root(root)
-        ids = _voc_ids(root, "Segmentation", root / "SegmentationClass", ".png", split)
-        images = _by_stem(root / "JPEGImages", IMAGE_ORDER)
-        masks = _by_stem(root / "SegmentationClass", (".png",))
+        ids = voc_ids(root, "Segmentation", root / "SegmentationClass", ".png", split)
+        images = by_stem_files(root / "JPEGImages", IMAGE_ORDER)
+        masks = by_stem_files(root / "SegmentationClass", (".png",))
         self.items = [
             FileItem(k, images.get(k, root / "JPEGImages" / k), masks.get(k)) for k in ids
         ]
@@ -287,8 +287,8 @@ class VOCBoxes(FileDataset):
     def __init__(self, spec: str, split: str, root: Path) -> None:
         super().__init__("voc-boxes", spec, split, ("boxes",))
         root = _voc_root(root)
-        ids = _voc_ids(root, "Main", root / "Annotations", ".xml", split)
-        images = _by_stem(root / "JPEGImages", IMAGE_ORDER)
+        ids = voc_ids(root, "Main", root / "Annotations", ".xml", split)
+        images = by_stem_files(root / "JPEGImages", IMAGE_ORDER)
         xml = root / "Annotations"
         self.items = [
             FileItem(k, images.get(k, root / "JPEGImages" / k), xml / f"{k}.xml") for k in ids
@@ -349,7 +349,7 @@ def _voc_root(root: Path) -> Path:
     )
 
 
-def _voc_ids(root: Path, imageset: str, folder: Path, suffix: str, split: str) -> list[str]:
+def voc_ids(root: Path, imageset: str, folder: Path, suffix: str, split: str) -> list[str]:
     """Ids listed in ``ImageSets/<imageset>/<split>.txt``, else a seeded 80/20 of ``folder``."""
     listing = root / "ImageSets" / imageset / f"{split}.txt"
     if listing.is_file():
@@ -385,7 +385,7 @@ class ADE20k(FileDataset):
                 f"no images/{sub}/ in {root}; ade20k:DIR expects the ADEChallengeData2016 "
                 "layout (images/{training,validation}/, annotations/{training,validation}/)"
             )
-        masks = _by_stem(root / "annotations" / sub, (".png",))
+        masks = by_stem_files(root / "annotations" / sub, (".png",))
         images = self.images_in(root / "images" / sub)
         self.items = [FileItem(p.stem, p, masks.get(p.stem)) for p in images]
         self.class_names = list(ADE20K_CLASSES)
@@ -412,7 +412,7 @@ class NYUDepth(FileDataset):
                 f"no {rgb}/; nyu:DIR expects DIR/{{train,val}}/rgb/NAME.jpg and "
                 "DIR/{train,val}/depth/NAME.png (millimetres) or NAME.npy (metres)"
             )
-        depths = _by_stem(depth, (".png", ".npy")) if depth.is_dir() else {}
+        depths = by_stem_files(depth, (".png", ".npy")) if depth.is_dir() else {}
         self.items = [FileItem(p.stem, p, depths.get(p.stem)) for p in self.images_in(rgb)]
 
     def _read(self, i: int) -> Sample:
@@ -505,7 +505,7 @@ def _mask_ids(img: Image.Image, palette: dict[int, int] | None) -> np.ndarray | 
     return lut[inverse.reshape(packed.shape)]  # unknown colours -> an id no class has
 
 
-def _by_stem(folder: Path, suffixes: Iterable[str] = ()) -> dict[str, Path]:
+def by_stem_files(folder: Path, suffixes: Iterable[str] = ()) -> dict[str, Path]:
     """``stem -> path`` of the files in ``folder`` (first suffix in ``suffixes`` wins); a link
     that leads outside the folder is left out, so its sample counts as having no target."""
     if not folder.is_dir():

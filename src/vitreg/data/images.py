@@ -139,7 +139,7 @@ def folder_images(
     return ImageSource(model, batches, desc, total, keep, log)
 
 
-def sample_images(
+def sample_source(
     model: Model, batch_size: int = 32, limit: int | None = None, keep: int = 8
 ) -> ImageSource:
     """The photos bundled with scikit-image (public domain / CC0), preprocessed for ``model``."""
@@ -160,7 +160,7 @@ def sample_images(
     )
 
 
-def synthetic_images(
+def synthetic_source(
     model: Model,
     n: int = 16,
     batch_size: int = 32,

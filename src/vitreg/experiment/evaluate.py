@@ -1,7 +1,7 @@
 """Evaluate one trained variant: frozen-feature probes, artifact diagnosis, parameters and FLOPs.
 
 Each number kept in the compact result names where it came from: probe scores are
-``ProbeRun`` means (the full runs are written beside them), the diagnosis numbers are read from
+``ProbeScores`` means (the full runs are written beside them), the diagnosis numbers are read from
 ``DiagnoseResult.to_dict()`` (norms verdict and outlier rate, [CLS]/patch cosine per block
 before and after ``norm1``), parameters from ``param_report`` and FLOPs from ``flop_report``.
 """
@@ -136,7 +136,7 @@ def evaluate(
     settings: Settings,
 ) -> dict[str, Any]:
     """Probes, diagnosis and costs of one trained backbone (evaluated in eval mode)."""
-    from vitreg.models.load import wrap
+    from vitreg.models.wrapping import wrap
 
     trained.eval()
     model = wrap(trained, weights="trained")  # trained by this experiment

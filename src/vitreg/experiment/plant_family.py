@@ -1,7 +1,7 @@
 """The automatic path scored on the randomised plant family (issue 18): what ``vitreg neurons``
 chooses with no settings, against the planted ground truth.
 
-:func:`score_circuit` builds one circuit of :mod:`vitreg.testing.plant_family`, runs
+:func:`score_circuit` builds one circuit of :mod:`vitreg.testing.planted.plant_family`, runs
 :func:`vitreg.neurons.auto.find_neurons` on synthetic images with its defaults (the library call
 behind ``vitreg neurons``), and measures, on fresh images neither discovery nor calibration saw:
 
@@ -9,7 +9,9 @@ behind ``vitreg neurons``), and measures, on fresh images neither discovery nor 
   chosen (must be 0), units of the upstream flag circuit (``helper_units``) and unplanted units
   chosen;
 * the after-fix verdict at every block (the presence test of ``vitreg diagnose``) and the
-  max/median patch norm at the path's detection block, against the unplanted model's;
+  max/median patch norm at the path's detection block, against the same model fixed with the
+  true causal units (the exact answer: distractors stay, so this is the level a perfect choice
+  reaches) and against the unplanted model's;
 * whether the path's own status agrees: "clean" exactly when the fresh images are clean;
 * the cost: batch forwards through the model, the causal selection's passes, seconds.
 
@@ -31,14 +33,15 @@ import torch
 
 from vitreg.analysis.norms import outliers, trace_norms
 from vitreg.errors import VitregError
+from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.models.load import wrap
 from vitreg.models.model import Model
+from vitreg.models.wrapping import wrap
 from vitreg.neurons.auto import find_neurons
 from vitreg.testing.images import make_synthetic
-from vitreg.testing.plant_family import random_circuit, random_unplanted, sample
+from vitreg.testing.planted import random_circuit, random_unplanted, sample
 
-CLEAN = 1.5  # clean: max/median within this factor of the unplanted model's (as fix_is_clean)
+CLEAN = 1.5  # clean: max/median within this factor of the exact answer's (as fix_is_clean)
 N_IMAGES = 48  # images given to the automatic path (36 for discovery, 12 held out)
 N_FRESH = 16  # images for the independent after-fix check
 FLAT = 0.25  # flat fraction of the synthetic images
@@ -114,8 +117,10 @@ def score_circuit(
     with TestTimeRegisters(found.chosen).applied(model):
         modes = _blocks_with_mode(model, fresh, batch_size)
         after = _max_over_median(model, fresh, detect)
+    with TestTimeRegisters(NeuronSet.from_pairs(sorted(causal), model)).applied(model):
+        exact_after = _max_over_median(model, fresh, detect)
     control = _max_over_median(wrap(random_unplanted(arch, seed, **ranges)), fresh, detect)
-    clean = not modes and after <= CLEAN * control
+    clean = not modes and after <= CLEAN * exact_after
     exact = chosen == causal
     status = found.status
     row.update(
@@ -135,6 +140,7 @@ def score_circuit(
         blocks_with_mode_before=_blocks_with_mode(model, fresh, batch_size),
         blocks_with_mode_after=modes,
         max_over_median_after=after,
+        exact_max_over_median=exact_after,
         unplanted_max_over_median=control,
         clean_on_fresh=clean,
         consistent=(status == "clean") == clean,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
-from vitreg.experiment.variants import SUMMARY
+from vitreg.experiment.summary import SUMMARY
 from vitreg.report.fields import as_dict, as_list, dig, finite
 from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
 from vitreg.report.markdown import Report, Section, Table, code, num, provenance_section, text

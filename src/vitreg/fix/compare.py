@@ -171,8 +171,8 @@ class FixComparison:
             "register_norm_after": self.register_norm,
             "verdict_before": self.before.report.verdict,
             "verdict_after": self.after.report.verdict,
-            "pooled_cosine": _cosine_stats(cos),
-            "patch_cosine": _cosine_stats(self.dense_cosine),
+            "pooled_cosine": cosine_stats(cos),
+            "patch_cosine": cosine_stats(self.dense_cosine),
             "cls_attention_max_before": _attn_max(self.attention_before),
             "cls_attention_max_after": _attn_max(self.attention_after),
             "controls": self.controls,
@@ -184,7 +184,8 @@ def _ratio(layer: Any) -> float:
     return layer.quantiles["max"] / max(layer.quantiles["p50"], 1e-12)
 
 
-def _cosine_stats(cos: torch.Tensor | None) -> dict[str, Any] | None:
+def cosine_stats(cos: torch.Tensor | None) -> dict[str, Any] | None:
+    """Mean, minimum and count of per-image cosines (None when there are none)."""
     if cos is None:
         return None
     return {"mean": float(cos.mean()), "min": float(cos.min()), "n": int(cos.numel())}
@@ -284,7 +285,7 @@ def compare_fix(
             checks[name] = {
                 "n_neurons": len(neurons),
                 "outlier_rate": _rate(ran["norms"], detect, rule, value),
-                "pooled_cosine": _cosine_stats(_cosine(before, ran)),
+                "pooled_cosine": cosine_stats(_cosine(before, ran)),
             }
         with shift_to_patch(model, ttr.neurons, 0):
             ran, _, _ = run_analyses(
@@ -297,7 +298,7 @@ def compare_fix(
             "patch": 0,
             "share_of_images_with_top_norm_at_patch": float((top == 0).float().mean()),
             "outlier_rate": _rate(ran["norms"], detect, rule, value),
-            "pooled_cosine": _cosine_stats(_cosine(before, ran)),
+            "pooled_cosine": cosine_stats(_cosine(before, ran)),
         }
     return FixComparison(
         nb,

@@ -21,7 +21,7 @@ from vitreg.analysis.base import run_analyses
 from vitreg.analysis.norms import NormAnalysis
 from vitreg.errors import InputError, UnsupportedModelError
 from vitreg.fix.base import Fix
-from vitreg.fix.compare import DenseAnalysis, PooledAnalysis, _cosine_stats
+from vitreg.fix.compare import DenseAnalysis, PooledAnalysis, cosine_stats
 from vitreg.fix.methods import FIXES, NONE, FixInputs
 from vitreg.models.model import Model, iter_batches
 
@@ -173,8 +173,8 @@ def bench_fixes(
             continue
         row.images_per_s, row.relative_speed = throughput(model, batches, fix, rounds)
         row.fix = {"method": entry, **(fix.describe() if hasattr(fix, "describe") else {})}
-        row.pooled_cosine = _cosine_stats(_pair(base, ran, "pooled"))
-        row.patch_cosine = _cosine_stats(_pair(base, ran, "dense"))
+        row.pooled_cosine = cosine_stats(_pair(base, ran, "pooled"))
+        row.patch_cosine = cosine_stats(_pair(base, ran, "dense"))
         row.scores = {m: v for s in scorers.values() for m, v in s(model, fix).items()}
     return Board(rows, sum(len(b) for b in batches))
 

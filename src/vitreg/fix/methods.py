@@ -41,6 +41,7 @@ class FixMethod:
     build: Callable[[FixInputs], Fix]
     needs_neurons: bool = False
     last_block: bool = False
+    needs_images: bool = False  # estimates something from ``FixInputs.data``
 
 
 class FixRegistry(Mapping[str, FixMethod]):
@@ -59,6 +60,9 @@ class FixRegistry(Mapping[str, FixMethod]):
         if name not in self._items:
             raise InputError(f"unknown fix method {name!r}; choose from {', '.join(self)}")
         return self._items[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
@@ -91,6 +95,13 @@ class FixRegistry(Mapping[str, FixMethod]):
                 raise InputError(f"{m.name} edits register neurons; pass a neuron set")
         fixes = [m.build(inputs) for m in methods]
         return fixes[0] if len(fixes) == 1 else ComposedFix([m.name for m in methods], fixes)
+
+
+def is_entry(text: str) -> bool:
+    """Whether ``text`` names one entry by method names alone (``naclip``, ``ttr+naclip``);
+    whether the parts compose is :meth:`FixRegistry.parts`'s to check."""
+    parts = [p.strip() for p in text.split("+")]
+    return all(p in FIXES for p in parts)
 
 
 def parse_entries(text: str) -> list[str]:
@@ -149,6 +160,7 @@ FIXES.register(
         "the TTR appendix substitute: neurons zeroed plus one fixed key/value slot per head",
         _attention_bias,
         needs_neurons=True,
+        needs_images=True,
     )
 )
 FIXES.register(

@@ -17,7 +17,7 @@ from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.load import contained, inside
-from vitreg.models.loaders.local import SECTIONS, Section, save_local
+from vitreg.models.loaders.local import SECTIONS, ConfigSection, save_local
 from vitreg.models.model import Model
 
 
@@ -97,4 +97,4 @@ def save_fixed(
     return out
 
 
-SECTIONS.register("vitreg_fix", Section(FixSection, prepare))
+SECTIONS.register("vitreg_fix", ConfigSection(FixSection, prepare))

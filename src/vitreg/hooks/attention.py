@@ -18,7 +18,7 @@ from torch import nn
 from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError
 from vitreg.hooks.patterns import PatternReading, global_reading
-from vitreg.hooks.sites import Handle, HookContext, HookFn, LayoutFn, Site, _check_replacement
+from vitreg.hooks.sites import Handle, HookContext, HookFn, LayoutFn, Site, check_replacement
 
 NATIVE = "native"
 RECOMPUTED = "recomputed"
@@ -100,7 +100,7 @@ class PatternSite(Site):
 
             def native_hook(_mod: nn.Module, _args: Any, output: torch.Tensor) -> Any:
                 new = fn(output, ctx())
-                return None if new is None else _check_replacement(name, output, new)
+                return None if new is None else check_replacement(name, output, new)
 
             handle.add(self.native_module.register_forward_hook(native_hook).remove)
             return handle

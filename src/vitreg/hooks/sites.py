@@ -53,7 +53,9 @@ class Handle:
         self.remove()
 
 
-def _check_replacement(name: str, old: torch.Tensor, new: Any) -> torch.Tensor:
+def check_replacement(name: str, old: torch.Tensor, new: Any) -> torch.Tensor:
+    """``new``, what a hook on ``name`` returned to replace ``old``; a clear error unless it is a
+    tensor of the same shape."""
     if not isinstance(new, torch.Tensor):
         raise HookError(f"hook on {name!r} returned {type(new).__name__}; return a Tensor or None")
     if new.shape != old.shape:
@@ -107,7 +109,7 @@ class OutputSite(Site):
                 return None
             if not site.writable:
                 raise HookError(f"{site.name!r} is read-only; its hook must return None")
-            return site.from_canon(_check_replacement(site.name, value, new), output)
+            return site.from_canon(check_replacement(site.name, value, new), output)
 
         return Handle([self.module.register_forward_hook(hook).remove])
 
@@ -134,7 +136,7 @@ class InputSite(Site):
                 return None
             if not site.writable:
                 raise HookError(f"{site.name!r} is read-only; its hook must return None")
-            replaced = site.from_canon(_check_replacement(site.name, value, new), raw)
+            replaced = site.from_canon(check_replacement(site.name, value, new), raw)
             if by_kw:
                 return args, {**kwargs, site.kwarg: replaced}
             return (replaced, *args[1:]), kwargs
@@ -189,6 +191,6 @@ class EmbedSite(Site):
             new = fn(grid, HookContext(site.name, None, layout))
             if new is None:
                 return None
-            return site.from_grid(_check_replacement(site.name, grid, new), output)
+            return site.from_grid(check_replacement(site.name, grid, new), output)
 
         return Handle([self.module.register_forward_hook(hook).remove])

@@ -1,4 +1,5 @@
-"""``vitreg.load(spec)`` and ``vitreg.wrap(module)``: one entry point for every model source.
+"""``vitreg.load(spec)``: one entry point for every model source (``vitreg.wrap(module)`` for a
+module you already have lives in :mod:`vitreg.models.wrapping`).
 
 Specs: ``timm:NAME[.tag]``, ``hf:ORG/NAME``, ``open_clip:ARCH/TAG``, ``local:DIR``,
 ``planted:NAME``, ``hf-vlm:ORG/NAME`` (a LLaVA model's vision tower; the VLM is ``model.vlm``).
@@ -354,24 +355,3 @@ def weight_kind(loaded: Loaded, pretrained: bool, weights: str | os.PathLike | N
     if weights is not None:
         return "user"
     return "trained" if pretrained else "random"
-
-
-def wrap(
-    module: nn.Module,
-    transform: Callable | None = None,
-    spec: str | None = None,
-    weights: str | None = None,
-) -> Model:
-    """Adapt a model object you already have (timm, HF, open_clip vision tower; for a
-    transformers LLaVA model, its vision tower with the VLM as ``model.vlm``).
-
-    ``weights`` says where its weights come from (a key of ``WEIGHT_KINDS``); by default what
-    vitreg recorded when it loaded the module, "planted" for planted fixtures, else "user"."""
-    from vitreg.models.loaders.hf_vlm import MODEL_TYPES, wrap_vlm
-
-    if getattr(getattr(module, "config", None), "model_type", None) in MODEL_TYPES:
-        model = wrap_vlm(module, spec=spec, transform=transform)
-        if weights is not None:
-            model.weights = weights
-        return model
-    return Model(module, spec=spec, transform=transform, weights=weights)

@@ -14,7 +14,7 @@ calibration, each decision recorded with its evidence.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,38 +25,17 @@ from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
 from vitreg.neurons.calibrate import DEFAULT_KS, TOLERANCE, TopKCurve, calibrate_top_k
-from vitreg.neurons.causal import CausalSelection, select_causal
+from vitreg.neurons.causal import CausalSelection
 from vitreg.neurons.detection import Detection, choose_detection
 from vitreg.neurons.discover import discover
-from vitreg.progress import SILENT, Progress, Update
+from vitreg.neurons.held_out import HOLD_OUT, Split, causal_set
+from vitreg.progress import SILENT, Progress
 
-HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
 MIN_HELD_OUT = 2  # held-out images the check needs: one image's content never stands for a model
 SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"
 DISCOVER_K = 64  # candidates ranked by discovery when top-k is chosen automatically
 MAX_HELD_OUT = 32  # held-out images used at most (memory and time flat in the image count)
 CAUSAL_IMAGES = 16  # held-out images used by the causal check
-
-
-class Split:
-    """The held-out part of an image source (every ``period``-th image, by default every
-    ``HOLD_OUT``-th) or the rest; re-iterable."""
-
-    def __init__(self, source: Any, held_out: bool, period: int = HOLD_OUT) -> None:
-        self.source = source
-        self.held_out = held_out
-        self.period = period
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        from vitreg.models.model import iter_batches
-
-        seen = 0
-        for batch in iter_batches(self.source, 32):
-            index = torch.arange(seen, seen + batch.shape[0])
-            seen += batch.shape[0]
-            keep = (index % self.period == self.period - 1) == self.held_out
-            if keep.any():
-                yield batch[keep]
 
 
 def split_sizes(n: int) -> tuple[int, int]:
@@ -328,30 +307,6 @@ def find_neurons(
                 batch_size=batch_size,
             )
     return found
-
-
-def causal_set(
-    model: Model,
-    held: torch.Tensor,
-    ranking: NeuronSet,
-    detection: Detection,
-    batch_size: int,
-    progress: Update | None = None,
-) -> CausalSelection:
-    """The causal selection among ``ranking``'s units on ``held``, with ``detection``'s layers
-    and threshold (the one call the automatic path and its stability check share)."""
-    return select_causal(
-        model,
-        held,
-        ranking.pairs(),
-        detection.detect_layer,
-        detection.threshold,
-        detection.threshold_value,
-        first_layer=detection.first_written,
-        emergence_layer=detection.emergence_layer,
-        batch_size=min(batch_size, 16),
-        progress=progress,
-    )
 
 
 def _ordered(ranking: NeuronSet, units: list[tuple[int, int]]) -> NeuronSet:

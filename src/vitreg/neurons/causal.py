@@ -22,9 +22,10 @@ block from the emergence block to the detection layer:
   zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped. A
   unit before the emergence block cannot be one (no outlier exists at its input yet); one at the
   emergence block only when its input already carries :data:`EXISTING` of that block's excess
-  (the survey placed the emergence a block late). Units that move the excess neither way alone
-  are kept only if restoring them together brings excess back, and then those whose own
-  estimated write is a real share of it; the rest are bystanders, dropped.
+  (the survey placed the emergence a block late) and its activation falls below
+  :data:`EMERGENCE_PERSISTENCE`. Units that move the excess at no block alone are kept only if
+  restoring them together brings excess back, and then those whose absence from that group
+  (measured exactly) costs a real share of it; the rest are bystanders, dropped.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ Unit = tuple[int, int]
 READER_PERSISTENCE = 0.3  # a unit below this share of its base activation on the outliers,
 # with the rest of the set zeroed, fires because the patches are outliers: a reader
 EXISTING = 0.5  # share of a block's outlier excess already at its input: the outlier exists
+EMERGENCE_PERSISTENCE = 0.1  # at the emergence block, where an outlier at the input is only
+# suspected (most of the excess, no mode yet), a reader must fall to about nothing: a writer that
+# also reads the weak writes before it falls part of the way
 MEDIATED = 50  # zeroing a unit removes > this x its own direct write: it acts through others
 ESTIMATE_TRIES = 4  # tiers of estimated units tried, when one over-reads, before exact groups
 MAX_ROUNDS = 3  # selection rounds: readers and mediators dropped by pruning are excluded
@@ -333,6 +337,8 @@ def select_causal(
             if not rest:
                 break
             room = max_units - len(chosen)
+            # units set aside below may still matter together: the group step ranks them all
+            ranked = [u for _, u in rest][:room]
             added, how = [], "estimated"
             for _ in range(ESTIMATE_TRIES):
                 if not rest or rest[0][0] < min_gain * scale:
@@ -349,7 +355,6 @@ def select_causal(
                 # the estimate over-read the best unit: set it aside, try the next ones
                 rest = [(est, u) for est, u in rest if u not in tier]
             if not added:
-                ranked = [u for _, u in rest][:room]
                 added, after = _group_step(probe, chosen, ranked, m, gain, min_gain)
                 how = "exact group"
                 if not added:
@@ -411,21 +416,31 @@ def _group_step(
     gain: Callable[[Measure, Measure], float],
     min_gain: float,
 ) -> tuple[list[Unit], Measure]:
-    """The smallest group of the best-ranked units (2, 4, 8, ... of them) whose exact removal
-    gains ``min_gain x log2(group size)`` at some block; ``([], current)`` when not even all of
-    them do."""
+    """The smallest group of the best-ranked units of the writing blocks (2, 4, 8, ... of them),
+    else one block's ranked units, whose exact removal gains ``min_gain x log2(group size)`` at
+    some block (and raises it at none); ``([], current)`` when none does."""
+    # units that only matter together write, so they sit where the excess grows: a unit of an
+    # earlier block feeds the writers (a flag detector) and would spoil every group it joins
+    ranked = [u for u in ranked if u[0] >= probe.blocks[0]]
     if not ranked:
         return [], current
+    tried = []
     size = 2
     while True:
-        group = ranked[:size]
+        tried.append(ranked[:size])
+        if size >= len(ranked):
+            break
+        size *= 2
+    # one unit whose zeroing raises the excess somewhere (a flag detector upstream) spoils every
+    # prefix: then each block's ranked units are tried as one group, in the order of its best unit
+    layers = list(dict.fromkeys(layer for layer, _ in ranked))
+    tried += [g for lay in layers if (g := [u for u in ranked if u[0] == lay]) not in tried]
+    for group in tried:
         after = probe.measure(chosen + group, grad=True)
         # a bigger group must remove more: a few bystanders also shave noise off the excess
         if gain(current, after) >= min_gain * math.log2(max(len(group), 2)):
             return group, after
-        if size >= len(ranked):
-            return [], current
-        size *= 2
+    return [], current
 
 
 def _prune(
@@ -453,11 +468,16 @@ def _prune(
             {"layer": u[0], "unit": u[1], **effects.pop(u), "kind": kind, "reason": reason}
         )
 
+    def most(high: Measure, low: Measure) -> float:
+        """The largest fall of the excess at any measured block, from ``high`` to ``low``."""
+        return max(high.excess[b] - low.excess[b] for b in probe.blocks) / scale
+
     for u in chosen:
         alone = probe.measure([u])
         effects[u] = {
             "alone": (base.excess[detect] - alone.excess[detect]) / scale,
             "alone_at_emergence": (base.excess[first] - alone.excess[first]) / scale,
+            "alone_most": most(base, alone),
         }
         own = direct.get(u, 0.0) / scale
         if effects[u]["alone"] >= min_gain and effects[u]["alone"] > MEDIATED * max(own, 0.0):
@@ -479,14 +499,14 @@ def _prune(
         effects[u] |= {
             "in_set": (others.excess[detect] - final.excess[detect]) / scale,
             "in_set_at_emergence": (others.excess[first] - final.excess[first]) / scale,
+            "in_set_most": most(others, final),
             "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
         }
 
     def strong(e: dict[str, float]) -> bool:
-        return (
-            max(e["alone"], e["alone_at_emergence"], e["in_set"], e["in_set_at_emergence"])
-            >= min_gain
-        )
+        """Zeroing it alone, or restoring it alone, moves the excess at some block: weak units
+        write before the emergence block, where their whole effect may sit."""
+        return max(e["alone_most"], e["in_set_most"]) >= min_gain
 
     def outlier_at_input(layer: int) -> bool:
         """Whether the outlier exists at the input of ``layer``: after the emergence block, or
@@ -499,7 +519,8 @@ def _prune(
 
     for u in rest:
         p = effects[u]["persistence"]
-        if outlier_at_input(u[0]) and p < READER_PERSISTENCE:
+        floor = READER_PERSISTENCE if u[0] > first else EMERGENCE_PERSISTENCE
+        if outlier_at_input(u[0]) and p < floor:
             drop(
                 u,
                 "reader",
@@ -509,12 +530,15 @@ def _prune(
             )
     weak = [u for u in chosen if u in effects and not strong(effects[u])]
     if weak:
-        restored = probe.measure([v for v in chosen if v in effects and v not in weak], grad=True)
-        together = max(restored.excess[b] - final.excess[b] for b in probe.blocks) / scale
+        kept = [v for v in chosen if v in effects and v not in weak]
+        restored = probe.measure(kept)
+        together = most(restored, final)
         share = WEAK_SHARE * together / len(weak)
-        estimates = _estimates(restored.grads, weak)
         for u in weak:
-            own = estimates[u] / scale
+            # exact: what the group loses without it (removing the last of an outlier counts
+            # most in log terms, so one unit of a group that matters together may move little
+            # alone or restored alone, and a lot here)
+            own = most(restored, probe.measure(kept + [u])) if together >= min_gain else 0.0
             effects[u]["in_group"] = own
             if together < min_gain or own < share:
                 drop(
@@ -525,8 +549,9 @@ def _prune(
                     + (
                         ", and restoring it with the other such units brings none back"
                         if together < min_gain
-                        else f", and its own write is {own:.2%} of the excess those units bring "
-                        f"back together ({together:.2%} for {len(weak)} units)"
+                        else f", and the excess those units bring back together "
+                        f"({together:.2%} for {len(weak)} units) falls by only {own:.2%} "
+                        "without it"
                     ),
                 )
     return [u for u in chosen if u in effects], effects

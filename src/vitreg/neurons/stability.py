@@ -16,9 +16,9 @@ import torch
 
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
-from vitreg.neurons.auto import Split, causal_set
 from vitreg.neurons.calibrate import calibrate_top_k
 from vitreg.neurons.discover import discover
+from vitreg.neurons.held_out import Split, causal_set
 
 
 def overlap(a: set, b: set) -> float:

@@ -4,7 +4,7 @@ fix, and score one task at each layer; the result is what ``vitreg probe`` write
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,45 +24,9 @@ from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.cache import extract, input_config
 from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.scores import ProbeScores, data_record
 from vitreg.probe.tasks import TaskResult, get_task
-from vitreg.probe.verdicts import deltas, yardstick_verdicts
 from vitreg.progress import SILENT, Progress
-
-CONDITIONS = ("base", "fixed")
-
-
-@dataclass
-class ProbeRun:
-    """Scores per condition ("base", "fixed") and layer, plus what produced them."""
-
-    task: str
-    model: dict[str, Any]
-    data: dict[str, Any]
-    layers: list[str]
-    results: dict[str, list[TaskResult]]
-    caches: dict[str, dict[str, Any]] = field(default_factory=dict)
-    fix: dict[str, Any] | None = None
-    description: str = ""
-    seeds: list[int] = field(default_factory=list)
-    images: dict[str, Any] = field(default_factory=dict, repr=False)  # for figures only
-
-    def to_dict(self) -> dict[str, Any]:
-        """The results block: scores with their verdicts against the yardsticks, and the
-        fixed − base differences with theirs."""
-        conditions = {c: [r.to_dict() for r in rs] for c, rs in self.results.items()}
-        for layer in (layer for rs in conditions.values() for layer in rs):
-            yardstick_verdicts(layer)
-        return {
-            "task": self.task,
-            "description": self.description,
-            "seeds": self.seeds,
-            "layers": self.layers,
-            "data": self.data,
-            "conditions": conditions,
-            "deltas": deltas(conditions),
-            "caches": self.caches,
-            "fix": self.fix,
-        }
 
 
 def splits(data: str | tuple[LabeledDataset, LabeledDataset]) -> tuple[Any, Any]:
@@ -86,15 +50,17 @@ def run(
     batch_size: int = 32,
     templates: str | Path | None = None,
     image_size: int | None = None,
+    task_options: dict[str, Any] | None = None,
     progress: Progress = SILENT,
-) -> ProbeRun:
+) -> ProbeScores:
     """Score ``task`` on ``data`` at ``layers``: the bare model (``base``) and/or under ``fix``.
 
     Features are cached under ``cache_dir`` and reused by later runs (no forward pass then);
     ``progress`` reports extraction (samples), cache hits and probe training (a phase per
     condition over the layers, each fit's epochs inside it, unless ``config`` has its own).
     Under ``torchrun`` each rank extracts its share of the shards and only rank 0 trains and
-    scores the probes (the other ranks return a run without results)."""
+    scores the probes (the other ranks return a run without results). ``task_options`` go to
+    a task that runs the model itself (ov-seg: ``pamr_steps``, ``pamr_dilations``)."""
     probe = get_task(task)
     if getattr(probe, "scores_model", False):  # zero-shot, attention-seg: no cache, no training
         from vitreg.probe.zero_shot.runner import run_model_task
@@ -105,7 +71,7 @@ def run(
             data,
             fix=fix,
             base=base,
-            options={"templates": templates, "cache_dir": cache_dir},
+            options={"templates": templates, "cache_dir": cache_dir, **(task_options or {})},
             batch_size=batch_size,
             image_size=image_size,
             progress=progress,
@@ -180,9 +146,9 @@ def run(
     images = example_images(test, input_config(model, image_size), shown) if shown else {}
     first = next(iter(conditions))
     data_desc = {
-        s: _data(ds, caches[f"{first}/{s}"]) for s, ds in (("train", train), ("test", test))
+        s: data_record(ds, caches[f"{first}/{s}"]) for s, ds in (("train", train), ("test", test))
     }
-    return ProbeRun(
+    return ProbeScores(
         task,
         model.describe(),
         data_desc,
@@ -219,14 +185,3 @@ def example_images(
         if logged:
             ds.log = outer
     return {"images": torch.stack(images), "mean": input["mean"], "std": input["std"]}
-
-
-def _data(ds: LabeledDataset, cache: dict[str, Any]) -> dict[str, Any]:
-    """The dataset's identity and its counted bad input, read from the cache manifest: samples
-    skipped and pixels repaired by reason (the extraction, not ``ds.log``, saw them, and a reused
-    cache reads no sample at all); ``listing``: entries the folder listing did not take as
-    samples (hidden, not an image, FIFO, dangling link, ...), all ``ds.log`` holds outside the
-    extraction."""
-    log = dict(sorted({**cache["skipped"], **cache["repairs"]}.items()))
-    listing = ds.log.to_dict() if isinstance(getattr(ds, "log", None), DataLog) else {}
-    return ds.describe() | {"log": log} | ({"listing": listing} if listing else {})

@@ -149,7 +149,7 @@ def _palette(k: int) -> list:
 
 
 def probe_figures(run: Any, results: dict[str, Any]) -> list[Figure]:
-    """The figures of a :class:`~vitreg.probe.run.ProbeRun` (``results`` its ``to_dict()``)."""
+    """The figures of a :class:`~vitreg.probe.scores.ProbeScores` (``results`` its ``to_dict()``)."""
     drawn = metric_per_layer if len(results["layers"]) > 1 else scores_at_layer
     figures = [drawn(results)] if _series(results) else []
     last = {c: rs[-1] for c, rs in run.results.items() if rs and rs[-1].examples}

@@ -8,8 +8,7 @@ from typing import Any
 
 from vitreg.errors import SpecError
 from vitreg.models.load import LOADERS, Loaded
-from vitreg.testing.planted import build
-from vitreg.testing.planted_kinds import KINDS, build_kind
+from vitreg.testing.planted import KINDS, build, build_kind
 
 
 @LOADERS.register("planted")

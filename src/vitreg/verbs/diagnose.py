@@ -25,11 +25,11 @@ from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Noti
 from vitreg.verbs.resume import checkpointed, finished
 
 
-def _report() -> tuple[Callable[..., Path], Callable[..., tuple[str, list[dict]]]]:
-    """The report layer's ``write_run`` and ``compare_table`` (imported when first needed)."""
-    from vitreg.report.run import compare_table, write_run
+def _writer() -> Callable[..., Path]:
+    """The report layer's ``write_run`` (imported when first needed; tests swap it)."""
+    from vitreg.report.run import write_run
 
-    return write_run, compare_table
+    return write_run
 
 
 def specs_of(cfg: DiagnoseConfig) -> list[str]:
@@ -80,7 +80,7 @@ def diagnose_one(
             progress=update,
         )
     result.data.update(source.description())
-    write_run, _ = _report()
+    write_run = _writer()
     if is_main():  # under torchrun every rank has the result; rank 0 writes it
         with progress(None, "writing the report"):
             write_run(

@@ -16,7 +16,6 @@ from vitreg.verbs.neuron_sources import load_neurons
 from vitreg.verbs.result import Listener, Notice, Notices
 
 CACHE = Path(".vitreg-cache") / "features"  # the probe verb's default feature cache
-OV_SEG_SIZE = 336  # the protocol's short side (VOC, Context, COCO-Object, ADE20K configs)
 
 
 def probe_scorer(spec: str, cache: Path, batch_size: int) -> Any:
@@ -24,11 +23,11 @@ def probe_scorer(spec: str, cache: Path, batch_size: int) -> Any:
     from vitreg.probe.run import run
 
     task, _, data = spec.partition(":")
-    size = OV_SEG_SIZE if task == "ov-seg" else None  # sliding 224 crops, as published
 
     def score(model: Any, fix: Any) -> dict[str, dict[str, Any]]:
+        # ov-seg takes each benchmark's short side (336, 448, 560) from the protocol itself
         result = run(model, task, data, fix=fix, base=fix is None, cache_dir=cache,
-                     batch_size=batch_size, image_size=size)  # fmt: skip
+                     batch_size=batch_size)  # fmt: skip
         layer = result.results["fixed" if fix is not None else "base"][-1]
         return {f"{task} {s.metric}": s.to_dict() for s in layer.scores}
 

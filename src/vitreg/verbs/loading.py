@@ -130,12 +130,12 @@ def image_source(
     elif images is not None:
         source = data.folder_images(model, images, limit=limit, **common)
     elif samples:
-        source = data.sample_images(model, limit=limit, **common)
+        source = data.sample_source(model, limit=limit, **common)
     elif model.weights == "planted":  # planted:, and saved planted models and VLMs
-        source = data.synthetic_images(model, n=limit or DEFAULT_SYNTHETIC, **common)
+        source = data.synthetic_source(model, n=limit or DEFAULT_SYNTHETIC, **common)
     else:
         try:
-            source = data.sample_images(model, limit=limit, **common)
+            source = data.sample_source(model, limit=limit, **common)
         except VitregError as e:
             raise InputError(
                 f"{spec} is not a planted model, so it needs real images and none were given: "

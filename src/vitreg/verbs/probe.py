@@ -1,5 +1,6 @@
-"""The probe verb: linear probes on frozen tokens of one model, bare and/or with test-time
-registers, written to a run directory as ``vitreg probe`` does."""
+"""The probe verb: probes of one model, bare and/or with a fix (test-time registers or any
+method of :data:`vitreg.fix.methods.FIXES`), written to a run directory as ``vitreg probe``
+does."""
 
 from __future__ import annotations
 
@@ -29,12 +30,18 @@ def parse_layers(text: str) -> list[int | str]:
 
 
 def fix_plan(fix: str, neurons: NeuronSource) -> tuple[bool, NeuronSource | None, bool]:
-    """(run base?, neuron source, run fixed?) from ``fix`` none|both|SOURCE (the config has
-    checked ``fix`` and that ``neurons`` goes with ``fix both`` only)."""
+    """(run base?, neuron source, run fixed?) from ``fix`` none|both|METHOD|SOURCE (the config
+    has checked ``fix`` and that ``neurons`` goes with ``fix both`` or a method only); a method
+    runs bare and fixed, with ``neurons`` when one of its parts edits register neurons."""
+    from vitreg.fix.methods import FIXES, is_entry
+
     if fix == "none":
         return True, None, False
     if fix == "both":
         return True, neurons, True
+    if is_entry(fix):
+        edits = any(m.needs_neurons for m in FIXES.parts(fix))
+        return True, neurons if edits else None, True
     return False, NeuronSource.parse(fix), True
 
 
@@ -48,22 +55,34 @@ def probe_config(cfg: ProbeRunConfig) -> Any:
 def probe_fix(
     model: Any,
     spec: str,
-    neurons: NeuronSource,
+    neurons: NeuronSource | None,
     cfg: ProbeRunConfig,
     progress: Progress,
     notices: Notices,
     preloaded: Any = None,
 ) -> Any:
-    """The TestTimeRegisters fix from a NeuronSet file (``preloaded`` if read already), the
-    built-in set, or discovery (with the defaults of `vitreg neurons`)."""
+    """The fix: ``cfg.fix``'s method (``naclip``, ``ttr+naclip``, ...), else TestTimeRegisters;
+    register neurons from a NeuronSet file (``preloaded`` if read already), the built-in set,
+    or discovery (with the defaults of `vitreg neurons`), when the fix edits them."""
     from vitreg.fix import TestTimeRegisters
+    from vitreg.fix.methods import FIXES, FixInputs, is_entry
 
-    search = NeuronsConfig(batch_size=cfg.batch_size)
+    method = cfg.fix if is_entry(cfg.fix) else None
+    parts = FIXES.parts(method) if method else []
+    needs_data = any(m.needs_images for m in parts)
     source = None
-    if neurons.kind == "discover":
+    if (neurons is not None and neurons.kind == "discover") or needs_data:
         source = image_source(model, spec, None, False, None, cfg.batch_size, notices)
-    chosen, _, _ = load_neurons(model, spec, neurons, source, search, progress, notices, preloaded)
-    return TestTimeRegisters(chosen, **cfg.ttr_args())
+    chosen = None
+    if neurons is not None:
+        search = NeuronsConfig(batch_size=cfg.batch_size)
+        chosen, _, _ = load_neurons(
+            model, spec, neurons, source, search, progress, notices, preloaded
+        )
+    if method is None:
+        return TestTimeRegisters(chosen, **cfg.ttr_args())
+    inputs = FixInputs(model, chosen, source, cfg.batch_size, cfg.ttr_args())
+    return FIXES.build(method, inputs)
 
 
 @session()  # issue 24: the --out claimed inside is released when the verb ends
@@ -83,14 +102,14 @@ def run_probe(
     datasets = splits(cfg.data)
     device = join_torchrun(cfg.device)
     model = load_model(spec, cfg.random_init, cfg.img_size, device, cfg.weights, progress, notices)
-    ttr = None
+    fix = None
     if fixed:
-        ttr = probe_fix(model, spec, neuron_source, cfg, progress, notices, preloaded)
+        fix = probe_fix(model, spec, neuron_source, cfg, progress, notices, preloaded)
     result = run(
         model,
         cfg.task,
         datasets,
-        fix=ttr,
+        fix=fix,
         base=base,
         layers=parse_layers(cfg.layers),
         cache_dir=cfg.cache,
@@ -98,6 +117,7 @@ def run_probe(
         batch_size=cfg.batch_size,
         templates=cfg.templates,
         image_size=cfg.img_size,
+        task_options={"pamr_steps": cfg.pamr},
         progress=progress,
     )
     doc = result.to_dict()

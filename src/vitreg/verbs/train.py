@@ -97,7 +97,7 @@ def describe_trained(module: Any, spec: str) -> dict[str, Any]:
     """The model block of a training run's document: vitreg's description of the trained
     module when vitreg can wrap it, else what is known without it."""
     from vitreg.errors import VitregError
-    from vitreg.models.load import wrap
+    from vitreg.models.wrapping import wrap
 
     try:
         return wrap(module, spec=spec, weights="trained").describe()  # trained by this run

@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hook_names import plain_vit_names
-
 pytest.importorskip("transformers")
 import transformers  # noqa: E402
 
 import vitreg  # noqa: E402
 from conftest import images  # noqa: E402
-from tiny_models import HF_DINO, HF_KINDS, HF_VISION, hf_size, hf_tiny  # noqa: E402
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError  # noqa: E402
 from vitreg.models.loaders.hf_source import BUILTIN_CONFIGS, ProcessorTransform  # noqa: E402
+from vitreg.testing.tiny import HF_DINO, HF_KINDS, HF_VISION, hf_size, hf_tiny  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", list(HF_KINDS))
@@ -35,28 +33,6 @@ def test_hooked_tensors_are_batch_first(kind: str) -> None:
     assert seen["blocks.1.attn.hook_pattern"] == (2, heads, n, n)
     assert seen["blocks.1.mlp.hook_post"] == (2, n, model.d_mlp)
     assert seen["ln_final.hook_out"] == (2, n, model.d_model)
-
-
-def test_hook_names_snapshot() -> None:
-    expected = plain_vit_names(2)
-    for kind in ("dinov2", "dinov2_reg_cls", "clip_proj", "siglip"):
-        assert vitreg.wrap(hf_tiny(kind)).hook_names() == expected, kind
-
-
-@pytest.mark.parametrize(
-    ("kind", "family", "layout"),
-    [
-        ("dinov2_reg", "hf-dinov2", (1, 2, (3, 3))),
-        ("clip", "hf-clip", (1, 0, (3, 3))),
-        ("siglip", "hf-siglip", (0, 0, (3, 3))),
-    ],
-)
-def test_family_and_layout(kind: str, family: str, layout: tuple) -> None:
-    model = vitreg.wrap(hf_tiny(kind))
-    lay = model.layout
-    assert model.family == family
-    assert (lay.n_cls, lay.n_reg, lay.grid) == layout
-    assert model.features(images(1, hf_size(model))).shape == (1, lay.n_tokens, 32)
 
 
 @pytest.mark.parametrize("kind", ["dinov2_reg", "clip", "siglip"])

@@ -5,16 +5,15 @@ import torch
 
 import vitreg
 from conftest import images
-from hook_names import plain_vit_names
-from timm_models import TIMM_VITS, build
 from vitreg import HookError
+from vitreg.testing.tiny import TIMM_VITS, timm_vit
 
 FAMILIES = list(TIMM_VITS)
 
 
 @pytest.fixture(params=FAMILIES)
 def family(request):
-    module, size = build(request.param)
+    module, size = timm_vit(request.param)
     return request.param, vitreg.wrap(module), size
 
 
@@ -46,7 +45,7 @@ def test_recomputed_pattern_equals_unfused_probabilities(family):
 
 
 def test_pattern_native_when_source_is_unfused():
-    module, size = build("dinov2")
+    module, size = timm_vit("dinov2")
     for blk in module.blocks:
         blk.attn.fused_attn = False
     model = vitreg.wrap(module)
@@ -55,14 +54,8 @@ def test_pattern_native_when_source_is_unfused():
     assert "unfused" in model.adapter.attention_path()
 
 
-def test_hook_name_snapshot():
-    module, _ = build("dinov2")
-    names = vitreg.wrap(module).hook_names()
-    assert names == plain_vit_names(3)
-
-
 def test_editing_mlp_units_changes_output_and_removal_restores():
-    module, size = build("dinov2")
+    module, size = timm_vit("dinov2")
     model = vitreg.wrap(module)
     x = images(2, size)
     ref = model.features(x)
@@ -78,7 +71,7 @@ def test_editing_mlp_units_changes_output_and_removal_restores():
 
 
 def test_hook_v_write_equals_editing_the_value_projection():
-    module, size = build("deit3")
+    module, size = timm_vit("deit3")
     model = vitreg.wrap(module)
     x = images(1, size)
 
@@ -98,7 +91,7 @@ def test_hook_v_write_equals_editing_the_value_projection():
 
 
 def test_recomputed_pattern_is_read_only_and_native_is_writable():
-    module, size = build("dino")
+    module, size = timm_vit("dino")
     model = vitreg.wrap(module)
     x = images(1, size)
 
@@ -113,33 +106,20 @@ def test_recomputed_pattern_is_read_only_and_native_is_writable():
 
 
 def test_replacement_with_wrong_shape_is_rejected():
-    module, size = build("dino")
+    module, size = timm_vit("dino")
     model = vitreg.wrap(module)
     with pytest.raises(HookError, match="must keep"):
         model.run_with_hooks(images(1, size), [("blocks.0.hook_resid_post", lambda t, h: t[:, 1:])])
 
 
 def test_unknown_hook_name_suggests_close_names():
-    module, _ = build("dino")
+    module, _ = timm_vit("dino")
     with pytest.raises(HookError, match="did you mean"):
         vitreg.wrap(module).resolve("blocks.0.hook_resid_pots")
 
 
-def test_layouts_per_family():
-    expect = {
-        "dinov2": (1, 0, (4, 4)),
-        "dinov2_reg4": (1, 4, (4, 4)),
-        "siglip": (0, 0, (4, 4)),
-        "clip_quickgelu": (1, 0, (4, 4)),
-        "deit3": (1, 0, (4, 4)),
-    }
-    for key, (n_cls, n_reg, grid) in expect.items():
-        lay = vitreg.wrap(build(key)[0]).layout
-        assert (lay.n_cls, lay.n_reg, lay.grid) == (n_cls, n_reg, grid), key
-
-
 def test_swiglu_neurons_are_the_gated_product():
-    module, size = build("dinov2_swiglu")
+    module, size = timm_vit("dinov2_swiglu")
     model = vitreg.wrap(module)
     assert model.d_mlp == module.blocks[0].mlp.fc2.in_features
     _, cache = model.run_with_cache(
@@ -151,7 +131,7 @@ def test_swiglu_neurons_are_the_gated_product():
 
 
 def test_hook_embed_is_the_patch_embedding_grid_and_writable():
-    module, size = build("dinov2_reg4")
+    module, size = timm_vit("dinov2_reg4")
     model = vitreg.wrap(module)
     x = images(1, size)
     _, cache = model.run_with_cache(x, names=["hook_embed", "hook_tokens"])

@@ -40,7 +40,7 @@ from vitreg.hooks.sites import (
     LayoutFn,
     OutputSite,
     Site,
-    _check_replacement,
+    check_replacement,
 )
 from vitreg.models.adapters.base import SEARCHING, Adapter, Family, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
@@ -201,7 +201,7 @@ class HFPatternSite(PatternSite):
 
         def edit(weights: torch.Tensor) -> torch.Tensor | None:
             new = fn(weights, HookContext(name, layer, layout_fn(get_layout()), NATIVE))
-            return None if new is None else _check_replacement(name, weights, new)
+            return None if new is None else check_replacement(name, weights, new)
 
         return _route_native(self.attn, edit)
 

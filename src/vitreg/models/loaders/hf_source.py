@@ -95,7 +95,7 @@ class ProcessorTransform:
         return f"ProcessorTransform({type(self.processor).__name__})"
 
 
-def _source(name: str) -> tuple[str, bool]:
+def hub_or_folder(name: str) -> tuple[str, bool]:
     """(hub id or directory, is_local) for the name after ``hf:`` (or ``hf-vlm:``); a directory
     is checked first: transformers reads its files by name, so none may lead outside it."""
     path = Path(name).expanduser()
@@ -225,7 +225,7 @@ def load_hf(
         import transformers  # noqa: F401
     except ImportError as e:
         raise SpecError("hf: models need transformers; pip install 'vitreg[hf]'") from e
-    source, is_local = _source(name)
+    source, is_local = hub_or_folder(name)
     attn = kwargs.pop("attn_implementation", None)
     interpolate = bool(kwargs.pop("interpolate_pos_encoding", False))
     if pretrained and weights is None:

@@ -25,13 +25,13 @@ from vitreg.core.readers import read_json
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.models.adapters.hf import first_attr
 from vitreg.models.load import Loaded, offline_hint
-from vitreg.models.loaders.hf_source import ProcessorTransform, _source
+from vitreg.models.loaders.hf_source import ProcessorTransform, hub_or_folder
 from vitreg.models.loaders.vlm_folder import MODEL_TYPES, check_vlm_folder
 from vitreg.models.model import Model
 
 SPEC_EXAMPLE = "hf-vlm:llava-hf/llava-1.5-7b-hf"
 LAYOUT = "this VLM layout"
-PLANTED_FILE = "vitreg_planted.json"  # written by vitreg.testing.planted_vlm.save_tiny_llava
+PLANTED_FILE = "vitreg_planted.json"  # written by vitreg.testing.planted.save_tiny_llava
 
 
 @dataclass
@@ -161,7 +161,7 @@ def load_hf_vlm(
     if kwargs:
         raise SpecError(f"hf-vlm: takes only attn_implementation, got {sorted(kwargs)}")
     try:
-        source, is_local = _source(name)
+        source, is_local = hub_or_folder(name)
     except SpecError:
         raise SpecError(
             f"{name!r} is neither a local directory nor a hub id ORG/NAME; e.g. "

@@ -276,7 +276,7 @@ class PretrainedCfg(BaseModel):
 
 
 @dataclass(frozen=True)
-class Section:
+class ConfigSection:
     """A ``config.json`` key a higher layer handles (``fix`` registers ``vitreg_fix``).
 
     ``schema`` validates the key's value (errors are named ``KEY.field``); ``prepare(directory,
@@ -290,7 +290,7 @@ class Section:
 
 #: config.json keys handled by higher layers (a saved fix), which register them through
 #: :mod:`vitreg.core.plugins`: ``SECTIONS.register(key, section)``
-SECTIONS: Registry[Section] = Registry("local_sections")
+SECTIONS: Registry[ConfigSection] = Registry("local_sections")
 
 
 def _an_object(cls: type, v: Any) -> Any:
@@ -321,7 +321,7 @@ class LocalConfig(BaseModel):
 
 
 @functools.cache
-def _config_model(sections: tuple[tuple[str, Section], ...]) -> type[LocalConfig]:
+def _config_model(sections: tuple[tuple[str, ConfigSection], ...]) -> type[LocalConfig]:
     """:class:`LocalConfig` with one optional field per registered section."""
     if not sections:
         return LocalConfig
@@ -392,11 +392,11 @@ def load_local(
 
     arch = config.architecture
     if not timm.is_model(arch):
-        from vitreg.models.loaders.timm_source import _suggest
+        from vitreg.models.loaders.timm_source import did_you_mean
 
         raise InputError(
             f"model config {str(config_path)!r}: architecture {arch!r} is not a timm "
-            f"architecture{_suggest(arch)}"
+            f"architecture{did_you_mean(arch)}"
         )
     # a bad section (e.g. a saved fix's neuron set) fails before a build
     prepared = [
@@ -491,9 +491,9 @@ def _same_grid(module: nn.Module, state: dict, arch: str, path: Path, config_pat
     """Refuse a position embedding made for another grid than the one config.json builds: a
     folder's weights must fit its own config (issue 24); the caller's ``--img-size`` (the one
     way to ask for a resampled embedding, announced) skips this check."""
-    from vitreg.models.loaders.timm_source import _grid, file_grid
+    from vitreg.models.loaders.timm_source import built_grid, file_grid
 
-    grid, own = file_grid(state, module), _grid(module)
+    grid, own = file_grid(state, module), built_grid(module)
     if grid is None or grid == own:
         return
     patch = int(module.patch_embed.patch_size[0])

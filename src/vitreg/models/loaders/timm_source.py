@@ -50,7 +50,8 @@ def timm_notes(name: str, pretrained: bool, kwargs: dict) -> list[str]:
     return notes
 
 
-def _suggest(base: str) -> str:
+def did_you_mean(base: str) -> str:
+    """The tail of an unknown-architecture error: up to 3 close timm model names, else a hint."""
     import timm
 
     close = difflib.get_close_matches(base, timm.list_models(), n=3, cutoff=0.6)
@@ -75,7 +76,7 @@ def checkpoint_filter(module: nn.Module, base: str) -> Callable | None:
     return None
 
 
-def _grid(module: nn.Module) -> tuple[int, int] | None:
+def built_grid(module: nn.Module) -> tuple[int, int] | None:
     """The patch grid a timm ViT's absolute position embedding is built for (None: it has none)."""
     grid = getattr(getattr(module, "patch_embed", None), "grid_size", None)
     pos = getattr(module, "pos_embed", None)
@@ -87,7 +88,7 @@ def _grid(module: nn.Module) -> tuple[int, int] | None:
 def file_grid(state: dict[str, torch.Tensor], module: nn.Module) -> tuple[int, int] | None:
     """The square patch grid of the file's ``pos_embed`` ([1, N, C], N = prefix + h*w; the
     prefix tried first is the module's own), or None when the file has none to read."""
-    pos, own = state.get("pos_embed"), _grid(module)
+    pos, own = state.get("pos_embed"), built_grid(module)
     if own is None or not isinstance(pos, torch.Tensor) or pos.ndim != 3:
         return None
     prefix = int(module.pos_embed.shape[1]) - own[0] * own[1]
@@ -112,7 +113,7 @@ def size_from_weights(
     """``module`` rebuilt for the input size of the file's position-embedding grid when the
     caller named no size (``img_size``/``dynamic_img_size``) and the grids differ, with a note
     naming both sizes and ``--img-size``; otherwise ``module`` unchanged."""
-    grid, own = file_grid(state, module), _grid(module)
+    grid, own = file_grid(state, module), built_grid(module)
     if grid is None or grid == own or {"img_size", "dynamic_img_size"} & set(kwargs):
         return module, []
     patch = tuple(int(p) for p in module.patch_embed.patch_size)
@@ -153,7 +154,7 @@ def load_timm_weights(
     check_built_size(module, what)
     if state is None:
         state = read_state_dict(path)
-    grid, own = file_grid(state, module), _grid(module)
+    grid, own = file_grid(state, module), built_grid(module)
     notes = []
     if grid is not None and grid != own:
         notes.append(
@@ -199,7 +200,7 @@ def load_timm(
 
     base, tag = split_model_name_tag(name)
     if not timm.is_model(base):
-        raise SpecError(f"timm has no model named {base!r}{_suggest(base)}")
+        raise SpecError(f"timm has no model named {base!r}{did_you_mean(base)}")
     if tag and name not in timm.list_pretrained(f"{base}.*"):
         tags = [n.split(".", 1)[1] for n in timm.list_pretrained(f"{base}.*")]
         raise SpecError(f"timm has no weights tagged {tag!r} for {base}; tags: {tags}")

@@ -1,30 +1,46 @@
 """CLIP open-vocabulary segmentation, the protocol SCLIP introduced and NACLIP, ClearCLIP and
-SC-CLIP reuse (``wangf3014/SCLIP``: ``clip_segmentor.py``, ``configs/cfg_*.py``): every patch's
-projected CLIP feature against class-name text embeddings (OpenAI's 80 ImageNet templates,
-prompt-ensembled), logits upsampled bilinearly to the pixels, sliding 1x crops with half
-stride when the image is larger than the model's input, ``softmax(logit_scale * cos)``.
+SC-CLIP reuse (``wangf3014/SCLIP`` @ ``b56bd30``: ``clip_segmentor.py``, ``configs/cfg_*.py``):
+every patch's projected CLIP feature against class-name text embeddings (OpenAI's 80 ImageNet
+templates, prompt-ensembled), logits upsampled bilinearly to the pixels, sliding 1x crops with
+half stride, ``softmax(logit_scale * cos)``, a class scored by the best of its names.
 
-Background (masks whose class 0 is ``background``, VOC21 / Context60 / COCO-Object): class 0
-is prompted by the published stuff names; a pixel whose top probability is below ``prob_thd``
-is background; with ``area_thd`` a foreground class covering less than that share of an
-image's foreground pixels is dropped there (SCLIP's VOC21 settings: scale 65, 0.1, 0.1).
-Without background: scale 40, no thresholds. Scores: mIoU and pixel accuracy over the pooled
-pixels. The fix (if any) reaches the scores through the patch features only.
+Each image keeps its aspect: its short side is resized to the benchmark's size (336 px; 448 for
+COCO-Stuff, 560 for Cityscapes; the long side at most 2048, mmseg's ``Resize(scale=(2048, S),
+keep_ratio=True)``), crops of the model's input size slide over it, and the logits are
+upsampled back to the mask's own size, where the scores are taken (mmseg's ``ori_shape``).
+The benchmarks the protocol names (``voc``, ``voc20``, ``context60``, ``context59``,
+``coco-object``, ``coco-stuff``, ``cityscapes``, ``ade20k``) prompt the protocol's class-name
+lists (``ov_seg_classes/*.txt``: the configs' ``cls_*.txt``, several names per class where
+they give several) with their settings (:data:`PROTOCOLS`).
+
+Background (class 0 ``background``): a pixel whose top probability is below ``prob_thd`` is
+background; with ``area_thd`` a foreground class covering less than that share of an image's
+foreground pixels is dropped there (VOC21: scale 65, 0.1, 0.1; Context60 and COCO-Object: scale
+50, 0.1). Without background: scale 40, no thresholds. Another dataset with a class 0
+``background`` is treated as VOC21 (its class 0 prompted by VOC21's 26 stuff names). Optional
+PAMR refinement of the upsampled logits (``pamr_steps``; :mod:`vitreg.probe.pamr`). Scores:
+mIoU and pixel accuracy over all pixels pooled (a confusion matrix; mmseg's ``IoUMetric``).
+The fix (if any) reaches the scores through the patch features only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitreg.data.datasets import Sample
 from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.models.text_tower import text_tower
-from vitreg.probe import ov_seg_data  # noqa: F401  (registers voc20:, cityscapes:)
-from vitreg.probe.metrics import IGNORE_INDEX, miou
+from vitreg.probe import ov_seg_data  # noqa: F401  (registers voc20:, context60:, coco-stuff:, ...)
+from vitreg.probe.metrics import IGNORE_INDEX
+from vitreg.probe.pamr import DILATIONS, pamr
 from vitreg.probe.tasks.base import Score, TaskResult, register_task
 from vitreg.probe.yardsticks import Yardstick
 from vitreg.probe.zero_shot.base import ModelTask
@@ -42,6 +58,70 @@ BACKGROUND_NAMES = (
 )  # fmt: skip
 WITH_BACKGROUND = {"logit_scale": 65.0, "prob_thd": 0.1, "area_thd": 0.1}
 WITHOUT_BACKGROUND = {"logit_scale": 40.0, "prob_thd": 0.0, "area_thd": None}
+LONG_SIDE = 2048  # mmseg's Resize(scale=(2048, short side), keep_ratio=True)
+NAMES = Path(__file__).resolve().parents[1] / "ov_seg_classes"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One benchmark of the protocol: its class-name list (a file in ``ov_seg_classes/``), the
+    short side its images are resized to, and its post-processing settings."""
+
+    names: str
+    short_side: int = 336
+    logit_scale: float = 40.0
+    prob_thd: float = 0.0
+    area_thd: float | None = None
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "logit_scale": self.logit_scale,
+            "prob_thd": self.prob_thd,
+            "area_thd": self.area_thd,
+        }
+
+
+#: dataset name -> the SCLIP config it follows (``configs/cfg_*.py``)
+PROTOCOLS = {
+    "voc": Protocol("voc21", 336, 65.0, 0.1, 0.1),
+    "voc20": Protocol("voc20"),
+    "context60": Protocol("context60", 336, 50.0, 0.1),
+    "context59": Protocol("context59"),
+    "coco-object": Protocol("coco-object", 336, 50.0, 0.1),
+    "coco-stuff": Protocol("coco-stuff", 448),
+    "cityscapes": Protocol("cityscapes", 560),
+    "ade20k": Protocol("ade20k"),
+}
+
+
+def protocol_names(name: str) -> list[list[str]]:
+    """The names prompted for each class of a benchmark (one line per class, ``, `` between a
+    class's names, as the configs' ``cls_*.txt``)."""
+    lines = (NAMES / f"{name}.txt").read_text(encoding="utf-8").splitlines()
+    return [line.split(", ") for line in lines if line.strip()]
+
+
+def resized_size(width: int, height: int, short: int) -> tuple[int, int]:
+    """``(w, h)`` after mmseg's keep-ratio resize: the short side to ``short`` unless the long
+    side would pass :data:`LONG_SIDE` (then the long side to that), rounded half up."""
+    scale = min(LONG_SIDE / max(width, height), short / min(width, height))
+    return int(width * scale + 0.5), int(height * scale + 0.5)
+
+
+def confusion(pred: Tensor, target: Tensor, k: int) -> Tensor:
+    """``[k, k]`` pixel counts (row: true class, column: predicted), ignored pixels left out."""
+    valid = target != IGNORE_INDEX
+    index = target[valid].long() * k + pred[valid].long()
+    return torch.bincount(index, minlength=k * k).view(k, k)
+
+
+def miou_of(counts: Tensor) -> float:
+    """Mean IoU over the classes present in the prediction or the target, from a confusion
+    matrix (dataset-level, as mmseg's ``IoUMetric`` and :func:`vitreg.probe.metrics.miou`)."""
+    inter = counts.diagonal().double()
+    union = counts.sum(0).double() + counts.sum(1).double() - inter
+    present = union > 0
+    return float((inter[present] / union[present]).mean()) if present.any() else 0.0
 
 
 def patch_embeddings(model: Model, x: Tensor) -> Tensor:
@@ -82,21 +162,39 @@ class OvSeg(ModelTask):
     name = "ov-seg"
     description = (
         "open-vocabulary segmentation (SCLIP protocol): patch features against class-name "
-        "prompts, sliding window, background by probability threshold; mIoU, pixel accuracy"
+        "prompts, aspect kept, sliding window, background by probability threshold; mIoU, "
+        "pixel accuracy"
     )
     target = "mask"
     metrics = {"miou": True, "pixel_acc": True}
 
     def setup(self, model: Model, dataset: Any, options: dict[str, Any]) -> list[str]:
-        """Class embeddings of every name of every class, and the protocol's settings."""
+        """Class embeddings of every name of every class, and the protocol's settings.
+
+        ``options``: ``templates``, ``cache_dir``, ``image_size`` (the short side instead of
+        the benchmark's), ``pamr_steps`` (0: off) and ``pamr_dilations``."""
         self.towers = clip_towers(model)
         spec = dataset.describe().get("spec", dataset.name)
         names, notes = class_names(dataset.class_names, spec)
         self.background = names[0].lower() in BACKGROUND
-        per_class = [[n] for n in names]
-        if self.background:
-            per_class[0] = list(BACKGROUND_NAMES)
-            notes.append("class 0 is background: prompted by the protocol's 26 stuff names")
+        protocol = PROTOCOLS.get(getattr(dataset, "name", ""))
+        if protocol is not None:
+            per_class = protocol_names(protocol.names)
+            if len(per_class) != len(names):
+                raise InputError(
+                    f"{spec} has {len(names)} classes but the protocol's {protocol.names} list "
+                    f"names {len(per_class)}"
+                )
+            self.settings = protocol.settings()
+            short = protocol.short_side
+            notes.append(f"prompts: the protocol's class names ({protocol.names}, SCLIP's configs)")
+        else:
+            per_class = [[n] for n in names]
+            if self.background:
+                per_class[0] = list(BACKGROUND_NAMES)
+                notes.append("class 0 is background: prompted by the protocol's 26 stuff names")
+            self.settings = dict(WITH_BACKGROUND if self.background else WITHOUT_BACKGROUND)
+            short = None
         self.owner = torch.tensor([c for c, ns in enumerate(per_class) for _ in ns])
         flat = [n for ns in per_class for n in ns]
         path = options.get("templates")
@@ -105,22 +203,47 @@ class OvSeg(ModelTask):
             self.towers, flat, templates, options.get("cache_dir")
         )
         self.k = len(per_class)
-        self.settings = dict(WITH_BACKGROUND if self.background else WITHOUT_BACKGROUND)
         self.crop = model.adapter.default_image_size()
-        self.info = {"num_classes": self.k, "prompts_per_class": len(templates), **self.settings}
+        self.short_side = options.get("image_size") or short or min(self.crop)
+        self.pamr_steps = int(options.get("pamr_steps") or 0)
+        self.pamr_dilations = tuple(options.get("pamr_dilations") or DILATIONS)
+        self.info = {
+            "num_classes": self.k,
+            "prompts_per_class": len(templates),
+            **self.settings,
+            "short_side": self.short_side,
+            "crop": list(self.crop),
+            "pamr_steps": self.pamr_steps,
+        }
+        if self.pamr_steps:
+            self.info["pamr_dilations"] = list(self.pamr_dilations)
         return notes
 
     def layer(self, model: Model) -> str:
         return "patch embedding"
+
+    def prepare(self, sample: Sample, config: dict[str, Any]) -> dict[str, Any]:
+        """The image resized keeping its aspect (short side :attr:`short_side`, bilinear on the
+        8-bit pixels as mmseg's resize, rounded back to 8 bits) and normalised; the mask at its
+        own size."""
+        image = np.asarray(sample.image.convert("RGB"), dtype=np.float32)
+        w, h = resized_size(image.shape[1], image.shape[0], self.short_side)
+        x = torch.from_numpy(image).permute(2, 0, 1)[None]
+        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+        x = x[0].round().clamp(0, 255) / 255.0
+        mean = torch.tensor(config["mean"], dtype=torch.float32).view(3, 1, 1)
+        std = torch.tensor(config["std"], dtype=torch.float32).view(3, 1, 1)
+        mask = torch.from_numpy(np.asarray(sample.mask, dtype=np.int64))
+        return {"key": sample.key, "image": (x - mean) / std, "mask": mask}
 
     def logits(self, model: Model, x: Tensor) -> Tensor:
         """Cosine ``[B, names, H, W]`` at pixel resolution, sliding crops where ``x`` is larger
         than the model's input (overlaps averaged)."""
         b, _, h, w = x.shape
         ch, cw = min(self.crop[0], h), min(self.crop[1], w)
-        out = x.new_zeros(b, len(self.owner), h, w)
-        count = x.new_zeros(1, 1, h, w)
-        text = F.normalize(self.classes.to(x), dim=-1)
+        out = x.new_zeros(b, len(self.owner), h, w, dtype=torch.float32)
+        count = x.new_zeros(1, 1, h, w, dtype=torch.float32)
+        text = F.normalize(self.classes.to(x.device, torch.float32), dim=-1)
         for top in windows(h, ch):
             for left in windows(w, cw):
                 crop = x[..., top : top + ch, left : left + cw]
@@ -130,40 +253,55 @@ class OvSeg(ModelTask):
                 count[..., top : top + ch, left : left + cw] += 1
         return out / count
 
-    def outputs(self, model: Model, x: Tensor) -> Tensor:
-        """The predicted class of every pixel ``[B, H, W]`` (protocol post-processing)."""
-        probs = torch.softmax(self.logits(model, x) * self.settings["logit_scale"], dim=1)
+    def outputs(self, model: Model, x: Tensor, size: tuple[int, int] | None = None) -> Tensor:
+        """The predicted class of every pixel ``[B, H, W]`` at ``size`` (default: ``x``'s),
+        after the protocol's post-processing."""
+        logits = self.logits(model, x)
+        if size is not None and tuple(size) != tuple(logits.shape[-2:]):
+            logits = F.interpolate(logits, size=tuple(size), mode="bilinear")
+        if self.pamr_steps:
+            image = F.interpolate(x.float(), size=logits.shape[-2:], mode="bilinear")
+            logits = pamr(image, logits, self.pamr_steps, self.pamr_dilations)
+        probs = torch.softmax(logits * self.settings["logit_scale"], dim=1)
         owner = self.owner.to(probs.device)
         per_class = probs.new_zeros(probs.shape[0], self.k, *probs.shape[2:])
         per_class.scatter_reduce_(1, owner.view(1, -1, 1, 1).expand_as(probs), probs, "amax")
-        if self.background and self.settings["area_thd"]:
+        if self.settings["area_thd"]:
             pred = per_class.argmax(1)
             area = F.one_hot(pred, self.k).sum((1, 2)).float()  # [B, K]
             fg = area[:, 1:]  # layout: classes (0 = background), not tokens
             keep = fg > self.settings["area_thd"] * fg.sum(1, keepdim=True)
             per_class[:, 1:] *= keep[..., None, None]  # layout: foreground classes
         top, pred = per_class.max(1)
-        if self.background:
+        if self.settings["prob_thd"]:
             pred = torch.where(top < self.settings["prob_thd"], 0, pred)
         return pred.to(torch.int16).cpu()
 
+    def run_batch(self, model: Model, x: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """``([1, K, K] confusion counts, [B] scored pixels per image)`` of images of one size,
+        predicted at their masks' size."""
+        pred = self.outputs(model, x, tuple(targets.shape[-2:]))
+        counts = confusion(pred, targets, self.k)
+        return counts[None], (targets != IGNORE_INDEX).flatten(1).sum(1)
+
     def score(self, outputs: Tensor, targets: Tensor, layer: str) -> TaskResult:
-        pred, target = outputs.long(), targets.long()
-        valid = target != IGNORE_INDEX
+        counts = outputs.sum(0).long() if len(outputs) else torch.zeros(self.k, self.k).long()
         n = len(targets)
-        acc = float((pred[valid] == target[valid]).float().mean()) if valid.any() else 0.0
+        total = int(counts.sum())
+        acc = float(counts.diagonal().sum()) / total if total else 0.0
         scores = [
-            Score(FEATURE, "miou", [miou(pred, target, self.k, IGNORE_INDEX)], True, n_test=n),
+            Score(FEATURE, "miou", [miou_of(counts)], True, n_test=n),
             Score(FEATURE, "pixel_acc", [acc], True, n_test=n),
         ]
-        return TaskResult(self.name, layer, scores, [], dict(self.info), [majority(target, self.k)])
+        return TaskResult(self.name, layer, scores, [], dict(self.info), [majority(counts)])
 
 
-def majority(target: Tensor, k: int) -> Yardstick:
+def majority(counts: Tensor) -> Yardstick:
     """mIoU of labelling every pixel with the test masks' most frequent class (nothing here is
     trained, so the test split is the only one read)."""
-    valid = target[target != IGNORE_INDEX]
-    cls = int(torch.bincount(valid, minlength=k).argmax()) if len(valid) else 0
-    value = miou(torch.full_like(target, cls), target, k, IGNORE_INDEX)
+    truth = counts.sum(1)
+    cls = int(truth.argmax()) if int(truth.sum()) else 0
+    only = torch.zeros_like(counts)
+    only[:, cls] = truth
     text = f"every pixel labelled class {cls}, the test masks' most frequent"
-    return Yardstick("majority class", "miou", value, text)
+    return Yardstick("majority class", "miou", miou_of(only), text)

@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from vitreg.data.datasets import Sample
+from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.probe.features import CachedFeatures
@@ -45,6 +47,17 @@ class ModelTask(Task):
     def keep(self, targets: Tensor) -> Tensor:
         """What is kept of one batch of targets until scoring (all of it, unless overridden)."""
         return targets
+
+    def prepare(self, sample: Sample, config: dict[str, Any]) -> dict[str, Any]:
+        """One sample as model input and targets (``config``: ``size``, ``mean``, ``std``): the
+        short side resized and centre-cropped square, unless a task keeps the aspect. Samples
+        are batched while their image and target shapes agree."""
+        return prepare(sample, config["size"], config["mean"], config["std"])
+
+    def run_batch(self, model: Model, x: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """``(outputs, kept targets)`` of one batch, both on the CPU; :meth:`score` receives
+        them concatenated over the batches."""
+        return self.outputs(model, x).float().cpu(), self.keep(targets)
 
     @abstractmethod
     def score(self, outputs: Tensor, targets: Tensor, layer: str) -> TaskResult:

@@ -1,6 +1,6 @@
 """``probe.run`` for a :class:`~vitreg.probe.zero_shot.base.ModelTask`: one pass over the test
 split per condition (bare model, under the fix), bad samples skipped and counted as the feature
-cache counts them; the result is the same :class:`~vitreg.probe.run.ProbeRun` other tasks give."""
+cache counts them; the result is the same :class:`~vitreg.probe.scores.ProbeScores` other tasks give."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import torch
 
 from vitreg import distributed
 from vitreg.data.datasets import DataLog, LabeledDataset, SkipSample, open_dataset, require_usable
-from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.cache import input_config
-from vitreg.probe.run import ProbeRun, _data
+from vitreg.probe.scores import ProbeScores, data_record
 from vitreg.probe.tasks.base import TaskResult
 from vitreg.probe.zero_shot.base import ModelTask
 
@@ -32,7 +31,7 @@ def run_model_task(
     batch_size: int,
     image_size: int | None,
     progress: Any,
-) -> ProbeRun:
+) -> ProbeScores:
     """Score ``probe`` on the test split of ``data`` (a spec's ``val`` split, or the second of a
     pair) bare (``base``) and/or under ``fix``; no train split is read: nothing is trained.
     ``options``: ``templates`` (a prompt file for zero-shot, None for OpenAI's 80) and
@@ -48,6 +47,7 @@ def run_model_task(
     test = open_dataset(data, "val") if isinstance(data, str) else data[1]
     probe.check(tuple(test.targets), test.describe().get("spec", test.name))
     model.eval()
+    options = {**options, "image_size": image_size}
     notes = probe.setup(model, test, options) if distributed.is_main() else []
     results: dict[str, list[TaskResult]] = {}
     passes: dict[str, dict[str, Any]] = {}
@@ -74,8 +74,8 @@ def run_model_task(
         }
     first = next(iter(passes.values()), {"skipped": {}, "repairs": {}})
     unused = {"spec": test.describe().get("spec"), "split": "none, this task trains nothing"}
-    data = {"train": unused, "test": _data(test, first)}
-    return ProbeRun(
+    data = {"train": unused, "test": data_record(test, first)}
+    return ProbeScores(
         probe.name,
         model.describe(),
         data,
@@ -108,11 +108,16 @@ def _pass(
     def flush() -> None:
         nonlocal done, passes
         x = torch.stack([item["image"] for item in batch]).to(model.device, model.dtype)
-        outputs.append(probe.outputs(model, x).float().cpu())
-        targets.append(probe.keep(torch.stack([torch.as_tensor(item[target]) for item in batch])))
+        kept = torch.stack([torch.as_tensor(item[target]) for item in batch])
+        out, kept = probe.run_batch(model, x, kept)
+        outputs.append(out)
+        targets.append(kept)
         done, passes = done + len(batch), passes + 1
         batch.clear()
         update(done)
+
+    def shape(item: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(item["image"].shape), tuple(torch.as_tensor(item[target]).shape)
 
     outer, ds.log = ds.log, DataLog()  # this pass's counts alone
     try:
@@ -122,7 +127,10 @@ def _pass(
             except SkipSample as e:
                 skipped[e.reason] = skipped.get(e.reason, 0) + 1
                 continue
-            batch.append(prepare(sample, cfg["size"], cfg["mean"], cfg["std"]))
+            item = probe.prepare(sample, cfg)
+            if batch and shape(item) != shape(batch[0]):  # sizes differ: one batch per size
+                flush()
+            batch.append(item)
             if len(batch) == batch_size:
                 flush()
         if batch:

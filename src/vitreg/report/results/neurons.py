@@ -79,6 +79,16 @@ class UnitEffect(Strict):
     alone_at_emergence: float | None = None
     in_set: float | None = None
     in_set_at_emergence: float | None = None
+    alone_most: float | None = Field(
+        None, description="the largest fall of the excess at any block, zeroing it alone"
+    )
+    in_set_most: float | None = Field(
+        None, description="the largest excess it brings back at any block, restored alone"
+    )
+    in_group: float | None = Field(
+        None,
+        description="the excess that units mattering only together bring back, lost without it",
+    )
     persistence: float | None = None
     estimated: float | None = None
     kind: str | None = None

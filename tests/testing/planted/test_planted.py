@@ -54,7 +54,7 @@ def masks(truth, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_list_planted_names_and_descriptions() -> None:
-    from vitreg.testing.planted_kinds import KINDS
+    from vitreg.testing.planted import KINDS
 
     names = list_planted()
     assert set(names) == {

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitreg
-from vitreg.testing.planted_kinds import (
+from vitreg.testing.planted import (
     CLS_MARK,
     KINDS,
     POSITION_VALUE,

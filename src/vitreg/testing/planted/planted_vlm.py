@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitreg.testing.planted import GroundTruth
+from vitreg.testing.planted.catalog import build
+from vitreg.testing.planted.truth import GroundTruth
 
 TOWER = "hf_clip_t16"
 IMAGE_TOKEN = "<image>"
@@ -57,8 +58,6 @@ def build_tiny_llava(img_size: int = 112, seed: int = 0) -> tuple[nn.Module, Any
         LlavaForConditionalGeneration,
         LlavaProcessor,
     )
-
-    from vitreg.testing.planted import build
 
     tower, truth = build(TOWER, img_size=img_size, seed=seed)
     tokenizer = tiny_tokenizer()

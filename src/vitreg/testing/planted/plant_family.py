@@ -2,7 +2,7 @@
 built beside (issue 18).
 
 ``random_circuit(arch, seed, **ranges)`` samples, from ``seed`` alone, a small timm ViT and a
-circuit planted into it with the machinery of :mod:`vitreg.testing.planted_circuits`, and returns
+circuit planted into it with the machinery of :mod:`vitreg.testing.planted.planted_circuits`, and returns
 ``(module, GroundTruth)`` like :func:`vitreg.testing.planted.build`. What is sampled (each within
 :class:`Ranges`, which the keyword arguments override):
 
@@ -23,7 +23,7 @@ circuit planted into it with the machinery of :mod:`vitreg.testing.planted_circu
 
 ``random_unplanted`` is the same architecture and random weights without the plant. Seeds 0-4
 are pinned to the cases the issue names (:data:`FEATURED`); every other seed samples freely.
-:func:`vitreg.testing.plant_check.check_circuit` verifies a circuit against its truth.
+:func:`vitreg.testing.planted.check_circuit` verifies a circuit against its truth.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ import torch
 from torch import nn
 
 from vitreg.errors import InputError
-from vitreg.testing.planted import THRESHOLD, GroundTruth, _create, _Group, _random_init, _Spec
-from vitreg.testing.planted_circuits import MODE_RATIO, Options, build_circuit
+from vitreg.testing.planted._weights import THRESHOLD, Group, Spec, create, random_init
+from vitreg.testing.planted.planted_circuits import MODE_RATIO, Options, build_circuit
+from vitreg.testing.planted.truth import GroundTruth
 
 #: family name -> (timm architecture, its model arguments beside width/depth/heads, patch size)
 ARCHS: dict[str, tuple[str, dict[str, Any], int]] = {
@@ -86,7 +87,7 @@ FEATURED: dict[int, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class Sample:
+class CircuitSample:
     """One sampled circuit: the architecture and what is planted into it."""
 
     seed: int
@@ -94,7 +95,7 @@ class Sample:
     depth: int
     width: int
     img_size: int
-    groups: tuple[_Group, ...]
+    groups: tuple[Group, ...]
     options: Options
     rule: str
 
@@ -103,7 +104,7 @@ class Sample:
         return f"family:{self.arch}:{self.seed}"
 
     @property
-    def spec(self) -> _Spec:
+    def spec(self) -> Spec:
         timm_name, args, _ = ARCHS[self.arch]
         heads = self.width // 32
         args = dict(embed_dim=self.width, depth=self.depth, num_heads=heads, **args)
@@ -112,7 +113,7 @@ class Sample:
             f"{self.arch} depth {self.depth} width {self.width}: {sum(g.n for g in causes)} "
             f"causal units in blocks {sorted({g.layer for g in causes})}, rule {self.rule}"
         )
-        return _Spec(timm_name, text, (), (), args, self.groups)
+        return Spec(timm_name, text, (), (), args, self.groups)
 
 
 def _ranges(seed: int, given: dict[str, Any]) -> Ranges:
@@ -148,7 +149,7 @@ def _split(g: torch.Generator, total: int, parts: int) -> list[int]:
     return counts
 
 
-def sample(seed: int, arch: str | None = None, **ranges: Any) -> Sample:
+def sample(seed: int, arch: str | None = None, **ranges: Any) -> CircuitSample:
     """The circuit that ``seed`` (and ``arch``, when given) draws from :class:`Ranges`."""
     r = _ranges(seed, ranges)
     g = torch.Generator().manual_seed(1_000_003 * (seed + 1))
@@ -168,31 +169,31 @@ def sample(seed: int, arch: str | None = None, **ranges: Any) -> Sample:
     counts = _split(g, n_causal, n_blocks)
     dirs = _int(g, *r.directions)
     others = [f"v{i}" for i in range(1, dirs)]
-    groups: list[_Group] = []
+    groups: list[Group] = []
     weak = sorted(_uniform(g, 1.3, 2.6) for _ in range(n_before))
     for i, target in enumerate(weak):
         writes = others[i % len(others)] if others else "v"
         layer = emergence - n_before + i
-        groups.append(_Group("cause", layer, counts[i], "flag", writes, target, 25.0, equal=True))
+        groups.append(Group("cause", layer, counts[i], "flag", writes, target, 25.0, equal=True))
     steps = [_uniform(g, 1.3, 2.0) for _ in range(n_after)]
     lo, hi = r.ratio
     final = _uniform(g, max(lo, MODE_RATIO * math.prod(steps)), hi, log=True)
     strong = final / math.prod(steps)
     reads = "flag/v" if n_before else "flag"
     act = _uniform(g, 40.0, 60.0)
-    groups.append(_Group("cause", emergence, counts[n_before], reads, "v", strong, act))
+    groups.append(Group("cause", emergence, counts[n_before], reads, "v", strong, act))
     level = strong
     for i, step in enumerate(steps):
         level *= step
         # another direction only for a small step: readers need cos(outlier, v) > 0.4
         writes = others[(n_before + i) % len(others)] if others and step < 1.6 else "v"
         n = counts[n_before + 1 + i]
-        groups.append(_Group("cause", emergence + 1 + i, n, "flag", writes, level, act))
+        groups.append(Group("cause", emergence + 1 + i, n, "flag", writes, level, act))
     for _ in range(_int(g, *r.readers)):
         layer = _int(g, emergence + 1, depth - 1)
         writes = "v" if torch.rand(1, generator=g) < 0.6 else "random"
         gain = _uniform(g, 0.05, 0.15)
-        groups.append(_Group("reader", layer, _int(g, 1, 2), "v", writes, gain, 150.0))
+        groups.append(Group("reader", layer, _int(g, 1, 2), "v", writes, gain, 150.0))
     tied: tuple[int, ...] = ()
     kinds = ["texture", "position"] + (["cls"] if arch != "siglip" else [])
     for kind in kinds:
@@ -200,12 +201,12 @@ def sample(seed: int, arch: str | None = None, **ranges: Any) -> Sample:
             continue
         layer = _int(g, 2, depth - 2)
         if kind == "texture":
-            groups.append(_Group("texture", layer, _int(g, 1, 2), "flag", "random", 0.25, 30.0))
+            groups.append(Group("texture", layer, _int(g, 1, 2), "flag", "random", 0.25, 30.0))
         elif kind == "cls":
-            groups.append(_Group("cls", layer, 1, "ref", "random", 0.3, 300.0))
+            groups.append(Group("cls", layer, 1, "ref", "random", 0.3, 300.0))
         else:
             tied = tuple(sorted(torch.randperm(side * side, generator=g)[:3].tolist()))
-            groups.append(_Group("position", layer, 1, "pos", "random", 0.25, 30.0))
+            groups.append(Group("position", layer, 1, "pos", "random", 0.25, 30.0))
     rule = _choice(g, r.rules)
     positions: tuple[int, ...] = ()
     threshold = THRESHOLD
@@ -221,7 +222,7 @@ def sample(seed: int, arch: str | None = None, **ranges: Any) -> Sample:
     sinks = bool(torch.rand(1, generator=g) < r.sink)
     options = Options(threshold, positions, rule, dirs, sinks, tied)
     order = sorted(groups, key=lambda gr: (gr.layer, gr.role != "cause"))
-    return Sample(seed, arch, depth, width, patch * side, tuple(order), options, rule)
+    return CircuitSample(seed, arch, depth, width, patch * side, tuple(order), options, rule)
 
 
 def random_circuit(
@@ -236,7 +237,7 @@ def random_unplanted(arch: str | None = None, seed: int = 0, **ranges: Any) -> n
     """The same architecture and random weights as ``random_circuit(arch, seed, **ranges)``, with
     no plant: what "as clean as the model without the plant" is measured against."""
     s = sample(seed, arch, **ranges)
-    module = _create(s.spec, s.img_size)
+    module = create(s.spec, s.img_size)
     with torch.no_grad():
-        _random_init(module, torch.Generator().manual_seed(seed + 7919))
+        random_init(module, torch.Generator().manual_seed(seed + 7919))
     return module.eval()

@@ -1,16 +1,74 @@
 """Tiny but exact models of every adapter family (random weights, reduced depth), built offline.
 
-One place for the builders the adapter, insertion, fix and parity tests share: timm ViTs
-(``timm_models``), timm Eva, Swin/PVT-v2, HF transformers vision models and open_clip towers.
+For tests of code that wraps ViTs (vitreg's own and users'): plain timm ViTs (:data:`TIMM_VITS`,
+:func:`timm_vit`), timm Eva (:func:`eva_model`), Swin / PVT-v2 (:func:`hier_model`), HF
+transformers vision models (:func:`hf_tiny`) and open_clip towers (:func:`open_clip_tower`).
+Unlike :mod:`vitreg.testing.planted` nothing is planted: these pin the wrapping, not artifacts.
 """
 
 from __future__ import annotations
 
-import pytest
-import torch
+import importlib
+from types import ModuleType
 
-import vitreg
-from conftest import images
+import timm
+import torch
+from torch import nn
+
+from vitreg.models.load import load
+from vitreg.models.model import Model
+
+
+def _optional(name: str, extra: str) -> ModuleType:
+    """The optional library ``name``, or an ImportError saying which extra installs it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(
+            f"{name} is needed for this tiny model; pip install 'vitreg[{extra}]'"
+        ) from e
+
+
+def _images(b: int, size: int, seed: int = 0) -> torch.Tensor:
+    """``b`` seeded random images ``[b, 3, size, size]``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, 3, size, size, generator=g)
+
+
+# name -> (timm architecture, constructor overrides, input size)
+TIMM_VITS: dict[str, tuple[str, dict, int]] = {
+    "dinov2": ("vit_small_patch14_dinov2", dict(depth=3, img_size=56), 56),
+    "dinov2_reg4": ("vit_small_patch14_reg4_dinov2", dict(depth=3, img_size=56), 56),
+    "dinov2_swiglu": (
+        "vit_giant_patch14_dinov2",
+        dict(depth=2, embed_dim=96, num_heads=4, img_size=56),
+        56,
+    ),
+    "clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(depth=2, img_size=64), 64),
+    "siglip": ("vit_base_patch16_siglip_224", dict(depth=2, img_size=64), 64),
+    "deit3": ("deit3_small_patch16_224", dict(depth=3, img_size=64), 64),
+    "dino": ("vit_small_patch16_224", dict(depth=3, img_size=64), 64),
+}
+
+
+def realistic_(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Give prefix tokens and LayerScale gammas trained-like magnitudes (timm inits them ~0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name in ("cls_token", "reg_token") or name.endswith(("ls1.gamma", "ls2.gamma")):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if "gamma" in name else 0))
+    return module
+
+
+def timm_vit(key: str) -> tuple[nn.Module, int]:
+    """The plain timm ViT ``key`` of :data:`TIMM_VITS` (seeded, eval mode, trained-like prefix
+    tokens and LayerScale) and its input size."""
+    arch, kwargs, size = TIMM_VITS[key]
+    torch.manual_seed(0)
+    module = timm.create_model(arch, pretrained=False, **kwargs).eval()
+    return realistic_(module), size
+
 
 # timm Eva family: key -> (timm name, image size); depth=2 everywhere
 EVA_MODELS = {
@@ -36,16 +94,16 @@ HIER_MODELS = {
     ),
 }
 
-_BUILT: dict[str, vitreg.Model] = {}
+_BUILT: dict[str, Model] = {}
 
 
-def eva_model(key: str) -> tuple[vitreg.Model, torch.Tensor]:
+def eva_model(key: str) -> tuple[Model, torch.Tensor]:
     """The Eva-family model for ``key`` (built once, with random weights that make every part
     matter) and two images of its size."""
     name, size = EVA_MODELS[key]
     if f"eva:{key}" not in _BUILT:
         torch.manual_seed(0)
-        m = vitreg.load(f"timm:{name}", pretrained=False, depth=2, img_size=size)
+        m = load(f"timm:{name}", pretrained=False, depth=2, img_size=size)
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for name_, p in m.module.named_parameters():
@@ -55,16 +113,16 @@ def eva_model(key: str) -> tuple[vitreg.Model, torch.Tensor]:
                 elif leaf in ("gamma_1", "gamma_2"):
                     p.fill_(1.0)
         _BUILT[f"eva:{key}"] = m
-    return _BUILT[f"eva:{key}"], images(2, size)
+    return _BUILT[f"eva:{key}"], _images(2, size)
 
 
-def hier_model(key: str) -> tuple[vitreg.Model, torch.Tensor]:
+def hier_model(key: str) -> tuple[Model, torch.Tensor]:
     """The Swin / PVT-v2 model for ``key`` (built once) and two images of its size."""
     name, kwargs, size = HIER_MODELS[key]
     if f"hier:{key}" not in _BUILT:
         torch.manual_seed(0)
-        _BUILT[f"hier:{key}"] = vitreg.load(f"timm:{name}", pretrained=False, **kwargs)
-    return _BUILT[f"hier:{key}"], images(2, size)
+        _BUILT[f"hier:{key}"] = load(f"timm:{name}", pretrained=False, **kwargs)
+    return _BUILT[f"hier:{key}"], _images(2, size)
 
 
 # HF transformers ---------------------------------------------------------------------------
@@ -114,7 +172,7 @@ HF_KINDS = {
 
 def hf_tiny(kind: str, attn: str | None = None) -> torch.nn.Module:
     """A tiny random transformers model of ``kind`` (eval mode, seeded)."""
-    transformers = pytest.importorskip("transformers")
+    transformers = _optional("transformers", "hf")
     model_cls, config_cls, config = HF_KINDS[kind]
     torch.manual_seed(0)
     kwargs = {"attn_implementation": attn} if attn else {}
@@ -125,7 +183,7 @@ def hf_tiny(kind: str, attn: str | None = None) -> torch.nn.Module:
     return module
 
 
-def hf_size(model: vitreg.Model) -> int:
+def hf_size(model: Model) -> int:
     """The square input side a wrapped HF model was configured for."""
     return model.adapter.default_image_size()[0]
 
@@ -151,7 +209,7 @@ OPEN_CLIP_TOWERS = {
 
 def open_clip_tower(key: str) -> torch.nn.Module:
     """A tiny open_clip vision tower with every parameter perturbed away from its init."""
-    pytest.importorskip("open_clip")
+    _optional("open_clip", "openclip")
     from open_clip.model import CLIPVisionCfg, _build_vision_tower
 
     cfg, quick, seq_first = OPEN_CLIP_TOWERS[key]
@@ -185,6 +243,7 @@ def embeds_before_ln_pre(tower: torch.nn.Module, x: torch.Tensor) -> torch.Tenso
 
 
 def run_blocks(tower: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The tower's residual blocks on batch-first ``tokens``, in the layout the tower runs them."""
     seq_first = not tower.transformer.batch_first
     h = tokens.transpose(0, 1) if seq_first else tokens
     for blk in tower.transformer.resblocks:

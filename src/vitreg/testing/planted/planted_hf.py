@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from vitreg.testing.planted import GroundTruth
+from vitreg.testing.planted.planted import build_timm
+from vitreg.testing.planted.truth import GroundTruth
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,8 @@ def clip_vision_from_timm(module: nn.Module) -> nn.Module:
 
 def build_hf(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, GroundTruth]:
     """The HF fixture ``name``: its timm twin built and converted; the twin's ground truth."""
-    from vitreg.testing.planted import build
-
     fixture = HF_FIXTURES[name]
-    module, truth = build(fixture.twin, img_size=img_size, seed=seed)
+    module, truth = build_timm(fixture.twin, img_size=img_size, seed=seed)
     hf = clip_vision_from_timm(module)
     config = {k: v for k, v in hf.config.to_dict().items() if isinstance(v, int | float | str)}
     return hf, replace(

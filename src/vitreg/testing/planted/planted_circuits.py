@@ -2,7 +2,7 @@
 
 A selection of register neurons must pick the units that *create* the outliers. These fixtures
 plant, beside the causes, units that a selection can confuse with them (see ``SPECS`` in
-:mod:`vitreg.testing.planted` for the layouts and :class:`GroundTruth` for the roles):
+:mod:`vitreg.testing.planted.planted` for the layouts and :class:`GroundTruth` for the roles):
 
 * causes reading the flat flag and writing along the outlier direction ``v``: one block makes
   the outliers, or weak units of several blocks (no outlier mode at their output) and strong ones
@@ -23,7 +23,7 @@ plant, beside the causes, units that a selection can confuse with them (see ``SP
 The outliers emerge at the first cause group whose target is an outlier mode (``MODE_RATIO``);
 cause groups of later blocks keep writing them (amplifiers: they read the flag, not ``v``, so
 they are writers wherever they sit). :class:`Options` adds what the plant family
-(:mod:`vitreg.testing.plant_family`) varies: a texture threshold or a position rule, extra
+(:mod:`vitreg.testing.planted.plant_family`) varies: a texture threshold or a position rule, extra
 write directions ("v1", "v2"), no attention sinks, position-tied distractors.
 
 Each group is calibrated block by block on synthetic images: the calibration tokens are stepped
@@ -41,25 +41,23 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vitreg.testing.planted import (
+from vitreg.testing.planted._weights import (
     N_FILTERS,
     THRESHOLD,
-    FlatRule,
-    GroundTruth,
-    PositionRule,
-    _create,
-    _Group,
-    _layout,
-    _onehot,
-    _Plan,
-    _plant_flag,
-    _random_init,
-    _reserve,
-    _Scales,
-    _set_unit,
-    _sinks,
-    _Spec,
+    Group,
+    PlantPlan,
+    Scales,
+    Spec,
+    create,
+    onehot,
+    plant_flag,
+    plant_sinks,
+    random_init,
+    reserve,
+    set_unit,
+    token_layout,
 )
+from vitreg.testing.planted.truth import FlatRule, GroundTruth, PositionRule
 
 _FLAG_CUT = 0.25  # flag readers fire above this fraction of the flat patches' median flag
 _READ_COS = 0.4  # readers fire above this cosine with v after LayerNorm
@@ -86,7 +84,7 @@ class Options:
     tied: tuple[int, ...] = ()
 
 
-def emergence_layer(groups: tuple[_Group, ...]) -> int:
+def emergence_layer(groups: tuple[Group, ...]) -> int:
     """The block of the first cause group that makes an outlier mode (target >= MODE_RATIO)."""
     strong = [gr.layer for gr in groups if gr.role == "cause" and gr.target >= MODE_RATIO]
     if not strong:
@@ -107,8 +105,8 @@ def _direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> t
 
 
 def _circuit_plan(
-    module: nn.Module, spec: _Spec, g: torch.Generator, options: Options
-) -> tuple[_Plan, list[list[int]]]:
+    module: nn.Module, spec: Spec, g: torch.Generator, options: Options
+) -> tuple[PlantPlan, list[list[int]]]:
     """Reserved channels, the flag circuit's units, ``v`` (and further directions) and each
     group's units."""
     d = module.embed_dim
@@ -131,7 +129,7 @@ def _circuit_plan(
         dirs.append(_direction(torch.randn(d, generator=g), reserved, *dirs))
     v = dirs[0]
     units = {0: sorted(drawn[0]), 1: sorted(drawn[1])}
-    plan = _Plan(*chans[:4], chans[4 : 4 + N_FILTERS], units, v, tuple(dirs[1:]), position)
+    plan = PlantPlan(*chans[:4], chans[4 : 4 + N_FILTERS], units, v, tuple(dirs[1:]), position)
     return plan, groups
 
 
@@ -183,8 +181,8 @@ class _Planter:
     def __init__(
         self,
         module: nn.Module,
-        spec: _Spec,
-        plan: _Plan,
+        spec: Spec,
+        plan: PlantPlan,
         units: list[list[int]],
         rule: FlatRule | PositionRule,
         size: int,
@@ -198,12 +196,12 @@ class _Planter:
         cfg = module.pretrained_cfg
         mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
         std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
-        n_img = min(max(math.ceil(_CALIB_TOKENS / _layout(module).n_patches), 2), 16)
+        n_img = min(max(math.ceil(_CALIB_TOKENS / token_layout(module).n_patches), 2), 16)
         x = (_calibration_images(n_img, size) - mean) / std
         clear = ~rule.ambiguous(x, 0.1).flatten(1)  # clear of the threshold
         selected = rule.mask(x).flatten(1)
         self.flat, self.textured = selected & clear, ~selected & clear
-        layout = _layout(module)
+        layout = token_layout(module)
         self.patches, self.cls = layout.patches, layout.cls
         m = module
         if isinstance(rule, PositionRule):  # the flag, 4x the embedded patches' median std
@@ -234,7 +232,7 @@ class _Planter:
         if reads in ("flag", "ref", "pos"):
             sign = -1.0 if reads == "ref" else 1.0
             ch = {"flag": p.flag, "ref": p.ref, "pos": p.position}[reads]
-            w = [_onehot(d, (ch, sign * a), (p.zero, -sign * a)) for a in gains.tolist()]
+            w = [onehot(d, (ch, sign * a), (p.zero, -sign * a)) for a in gains.tolist()]
             return w, -gains * cut
         offset = float((p.direction * norm.bias / norm.weight).sum())
         unit = p.direction / norm.weight / math.sqrt(self.d)
@@ -268,7 +266,7 @@ class _Planter:
             rows[:, self.patches] = self.textured if role == "texture" else self.flat
         return rows
 
-    def _writes(self, gr: _Group) -> torch.Tensor:
+    def _writes(self, gr: Group) -> torch.Tensor:
         """``[n, d]`` unit write directions near the group's direction, times random weights."""
         p, n = self.plan, gr.n
         if gr.writes == "random":
@@ -283,7 +281,7 @@ class _Planter:
         return dirs * (0.7 + 0.6 * torch.rand(n, generator=self.g))[:, None]
 
     def group(
-        self, blk: nn.Module, mid: torch.Tensor, out: torch.Tensor, gr: _Group, units: list[int]
+        self, blk: nn.Module, mid: torch.Tensor, out: torch.Tensor, gr: Group, units: list[int]
     ) -> torch.Tensor:
         """Plant one group (thresholds and gains from the block's input, write size to target)
         into a block whose output is ``out`` without it; return the output with it."""
@@ -348,7 +346,7 @@ class _Planter:
             scale = float(gr.target * ref / push[rows].norm(dim=-1).median())
         gamma = blk.ls2.gamma.detach() if hasattr(blk.ls2, "gamma") else torch.ones(self.d)
         for i, j in enumerate(units):
-            _set_unit(blk.mlp, j, w_in[i], float(b_in[i]), scale * dirs[i] / gamma)
+            set_unit(blk.mlp, j, w_in[i], float(b_in[i]), scale * dirs[i] / gamma)
         return out + scale * push
 
     def run(self) -> list[tuple[int, int, str]]:
@@ -366,13 +364,13 @@ class _Planter:
             h = _out(blocks[i], mid)
         helpers = []
         if isinstance(self.rule, FlatRule):  # a position rule's flag comes from the embedding
-            helpers = _plant_flag(self.module, p, _Scales(s0, inv[1], inv[first], 0.0))
+            helpers = plant_flag(self.module, p, Scales(s0, inv[1], inv[first], 0.0))
         emergence = emergence_layer(groups)
         h = self.h0
         for i in range(max(gr.layer for gr in groups) + 1):
             blk = blocks[i]
             if i == emergence + 1 and self.sinks:  # later blocks see outliers: attention sinks
-                _sinks(self.module, p.direction, range(i, len(blocks)), self.g)
+                plant_sinks(self.module, p.direction, range(i, len(blocks)), self.g)
             mid = _mid(blk, h)
             here = [k for k, gr in enumerate(groups) if gr.layer == i]
             for k in here:  # silence the units first: the block's output without any group
@@ -381,7 +379,7 @@ class _Planter:
             for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
                 h = self.group(blk, mid, h, groups[k], self.units[k])
         if max(gr.layer for gr in groups) <= emergence and self.sinks:
-            _sinks(self.module, p.direction, range(emergence + 1, len(blocks)), self.g)
+            plant_sinks(self.module, p.direction, range(emergence + 1, len(blocks)), self.g)
         return helpers
 
 
@@ -389,27 +387,27 @@ def _rule(module: nn.Module, seed: int, options: Options) -> FlatRule | Position
     """The token rule: texture energy under ``options.threshold``, or fixed grid positions."""
     patch = int(module.patch_embed.patch_size[0])
     if options.positions:
-        grid = _layout(module).grid
+        grid = token_layout(module).grid
         return PositionRule(patch, grid, tuple(sorted(options.positions)), options.rule_kind)
     return FlatRule(patch, options.threshold, N_FILTERS, filter_seed=seed)
 
 
-def _embed_tied(module: nn.Module, plan: _Plan, tied: tuple[int, ...]) -> None:
+def _embed_tied(module: nn.Module, plan: PlantPlan, tied: tuple[int, ...]) -> None:
     """Position-tied distractors: their channel of the position embedding at 1 on ``tied``."""
     if tied:
-        module.pos_embed[0, -_layout(module).n_patches :][list(tied), plan.position] = 1.0
+        module.pos_embed[0, -token_layout(module).n_patches :][list(tied), plan.position] = 1.0
 
 
 def build_circuit(
     name: str,
-    spec: _Spec,
+    spec: Spec,
     img_size: int = 224,
     seed: int = 0,
     options: Options | None = None,
 ) -> tuple[nn.Module, GroundTruth]:
     """A role-annotated planted fixture (``spec.groups``) and its ground truth."""
     options = options or Options()
-    module = _create(spec, img_size)
+    module = create(spec, img_size)
     rule = _rule(module, seed, options)
     plan, units = _circuit_plan(module, spec, torch.Generator().manual_seed(seed), options)
     g = torch.Generator().manual_seed(seed + 7919)
@@ -417,8 +415,8 @@ def build_circuit(
     protect = max(gr.layer for gr in groups if gr.reads in ("flag", "flag/v", "ref", "pos"))
     module.eval()
     with torch.no_grad():
-        _random_init(module, g)
-        _reserve(module, plan, protect, rule)
+        random_init(module, g)
+        reserve(module, plan, protect, rule)
         _embed_tied(module, plan, options.tied)
         planter = _Planter(module, spec, plan, units, rule, img_size, g, options.sinks)
         helpers = planter.run()

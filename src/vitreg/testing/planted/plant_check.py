@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitreg.testing.planted import GroundTruth, _layout
-from vitreg.testing.planted_circuits import MODE_RATIO
+from vitreg.testing.planted._weights import token_layout
+from vitreg.testing.planted.planted_circuits import MODE_RATIO
+from vitreg.testing.planted.truth import GroundTruth
 
 CLEAN = 1.5  # "as clean as the unplanted model": max/median within this factor of its own
 SILENT = 0.2  # |activation| of a unit that does not fire (GELU's minimum is -0.17)
@@ -64,7 +65,7 @@ def _run(
 ) -> _Run:
     """Forward ``x`` with the ``(layer, unit)`` pairs of ``zero`` zeroed at the MLP's hidden
     layer; every block's patch norms and the activations of ``watch``."""
-    patches = _layout(module).patches
+    patches = token_layout(module).patches
     zeroed: dict[int, list[int]] = {}
     for layer, unit in zero:
         zeroed.setdefault(layer, []).append(unit)
@@ -114,7 +115,7 @@ def check_circuit(
     """Check ``module`` against ``truth`` on preprocessed ``images`` (``unplanted``: the same
     architecture and random weights without the plant)."""
     c = CircuitCheck()
-    layout = _layout(module)
+    layout = token_layout(module)
     b = images.shape[0]
     clear = ~truth.ambiguous_mask(images).reshape(b, -1)
     selected = truth.outlier_mask(images).reshape(b, -1)

@@ -1,7 +1,7 @@
 """Planted fixtures for each kind of token artifact beside high-norm outliers (issue 20).
 
 Tiny timm DINOv2-style ViTs (64 wide, 6 blocks, 4 heads, 8-px patches, LayerScale) with seeded
-trained-like random weights (:func:`vitreg.testing.planted._random_init`) and one planted kind:
+trained-like random weights (:func:`vitreg.testing.planted._weights.random_init`) and one planted kind:
 
 * ``kinds_nop_sink``: one head whose every query attends to [CLS], whose value there is ~0
   (a NOP-like sink, Fesser et al. 2026);
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from vitreg.errors import SpecError
+from vitreg.testing.planted._weights import Spec, create, random_init
 
 ARGS = dict(embed_dim=64, depth=6, num_heads=4, patch_size=8)
 IMG_SIZE = 64  # 8 x 8 patches
@@ -115,13 +116,11 @@ KINDS: dict[str, _Kind] = {
 
 def _base(name: str, img_size: int, seed: int) -> tuple[nn.Module, torch.Generator]:
     """The fixture's architecture with seeded trained-like random weights."""
-    from vitreg.testing.planted import _create, _random_init, _Spec
-
-    spec = _Spec(KINDS[name].architecture, KINDS[name].description, (), (), dict(ARGS))
-    module = _create(spec, img_size)
+    spec = Spec(KINDS[name].architecture, KINDS[name].description, (), (), dict(ARGS))
+    module = create(spec, img_size)
     g = torch.Generator().manual_seed(seed + 7919)
     with torch.no_grad():
-        _random_init(module, g)
+        random_init(module, g)
     return module, g
 
 

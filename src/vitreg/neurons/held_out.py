@@ -1,0 +1,63 @@
+"""The held-out side of the automatic path: which images discovery never sees, and the causal
+selection made on them (shared by :mod:`~vitreg.neurons.auto` and its stability check,
+:mod:`~vitreg.neurons.stability`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from vitreg.fix.neuron_set import NeuronSet
+from vitreg.models.model import Model
+from vitreg.neurons.causal import CausalSelection, select_causal
+from vitreg.neurons.detection import Detection
+from vitreg.progress import Update
+
+HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
+
+
+class Split:
+    """The held-out part of an image source (every ``period``-th image, by default every
+    ``HOLD_OUT``-th) or the rest; re-iterable."""
+
+    def __init__(self, source: Any, held_out: bool, period: int = HOLD_OUT) -> None:
+        self.source = source
+        self.held_out = held_out
+        self.period = period
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        from vitreg.models.model import iter_batches
+
+        seen = 0
+        for batch in iter_batches(self.source, 32):
+            index = torch.arange(seen, seen + batch.shape[0])
+            seen += batch.shape[0]
+            keep = (index % self.period == self.period - 1) == self.held_out
+            if keep.any():
+                yield batch[keep]
+
+
+def causal_set(
+    model: Model,
+    held: torch.Tensor,
+    ranking: NeuronSet,
+    detection: Detection,
+    batch_size: int,
+    progress: Update | None = None,
+) -> CausalSelection:
+    """The causal selection among ``ranking``'s units on ``held``, with ``detection``'s layers
+    and threshold (the one call the automatic path and its stability check share)."""
+    return select_causal(
+        model,
+        held,
+        ranking.pairs(),
+        detection.detect_layer,
+        detection.threshold,
+        detection.threshold_value,
+        first_layer=detection.first_written,
+        emergence_layer=detection.emergence_layer,
+        batch_size=min(batch_size, 16),
+        progress=progress,
+    )
