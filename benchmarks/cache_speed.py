@@ -13,7 +13,6 @@ compared. Issue 22 target: cache throughput >= 0.8x the plain forward's.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,9 +22,11 @@ from _common import (
     add_size_and_out_options,
     add_timing_options,
     build,
-    environment,
+    finish,
     interleaved,
-    write_result,
+    parser,
+    speed,
+    verdict,
 )
 
 TARGET = 0.8  # cache images/s over plain images/s, at least
@@ -61,7 +62,7 @@ class RandomImages:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--n-images", type=int, default=64)
     p.add_argument("--model", default="vit_small_patch14_reg4_dinov2")
     add_timing_options(p, batch_size=32, repeats=5, warmup=1)
@@ -102,23 +103,16 @@ def main(argv: list[str] | None = None) -> None:
         times, median = interleaved({"plain": plain, "cache": cache}, args.repeats)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    ratio = median["plain"] / median["cache"]  # cache throughput over plain throughput
-    out = write_result(
-        args,
-        "cache_speed",
-        target=TARGET,
-        seconds=times,
-        median_seconds=median,
-        images_per_s={arm: args.n_images / s for arm, s in median.items()},
-        throughput_ratio=ratio,
-        environment=environment(),
+    res = speed(times, args.n_images, "throughput_ratio", "plain", "cache")
+    ratio = res["throughput_ratio"]  # plain seconds / cache seconds: cache img/s over plain's
+    lines = [f"{args.model} at {cfg['size']} px, {args.n_images} images, batch {args.batch_size}"]
+    lines += [
+        f"{arm:>6}: {s:7.2f} s median, {args.n_images / s:6.1f} img/s" for arm, s in median.items()
+    ]
+    lines.append(
+        f"cache / plain throughput {ratio:.2f}x (target >= {TARGET}: {verdict(ratio >= TARGET)})"
     )
-    print(f"{args.model} at {cfg['size']} px, {args.n_images} images, batch {args.batch_size}")
-    for arm, s in median.items():
-        print(f"{arm:>6}: {s:7.2f} s median, {args.n_images / s:6.1f} img/s")
-    verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
-    print(f"cache / plain throughput {ratio:.2f}x (target >= {TARGET}: {verdict})")
-    print(f"wrote {out}")
+    finish(args, "cache_speed", res, lines, target=TARGET)
 
 
 if __name__ == "__main__":

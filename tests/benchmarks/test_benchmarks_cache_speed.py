@@ -15,7 +15,7 @@ TINY = ["--img-size=28", "--depth=2", "--batch-size=2"]
 def test_cache_speed_benchmark_smoke(tmp_path: Path) -> None:
     data = run_benchmark("cache_speed.py", tmp_path, *TINY, "--n-images=3", "--repeats=1")
     assert len(data["seconds"]["plain"]) == len(data["seconds"]["cache"]) == 1
-    median = data["median_seconds"]
+    median = data["median_s"]
     assert data["throughput_ratio"] == pytest.approx(median["plain"] / median["cache"])
     assert data["target"] == 0.8 and "load_average_1m" in data["environment"]
 
