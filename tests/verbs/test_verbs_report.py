@@ -54,7 +54,7 @@ def planted_truth(folder: Path) -> str:
 def tiny_llava(folder: Path) -> VlmConfig:
     """vlm on a tiny planted LLaVA with its ground-truth register neurons, two short answers."""
     from vitreg.fix.neuron_set import NeuronSet
-    from vitreg.testing.planted_vlm import save_tiny_llava
+    from vitreg.testing.planted import save_tiny_llava
 
     llava = save_tiny_llava(folder / "llava", img_size=64)
     with warnings.catch_warnings():
