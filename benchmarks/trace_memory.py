@@ -50,21 +50,31 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(0)
     model = build(args.model, args.img_size, args.depth)
-    reducers = [TokenNorms(f"blocks.{i}.hook_resid_post") for i in range(model.n_layers)]
-    reducers += [Max(f"blocks.{i}.mlp.hook_post") for i in range(model.n_layers)]
+    images = synthetic(n, args.batch_size, args.img_size)
     rss_before, peak_before = rss_mb(), peak_rss_mb()
     t0 = time.perf_counter()
-    result = model.trace(synthetic(n, args.batch_size, args.img_size), reducers)
-    seconds = time.perf_counter() - t0
-    norms = result[f"blocks.{model.n_layers - 1}.hook_resid_post"][0].result()["norms"]
+    if args.diagnose:  # every default analysis in one hooked pass, as `vitreg diagnose` runs
+        from vitreg.analysis.diagnose import diagnose
+
+        found = diagnose(model, images, batch_size=args.batch_size)
+        seconds = time.perf_counter() - t0
+        shape, n_done = [], found.data["n_images"]
+    else:
+        reducers = [TokenNorms(f"blocks.{i}.hook_resid_post") for i in range(model.n_layers)]
+        reducers += [Max(f"blocks.{i}.mlp.hook_post") for i in range(model.n_layers)]
+        result = model.trace(images, reducers)
+        seconds = time.perf_counter() - t0
+        norms = result[f"blocks.{model.n_layers - 1}.hook_resid_post"][0].result()["norms"]
+        shape, n_done = list(norms.shape), result.n_images
     return {
-        "n_images": result.n_images,
-        "norms_shape": list(norms.shape),
+        "n_images": n_done,
+        "norms_shape": shape,
         "seconds": seconds,
         "images_per_s": n / seconds,
         "rss_mb_before_trace": rss_before,
         "peak_rss_mb_before_trace": peak_before,
         "peak_rss_mb": peak_rss_mb(),
+        "diagnose": args.diagnose,
         "environment": environment(),
     }
 
@@ -74,6 +84,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n-images", default="20,200", help="comma-separated image counts")
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--model", default="vit_small_patch14_dinov2")
+    p.add_argument(
+        "--diagnose", action="store_true", help="run every default analysis (diagnose) instead"
+    )
     add_size_and_out_options(p, "trace_memory")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -85,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         emit(measure(args.child, args))
         return
     shared = child_flags(args, ("batch_size", "model", "img_size", "depth"))
+    shared += ["--diagnose"] if args.diagnose else []
     counts = [int(n) for n in args.n_images.split(",")]
     runs = []
     for n in counts:
@@ -99,9 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         runs=runs,
         peak_growth_mb=growth,
     )
-    print(
-        f"{args.model} at {args.img_size} px, batch {args.batch_size}, TokenNorms + Max per block"
-    )
+    what = "diagnose (every default analysis)" if args.diagnose else "TokenNorms + Max per block"
+    print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, {what}")
     for r in runs:
         print(
             f"{r['n_images']:>5} images: peak RSS {r['peak_rss_mb']:7.1f} MB "

@@ -10,6 +10,11 @@ work and combine it so that every rank ends with the single-process result:
   batches of 32 on 2 ranks: rank 0 forwards images 0-3, rank 1 images 4-6; with batches of 2:
   rank 0 gets 0, 2, 4, 6 and rank 1 gets 1, 3, 5 (with ``batch_size == world`` image ``i`` goes to
   rank ``i % world``). ``--batch-size`` stays the global batch: each rank forwards ``1/world``.
+- **Sources that split themselves** (:func:`split`): a source with a ``rank_parts`` method
+  (webdataset shards, :mod:`vitreg.data.wds`) hands each rank only its own images, each part
+  with the global index of its first image, so no rank reads the others' images. A rank's parts
+  are then its own stream: they may be more or fewer than another rank's, nothing collective
+  happens between them, and resumable passes restart each rank from its own last checkpoint.
 - **Statistics**: :func:`all_reduce_sum` for sums, :func:`all_gather` for per-image rows and any
   picklable object, :func:`merge_reducers` to fold every rank's reducers with ``Reducer.merge``
   (any reducer kind), so ``Model.trace`` -- and everything built on it (``run_analyses``,
@@ -30,7 +35,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -162,6 +167,8 @@ class Shard:
     non-empty batch, so a progress bar shown by rank 0 sees every batch.
     """
 
+    independent = False  # every rank walks the same global batches: checkpoints resume together
+
     def __init__(
         self, batches: Iterable[torch.Tensor], rank: int | None = None, world: int | None = None
     ) -> None:
@@ -198,6 +205,60 @@ def shard(
     """This rank's parts of ``batches`` (an iterable of image tensors ``[B, ...]``); the whole
     stream on one process or inside :func:`local`. ``rank``/``world`` override the group's."""
     return Shard(batches, rank, world)
+
+
+class RankParts(Protocol):
+    """This rank's images of a source that splits itself by rank: ``(global index of the first
+    image, images [B, ...])`` pairs in increasing index order; ``total`` is the image count of
+    all ranks once the iteration has started."""
+
+    total: int
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]: ...
+
+
+class Split:
+    """This rank's images of a source that splits itself (:func:`split`), with :class:`Shard`'s
+    attributes: while a part is out, :attr:`offset` is the global index of its first image and
+    :attr:`seen` the global index just past its last (increasing on each rank: the position for
+    progress bars and checkpoints); after the loop :attr:`seen` is the image count of all ranks
+    and :attr:`mine` this rank's. Ranks may have different numbers of parts."""
+
+    independent = True  # each rank's stream is its own: checkpoints resume per rank
+
+    def __init__(self, parts: RankParts, rank: int, world: int) -> None:
+        self.parts = parts
+        self.rank = rank
+        self.world = world
+        self.offset = 0
+        self.seen = 0
+        self.mine = 0
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        self.offset = self.seen = self.mine = 0
+        for offset, part in self.parts:
+            self.offset, self.seen = offset, offset + part.shape[0]
+            self.mine += part.shape[0]
+            yield part
+        self.seen = self.parts.total
+
+    def indices(self) -> list[int]:
+        """The global indices of this rank's images (runs the stream)."""
+        out: list[int] = []
+        for part in self:
+            out.extend(range(self.offset, self.offset + part.shape[0]))
+        return out
+
+
+def split(data: Any, limit: int | None = None) -> Split | None:
+    """This rank's images when work is sharded and ``data`` splits itself by rank (it has
+    ``rank_parts(rank, world, limit)`` returning :class:`RankParts`, or ``None`` to decline);
+    ``None`` otherwise: the caller then shards the global batches (:func:`shard`)."""
+    parts_of = getattr(data, "rank_parts", None)
+    if not active() or parts_of is None:
+        return None
+    parts = parts_of(rank(), world(), limit)
+    return None if parts is None else Split(parts, rank(), world())
 
 
 # combining results -----------------------------------------------------------------------------

@@ -92,5 +92,5 @@ def test_a_comparison_renders_again_too(failed_run, tmp_path: Path, monkeypatch)
 def test_report_refuses_a_folder_without_results(tmp_path: Path) -> None:
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2
-    assert says(result, "holds no metrics.json (nor comparison.json)")
+    assert says(result, "holds no metrics.json (nor comparison.json, leaderboard.json)")
     assert "Traceback" not in result.output

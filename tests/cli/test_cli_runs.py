@@ -22,11 +22,9 @@ from vitreg.cli.app import app
 from vitreg.core.io import write_bytes_atomic, write_json_atomic, write_text_atomic
 from vitreg.core.run_dir import session
 from vitreg.errors import InputError
-from vitreg.report.markdown import render_markdown
+from vitreg.report.markdown import render_markdown, synthetic_banner
 from vitreg.report.out_dir import check_out
-from vitreg.report.run import build_document
-from vitreg.report.run_files import synthetic_banner
-from vitreg.report.verbs.diagnose import build_report
+from vitreg.report.verbs.diagnose import diagnose_document, report
 from vitreg.verbs import diagnose as verb_diagnose
 from vitreg.verbs import loading
 
@@ -218,7 +216,7 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
 
     def keep(out, result, config, **kwargs):  # the numbers, without drawing the figures
         results[out.name], configs[out.name] = result.to_dict(), config
-        docs[out.name] = build_document(result, config, "vitreg diagnose (test)")
+        docs[out.name] = diagnose_document(result, config, "vitreg diagnose (test)")
 
     monkeypatch.setattr(verb_diagnose, "_writer", lambda: keep)
     specs = {
@@ -240,10 +238,10 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
         "--random-init)" in (consoles["random"])
     )
     assert "RANDOM WEIGHTS" not in consoles["file"] + consoles["folder"]
-    random_md = render_markdown(build_report(docs["random"]))
+    random_md = render_markdown(report(docs["random"]))
     assert random_md.startswith("**RANDOM WEIGHTS:** `timm:vit_tiny_patch16_224` has random")
     assert [docs[n]["model"]["weights"] for n in specs] == ["user", "user", "random"]
     assert synthetic_banner(docs["random"]) == random_md.splitlines()[0]
     # the attention table says its top-k mass counts a query attending to itself
     assert "top-1 mass (self incl.)" in random_md and "[CLS] attending to itself" in random_md
-    assert build_report(docs["file"]).banner is None and synthetic_banner(docs["file"]) is None
+    assert report(docs["file"]).banner is None and synthetic_banner(docs["file"]) is None

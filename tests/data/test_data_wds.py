@@ -157,3 +157,29 @@ def test_cli_shards_equal_the_folder_and_two_torchrun_ranks(tmp_path: Path) -> N
     assert diffs == [], diffs[:10]
     assert a["data"]["n_images"] == 7 and a["data"]["source"] == "webdataset"
     assert same(stable(tmp_path / "folder_run")["results"], a["results"]) == []
+
+
+def test_the_check_pass_replays_the_one_process_listing(tmp_path: Path, model: Any) -> None:
+    import torch
+
+    _, pattern = make_data(tmp_path)
+    paths = wds.shard_paths(pattern)
+    checks = {s: wds.check_shard(p) for s, p in enumerate(paths)}
+    assert [c.kept for c in checks.values()] == [[0, 1], [0, 1, 2], [0, 1]]
+    for limit in (None, 4, 2):
+        log = wds.FolderLog()
+        list(wds.iter_wds(pattern, lambda im: torch.zeros(1), 2, limit=limit, log=log))
+        plan = wds.plan_of(checks, limit)
+        assert plan.log == log and plan.total == len(log.used)
+    plan = wds.plan_of(checks, 4)
+    assert (plan.first, plan.take) == ({0: 0, 1: 2, 2: 4}, {0: 2, 1: 2, 2: 0})
+    # one rank of one: every shard, batches that never cross a shard, at their global indices
+    source = wds.wds_images(model, pattern, batch_size=2)
+    parts = list(source.rank_parts(0, 1))
+    assert [(i, b.shape[0]) for i, b in parts] == [(0, 2), (2, 2), (4, 1), (5, 2)]
+    whole = torch.cat(list(wds.iter_wds(pattern, model.transform, 3)))
+    assert torch.equal(torch.cat([b for _, b in parts]), whole)
+    assert source.description()["n_images"] == 7 and source.display_images().shape[0] == 7
+    assert source.split_note(1) is None and source.split_note(3) is None
+    assert "3 shard(s) for 4 torchrun ranks" in source.split_note(4)
+    assert source.rank_parts(0, 4) is None  # fewer shards than ranks: the per-batch split

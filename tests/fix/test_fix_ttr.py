@@ -161,7 +161,8 @@ def test_compare_fix_before_after(images):
 
 def test_a_set_applied_to_a_model_without_artifacts_says_nothing_to_fix(images):
     from vitreg.fix.compare import compare_fix
-    from vitreg.report.fix_report import verdict_section
+    from vitreg.report.results.fix import Comparison
+    from vitreg.report.verbs.fix import verdict_section
 
     module, truth = build("dinov2_s14", img_size=SIZE)
     found = discover(vitreg.wrap(module), images[:16], batch_size=8, top_k=len(truth.units))
@@ -172,7 +173,7 @@ def test_a_set_applied_to_a_model_without_artifacts_says_nothing_to_fix(images):
     # the planted model's threshold is above every patch norm of the model without a plant
     assert res["threshold_from_another_model"]
     assert res["largest_patch_norm_before"] < found.settings["threshold_value"]
-    text = "\n".join(map(str, verdict_section(d).blocks))
+    text = "\n".join(map(str, verdict_section(Comparison.model_validate(d)).blocks))
     assert text.startswith("**No artifacts before the fix: nothing to remove.**")
     assert "belongs to another model" in text
     # the dense change is measured on every patch, not only the pooled token

@@ -52,7 +52,7 @@ def test_corrupted_shard_is_re_extracted_and_counted(tmp_path) -> None:
 def test_probe_report_names_the_re_extracted_shards(tmp_path) -> None:
     from vitreg.probe.linear import ProbeConfig
     from vitreg.probe.run import run
-    from vitreg.report.probe_report import write_probe_run
+    from vitreg.report.verbs.probe import write_probe_run
 
     model, cache = small_vit(), tmp_path / "cache"
     data = "synthetic-cls:n=8,size=28"

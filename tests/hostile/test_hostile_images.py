@@ -41,7 +41,7 @@ from vitreg.data.folder import (
 from vitreg.errors import InputError
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.run import run as probe_run
-from vitreg.report.probe_report import write_probe_run
+from vitreg.report.verbs.probe import write_probe_run
 from vitreg.testing.images import synthetic_pil
 from vitreg.train.data import describe_training_data, open_data
 
@@ -410,9 +410,9 @@ def test_a_single_class_is_a_recorded_warning(tmp_path: Path) -> None:
 
 
 def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path) -> None:
-    from vitreg.report.train_report import write_train_run
+    from vitreg.report.verbs.train import write_train_run
     from vitreg.train import TrainSettings, train
-    from vitreg.verbs.train import describe_trained
+    from vitreg.verbs.train import describe_trained, train_results
 
     root = tmp_path / "folder"  # pre-split: train/<class>/, so every file is in the train split
     classes(root / "train", {"a": 1})
@@ -442,7 +442,8 @@ def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path)
         result = train("vit_tiny_patch16_224", data, settings, tmp_path / "run", model_kwargs=tiny)
     assert [str(w.message).split(" in ")[0] for w in warned] == ["only 1 class (a)"]
     config = {"command": "train"}
-    write_train_run(tmp_path / "run", result, data=described, config=config,
+    write_train_run(tmp_path / "run", train_results(result, tmp_path / "run"), result.history,
+                    data=described, config=config,
                     described=describe_trained(result.model, "vit_tiny_patch16_224"),
                     command="vitreg train (test)")  # fmt: skip
     block = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]

@@ -17,7 +17,7 @@ from vitreg.cli.app import app
 from vitreg.core.readers import read_json, read_yaml
 from vitreg.errors import InputError
 from vitreg.report.compare import compare_runs
-from vitreg.report.run_files import document
+from vitreg.report.document import Headline, build_document
 
 runner = CliRunner()
 COMPANIONS = ("config.yaml", "report.md", "report.html")
@@ -54,8 +54,9 @@ def train_doc() -> dict:
             "data": {},
         },
     }
-    headlines = [("final_loss", "/results/final_loss", False, {})]
-    return document("train", "vitreg train", described, {"n_images": 8}, {}, results, headlines)
+    headlines = [Headline("final_loss", "/results/final_loss", False)]
+    return build_document("train", results, headlines, command="vitreg train",
+                          described=described, data={"n_images": 8}, config={})  # fmt: skip
 
 
 def write_run(folder: Path, doc: object | bytes) -> Path:
@@ -155,7 +156,7 @@ def fake_probe(folder: Path, task: str, n: int, mean: float) -> Path:
 
 
 def test_scores_of_other_tasks_or_data_never_share_a_row(tmp_path: Path) -> None:
-    from vitreg.report.probe_report import headlines
+    from vitreg.report.verbs.probe import headlines
 
     cls = fake_probe(tmp_path / "cls", "classification", 200, 0.9)
     tokens = fake_probe(tmp_path / "tokens", "token-type", 64, 0.4)
@@ -170,7 +171,7 @@ def test_scores_of_other_tasks_or_data_never_share_a_row(tmp_path: Path) -> None
     results = json.loads((cls / "metrics.json").read_text())["results"]
     results["conditions"] = {"base": [{"layer": "l", "scores": [{"feature": "cls", "group": "all",
                               "metric": "top1", "higher_is_better": True}]}]}  # fmt: skip
-    assert headlines(results)[0][0] == "classification/synthetic-cls:n=200/base/l/cls/all/top1"
+    assert headlines(results)[0].name == "classification/synthetic-cls:n=200/base/l/cls/all/top1"
 
 
 def comparison_folder(tmp_path: Path) -> Path:

@@ -13,8 +13,8 @@ import vitreg
 from conftest import images
 from vitreg.analysis.diagnose import diagnose
 from vitreg.models.loaders.local import save_local
-from vitreg.report.run import write_run
 from vitreg.report.schema import is_synthetic, validate_metrics
+from vitreg.report.verbs.diagnose import write_diagnose_run as write_run
 
 TINY = dict(depth=2, img_size=56)
 ARCH = "timm:vit_small_patch14_dinov2"

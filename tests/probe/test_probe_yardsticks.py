@@ -20,7 +20,8 @@ from vitreg.probe.run import run
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
 from vitreg.report.markdown import Report, render_markdown
 from vitreg.report.probe_figures import probe_figures
-from vitreg.report.probe_report import layer_section, write_probe_run
+from vitreg.report.results.probe import ProbeResults
+from vitreg.report.verbs.probe import layer_section, write_probe_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,9 +99,11 @@ def test_report_says_within_noise_where_the_intervals_overlap() -> None:
     assert [d["verdict"] for d in found] == ["within noise"]
     assert found[0]["delta"] == pytest.approx(0.0917)
     assert conditions["base"][0]["scores"][0]["vs_yardsticks"] == {"majority class": "worse"}
-    results = {"task": "classification", "description": "d", "seeds": [0, 1], "layers": [],
+    results = {"task": "classification", "description": "d", "seeds": [0, 1], "layers": [], "data": {},
                "conditions": conditions, "deltas": found, "caches": {}, "fix": None}  # fmt: skip
-    text = render_markdown(Report(None, "probe", [layer_section(results, 0)]))
+    text = render_markdown(
+        Report(None, "probe", [layer_section(ProbeResults.model_validate(results), 0)])
+    )
     assert "+0.0917 (within noise)" in text and "(better)" not in text
     assert "trails majority class" in text and "| majority class | top1 | all | 0.395 |" in text
 

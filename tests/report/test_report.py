@@ -20,8 +20,11 @@ from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormAnalysis
 from vitreg.errors import RenderError
 from vitreg.report import figures
-from vitreg.report.run import compare_table, write_run
+from vitreg.report.markdown import markdown_table
 from vitreg.report.schema import json_schema, resolve, validate_metrics
+from vitreg.report.verbs import diagnose as diagnose_renderer
+from vitreg.report.verbs.diagnose import model_rows, rows_table
+from vitreg.report.verbs.diagnose import write_diagnose_run as write_run
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build_unplanted
 
@@ -230,7 +233,7 @@ def test_failed_rendering_keeps_the_new_results(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("figure failed")
 
-    monkeypatch.setattr(figures, "norm_histograms", broken)
+    monkeypatch.setattr(diagnose_renderer, "norm_histograms", broken)
     with pytest.raises(RenderError, match="figure failed") as failed:
         write_run(run, planted, config={}, command="rendering fails")
     assert failed.value.saved == str(run / "metrics.json")
@@ -245,8 +248,8 @@ def test_failed_rendering_keeps_the_new_results(
 def test_the_writer_of_every_other_verb_saves_the_results_first(
     tmp_path: Path, planted_run: Path, fails: str
 ) -> None:
-    """neurons, fix, probe, vlm, experiment and train all write through write_files."""
-    from vitreg.report.run_files import write_files
+    """Every verb writes through the one writer: a failure saves the results."""
+    from vitreg.report.writer import write_run as write_files
 
     def broken(*args: object) -> list:
         raise ValueError(f"{fails} failed")
@@ -277,10 +280,11 @@ def test_a_model_comparison_renders_again_as_written(
     assert "figures/model_curves.png" in written
 
 
-def test_compare_table_rows_come_from_the_results(
+def test_model_rows_come_from_the_results(
     planted: DiagnoseResult, unplanted: DiagnoseResult
 ) -> None:
-    md, rows = compare_table([("planted:dinov2_s14", planted), ("unplanted", unplanted)])
+    rows = model_rows([("planted:dinov2_s14", planted), ("unplanted", unplanted)])
+    md = markdown_table(rows_table(rows))
     lines = md.strip().splitlines()
     assert lines[0].startswith("| model | outlier rate | emergence layer | max/median norm")
     assert len(lines) == 4 and "`planted:dinov2_s14`" in lines[2] and "| artifacts |" in lines[2]

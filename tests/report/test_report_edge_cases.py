@@ -24,11 +24,11 @@ from vitreg.configs import FixConfig, NeuronsConfig, ProbeRunConfig, VlmConfig
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.report.html import render_html
 from vitreg.report.markdown import render_markdown
-from vitreg.report.run import build_document
-from vitreg.report.run_files import saved_figures
 from vitreg.report.schema import resolve, validate_metrics
+from vitreg.report.verbs.diagnose import diagnose_document
+from vitreg.report.writer import saved_figures
 from vitreg.testing.images import synthetic_images
-from vitreg.verbs.report import builders
+from vitreg.verbs.report import renderer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # what each kind of field becomes, one at a time ('*' in a path: every item of that list)
@@ -100,7 +100,7 @@ def reread(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 def render(doc: dict[str, Any], html: bool = True, figures: list | None = None) -> None:
     """The verb's report of ``doc`` as Markdown (and HTML)."""
-    report = builders()[doc["verb"]](doc, figures or [])
+    report = renderer(doc["verb"]).report(doc, figures or [])
     assert render_markdown(report).startswith(("#", "**"))
     if html:
         assert "<html" in render_html(report, figures or [], None)
@@ -152,7 +152,7 @@ def diagnosed(spec: str, size: int, n: int, **kwargs: Any) -> dict[str, Any]:
             model = vitreg.load(spec, img_size=size, **kwargs)
     images = synthetic_images(n, size, seed=0, flat_fraction=0.3)
     result = diagnose(model, images, batch_size=4, max_maps=1)
-    return build_document(result, {"img_size": size}, f"vitreg diagnose {spec}")
+    return diagnose_document(result, {"img_size": size}, f"vitreg diagnose {spec}")
 
 
 @pytest.fixture(scope="module")

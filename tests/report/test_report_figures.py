@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from vitreg.cli.app import app
 from vitreg.report.figures import DPI, Figure, all_axes, figure_formats
-from vitreg.report.fix_report import before_after_maps
+from vitreg.report.verbs.fix import before_after_maps
 
 
 def offset_texts(fig: Figure) -> list[str]:

@@ -20,7 +20,7 @@ from vitreg.report.html import render_html
 from vitreg.report.markdown import render_markdown
 from vitreg.report.schema import VERBS, json_schema, resolve, validate_metrics
 from vitreg.report.upgrade import upgrade
-from vitreg.report.verbs.diagnose import build_report
+from vitreg.report.verbs.diagnose import report as build_report
 
 TYPED = {"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const"}
 OLD_RUN = TESTS / "report" / "schema_1_1_diagnose.json"
@@ -94,7 +94,7 @@ def test_the_1_1_file_is_a_1_1_file_read_as_2_0() -> None:
 
 
 def test_a_1_1_fix_run_has_its_medians_read_into_the_comparison() -> None:
-    from vitreg.verbs.report import builders
+    from vitreg.verbs.report import renderer
 
     doc = json.loads(OLD_FIX.read_text())
     assert doc["schema_version"] == "1.1" and "median_patch_norm_before" in doc["results"]
@@ -102,7 +102,7 @@ def test_a_1_1_fix_run_has_its_medians_read_into_the_comparison() -> None:
     c = valid.results.comparison
     assert c.median_patch_norm_before == doc["results"]["median_patch_norm_before"]
     assert len(c.median_patch_norm_after) == len(c.max_patch_norm_after)
-    report = builders()["fix"](valid.model_dump(mode="json"), [])
+    report = renderer("fix").report(valid.model_dump(mode="json"), [])
     assert render_markdown(report).startswith("**SYNTHETIC")
 
 

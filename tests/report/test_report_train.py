@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from vitreg.report.train_report import dino_reading, loss_figure
+from vitreg.report.results.train import DinoTerms
+from vitreg.report.verbs.train import dino_reading, loss_figure
 from vitreg.train.dino import loss_terms
 
 
@@ -24,7 +25,7 @@ def test_a_teacher_turning_uniform_explains_the_rising_loss():
     assert terms["lowest"] == {"step": 2, "loss_dino": 1.7 + 0.04}
     assert terms["final"]["kl"] == terms["final"]["loss_dino"] - 8.3
     assert math.isclose(terms["ln_out_dim"], math.log(4096))
-    text = dino_reading(terms)
+    text = dino_reading(DinoTerms.model_validate(terms))
     assert "fell to 1.74 at step 2 and ended at 8.34" in text and "ln 4096 = 8.32" in text
     assert "teacher becoming nearly uniform" in text and "not a defect" in text
 
@@ -32,7 +33,7 @@ def test_a_teacher_turning_uniform_explains_the_rising_loss():
 def test_a_sharp_teacher_is_read_as_telling_images_apart():
     terms = loss_terms(history([5.0, 3.0, 2.0]), {})  # the recipe's default 4096 prototypes
     assert terms["out_dim"] == 4096
-    assert "well below uniform" in dino_reading(terms)
+    assert "well below uniform" in dino_reading(DinoTerms.model_validate(terms))
 
 
 def test_a_log_without_the_teachers_entropy_has_no_reading():

@@ -1,9 +1,10 @@
 """render_again: a run's report rendered from its saved results is the report the run wrote
-(same Markdown, same figures and captions); a run that writes no report, or a folder that holds
-no results, is a clear error."""
+(same Markdown, same figures and captions), for every verb; a folder that holds no results is
+a clear error."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,14 @@ from typing import Any
 import pytest
 
 import vitreg
-from vitreg.configs import DiagnoseConfig, FixConfig, NeuronsConfig, ProbeRunConfig, TrainRunConfig
+from vitreg.configs import (
+    DiagnoseConfig,
+    FixConfig,
+    NeuronsConfig,
+    ProbeRunConfig,
+    TrainRunConfig,
+    VlmConfig,
+)
 from vitreg.errors import InputError
 from vitreg.verbs.report import render_again
 
@@ -21,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def rendered_again_is_the_same(folder: Path) -> None:
     """Delete the pages a run wrote, render them again from its saved files: the same bytes."""
-    pages = [p for p in ("report.md", "comparison.md", "report.html") if (folder / p).is_file()]
+    names = ("report.md", "comparison.md", "leaderboard.md", "report.html")
+    pages = [p for p in names if (folder / p).is_file()]
     first = {p: (folder / p).read_bytes() for p in pages}
     for p in pages:
         (folder / p).unlink()
@@ -42,6 +51,23 @@ def planted_truth(folder: Path) -> str:
     return str(NeuronSet.from_pairs(truth, model).save(folder / "truth"))
 
 
+def tiny_llava(folder: Path) -> VlmConfig:
+    """vlm on a tiny planted LLaVA with its ground-truth register neurons, two short answers."""
+    from vitreg.fix.neuron_set import NeuronSet
+    from vitreg.testing.planted import save_tiny_llava
+
+    llava = save_tiny_llava(folder / "llava", img_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tower = vitreg.load(f"hf-vlm:{llava}")
+    units = json.loads((llava / "vitreg_planted.json").read_text())["ground_truth"]["units"]
+    neurons = NeuronSet.from_pairs(units, tower).save(folder / "truth")
+    return VlmConfig(
+        spec=f"hf-vlm:{llava}", prompt="What is in the image?", neurons=str(neurons),
+        max_new_tokens=2, limit=2,
+    )  # fmt: skip
+
+
 TINY = {"spec": "planted:dinov2_s14", "img_size": 56, "limit": 2, "batch_size": 2}
 RUNS: dict[str, Callable[[Path], Any]] = {
     "diagnose": lambda tmp: DiagnoseConfig(**TINY, max_maps=1),
@@ -57,10 +83,19 @@ RUNS: dict[str, Callable[[Path], Any]] = {
         epochs=1,
         seeds=1,
     ),
+    "train": lambda tmp: TrainRunConfig(
+        variant="vit_tiny_patch16_224",
+        data="synthetic-cls:n=8,size=32",
+        steps=1,
+        batch_size=4,
+        img_size=32,
+        model_arg=["depth=1"],
+    ),
+    "vlm": tiny_llava,
 }
 
 
-SLOW = {"diagnose --models", "neurons"}  # two models; discovery with its causal check
+SLOW = {"diagnose --models", "neurons", "vlm"}  # two models; discovery; a LLaVA generating
 
 
 @pytest.mark.parametrize(
@@ -74,12 +109,28 @@ def test_rendered_again_is_the_report_the_run_wrote(tmp_path, cli_models, verb: 
     rendered_again_is_the_same(run.run_dir)
 
 
-def test_a_train_run_has_no_report_to_render(tmp_path) -> None:
-    values = {"variant": "vit_tiny_patch16_224", "data": "synthetic-cls:n=8,size=32"}
-    values |= {"steps": 1, "batch_size": 4, "img_size": 32, "model_arg": ["depth=1"]}
-    run = vitreg.run(TrainRunConfig(**values, out=tmp_path / "train"))
-    with pytest.raises(InputError, match="`vitreg train` run, which writes no report"):
-        render_again(run.run_dir)
+@pytest.mark.slow  # trains and evaluates one tiny variant
+def test_an_experiment_renders_again(tmp_path) -> None:
+    from vitreg.experiment import grid, preset, run_variants
+
+    settings = preset("tiny").with_(steps=1, batch_size=4, img_size=32, depth=2, embed_dim=32,
+                                    num_heads=2, probe_epochs=1, diagnose_images=2, batch_eval=8)  # fmt: skip
+    variants = [v for v in grid() if v.name == "baseline-none"]
+    run_variants("synthetic:n=8,size=32", tmp_path, settings, variants=variants, command="t")
+    rendered_again_is_the_same(tmp_path)
+
+
+def test_a_fix_leaderboard_renders_again_and_validates(tmp_path) -> None:
+    """``vitreg fix --method`` folders are folders like any other: `vitreg report` renders
+    their pages again byte for byte, and `vitreg validate` checks leaderboard.json."""
+    from vitreg.cli.validate_cmd import check_run
+    from vitreg.verbs.fix_board import run_fix_board
+
+    values = {"spec": "planted:clip_t16", "method": "naclip", "img_size": 64, "limit": 2}
+    run = run_fix_board(FixConfig(**values, batch_size=2, out=tmp_path / "board"))
+    rendered_again_is_the_same(run.run_dir)
+    assert check_run(run.run_dir) == "fix leaderboard of 2 entries on 2 images"
+    assert (run.run_dir / "leaderboard.md").read_text().startswith("**SYNTHETIC MODEL:**")
 
 
 def test_a_folder_without_valid_results_is_a_clear_error(tmp_path) -> None:

@@ -83,7 +83,7 @@ def run_diagnose(cfg: Any) -> None:
         with cli_errors():
             run = diagnose(cfg, progress, show_notice)
     except Interrupted as e:
-        from vitreg.report.run_files import again_command
+        from vitreg.report.writer import again_command
 
         done = (
             f"the results of {e.spec} are saved in {e.saved}; `{again_command(e.saved.parent)}` "

@@ -52,7 +52,8 @@ def block_name(layer: str) -> str:
 def show(doc: dict[str, Any], run_dir: Path) -> None:
     """Console table: every score, base and fixed side by side, the Δ with its verdict, and
     the yardsticks each layer's scores are read against."""
-    from vitreg.report.probe_report import verdict
+    from vitreg.report.results.probe import ProbeResults
+    from vitreg.report.verbs.probe import verdict
 
     conditions = list(doc["conditions"])
     both = len(conditions) == 2
@@ -113,7 +114,7 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
             "Δ = fixed − base: better/worse only when the 95% intervals separate, else noise "
             "(within noise) or no CI (one seed)"
         )
-    console.print(f"[bold]verdict:[/bold] {escape(verdict(doc))}")
+    console.print(f"[bold]verdict:[/bold] {escape(verdict(ProbeResults.model_validate(doc)))}")
     show_path("run directory", run_dir)
 
 

@@ -13,7 +13,7 @@ from vitreg.cli.output import cli_errors, console
 
 def report_command(
     run: Path = typer.Argument(
-        ..., help="A run directory (with metrics.json, or a comparison's comparison.json)."
+        ..., help="A folder vitreg wrote (a run, a comparison or a fix leaderboard)."
     ),
 ) -> None:
     """Render report.md and report.html again from a run's saved results (after a failure)."""

@@ -9,14 +9,14 @@ from rich.markup import escape
 
 from vitreg.cli.output import console, fail
 
-# files every verb's run directory holds beside metrics.json (train writes no report)
-COMPANIONS = {"train": ("config.yaml",)}
-DEFAULT_COMPANIONS = ("config.yaml", "report.md", "report.html")
+# files every verb's run directory holds beside metrics.json
+COMPANIONS = ("config.yaml", "report.md", "report.html")
 # files a comparison folder holds beside comparison.json (diagnose --models: also config.yaml)
 COMPARISON_COMPANIONS = {
     "diagnose": ("config.yaml", "comparison.md", "report.html"),
     "compare": ("comparison.md", "report.html"),
 }
+BOARD_COMPANIONS = ("leaderboard.md", "report.html", "figures/fix_leaderboard.png")
 
 
 def _companions(folder: Path, names: tuple[str, ...], beside: str) -> None:
@@ -47,38 +47,64 @@ def check_comparison(folder: Path) -> str:
     return f"diagnose --models comparison of {len(doc['runs'])} valid model runs"
 
 
-def check_run(run: Path, nested: bool = False) -> str:
-    """What ``run`` (a run directory, its metrics.json, or a comparison folder vitreg wrote)
-    holds; raises ValueError if invalid (an ``InputError`` for a file that is not even shaped
-    like a run file)."""
+def check_board(folder: Path) -> str:
+    """What a ``fix --method`` leaderboard folder holds; raises ValueError if its
+    leaderboard.json does not follow the schema or a file is missing."""
     from pydantic import ValidationError
 
     from vitreg.configs import describe_errors
-    from vitreg.report.documents import is_comparison, metrics_file, read_metrics
+    from vitreg.report.documents import read_board
+
+    try:
+        doc = read_board(folder)
+    except ValidationError as e:
+        where = f"{folder / 'leaderboard.json'} does not follow the schema"
+        raise ValueError(describe_errors(e, where)) from None
+    _companions(folder, BOARD_COMPANIONS, "leaderboard.json")
+    return f"fix leaderboard of {len(doc.board.rows)} entries on {doc.board.n_images} images"
+
+
+def check_run(run: Path, nested: bool = False) -> str:
+    """What ``run`` (a run directory, its metrics.json, or a comparison or leaderboard folder
+    vitreg wrote) holds; raises ValueError if invalid (an ``InputError`` for a file that is not
+    even shaped like a run file)."""
+    from pydantic import ValidationError
+
+    from vitreg.configs import describe_errors
+    from vitreg.errors import InputError
+    from vitreg.report.documents import RunDir, read_metrics
     from vitreg.report.schema import validate_metrics
 
-    path = metrics_file(run)
+    try:
+        folder = RunDir.open(run)
+    except InputError as e:
+        raise ValueError(str(e)) from None
+    if folder.kind != "run" and nested:
+        raise ValueError(f"{run} has no metrics.json (a model run of a comparison holds one)")
+    if folder.kind == "comparison":
+        return check_comparison(folder.path)
+    if folder.kind == "leaderboard":
+        return check_board(folder.path)
+    path = folder.document
     if not path.is_file():
-        if is_comparison(run) and not nested:
-            return check_comparison(run)
-        raise ValueError(
-            f"{run} has no metrics.json or comparison.json (not a folder vitreg wrote)"
-        )
-    doc = read_metrics(run)
+        raise ValueError(f"{run} has no metrics.json (not a folder vitreg wrote)")
+    doc = read_metrics(path)
     try:
         valid = validate_metrics(doc)
     except ValidationError as e:
         raise ValueError(describe_errors(e, f"{path} does not follow the schema")) from None
-    _companions(path.parent, COMPANIONS.get(valid.verb, DEFAULT_COMPANIONS), "metrics.json")
+    _companions(path.parent, COMPANIONS, "metrics.json")
     version = doc.get("schema_version")
     read = "" if version == valid.schema_version else f" (read as {valid.schema_version})"
     return f"{valid.verb} run, schema {version}{read}, {len(valid.metrics)} headline metrics"
 
 
 def validate_command(
-    runs: list[Path] = typer.Argument(..., help="Run directories (or their metrics.json)."),
+    runs: list[Path] = typer.Argument(
+        ..., help="Folders vitreg wrote (runs or their metrics.json, comparisons, leaderboards)."
+    ),
 ) -> None:
-    """Check run directories: schema, per-verb results, headlines traced to results, files."""
+    """Check folders vitreg wrote: schema, per-verb results, headlines traced to results, files."""
     bad = 0
     for run in runs:
         try:

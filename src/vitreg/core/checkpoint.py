@@ -13,7 +13,10 @@ another run's checkpoint is refused, not used.
 States are tensors (``safetensors``) and JSON; objects of vitreg's own classes (e.g. token
 layouts) are stored as their module, class and attributes and rebuilt only if the class is
 vitreg's. Nothing is pickled. Under torchrun every rank saves its own state (before any merge)
-and, on resume, all ranks restart from the largest image count that every rank has saved.
+and, on resume, all ranks restart from the largest image count that every rank has saved --
+except for sources that split themselves by rank (webdataset shards): there each rank's images
+are its own, its counts are positions in the global stream, and it restarts from its own last
+state.
 """
 
 from __future__ import annotations
@@ -182,9 +185,11 @@ class Pass:
                 found[int(m.group(1))] = p
         return dict(sorted(found.items()))
 
-    def resume(self) -> tuple[int, bool, dict[str, Any] | None]:
+    def resume(self, together: bool = True) -> tuple[int, bool, dict[str, Any] | None]:
         """``(images covered, finished, state)`` of the latest state every rank has saved, or
-        ``(0, False, None)`` when there is none."""
+        ``(0, False, None)`` when there is none. ``together=False`` (ranks that each read their
+        own images, e.g. webdataset shards split by rank): this rank's latest state, whatever
+        the others saved."""
         from safetensors.torch import load_file
 
         files = self._files()
@@ -198,7 +203,7 @@ class Pass:
                 )
             metas[seen] = meta
         common = set(metas)
-        if self.world > 1:
+        if self.world > 1 and together:
             everyone: list[Any] = [None] * self.world
             dist.all_gather_object(everyone, sorted(metas))
             for other in everyone:

@@ -9,10 +9,30 @@ are skipped and listed with the reason, exactly as a folder's files are (see
 :mod:`vitreg.data.folder`); conversions are listed too. Names in the listing are
 ``SHARD/KEY.EXT``.
 
-Under torchrun every rank reads the shard stream whole and forwards its part of each global
-batch (:mod:`vitreg.distributed`): that is what keeps every per-image row at its single-process
-index, so 2 ranks give the numbers of 1. Splitting by DataLoader worker is webdataset's
-(``split_by_worker``): with one in-process reader, as here, it is the identity.
+Under torchrun the shards are split by rank the way webdataset's ``split_by_node`` does it:
+rank ``r`` of ``w`` reads shards ``r, r + w, r + 2w, ...`` and no other (within a rank,
+``split_by_worker`` splits them again between DataLoader workers; with the one in-process
+reader used here that is the identity). Every image must still land at its single-process
+index, and which images a shard keeps is known only once they are decoded, so a split pass has
+two steps (:class:`ShardParts`):
+
+1. **Check**: each rank decodes the images of its own shards and notes, per shard, which samples
+   it keeps and the skip/convert listing; one ``all_gather`` (one per round of ``w`` shards when
+   an image limit may stop early) gives every rank every shard's counts. From them every rank
+   computes the global index of each shard's first image, the exact image count and the merged
+   listing in shard order -- the folder's, entry for entry.
+2. **Forward**: each rank decodes its kept images again, transforms them and hands them out in
+   batches of ``ceil(batch_size / w)`` that never cross a shard (so each batch's images have
+   consecutive global indices), each with the global index of its first image
+   (:func:`vitreg.distributed.split`). Ranks may have different numbers of batches: nothing
+   collective happens in this step, and checkpoints resume each rank from its own state.
+
+A rank thus decodes its own images twice and never the others' (reading every shard on every
+rank, as before, decoded each image ``w`` times on ``w`` ranks). With fewer shards than ranks
+some ranks would have nothing to do: the source then falls back to every rank reading every
+shard and forwarding its part of each global batch (:func:`vitreg.distributed.shard`) and says
+so (:meth:`ShardSource.split_note`, a notice of the run). Inside ``distributed.local()`` and on
+one process the shards are simply read in order.
 
 Only local shard files are read: ``pipe:`` and URLs are refused (``pipe:`` runs a shell
 command, which a data argument must never do).
@@ -23,18 +43,22 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
+from vitreg import distributed
 from vitreg.data.folder import (
+    DECODE_ERRORS,
     IMAGE_SUFFIXES,
     MAX_PIXELS,
     FolderLog,
     PixelBudgetError,
     decoded_batches,
+    skip_reason,
     to_rgb,
 )
 from vitreg.data.images import ImageSource
@@ -110,17 +134,33 @@ def decode_bytes(
 
 def iter_samples(paths: list[Path]) -> Iterator[dict]:
     """Webdataset samples (``__key__``, ``__url__`` and one entry per member) of ``paths``, in
-    order, not shuffled; every rank reads every shard (see the module docstring)."""
+    order, not shuffled; the caller chooses the shards (see the module docstring)."""
     import webdataset as wds
 
     dataset = wds.WebDataset(
         [str(p) for p in paths],
         shardshuffle=False,
-        nodesplitter=lambda src: src,  # the global stream on every rank; trace shards batches
+        nodesplitter=lambda src: src,  # ShardParts splits the shards by rank itself
         workersplitter=wds.split_by_worker,
         empty_check=False,
     )
     yield from dataset
+
+
+Decode = Callable[[], tuple[Image.Image, str | None]]
+
+
+def sample_entry(sample: dict, max_pixels: int = MAX_PIXELS) -> tuple[str, Decode | None, str]:
+    """``(name, decode, "")`` for a sample with an image member, ``(name, None, why)`` for one
+    without (its name is then ``SHARD/KEY``)."""
+    base = f"{Path(sample['__url__']).name}/{sample['__key__']}"
+    members = [k for k in sample if not k.startswith("__")]
+    image_keys = [k for k in members if _suffix(k) in IMAGE_SUFFIXES]
+    if not image_keys:
+        listed = ", ".join(sorted(members)) or "nothing"
+        return base, None, f"no image member in the sample (has {listed})"
+    name, data = f"{base}.{image_keys[0]}", sample[image_keys[0]]
+    return name, lambda: decode_bytes(data, name, max_pixels), ""
 
 
 def iter_wds(
@@ -135,21 +175,231 @@ def iter_wds(
     converted and skipped samples as for a folder."""
     log = log if log is not None else FolderLog()
 
-    def entries() -> Iterator[tuple[str, Callable[[], tuple[Image.Image, str | None]]]]:
+    def entries() -> Iterator[tuple[str, Decode]]:
         for sample in iter_samples(shard_paths(images)):
             if limit is not None and len(log.used) >= limit:
                 return
-            base = f"{Path(sample['__url__']).name}/{sample['__key__']}"
-            members = [k for k in sample if not k.startswith("__")]
-            image_keys = [k for k in members if _suffix(k) in IMAGE_SUFFIXES]
-            if not image_keys:
-                listed = ", ".join(sorted(members)) or "nothing"
-                log.skipped[base] = f"no image member in the sample (has {listed})"
+            name, decode, why = sample_entry(sample, max_pixels)
+            if decode is None:
+                log.skipped[name] = why
                 continue
-            name, data = f"{base}.{image_keys[0]}", sample[image_keys[0]]
-            yield name, lambda data=data, name=name: decode_bytes(data, name, max_pixels)
+            yield name, decode
 
     yield from decoded_batches(entries(), transform, batch_size, log, str(images))
+
+
+# ---------------------------------------------------------------- split by rank
+@dataclass
+class ShardCheck:
+    """What decoding one shard found: the positions (among its samples) of the images kept, and
+    its listing in sample order, ``(name, skip reason, conversion)`` per sample."""
+
+    kept: list[int] = field(default_factory=list)
+    events: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+
+
+def check_shard(path: Path, max_pixels: int = MAX_PIXELS) -> ShardCheck:
+    """Decode every image of one shard (none is kept in memory) to learn which are used."""
+    check = ShardCheck()
+    for position, sample in enumerate(iter_samples([path])):
+        name, decode, why = sample_entry(sample, max_pixels)
+        if decode is None:
+            check.events.append((name, why, None))
+            continue
+        try:
+            _, note = decode()
+        except DECODE_ERRORS as e:
+            check.events.append((name, skip_reason(e), None))
+            continue
+        check.events.append((name, None, note))
+        check.kept.append(position)
+    return check
+
+
+@dataclass
+class Plan:
+    """Where every shard's images go in the global order, from every shard's check: ``first[s]``
+    is the global index of shard ``s``'s first image, ``take[s]`` how many of its kept images
+    are used (fewer under an image limit), ``log`` the merged listing."""
+
+    first: dict[int, int]
+    take: dict[int, int]
+    total: int
+    log: FolderLog
+
+
+def plan_of(checks: dict[int, ShardCheck], limit: int | None) -> Plan:
+    """Replay every shard's listing in shard order exactly as the one-process reader records it
+    (it stops looking once ``limit`` images are used)."""
+    log = FolderLog()
+    first: dict[int, int] = {}
+    take: dict[int, int] = {}
+    for s in sorted(checks):
+        first[s], take[s] = len(log.used), 0
+        for name, skipped, note in checks[s].events:
+            if limit is not None and len(log.used) >= limit:
+                break
+            if skipped is not None:
+                log.skipped[name] = skipped
+                continue
+            if note is not None:
+                log.converted[name] = note
+            log.used.append(name)
+            take[s] += 1
+    return Plan(first, take, len(log.used), log)
+
+
+class ShardParts:
+    """One rank's images of a :class:`ShardSource` split by rank (see the module docstring):
+    iterating checks the shards (collectively, before the first part), then yields
+    ``(global index of the first image, images)`` for this rank's shards only."""
+
+    def __init__(self, source: ShardSource, rank: int, world: int, limit: int | None) -> None:
+        self.source = source
+        self.rank = rank
+        self.world = world
+        self.limit = limit
+        self.total = 0
+
+    def _checks(self) -> dict[int, ShardCheck]:
+        """Every shard's check, this rank's decoded here and the others' gathered, in rounds of
+        ``world`` shards while an image limit may end the pass early (one round without); the
+        same rounds on every rank, so the gathers always meet."""
+        checks, paths = self.source.checks, self.source.paths
+        step = self.world if self.limit is not None else len(paths)
+        for start in range(0, len(paths), step):
+            if self.limit is not None and sum(len(checks[s].kept) for s in range(start)) >= (
+                self.limit
+            ):
+                break  # the shards before this round hold enough images
+            mine: dict[int, ShardCheck | str] = {}
+            for s in range(start, min(len(paths), start + step)):
+                if s % self.world == self.rank and s not in checks:
+                    # any error goes through the gather: raised here alone, it would leave the
+                    # other ranks waiting in it
+                    try:
+                        mine[s] = check_shard(paths[s], self.source.max_pixels)
+                    except Exception as e:  # noqa: BLE001
+                        mine[s] = f"{type(e).__name__}: {e}"
+            for part in distributed.all_gather(mine):
+                for s, found in part.items():
+                    if isinstance(found, str):
+                        raise InputError(f"shard {str(paths[s])!r} could not be read ({found})")
+                    checks[s] = found
+        return checks
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        src = self.source
+        plan = plan_of(self._checks(), self.limit)
+        src.adopt(plan)
+        self.total = plan.total
+        if plan.total == 0:
+            raise InputError(
+                f"no readable image in {src.images}; skipped: "
+                + "; ".join(f"{k}: {v}" for k, v in list(plan.log.skipped.items())[:5])
+            )
+        per_rank = -(-src.batch_size // self.world)
+        for s in range(self.rank, len(src.paths), self.world):
+            if not plan.take.get(s):
+                continue
+            kept = src.checks[s].kept[: plan.take[s]]
+            wanted = set(kept)
+            start, batch = plan.first[s], []
+            for position, sample in enumerate(iter_samples([src.paths[s]])):
+                if position > kept[-1]:
+                    break
+                if position not in wanted:
+                    continue
+                _, decode, _ = sample_entry(sample, src.max_pixels)
+                assert decode is not None  # the check kept it
+                img, _ = decode()
+                batch.append(src.model.transform(img))
+                if len(batch) == per_rank:
+                    yield start, torch.stack(batch)
+                    start, batch = start + len(batch), []
+            if batch:
+                yield start, torch.stack(batch)
+
+
+class ShardSource(ImageSource):
+    """The images of ``wds:PATTERN`` for one model: read in order when iterated, split by rank
+    under torchrun (:meth:`rank_parts`, see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Any,
+        images: str | Path,
+        paths: list[Path],
+        batch_size: int,
+        limit: int | None,
+        keep: int,
+        max_pixels: int,
+    ) -> None:
+        self.images = str(images)
+        self.paths = paths
+        self.batch_size = batch_size
+        self.limit = limit
+        self.max_pixels = max_pixels
+        self.checks: dict[int, ShardCheck] = {}  # every shard checked so far, on every rank
+        self._split = False
+        log = FolderLog()
+
+        def batches() -> Iterator[torch.Tensor]:
+            self._split = False
+            for record in (log.used, log.converted, log.skipped):  # a fresh record per pass
+                record.clear()
+            yield from iter_wds(images, model.transform, batch_size, limit, log, max_pixels)
+
+        pattern = self.images[len(PREFIX) :]
+        desc = {
+            "source": "webdataset",
+            "description": f"the webdataset shards {pattern} ({len(paths)} shards)",
+            "path": pattern,
+            "n_shards": len(paths),  # the pattern names them; a list of 10k paths would not help
+            "synthetic": False,
+            "max_pixels": max_pixels,
+        }
+        n = count_samples(paths)
+        super().__init__(model, batches, desc, min(n, limit) if limit else n, keep, log)
+
+    def split_note(self, world: int) -> str | None:
+        """Why ``world`` ranks cannot split these shards by rank (``None`` when they can)."""
+        if world <= 1 or len(self.paths) >= world:
+            return None
+        return (
+            f"{len(self.paths)} shard(s) for {world} torchrun ranks: the shards are not split by "
+            "rank (a rank would have none); every rank reads them all and forwards its part of "
+            "each batch. Write at least as many shards as ranks to split them"
+        )
+
+    def rank_parts(self, rank: int, world: int, limit: int | None = None) -> ShardParts | None:
+        """This rank's images, split by shard; ``None`` with fewer shards than ranks."""
+        if self.split_note(world) is not None:
+            return None
+        limits = [n for n in (limit, self.limit) if n is not None]
+        return ShardParts(self, rank, world, min(limits) if limits else None)
+
+    def adopt(self, plan: Plan) -> None:
+        """Take the counts and listing of a split pass (every rank's images, not this rank's)."""
+        assert self.log is not None
+        self.log.used[:] = plan.log.used
+        self.log.converted.clear()
+        self.log.converted.update(plan.log.converted)
+        self.log.skipped.clear()
+        self.log.skipped.update(plan.log.skipped)
+        self.n_images = plan.total
+        self._shown = []
+        self._split = True
+
+    def display_images(self) -> torch.Tensor | None:
+        """The first ``keep`` images, as for any source; after a split pass (whose first images
+        may be another rank's) they are read again from the first shards."""
+        if self._split and not self._shown and self.keep:
+            first = iter_wds(
+                self.images, self.model.transform, self.keep, self.keep, None, self.max_pixels
+            )
+            self._shown = list(next(first).float())
+        return super().display_images()
 
 
 def count_samples(paths: list[Path]) -> int:
@@ -176,25 +426,7 @@ def wds_images(
     limit: int | None = None,
     keep: int = 8,
     max_pixels: int = MAX_PIXELS,
-) -> ImageSource:
+) -> ShardSource:
     """Every readable image of the shards ``wds:PATTERN`` names, as an image source for ``model``;
     missing shards, or a pattern that is not local files, raise :class:`InputError` here."""
-    paths = shard_paths(images)
-    n = count_samples(paths)
-    log = FolderLog()
-
-    def batches() -> Iterator[torch.Tensor]:
-        for record in (log.used, log.converted, log.skipped):  # a fresh record per pass
-            record.clear()
-        yield from iter_wds(images, model.transform, batch_size, limit, log, max_pixels)
-
-    pattern = str(images)[len(PREFIX) :]
-    desc = {
-        "source": "webdataset",
-        "description": f"the webdataset shards {pattern} ({len(paths)} shards)",
-        "path": pattern,
-        "n_shards": len(paths),  # the pattern names them; a list of 10k paths would not help
-        "synthetic": False,
-        "max_pixels": max_pixels,
-    }
-    return ImageSource(model, batches, desc, min(n, limit) if limit else n, keep, log)
+    return ShardSource(model, images, shard_paths(images), batch_size, limit, keep, max_pixels)

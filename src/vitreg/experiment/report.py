@@ -14,11 +14,22 @@ from typing import Any
 
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
 from vitreg.experiment.summary import SUMMARY
+from vitreg.report.document import Headline, build_document
 from vitreg.report.fields import as_dict, as_list, dig, finite
 from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
-from vitreg.report.markdown import Report, Section, Table, code, num, provenance_section, text
-from vitreg.report.run_files import document, figure_section, write_files
-from vitreg.report.train_report import dino_reading
+from vitreg.report.markdown import (
+    Report,
+    Section,
+    Table,
+    code,
+    figure_section,
+    num,
+    provenance_section,
+    text,
+)
+from vitreg.report.results.train import DinoTerms
+from vitreg.report.verbs.train import dino_reading
+from vitreg.report.writer import write_run
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),
@@ -38,15 +49,14 @@ SETTINGS = ("depth", "embed_dim", "num_heads", "patch_size", "img_size", "init_v
 SETTINGS += ("steps", "batch_size", "lr", "seeds", "probe_seeds")  # the summary names these
 
 
-def headlines(variants: list[dict[str, Any]]) -> list[tuple]:
+def headlines(results: dict[str, Any]) -> list[Headline]:
     """``<variant>/<key>`` -> the mean over seeds in ``results.variants[i].summary``."""
-    out = []
-    for i, v in enumerate(variants):
-        for key, (_, better) in SUMMARY.items():
-            if v["summary"][key]["mean"] is not None:
-                pointer = f"/results/variants/{i}/summary/{key}/mean"
-                out.append((f"{v['name']}/{key}", pointer, better, {}))
-    return out
+    return [
+        Headline(f"{v['name']}/{key}", f"/results/variants/{i}/summary/{key}/mean", better)
+        for i, v in enumerate(results["variants"])
+        for key, (_, better) in SUMMARY.items()
+        if v["summary"][key]["mean"] is not None
+    ]
 
 
 def _mean(v: dict[str, Any], key: str) -> float | None:
@@ -226,7 +236,7 @@ def conclusions(results: dict[str, Any]) -> list[str]:
         )
         out.append(
             f"**The DINO loss** of `{dino[0]['name']}` (first seed): "
-            + dino_reading(dino[0]["dino_terms"])
+            + dino_reading(DinoTerms.model_validate(dino[0]["dino_terms"]))
             + f" Final [CLS] DINO loss / teacher entropy of every variant: {ends}."
         )
     ln = [
@@ -369,7 +379,7 @@ def loss_figure(variants: list[dict[str, Any]]) -> Figure:
     return figure("training_loss", caption, fig)
 
 
-def build_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     r = doc["results"]
     s = as_dict(r.get("settings"))
     status = (
@@ -477,10 +487,16 @@ def write_report(
         "train": train.describe(),
         "val": val.describe(),
     }
-    doc = document(
-        "experiment", command, described, data, config or s, results, headlines(variants)
+    doc = build_document(
+        "experiment",
+        results,
+        headlines(results),
+        command=command,
+        described=described,
+        data=data,
+        config=config or s,
     )
-    return write_files(out, doc, lambda: experiment_figures(variants), build_report)
+    return write_run(out, doc, report, lambda: experiment_figures(variants))
 
 
 def experiment_figures(variants: list[dict[str, Any]]) -> list[Figure]:

@@ -100,10 +100,12 @@ def resume_trace(
     stop: int | None,
     layouts: dict[str, Any],
     sources: dict[str, str],
+    independent: bool = False,
 ) -> tuple[Any, int, bool]:
     """The checkpoint of this trace inside ``vitreg.core.checkpoint.resumable`` (else ``None``),
     the images its saved state covers (restored into ``reducers``, ``layouts`` and ``sources``)
-    and whether the pass had finished."""
+    and whether the pass had finished. ``independent``: the ranks read their own images
+    (:class:`vitreg.distributed.Split`), so each resumes from its own last state."""
     from vitreg.core.checkpoint import next_pass, restore_into
 
     key = {
@@ -114,10 +116,12 @@ def resume_trace(
         "attention": attention,
         "stop_at_layer": stop,
     }
+    if independent:
+        key["split"] = "by rank"
     ckpt = next_pass(key)
     if ckpt is None:
         return None, 0, False
-    seen, finished, state = ckpt.resume()
+    seen, finished, state = ckpt.resume(together=not independent)
     if state is not None:
         for r, saved in zip(reducers, state["reducers"], strict=True):
             restore_into(r, saved)
@@ -530,8 +534,10 @@ class Model:
 
         Under torchrun (a process group of several ranks) every rank must call this with the
         same data and reducers: each forwards its part of every batch
-        (:func:`vitreg.distributed.shard`), then the reducers are merged across ranks, so every
-        rank returns the single-process result (per-image rows in global image order).
+        (:func:`vitreg.distributed.shard`) -- or, for a source that splits itself by rank
+        (webdataset shards, :func:`vitreg.distributed.split`), its own images -- then the
+        reducers are merged across ranks, so every rank returns the single-process result
+        (per-image rows in global image order).
         Inside ``vitreg.distributed.local()`` each rank traces all the data by itself.
         """
         by_site: dict[str, list[Reducer]] = {}
@@ -554,9 +560,11 @@ class Model:
 
         k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
         feeds = self._until([(n, feed(n)) for n in by_site], k)
-        stream = distributed.shard(iter_batches(data, batch_size, limit))
+        stream = distributed.split(data, limit) or distributed.shard(
+            iter_batches(data, batch_size, limit)
+        )
         ckpt, skip, finished = resume_trace(
-            reducers, batch_size, limit, attention, k, layouts, sources
+            reducers, batch_size, limit, attention, k, layouts, sources, stream.independent
         )
 
         def state() -> dict[str, Any]:
@@ -572,6 +580,8 @@ class Model:
                     ckpt.step(stream.seen, state)
                 if progress is not None:
                     progress(stream.seen)
+        if progress is not None and stream.independent:  # this rank's last part may end early
+            progress(stream.seen)  # the image count of all ranks
         if ckpt is not None and not finished:
             ckpt.save(stream.seen, state(), done=True)
         if stream.world > 1:  # every rank gets the statistics of all images

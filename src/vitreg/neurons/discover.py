@@ -64,8 +64,9 @@ def discover(
     (the official code counts [CLS] among them: ``include_prefix=True`` reproduces it).
 
     Under torchrun every rank passes the same ``data``: each scores its part of every batch
-    (:func:`vitreg.distributed.shard`), the survey is one sharded ``Model.trace``, and the sums
-    are all-reduced, so every rank returns the single-process ranking.
+    (:func:`vitreg.distributed.shard`) -- or its own shards of a webdataset source
+    (:func:`vitreg.distributed.split`) --, the survey is one sharded ``Model.trace``, and the
+    sums are all-reduced, so every rank returns the single-process ranking.
     """
     n_layers = model.n_layers
     rule = "absolute" if isinstance(threshold, (int, float)) else threshold
@@ -132,7 +133,9 @@ def discover(
         for j in list(held):
             add(j, held.pop(j))
 
-    stream = distributed.shard(iter_batches(data, batch_size, limit))  # this rank's images
+    stream = distributed.split(data, limit) or distributed.shard(
+        iter_batches(data, batch_size, limit)
+    )  # this rank's images
     hooks = [
         (hook_name(layer, "mlp.hook_post"), keep(j, layer)) for j, layer in enumerate(searched)
     ]
@@ -141,7 +144,7 @@ def discover(
     sums = {"score_sum": score_sum, "images_with": images_with, "images_seen": images_seen}
     key = {"kind": "discover", "layers": [searched[0], detect, last], "rule": rule, "value": value}
     key.update(signed=signed, sparsity=sparsity, prefix=include_prefix, batch_size=batch_size)
-    ckpt, skip, finished = resume_sums(key | {"limit": limit}, sums)
+    ckpt, skip, finished = resume_sums(key | {"limit": limit}, sums, stream.independent)
 
     def done(n: int) -> None:
         if ckpt is not None:
@@ -152,6 +155,8 @@ def discover(
     fresh = (part for part in stream if stream.seen > skip)  # parts the checkpoint lacks
     with model.hooks(hooks):
         model.run_batches(fresh, batch_size, None, done, stop_at_layer=last)
+    if progress is not None and stream.independent:  # this rank's last part may end early
+        progress(stream.seen)  # the image count of all ranks
     if ckpt is not None and not finished:
         ckpt.save(stream.seen, sums, done=True)
     if stream.world > 1:
@@ -199,15 +204,18 @@ def discover(
     )
 
 
-def resume_sums(key: dict[str, Any], sums: dict[str, torch.Tensor]) -> tuple[Any, int, bool]:
+def resume_sums(
+    key: dict[str, Any], sums: dict[str, torch.Tensor], independent: bool = False
+) -> tuple[Any, int, bool]:
     """The checkpoint of a discovery pass inside ``vitreg.core.checkpoint.resumable`` (else
-    ``None``), the images its saved sums cover (copied into ``sums``) and whether it finished."""
+    ``None``), the images its saved sums cover (copied into ``sums``) and whether it finished;
+    ``independent``: each rank reads its own images and resumes from its own last state."""
     from vitreg.core.checkpoint import next_pass
 
-    ckpt = next_pass(key)
+    ckpt = next_pass(key | {"split": "by rank"} if independent else key)
     if ckpt is None:
         return None, 0, False
-    seen, finished, state = ckpt.resume()
+    seen, finished, state = ckpt.resume(together=not independent)
     if state is not None:
         for name, t in sums.items():
             t.copy_(state[name])

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
 from vitreg.report.documents import (
@@ -24,11 +23,13 @@ from vitreg.report.documents import (
     read_metrics,
 )
 from vitreg.report.fields import as_list, dig, finite
-from vitreg.report.figures import Figure, figure, figure_formats, new_canvas, outside_legend
+from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
 from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
-from vitreg.report.run_files import again_command, rendering, save_figures, write_report
 from vitreg.report.schema import resolve
+from vitreg.report.verbs.diagnose import model_rows, rows_table
+from vitreg.report.writer import COMPARE, MODELS, Layout, render_again, write_run
 
+Draw = Callable[[], tuple[Report, list[Figure]]]  # a comparison's report and its figures
 DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
 CURVE_RULE = "auto"  # the outlier rule of the verdict; its rate per layer is what the curves show
 
@@ -72,7 +73,7 @@ def row_key(doc: dict[str, Any], name: str) -> tuple[str, str, str | None]:
     """What a metric of ``doc`` is, so that only like is compared with like: the verb, the name
     (a probe score's name starting with its task and data, as written since 1.1), and the data
     of a run whose names do not say it (a diagnose on other images is another row)."""
-    from vitreg.report.probe_report import task_and_data
+    from vitreg.report.verbs.probe import task_and_data
 
     verb = str(doc.get("verb") or "diagnose")
     results = doc.get("results") or {}
@@ -245,7 +246,7 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
 def comparison_banner(documents: Sequence[dict[str, Any]]) -> str | None:
     """The banners of the compared runs (synthetic models, random weights), in one paragraph:
     a comparison says what its runs' reports say in their first line."""
-    from vitreg.report.run_files import synthetic_banner
+    from vitreg.report.markdown import synthetic_banner
 
     banners = []
     for doc in documents:
@@ -302,29 +303,19 @@ def comparison_report(
     return Report(banner, title, sections)
 
 
-def write_comparison(
-    out: Path,
-    data: dict[str, Any],
-    draw: Callable[[], tuple[Report, list[Figure]]],
-    figure_format: str | None = None,
-    config: dict[str, Any] | None = None,
-) -> Path:
-    """comparison.json (and config.yaml, a rerun with ``--config``) first, then ``draw()``'s
-    figures, comparison.md and report.html in ``out`` (a failure while rendering raises
-    RenderError with comparison.json saved); the Markdown's path."""
-    import yaml
+def write_comparison(out: Path, data: dict[str, Any], draw: Draw, layout: Layout) -> Path:
+    """``draw()``'s figures, comparison.md and report.html in ``out``, then comparison.json
+    (and, ``diagnose --models``, config.yaml: a rerun with ``--config``), through the one
+    writer: a failure while rendering raises RenderError with comparison.json saved; the
+    Markdown's path."""
+    drawn: dict[str, Report] = {}
 
-    from vitreg.core.io import write_text_atomic
+    def figures() -> list[Figure]:
+        drawn["report"], made = draw()
+        return made
 
-    out.mkdir(parents=True, exist_ok=True)
-    if config is not None:
-        write_text_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-    saved = write_json_atomic(out / "comparison.json", data)
-    with rendering(out, saved, again_command(out)):
-        report, figures = draw()
-        save_figures(out, figures, figure_formats({"figure_format": figure_format}))
-        write_report(out, report, figures, markdown="comparison.md")
-    return out / "comparison.md"
+    write_run(out, data, lambda _doc, _figures: drawn["report"], figures, layout=layout)
+    return out / layout.markdown
 
 
 def compare_report(
@@ -367,8 +358,7 @@ def write_compare(
     made = provenance(command or "vitreg compare", {"figure_format": figure_format})
     rest = {k: v for k, v in merged.items() if k != "documents"}
     data = {"verb": "compare", **made, **rest}
-    draw = lambda: compare_report(data, merged["documents"])  # noqa: E731
-    return write_comparison(out, data, draw, figure_format)
+    return write_comparison(out, data, lambda: compare_report(data, merged["documents"]), COMPARE)
 
 
 def model_comparison_report(
@@ -377,8 +367,6 @@ def model_comparison_report(
     """The report of ``vitreg diagnose --models`` from its comparison.json ``data`` and each
     model's document: the cross-model table, per-model curves, a link to each run directory,
     the models' banners and the provenance kept in ``data``."""
-    from vitreg.report.run import rows_table
-
     curves = layer_curves([(m["model"], d) for m, d in zip(data["runs"], documents, strict=True)])
     figures = [curves] if curves is not None else []
     runs = [
@@ -402,29 +390,25 @@ def write_model_comparison(
     parent: Path,
     labelled: Sequence[tuple[str, Any]],
     dirs: Sequence[Path],
-    figure_format: str | None = None,
     config: dict[str, Any] | None = None,
     command: str = "",
 ) -> Path:
     """The files of ``vitreg diagnose --models`` in ``parent``: the cross-model table, the
-    per-model curves, a link to each model's run directory, the models' banners, provenance
-    and config.yaml (``config``: rerun it with ``vitreg diagnose --config``)."""
-    from vitreg.report.run import model_rows
-
+    per-model curves (also in ``config``'s figure format), a link to each model's run
+    directory, the models' banners, provenance and config.yaml (``config``: rerun it with
+    ``vitreg diagnose --config``)."""
     meta = [
         {"model": label, "run_dir": d.name} for (label, _), d in zip(labelled, dirs, strict=True)
     ]
     made = provenance(command or "vitreg diagnose", config or {})
     data = {"verb": "diagnose", **made, "runs": meta, "rows": model_rows(list(labelled))}
     documents = [read_metrics(d) for d in dirs]
-    draw = lambda: model_comparison_report(data, documents)  # noqa: E731
-    return write_comparison(parent, data, draw, figure_format, config)
+    return write_comparison(parent, data, lambda: model_comparison_report(data, documents), MODELS)
 
 
 def render_comparison_again(folder: Path) -> list[Path]:
     """comparison.md and report.html of the comparison in ``folder`` rendered again from its
     comparison.json (the curves from the runs' metrics.json where they still exist)."""
-    path = folder / "comparison.json"
     data = read_comparison(folder)  # checked: its verb, runs and rows
     if data.get("verb") == "compare":
         runs: list[Path | None] = [Path(str(dig(s, "run"))) for s in as_list(data.get("sources"))]
@@ -434,11 +418,7 @@ def render_comparison_again(folder: Path) -> list[Path]:
         runs = [folder / n if Path(n).name == n else None for n in names]
         draw = model_comparison_report
     documents = [_saved_document(r) for r in runs]
-    with rendering(folder, path, again_command(folder)):
-        report, figures = draw(data, documents)
-        save_figures(folder, figures)
-        write_report(folder, report, figures, markdown="comparison.md")
-    return [folder / "comparison.md", folder / "report.html"]
+    return render_again(folder, lambda _saved: draw(data, documents), COMPARE)
 
 
 def _saved_document(run: Path | None) -> dict[str, Any]:

@@ -1,12 +1,14 @@
-"""Reading back the files vitreg writes: a run's metrics.json, and the comparison.json of a
-``diagnose --models`` or ``compare --out`` folder. Each goes through the one JSON reader (size,
+"""Reading back the folders vitreg writes (:class:`RunDir`: a run's metrics.json, the
+comparison.json of a ``diagnose --models`` or ``compare --out`` folder, the leaderboard.json of
+``fix --method``). Each goes through the one JSON reader (size,
 depth, UTF-8) and a type check of every field a reader indexes into, so that a forged or damaged
 file is an :class:`InputError` naming the file and the field, never a KeyError or TypeError."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vitreg.core.containment import check_inside
 from vitreg.core.readers import read_json
@@ -68,6 +70,51 @@ def check_metrics_document(doc: Any, path: Path) -> dict[str, Any]:
                     + " or ".join("null" if t is type(None) else t.__name__ for t in types)
                 )
     return doc
+
+
+# the document of each kind of folder, found in this order
+DOCUMENTS = {
+    "run": "metrics.json",
+    "comparison": "comparison.json",
+    "leaderboard": "leaderboard.json",
+}
+Kind = Literal["run", "comparison", "leaderboard"]
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A folder vitreg wrote, by the document it holds: a verb's run (metrics.json), a
+    comparison (comparison.json) or a fix leaderboard (leaderboard.json)."""
+
+    path: Path
+    kind: Kind
+    document: Path
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        """The folder at ``path`` (or the folder of a metrics.json passed itself); InputError
+        naming what is missing when it holds no document vitreg writes."""
+        path = Path(path)
+        if path.is_file() or path.suffix == ".json":
+            return cls(path.parent, "run", path)
+        for kind, name in DOCUMENTS.items() if path.is_dir() else ():
+            found = check_inside(path, path / name, name)  # issue 24: one containment rule
+            if found.is_file():
+                return cls(path, kind, found)  # type: ignore[arg-type]
+        raise InputError(
+            f"{path} holds no metrics.json (nor comparison.json, leaderboard.json); pass a "
+            "folder written by vitreg"
+        )
+
+
+def read_board(folder: Path) -> Any:
+    """The leaderboard.json of a ``fix --method`` folder as its typed document (a pydantic
+    ValidationError says which field is wrong)."""
+    from vitreg.report.results.board import BoardDocument
+
+    path = check_inside(folder, folder / "leaderboard.json", "leaderboard.json")
+    doc = read_json(path, "leaderboard file", max_bytes=MAX_RUN_FILE, allow_nan=True)
+    return BoardDocument.model_validate(doc)
 
 
 def metrics_file(run: Path) -> Path:

@@ -198,7 +198,7 @@ def colormap_lut(name: str = CMAP) -> np.ndarray:
     return (colormaps[name](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)
 
 
-def _overlay_grid(
+def overlay_grid(
     maps: list[np.ndarray],
     titles: list[str],
     images: np.ndarray | None,
@@ -265,7 +265,7 @@ def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
         titles.append("after final norm")
     maps = [trace.patch_maps(s).numpy() for s in sites]
     shown = [len(images)] if images is not None else []
-    fig = _overlay_grid(maps, titles, images, "token norm")
+    fig = overlay_grid(maps, titles, images, "token norm")
     caption = (
         f"L2 norm of each patch token on the residual stream at layers "
         f"{', '.join(map(str, layers))} (block outputs such as `{sites[0]}`, before the final norm)"
@@ -372,7 +372,7 @@ def attention_maps(
     picks = map_layers(len(attn.layer_maps), emergence)
     maps = [attn.layer_maps[i].detach().float().cpu().numpy() for i in picks]
     titles = [f"block {attn.layers[i] if attn.layers[i] is not None else i}" for i in picks]
-    fig = _overlay_grid(maps, titles, images, "attention")
+    fig = overlay_grid(maps, titles, images, "attention")
     caption = (
         f"{_attention_what(attn)}, averaged over heads ({source} attention), over the input "
         f"images. Colour: each column from its {CLIP_TEXT} (clipped)."
@@ -385,7 +385,7 @@ def attention_heads(attn: Any, images: np.ndarray | None, max_heads: int = 12) -
     # layout: axis 1 is heads, not tokens
     heads = attn.last_layer_heads.detach().float().cpu().numpy()[:, :max_heads]
     maps = [heads[:, h] for h in range(heads.shape[1])]
-    fig = _overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
+    fig = overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
     caption = (
         f"{_attention_what(attn)} per head at the last layer (first {len(maps)} heads). "
         f"Colour: each column from its {CLIP_TEXT} (clipped)."
@@ -477,7 +477,7 @@ def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:
         red.layer_maps.detach().float().cpu().numpy(),
     ]
     titles = ["patch embedding", f"block {red.layer}"]
-    fig = _overlay_grid(maps, titles, images, "neighbour cosine")
+    fig = overlay_grid(maps, titles, images, "neighbour cosine")
     caption = (
         "Local redundancy: mean cosine similarity of each patch to its 4 neighbours at the patch "
         f"embedding (`hook_embed`) and at `{red.layer_site}`. Colour: each column from its "
@@ -575,35 +575,3 @@ def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
         "show up as patches of one saturated colour that the centre patch does not resemble."
     )
     return map_grid("feature_pictures", columns, images, caption)
-
-
-def figures_for(result: Any, images: np.ndarray | None) -> list[Figure]:
-    """Every figure the available results support (missing analyses give no figure)."""
-    res = result.results
-    norms = res.get("norms")
-    figs: list[Figure] = []
-    if norms is not None:
-        figs += [
-            norm_maps(norms, images),
-            norm_quantiles(norms.report),
-            norm_histograms(norms.trace, norms.report),
-        ]
-    emergence = norms.report.emergence_layer if norms is not None else None
-    if res.get("attention") is not None:
-        sources = sorted(set(result.attn_source.values())) or ["captured"]
-        attn = res["attention"]
-        figs += [
-            attention_maps(attn, images, emergence, "/".join(sources)),
-            attention_agreement(attn),
-        ]
-        if attn.last_layer_heads.numel():
-            figs.insert(-1, attention_heads(attn, images))
-    if res.get("redundancy") is not None:
-        figs.append(redundancy_maps(res["redundancy"], images))
-    if res.get("feature_pictures") is not None and res["feature_pictures"].by_site:
-        figs.append(feature_pictures(res["feature_pictures"], images))
-    if res.get("ln_separation") is not None:
-        figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
-    from vitreg.report.kinds_figures import kinds_figures
-
-    return figs + kinds_figures(res)

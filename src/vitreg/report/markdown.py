@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitreg.core.weights import WEIGHT_KINDS
+from vitreg.report.schema import is_synthetic
 
 
 @dataclass
@@ -86,6 +87,27 @@ def random_init_banner(name: str) -> str:
         f"**RANDOM WEIGHTS:** `{name}` has random, untrained weights (`--random-init` or "
         "`pretrained=False`); no trained weights were loaded. Artifacts found here, or their absence, say nothing about the trained model; "
         "use this report to check the tool, not to draw conclusions about the model."
+    )
+
+
+def synthetic_banner(doc: dict[str, Any], planted: str = "planted register neurons") -> str | None:
+    """The banner of a report on a model that is not a trained ViT: a synthetic one (random
+    weights with ``planted`` structure), or one built with ``--random-init``; ``None`` for
+    trained weights."""
+    model = doc["model"]
+    name = model.get("spec") or model.get("class_name") or "model"
+    if not is_synthetic(model):
+        return random_init_banner(name) if is_random_init(doc) else None
+    return (
+        f"**SYNTHETIC MODEL:** `{name}` has random weights with {planted}; it is not a trained "
+        "ViT. Use this report to check the tool, not to draw conclusions about real models."
+    )
+
+
+def figure_section(title: str, figures: list[Any]) -> Section:
+    """A section holding every figure (file and caption) under ``title``."""
+    return Section(
+        "figures", title, [FigureRef(f"figures/{f.filename}", f.caption) for f in figures]
     )
 
 

@@ -26,10 +26,10 @@ from vitreg.verbs.resume import checkpointed, finished
 
 
 def _writer() -> Callable[..., Path]:
-    """The report layer's ``write_run`` (imported when first needed; tests swap it)."""
-    from vitreg.report.run import write_run
+    """The report layer's diagnose writer (imported when first needed; tests swap it)."""
+    from vitreg.report.verbs.diagnose import write_diagnose_run
 
-    return write_run
+    return write_diagnose_run
 
 
 def specs_of(cfg: DiagnoseConfig) -> list[str]:
@@ -137,7 +137,6 @@ def run_diagnose(
             run_dir,
             labelled,
             dirs,
-            cfg.figure_format,
             config=whole.to_file(),
             command=command_line(None, options),
         )

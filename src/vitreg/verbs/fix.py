@@ -66,8 +66,8 @@ def run_fix(
     """Apply test-time registers to ``cfg``'s model, compare before/after and write the run
     directory (and the fixed model with ``save``)."""
     from vitreg.distributed import is_main, on_main
-    from vitreg.report.fix_report import MAX_ROWS
     from vitreg.report.out_dir import check_out
+    from vitreg.report.verbs.fix import MAX_ROWS
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
@@ -119,7 +119,7 @@ def write(
     progress: Progress,
 ) -> None:
     """config.yaml and metrics.json, then the report, of one fix."""
-    from vitreg.report.fix_report import write_fix_run
+    from vitreg.report.verbs.fix import write_fix_run
 
     with progress(None, "writing the report"):
         write_fix_run(

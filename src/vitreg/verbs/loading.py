@@ -117,12 +117,16 @@ def image_source(
     """The image source for ``model``: the folder, the sample photos, or synthetic images (a
     planted model, or one saved from it, without images); ``keep`` images are kept for figures. Announced in
     ``notices``."""
+    from vitreg import distributed
     from vitreg.data import images as data
     from vitreg.data import wds
 
     common = {"batch_size": batch_size, "keep": keep}
     if wds.is_wds(images):
         source = wds.wds_images(model, images, limit=limit, **common)
+        unsplit = source.split_note(distributed.world())
+        if unsplit is not None:
+            notices.append(Notice("images", unsplit, caution=True))
     elif images is not None:
         source = data.folder_images(model, images, limit=limit, **common)
     elif samples:

@@ -46,7 +46,7 @@ def write(
     progress: Progress,
 ) -> None:
     """The NeuronSet files, then metrics.json and the report."""
-    from vitreg.report.fix_report import write_neurons_run
+    from vitreg.report.verbs.neurons import write_neurons_run
 
     data = {**source.description(), "split": found.split}
     found.chosen.data = {**found.chosen.data, "images": source.label, "split": found.split}

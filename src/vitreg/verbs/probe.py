@@ -123,7 +123,7 @@ def run_probe(
     doc = result.to_dict()
     if is_main():
         from vitreg.report.probe_figures import probe_figures
-        from vitreg.report.probe_report import write_probe_run
+        from vitreg.report.verbs.probe import write_probe_run
 
         with progress(None, "writing the report"):
             draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from pathlib import Path
 from typing import Any
 
 from vitreg.configs import TrainRunConfig
@@ -54,7 +55,7 @@ def run_train(
     """Train ``cfg``'s variant on its data and write the run directory (checkpoints, log.jsonl,
     model.safetensors, config.yaml, metrics.json)."""
     from vitreg.report.out_dir import check_out
-    from vitreg.report.train_report import write_train_run
+    from vitreg.report.verbs.train import write_train_run
     from vitreg.train import train
     from vitreg.train.data import describe_training_data
 
@@ -83,7 +84,8 @@ def run_train(
         )
     write_train_run(
         run_dir,
-        result,
+        train_results(result, run_dir),
+        result.history,
         described=describe_trained(result.model, cfg.variant),
         data=describe_training_data(cfg.data, recipe=cfg.recipe),
         config=cfg.to_file(),
@@ -91,6 +93,30 @@ def run_train(
     )
     document = json.loads((run_dir / "metrics.json").read_text())
     return TrainRun("train", run_dir, document, notices.items, training=result)
+
+
+def train_results(result: Any, run_dir: Path) -> dict[str, Any]:
+    """The results block of a finished training run in ``run_dir``: recipe, steps, first and
+    last loss, the files it wrote, its settings and (DINO) the [CLS] loss terms."""
+    from vitreg.train.dino import loss_terms
+
+    losses = [r["loss"] for r in result.history]
+    terms = None
+    if result.config.recipe == "dino":
+        terms = loss_terms(result.history, result.config.options)
+    weights = Path(run_dir) / "model.safetensors"
+    return {
+        "recipe": result.config.recipe,
+        "steps": result.steps,
+        "total_steps": result.config.steps,
+        "final_loss": losses[-1] if losses else None,
+        "loss_first": losses[0] if losses else None,
+        "resumed_from": result.resumed_from,
+        "weights": weights.name if weights.is_file() else None,
+        "log": "log.jsonl",
+        "train_config": result.config.to_dict(),
+        "dino_terms": terms,
+    }
 
 
 def describe_trained(module: Any, spec: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def run_vlm(
     from vitreg.distributed import is_main
     from vitreg.fix import TestTimeRegisters
     from vitreg.report.figures import display_images
-    from vitreg.report.vlm_report import write_vlm_run
+    from vitreg.report.verbs.vlm import write_vlm_run
     from vitreg.vlm import run_vlm as answer
     from vitreg.vlm.run import SUPPRESSED
 

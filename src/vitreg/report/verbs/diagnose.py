@@ -4,10 +4,30 @@ in the type and ``–`` on the page, so no results the schema accepts can crash 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from vitreg.report.document import Headline, build_document, headline_values
 from vitreg.report.fields import finite
+from vitreg.report.figures import (
+    Figure,
+    attention_agreement,
+    attention_heads,
+    attention_maps,
+    channel_ownership,
+    display_images,
+    feature_pictures,
+    ln_similarity,
+    norm_histograms,
+    norm_maps,
+    norm_quantiles,
+    redundancy_maps,
+)
+from vitreg.report.kinds_figures import kinds_figures
 from vitreg.report.kinds_sections import detail_sections, kinds_section
 from vitreg.report.markdown import (
     FigureRef,
@@ -16,17 +36,17 @@ from vitreg.report.markdown import (
     Table,
     code,
     data_section,
-    is_random_init,
     model_section,
     num,
     pct,
     provenance_section,
-    random_init_banner,
+    synthetic_banner,
     text,
 )
 from vitreg.report.results.diagnose import DiagnoseResults, SiteNorms
-from vitreg.report.schema import is_synthetic
+from vitreg.report.schema import plain
 from vitreg.report.upgrade import upgrade
+from vitreg.report.writer import write_run
 
 FIGURE_SECTION = {
     "norm_maps": "norms",
@@ -50,19 +70,10 @@ def results_of(doc: dict[str, Any]) -> DiagnoseResults:
     return DiagnoseResults.model_validate(upgrade(doc)["results"])
 
 
-def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
+def report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
     """The report's sections from a metrics.json document and the figures (name, caption)."""
     model = doc["model"]
     name = model.get("spec") or model.get("class_name") or "model"
-    banner = None
-    if is_synthetic(model):
-        banner = (
-            f"**SYNTHETIC MODEL:** `{name}` has random weights with planted artifacts; it is not "
-            "a trained ViT. Use this report to check the tool, not to draw conclusions about "
-            "real models."
-        )
-    elif is_random_init(doc):
-        banner = random_init_banner(name)
     r = results_of(doc)
     kinds = r.kinds is not None  # documents written before issue 20: none
     sections = [
@@ -84,7 +95,7 @@ def build_report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
     for fig in figures:
         key = FIGURE_SECTION.get(fig.name, "norms")
         by_key[key].blocks.append(FigureRef(f"figures/{fig.filename}", fig.caption))
-    return Report(banner, f"vitreg diagnose: {name}", sections)
+    return Report(synthetic_banner(doc, "planted artifacts"), f"vitreg diagnose: {name}", sections)
 
 
 def _unavailable(r: DiagnoseResults, name: str, label: str) -> str:
@@ -416,3 +427,242 @@ def _not_applicable(r: DiagnoseResults) -> Section:
         "Every analysis that ran applied."
     ]
     return s
+
+
+def headlines(results: dict[str, Any]) -> list[Headline]:
+    """The headline numbers of a diagnose run, each at its pointer into ``results``."""
+    norms = results["norms"]
+    layers = norms["layers"]
+    n = "/results/norms"
+    out = [
+        Headline("artifacts_present", f"{n}/artifacts_present", False, "the artifact verdict"),
+        Headline(
+            "emergence_layer",
+            f"{n}/emergence_layer",
+            None,
+            "first layer with an outlier mode that persists; null: none",
+        ),
+        Headline(
+            "outlier_rate",
+            f"{n}/evidence/outlier_rate",
+            False,
+            "share of patch tokens in the outlier mode (auto rule) at the strongest layer; 0 "
+            "without artifacts",
+            unit="fraction",
+            layer=norms["evidence"].get("strongest_layer"),
+        ),
+    ]
+    picks = {"last_layer": len(layers) - 1}
+    if norms.get("emergence_layer") is not None:
+        picks = {"emergence_layer": norms["emergence_layer"], **picks}
+    for where, i in picks.items():
+        for rule in layers[i]["outlier_rate"]:
+            out.append(
+                Headline(
+                    f"outlier_rate.{rule}.{where}",
+                    f"{n}/layers/{i}/outlier_rate/{rule}",
+                    False,
+                    f"patch tokens flagged by the {rule} rule, residual stream",
+                    unit="fraction",
+                    layer=layers[i]["layer"],
+                )
+            )
+    if layers:
+        i = len(layers) - 1
+        for ratio in ("max_over_median", "p98_over_median"):
+            out.append(
+                Headline(
+                    f"norm_ratio.{ratio}.last_layer",
+                    f"{n}/layers/{i}/{ratio}",
+                    False,
+                    "patch-token norm ratio on the residual stream",
+                    layer=layers[i]["layer"],
+                )
+            )
+        peak = max(range(len(layers)), key=lambda j: layers[j]["max_over_median"])
+        out.append(
+            Headline(
+                "norm_ratio.max_over_median.peak",
+                f"{n}/layers/{peak}/max_over_median",
+                False,
+                "largest max/median patch-norm ratio over layers (residual stream)",
+                layer=layers[peak]["layer"],
+            )
+        )
+    if norms.get("after_final_norm"):
+        for ratio in ("max_over_median", "p98_over_median"):
+            out.append(
+                Headline(
+                    f"norm_ratio.{ratio}.after_final_norm",
+                    f"{n}/after_final_norm/{ratio}",
+                    False,
+                    "patch-token norm ratio after the final norm (outliers may vanish here)",
+                )
+            )
+    strongest = norms["evidence"].get("strongest_layer")
+    shown = strongest if strongest is not None else len(layers) - 1
+    agreement = (results.get("attention") or {}).get("agreement") or []
+    site = layers[shown]["site"] if layers else None
+    i = next((j for j, a in enumerate(agreement) if a.get("norm_site") == site), None)
+    for key in ("iou", "precision", "recall", "top_p_iou") if i is not None else ():
+        if key in agreement[i]:
+            out.append(
+                Headline(
+                    f"attention_norm_{key}",
+                    f"/results/attention/agreement/{i}/{key}",
+                    None,
+                    f"{key} of attention-map artifacts against norm outliers "
+                    f"({agreement[i].get('norm_method')} rule) at the strongest outlier layer "
+                    "(last layer without artifacts)",
+                    layer=layers[shown]["layer"],
+                )
+            )
+    red = results.get("redundancy") or {}
+    if (red.get("outlier_vs_normal") or {}).get("embed_n4", {}).get("auc") is not None:
+        out.append(
+            Headline(
+                "redundancy_auc.embed_n4",
+                "/results/redundancy/outlier_vs_normal/embed_n4/auc",
+                None,
+                "P(an outlier's embedding redundancy > a normal patch's): above 0.5, outliers "
+                "sit in redundant regions",
+                layer=red.get("layer"),
+            )
+        )
+    if (results.get("ln_separation") or {}).get("has_cls"):
+        for point in ("pre_ln1", "post_ln1"):
+            out.append(
+                Headline(
+                    f"cls_patch_similarity.{point}.mean_over_blocks",
+                    f"/results/ln_separation/similarity/*/{point}/cls_patch/mean",
+                    None,
+                    f"mean cosine [CLS]-patch similarity ({point}), averaged over blocks",
+                    aggregate="mean",
+                )
+            )
+        out.append(
+            Headline(
+                "owned_channel_fraction.mean_over_blocks",
+                "/results/ln_separation/owned_channel_fraction/*",
+                None,
+                "channels owned by [CLS] or patches (|log ratio| > log 4), averaged over blocks",
+                unit="fraction",
+                aggregate="mean",
+            )
+        )
+    return out
+
+
+def diagnose_document(result: Any, config: dict[str, Any], command: str) -> dict[str, Any]:
+    """The validated metrics.json document of a :class:`DiagnoseResult`."""
+    results = plain(result.to_dict())
+    return build_document(
+        "diagnose",
+        results,
+        headlines(results),
+        command=command,
+        described=result.model,
+        data=result.data,
+        config=config,
+    )
+
+
+def write_diagnose_run(
+    out_dir: str | Path,
+    result: Any,
+    *,
+    images: torch.Tensor | None = None,
+    config: dict[str, Any],
+    command: str,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    max_maps: int = 8,
+) -> Path:
+    """Write the run directory of a :class:`DiagnoseResult`; ``images`` (model input space)
+    feed the overlays. ``mean``/``std`` (the model's data config) de-normalise ``images`` for
+    display; without them images are taken as [0, 1] (or rescaled per image when outside)."""
+    from vitreg.report.html import slider_data
+
+    doc = diagnose_document(result, config, command)
+    shown = display_images(images[:max_maps] if images is not None else None, mean, std)
+    return write_run(
+        out_dir,
+        doc,
+        report,
+        lambda: figures(result, shown),
+        lambda _: slider_data(result, shown),
+    )
+
+
+COMPARE_COLUMNS = (
+    ("outlier_rate", "outlier rate"),
+    ("emergence_layer", "emergence layer"),
+    ("norm_ratio.max_over_median.peak", "max/median norm"),
+    ("attention_norm_iou", "attention-norm IoU"),
+)
+
+
+def model_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """One row of headline numbers per model, from diagnose results labelled by model."""
+    rows = []
+    for label, result in results:
+        found = plain(result.to_dict())
+        marks = headlines(found)
+        values = headline_values(found, marks)
+        row: dict[str, Any] = {"model": label}
+        row |= {key: values.get(key) for key, _ in COMPARE_COLUMNS}
+        peak = next((h for h in marks if h.name == "norm_ratio.max_over_median.peak"), None)
+        row["max_over_median_layer"] = peak.layer if peak is not None else None
+        row["verdict"] = "artifacts" if values["artifacts_present"] else "no artifacts"
+        rows.append(row)
+    return rows
+
+
+def rows_table(rows: list[dict[str, Any]]) -> Table:
+    """The cross-model table of :func:`model_rows` (as comparison.json keeps them)."""
+    return Table(
+        ["model", *(title for _, title in COMPARE_COLUMNS), "verdict"],
+        [
+            [
+                f"`{r['model']}`",
+                pct(r["outlier_rate"]),
+                num(r["emergence_layer"]),
+                f"{num(r['norm_ratio.max_over_median.peak'])} "
+                f"(layer {num(r['max_over_median_layer'])})",
+                num(r["attention_norm_iou"]),
+                r["verdict"],
+            ]
+            for r in rows
+        ],
+    )
+
+
+def figures(result: Any, images: np.ndarray | None) -> list[Figure]:
+    """Every figure of a :class:`DiagnoseResult` its analyses support (a missing analysis
+    gives no figure)."""
+    res = result.results
+    norms = res.get("norms")
+    figs: list[Figure] = []
+    if norms is not None:
+        figs += [
+            norm_maps(norms, images),
+            norm_quantiles(norms.report),
+            norm_histograms(norms.trace, norms.report),
+        ]
+    emergence = norms.report.emergence_layer if norms is not None else None
+    if res.get("attention") is not None:
+        sources = sorted(set(result.attn_source.values())) or ["captured"]
+        attn = res["attention"]
+        figs += [
+            attention_maps(attn, images, emergence, "/".join(sources)),
+            attention_agreement(attn),
+        ]
+        if attn.last_layer_heads.numel():
+            figs.insert(-1, attention_heads(attn, images))
+    if res.get("redundancy") is not None:
+        figs.append(redundancy_maps(res["redundancy"], images))
+    if res.get("feature_pictures") is not None and res["feature_pictures"].by_site:
+        figs.append(feature_pictures(res["feature_pictures"], images))
+    if res.get("ln_separation") is not None:
+        figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
+    return figs + kinds_figures(res)

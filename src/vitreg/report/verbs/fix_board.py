@@ -1,16 +1,26 @@
-"""The fix leaderboard's files: ``leaderboard.json`` (the board and what produced it),
-``leaderboard.md`` (one table, its columns explained) and ``figures/fix_leaderboard.png``
-(max/median patch norm per block after each fix)."""
+"""The fix leaderboard's folder, written by the one writer: ``leaderboard.json`` (the board and
+what produced it, typed by :class:`~vitreg.report.results.board.BoardDocument`),
+``leaderboard.md`` and ``report.html`` (one table, its columns explained) and
+``figures/fix_leaderboard.png`` (max/median patch norm per block after each fix)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
-from vitreg.report.markdown import Table, code_span, escape_text, markdown_table, num
+from vitreg.report.markdown import (
+    Report,
+    Section,
+    Table,
+    code_span,
+    escape_text,
+    figure_section,
+    num,
+)
+from vitreg.report.results.board import BoardDocument
 from vitreg.report.schema import plain, utc_now, versions
+from vitreg.report.writer import BOARD, write_run
 
 COLUMNS = (
     ("fix", "the entry (`a+b`: a composition; its parts get rows of their own)"),
@@ -63,46 +73,45 @@ def board_table(board: dict[str, Any], reasons: bool = True) -> Table:
     return Table(header, rows)
 
 
-def board_markdown(doc: dict[str, Any]) -> str:
-    """leaderboard.md: what ran, the table, its columns, and what each composition's parts did."""
+def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+    """leaderboard.md: what ran, the table, its columns, what each composition's parts did,
+    each entry's settings and the figure."""
     board = doc["board"]
-    lines = []
-    if doc.get("synthetic"):
-        lines += [
-            f"**SYNTHETIC MODEL:** {code_span(doc['model'])} has random weights with planted "
-            "register neurons; use this table to check the tool, not to rank methods.",
-            "",
-        ]
-    lines += [
-        f"# Fix leaderboard: {code_span(doc['model'])}",
-        "",
+    banner = (
+        f"**SYNTHETIC MODEL:** {code_span(doc['model'])} has random weights with planted "
+        "register neurons; use this table to check the tool, not to rank methods."
+        if doc.get("synthetic")
+        else None
+    )
+    table = Section("board", "Leaderboard")
+    table.blocks += [
         f"{board['n_images']} images ({escape_text(doc['data'].get('description'))}); command: "
         f"{code_span(doc['command'])}",
-        "",
-        markdown_table(board_table(board)).rstrip(),
-        "",
-        "## Columns",
-        "",
-        *(f"- **{c}**: {what}" for c, what in COLUMNS),
-        "- probe columns (when asked for): score mean ± 95% interval over the probe seeds",
-        "",
+        board_table(board),
     ]
-    composed = [r for r in board["rows"] if "parts" in r["fix"]]
+    columns = [f"- **{c}**: {what}" for c, what in COLUMNS]
+    columns.append(
+        "- probe columns (when asked for): score mean ± 95% interval over the probe seeds"
+    )
+    sections = [table, Section("columns", "Columns", ["\n".join(columns)])]
+    composed = [
+        f"- {code_span(r['entry'])} applies "
+        + " then ".join(code_span(p["name"]) for p in r["fix"]["parts"])
+        + "; each part's own row shows what it does alone."
+        for r in board["rows"]
+        if "parts" in r["fix"]
+    ]
     if composed:
-        lines += ["## Compositions", ""]
-        for r in composed:
-            parts = " then ".join(code_span(p["name"]) for p in r["fix"]["parts"])
-            lines.append(
-                f"- {code_span(r['entry'])} applies {parts}; each part's own row shows what it "
-                "does alone."
-            )
-        lines.append("")
-    lines += ["## Settings", ""]
-    for r in board["rows"]:
-        for part in r["fix"].get("parts", [r["fix"]]):
-            if part:
-                lines.append(f"- {code_span(r['entry'])}: {code_span(part)}")
-    return "\n".join(lines).rstrip() + "\n"
+        sections.append(Section("compositions", "Compositions", ["\n".join(composed)]))
+    settings = [
+        f"- {code_span(r['entry'])}: {code_span(part)}"
+        for r in board["rows"]
+        for part in r["fix"].get("parts", [r["fix"]])
+        if part
+    ]
+    sections.append(Section("settings", "Settings", ["\n".join(settings) or "–"]))
+    sections.append(figure_section("Figures", figures))
+    return Report(banner, f"Fix leaderboard: {code_span(doc['model'])}", sections)
 
 
 def board_figure(board: dict[str, Any]) -> Figure:
@@ -125,11 +134,9 @@ def board_figure(board: dict[str, Any]) -> Figure:
 
 
 def write_board(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write the leaderboard files into ``out``; ``meta``: model, data, command, config,
-    synthetic. Returns the JSON's path."""
+    """Write the leaderboard folder through the one writer; ``meta``: model, data, command,
+    config, synthetic, model_info. Returns leaderboard.json's path."""
     doc = {**versions(), "created": utc_now(), **plain(meta), "board": plain(board)}
-    out.mkdir(parents=True, exist_ok=True)
-    path = write_json_atomic(out / "leaderboard.json", doc)
-    board_figure(board).save(out / "figures")
-    write_text_atomic(out / "leaderboard.md", board_markdown(doc))
-    return path
+    doc = BoardDocument.model_validate(doc).model_dump(mode="json")
+    write_run(out, doc, report, lambda: [board_figure(doc["board"])], layout=BOARD)
+    return out / BOARD.document

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vitreg.report.document import Headline, build_document
 from vitreg.report.fields import as_dict, as_list, dig
 from vitreg.report.figures import Figure
 from vitreg.report.markdown import (
@@ -14,12 +15,20 @@ from vitreg.report.markdown import (
     Section,
     Table,
     code,
+    figure_section,
     model_section,
     num,
     provenance_section,
+    synthetic_banner,
     text,
 )
-from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
+from vitreg.report.results.probe import (
+    ProbeDelta,
+    ProbeLayer,
+    ProbeResults,
+    ProbeScore,
+)
+from vitreg.report.writer import write_run
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -43,7 +52,7 @@ def task_and_data(results: dict[str, Any]) -> str:
     return f"{results.get('task')}/{'+'.join(dict.fromkeys(specs)) or 'unknown data'}"
 
 
-def headlines(results: dict[str, Any]) -> list[tuple]:
+def headlines(results: dict[str, Any]) -> list[Headline]:
     """One headline per score: ``task/data/condition/layer/feature/group/metric`` -> its mean."""
     out = []
     prefix = task_and_data(results)
@@ -55,28 +64,28 @@ def headlines(results: dict[str, Any]) -> list[tuple]:
                     f"{s['metric']}"
                 )
                 pointer = f"/results/conditions/{condition}/{li}/scores/{si}/mean"
-                out.append((name, pointer, s["higher_is_better"], {}))
+                out.append(Headline(name, pointer, s["higher_is_better"]))
     return out
 
 
-def verdict(results: dict[str, Any]) -> str:
+def verdict(results: ProbeResults) -> str:
     """The run in one sentence: its best score (the task's first metric, all tokens) against the
     yardsticks, and with two conditions what the fix changed (better/worse only when the 95%
     intervals separate) and its largest change."""
     scores = [
-        (c, layer.get("layer"), s)
-        for c, layers in as_dict(results.get("conditions")).items()
-        for layer in map(as_dict, as_list(layers))
-        for s in map(as_dict, as_list(layer.get("scores")))
-        if isinstance(s.get("mean"), (int, float)) and s.get("group") == "all"
+        (c, layer.layer, s)
+        for c, layers in results.conditions.items()
+        for layer in layers
+        for s in layer.scores
+        if s.mean is not None and s.group == "all"
     ]
     if not scores:
         return "No score could be computed (see the notes of each layer)."
-    metric = scores[0][2].get("metric")
-    ranked = [x for x in scores if x[2].get("metric") == metric]
-    sign = 1 if ranked[0][2].get("higher_is_better", True) else -1
-    c, layer, best = max(ranked, key=lambda x: sign * x[2]["mean"])
-    marks = as_dict(best.get("vs_yardsticks"))
+    metric = scores[0][2].metric
+    ranked = [x for x in scores if x[2].metric == metric]
+    sign = 1 if ranked[0][2].higher_is_better else -1
+    c, layer, best = max(ranked, key=lambda x: sign * x[2].mean)
+    marks = best.vs_yardsticks
     short = [f"{READ.get(v, 'not read against')} {n}" for n, v in marks.items() if v != "better"]
     against = (
         "with no yardstick to read it against"
@@ -85,21 +94,17 @@ def verdict(results: dict[str, Any]) -> str:
         if not short
         else "; ".join(short)
     )
-    where = f" at `{layer}`" if len(as_list(results.get("layers"))) > 1 else ""
-    text = f"Best probe: {c} `{best.get('feature')}`{where}, {metric} {_cell(best)}, {against}."
-    deltas = [
-        d
-        for d in map(as_dict, as_list(results.get("deltas")))
-        if isinstance(d.get("delta"), (int, float))
-    ]
+    where = f" at `{layer}`" if len(results.layers) > 1 else ""
+    text = f"Best probe: {c} `{best.feature}`{where}, {metric} {_cell(best)}, {against}."
+    deltas = results.deltas
     if deltas:
-        counts = {v: sum(d["verdict"] == v for d in deltas) for v in ("better", "worse")}
+        counts = {v: sum(d.verdict == v for d in deltas) for v in ("better", "worse")}
         rest = len(deltas) - counts["better"] - counts["worse"]
-        big = max(deltas, key=lambda d: abs(d["delta"]))
+        big = max(deltas, key=lambda d: abs(d.delta))
         text += (
             f" The fix (fixed − base): {counts['better']} of {len(deltas)} scores better, "
             f"{counts['worse']} worse, {rest} within noise or without an interval; largest "
-            f"change `{big['feature']}` {big['metric']} {_delta(big)}."
+            f"change `{big.feature}` {big.metric} {_delta(big)}."
         )
     return text
 
@@ -134,45 +139,41 @@ def data_block(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cell(score: dict[str, Any] | None) -> str:
-    mean, ci = dig(score, "mean"), dig(score, "ci95")
-    if mean is None:
+def _cell(score: ProbeScore | None) -> str:
+    if score is None or score.mean is None:
         return "–"
-    return f"{num(mean)} ± {num(ci)}" if ci is not None else num(mean)
+    return f"{num(score.mean)} ± {num(score.ci95)}" if score.ci95 is not None else num(score.mean)
 
 
-def _delta(delta: dict[str, Any] | None) -> str:
+def _delta(delta: ProbeDelta | None) -> str:
     """fixed − base and its verdict: better/worse only when the 95% intervals separate."""
     if delta is None:
         return "–"
-    return f"{delta['delta']:+.3g} ({delta['verdict']})"
+    return f"{delta.delta:+.3g} ({delta.verdict})"
 
 
-def _vs_yardsticks(by: dict[str, dict[str, Any]]) -> str:
+def _vs_yardsticks(by: dict[str, ProbeScore]) -> str:
     """Per condition, the yardsticks a score does not clearly beat (or "beats all")."""
     parts = []
     for c, s in by.items():
-        marks = as_dict(s.get("vs_yardsticks"))
-        if not marks:
+        if not s.vs_yardsticks:
             continue
-        short = {n: v for n, v in marks.items() if v != "better"}
+        short = {n: v for n, v in s.vs_yardsticks.items() if v != "better"}
         said = "; ".join(f"{READ.get(v, text(v))} {n}" for n, v in short.items()) or "beats all"
         parts.append(f"{c}: {said}")
     return " · ".join(parts) or "–"
 
 
-def yardstick_table(layer: dict[str, Any]) -> Table | None:
+def yardstick_table(layer: ProbeLayer) -> Table | None:
     """The trivial baselines of one layer's metrics, with how each was computed."""
-    rows = [
-        [y["name"], y["metric"], y["group"], num(y["value"]), y["description"]]
-        for y in as_list(layer.get("yardsticks"))
-    ]
+    rows = [[y.name, y.metric, y.group, num(y.value), y.description] for y in layer.yardsticks]
     return Table(["yardstick", "metric", "tokens", "value", "how"], rows) if rows else None
 
 
-def class_iou_table(layers: dict[str, dict[str, Any]]) -> Table | None:
-    """Segmentation: IoU of each class per condition (mean over seeds) and its test pixels."""
-    per = {c: as_list(dig(layer, "info", "per_class")) for c, layer in layers.items()}
+def class_iou_table(layers: dict[str, ProbeLayer]) -> Table | None:
+    """Segmentation: IoU of each class per condition (mean over seeds) and its test pixels
+    (the task's ``info.per_class``, kept as the task wrote it)."""
+    per = {c: as_list(layer.info.get("per_class")) for c, layer in layers.items()}
     if not per or not all(per.values()):
         return None
     first = next(iter(per.values()))
@@ -187,36 +188,30 @@ def class_iou_table(layers: dict[str, dict[str, Any]]) -> Table | None:
     return Table(["class", "test pixels", *(f"IoU {c}" for c in per)], rows)
 
 
-def layer_section(results: dict[str, Any], li: int) -> Section:
+def layer_section(results: ProbeResults, li: int) -> Section:
     """The side-by-side table of one layer with the Δ verdicts and each score against the
     yardsticks, the yardsticks themselves, per-class IoU (segmentation), and the notes."""
-    conditions = list(results["conditions"])
-    layers = {c: as_dict(dig(results["conditions"], c, li)) for c in conditions}
+    layers = {c: per[li] for c, per in results.conditions.items() if li < len(per)}
+    conditions = list(layers)
     first = layers[conditions[0]]
-    keyed: dict[tuple, dict[str, Any]] = {}
+    keyed: dict[tuple, dict[str, ProbeScore]] = {}
     for c, layer in layers.items():
-        for s in map(as_dict, as_list(layer.get("scores"))):
-            key = (s.get("feature"), s.get("group"), s.get("metric"))
-            keyed.setdefault(key, {})[c] = s
-    deltas = {
-        (d["feature"], d["group"], d["metric"]): d
-        for d in results.get("deltas", [])
-        if d["layer"] == first.get("layer")
-    }
+        for s in layer.scores:
+            keyed.setdefault((s.feature, s.group, s.metric), {})[c] = s
+    deltas = {(d.feature, d.group, d.metric): d for d in results.deltas if d.layer == first.layer}
     header = ["feature", "tokens", "metric", *conditions]
     header += ["Δ (fixed − base)"] if len(conditions) == 2 else []
     header += ["vs yardsticks"]
     rows = []
     for key, by in keyed.items():
         feature, group, metric = key
-        better = next(iter(by.values())).get("higher_is_better")
-        arrow = {True: " ↑", False: " ↓"}.get(better, "")
+        arrow = " ↑" if next(iter(by.values())).higher_is_better else " ↓"
         row = [code(feature), text(group), f"{text(metric)}{arrow}"]
         row += [_cell(by.get(c)) for c in conditions]
         if len(conditions) == 2:
             row.append(_delta(deltas.get(key)))
         rows.append([*row, _vs_yardsticks(by)])
-    sec = Section(f"layer-{li}", f"Layer {code(first.get('layer'))}", [Table(header, rows)])
+    sec = Section(f"layer-{li}", f"Layer {code(first.layer)}", [Table(header, rows)])
     if len(conditions) == 2:
         sec.blocks.append(
             "A Δ is called better or worse only when the two 95% intervals do not overlap; "
@@ -231,22 +226,22 @@ def layer_section(results: dict[str, Any], li: int) -> Section:
         sec.blocks += ["IoU per class:", classes]
     notes: dict[str, list[str]] = {}
     for c, layer in layers.items():
-        for n in as_list(layer.get("notes")):
+        for n in layer.notes:
             notes.setdefault(n, []).append(c)
     sec.blocks += [f"Note ({', '.join(cs)}): {n}" for n, cs in notes.items()]
     return sec
 
 
-def _caches_section(results: dict[str, Any]) -> list[str]:
-    """The summary lines on the feature cache: stages reused, damaged shards extracted again."""
-    caches = {stage: as_dict(c) for stage, c in as_dict(results.get("caches")).items()}
+def _caches_section(results: ProbeResults) -> list[str]:
+    """The summary lines on the feature cache: stages reused, damaged shards extracted again
+    (each cache described as the cache wrote it)."""
     out = []
-    reused = [s for s, c in caches.items() if c.get("forward_passes") == 0]
+    reused = [s for s, c in results.caches.items() if c.get("forward_passes") == 0]
     if reused:
         out.append(f"Features reused from the cache (no forward pass): {', '.join(reused)}.")
     replaced = [
         f"{stage}: {n} ({reason})"
-        for stage, c in caches.items()
+        for stage, c in results.caches.items()
         for reason, n in as_dict(c.get("replaced")).items()
     ]
     if replaced:
@@ -256,29 +251,28 @@ def _caches_section(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
+def report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     """The probe run's report: summary, one section per layer, figures, data, model."""
-    results = doc["results"]
-    task = results["task"]
+    results = ProbeResults.model_validate(doc["results"])
     intro = Section("summary", "Summary")
     how = (
-        f"Means over seeds {results['seeds']} with Student-t 95% confidence half-widths; the "
+        f"Means over seeds {results.seeds} with Student-t 95% confidence half-widths; the "
         "learning rate of each seed is chosen on a held-out part of the train split, scores are "
         "on the test split."
-        if results["seeds"]
+        if results.seeds
         else "Nothing is trained: one score per condition, computed on the test split."
     )
     intro.blocks.append(f"**Verdict** — {verdict(results)}")
-    intro.blocks.append(f"Task **{task}**: {text(results.get('description'))}. {how}")
-    if "fixed" in results["conditions"]:
-        fix = as_dict(results.get("fix"))
+    intro.blocks.append(f"Task **{results.task}**: {text(results.description)}. {how}")
+    if "fixed" in results.conditions:
+        fix = results.fix or {}
         settings = "; ".join(f"{k} {text(v)}" for k, v in fix.items() if k != "name")
         intro.blocks.append(
             f"*fixed* = the same model under {fix.get('name') or 'the fix'}: {settings or '–'}."
         )
     intro.blocks += _caches_section(results)
     sections = [intro]
-    n_layers = max((len(layers) for layers in results["conditions"].values()), default=0)
+    n_layers = max((len(layers) for layers in results.conditions.values()), default=0)
     sections += [layer_section(results, li) for li in range(n_layers)]
     data = Section("data", "Data")
     rows = [[k, v] for k, v in doc["data"]["skipped"].items()]
@@ -290,7 +284,7 @@ def probe_report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     )
     sections += [figure_section("Figures", list(figures))] if figures else []
     sections += [data, model_section(doc), provenance_section(doc)]
-    return Report(synthetic_banner(doc), f"vitreg probe: {task}", sections)
+    return Report(synthetic_banner(doc), f"vitreg probe: {results.task}", sections)
 
 
 def write_probe_run(
@@ -303,8 +297,14 @@ def write_probe_run(
 ) -> Path:
     """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
     results are saved), report.md and report.html of one probe run."""
-    doc = document(
-        "probe", command, described, data_block(results), config, results, headlines(results)
+    doc = build_document(
+        "probe",
+        results,
+        headlines(results),
+        command=command,
+        described=described,
+        data=data_block(results),
+        config=config,
     )
     draw = figures if callable(figures) else lambda: figures
-    return write_files(Path(out_dir), doc, draw, probe_report)
+    return write_run(out_dir, doc, report, draw)

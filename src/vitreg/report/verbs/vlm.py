@@ -9,21 +9,25 @@ from typing import Any
 
 import numpy as np
 
-from vitreg.report.fields import as_dict, as_list
-from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, _overlay_grid, png_bytes
+from vitreg.report.document import Headline, build_document
+from vitreg.report.fields import as_list
+from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.markdown import (
     Report,
     Section,
     Table,
     code,
     data_section,
+    figure_section,
     model_section,
     num,
     pct,
     provenance_section,
+    synthetic_banner,
     text,
 )
-from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
+from vitreg.report.results.vlm import Condition, VlmImage, VlmResults
+from vitreg.report.writer import write_run
 
 SUMMARY = (
     ("identical_rate", "answers identical", True, "fraction"),
@@ -52,39 +56,40 @@ QUERY_TEXT = {
 }
 
 
-def headlines(results: dict[str, Any]) -> list[tuple]:
+def headlines(results: dict[str, Any]) -> list[Headline]:
     """One headline per summary number."""
-    out = []
-    for key, label, better, unit in SUMMARY:
-        extra = {"description": label, **({"unit": unit} if unit else {})}
-        out.append((f"vlm.{key}", f"/results/summary/{key}", better, extra))
-    return out
+    return [
+        Headline(f"vlm.{key}", f"/results/summary/{key}", better, label, unit=unit)
+        for key, label, better, unit in SUMMARY
+    ]
 
 
-def _query(results: dict[str, Any]) -> str:
-    q = results["query"]
+def _query(results: VlmResults) -> str:
+    q = results.query
     return QUERY_TEXT.get(q, str(q)) if isinstance(q, str) else f"positions {q}"
 
 
-def map_figures(results: dict[str, Any], images: np.ndarray | None) -> list[Figure]:
+def map_figures(results: VlmResults, images: np.ndarray | None) -> list[Figure]:
     """Up to MAX_ROWS images per figure: norm and attention maps, before and after, side by side."""
-    rows = results["images"]
+    rows = results.images
     figs = []
     for start in range(0, len(rows), MAX_ROWS):
         part = rows[start : start + MAX_ROWS]
         maps, titles = [], []
         for cond in ("before", "after"):
             for key, title in (("norm_map", "feature norm"), ("attention_map", "LM→image attn")):
-                maps.append(np.array([r[cond][key] for r in part], dtype=np.float64))
+                maps.append(
+                    np.array([getattr(getattr(r, cond), key) for r in part], dtype=np.float64)
+                )
                 titles.append(f"{title}, {cond}")
         shown = images[start : start + len(part)] if images is not None else None
-        fig = _overlay_grid(maps, titles, shown, "feature norm / attention")
+        fig = overlay_grid(maps, titles, shown, "feature norm / attention")
         last = start + len(part) - 1
         figs.append(
             Figure(
                 f"vlm_maps_{start // MAX_ROWS}",
                 f"Images {start}–{last} (one per row): the tower's patch-token norm at "
-                f"`{results['feature_site']}` and the language model's attention over the image "
+                f"`{results.feature_site}` and the language model's attention over the image "
                 f"tokens ({_query(results)}; mean over heads, rows and layers), without and with "
                 "the fix.",
                 png_bytes(fig),
@@ -99,7 +104,7 @@ def layer_figure(layer_maps: dict[str, np.ndarray], image: np.ndarray | None) ->
     n_layers = layer_maps["before"].shape[0]
     maps = [np.stack([layer_maps["before"][i], layer_maps["after"][i]]) for i in range(n_layers)]
     shown = np.stack([image, image]) if image is not None else None
-    fig = _overlay_grid(maps, [f"LM layer {i}" for i in range(n_layers)], shown, "attention")
+    fig = overlay_grid(maps, [f"LM layer {i}" for i in range(n_layers)], shown, "attention")
     return Figure(
         "vlm_layers",
         "Image 0: the language model's attention over the image tokens per layer (mean over "
@@ -125,74 +130,74 @@ def _answer(answer: Any) -> str:
     return f"“{answer}”" if answer else "(empty)"
 
 
-def _first_token(side: dict[str, Any]) -> str:
+def _first_token(side: Condition) -> str:
     """The most likely first answer token and its probability."""
-    token = as_dict(side.get("first_token"))
-    return f"{code(token.get('token'))} ({num(token.get('prob'))})"
+    return f"{code(side.first_token.token)} ({num(side.first_token.prob)})"
 
 
-def image_section(i: int, row: dict[str, Any]) -> Section:
+def image_section(i: int, row: VlmImage) -> Section:
     """One image's answers and numbers, before and after."""
-    b, a = as_dict(row.get("before")), as_dict(row.get("after"))
-    ch, ft = as_dict(row.get("answer_change")), as_dict(row.get("first_token"))
-    out = as_dict(row.get("attention_on_outliers"))
+    b, a = row.before, row.after
+    ch, ft, out = row.answer_change, row.first_token, row.attention_on_outliers
     table = Table(
         ["", "before", "after"],
         [
-            ["answer", _answer(b.get("answer")), _answer(a.get("answer"))],
-            ["generated tokens", text(b.get("n_generated")), text(a.get("n_generated"))],
+            ["answer", _answer(b.answer), _answer(a.answer)],
+            ["generated tokens", text(b.n_generated), text(a.n_generated)],
             ["most likely first token (p)", _first_token(b), _first_token(a)],
             [
                 "attention mass on image tokens",
-                num(b.get("image_attention_mass_mean")),
-                num(a.get("image_attention_mass_mean")),
+                num(b.image_attention_mass_mean),
+                num(a.image_attention_mass_mean),
             ],
-            ["attention on outlier patches", pct(out.get("before")), pct(out.get("after"))],
-            ["max/median patch norm", num(b.get("max_over_median")), num(a.get("max_over_median"))],
-            ["max patch norm", num(b.get("max_patch_norm")), num(a.get("max_patch_norm"))],
-            ["register norm", "–", num(a.get("register_norm"))],
+            ["attention on outlier patches", pct(out.before), pct(out.after)],
+            ["max/median patch norm", num(b.max_over_median), num(a.max_over_median)],
+            ["max patch norm", num(b.max_patch_norm), num(a.max_patch_norm)],
+            ["register norm", "–", num(a.register_norm)],
         ],
     )
-    identical, same = ch.get("identical"), ft.get("same_top_token")
     change = (
-        f"Answer {'identical' if identical else 'changed' if identical is not None else '–'}: "
-        f"token edit distance {num(ch.get('edit_distance'))} "
-        f"({pct(ch.get('edit_distance_normalized'))} of the longer answer). First answer token: "
-        f"KL(before ‖ after) = {num(ft.get('kl'))} nats, largest logit change "
-        f"{num(ft.get('max_abs_logit_change'))}, most likely token "
-        f"{'unchanged' if same else 'changed' if same is not None else '–'}. Outlier patches: "
-        f"{num(out.get('n_outlier_patches'))} ({text(out.get('rule'))})."
+        f"Answer {'identical' if ch.identical else 'changed'}: "
+        f"token edit distance {num(ch.edit_distance)} "
+        f"({pct(ch.edit_distance_normalized)} of the longer answer). First answer token: "
+        f"KL(before ‖ after) = {num(ft.kl)} nats, largest logit change "
+        f"{num(ft.max_abs_logit_change)}, most likely token "
+        f"{'unchanged' if ft.same_top_token else 'changed'}. Outlier patches: "
+        f"{num(out.n_outlier_patches)} ({text(out.rule)})."
     )
     return Section(f"image-{i}", f"Image {i}", [table, change])
 
 
-def vlm_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    results = doc["results"]
-    s = results["summary"]
+def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+    """The vlm run's report: the prompt and the fix, the means over images, the maps, one
+    section per image, the images, the model."""
+    results = VlmResults.model_validate(doc["results"])
+    s = results.summary
     intro = Section("summary", "Summary")
+    generation = results.generation
     intro.blocks.append(
-        f"Prompt: “{results['prompt']}” (the language model reads `{results['prompt_text']!r}`). "
-        f"Greedy answers for {num(s.get('n_images'))} images without and with "
-        f"{_fix(results['fix'])} on the vision tower; attention rows: {_query(results)}."
-        + (f" Generation: {results['generation']['why']}." if results.get("generation") else "")
+        f"Prompt: “{results.prompt}” (the language model reads `{results.prompt_text!r}`). "
+        f"Greedy answers for {s.n_images} images without and with "
+        f"{_fix(results.fix)} on the vision tower; attention rows: {_query(results)}."
+        + (f" Generation: {generation.why}." if generation is not None else "")
     )
+    values = s.model_dump()
     intro.blocks.append(
         Table(
             ["", "mean over images"],
             [
-                [label, pct(s.get(key)) if unit == "fraction" else num(s.get(key))]
+                [label, pct(values[key]) if unit == "fraction" else num(values[key])]
                 for key, label, _, unit in SUMMARY
             ],
         )
     )
-    neurons = as_dict(results.get("neurons"))
-    if neurons:
+    if results.neurons is not None:
         intro.blocks.append(
-            f"Register neurons: {text(neurons.get('n_neurons'))}, {text(neurons.get('source'))}."
+            f"Register neurons: {results.neurons.n_neurons}, {results.neurons.source}."
         )
-    intro.blocks.append(MEANING.format(site=results["feature_site"], query=_query(results)))
+    intro.blocks.append(MEANING.format(site=results.feature_site, query=_query(results)))
     sections = [intro, figure_section("Maps", figures)]
-    sections += [image_section(i, as_dict(row)) for i, row in enumerate(results["images"])]
+    sections += [image_section(i, row) for i, row in enumerate(results.images)]
     sections += [data_section(doc), model_section(doc), provenance_section(doc)]
     return Report(synthetic_banner(doc), "vitreg vlm: language→image attention", sections)
 
@@ -210,12 +215,20 @@ def write_vlm_run(
     """config.yaml and metrics.json, then figures, report.md and report.html of one vlm run;
     ``images`` ``[n, H, W, 3]`` in [0, 1] under the maps, ``layer_maps`` (``before``/``after``
     ``[L, h, w]`` of image 0) for the per-layer figure."""
-    doc = document("vlm", command, described, data, config, results, headlines(results))
+    doc = build_document(
+        "vlm",
+        results,
+        headlines(results),
+        command=command,
+        described=described,
+        data=data,
+        config=config,
+    )
 
     def draw() -> list[Figure]:
-        figures = map_figures(doc["results"], images)
+        figures = map_figures(VlmResults.model_validate(doc["results"]), images)
         if layer_maps is not None:
             figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
         return figures
 
-    return write_files(Path(out_dir), doc, draw, vlm_report)
+    return write_run(out_dir, doc, report, draw)

@@ -1,6 +1,6 @@
-"""The run directory of ``vitreg train``: steps, losses, the weights and the data, in the same
-envelope as every verb (config.yaml, metrics.json, report.md/html with the loss curve; the step
-log is log.jsonl). A DINO run's report reads its [CLS] loss against the teacher's entropy."""
+"""The report of ``vitreg train`` and its run directory: steps, losses, the weights and the
+data, in the same envelope as every verb (config.yaml, metrics.json, report.md/html with the
+loss curve; the step log is log.jsonl). A DINO run's report reads its [CLS] loss against the teacher's entropy."""
 
 from __future__ import annotations
 
@@ -8,26 +8,39 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vitreg.report.document import Headline, build_document
 from vitreg.report.figures import Figure, figure, new_canvas
-from vitreg.report.markdown import Report, Section, model_section, num, provenance_section
-from vitreg.report.run_files import document, figure_section, synthetic_banner, write_files
+from vitreg.report.markdown import (
+    Report,
+    Section,
+    figure_section,
+    model_section,
+    num,
+    provenance_section,
+    synthetic_banner,
+    text,
+)
+from vitreg.report.results.train import DinoTerms, TrainResults
+from vitreg.report.writer import write_run
 
 PARTS = ("loss_dino", "loss_ibot")  # the terms a DINO run's loss is the sum of
 
 
-def dino_reading(terms: dict[str, Any]) -> str:
+def dino_reading(terms: DinoTerms) -> str:
     """The [CLS] DINO loss of a run in words, with its measured figures (from
     :func:`vitreg.train.dino.loss_terms`): is its level the teacher's entropy or a gap the
     student has not closed?"""
-    low, end, ln_k = terms["lowest"], terms["final"], terms["ln_out_dim"]
+    low, end, ln_k = terms.lowest, terms.final, terms.ln_out_dim
     text = (
-        f"The [CLS] DINO loss fell to {num(low['loss_dino'])} at step {low['step']} and ended at "
-        f"{num(end['loss_dino'])} (step {end['step']}). It is the teacher's entropy, "
-        f"{num(end['teacher_entropy'])} at the end (a uniform teacher over {terms['out_dim']} "
-        f"prototypes has ln {terms['out_dim']} = {num(ln_k)}), plus KL(teacher ‖ student), "
-        f"{num(end['kl'])}."
+        f"The [CLS] DINO loss fell to {num(low.loss_dino)} at step {low.step} and ended at "
+        f"{num(end.loss_dino)} (step {end.step}). It is the teacher's entropy, "
+        f"{num(end.teacher_entropy)} at the end (a uniform teacher over {terms.out_dim} "
+        f"prototypes has ln {terms.out_dim} = {num(ln_k)}), plus KL(teacher ‖ student), "
+        f"{num(end.kl)}."
     )
-    if end["teacher_entropy"] < 0.9 * ln_k:
+    if end.teacher_entropy is None:
+        return text
+    if end.teacher_entropy < 0.9 * ln_k:
         return text + " The teacher is well below uniform: its outputs tell images apart."
     return text + (
         " So the rise is the teacher becoming nearly uniform, not the student failing to follow "
@@ -77,79 +90,58 @@ def loss_figure(history: list[dict[str, Any]], terms: dict[str, Any] | None) -> 
     return figure("training_loss", caption, fig)
 
 
-def train_report(doc: dict[str, Any], figures: list[Figure]) -> Report:
+def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """The training run's report: what was trained and how the loss went, the curve, the model."""
-    r = doc["results"]
+    r = TrainResults.model_validate(doc["results"])
     summary = Section("summary", "Summary")
-    done = f"{r['steps']} of {r['total_steps']} optimizer steps"
-    resumed = f", resumed from step {r['resumed_from']}" if r["resumed_from"] is not None else ""
+    done = f"{r.steps} of {text(r.total_steps)} optimizer steps"
+    resumed = f", resumed from step {r.resumed_from}" if r.resumed_from is not None else ""
     summary.blocks.append(
-        f"Recipe **{r['recipe']}**: {done}{resumed}; loss {num(r['loss_first'])} at the first "
-        f"step, {num(r['final_loss'])} at the last. Data: {doc['data'].get('description')}. "
-        f"Weights: {r['weights'] or 'not exported'}; every step's record: {r['log']}."
+        f"Recipe **{r.recipe}**: {done}{resumed}; loss {num(r.loss_first)} at the first "
+        f"step, {num(r.final_loss)} at the last. Data: {doc['data'].get('description')}. "
+        f"Weights: {r.weights or 'not exported'}; every step's record: {r.log}."
     )
-    if r.get("dino_terms"):
-        summary.blocks.append(dino_reading(r["dino_terms"]))
+    if r.dino_terms is not None:
+        summary.blocks.append(dino_reading(r.dino_terms))
     sections = [summary]
     sections += [figure_section("Figures", figures)] if figures else []
     sections += [model_section(doc), provenance_section(doc)]
-    return Report(synthetic_banner(doc), f"vitreg train: {r['recipe']}", sections)
+    return Report(synthetic_banner(doc), f"vitreg train: {r.recipe}", sections)
+
+
+def headlines(results: dict[str, Any]) -> list[Headline]:
+    """The headline numbers of a training run: its last loss and the steps done."""
+    return [
+        Headline("final_loss", "/results/final_loss", False, "loss at the last step"),
+        Headline("steps", "/results/steps", None, "optimizer steps done"),
+    ]
 
 
 def write_train_run(
     out_dir: str | Path,
-    result: Any,
+    results: dict[str, Any],
+    history: list[dict[str, Any]],
     *,
     described: dict[str, Any],
-    data: str | Mapping[str, Any],
-    n_samples: int | None = None,
+    data: Mapping[str, Any],
     config: dict[str, Any],
     command: str,
 ) -> Path:
-    """config.yaml, report.md/html with the loss curve and (last) metrics.json of a finished
-    training run in ``out_dir``.
+    """config.yaml, report.md/html with the loss curve of ``history`` (the step log) and
+    (last) metrics.json of a finished training run in ``out_dir``.
 
-    ``described`` is the model block (``vitreg.verbs.train.describe_trained``); ``data`` is
-    the data block (:func:`vitreg.train.data.describe_training_data`: usable
-    samples, skips by reason, warnings) or, as before, the spec alone with ``n_samples``."""
-    from vitreg.train.dino import loss_terms
-
-    losses = [r["loss"] for r in result.history]
-    terms = None
-    if result.config.recipe == "dino":
-        terms = loss_terms(result.history, result.config.options)
-    weights = Path(out_dir) / "model.safetensors"
-    results = {
-        "recipe": result.config.recipe,
-        "steps": result.steps,
-        "total_steps": result.config.steps,
-        "final_loss": losses[-1] if losses else None,
-        "loss_first": losses[0] if losses else None,
-        "resumed_from": result.resumed_from,
-        "weights": weights.name if weights.is_file() else None,
-        "log": "log.jsonl",
-        "train_config": result.config.to_dict(),
-        "dino_terms": terms,
-    }
-    headlines = [
-        ("final_loss", "/results/final_loss", False, {"description": "loss at the last step"}),
-        ("steps", "/results/steps", None, {"description": "optimizer steps done"}),
-    ]
-    doc = document(
+    ``results`` are the run's (:func:`vitreg.verbs.train.train_results`), ``described`` the
+    model block (``vitreg.verbs.train.describe_trained``), ``data`` the data block
+    (:func:`vitreg.train.data.describe_training_data`: usable samples, skips by reason,
+    warnings)."""
+    doc = build_document(
         "train",
-        command,
-        described,
-        dict(data)
-        if isinstance(data, Mapping)
-        else {"description": data, "n_images": n_samples or 0},
-        config,
         results,
-        headlines,
+        headlines(results),
+        command=command,
+        described=described,
+        data=dict(data),
+        config=config,
     )
-    history = result.history
-    return write_files(
-        Path(out_dir),
-        doc,
-        lambda: [loss_figure(history, terms)] if history else [],
-        train_report,
-    )
+    terms = results["dino_terms"]
+    return write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])
