@@ -31,6 +31,22 @@ def test_html_tables_align_numbers_right_prose_left_and_never_break_a_header_wor
     table = Table(["block", "specialised", "tokens"], [["0", "patch embedding", "0.5"]])
     page = render_html(Report(None, "t", [Section("s", "S", [table])]), [], None)
     assert '<td class="txt">patch embedding</td><td class="num">0.5</td>' in page
+    assert '<th class="txt">specialised</th><th class="num">tokens</th>' in page
     rule = re.search(r"th, td:first-child \{([^}]*)\}", page)
     assert rule and "overflow-wrap: normal" in rule.group(1)  # headers break between words only
-    assert re.search(r"td\.txt[^{]*\{[^}]*text-align: left", page)
+    assert re.search(r"th\.txt, td\.txt[^{]*\{[^}]*text-align: left", page)
+
+
+def test_a_column_is_aligned_as_a_whole_header_included() -> None:
+    """A prose column with a dash or a yes in it stays left-aligned, its header too; a column of
+    numbers with a missing value stays right-aligned."""
+    from vitreg.report.html import column_aligns, render_html
+
+    table = Table(
+        ["block", "what it does", "rate", "note"],
+        [["0", "patch embedding", "0.5", "–"], ["1", "–", "–", "–"], ["2", "yes", "0.25", "–"]],
+    )
+    assert column_aligns(table) == ["num", "txt", "num", "txt"]
+    page = render_html(Report(None, "t", [Section("s", "S", [table])]), [], None)
+    assert '<th class="txt">what it does</th><th class="num">rate</th>' in page
+    assert '<td class="num">2</td><td class="txt">yes</td><td class="num">0.25</td>' in page

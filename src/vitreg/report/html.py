@@ -124,7 +124,7 @@ def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
     env.filters["inline"] = inline
     env.filters["markdown"] = markdown
     env.filters["plain"] = plain
-    env.filters["align"] = align
+    env.filters["columns"] = column_aligns
     uris = {f"figures/{f.filename}": display_uri(f.png) for f in figures}
     slider_json = json.dumps(slider, separators=(",", ":")).replace("</", "<\\/")
     return env.get_template("report.html.j2").render(
@@ -141,6 +141,19 @@ def align(cell: Any) -> str:
     """A table cell's CSS class: ``num`` (right-aligned) for a number, a share, a range of
     numbers or a missing value; ``txt`` (left-aligned) for prose, names and code."""
     return "num" if NUMERIC.fullmatch(str(cell).strip()) else "txt"
+
+
+def column_aligns(table: Table) -> list[str]:
+    """Each column's CSS class, for its header and every cell: ``num`` when every filled cell
+    is a number, share, range or missing value (a column of dashes only stays ``txt``);
+    otherwise ``txt``, so a prose column reads left-aligned from its header down."""
+    n = max([len(table.header), *(len(r) for r in table.rows)], default=0)
+    out = []
+    for j in range(n):
+        cells = [str(r[j]).strip() for r in table.rows if j < len(r)]
+        filled = [c for c in cells if c not in ("", "–")]
+        out.append("num" if filled and all(align(c) == "num" for c in filled) else "txt")
+    return out
 
 
 def _kind(block: Any) -> str:
