@@ -286,7 +286,7 @@ def test_model_rows_come_from_the_results(
     rows = model_rows([("planted:dinov2_s14", planted), ("unplanted", unplanted)])
     md = markdown_table(rows_table(rows))
     lines = md.strip().splitlines()
-    assert lines[0].startswith("| model | outlier rate | emergence layer | max/median norm")
+    assert lines[0].startswith("| model | outlier rate | emergence block | max/median norm")
     assert len(lines) == 4 and "`planted:dinov2_s14`" in lines[2] and "| artifacts |" in lines[2]
     p, u = rows
     rep = planted.results["norms"].report
@@ -324,3 +324,23 @@ def test_all_analyses_render_and_trace(tmp_path: Path, images: torch.Tensor) -> 
     assert {"attention_maps", "attention_heads", "attention_agreement", "redundancy_maps"} <= {
         p.stem for p in (run / "figures").glob("*.png")
     }
+
+
+def test_figures_say_block_where_tables_do(planted: DiagnoseResult) -> None:
+    """Axis labels, panel titles and captions of the diagnose figures count blocks, never layers."""
+    import re
+
+    from vitreg.report.figures import all_axes
+
+    figs = diagnose_renderer.figures(planted, None)
+    assert figs
+    for f in figs:
+        texts = [f.caption] + [
+            t
+            for ax in all_axes(f.source)
+            for t in (ax.get_xlabel(), ax.get_ylabel(), ax.get_title())
+        ]
+        said = [t for t in texts if re.search(r"\blayers?\b", t, re.IGNORECASE)]
+        assert not said, (f.name, said)
+    labels = {ax.get_xlabel() for f in figs for ax in all_axes(f.source)}
+    assert "block" in labels

@@ -236,8 +236,8 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
     ratio_ax.set_xlabel("block")
     outside_legend(rate_ax)
     caption = (
-        "Per layer, on the residual stream (block outputs): the share of patch tokens in the "
-        f"outlier mode (`{CURVE_RULE}` rule, top; 0 where a layer has no outlier mode) and the "
+        "Per block, on the residual stream (block outputs): the share of patch tokens in the "
+        f"outlier mode (`{CURVE_RULE}` rule, top; 0 where a block has no outlier mode) and the "
         "largest patch-token norm over the median (bottom, log scale), one colour per model."
     )
     return figure("model_curves", caption, fig)
@@ -285,7 +285,7 @@ def comparison_report(
         sections.append(
             Section(
                 "curves",
-                "Per-layer curves",
+                "Per-block curves",
                 [FigureRef(f"figures/{f.filename}", f.caption) for f in figures],
             )
         )

@@ -267,7 +267,7 @@ def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
     shown = [len(images)] if images is not None else []
     fig = overlay_grid(maps, titles, images, "token norm")
     caption = (
-        f"L2 norm of each patch token on the residual stream at layers "
+        f"L2 norm of each patch token on the residual stream at blocks "
         f"{', '.join(map(str, layers))} (block outputs such as `{sites[0]}`, before the final norm)"
         + (
             ", and after the final norm (`ln_final.hook_out`, last column)"
@@ -304,9 +304,9 @@ def norm_quantiles(report: Any) -> Figure:
     ax.set_ylabel("patch-token norm")
     outside_legend(ax)
     caption = (
-        "Quantiles of patch-token norms per layer on the residual stream (before the final norm); "
+        "Quantiles of patch-token norms per block on the residual stream (before the final norm); "
         "crosses: median and max after the final norm. A high max/p98 far above the median marks "
-        "an outlier mode; the dotted line is the emergence layer."
+        "an outlier mode; the dotted line is the emergence block."
     )
     return figure("norm_quantiles", caption, fig)
 
@@ -357,10 +357,10 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
     fig.colorbar(im, ax=ax, label="tokens (log scale)", pad=0.02)
     fig.subplots_adjust(left=0.16, right=0.98, bottom=0.7 / (0.28 * len(entries) + 1.4), top=0.97)
     caption = (
-        "Histogram of log10 patch-token norms per layer (one row each; grey level = token count, "
+        "Histogram of log10 patch-token norms per block (one row each; grey level = token count, "
         "log scale), residual stream, last row after the final norm. Red: the auto threshold "
         "(valley of the two-mode fit; absent when there is no outlier mode). Light-blue dotted: the "
-        "top_p cut, which flags p% of tokens in every model. * marks layers with an outlier mode."
+        "top_p cut, which flags p% of tokens in every model. * marks blocks with an outlier mode."
     )
     return figure("norm_histograms", caption, fig)
 
@@ -387,7 +387,7 @@ def attention_heads(attn: Any, images: np.ndarray | None, max_heads: int = 12) -
     maps = [heads[:, h] for h in range(heads.shape[1])]
     fig = overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
     caption = (
-        f"{_attention_what(attn)} per head at the last layer (first {len(maps)} heads). "
+        f"{_attention_what(attn)} per head in the last block (first {len(maps)} heads). "
         f"Colour: each column from its {CLIP_TEXT} (clipped)."
     )
     return figure("attention_heads", caption, fig)
@@ -413,7 +413,7 @@ def attention_agreement(attn: Any) -> Figure:
     ax.set_ylabel("agreement")
     outside_legend(ax)
     caption = (
-        "Agreement per layer between attention-map artifact patches and the norm outliers of the "
+        "Agreement per block between attention-map artifact patches and the norm outliers of the "
         f"same block's output on the residual stream ({attn.norm_method} rule): precision "
         "(attention artifacts that are norm outliers), recall, IoU, and top_p_iou (top p% "
         "attention vs top p% norms)."

@@ -58,7 +58,7 @@ def metric_per_layer(results: dict[str, Any]) -> Figure:
     fig.subplots_adjust(left=0.1, right=0.62, bottom=0.12, top=0.95, hspace=0.6)
     styles = " (base solid, fixed dashed)" if len(results["conditions"]) == 2 else ""
     caption = (
-        f"{results['task']}: each score per probed layer, mean over seeds with its 95% interval"
+        f"{results['task']}: each score per probed block, mean over seeds with its 95% interval"
         f"{styles}; dotted grey lines: the yardsticks (trivial baselines)."
     )
     return figure("probe_per_layer", caption, fig)
@@ -100,7 +100,7 @@ def scores_at_layer(results: dict[str, Any]) -> Figure:
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, borderaxespad=0)
     fig.subplots_adjust(left=0.28, right=0.82, bottom=0.1, top=0.95, hspace=0.6)
     caption = (
-        f"{results['task']} at `{layer}` (the one probed layer): each feature's score, mean over "
+        f"{results['task']} at `{layer}` (the one probed block): each feature's score, mean over "
         "seeds with its 95% interval, per condition; dotted grey lines: the yardsticks (trivial "
         "baselines)."
     )

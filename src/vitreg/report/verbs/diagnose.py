@@ -596,7 +596,7 @@ def write_diagnose_run(
 
 COMPARE_COLUMNS = (
     ("outlier_rate", "outlier rate"),
-    ("emergence_layer", "emergence layer"),
+    ("emergence_layer", "emergence block"),
     ("norm_ratio.max_over_median.peak", "max/median norm"),
     ("attention_norm_iou", "attention-norm IoU"),
 )
@@ -628,7 +628,7 @@ def rows_table(rows: list[dict[str, Any]]) -> Table:
                 pct(r["outlier_rate"]),
                 num(r["emergence_layer"]),
                 f"{num(r['norm_ratio.max_over_median.peak'])} "
-                f"(layer {num(r['max_over_median_layer'])})",
+                f"(block {num(r['max_over_median_layer'])})",
                 num(r["attention_norm_iou"]),
                 r["verdict"],
             ]

@@ -68,7 +68,7 @@ def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
     before = trace_b.patch_maps(trace_b.sites[layer]).numpy()
     after = trace_a.patch_maps(trace_a.sites[layer]).numpy()
     caption = (
-        f"L2 norm of each patch token at layer {layer} (`{trace_b.sites[layer]}`, residual "
+        f"L2 norm of each patch token at block {layer} (`{trace_b.sites[layer]}`, residual "
         "stream) over the first {n} images, without and with test-time registers."
     )
     return before_after_maps("fix_norm_maps", before, after, images, caption)
@@ -81,7 +81,7 @@ def fix_attention_maps(comparison: Any, images: np.ndarray | None) -> Figure | N
         return None
     what = "[CLS] attention to each patch" if ab.query == "cls" else "mean attention received"
     caption = (
-        f"{what} in the last layer (`{ab.sites[-1]}`, head mean) over the first {{n}} images, "
+        f"{what} in the last block (`{ab.sites[-1]}`, head mean) over the first {{n}} images, "
         "without and with test-time registers (the register's own column is not shown)."
     )
     before, after = ab.layer_maps[-1].numpy(), aa.layer_maps[-1].numpy()
@@ -229,17 +229,17 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     s = Section("summary", "Before and after")
     rows = [
         [
-            f"patch outlier rate at layer {layer}",
+            f"patch outlier rate at block {layer}",
             pct(c.outlier_rate_before),
             pct(c.outlier_rate_after),
         ],
         [
-            f"max patch norm at layer {layer}",
+            f"max patch norm at block {layer}",
             num(_at(c.max_patch_norm_before, layer)),
             num(_at(c.max_patch_norm_after, layer)),
         ],
         [
-            f"test-time register norm at layer {layer}",
+            f"test-time register norm at block {layer}",
             "–",
             num(_at(c.register_norm_after, layer)),
         ],
@@ -296,7 +296,7 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         )
         s.blocks.append(
             Table(
-                ["", "neurons", f"outlier rate at layer {layer}", "pooled cosine to before"],
+                ["", "neurons", f"outlier rate at block {layer}", "pooled cosine to before"],
                 rows,
             )
         )

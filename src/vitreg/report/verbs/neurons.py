@@ -50,7 +50,7 @@ def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
     outside_legend(ax, ncol=1 + len(set(layers.tolist())) // 12)
     caption = (
         f"Discovery scores of the {len(ranking)} highest-ranked MLP units (`mlp.hook_post`), "
-        "best first, coloured by layer: each unit's mean activation over the outlier patches of an "
+        "best first, coloured by block: each unit's mean activation over the outlier patches of an "
         "image, averaged over the images with outliers. The dotted line closes the chosen top-k."
     )
     return figure("neuron_scores", caption, fig)
@@ -147,7 +147,7 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         else "the smallest k of the paper's ranking whose fix passes on held-out images"
     )
     layers = ", ".join(str(x.layer) for x in r.layers) or "–"
-    summary.blocks.append(f"**{r.n_neurons} register neurons** in layers {layers}: {how}.")
+    summary.blocks.append(f"**{r.n_neurons} register neurons** in blocks {layers}: {how}.")
     summary.blocks += [f"Note: {n}" for n in r.notes]
     if r.files.get("json"):
         apply = f"vitreg fix {doc['model']['spec']} --neurons {r.files['json']}"
@@ -209,7 +209,7 @@ def _decisions(r: NeuronsResults) -> Section:
 def _neuron_table(r: NeuronsResults) -> Section:
     s = Section("neurons", "The neurons")
     causal = r.causal is not None
-    header = ["rank", "layer", "unit", "score"] + (["effect alone", "in the set"] if causal else [])
+    header = ["rank", "block", "unit", "score"] + (["effect alone", "in the set"] if causal else [])
     rows = []
     for i, n in enumerate(r.neurons):
         row = [str(i + 1), str(n.layer), str(n.unit), num(n.score)]
@@ -222,7 +222,7 @@ def _neuron_table(r: NeuronsResults) -> Section:
         s.blocks.append("Dropped by the causal check:")
         s.blocks.append(
             Table(
-                ["layer", "unit", "effect alone", "in the set", "why"],
+                ["block", "unit", "effect alone", "in the set", "why"],
                 [
                     [str(d.layer), str(d.unit), pct(d.alone), pct(d.in_set), text(d.reason)]
                     for d in dropped
@@ -243,7 +243,7 @@ def planted_section(rows: list[PlantedRow]) -> Section:
     )
     s.blocks.append(
         Table(
-            ["layer", "unit", "role", "in this set"],
+            ["block", "unit", "role", "in this set"],
             [[str(x.layer), str(x.unit), x.role, "yes" if x.chosen else "no"] for x in rows],
         )
     )
