@@ -91,6 +91,20 @@ def test_a_line_of_nearly_equal_values_gets_short_tick_labels() -> None:
     assert ax.yaxis.get_offset_text().get_text() == ""
 
 
+def test_a_scatter_of_nearly_equal_values_is_widened_too() -> None:
+    """Points drawn with ``scatter`` (no line) near one value get the same plain, short axis."""
+    from vitreg.report.figures import encode, new_canvas
+
+    fig = new_canvas(4, 3)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.scatter([0.0, 1.5, 3.0], [0.199702, 0.199714, 0.199709])
+    encode(fig, "png")
+    lo, hi = ax.get_ylim()
+    assert hi - lo >= 0.02 * 0.1997
+    assert ax.yaxis.get_offset_text().get_text() == ""
+    assert all(len(t.get_text()) <= 6 for t in ax.get_yticklabels())
+
+
 def test_report_html_shows_figures_at_column_width_and_figures_keeps_them_whole() -> None:
     import base64
     import io

@@ -104,13 +104,15 @@ def all_axes(fig: Any) -> list[Any]:
 
 def tidy(fig: Any) -> None:
     """Readable ticks everywhere (colour bars too) and plain numbers: no offset text; a plot
-    whose values barely vary gets a y range of at least MIN_SPAN of their size, so its tick
-    labels stay short (0.1997 to 0.2003, not 0.199702 to 0.199714)."""
+    or scatter plot whose values barely vary gets a y range of at least MIN_SPAN of their
+    size, so its tick labels stay short (0.1997 to 0.2003, not 0.199702 to 0.199714)."""
+    from matplotlib.collections import PathCollection
     from matplotlib.ticker import ScalarFormatter
 
     for ax in all_axes(fig):
         ax.tick_params(which="both", labelsize=TICK_SIZE)
-        if ax.get_lines() and ax.get_yscale() == "linear":
+        points = ax.get_lines() or any(isinstance(c, PathCollection) for c in ax.collections)
+        if points and ax.get_yscale() == "linear":
             widen(ax)
         for axis in (ax.xaxis, ax.yaxis):
             fmt = axis.get_major_formatter()
