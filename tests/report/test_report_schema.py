@@ -42,11 +42,6 @@ AS_READ = {
     "VariantSummary.params",
     "VariantSummary.flops",
     "ExperimentResults.settings",
-    # the issue-20 diagnose analyses, merged last: typed in a follow-up
-    *(
-        f"DiagnoseResults.{k}"
-        for k in ("kinds", "sinks", "massive", "lof", "positions", "registers")
-    ),
 }
 
 
