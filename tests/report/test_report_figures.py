@@ -105,6 +105,19 @@ def test_a_scatter_of_nearly_equal_values_is_widened_too() -> None:
     assert all(len(t.get_text()) <= 6 for t in ax.get_yticklabels())
 
 
+def test_a_one_block_line_is_drawn_as_a_point_with_a_plain_axis() -> None:
+    """A per-block curve of a one-block model (one x position) still shows its value."""
+    from vitreg.report.figures import encode, new_canvas
+
+    fig = new_canvas(4, 3)
+    ax = fig.add_subplot(1, 1, 1)
+    (line,) = ax.plot([0], [19.6], ls="--")
+    ax.set_xlabel("block")
+    encode(fig, "png")
+    assert line.get_marker() == "o"
+    assert [a.get_offset_text().get_text() for a in (ax.xaxis, ax.yaxis)] == ["", ""]
+
+
 def test_report_html_shows_figures_at_column_width_and_figures_keeps_them_whole() -> None:
     import base64
     import io

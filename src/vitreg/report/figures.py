@@ -103,7 +103,8 @@ def all_axes(fig: Any) -> list[Any]:
 
 
 def tidy(fig: Any) -> None:
-    """Readable ticks everywhere (colour bars too) and plain numbers: no offset text; a plot
+    """Readable ticks everywhere (colour bars too) and plain numbers: no offset text; a
+    one-point line gets a marker (a model with one block still shows its value); a plot
     or scatter plot whose values barely vary gets a y range of at least MIN_SPAN of their
     size, so its tick labels stay short (0.1997 to 0.2003, not 0.199702 to 0.199714)."""
     from matplotlib.collections import PathCollection
@@ -111,6 +112,9 @@ def tidy(fig: Any) -> None:
 
     for ax in all_axes(fig):
         ax.tick_params(which="both", labelsize=TICK_SIZE)
+        for line in ax.get_lines():
+            if len(line.get_xdata()) == 1 and line.get_marker() in ("None", "", " ", None):
+                line.set_marker("o")  # one block: a line with no marker would draw nothing
         points = ax.get_lines() or any(isinstance(c, PathCollection) for c in ax.collections)
         if points and ax.get_yscale() == "linear":
             widen(ax)
