@@ -60,5 +60,6 @@ def pamr(
     weights = affinity(image.float(), dilations)
     out = scores.float()
     for _ in range(steps):
+        # layout: pixel maps [B, K, H, W]; j picks a neighbour's affinity, not a token
         out = sum(n * weights[:, j : j + 1] for j, n in enumerate(_shifted(out, dilations, False)))
     return out.to(scores.dtype)
