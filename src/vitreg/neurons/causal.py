@@ -508,19 +508,20 @@ def _prune(
         write before the emergence block, where their whole effect may sit."""
         return max(e["alone_most"], e["in_set_most"]) >= min_gain
 
-    def outlier_at_input(layer: int) -> bool:
-        """Whether the outlier exists at the input of ``layer``: after the emergence block, or
-        at it when the previous block already carries most of its excess."""
+    def reader_floor(layer: int) -> float:
+        """The persistence below which a unit of ``layer`` is a reader: after the emergence
+        block (the outlier exists at its input); at it, only when the previous block already
+        carries most of its excess, and then a lower floor; 0 (none) before it."""
+        if layer > first:
+            return READER_PERSISTENCE
         prior = base.excess.get(layer - 1)
         at = base.excess.get(layer, 0.0)
-        return layer > first or (
-            layer == first and prior is not None and at > 0 and prior >= EXISTING * at
-        )
+        existing = layer == first and prior is not None and at > 0 and prior >= EXISTING * at
+        return EMERGENCE_PERSISTENCE if existing else 0.0
 
     for u in rest:
         p = effects[u]["persistence"]
-        floor = READER_PERSISTENCE if u[0] > first else EMERGENCE_PERSISTENCE
-        if outlier_at_input(u[0]) and p < floor:
+        if p < reader_floor(u[0]):
             drop(
                 u,
                 "reader",
