@@ -339,13 +339,22 @@ def read_voc_boxes(path: Path) -> tuple[np.ndarray, tuple[int, int] | None]:
     return np.asarray(boxes, dtype=np.float32).reshape(-1, 4), wh
 
 
-def _voc_root(root: Path) -> Path:
-    for cand in (root, root / "VOC2012", root / "VOCdevkit" / "VOC2012"):
-        if (cand / "JPEGImages").is_dir():
+def layout_root(root: Path, nested: tuple[str, ...], marker: str, missing: str) -> Path:
+    """The dataset's own folder: ``root`` or the first of ``root/nested...`` holding ``marker``
+    (datasets are unpacked with or without their top folders); else an error saying ``missing``."""
+    for cand in (root, *(root / n for n in nested)):
+        if (cand / marker).is_dir():
             return cand
-    raise InputError(
-        f"no JPEGImages/ folder in {root}; voc:DIR expects the VOC2012 layout (JPEGImages/, "
-        "SegmentationClass/, Annotations/, ImageSets/Segmentation/{train,val}.txt)"
+    raise InputError(f"no {marker}/ in {root}; {missing}")
+
+
+def _voc_root(root: Path) -> Path:
+    return layout_root(
+        root,
+        ("VOC2012", "VOCdevkit/VOC2012"),
+        "JPEGImages",
+        "voc:DIR expects the VOC2012 layout (JPEGImages/, SegmentationClass/, Annotations/, "
+        "ImageSets/Segmentation/{train,val}.txt)",
     )
 
 
@@ -376,15 +385,13 @@ class ADE20k(FileDataset):
     def __init__(self, spec: str, split: str, root: Path) -> None:
         super().__init__("ade20k", spec, split, ("mask",))
         sub = {"train": "training", "val": "validation"}[split]
-        for cand in (root, root / "ADEChallengeData2016"):
-            if (cand / "images" / sub).is_dir():
-                root = cand
-                break
-        else:
-            raise InputError(
-                f"no images/{sub}/ in {root}; ade20k:DIR expects the ADEChallengeData2016 "
-                "layout (images/{training,validation}/, annotations/{training,validation}/)"
-            )
+        root = layout_root(
+            root,
+            ("ADEChallengeData2016",),
+            f"images/{sub}",
+            "ade20k:DIR expects the ADEChallengeData2016 layout (images/{training,validation}/, "
+            "annotations/{training,validation}/)",
+        )
         masks = by_stem_files(root / "annotations" / sub, (".png",))
         images = self.images_in(root / "images" / sub)
         self.items = [FileItem(p.stem, p, masks.get(p.stem)) for p in images]

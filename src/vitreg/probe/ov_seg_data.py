@@ -35,6 +35,7 @@ from vitreg.data.formats import (
     FileItem,
     VOCSegmentation,
     by_stem_files,
+    layout_root,
     voc_ids,
 )
 from vitreg.errors import InputError, SpecError
@@ -139,16 +140,14 @@ class PascalContext(FileDataset):
 
     def __init__(self, name: str, spec: str, split: str, root: Path) -> None:
         super().__init__(name, spec, split, ("mask",))
-        for cand in (root, root / "VOC2010", root / "VOCdevkit" / "VOC2010"):
-            if (cand / "SegmentationClassContext").is_dir():
-                root = cand
-                break
-        else:
-            raise InputError(
-                f"no SegmentationClassContext/ in {root}; {name}:DIR expects mmseg's Pascal "
-                "Context layout: VOCdevkit/VOC2010/{JPEGImages,SegmentationClassContext}/ and "
-                "ImageSets/SegmentationContext/{train,val}.txt"
-            )
+        root = layout_root(
+            root,
+            ("VOC2010", "VOCdevkit/VOC2010"),
+            "SegmentationClassContext",
+            f"{name}:DIR expects mmseg's Pascal Context layout: "
+            "VOCdevkit/VOC2010/{JPEGImages,SegmentationClassContext}/ and "
+            "ImageSets/SegmentationContext/{train,val}.txt",
+        )
         masks = root / "SegmentationClassContext"
         ids = voc_ids(root, "SegmentationContext", masks, ".png", split)
         images = by_stem_files(root / "JPEGImages", IMAGE_ORDER)
@@ -181,15 +180,13 @@ class COCOSegmentation(FileDataset):
     def __init__(self, name: str, spec: str, split: str, root: Path) -> None:
         super().__init__(name, spec, split, ("mask",))
         sub = f"{split}2017"
-        for cand in (root, root / "coco_stuff164k", root / "coco_object"):
-            if (cand / "images" / sub).is_dir():
-                root = cand
-                break
-        else:
-            raise InputError(
-                f"no images/{sub}/ in {root}; {name}:DIR expects images/{{train,val}}2017/*.jpg "
-                f"and annotations/{{train,val}}2017/*{self.SUFFIXES[name][0]}"
-            )
+        root = layout_root(
+            root,
+            ("coco_stuff164k", "coco_object"),
+            f"images/{sub}",
+            f"{name}:DIR expects images/{{train,val}}2017/*.jpg and "
+            f"annotations/{{train,val}}2017/*{self.SUFFIXES[name][0]}",
+        )
         masks = by_stem_files(root / "annotations" / sub, (".png",))
         for image in self.images_in(root / "images" / sub):
             stems = (f"{image.stem}{s.removesuffix('.png')}" for s in self.SUFFIXES[name])
