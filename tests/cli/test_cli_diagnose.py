@@ -227,7 +227,9 @@ def test_crash_while_rendering_keeps_the_new_results(
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("vitreg.report.html.render_html", boom)  # after figures and report.md
+    monkeypatch.setattr(
+        "vitreg.report.render.html.render_html", boom
+    )  # after figures and report.md
     args = ["--debug", "diagnose", *SIZE, "--limit", "2", "--out", str(run_dir), "--overwrite"]
     result = runner.invoke(app, args)
     assert isinstance(result.exception, RenderError)

@@ -11,8 +11,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from vitreg.cli.app import app
-from vitreg.report.html import inline
-from vitreg.report.markdown import Table, code, code_span, escape_text, markdown_table
+from vitreg.report.render.html import inline
+from vitreg.report.render.markdown import Table, code, code_span, escape_text, markdown_table
 
 NAMES = ["a`b.png", "`lead.png", "pipe|name.png", "<b>bold</b>.png", "*star*.png", "``.png"]
 runner = CliRunner()

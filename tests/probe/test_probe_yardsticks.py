@@ -18,10 +18,10 @@ from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.metrics import interval_verdict
 from vitreg.probe.run import run
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
-from vitreg.report.markdown import Report, render_markdown
-from vitreg.report.probe_figures import probe_figures
+from vitreg.report.render.markdown import Report, render_markdown
 from vitreg.report.results.probe import ProbeResults
 from vitreg.report.verbs.probe import layer_section, write_probe_run
+from vitreg.report.verbs.probe_figures import probe_figures
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -147,7 +147,7 @@ def test_segmentation_run_carries_yardsticks_per_class_iou_and_figures(tmp_path:
 
 def test_compare_between_runs_calls_a_delta_only_when_the_intervals_separate(tmp_path) -> None:
     from vitreg.report.compare import compare_runs, wide_table
-    from vitreg.report.markdown import markdown_table
+    from vitreg.report.render.markdown import markdown_table
 
     def run_dir(name: str, scores: list[tuple[float, float | None]]) -> Path:
         folder = tmp_path / name

@@ -19,8 +19,8 @@ from vitreg.analysis.diagnose import DiagnoseResult, diagnose
 from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormAnalysis
 from vitreg.errors import RenderError
-from vitreg.report import figures
-from vitreg.report.markdown import markdown_table
+from vitreg.report.render import plots
+from vitreg.report.render.markdown import markdown_table
 from vitreg.report.schema import json_schema, resolve, validate_metrics
 from vitreg.report.verbs import diagnose as diagnose_renderer
 from vitreg.report.verbs.diagnose import model_rows, rows_table
@@ -303,10 +303,10 @@ def test_display_images_undo_the_model_normalisation() -> None:
     x = torch.rand(2, 3, 8, 8)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     normed = (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
-    shown = figures.display_images(normed, mean, std)
+    shown = plots.display_images(normed, mean, std)
     assert shown.shape == (2, 8, 8, 3)
     assert torch.allclose(torch.from_numpy(shown), x.permute(0, 2, 3, 1), atol=1e-5)
-    rescaled = figures.display_images(normed)  # no mean/std: per-image range to [0, 1]
+    rescaled = plots.display_images(normed)  # no mean/std: per-image range to [0, 1]
     assert rescaled.min() == 0.0 and rescaled.max() == 1.0
 
 
@@ -330,7 +330,7 @@ def test_figures_say_block_where_tables_do(planted: DiagnoseResult) -> None:
     """Axis labels, panel titles and captions of the diagnose figures count blocks, never layers."""
     import re
 
-    from vitreg.report.figures import all_axes
+    from vitreg.report.render.plots import all_axes
 
     figs = diagnose_renderer.figures(planted, None)
     assert figs

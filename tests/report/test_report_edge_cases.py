@@ -22,8 +22,8 @@ import vitreg
 from vitreg.analysis.diagnose import diagnose
 from vitreg.configs import FixConfig, NeuronsConfig, ProbeRunConfig, VlmConfig
 from vitreg.fix.neuron_set import NeuronSet
-from vitreg.report.html import render_html
-from vitreg.report.markdown import render_markdown
+from vitreg.report.render.html import render_html
+from vitreg.report.render.markdown import render_markdown
 from vitreg.report.schema import resolve, validate_metrics
 from vitreg.report.verbs.diagnose import diagnose_document
 from vitreg.report.writer import saved_figures

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from conftest import TESTS
 from vitreg.cli.app import app
 from vitreg.cli.validate_cmd import check_run
-from vitreg.report.html import render_html
-from vitreg.report.markdown import render_markdown
+from vitreg.report.render.html import render_html
+from vitreg.report.render.markdown import render_markdown
 from vitreg.report.schema import VERBS, json_schema, resolve, validate_metrics
 from vitreg.report.upgrade import upgrade
 from vitreg.report.verbs.diagnose import report as build_report

@@ -143,8 +143,8 @@ def compare_command(
     are not runs are skipped with a note)."""
     from vitreg.errors import InputError
     from vitreg.report.compare import compare_runs, long_rows, write_compare
-    from vitreg.report.figures import VECTOR_FORMATS
-    from vitreg.report.markdown import num
+    from vitreg.report.render.markdown import num
+    from vitreg.report.render.plots import VECTOR_FORMATS
 
     with cli_errors(), session():  # issue 24: the --out claimed inside is released at the end
         if out is not None:

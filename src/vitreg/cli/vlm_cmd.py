@@ -13,7 +13,7 @@ from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
 from vitreg.configs import VlmConfig
-from vitreg.report.markdown import num, pct
+from vitreg.report.render.markdown import num, pct
 
 
 def run_vlm_command(cfg: Any) -> None:

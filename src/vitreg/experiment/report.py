@@ -15,18 +15,19 @@ from typing import Any
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
 from vitreg.experiment.summary import SUMMARY
 from vitreg.report.document import Headline, build_document
-from vitreg.report.fields import as_dict, as_list, dig, finite
-from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
-from vitreg.report.markdown import (
+from vitreg.report.fields import as_dict, as_list, dig
+from vitreg.report.render.envelope import provenance_section
+from vitreg.report.render.markdown import (
     Report,
     Section,
     Table,
     code,
     figure_section,
+    finite,
     num,
-    provenance_section,
     text,
 )
+from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.results.train import DinoTerms
 from vitreg.report.verbs.train import dino_reading
 from vitreg.report.writer import write_run

@@ -22,9 +22,9 @@ from vitreg.report.documents import (
     read_comparison,
     read_metrics,
 )
-from vitreg.report.fields import as_list, dig, finite
-from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
-from vitreg.report.markdown import FigureRef, Report, Section, Table, code, num
+from vitreg.report.fields import as_list, dig
+from vitreg.report.render.markdown import FigureRef, Report, Section, Table, code, finite, num
+from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.schema import resolve
 from vitreg.report.verbs.diagnose import model_rows, rows_table
 from vitreg.report.writer import COMPARE, MODELS, Layout, render_again, write_run
@@ -246,7 +246,7 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
 def comparison_banner(documents: Sequence[dict[str, Any]]) -> str | None:
     """The banners of the compared runs (synthetic models, random weights), in one paragraph:
     a comparison says what its runs' reports say in their first line."""
-    from vitreg.report.markdown import synthetic_banner
+    from vitreg.report.render.envelope import synthetic_banner
 
     banners = []
     for doc in documents:
@@ -278,7 +278,7 @@ def comparison_report(
 ) -> Report:
     """The comparison's sections: the wide table, the curves, the runs, the skipped paths and
     (with ``made``, from :func:`provenance`) the provenance; ``banner`` first."""
-    from vitreg.report.markdown import provenance_section
+    from vitreg.report.render.envelope import provenance_section
 
     sections = [Section("table", "Metrics", [*notes, table])]
     if figures:

@@ -1,10 +1,9 @@
 """Reading a result document's fields in a renderer: any field the schema leaves open may be
 missing, None, NaN or empty (no outlier patches, one image, no [CLS], a skipped analysis), and a
-report must still render. One getter and three guards instead of a ``.get(k) or {}`` per read."""
+report must still render. One getter and two guards instead of a ``.get(k) or {}`` per read."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 
@@ -29,8 +28,3 @@ def as_dict(x: Any) -> dict[str, Any]:
 def as_list(x: Any) -> list[Any]:
     """``x`` if it is a list, else an empty one."""
     return x if isinstance(x, list) else []
-
-
-def finite(x: Any) -> bool:
-    """Whether ``x`` is a real number (not None, NaN, infinite or a bool)."""
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)

@@ -21,8 +21,8 @@ from typing import Any
 from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, RenderError
-from vitreg.report.figures import Figure, figure_formats
-from vitreg.report.markdown import Report, render_markdown
+from vitreg.report.render.markdown import Report, render_markdown
+from vitreg.report.render.plots import Figure, figure_formats
 
 CAPTIONS = "figures.json"  # in figures/: each figure's name and caption, read by `vitreg report`
 SLIDER = "slider.json"  # in figures/: the maps of report.html's block slider
@@ -93,7 +93,7 @@ def pages(
     report: Report, figures: Sequence[Figure], slider: dict[str, Any] | None, layout: Layout = RUN
 ) -> dict[str, str]:
     """The Markdown and HTML pages of ``report``, by file name."""
-    from vitreg.report.html import render_html
+    from vitreg.report.render.html import render_html
 
     markdown, html = layout.pages
     return {markdown: render_markdown(report), html: render_html(report, list(figures), slider)}

@@ -122,8 +122,8 @@ def run_probe(
     )
     doc = result.to_dict()
     if is_main():
-        from vitreg.report.probe_figures import probe_figures
         from vitreg.report.verbs.probe import write_probe_run
+        from vitreg.report.verbs.probe_figures import probe_figures
 
         with progress(None, "writing the report"):
             draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)

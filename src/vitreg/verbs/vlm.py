@@ -34,7 +34,7 @@ def run_vlm(
     """Answer ``cfg``'s prompt per image without and with the fix and write the run directory."""
     from vitreg.distributed import is_main
     from vitreg.fix import TestTimeRegisters
-    from vitreg.report.figures import display_images
+    from vitreg.report.render.plots import display_images
     from vitreg.report.verbs.vlm import write_vlm_run
     from vitreg.vlm import run_vlm as answer
     from vitreg.vlm.run import SUPPRESSED

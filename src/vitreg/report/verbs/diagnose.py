@@ -12,40 +12,41 @@ import numpy as np
 import torch
 
 from vitreg.report.document import Headline, build_document, headline_values
-from vitreg.report.fields import finite
-from vitreg.report.figures import (
-    Figure,
+from vitreg.report.render.envelope import (
+    data_section,
+    model_section,
+    provenance_section,
+    synthetic_banner,
+)
+from vitreg.report.render.markdown import (
+    FigureRef,
+    Report,
+    Section,
+    Table,
+    code,
+    finite,
+    num,
+    pct,
+    text,
+)
+from vitreg.report.render.plots import Figure, display_images
+from vitreg.report.results.diagnose import DiagnoseResults, SiteNorms
+from vitreg.report.schema import plain
+from vitreg.report.upgrade import upgrade
+from vitreg.report.verbs.diagnose_figures import (
     attention_agreement,
     attention_heads,
     attention_maps,
     channel_ownership,
-    display_images,
     feature_pictures,
+    kinds_figures,
     ln_similarity,
     norm_histograms,
     norm_maps,
     norm_quantiles,
     redundancy_maps,
 )
-from vitreg.report.kinds_figures import kinds_figures
-from vitreg.report.kinds_sections import detail_sections, kinds_section
-from vitreg.report.markdown import (
-    FigureRef,
-    Report,
-    Section,
-    Table,
-    code,
-    data_section,
-    model_section,
-    num,
-    pct,
-    provenance_section,
-    synthetic_banner,
-    text,
-)
-from vitreg.report.results.diagnose import DiagnoseResults, SiteNorms
-from vitreg.report.schema import plain
-from vitreg.report.upgrade import upgrade
+from vitreg.report.verbs.diagnose_kinds import detail_sections, kinds_section
 from vitreg.report.writer import write_run
 
 FIGURE_SECTION = {
@@ -581,7 +582,7 @@ def write_diagnose_run(
     """Write the run directory of a :class:`DiagnoseResult`; ``images`` (model input space)
     feed the overlays. ``mean``/``std`` (the model's data config) de-normalise ``images`` for
     display; without them images are taken as [0, 1] (or rescaled per image when outside)."""
-    from vitreg.report.html import slider_data
+    from vitreg.report.verbs.diagnose_figures import slider_data
 
     doc = diagnose_document(result, config, command)
     shown = display_images(images[:max_maps] if images is not None else None, mean, std)

@@ -11,7 +11,18 @@ from typing import Any
 import numpy as np
 
 from vitreg.report.document import Headline, build_document
-from vitreg.report.figures import (
+from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
+from vitreg.report.render.markdown import (
+    Report,
+    Section,
+    Table,
+    code,
+    figure_section,
+    num,
+    pct,
+    text,
+)
+from vitreg.report.render.plots import (
     Figure,
     GridColumn,
     clip_range,
@@ -21,19 +32,6 @@ from vitreg.report.figures import (
     new_canvas,
     outside_legend,
     similarity_column,
-)
-from vitreg.report.markdown import (
-    Report,
-    Section,
-    Table,
-    code,
-    figure_section,
-    model_section,
-    num,
-    pct,
-    provenance_section,
-    synthetic_banner,
-    text,
 )
 from vitreg.report.results.fix import Comparison, Control, FixResults
 from vitreg.report.verbs.neurons import blocks_text, images_section, planted_section

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
-from vitreg.report.markdown import (
+from vitreg.report.render.markdown import (
     Report,
     Section,
     Table,
@@ -18,6 +17,7 @@ from vitreg.report.markdown import (
     figure_section,
     num,
 )
+from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.results.board import BoardDocument
 from vitreg.report.schema import plain, utc_now, versions
 from vitreg.report.writer import BOARD, write_run

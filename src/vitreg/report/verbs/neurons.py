@@ -11,21 +11,23 @@ from typing import Any
 import numpy as np
 
 from vitreg.report.document import Headline, build_document
-from vitreg.report.figures import Figure, figure, new_canvas, outside_legend
-from vitreg.report.markdown import (
+from vitreg.report.render.envelope import (
+    data_section,
+    model_section,
+    provenance_section,
+    synthetic_banner,
+)
+from vitreg.report.render.markdown import (
     Report,
     Section,
     Table,
     code,
-    data_section,
     figure_section,
-    model_section,
     num,
     pct,
-    provenance_section,
-    synthetic_banner,
     text,
 )
+from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.results.neurons import NeuronsResults, PlantedRow
 from vitreg.report.writer import write_run
 

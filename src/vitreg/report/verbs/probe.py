@@ -9,19 +9,9 @@ from typing import Any
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.fields import as_dict, as_list, dig
-from vitreg.report.figures import Figure
-from vitreg.report.markdown import (
-    Report,
-    Section,
-    Table,
-    code,
-    figure_section,
-    model_section,
-    num,
-    provenance_section,
-    synthetic_banner,
-    text,
-)
+from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
+from vitreg.report.render.markdown import Report, Section, Table, code, figure_section, num, text
+from vitreg.report.render.plots import Figure
 from vitreg.report.results.probe import (
     ProbeDelta,
     ProbeLayer,

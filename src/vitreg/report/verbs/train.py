@@ -9,17 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.report.document import Headline, build_document
-from vitreg.report.figures import Figure, figure, new_canvas
-from vitreg.report.markdown import (
-    Report,
-    Section,
-    figure_section,
-    model_section,
-    num,
-    provenance_section,
-    synthetic_banner,
-    text,
-)
+from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
+from vitreg.report.render.markdown import Report, Section, figure_section, num, text
+from vitreg.report.render.plots import Figure, figure, new_canvas
 from vitreg.report.results.train import DinoTerms, TrainResults
 from vitreg.report.writer import write_run
 

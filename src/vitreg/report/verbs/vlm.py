@@ -11,21 +11,23 @@ import numpy as np
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.fields import as_list
-from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
-from vitreg.report.markdown import (
+from vitreg.report.render.envelope import (
+    data_section,
+    model_section,
+    provenance_section,
+    synthetic_banner,
+)
+from vitreg.report.render.markdown import (
     Report,
     Section,
     Table,
     code,
-    data_section,
     figure_section,
-    model_section,
     num,
     pct,
-    provenance_section,
-    synthetic_banner,
     text,
 )
+from vitreg.report.render.plots import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.results.vlm import Condition, VlmImage, VlmResults
 from vitreg.report.writer import write_run
 

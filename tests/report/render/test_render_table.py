@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vitreg.report.markdown import Report, Section, Table, markdown_table, render_markdown
+from vitreg.report.render.markdown import Report, Section, Table, markdown_table, render_markdown
 
 
 def test_table_layout() -> None:
@@ -22,7 +22,7 @@ def test_pipe_and_line_breaks_are_escaped_in_one_place() -> None:
 def test_html_tables_align_numbers_right_prose_left_and_never_break_a_header_word() -> None:
     import re
 
-    from vitreg.report.html import align, render_html
+    from vitreg.report.render.html import align, render_html
 
     numbers = ["0.25", "–", "12.5%", "-3e-05", "1.2 – 3.4", "0.25 ± 0.1", "3.1 (block 4)", "yes"]
     prose = ["`blocks.3.hook_resid_post`", "patch embedding", "cause (writes the outliers)"]
@@ -40,7 +40,7 @@ def test_html_tables_align_numbers_right_prose_left_and_never_break_a_header_wor
 def test_a_column_is_aligned_as_a_whole_header_included() -> None:
     """A prose column with a dash or a yes in it stays left-aligned, its header too; a column of
     numbers with a missing value stays right-aligned."""
-    from vitreg.report.html import column_aligns, render_html
+    from vitreg.report.render.html import column_aligns, render_html
 
     table = Table(
         ["block", "what it does", "rate", "note"],

@@ -12,7 +12,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from vitreg.cli.app import app
-from vitreg.report.figures import DPI, Figure, all_axes, figure_formats
+from vitreg.report.render.plots import DPI, Figure, all_axes, figure_formats
 from vitreg.report.verbs.fix import before_after_maps
 
 
@@ -78,7 +78,7 @@ def test_log_axes_read_plain_numbers() -> None:
 def test_a_line_of_nearly_equal_values_gets_short_tick_labels() -> None:
     """The experiment's mIoU axis of issue 19 (0.199702 to 0.199714): widened to 2% of the
     values, its labels are plain and short, never offset notation."""
-    from vitreg.report.figures import encode, new_canvas
+    from vitreg.report.render.plots import encode, new_canvas
 
     fig = new_canvas(4, 3)
     ax = fig.add_subplot(1, 1, 1)
@@ -93,7 +93,7 @@ def test_a_line_of_nearly_equal_values_gets_short_tick_labels() -> None:
 
 def test_a_scatter_of_nearly_equal_values_is_widened_too() -> None:
     """Points drawn with ``scatter`` (no line) near one value get the same plain, short axis."""
-    from vitreg.report.figures import encode, new_canvas
+    from vitreg.report.render.plots import encode, new_canvas
 
     fig = new_canvas(4, 3)
     ax = fig.add_subplot(1, 1, 1)
@@ -107,7 +107,7 @@ def test_a_scatter_of_nearly_equal_values_is_widened_too() -> None:
 
 def test_a_one_block_line_is_drawn_as_a_point_with_a_plain_axis() -> None:
     """A per-block curve of a one-block model (one x position) still shows its value."""
-    from vitreg.report.figures import encode, new_canvas
+    from vitreg.report.render.plots import encode, new_canvas
 
     fig = new_canvas(4, 3)
     ax = fig.add_subplot(1, 1, 1)
@@ -125,8 +125,8 @@ def test_report_html_shows_figures_at_column_width_and_figures_keeps_them_whole(
     import numpy as np
     from PIL import Image
 
-    from vitreg.report.figures import figure, new_canvas
     from vitreg.report.render.images import DISPLAY_WIDTH, display_uri
+    from vitreg.report.render.plots import figure, new_canvas
 
     fig = new_canvas(12, 4)
     ax = fig.add_subplot(1, 1, 1)

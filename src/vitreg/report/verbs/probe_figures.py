@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vitreg.report.figures import Figure, display_images, figure, new_canvas
+from vitreg.report.render.plots import Figure, display_images, figure, new_canvas
 
 MAX_LINES = 8  # score lines per metric panel: the rest are in the tables
 

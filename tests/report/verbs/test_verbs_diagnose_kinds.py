@@ -18,10 +18,10 @@ from vitreg.analysis.norms import NormAnalysis
 from vitreg.analysis.positions import PositionAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
-from vitreg.report.kinds_figures import kinds_figures
-from vitreg.report.kinds_sections import detail_sections, kinds_section
-from vitreg.report.markdown import Report, Table, render_markdown
+from vitreg.report.render.markdown import Report, Table, render_markdown
 from vitreg.report.schema import plain
+from vitreg.report.verbs.diagnose_figures import kinds_figures
+from vitreg.report.verbs.diagnose_kinds import detail_sections, kinds_section
 
 
 def _run(model: vitreg.Model, size: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from vitreg.report.fields import as_dict, as_list, dig
-from vitreg.report.markdown import Section, Table, code, num, pct, text
+from vitreg.report.render.markdown import Section, Table, code, num, pct, text
 
 
 def _block(doc: dict[str, Any], name: str) -> dict[str, Any] | None:

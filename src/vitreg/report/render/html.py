@@ -1,9 +1,11 @@
-"""Self-contained report.html: the Markdown report's sections, figures as data URIs, a layer slider.
+"""Self-contained report.html: the Markdown report's sections, figures as data URIs, a block
+slider.
 
 Paragraphs, table cells, captions and the banner are Markdown rendered by markdown-it-py (a
-dependency of rich), with raw HTML escaped, so the page shows no Markdown markers. The slider draws norm and attention maps over the input images on canvases from JSON
-embedded in the page (maps are tiny: h*w numbers per layer per image), so the file stays
-small and opens offline: no CDN, no external file.
+dependency of rich), with raw HTML escaped, so the page shows no Markdown markers. The slider
+draws maps over the input images on canvases from JSON embedded in the page (a verb's renderer
+makes it; maps are tiny: h*w numbers per layer per image), so the file stays small and opens
+offline: no CDN, no external file.
 """
 
 from __future__ import annotations
@@ -13,76 +15,13 @@ import re
 from functools import cache
 from typing import Any
 
-import numpy as np
+from vitreg.report.render.images import display_uri
+from vitreg.report.render.markdown import FigureRef, Report, Table
+from vitreg.report.render.plots import CLIP_TEXT
 
-from vitreg.report.figures import CLIP_TEXT, clip_range, colormap_lut
-from vitreg.report.markdown import FigureRef, Report, Table
-from vitreg.report.render.images import display_uri, image_uri
-
-SLIDER_IMAGES = 4
 # a number (1.5, -3e-05, 12%, 2.1×), a missing value (–), yes/no, or a range of numbers
 _NUMBER = r"[-+−]?(\d[\d,]*\.?\d*|\.\d+)(e[-+]?\d+)?\s*[%×x]?"
 NUMERIC = re.compile(rf"–|yes|no|{_NUMBER}(\s*[±–-]\s*{_NUMBER})?(\s*\(.*\))?", re.IGNORECASE)
-
-
-def _image_uri(img: np.ndarray) -> str:
-    from PIL import Image
-
-    return image_uri(Image.fromarray((img * 255).round().astype(np.uint8)))
-
-
-def _rounded(x: np.ndarray) -> list[float]:
-    return [float(f"{v:.4g}") for v in np.asarray(x, dtype=np.float64).ravel()]
-
-
-def slider_data(result: Any, images: np.ndarray | None, n: int = SLIDER_IMAGES) -> dict | None:
-    """Per-layer norm (and attention) maps of the first ``n`` images, with clipped colour ranges."""
-    norms = result.results.get("norms")
-    if norms is None:
-        return None
-    trace = norms.trace
-    n = min(n, trace.n_images, *([len(images)] if images is not None else []))
-    sites = trace.sites + ([trace.final_site] if trace.final_site else [])
-    layers = []
-    for i, site in enumerate(sites):
-        maps = trace.patch_maps(site).numpy()
-        lo, hi = clip_range(maps)
-        final = site == trace.final_site
-        layers.append(
-            {
-                "label": "after final norm" if final else f"block {i}",
-                "site": site,
-                "where": "after the final norm" if final else "residual stream",
-                "grid": list(maps.shape[1:]),
-                "range": [lo, hi],
-                "maps": [_rounded(m) for m in maps[:n]],
-                "attention": None,
-            }
-        )
-    attn = result.results.get("attention")
-    if attn is not None:
-        by_site = {
-            site.removesuffix("attn.hook_pattern") + "hook_resid_post": m
-            for site, m in zip(attn.sites, attn.layer_maps, strict=True)
-        }
-        for entry in layers:
-            m = by_site.get(entry["site"])
-            if m is not None and m.numel():
-                m = m.detach().float().cpu().numpy()
-                entry["attention"] = {
-                    "grid": list(m.shape[1:]),
-                    "range": list(clip_range(m)),
-                    "maps": [_rounded(x) for x in m[:n]],
-                }
-    return {
-        "cmap": colormap_lut().tolist(),
-        "images": [_image_uri(img) for img in images[:n]] if images is not None else [],
-        "layers": layers,
-        "attention": None if attn is None else attn.query,
-        "start": norms.report.emergence_layer
-        if norms.report.emergence_layer is not None
-        else len(trace.sites) - 1,
-    }
 
 
 @cache
@@ -116,7 +55,7 @@ def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("vitreg.report", "templates"),
+        loader=jinja2.PackageLoader("vitreg.report.render", "templates"),
         autoescape=True,
         trim_blocks=True,
         lstrip_blocks=True,
