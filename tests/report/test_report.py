@@ -272,7 +272,8 @@ def test_a_model_comparison_renders_again_as_written(
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         shutil.copytree(planted_run, d)
-    write_model_comparison(tmp_path, [("a", planted), ("b", planted)], dirs)
+    documents = [json.loads((d / "metrics.json").read_text()) for d in dirs]
+    write_model_comparison(tmp_path, [("a", planted), ("b", planted)], dirs, documents)
     written = (tmp_path / "comparison.md").read_text()
     (tmp_path / "comparison.md").unlink()
     assert render_again(tmp_path) == [tmp_path / "comparison.md", tmp_path / "report.html"]

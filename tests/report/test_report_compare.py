@@ -13,20 +13,25 @@ from vitreg.cli.app import app
 from vitreg.cli.output import console
 from vitreg.report.compare import compare_runs, long_rows, write_compare
 
+OLD_RUN = Path(__file__).parent / "schema_1_1_diagnose.json"
 LONG = "base/blocks.11.hook_resid_post/test_time_registers/all/top1"
 
 
 def fake_run(folder: Path, spec: str, rate: float, ratios: list[float]) -> Path:
-    """A diagnose-like metrics.json with per-layer norms and long metric names."""
-    layers = [
-        {"layer": i, "outlier_rate": {"auto": rate * (i > 0)}, "max_over_median": r}
+    """A diagnose metrics.json (the saved 1.1 run's results) with these per-layer norms and
+    long metric names."""
+    results = json.loads(OLD_RUN.read_text())["results"]
+    first = results["norms"]["layers"][0]
+    results["norms"]["layers"] = [
+        {**first, "layer": i, "outlier_rate": {"auto": rate * (i > 0)}, "max_over_median": r}
         for i, r in enumerate(ratios)
     ]
     doc = {
+        "schema_version": "1.1",
         "verb": "diagnose",
         "command": f"vitreg diagnose {spec}",
         "model": {"spec": spec},
-        "results": {"norms": {"layers": layers}},
+        "results": results,
         "metrics": [
             {"name": "outlier_rate", "value": rate, "higher_is_better": False},
             {"name": LONG, "value": 0.5 + rate, "higher_is_better": True},

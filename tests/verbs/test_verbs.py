@@ -169,7 +169,7 @@ def test_demo_notice_is_data(tmp_path, monkeypatch):
     """With no spec the verb runs the demo and says so in its notices (the CLI prints them)."""
     from vitreg.verbs import diagnose as verb
 
-    monkeypatch.setattr(verb, "diagnose_one", lambda *a, **k: None)  # the notice, not the run
+    monkeypatch.setattr(verb, "diagnose_one", lambda *a, **k: (None, None))  # not the run
     run = vitreg.run(DiagnoseConfig(out=tmp_path / "demo"))
     assert run.notices[0].kind == "demo" and "planted:dinov2_s14" in run.notices[0].text
     assert run.labelled == [("planted:dinov2_s14", None)] and run.document is None

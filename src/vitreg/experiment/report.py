@@ -448,9 +448,10 @@ def write_report(
     command: str,
     splits: tuple[Any, Any],
     config: dict[str, Any] | None = None,
-) -> Path:
+) -> dict[str, Any]:
     """Write the comparison report of the variants done so far (all files atomically); the
-    document's ``config`` (and config.yaml) is ``config``, by default the settings."""
+    document's ``config`` (and config.yaml) is ``config``, by default the settings; the
+    metrics.json document written."""
     s = plan["settings"]
     results = {
         "complete": len(variants) == total,
@@ -497,7 +498,8 @@ def write_report(
         data=data,
         config=config or s,
     )
-    return write_run(out, doc, report, lambda: experiment_figures(variants))
+    write_run(out, doc, report, lambda: experiment_figures(variants))
+    return doc
 
 
 def experiment_figures(variants: list[dict[str, Any]]) -> list[Figure]:

@@ -40,6 +40,7 @@ class ExperimentResult:
     variants: list[dict[str, Any]]
     complete: bool
     wall_time_s: float
+    document: dict[str, Any] | None = None  # the metrics.json written last
 
 
 def data_spec(data: str) -> str:
@@ -315,6 +316,7 @@ def run_variants(
     )
     check_plan(out, plan)
     done: list[dict[str, Any]] = []
+    document = None
     with progress(
         len(chosen) * settings.seeds, "experiment: every variant x seed (models)"
     ) as update:
@@ -331,5 +333,6 @@ def run_variants(
                 raise SpecError(f"variant {v.name}: {err}") from None
             done.append(summarise(v, runs, f"variants/{v.name}"))
             wall = time.perf_counter() - t0  # the report so far, after every entry
-            write_report(out, plan, done, len(chosen), wall, command, splits, config)
-    return ExperimentResult(out, done, len(done) == len(chosen), time.perf_counter() - t0)
+            document = write_report(out, plan, done, len(chosen), wall, command, splits, config)
+    wall = time.perf_counter() - t0
+    return ExperimentResult(out, done, len(done) == len(chosen), wall, document)

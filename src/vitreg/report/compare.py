@@ -14,29 +14,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from vitreg.errors import InputError
 from vitreg.probe.metrics import interval_verdict
-from vitreg.report.documents import (
-    comparison_members,
-    is_comparison,
-    read_comparison,
-    read_metrics,
-)
-from vitreg.report.fields import as_list, dig
+from vitreg.report.documents import RunDir, comparison_members, read_comparison
 from vitreg.report.render.markdown import FigureRef, Report, Section, Table, code, finite, num
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
+from vitreg.report.results.diagnose import SiteNorms
 from vitreg.report.schema import resolve
-from vitreg.report.verbs.diagnose import model_rows, rows_table
+from vitreg.report.verbs.diagnose import model_rows, results_of, rows_table
 from vitreg.report.writer import COMPARE, MODELS, Layout, render_again, write_run
 
 Draw = Callable[[], tuple[Report, list[Figure]]]  # a comparison's report and its figures
 DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
 CURVE_RULE = "auto"  # the outlier rule of the verdict; its rate per layer is what the curves show
-
-
-def load_metrics(run: Path) -> dict[str, Any]:
-    """The checked metrics.json of a run directory (or the file itself)."""
-    return read_metrics(run)
 
 
 def labels(runs: list[Path]) -> list[str]:
@@ -48,22 +40,26 @@ def labels(runs: list[Path]) -> list[str]:
 
 
 def load_runs(paths: Sequence[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], dict[str, str]]:
-    """The runs among ``paths`` with their documents, and each skipped path with the reason. A
-    comparison folder (``diagnose --models``, ``compare --out``) stands for the runs it lists."""
+    """The runs among ``paths`` with their documents, each read through :class:`RunDir`, and
+    each skipped path with the reason. A comparison folder (``diagnose --models``,
+    ``compare --out``) stands for the runs it lists."""
     runs, skipped = [], {}
     for p in map(Path, paths):
-        members = [p]
-        if is_comparison(p) and not (p / "metrics.json").exists():
-            try:
-                members = comparison_members(p, read_comparison(p))
-            except InputError as e:
-                skipped[str(p)] = str(e).removeprefix(f"{p} ")
-                continue
+        try:
+            found = RunDir.open(p)
+            members = (
+                comparison_members(found.path, read_comparison(found.path))
+                if found.kind == "comparison"
+                else [p]
+            )
+        except InputError as e:
+            skipped[str(p)] = str(e).removeprefix(f"{p} ")
+            continue
         for run in members:
             if any(run.resolve() == seen.resolve() for seen, _ in runs):
                 continue  # listed twice (e.g. a comparison folder and one of its runs)
             try:
-                runs.append((run, load_metrics(run)))
+                runs.append((run, RunDir.open(run).metrics()))
             except InputError as e:
                 skipped[str(run)] = str(e).removeprefix(f"{run} ")
     return runs, skipped
@@ -214,19 +210,15 @@ def wide_table(merged: dict[str, Any]) -> Table:
 def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | None:
     """Per-layer outlier rate and max/median patch norm of every diagnose run, one colour per
     model, on one figure (None when no run has per-layer norms)."""
-    curves = [
-        (label, doc["results"]["norms"]["layers"])
-        for label, doc in labelled
-        if ((doc.get("results") or {}).get("norms") or {}).get("layers")
-    ]
+    curves = [(label, layers) for label, doc in labelled if (layers := norm_layers(doc))]
     if not curves:
         return None
     fig = new_canvas(7.0, 4.8)
     rate_ax, ratio_ax = fig.subplots(2, 1, sharex=True)
     for i, (label, layers) in enumerate(curves):
-        x = [dig(lo, "layer") for lo in layers]
-        rates = [100 * (dig(lo, "outlier_rate", CURVE_RULE) or 0.0) for lo in layers]
-        ratios = [dig(lo, "max_over_median") for lo in layers]
+        x = [lo.layer for lo in layers]
+        rates = [100 * (lo.outlier_rate.get(CURVE_RULE) or 0.0) for lo in layers]
+        ratios = [lo.max_over_median for lo in layers]
         colour = f"C{i % 10}"
         rate_ax.plot(x, rates, marker=".", color=colour, label=label)
         ratio_ax.plot(x, [r if finite(r) else math.nan for r in ratios], marker=".", color=colour)
@@ -241,6 +233,18 @@ def layer_curves(labelled: Sequence[tuple[str, dict[str, Any]]]) -> Figure | Non
         "largest patch-token norm over the median (bottom, log scale), one colour per model."
     )
     return figure("model_curves", caption, fig)
+
+
+def norm_layers(doc: dict[str, Any]) -> list[SiteNorms]:
+    """The per-block norms of a diagnose run's document, read as its typed results; none for
+    another verb, a run that is gone (an empty document) or results that do not follow the
+    schema (a forged file: compared by its headlines, drawn as no curve)."""
+    if doc.get("verb", "diagnose") != "diagnose" or not isinstance(doc.get("results"), dict):
+        return []
+    try:
+        return results_of(doc).norms.layers
+    except ValidationError:
+        return []
 
 
 def comparison_banner(documents: Sequence[dict[str, Any]]) -> str | None:
@@ -390,20 +394,22 @@ def write_model_comparison(
     parent: Path,
     labelled: Sequence[tuple[str, Any]],
     dirs: Sequence[Path],
+    documents: Sequence[dict[str, Any]],
     config: dict[str, Any] | None = None,
     command: str = "",
-) -> Path:
-    """The files of ``vitreg diagnose --models`` in ``parent``: the cross-model table, the
-    per-model curves (also in ``config``'s figure format), a link to each model's run
-    directory, the models' banners, provenance and config.yaml (``config``: rerun it with
-    ``vitreg diagnose --config``)."""
+) -> dict[str, Any]:
+    """The files of ``vitreg diagnose --models`` in ``parent`` from each model's results, run
+    directory and metrics.json document: the cross-model table, the per-model curves (also in
+    ``config``'s figure format), a link to each model's run directory, the models' banners,
+    provenance and config.yaml (``config``: rerun it with ``vitreg diagnose --config``); the
+    comparison.json document written."""
     meta = [
         {"model": label, "run_dir": d.name} for (label, _), d in zip(labelled, dirs, strict=True)
     ]
     made = provenance(command or "vitreg diagnose", config or {})
     data = {"verb": "diagnose", **made, "runs": meta, "rows": model_rows(list(labelled))}
-    documents = [read_metrics(d) for d in dirs]
-    return write_comparison(parent, data, lambda: model_comparison_report(data, documents), MODELS)
+    write_comparison(parent, data, lambda: model_comparison_report(data, documents), MODELS)
+    return data
 
 
 def render_comparison_again(folder: Path) -> list[Path]:
@@ -411,10 +417,10 @@ def render_comparison_again(folder: Path) -> list[Path]:
     comparison.json (the curves from the runs' metrics.json where they still exist)."""
     data = read_comparison(folder)  # checked: its verb, runs and rows
     if data.get("verb") == "compare":
-        runs: list[Path | None] = [Path(str(dig(s, "run"))) for s in as_list(data.get("sources"))]
+        runs: list[Path | None] = [Path(s["run"]) for s in data["sources"]]
         draw = compare_report
     else:  # the per-model folders of `diagnose --models`, inside this one
-        names = [str(dig(m, "run_dir")) for m in data["runs"]]
+        names = [m["run_dir"] for m in data["runs"]]
         runs = [folder / n if Path(n).name == n else None for n in names]
         draw = model_comparison_report
     documents = [_saved_document(r) for r in runs]

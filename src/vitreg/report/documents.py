@@ -106,6 +106,15 @@ class RunDir:
             "folder written by vitreg"
         )
 
+    def metrics(self) -> dict[str, Any]:
+        """The checked metrics.json of a run folder; InputError for a comparison or a
+        leaderboard (their runs hold one each) and for a file that is not shaped like a run's."""
+        if self.kind != "run":
+            raise InputError(
+                f"{self.path} holds a {self.kind} ({self.document.name}), not a run's metrics.json"
+            )
+        return read_metrics(self.document)
+
 
 def read_board(folder: Path) -> Any:
     """The leaderboard.json of a ``fix --method`` folder as its typed document (a pydantic

@@ -17,7 +17,6 @@ from vitreg.verbs.common import (
     default_run_dir,
     demo_notice,
     join_torchrun,
-    read_document,
     slug,
 )
 from vitreg.verbs.loading import check_images, model_and_images
@@ -25,7 +24,7 @@ from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Noti
 from vitreg.verbs.resume import checkpointed, finished
 
 
-def _writer() -> Callable[..., Path]:
+def _writer() -> Callable[..., dict[str, Any] | None]:
     """The report layer's diagnose writer (imported when first needed; tests swap it)."""
     from vitreg.report.verbs.diagnose import write_diagnose_run
 
@@ -59,8 +58,9 @@ def diagnose_one(
     device: str | None,
     progress: Progress,
     notices: Notices,
-) -> Any:
-    """Load ``spec``, diagnose it on the chosen images, write its run directory; the result."""
+) -> tuple[Any, dict[str, Any] | None]:
+    """Load ``spec``, diagnose it on the chosen images, write its run directory; the result and
+    the metrics.json document written (None on another torchrun rank, which writes nothing)."""
     from vitreg.analysis.diagnose import diagnose
     from vitreg.distributed import barrier, is_main
 
@@ -81,9 +81,10 @@ def diagnose_one(
         )
     result.data.update(source.description())
     write_run = _writer()
+    document = None
     if is_main():  # under torchrun every rank has the result; rank 0 writes it
         with progress(None, "writing the report"):
-            write_run(
+            document = write_run(
                 out_dir,
                 result,
                 images=source.display_images(),
@@ -95,7 +96,7 @@ def diagnose_one(
             )
     barrier()
     finished(out_dir, every)
-    return result
+    return result, document
 
 
 @session()  # issue 24: the --out claimed inside is released when the verb ends
@@ -119,32 +120,37 @@ def run_diagnose(
     check_images(cfg.images)
     labelled: list[tuple[str, Any]] = []
     dirs: list[Path] = []
+    documents: list[dict[str, Any] | None] = []
     for spec in specs:
         target = run_dir if len(specs) == 1 else _unique(run_dir / slug(spec), dirs)
         try:
-            labelled.append((spec, diagnose_one(cfg, spec, target, device, progress, notices)))
+            result, document = diagnose_one(cfg, spec, target, device, progress, notices)
         except KeyboardInterrupt:
             saved = target / "metrics.json"  # check_out left no earlier one
             raise Interrupted(spec, saved if saved.is_file() else None) from None
+        labelled.append((spec, result))
+        documents.append(document)
         dirs.append(target)
-    comparison = None
+    comparison, document = None, documents[0] if len(specs) == 1 else None
     if len(specs) > 1 and is_main():
         from vitreg.report.compare import write_model_comparison
+        from vitreg.report.writer import MODELS
 
         whole = cfg.model_copy(update={"out": run_dir})
         options = {**_options(cfg, device), "models": cfg.models, "out": run_dir}
-        comparison = write_model_comparison(
+        document = write_model_comparison(
             run_dir,
             labelled,
             dirs,
+            [d for d in documents if d is not None],
             config=whole.to_file(),
             command=command_line(None, options),
         )
-    document = run_dir / ("metrics.json" if len(specs) == 1 else "comparison.json")
+        comparison = run_dir / MODELS.markdown
     return DiagnoseRun(
         "diagnose",
         run_dir,
-        read_document(document),
+        document,
         notices.items,
         labelled=labelled,
         run_dirs=dirs,

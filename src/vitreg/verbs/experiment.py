@@ -10,7 +10,7 @@ from typing import Any
 from vitreg.configs import ExperimentConfig
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import default_run_dir, read_document
+from vitreg.verbs.common import default_run_dir
 from vitreg.verbs.result import ExperimentRun, Listener, Notice, Notices
 
 
@@ -94,7 +94,6 @@ def run_experiment(
         config=cfg.to_file(),
     )
     seconds = time.perf_counter() - t0
-    document = read_document(cfg.out / "metrics.json")
     return ExperimentRun(
-        "experiment", cfg.out, document, notices.items, experiment=result, seconds=seconds
+        "experiment", cfg.out, result.document, notices.items, experiment=result, seconds=seconds
     )

@@ -11,7 +11,7 @@ from vitreg.core.readers import read_json
 from vitreg.core.run_dir import session
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
+from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
 from vitreg.verbs.result import FixRun, Listener, Notices
@@ -96,11 +96,11 @@ def run_fix(
             with progress(None, f"saving the fixed model to {cfg.save}"):
                 save_fixed(model, ttr, cfg.save, **save_args(model, spec, cfg.img_size))
         results["saved"] = str(cfg.save)
-    on_main(write, run_dir, model, source, comparison, results, cfg, command, progress)
+    document = on_main(write, run_dir, model, source, comparison, results, cfg, command, progress)
     return FixRun(
         "fix",
         run_dir,
-        read_document(run_dir / "metrics.json"),
+        document,
         notices.items,
         comparison=comparison,
         fix=ttr,
@@ -117,12 +117,12 @@ def write(
     cfg: FixConfig,
     command: str,
     progress: Progress,
-) -> None:
-    """config.yaml and metrics.json, then the report, of one fix."""
+) -> dict[str, Any]:
+    """config.yaml and metrics.json, then the report, of one fix; the document written."""
     from vitreg.report.verbs.fix import write_fix_run
 
     with progress(None, "writing the report"):
-        write_fix_run(
+        return write_fix_run(
             run_dir,
             comparison,
             described=model.describe(),

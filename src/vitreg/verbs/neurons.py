@@ -9,7 +9,7 @@ from typing import Any
 from vitreg.configs import NeuronsConfig
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import images_named, join_torchrun, prepare, read_document
+from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import discover, planted_rows
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
@@ -30,9 +30,8 @@ def run_neurons(
     model, source = model_and_images(cfg, join_torchrun(cfg.device), progress, notices)
     with checkpointed(cfg.out, cfg.checkpoint_every, cfg.to_file()):
         found = discover(model, source, cfg, progress, notices)
-    on_main(write, cfg.out, model, source, found, cfg.to_file(), command, progress)
+    document = on_main(write, cfg.out, model, source, found, cfg.to_file(), command, progress)
     finished(cfg.out, cfg.checkpoint_every)
-    document = read_document(cfg.out / "metrics.json")
     return NeuronsRun("neurons", cfg.out, document, notices.items, found=found, spec=cfg.spec)
 
 
@@ -44,8 +43,8 @@ def write(
     config: dict[str, Any],
     command: str,
     progress: Progress,
-) -> None:
-    """The NeuronSet files, then metrics.json and the report."""
+) -> dict[str, Any]:
+    """The NeuronSet files, then metrics.json and the report; the document written."""
     from vitreg.report.verbs.neurons import write_neurons_run
 
     data = {**source.description(), "split": found.split}
@@ -56,7 +55,7 @@ def write(
         results = found.results()
         results["planted"] = planted_rows(model, found.chosen.pairs())
         results["files"] = {"json": "neurons.json", "tensors": "neurons.safetensors"}
-        write_neurons_run(
+        document = write_neurons_run(
             run_dir,
             described=model.describe(),
             data=data,
@@ -69,3 +68,4 @@ def write(
 
             meta = hub.run_metadata(found, model, source.label, data["n_images"])
             hub.write_folder(found.chosen, config["hub_dir"], meta)
+    return document

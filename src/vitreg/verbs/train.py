@@ -82,7 +82,7 @@ def run_train(
         notices.append(
             Notice("resumed", f"resumed from the checkpoint at step {result.resumed_from}")
         )
-    write_train_run(
+    document = write_train_run(
         run_dir,
         train_results(result, run_dir),
         result.history,
@@ -91,7 +91,6 @@ def run_train(
         config=cfg.to_file(),
         command=train_command_line(cfg),
     )
-    document = json.loads((run_dir / "metrics.json").read_text())
     return TrainRun("train", run_dir, document, notices.items, training=result)
 
 

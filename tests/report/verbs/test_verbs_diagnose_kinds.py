@@ -19,35 +19,36 @@ from vitreg.analysis.positions import PositionAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
 from vitreg.report.render.markdown import Report, Table, render_markdown
+from vitreg.report.results.diagnose import DiagnoseResults
 from vitreg.report.schema import plain
 from vitreg.report.verbs.diagnose_figures import kinds_figures
 from vitreg.report.verbs.diagnose_kinds import detail_sections, kinds_section
 
 
-def _run(model: vitreg.Model, size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The analyses' results and the metrics.json document of them."""
+def _run(model: vitreg.Model, size: int) -> tuple[dict[str, Any], DiagnoseResults]:
+    """The analyses' results and their typed form, as metrics.json holds them."""
     x = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(0))
     chosen = [NormAnalysis(), SinkAnalysis(), MassiveAnalysis(), LOFAnalysis()]
     res, skipped, _ = run_analyses(model, x, chosen + [PositionAnalysis(), RegisterAnalysis()])
     res["kinds"] = verdicts(res, skipped)
     results = {k: v.to_dict() for k, v in res.items()}
-    return res, {"results": plain({**results, "not_applicable": skipped})}
+    return res, DiagnoseResults.model_validate(plain({**results, "not_applicable": skipped}))
 
 
-def _markdown(doc: dict[str, Any]) -> str:
-    return render_markdown(Report(None, "t", [kinds_section(doc), *detail_sections(doc)]))
+def _markdown(r: DiagnoseResults) -> str:
+    return render_markdown(Report(None, "t", [kinds_section(r), *detail_sections(r)]))
 
 
 def test_plant_sections_name_the_broadcast_head() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = vitreg.load("planted:kinds_broadcast_sink")
-    res, doc = _run(model, 64)
-    first = kinds_section(doc)
+    res, r = _run(model, 64)
+    first = kinds_section(r)
     assert first.key == "kinds" and "broadcast sinks" in first.blocks[0]
     table = next(b for b in first.blocks if isinstance(b, Table))
     assert [r[1] for r in table.rows].count("**yes**") == 1
-    sinks = detail_sections(doc)[0]
+    sinks = detail_sections(r)[0]
     heads = next(b for b in sinks.blocks if isinstance(b, Table))
     assert heads.rows[0][:4] == ["3", "2", "broadcast", "cls"]
     figs = {f.name: f for f in kinds_figures(res)}

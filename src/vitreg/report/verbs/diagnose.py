@@ -78,7 +78,7 @@ def report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
     r = results_of(doc)
     kinds = r.kinds is not None  # documents written before issue 20: none
     sections = [
-        *([kinds_section(doc)] if kinds else []),
+        *([kinds_section(r)] if kinds else []),
         _verdict(r),
         model_section(doc),
         data_section(doc),
@@ -88,7 +88,7 @@ def report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
         _redundancy(r),
         _ln(r),
         _features(r),
-        *(detail_sections(doc) if kinds else []),
+        *(detail_sections(r) if kinds else []),
         _not_applicable(r),
         provenance_section(doc),
     ]
@@ -432,8 +432,8 @@ def _not_applicable(r: DiagnoseResults) -> Section:
 
 def headlines(results: dict[str, Any]) -> list[Headline]:
     """The headline numbers of a diagnose run, each at its pointer into ``results``."""
-    norms = results["norms"]
-    layers = norms["layers"]
+    r = DiagnoseResults.model_validate(results)
+    norms, layers = r.norms, r.norms.layers
     n = "/results/norms"
     out = [
         Headline("artifacts_present", f"{n}/artifacts_present", False, "the artifact verdict"),
@@ -450,14 +450,14 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
             "share of patch tokens in the outlier mode (auto rule) at the strongest layer; 0 "
             "without artifacts",
             unit="fraction",
-            layer=norms["evidence"].get("strongest_layer"),
+            layer=norms.evidence.strongest_layer,
         ),
     ]
     picks = {"last_layer": len(layers) - 1}
-    if norms.get("emergence_layer") is not None:
-        picks = {"emergence_layer": norms["emergence_layer"], **picks}
+    if norms.emergence_layer is not None:
+        picks = {"emergence_layer": norms.emergence_layer, **picks}
     for where, i in picks.items():
-        for rule in layers[i]["outlier_rate"]:
+        for rule in layers[i].outlier_rate:
             out.append(
                 Headline(
                     f"outlier_rate.{rule}.{where}",
@@ -465,7 +465,7 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
                     False,
                     f"patch tokens flagged by the {rule} rule, residual stream",
                     unit="fraction",
-                    layer=layers[i]["layer"],
+                    layer=layers[i].layer,
                 )
             )
     if layers:
@@ -477,20 +477,20 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
                     f"{n}/layers/{i}/{ratio}",
                     False,
                     "patch-token norm ratio on the residual stream",
-                    layer=layers[i]["layer"],
+                    layer=layers[i].layer,
                 )
             )
-        peak = max(range(len(layers)), key=lambda j: layers[j]["max_over_median"])
+        peak = max(range(len(layers)), key=lambda j: layers[j].max_over_median)
         out.append(
             Headline(
                 "norm_ratio.max_over_median.peak",
                 f"{n}/layers/{peak}/max_over_median",
                 False,
                 "largest max/median patch-norm ratio over layers (residual stream)",
-                layer=layers[peak]["layer"],
+                layer=layers[peak].layer,
             )
         )
-    if norms.get("after_final_norm"):
+    if norms.after_final_norm is not None:
         for ratio in ("max_over_median", "p98_over_median"):
             out.append(
                 Headline(
@@ -500,26 +500,10 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
                     "patch-token norm ratio after the final norm (outliers may vanish here)",
                 )
             )
-    strongest = norms["evidence"].get("strongest_layer")
-    shown = strongest if strongest is not None else len(layers) - 1
-    agreement = (results.get("attention") or {}).get("agreement") or []
-    site = layers[shown]["site"] if layers else None
-    i = next((j for j, a in enumerate(agreement) if a.get("norm_site") == site), None)
-    for key in ("iou", "precision", "recall", "top_p_iou") if i is not None else ():
-        if key in agreement[i]:
-            out.append(
-                Headline(
-                    f"attention_norm_{key}",
-                    f"/results/attention/agreement/{i}/{key}",
-                    None,
-                    f"{key} of attention-map artifacts against norm outliers "
-                    f"({agreement[i].get('norm_method')} rule) at the strongest outlier layer "
-                    "(last layer without artifacts)",
-                    layer=layers[shown]["layer"],
-                )
-            )
-    red = results.get("redundancy") or {}
-    if (red.get("outlier_vs_normal") or {}).get("embed_n4", {}).get("auc") is not None:
+    out += _attention_headlines(r)
+    red = r.redundancy
+    placed = red.outlier_vs_normal.get("embed_n4") if red is not None else None
+    if red is not None and placed is not None and placed.auc is not None:
         out.append(
             Headline(
                 "redundancy_auc.embed_n4",
@@ -527,10 +511,10 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
                 None,
                 "P(an outlier's embedding redundancy > a normal patch's): above 0.5, outliers "
                 "sit in redundant regions",
-                layer=red.get("layer"),
+                layer=red.layer,
             )
         )
-    if (results.get("ln_separation") or {}).get("has_cls"):
+    if r.ln_separation is not None and r.ln_separation.has_cls:
         for point in ("pre_ln1", "post_ln1"):
             out.append(
                 Headline(
@@ -552,6 +536,32 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
             )
         )
     return out
+
+
+def _attention_headlines(r: DiagnoseResults) -> list[Headline]:
+    """Attention/norm agreement at the strongest outlier block (the last without artifacts):
+    each score the results hold there."""
+    layers, strongest = r.norms.layers, r.norms.evidence.strongest_layer
+    shown = strongest if strongest is not None else len(layers) - 1
+    agreement = r.attention.agreement if r.attention is not None else []
+    site = layers[shown].site if layers else None
+    i = next((j for j, a in enumerate(agreement) if a.norm_site == site), None)
+    if i is None:
+        return []
+    at = agreement[i]
+    return [
+        Headline(
+            f"attention_norm_{key}",
+            f"/results/attention/agreement/{i}/{key}",
+            None,
+            f"{key} of attention-map artifacts against norm outliers "
+            f"({at.norm_method} rule) at the strongest outlier layer "
+            "(last layer without artifacts)",
+            layer=layers[shown].layer,
+        )
+        for key in ("iou", "precision", "recall", "top_p_iou")
+        if key in at.model_fields_set
+    ]
 
 
 def diagnose_document(result: Any, config: dict[str, Any], command: str) -> dict[str, Any]:
@@ -578,21 +588,23 @@ def write_diagnose_run(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     max_maps: int = 8,
-) -> Path:
-    """Write the run directory of a :class:`DiagnoseResult`; ``images`` (model input space)
-    feed the overlays. ``mean``/``std`` (the model's data config) de-normalise ``images`` for
-    display; without them images are taken as [0, 1] (or rescaled per image when outside)."""
+) -> dict[str, Any]:
+    """Write the run directory of a :class:`DiagnoseResult`; the metrics.json document written.
+    ``images`` (model input space) feed the overlays. ``mean``/``std`` (the model's data
+    config) de-normalise ``images`` for display; without them images are taken as [0, 1] (or
+    rescaled per image when outside)."""
     from vitreg.report.verbs.diagnose_figures import slider_data
 
     doc = diagnose_document(result, config, command)
     shown = display_images(images[:max_maps] if images is not None else None, mean, std)
-    return write_run(
+    write_run(
         out_dir,
         doc,
         report,
         lambda: figures(result, shown),
         lambda _: slider_data(result, shown),
     )
+    return doc
 
 
 COMPARE_COLUMNS = (

@@ -392,8 +392,9 @@ def write_fix_run(
     results: dict[str, Any],
     command: str,
     images: Any = None,
-) -> Path:
-    """Write the ``vitreg fix`` run directory; ``images`` are display copies in [0, 1]."""
+) -> dict[str, Any]:
+    """Write the ``vitreg fix`` run directory (``images``: display copies in [0, 1]); the
+    metrics.json document written."""
     results = {"comparison": comparison.to_dict(), **results}
     doc = build_document(
         "fix",
@@ -404,7 +405,8 @@ def write_fix_run(
         data=data,
         config=config,
     )
-    return write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
+    write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
+    return doc
 
 
 def figures(comparison: Any, doc: dict[str, Any], images: Any) -> list[Figure]:

@@ -293,8 +293,9 @@ def write_neurons_run(
     config: dict[str, Any],
     results: dict[str, Any],
     command: str,
-) -> Path:
-    """Write the ``vitreg neurons`` run directory (the NeuronSet files are the caller's)."""
+) -> dict[str, Any]:
+    """Write the ``vitreg neurons`` run directory (the NeuronSet files are the caller's); the
+    metrics.json document written."""
     doc = build_document(
         "neurons",
         results,
@@ -304,7 +305,8 @@ def write_neurons_run(
         data=data,
         config=config,
     )
-    return write_run(out_dir, doc, report, lambda: figures(doc))
+    write_run(out_dir, doc, report, lambda: figures(doc))
+    return doc
 
 
 def figures(doc: dict[str, Any]) -> list[Figure]:

@@ -118,9 +118,9 @@ def write_train_run(
     data: Mapping[str, Any],
     config: dict[str, Any],
     command: str,
-) -> Path:
+) -> dict[str, Any]:
     """config.yaml, report.md/html with the loss curve of ``history`` (the step log) and
-    (last) metrics.json of a finished training run in ``out_dir``.
+    (last) metrics.json of a finished training run in ``out_dir``; the document written.
 
     ``results`` are the run's (:func:`vitreg.verbs.train.train_results`), ``described`` the
     model block (``vitreg.verbs.train.describe_trained``), ``data`` the data block
@@ -136,4 +136,5 @@ def write_train_run(
         config=config,
     )
     terms = results["dino_terms"]
-    return write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])
+    write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])
+    return doc
