@@ -4,6 +4,8 @@ model that is not trained says so in its first line, the Python API's included."
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +16,14 @@ from conftest import images
 from vitreg.analysis.diagnose import diagnose
 from vitreg.models.loaders.local import save_local
 from vitreg.report.schema import is_synthetic, validate_metrics
-from vitreg.report.verbs.diagnose import write_diagnose_run as write_run
+from vitreg.report.verbs.diagnose import write_diagnose_run
+
+
+def write_run(out: Path, result: Any, **kwargs: Any) -> Path:
+    """The run directory ``out`` of a diagnose result, written by the report layer's writer."""
+    write_diagnose_run(out, result, **kwargs)
+    return out
+
 
 TINY = dict(depth=2, img_size=56)
 ARCH = "timm:vit_small_patch14_dinov2"

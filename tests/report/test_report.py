@@ -8,6 +8,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -23,10 +24,16 @@ from vitreg.report.render import plots
 from vitreg.report.render.markdown import markdown_table
 from vitreg.report.schema import json_schema, resolve, validate_metrics
 from vitreg.report.verbs import diagnose as diagnose_renderer
-from vitreg.report.verbs.diagnose import model_rows, rows_table
-from vitreg.report.verbs.diagnose import write_diagnose_run as write_run
+from vitreg.report.verbs.diagnose import model_rows, rows_table, write_diagnose_run
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build_unplanted
+
+
+def write_run(out: Path, result: Any, **kwargs: Any) -> Path:
+    """The run directory ``out`` of a diagnose result, written by the report layer's writer."""
+    write_diagnose_run(out, result, **kwargs)
+    return out
+
 
 SIZE = 112
 CONFIG = {"limit": 16, "batch_size": 8, "images": None, "rules": {"top_p": {"p": 2.0}}}

@@ -17,7 +17,7 @@ import torch
 
 import vitreg
 from vitreg.analysis.diagnose import diagnose
-from vitreg.report.verbs.diagnose import write_diagnose_run as write_run
+from vitreg.report.verbs.diagnose import write_diagnose_run
 from vitreg.testing.images import synthetic_images
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -32,6 +32,12 @@ FLAGS = (
     "--no-first-run",
     "--disable-dev-shm-usage",
 )
+
+
+def write_run(out: Path, result: Any, **kwargs: Any) -> Path:
+    """The run directory ``out`` of a diagnose result, written by the report layer's writer."""
+    write_diagnose_run(out, result, **kwargs)
+    return out
 
 
 @pytest.fixture(scope="module")
