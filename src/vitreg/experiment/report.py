@@ -15,7 +15,6 @@ from typing import Any
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
 from vitreg.experiment.summary import SUMMARY
 from vitreg.report.document import Headline, build_document
-from vitreg.report.fields import as_dict, as_list, dig
 from vitreg.report.render.envelope import provenance_section
 from vitreg.report.render.markdown import (
     Report,
@@ -28,7 +27,9 @@ from vitreg.report.render.markdown import (
     text,
 )
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
-from vitreg.report.results.train import DinoTerms
+from vitreg.report.results.experiment import ExperimentResults, VariantSummary
+from vitreg.report.schema import plain
+from vitreg.report.upgrade import upgrade
 from vitreg.report.verbs.train import dino_reading
 from vitreg.report.writer import write_run
 
@@ -52,22 +53,30 @@ SETTINGS += ("steps", "batch_size", "lr", "seeds", "probe_seeds")  # the summary
 
 def headlines(results: dict[str, Any]) -> list[Headline]:
     """``<variant>/<key>`` -> the mean over seeds in ``results.variants[i].summary``."""
+    variants = ExperimentResults.model_validate(results).variants
     return [
-        Headline(f"{v['name']}/{key}", f"/results/variants/{i}/summary/{key}/mean", better)
-        for i, v in enumerate(results["variants"])
+        Headline(f"{v.name}/{key}", f"/results/variants/{i}/summary/{key}/mean", better)
+        for i, v in enumerate(variants)
         for key, (_, better) in SUMMARY.items()
-        if v["summary"][key]["mean"] is not None
+        if _mean(v, key) is not None
     ]
 
 
-def _mean(v: dict[str, Any], key: str) -> float | None:
-    return dig(v, "summary", key, "mean")
+def results_of(doc: dict[str, Any]) -> ExperimentResults:
+    """The typed results of an experiment metrics.json document."""
+    return ExperimentResults.model_validate(upgrade(doc)["results"])
 
 
-def _cell(v: dict[str, Any], key: str) -> str:
-    s = as_dict(dig(v, "summary", key))
-    mean = s.get("mean")
-    if not finite(mean):
+def _mean(v: VariantSummary, key: str) -> float | None:
+    """The mean over seeds of the summary number ``key`` (None: not measured)."""
+    stats = v.summary.get(key)
+    return stats.mean if stats is not None else None
+
+
+def _cell(v: VariantSummary, key: str) -> str:
+    stats = v.summary.get(key)
+    mean = stats.mean if stats is not None else None
+    if stats is None or not finite(mean):
         return num(mean)
     if key == "artifacts_present":
         return "yes" if mean >= 0.5 else "no"
@@ -77,7 +86,7 @@ def _cell(v: dict[str, Any], key: str) -> str:
         return f"{mean / 1e6:.1f}"
     if key == "params_extra_pct":
         return f"{mean:.2f}"
-    return f"{num(mean)} ± {num(s['std'], 2)}" if s.get("std") is not None else num(mean)
+    return f"{num(mean)} ± {num(stats.std, 2)}" if stats.std is not None else num(mean)
 
 
 def _titled(titles: dict[str, str], key: Any) -> str:
@@ -85,23 +94,23 @@ def _titled(titles: dict[str, str], key: Any) -> str:
     return titles.get(key, text(key)) if isinstance(key, str) else text(key)
 
 
-def comparison_table(variants: list[dict[str, Any]]) -> Table:
+def comparison_table(variants: list[VariantSummary]) -> Table:
     header = ["variant", "specialised", "high-norm handling", *(t for _, t in COLUMNS)]
     rows = [
         [
-            code(v.get("name")),
-            _titled(SPECIALISATION_TITLES, v.get("specialisation")),
-            _titled(HANDLING_TITLES, v.get("handling")),
+            code(v.name),
+            _titled(SPECIALISATION_TITLES, v.specialisation),
+            _titled(HANDLING_TITLES, v.handling),
             *(_cell(v, k) for k, _ in COLUMNS),
         ]
-        for v in map(as_dict, variants)
+        for v in variants
     ]
     return Table(header, rows)
 
 
-def deltas(variants: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:
+def deltas(variants: list[VariantSummary]) -> dict[str, dict[str, dict[str, float | None]]]:
     """``{specialisation: {handling: {key: variant - baseline of the same handling}}}``."""
-    by = {(v.get("specialisation"), v.get("handling")): v for v in map(as_dict, variants)}
+    by = {(v.specialisation, v.handling): v for v in variants}
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for (spec, handling), v in by.items():
         base = by.get(("baseline", handling))
@@ -130,33 +139,35 @@ def delta_table(d: dict[str, dict[str, dict[str, float | None]]]) -> Table:
     return Table(["variant", "high-norm handling", *(t for _, t in DELTAS)], rows)
 
 
-def block_table(variants: list[dict[str, Any]]) -> Table | None:
+def block_table(variants: list[VariantSummary]) -> Table | None:
     with_ln = [
-        (v.get("name"), as_list(dig(v, "per_block", "cls_patch_post_ln1")))
-        for v in map(as_dict, variants)
-        if "cls_patch_post_ln1" in as_dict(v.get("per_block"))
+        (v.name, v.per_block["cls_patch_post_ln1"])
+        for v in variants
+        if "cls_patch_post_ln1" in v.per_block
     ]
     if not with_ln:
         return None
     depth = max(len(values) for _, values in with_ln)
     rows = [
-        [code(name), *(num(dig(values, b), 2) for b in range(depth))] for name, values in with_ln
+        [code(name), *(num(values[b] if b < len(values) else None, 2) for b in range(depth))]
+        for name, values in with_ln
     ]
     return Table(["variant", *(f"block {b}" for b in range(depth))], rows)
 
 
-def _pooled_std(variants: list[dict[str, Any]], key: str) -> float | None:
-    var = [v["summary"][key]["std"] ** 2 for v in variants if v["summary"][key]["std"] is not None]
+def _pooled_std(variants: list[VariantSummary], key: str) -> float | None:
+    stds = [stats.std for v in variants if (stats := v.summary.get(key)) is not None]
+    var = [std**2 for std in stds if std is not None]
     return math.sqrt(sum(var) / len(var)) if var else None
 
 
-def conclusions(results: dict[str, Any]) -> list[str]:
+def conclusions(results: ExperimentResults) -> list[str]:
     """Plain statements of what the numbers support, and what they cannot."""
-    s, variants = results["settings"], results["variants"]
+    s, variants = results.settings, results.variants
     out = [
         f"**Scale.** Every variant is a {s['depth']}-block, {s['embed_dim']}-wide ViT "
         f"(patch {s['patch_size']}, {s['img_size']} px) trained from scratch for {s['steps']} "
-        f"steps of {s['batch_size']} images ({s['recipe']}) on `{results['data']}`. The paper's "
+        f"steps of {s['batch_size']} images ({s['recipe']}) on `{results.data}`. The paper's "
         "claims (> 2 mIoU on ADE20k, unchanged classification) concern ViT-S/B/L trained for "
         "hundreds of thousands of steps on natural images; these runs cannot confirm or refute "
         "them. They show that every variant trains, is probed and diagnosed end to end, what "
@@ -204,19 +215,19 @@ def conclusions(results: dict[str, Any]) -> list[str]:
             f"**{SPECIALISATION_TITLES[spec]} vs baseline.** Δ seg mIoU = {shown}: {agree}{within}."
         )
     costs = {
-        v["specialisation"]: _mean(v, "params_extra_pct")
+        v.specialisation: _mean(v, "params_extra_pct")
         for v in variants
-        if v["handling"] == "none" and v["specialisation"] in ("norm_ls", "qkv")
+        if v.handling == "none" and v.specialisation in ("norm_ls", "qkv")
     }
     if costs:
-        flops_same = all(v["summary"]["flops_delta_specialisation"]["mean"] == 0 for v in variants)
+        flops_same = all(_mean(v, "flops_delta_specialisation") == 0 for v in variants)
         shown = ", ".join(f"{SPECIALISATION_TITLES[k]} +{num(p)}%" for k, p in costs.items())
         out.append(
             f"**Cost.** Extra parameters: {shown} (the paper's ≈0.05% / ≈8% are for ViT-L; "
             "norm and LayerScale copies weigh more in a narrow model). Specialisation changes "
             + ("no FLOPs in any variant (measured)." if flops_same else "FLOPs in some variants.")
         )
-    flagged = [v["name"] for v in variants if (_mean(v, "artifacts_present") or 0) >= 0.5]
+    flagged = [v.name for v in variants if (_mean(v, "artifacts_present") or 0) >= 0.5]
     out.append(
         f"**Artifacts.** High-norm outlier tokens were found in {len(flagged)} of "
         f"{len(variants)} variants"
@@ -228,21 +239,18 @@ def conclusions(results: dict[str, Any]) -> list[str]:
             else ""
         )
     )
-    dino = [v for v in variants if v.get("dino_terms")]
+    dino = [(v.name, v.dino_terms) for v in variants if v.dino_terms is not None]
     if dino:  # the [CLS] DINO term read against the teacher's entropy, measured per variant
         ends = ", ".join(
-            f"{v['name']} {num(v['dino_terms']['final']['loss_dino'])} / "
-            f"{num(v['dino_terms']['final']['teacher_entropy'])}"
-            for v in dino
+            f"{name} {num(terms.final.loss_dino)} / {num(terms.final.teacher_entropy)}"
+            for name, terms in dino
         )
         out.append(
-            f"**The DINO loss** of `{dino[0]['name']}` (first seed): "
-            + dino_reading(DinoTerms.model_validate(dino[0]["dino_terms"]))
+            f"**The DINO loss** of `{dino[0][0]}` (first seed): "
+            + dino_reading(dino[0][1])
             + f" Final [CLS] DINO loss / teacher entropy of every variant: {ends}."
         )
-    ln = [
-        (v["name"], _mean(v, "cls_patch_pre_ln1"), _mean(v, "cls_patch_post_ln1")) for v in variants
-    ]
+    ln = [(v.name, _mean(v, "cls_patch_pre_ln1"), _mean(v, "cls_patch_post_ln1")) for v in variants]
     ln = [(n, a, b) for n, a, b in ln if b is not None]
     if ln:
         shown = ", ".join(f"{n} {num(a, 2)} → {num(b, 2)}" for n, a, b in ln)
@@ -254,10 +262,10 @@ def conclusions(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def floors(results: dict[str, Any]) -> list[str]:
+def floors(results: ExperimentResults) -> list[str]:
     """Say when a probe sits at its trivial level, so no variant can be told apart by it."""
     out = []
-    miou = [x for v in results["variants"] if (x := _mean(v, "seg_miou")) is not None]
+    miou = [x for v in results.variants if (x := _mean(v, "seg_miou")) is not None]
     if len(miou) > 1 and max(miou) - min(miou) < 1e-3:
         out.append(
             f"**Segmentation is at its floor.** Every variant scores mIoU {num(miou[0])} (to "
@@ -265,10 +273,10 @@ def floors(results: dict[str, Any]) -> list[str]:
             "the patch tokens carry no linearly readable shape class, so this metric, the "
             "paper's main one, cannot separate the variants here."
         )
-    majority = results.get("majority_rate")
+    majority = results.majority_rate
     top1 = [
         x
-        for v in results["variants"]
+        for v in results.variants
         for k in ("cls_top1", "patch_mean_top1")
         if (x := _mean(v, k)) is not None
     ]
@@ -285,21 +293,21 @@ def floors(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def _style(v: dict[str, Any]) -> dict[str, Any]:
+def _style(v: VariantSummary) -> dict[str, Any]:
     colours = {"baseline": "C0", "norm_ls": "C1", "qkv": "C2", "gap": "C7", "finetune": "C4"}
     lines = {"none": "-", "registers": "--", "attn_bias": ":"}
     markers = {"none": "o", "registers": "s", "attn_bias": "^"}
     return {
-        "color": colours[v["specialisation"]],
-        "linestyle": lines[v["handling"]],
-        "marker": markers[v["handling"]],
+        "color": colours[v.specialisation],
+        "linestyle": lines[v.handling],
+        "marker": markers[v.handling],
     }
 
 
-def ln_figure(variants: list[dict[str, Any]]) -> Figure | None:
+def ln_figure(variants: list[VariantSummary]) -> Figure | None:
     from matplotlib.ticker import MaxNLocator
 
-    with_ln = [v for v in variants if "cls_patch_post_ln1" in v["per_block"]]
+    with_ln = [v for v in variants if "cls_patch_post_ln1" in v.per_block]
     if not with_ln:
         return None
     fig = new_canvas(9.0, 3.6)
@@ -309,10 +317,10 @@ def ln_figure(variants: list[dict[str, Any]]) -> Figure | None:
         (axes[1], "cls_patch_post_ln1", "after norm1"),
     ):
         for v in with_ln:
-            vals = v["per_block"].get(key, [])
+            vals = v.per_block.get(key, [])
             pts = [(b, x) for b, x in enumerate(vals) if x is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), label=v["name"], ms=4, **_style(v))
+                ax.plot(*zip(*pts, strict=True), label=v.name, ms=4, **_style(v))
         ax.axhline(0, color="0.7", lw=0.8)
         ax.set_title(f"[CLS]/patch cosine {title}", fontsize=9)
         ax.set_xlabel("block")
@@ -327,7 +335,7 @@ def ln_figure(variants: list[dict[str, Any]]) -> Figure | None:
     return figure("cls_patch_cosine_ln1", caption, fig)
 
 
-def scatter_figure(variants: list[dict[str, Any]]) -> Figure | None:
+def scatter_figure(variants: list[VariantSummary]) -> Figure | None:
     key = next(
         (
             k
@@ -350,7 +358,7 @@ def scatter_figure(variants: list[dict[str, Any]]) -> Figure | None:
                 ms=7,
                 **{k: s for k, s in _style(v).items() if k != "linestyle"},
             )
-            ax.annotate(v["name"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(v.name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     label = "segmentation mIoU" if key == "seg_miou" else "mean-patch top-1"
     ax.set_xlabel("extra parameters over the shared model (%)")
     ax.set_ylabel(label)
@@ -361,15 +369,15 @@ def scatter_figure(variants: list[dict[str, Any]]) -> Figure | None:
     return figure(f"{key}_vs_params", caption, fig)
 
 
-def loss_figure(variants: list[dict[str, Any]]) -> Figure:
+def loss_figure(variants: list[VariantSummary]) -> Figure:
     fig = new_canvas(6.5, 3.6)
     ax = fig.subplots()
     for v in variants:
-        curve = v["losses"][0]
+        curve = v.losses[0]
         ax.plot(
             range(1, len(curve) + 1),
             curve,
-            label=v["name"],
+            label=v.name,
             lw=1,
             **{k: s for k, s in _style(v).items() if k != "marker"},
         )
@@ -381,12 +389,13 @@ def loss_figure(variants: list[dict[str, Any]]) -> Figure:
 
 
 def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    r = doc["results"]
-    s = as_dict(r.get("settings"))
+    """The experiment's sections from its metrics.json document and the figures."""
+    r = results_of(doc)
+    s = r.settings
     status = (
-        f"complete: {r['n_done']} variants"
-        if r["complete"]
-        else f"**partial: {r['n_done']} of {r['n_total']} variants done** (rerun the command to continue)"
+        f"complete: {r.n_done} variants"
+        if r.complete
+        else f"**partial: {r.n_done} of {r.n_total} variants done** (rerun the command to continue)"
     )
     summary = Section("summary", "Summary")
     setting = {k: text(s.get(k)) for k in SETTINGS}
@@ -397,17 +406,17 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         f"{setting['steps']} steps x {setting['batch_size']} images, lr {setting['lr']}, "
         f"{setting['seeds']} training seed(s). Probes: linear, last block, "
         f"{setting['probe_seeds']} probe seed(s), train split -> val split of "
-        f"{code(r.get('data'))}."
+        f"{code(r.data)}."
     )
-    for task, why in as_dict(r.get("skipped_tasks")).items():
+    for task, why in r.skipped_tasks.items():
         summary.blocks.append(f"Probe **{task}** not run: {text(why)}.")
-    t = as_dict(r.get("timing"))
+    t = r.timing
     summary.blocks.append(
-        f"Time: {num(t.get('wall_s'), 4)} s wall for this invocation; "
-        f"{num(t.get('compute_s'), 4)} s of training and evaluation summed over the variants "
-        f"({text(t.get('reused'))} reused from an earlier invocation)."
+        f"Time: {num(t.wall_s, 4)} s wall for this invocation; "
+        f"{num(t.compute_s, 4)} s of training and evaluation summed over the variants "
+        f"({text(t.reused)} reused from an earlier invocation)."
     )
-    variants = [as_dict(v) for v in r["variants"]]
+    variants = r.variants
     table = Section("comparison", "Comparison", [comparison_table(variants)])
     table.blocks.append(
         "Means over training seeds (± sample std when there are several). Classification uses "
@@ -428,11 +437,11 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     blocks = block_table(variants)
     if blocks is not None:
         sections.append(Section("ln1", "[CLS]/patch cosine after LN1, per block", [blocks]))
-    said = [text(c) for c in as_list(r.get("conclusions"))] or ["–"]
+    said = [text(c) for c in r.conclusions] or ["–"]
     sections.append(Section("conclusions", "What can and cannot be concluded", said))
     if figures:
         sections.append(figure_section("Figures", figures))
-    notes = [f"{code(v.get('name'))}: {n}" for v in variants for n in as_list(v.get("notes"))]
+    notes = [f"{code(v.name)}: {n}" for v in variants for n in v.notes]
     if notes:
         sections.append(Section("notes", "Notes", notes))
     sections.append(provenance_section(doc))
@@ -469,7 +478,9 @@ def write_report(
         },
     }
     results["majority_rate"] = plan.get("majority_rate")
-    results["conclusions"] = conclusions(results)
+    results = plain(results)
+    typed = ExperimentResults.model_validate({**results, "conclusions": []})
+    results["conclusions"] = conclusions(typed)
     described = {
         "spec": f"vitreg.arch variants of a {s['depth']}-block ViT (width {s['embed_dim']})",
         "family": "vit",
@@ -498,11 +509,11 @@ def write_report(
         data=data,
         config=config or s,
     )
-    write_run(out, doc, report, lambda: experiment_figures(variants))
+    write_run(out, doc, report, lambda: experiment_figures(typed.variants))
     return doc
 
 
-def experiment_figures(variants: list[dict[str, Any]]) -> list[Figure]:
+def experiment_figures(variants: list[VariantSummary]) -> list[Figure]:
     """[CLS]/patch cosine per block, score against extra parameters, and the training loss."""
     figures = [f for f in (ln_figure(variants), scatter_figure(variants)) if f is not None]
     return [*figures, loss_figure(variants)]
