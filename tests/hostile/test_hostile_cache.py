@@ -62,6 +62,7 @@ def test_probe_report_names_the_re_extracted_shards(tmp_path) -> None:
     second = run(model, "classification", data, cache_dir=cache, config=cfg)
     assert second.caches["base/test"]["replaced"] == {"checksum mismatch": 1}
     assert second.caches["base/train"]["replaced"] == {}
-    out = write_probe_run(tmp_path / "run", second.to_dict(), second.model, {}, "vitreg probe")
+    out = tmp_path / "run"
+    write_probe_run(out, second.to_dict(), second.model, {}, "vitreg probe")
     text = (out / "report.md").read_text()
     assert "extracted again: base/test: 1 (checksum mismatch)" in text

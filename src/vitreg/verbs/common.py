@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import DEFAULT_SPEC
-from vitreg.core.readers import read_json
 from vitreg.verbs.result import Notice, Notices
 
 
@@ -101,13 +100,3 @@ def join_torchrun(device: str | None) -> str | None:
         return device
     ctx = distributed.setup(device)
     return str(ctx.device) if device is None and ctx.device.type == "cuda" else device
-
-
-def read_document(path: Path) -> dict[str, Any] | None:
-    """The JSON document at ``path`` as written by this run; ``None`` where this process wrote
-    none (another torchrun rank)."""
-    from vitreg import distributed
-
-    if not distributed.is_main() or not path.is_file():
-        return None
-    return read_json(path, "run file", max_bytes=2**30, allow_nan=True)

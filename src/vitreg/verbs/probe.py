@@ -9,7 +9,7 @@ from typing import Any
 from vitreg.configs import NeuronsConfig, NeuronSource, ProbeRunConfig
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import join_torchrun, prepare, read_document
+from vitreg.verbs.common import join_torchrun, prepare
 from vitreg.verbs.loading import image_source, load_model
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
 from vitreg.verbs.result import Listener, Notices, ProbeRun
@@ -121,12 +121,12 @@ def run_probe(
         progress=progress,
     )
     doc = result.to_dict()
+    document = None
     if is_main():
         from vitreg.report.verbs.probe import write_probe_run
         from vitreg.report.verbs.probe_figures import probe_figures
 
         with progress(None, "writing the report"):
             draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)
-            write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, draw)
-    document = read_document(run_dir / "metrics.json")
+            document = write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, draw)
     return ProbeRun("probe", run_dir, document, notices.items, probe=doc)

@@ -8,7 +8,7 @@ from typing import Any
 from vitreg.configs import VlmConfig
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
-from vitreg.verbs.common import prepare, read_document
+from vitreg.verbs.common import prepare
 from vitreg.verbs.loading import model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
 from vitreg.verbs.result import Listener, Notice, Notices, VlmRun
@@ -66,9 +66,10 @@ def run_vlm(
         "before": first.before.layer_grids.numpy(),
         "after": first.after.layer_grids.numpy(),
     }
+    document = None
     if is_main():
         with progress(None, "writing the report"):
-            write_vlm_run(
+            document = write_vlm_run(
                 run_dir,
                 results,
                 {**model.describe(), "vlm": describe_vlm(model)},
@@ -78,5 +79,4 @@ def run_vlm(
                 images=display_images(source.display_images()),
                 layer_maps=layer_maps,
             )
-    document = read_document(run_dir / "metrics.json")
     return VlmRun("vlm", run_dir, document, notices.items, results=results)

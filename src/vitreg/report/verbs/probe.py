@@ -284,9 +284,9 @@ def write_probe_run(
     config: dict[str, Any],
     command: str,
     figures: Sequence[Figure] | Callable[[], Sequence[Figure]] = (),
-) -> Path:
+) -> dict[str, Any]:
     """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
-    results are saved), report.md and report.html of one probe run."""
+    results are saved), report.md and report.html of one probe run; the document written."""
     doc = build_document(
         "probe",
         results,
@@ -297,4 +297,5 @@ def write_probe_run(
         config=config,
     )
     draw = figures if callable(figures) else lambda: figures
-    return write_run(out_dir, doc, report, draw)
+    write_run(out_dir, doc, report, draw)
+    return doc
