@@ -72,7 +72,7 @@ def check_run(run: Path, nested: bool = False) -> str:
 
     from vitreg.configs import describe_errors
     from vitreg.errors import InputError
-    from vitreg.report.documents import RunDir, read_metrics
+    from vitreg.report.documents import RunDir
     from vitreg.report.schema import validate_metrics
 
     try:
@@ -88,7 +88,7 @@ def check_run(run: Path, nested: bool = False) -> str:
     path = folder.document
     if not path.is_file():
         raise ValueError(f"{run} has no metrics.json (not a folder vitreg wrote)")
-    doc = read_metrics(path)
+    doc = folder.metrics()
     try:
         valid = validate_metrics(doc)
     except ValidationError as e:

@@ -143,11 +143,6 @@ def read_metrics(run: Path) -> dict[str, Any]:
     return check_metrics_document(doc, path)
 
 
-def is_comparison(folder: Path) -> bool:
-    """Whether ``folder`` is a comparison folder (``diagnose --models``, ``compare --out``)."""
-    return folder.is_dir() and (folder / "comparison.json").is_file()
-
-
 def read_comparison(folder: Path) -> dict[str, Any]:
     """The checked comparison.json of a ``diagnose --models`` or ``compare --out`` folder: its
     verb, and the runs it lists (``runs``: per-model folders of diagnose, labels of compare)."""
