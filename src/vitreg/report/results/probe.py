@@ -1,7 +1,7 @@
 """``vitreg probe`` results: per condition (base, fixed) and layer, each task's scores over
-seeds with the task's yardsticks, and the fixed − base differences with their verdicts. The
-data sets, feature caches and task details are described as read (their fields depend on the
-data set and the task)."""
+seeds with the task's yardsticks, the fixed − base differences with their verdicts, and the
+data sets, feature caches, task details and fix (a field a task or data set does not write is
+left out of the file)."""
 
 from __future__ import annotations
 
