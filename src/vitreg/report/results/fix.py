@@ -30,7 +30,7 @@ class NamedFix(Strict):
     name: str = Field(description="the fix's class, or its method name inside a composition")
 
 
-class TtrDescription(NamedFix, FixSettings):
+class TtrDescription(FixSettings, NamedFix):
     """Test-time registers: the neurons' blocks, registers, what [CLS] and patches get."""
 
 
@@ -64,7 +64,7 @@ class ScClipDescription(NamedFix):
     res_cls: float
 
 
-class LastBlockDescription(NamedFix, Open):
+class LastBlockDescription(Open, NamedFix):
     """A training-free fix that rebuilds the last block's attention (ClearCLIP, SCLIP, NACLIP):
     whether the residual and FFN stay, and the method's own parameters."""
 
@@ -83,7 +83,7 @@ class ComposedDescription(NamedFix):
     parts: list[FixDescription]
 
 
-class OtherFixDescription(NamedFix, Open):
+class OtherFixDescription(Open, NamedFix):
     """A fix vitreg does not know (a library user's own): its name and its own description."""
 
     method: str | None = None

@@ -21,7 +21,7 @@ from vitreg.report.markdown import (
     synthetic_banner,
     text,
 )
-from vitreg.report.results.fix import NamedFix
+from vitreg.report.results.fix import ComposedDescription, NamedFix
 from vitreg.report.results.probe import (
     ClassIoU,
     DataSetRecord,
@@ -250,9 +250,11 @@ def _caches_section(results: ProbeResults) -> list[str]:
 
 
 def _fix(fix: NamedFix | None) -> str:
-    """The fix's name and its settings (those of a composition's parts in their own words)."""
+    """The fix's name and its settings (a composition: each part's)."""
     if fix is None:
         return "the fix: –"
+    if isinstance(fix, ComposedDescription):
+        return " + ".join(f"({_fix(part)})" for part in fix.parts)
     settings = fix.model_dump(mode="json", exclude={"name"})
     said = "; ".join(f"{k} {text(v)}" for k, v in settings.items())
     return f"{fix.name}: {said or '–'}"
