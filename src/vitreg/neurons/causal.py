@@ -254,6 +254,10 @@ class CausalProbe:
         return self.base
 
     # the excess ------------------------------------------------------------------------------
+    def falls(self, high: Measure, low: Measure) -> list[float]:
+        """How much the excess falls at each measured block from ``high`` to ``low``."""
+        return [high.excess[b] - low.excess[b] for b in self.blocks]
+
     def measure(self, zeroed: Sequence[Unit], grad: bool = False) -> Measure:
         """Excess of the base outlier patches over the ordinary level at every measured block
         with ``zeroed`` off, the gradient of the detection layer's wrt every gate (``grad``), and
@@ -347,7 +351,7 @@ def select_causal(
 
     def gain(before: Measure, after: Measure) -> float:
         """The largest fall of the excess at a block; none when another block rises as much."""
-        change = [before.excess[b] - after.excess[b] for b in probe.blocks]
+        change = probe.falls(before, after)
         return max(change) / scale if min(change) > -min_gain * scale else -1.0
 
     first = _estimates(base.grads, candidates)
@@ -503,7 +507,7 @@ def _prune(
 
     def most(high: Measure, low: Measure) -> float:
         """The largest fall of the excess at any measured block, from ``high`` to ``low``."""
-        return max(high.excess[b] - low.excess[b] for b in probe.blocks) / scale
+        return max(probe.falls(high, low)) / scale
 
     for u in chosen:
         alone = probe.measure([u])
