@@ -50,8 +50,8 @@ def train_doc() -> dict:
             "checkpoint_every": 2,
             "keep_checkpoints": 1,
             "model": {"name": "vit_tiny_patch16_224"},
-            "options": {},
-            "data": {},
+            "options": {"label_smoothing": 0.0, "jitter": 0.3},
+            "data": {"spec": "imagefolder:tiny", "n": 2, "fingerprint": None},
         },
     }
     headlines = [Headline("final_loss", "/results/final_loss", False)]
