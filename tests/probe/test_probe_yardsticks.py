@@ -99,8 +99,8 @@ def test_report_says_within_noise_where_the_intervals_overlap() -> None:
     assert [d["verdict"] for d in found] == ["within noise"]
     assert found[0]["delta"] == pytest.approx(0.0917)
     assert conditions["base"][0]["scores"][0]["vs_yardsticks"] == {"majority class": "worse"}
-    results = {"task": "classification", "description": "d", "seeds": [0, 1], "layers": [], "data": {},
-               "conditions": conditions, "deltas": found, "caches": {}, "fix": None}  # fmt: skip
+    results = {"task": "classification", "description": "d", "seeds": [0, 1], "layers": [],
+               "data": {"train": {}, "test": {}}, "conditions": conditions, "deltas": found, "caches": {}, "fix": None}  # fmt: skip
     text = render_markdown(
         Report(None, "probe", [layer_section(ProbeResults.model_validate(results), 0)])
     )

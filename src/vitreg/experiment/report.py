@@ -27,6 +27,7 @@ from vitreg.report.markdown import (
     provenance_section,
     text,
 )
+from vitreg.report.results.experiment import ExperimentSettings
 from vitreg.report.results.train import DinoTerms
 from vitreg.report.verbs.train import dino_reading
 from vitreg.report.writer import write_run
@@ -151,17 +152,18 @@ def _pooled_std(variants: list[dict[str, Any]], key: str) -> float | None:
 
 def conclusions(results: dict[str, Any]) -> list[str]:
     """Plain statements of what the numbers support, and what they cannot."""
-    s, variants = results["settings"], results["variants"]
+    s = ExperimentSettings.model_validate(results["settings"])
+    variants = results["variants"]
     out = [
-        f"**Scale.** Every variant is a {s['depth']}-block, {s['embed_dim']}-wide ViT "
-        f"(patch {s['patch_size']}, {s['img_size']} px) trained from scratch for {s['steps']} "
-        f"steps of {s['batch_size']} images ({s['recipe']}) on `{results['data']}`. The paper's "
+        f"**Scale.** Every variant is a {s.depth}-block, {s.embed_dim}-wide ViT "
+        f"(patch {s.patch_size}, {s.img_size} px) trained from scratch for {s.steps} "
+        f"steps of {s.batch_size} images ({s.recipe}) on `{results['data']}`. The paper's "
         "claims (> 2 mIoU on ADE20k, unchanged classification) concern ViT-S/B/L trained for "
         "hundreds of thousands of steps on natural images; these runs cannot confirm or refute "
         "them. They show that every variant trains, is probed and diagnosed end to end, what "
         "each option costs, and the direction of the effects at this toy scale."
     ]
-    seeds = s["seeds"]
+    seeds = s.seeds
     noise = _pooled_std(variants, "seg_miou")
     if seeds == 1 or noise is None:
         out.append(
@@ -381,14 +383,14 @@ def loss_figure(variants: list[dict[str, Any]]) -> Figure:
 
 def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     r = doc["results"]
-    s = as_dict(r.get("settings"))
+    s = ExperimentSettings.model_validate(r["settings"])
     status = (
         f"complete: {r['n_done']} variants"
         if r["complete"]
         else f"**partial: {r['n_done']} of {r['n_total']} variants done** (rerun the command to continue)"
     )
     summary = Section("summary", "Summary")
-    setting = {k: text(s.get(k)) for k in SETTINGS}
+    setting = {k: text(getattr(s, k)) for k in SETTINGS}
     summary.blocks.append(
         f"{status}. Base: {setting['depth']} blocks, width {setting['embed_dim']}, "
         f"{setting['num_heads']} heads, patch {setting['patch_size']}, {setting['img_size']} px, "

@@ -51,11 +51,18 @@ def type_index(ctx: HookContext, n_tokens: int) -> dict[str, slice]:
 
 
 class Reducer(ABC):
-    """Accumulates one statistic of the hook site ``site``."""
+    """Accumulates one statistic of the hook site ``site`` (a statistic that combines several
+    sites of one forward pass lists them all in :attr:`sites`; ``update`` tells them apart by
+    ``ctx.name``)."""
 
     def __init__(self, site: str) -> None:
         self.site = site
         self.n_images = 0
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """Every site this reducer is fed from."""
+        return (self.site,)
 
     def __call__(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
         self.update(t.detach(), ctx, image_offset)

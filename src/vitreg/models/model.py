@@ -110,7 +110,7 @@ def resume_trace(
 
     key = {
         "kind": "trace",
-        "reducers": [[type(r).__name__, r.site] for r in reducers],
+        "reducers": [[type(r).__name__, *r.sites] for r in reducers],
         "batch_size": batch_size,
         "limit": limit,
         "attention": attention,
@@ -542,8 +542,9 @@ class Model:
         """
         by_site: dict[str, list[Reducer]] = {}
         for r in reducers:
-            self.site(r.site)  # one exact, known name
-            by_site.setdefault(r.site, []).append(r)
+            for name in r.sites:
+                self.site(name)  # one exact, known name
+                by_site.setdefault(name, []).append(r)
         offset = 0
         layouts: dict[str, TokenLayout | None] = {}
         sources: dict[str, str] = {}

@@ -41,6 +41,7 @@ from vitreg.analysis.rules import image_mask
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
+from vitreg.models.replay import PrefixReplay
 from vitreg.progress import Update
 
 Unit = tuple[int, int]
@@ -67,6 +68,7 @@ class Baseline:
     n_outliers: int
     masks: list[torch.Tensor]  # per batch, [B, N] bool outlier patches (detection layer)
     acts: dict[int, torch.Tensor]
+    sums: dict[int, torch.Tensor]  # ``acts`` before the division by the outlier count
 
 
 @dataclass
@@ -139,6 +141,10 @@ class CausalProbe:
         first = detect_layer if first_layer is None else min(first_layer, detect_layer)
         self.blocks = list(range(first, detect_layer + 1))
         self.passes = 0
+        self.state: dict[str, Any] = {}
+        # passes that zero nothing before block k start from its recorded input (exact)
+        self.replay = PrefixReplay(model, lambda: self.state["batch"])
+        self.known: dict[frozenset[Unit], Measure] = {}  # every pass is exact: none twice
         self.base = self._baseline(rule, value)
 
     # one pass ---------------------------------------------------------------------------------
@@ -148,14 +154,20 @@ class CausalProbe:
         grad: bool,
         block_fn: Callable[[int, int, torch.Tensor], Any],
         masks: list[torch.Tensor] | None,
+        record: Sequence[int] = (),
     ) -> tuple[dict[int, torch.Tensor] | None, dict[int, torch.Tensor]]:
         """Forward every batch up to the detection layer with ``zeroed`` units gated to 0.
 
         ``block_fn(i, block, norms)`` sees batch ``i``'s ``[B, N]`` norms at each measured block
         and returns a scalar (the detection layer's is differentiated when ``grad``). Returns the
         gate gradients (when ``grad``) and each layer's summed |activation| on ``masks``.
+        Without gradients, the blocks before the first zeroed unit replay their recorded output
+        (those of a layer before it are then the base run's); ``record``: the layers whose
+        input this pass records for that.
         """
         model = self.model
+        first = min((layer for layer, _ in zeroed), default=model.n_layers)
+        start = 0 if grad else self.replay.start(min(first, self.detect))
         gates = {}
         for layer in self.layers:
             g = torch.ones(model.d_mlp, device=model.device, dtype=model.dtype)
@@ -164,8 +176,13 @@ class CausalProbe:
                 g[off] = 0
             gates[layer] = g.requires_grad_(grad)
         grads = {layer: torch.zeros(model.d_mlp, dtype=torch.float64) for layer in self.layers}
-        acts = {layer: torch.zeros(model.d_mlp, dtype=torch.float64) for layer in self.layers}
-        state: dict[str, Any] = {}
+        acts = {
+            layer: self.base.sums[layer].clone()
+            if layer < start
+            else torch.zeros(model.d_mlp, dtype=torch.float64)
+            for layer in self.layers
+        }
+        state = self.state
 
         def gate(layer: int):
             def fn(t: torch.Tensor, hook: HookContext) -> torch.Tensor:
@@ -192,7 +209,12 @@ class CausalProbe:
             for i in range(self.layers[0] + 1, self.detect + 1):
                 hooks += [(hook_name(i, f"{ln}.hook_out"), detach) for ln in ("ln1", "ln2")]
         hooks += [(hook_name(b, "hook_resid_post"), reach(b)) for b in self.blocks]
-        with model.hooks(hooks), torch.set_grad_enabled(grad):
+        with (
+            model.hooks(hooks),
+            torch.set_grad_enabled(grad),
+            self.replay.record(record),
+            self.replay.replay(start),
+        ):
             for i, batch in enumerate(iter_batches(self.images, self.batch_size)):
                 state["batch"] = i
                 # later blocks cannot change the detection layer's output: stop after it
@@ -207,8 +229,12 @@ class CausalProbe:
         return (grads if grad else None), acts
 
     def _baseline(self, rule: str, value: float | None) -> Baseline:
+        """Outlier patches, medians and ordinary levels from one pass (recording each candidate
+        layer's input for later passes); the activations on the outlier patches, which need
+        those patches, and the gate gradients from a second."""
         norms: dict[int, list[torch.Tensor]] = {b: [] for b in self.blocks}
-        _, _ = self._run([], False, lambda i, b, n: norms[b].append(n.detach().cpu()), None)
+        inputs = [k for k in self.layers if k <= self.detect]  # blocks this pass reaches
+        self._run([], False, lambda i, b, n: norms[b].append(n.detach().cpu()), None, inputs)
         lay = self.model.layout
         masks = []
         for n in norms[self.detect]:
@@ -223,16 +249,24 @@ class CausalProbe:
             logs = (flat / medians[b]).log()
             ordinary[b] = float(logs[~outlier].mean()) if (~outlier).any() else 0.0
         n_out = int(outlier.sum())
-        # the activations on the outlier patches need their masks: a second base pass
-        _, acts = self._run([], False, lambda i, b, n: None, masks)
-        mean = {k: v / max(n_out, 1) for k, v in acts.items()}
-        return Baseline(value, medians, ordinary, n_out, masks, mean)
+        self.base = Baseline(value, medians, ordinary, n_out, masks, {}, {})
+        self.base.acts = self.measure([], grad=True).acts  # nothing zeroed: nothing replayed
+        return self.base
 
     # the excess ------------------------------------------------------------------------------
+    def falls(self, high: Measure, low: Measure) -> list[float]:
+        """How much the excess falls at each measured block from ``high`` to ``low``."""
+        return [high.excess[b] - low.excess[b] for b in self.blocks]
+
     def measure(self, zeroed: Sequence[Unit], grad: bool = False) -> Measure:
         """Excess of the base outlier patches over the ordinary level at every measured block
         with ``zeroed`` off, the gradient of the detection layer's wrt every gate (``grad``), and
-        each unit's mean |activation| on the outlier patches."""
+        each unit's mean |activation| on the outlier patches. A set measured before is not run
+        again (a pass with gradients also answers one without)."""
+        key = frozenset(zeroed)
+        known = self.known.get(key)
+        if known is not None and (known.grads is not None or not grad):
+            return known
         b = self.base
         totals: dict[int, list[torch.Tensor]] = {k: [] for k in self.blocks}
 
@@ -244,8 +278,11 @@ class CausalProbe:
 
         grads, acts = self._run(zeroed, grad, block_fn, b.masks)
         excess = {k: float(sum(v)) - b.ordinary[k] for k, v in totals.items()}
+        if not zeroed:
+            b.sums = acts  # the base run's: a replayed pass starts from them
         n = max(b.n_outliers, 1)
-        return Measure(excess, grads, {k: v / n for k, v in acts.items()})
+        self.known[key] = Measure(excess, grads, {k: v / n for k, v in acts.items()})
+        return self.known[key]
 
 
 def select_causal(
@@ -314,7 +351,7 @@ def select_causal(
 
     def gain(before: Measure, after: Measure) -> float:
         """The largest fall of the excess at a block; none when another block rises as much."""
-        change = [before.excess[b] - after.excess[b] for b in probe.blocks]
+        change = probe.falls(before, after)
         return max(change) / scale if min(change) > -min_gain * scale else -1.0
 
     first = _estimates(base.grads, candidates)
@@ -470,7 +507,7 @@ def _prune(
 
     def most(high: Measure, low: Measure) -> float:
         """The largest fall of the excess at any measured block, from ``high`` to ``low``."""
-        return max(high.excess[b] - low.excess[b] for b in probe.blocks) / scale
+        return max(probe.falls(high, low)) / scale
 
     for u in chosen:
         alone = probe.measure([u])

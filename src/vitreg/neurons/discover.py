@@ -4,7 +4,7 @@ For every image with outliers at the detection layer, each MLP unit of the searc
 the mean activation over the outlier positions; scores are those means averaged over such
 images, ranked globally over (layer, unit). Activations of the searched layers are held only for
 the current batch (memory independent of the image count); the statistics are sums, so under
-torchrun they are all-reduced and every rank gets the single-process ranking.
+torchrun they are merged and every rank gets the single-process ranking.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from vitreg import distributed
 from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.errors import VitregError
 from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
 from vitreg.hooks.names import hook_name
+from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
-from vitreg.models.model import Model, iter_batches
+from vitreg.models.model import Model
 from vitreg.neurons.detection import Detection, choose_detection, layer_index
 from vitreg.progress import Update
 
@@ -63,10 +63,10 @@ def discover(
     ``a`` (the reference notebook's filter). Outliers are patch tokens unless ``include_prefix``
     (the official code counts [CLS] among them: ``include_prefix=True`` reproduces it).
 
-    Under torchrun every rank passes the same ``data``: each scores its part of every batch
-    (:func:`vitreg.distributed.shard`) -- or its own shards of a webdataset source
-    (:func:`vitreg.distributed.split`) --, the survey is one sharded ``Model.trace``, and the
-    sums are all-reduced, so every rank returns the single-process ranking.
+    The statistic is one reducer (:class:`OutlierActivations`) of a ``Model.trace``, which
+    shards it under torchrun (each rank scores its part of every batch, or its own shards of a
+    webdataset source), merges the sums so every rank returns the single-process ranking, and
+    checkpoints it inside ``vitreg.core.checkpoint.resumable``.
     """
     n_layers = model.n_layers
     rule = "absolute" if isinstance(threshold, (int, float)) else threshold
@@ -92,79 +92,23 @@ def discover(
         highest = layer_index(highest_layer if highest_layer is not None else detect, n_layers)
         value = float(threshold) if rule == "absolute" else None
     searched = list(range(max(0, lowest_layer), highest + 1))
-    score_sum = torch.zeros(len(searched), model.d_mlp, dtype=torch.float64)
-    images_with = torch.zeros((), dtype=torch.float64)
-    images_seen = torch.zeros((), dtype=torch.float64)
-    held: dict[int, torch.Tensor] = {}
-    state: dict[str, torch.Tensor] = {}
-
-    def add(j: int, acts: torch.Tensor) -> None:
-        """Add each image's mean activation over its outlier tokens to layer j's scores."""
-        w, has = state["weights"], state["has"]
-        per_image = torch.einsum("bn,bnu->bu", w, acts)
-        if sparsity is not None:
-            a, f = sparsity
-            sparse = (acts < a).float().mean(1) >= f  # [B, U]
-            per_image = per_image * sparse
-        score_sum[j] += per_image[has].double().sum(0).cpu()
-
-    def keep(j: int, layer: int):
-        def fn(t: torch.Tensor, hook: HookContext) -> None:
-            acts = t.detach().float() if signed else t.detach().float().abs()
-            if layer <= detect:
-                held[j] = acts  # scored once the detection layer has found the outliers
-            else:
-                add(j, acts)
-
-        return fn
-
-    def score(t: torch.Tensor, hook: HookContext) -> None:
-        nonlocal images_with, images_seen
-        lay = hook.layout
-        norms = t.detach().float().norm(dim=-1)
-        mask = image_mask(norms, rule, value)
-        if not include_prefix:
-            mask[:, lay.prefix] = False
-        count = mask.sum(1)  # [B]
-        state["has"] = count > 0
-        images_seen += t.shape[0]
-        images_with += state["has"].sum()
-        state["weights"] = mask.float() / count.clamp_min(1)[:, None]  # mean over outliers
-        for j in list(held):
-            add(j, held.pop(j))
-
-    stream = distributed.split(data, limit) or distributed.shard(
-        iter_batches(data, batch_size, limit)
-    )  # this rank's images
-    hooks = [
-        (hook_name(layer, "mlp.hook_post"), keep(j, layer)) for j, layer in enumerate(searched)
-    ]
-    hooks.append((hook_name(detect, "hook_resid_post"), score))
-    last = max(detect, highest) + 1  # later blocks feed none of these hooks: they don't run
-    sums = {"score_sum": score_sum, "images_with": images_with, "images_seen": images_seen}
-    key = {"kind": "discover", "layers": [searched[0], detect, last], "rule": rule, "value": value}
-    key.update(signed=signed, sparsity=sparsity, prefix=include_prefix, batch_size=batch_size)
-    ckpt, skip, finished = resume_sums(key | {"limit": limit}, sums, stream.independent)
-
-    def done(n: int) -> None:
-        if ckpt is not None:
-            ckpt.step(stream.seen, lambda: sums)
-        if progress is not None:
-            progress(stream.seen)  # images of all ranks
-
-    fresh = (part for part in stream if stream.seen > skip)  # parts the checkpoint lacks
-    with model.hooks(hooks):
-        model.run_batches(fresh, batch_size, None, done, stop_at_layer=last)
-    if progress is not None and stream.independent:  # this rank's last part may end early
-        progress(stream.seen)  # the image count of all ranks
-    if ckpt is not None and not finished:
-        ckpt.save(stream.seen, sums, done=True)
-    if stream.world > 1:
-        for t in (score_sum, images_with, images_seen):
-            distributed.all_reduce_sum(t)
-    if images_with.item() == 0:
+    stats = OutlierActivations(
+        hook_name(detect, "hook_resid_post"),
+        [hook_name(layer, "mlp.hook_post") for layer in searched],
+        [layer > detect for layer in searched],
+        model.d_mlp,
+        rule,
+        value,
+        signed=signed,
+        sparsity=sparsity,
+        include_prefix=include_prefix,
+    )
+    last = max(detect, highest) + 1  # later blocks feed none of these sites: they don't run
+    model.trace(data, [stats], batch_size, limit=limit, progress=progress, stop_at_layer=last)
+    score_sum, images_with, images_seen = stats.score_sum, stats.images_with, stats.images_seen
+    if images_with == 0:
         raise VitregError(
-            f"none of the {int(images_seen.item())} images has an outlier token at layer {detect} "
+            f"none of the {images_seen} images has an outlier token at layer {detect} "
             "under this threshold; discovery would rank noise. Lower the threshold, pick another "
             "detection layer, or run `vitreg diagnose` first"
         )
@@ -186,10 +130,7 @@ def discover(
         "top_k": k,
         "detection": detection.to_dict() if detection else None,
     }
-    data_desc = {
-        "n_images": int(images_seen.item()),
-        "n_images_with_outliers": int(images_with.item()),
-    }
+    data_desc = {"n_images": images_seen, "n_images_with_outliers": images_with}
     return NeuronSet(
         layers,
         units,
@@ -204,19 +145,87 @@ def discover(
     )
 
 
-def resume_sums(
-    key: dict[str, Any], sums: dict[str, torch.Tensor], independent: bool = False
-) -> tuple[Any, int, bool]:
-    """The checkpoint of a discovery pass inside ``vitreg.core.checkpoint.resumable`` (else
-    ``None``), the images its saved sums cover (copied into ``sums``) and whether it finished;
-    ``independent``: each rank reads its own images and resumes from its own last state."""
-    from vitreg.core.checkpoint import next_pass
+class OutlierActivations(Reducer):
+    """Algorithm 1's statistic as one reducer of a ``Model.trace``: the outlier tokens of each
+    image at the detection site, and each searched unit's mean activation over them, summed over
+    the images that have any (``score_sum[j]``: searched layer ``j``). Activations of a layer
+    before the detection site are held until it fires in the same batch (one batch at a time)."""
 
-    ckpt = next_pass(key | {"split": "by rank"} if independent else key)
-    if ckpt is None:
-        return None, 0, False
-    seen, finished, state = ckpt.resume(together=not independent)
-    if state is not None:
-        for name, t in sums.items():
-            t.copy_(state[name])
-    return ckpt, seen, finished
+    def __init__(
+        self,
+        detect_site: str,
+        layer_sites: list[str],
+        after_detect: list[bool],
+        d_mlp: int,
+        rule: str,
+        value: float | None,
+        *,
+        signed: bool = False,
+        sparsity: tuple[float, float] | None = None,
+        include_prefix: bool = False,
+    ) -> None:
+        super().__init__(detect_site)
+        self.layer_sites = list(layer_sites)
+        self.after_detect = list(after_detect)
+        self.rule, self.value = rule, value
+        self.signed, self.sparsity, self.include_prefix = signed, sparsity, include_prefix
+        self.score_sum = torch.zeros(len(layer_sites), d_mlp, dtype=torch.float64)
+        self.images_with = 0
+        self.images_seen = 0
+        self.held: dict[str, torch.Tensor] = {}  # this batch's activations, until the mask
+        self.weights: torch.Tensor | None = None  # this batch's [B, N] mean-over-outliers
+        self.has: torch.Tensor | None = None  # this batch's [B] images with outliers
+        # the site that ends a batch's work: the last searched layer after the detection site
+        ends = [name for name, a in zip(layer_sites, after_detect, strict=True) if a]
+        self.last = ends[-1] if ends else detect_site
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return (self.site, *self.layer_sites)
+
+    def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
+        if ctx.name == self.site:
+            self._mask(t, ctx)
+            for name in list(self.held):
+                self._add(name, self.held.pop(name))
+        else:
+            acts = t.float() if self.signed else t.float().abs()
+            if self.after_detect[self.layer_sites.index(ctx.name)]:
+                self._add(ctx.name, acts)
+            else:
+                self.held[ctx.name] = acts  # scored once the detection site has the outliers
+        if ctx.name == self.last:  # nothing of this batch is kept past it
+            self.weights = self.has = None
+
+    def _mask(self, t: torch.Tensor, ctx: HookContext) -> None:
+        mask = image_mask(t.float().norm(dim=-1), self.rule, self.value)
+        if not self.include_prefix and ctx.layout is not None:
+            mask[:, ctx.layout.prefix] = False
+        count = mask.sum(1)  # [B]
+        self.has = count > 0
+        self.images_seen += t.shape[0]
+        self.images_with += int(self.has.sum())
+        self.weights = mask.float() / count.clamp_min(1)[:, None]  # mean over the outliers
+
+    def _add(self, name: str, acts: torch.Tensor) -> None:
+        """Add each image's mean activation over its outlier tokens to the layer's scores."""
+        assert self.weights is not None and self.has is not None
+        per_image = torch.einsum("bn,bnu->bu", self.weights, acts)
+        if self.sparsity is not None:
+            a, f = self.sparsity
+            per_image = per_image * ((acts < a).float().mean(1) >= f)  # [B, U]
+        j = self.layer_sites.index(name)
+        self.score_sum[j] += per_image[self.has].double().sum(0).cpu()
+
+    def merge(self, other: Reducer) -> None:
+        assert isinstance(other, OutlierActivations)
+        self.score_sum += other.score_sum
+        self.images_with += other.images_with
+        self.images_seen += other.images_seen
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "score_sum": self.score_sum,
+            "images_with": self.images_with,
+            "images_seen": self.images_seen,
+        }

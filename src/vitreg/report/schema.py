@@ -29,6 +29,7 @@ from pydantic import (
 
 from vitreg.core.weights import WeightKind
 from vitreg.errors import brief
+from vitreg.report.results.base import Stamp
 from vitreg.report.results.diagnose import DiagnoseResults
 from vitreg.report.results.experiment import ExperimentResults
 from vitreg.report.results.fix import FixResults
@@ -106,32 +107,19 @@ RESULTS: dict[str, type[BaseModel]] = {
 }
 
 
-class Envelope(BaseModel):
-    """What every metrics.json holds around its verb's results: versions, command, model,
-    images, config, creation time and the headline metrics (each traced into ``results``)."""
+class Envelope(Stamp):
+    """What every metrics.json holds around its verb's results: versions and creation time
+    (as leaderboard.json), command, model, images, config and the headline metrics (each
+    traced into ``results``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     schema_version: Literal["2.0"]
-    vitreg_version: str
-    torch_version: str
-    timm_version: str | None
-    transformers_version: str | None = None
-    open_clip_version: str | None = None
-    python_version: str
-    created: str
     command: str
     model: ModelInfo
     data: DataInfo
     config: dict[str, Any] = Field(description="the resolved config the run was made with")
     metrics: list[Metric]
-
-    @field_validator("created")
-    @classmethod
-    def _utc_iso(cls, v: str) -> str:
-        if _dt.datetime.fromisoformat(v).utcoffset() != _dt.timedelta(0):
-            raise ValueError("created must be an ISO timestamp in UTC")
-        return v
 
     @model_validator(mode="after")
     def _traceable(self) -> Envelope:

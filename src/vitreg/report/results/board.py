@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, JsonValue
 
-from vitreg.report.results.base import Strict
+from vitreg.report.results.base import Stamp, Strict
 from vitreg.report.results.fix import Cosine
 
 
@@ -37,16 +37,9 @@ class BoardResults(Strict):
     rows: list[BoardEntry]
 
 
-class BoardDocument(Strict):
-    """leaderboard.json: the board and what produced it."""
+class BoardDocument(Stamp):
+    """leaderboard.json: the board and what produced it (versions and time as metrics.json)."""
 
-    vitreg_version: str
-    torch_version: str
-    timm_version: str | None
-    transformers_version: str | None = None
-    open_clip_version: str | None = None
-    python_version: str
-    created: str
     model: str
     synthetic: bool
     data: dict[str, JsonValue] = Field(description="the images, as described")

@@ -3,10 +3,102 @@ the settings and the conclusions the numbers allow."""
 
 from __future__ import annotations
 
-from pydantic import Field, JsonValue
+from pydantic import Field
 
-from vitreg.report.results.base import Strict
+from vitreg.report.results.base import Sparse, Strict
 from vitreg.report.results.train import DinoTerms
+
+#: blocks a component is specialised in: "all", the first N, or their indices
+BlockSelection = str | int | list[int] | None
+
+
+class VariantOptions(Sparse):
+    """A variant's ``create_variant`` options; an option the grid leaves at its default is
+    left out."""
+
+    specialize: list[str] = Field(description="components given a [CLS]-stream copy")
+    registers: int | None = None
+    qkv_blocks: BlockSelection = None
+    proj_blocks: BlockSelection = None
+    mlp_blocks: BlockSelection = None
+    register_stream: str | None = None
+    final_norm: str | None = None
+    attn_bias: bool | None = None
+    pool: str | None = None
+
+
+class ParamCounts(Strict):
+    """Parameter counts: the variant's, its shared baseline's, and the extra per component."""
+
+    total: int
+    baseline: int
+    extra: dict[str, int] = Field(description="component -> extra parameters")
+    percent: dict[str, float] = Field(description="component -> extra, % of the baseline")
+    extra_total: int
+
+
+class FlopDeltas(Strict):
+    """FLOPs a variant adds over its shared model, by cause."""
+
+    specialisation: int
+    attn_bias: int
+    registers: int
+
+
+class FlopCounts(Strict):
+    """FLOPs of one forward at the variant's image size, and of the same shared model."""
+
+    image_size: list[int]
+    tokens: int
+    registers: int
+    flops: int
+    flops_shared: int
+    delta: FlopDeltas
+
+
+class DinoPresetOptions(Sparse):
+    """The DINO recipe options the size preset sets (the rest keep the recipe's defaults)."""
+
+    n_local_crops: int | None = None
+    local_size: int | None = None
+    global_scale: list[float] | None = None
+    local_scale: list[float] | None = None
+    out_dim: int | None = None
+    hidden_dim: int | None = None
+    bottleneck_dim: int | None = None
+    student_temp: float | None = None
+    teacher_temp: float | None = None
+    teacher_temp_start: float | None = None
+    teacher_temp_warmup: float | None = None
+    momentum: float | None = None
+    center_momentum: float | None = None
+    mask_prob: float | None = None
+    mask_ratio: list[float] | None = None
+    dino_weight: float | None = None
+    ibot_weight: float | None = None
+
+
+class ExperimentSettings(Strict):
+    """The size preset: the shared architecture, training, probes and diagnosis."""
+
+    size: str
+    img_size: int
+    patch_size: int
+    depth: int
+    embed_dim: int
+    num_heads: int
+    init_values: float
+    recipe: str
+    steps: int
+    batch_size: int
+    lr: float | None
+    seeds: int = Field(description="training seeds per variant")
+    dino: DinoPresetOptions
+    probe_epochs: int
+    probe_seeds: int
+    probe_lrs: list[float]
+    diagnose_images: int
+    batch_eval: int
 
 
 class SeedStats(Strict):
@@ -28,7 +120,7 @@ class VariantSummary(Strict):
     """One variant over its training seeds."""
 
     name: str
-    options: dict[str, JsonValue] = Field(description="its create_variant options")
+    options: VariantOptions
     specialisation: str
     handling: str
     finetune: str | None = None
@@ -36,8 +128,8 @@ class VariantSummary(Strict):
     seeds: list[int]
     summary: dict[str, SeedStats] = Field(description="headline number -> over seeds")
     per_block: dict[str, list[float | None]] = Field(description="number -> per block")
-    params: dict[str, JsonValue] = Field(description="parameter counts, extra by component")
-    flops: dict[str, JsonValue] = Field(description="FLOPs, tokens, deltas by component")
+    params: ParamCounts
+    flops: FlopCounts
     verdicts: list[str]
     losses: list[list[float]]
     dino_terms: DinoTerms | None = None
@@ -60,7 +152,7 @@ class ExperimentResults(Strict):
     complete: bool
     n_done: int
     n_total: int
-    settings: dict[str, JsonValue] = Field(description="the size preset's settings")
+    settings: ExperimentSettings
     data: str
     tasks: list[str]
     skipped_tasks: dict[str, str] = Field(default_factory=dict)

@@ -3,10 +3,12 @@ residual verdict and the ablation controls), which neurons, and the discovery wh
 
 from __future__ import annotations
 
-from pydantic import Field, JsonValue
+from typing import Annotated, Literal
 
-from vitreg.report.results.base import Strict
-from vitreg.report.results.neurons import Discovered, LayerCount, PlantedRow
+from pydantic import Field
+
+from vitreg.report.results.base import Open, Strict
+from vitreg.report.results.neurons import Discovered, LayerCount, NeuronSetSettings, PlantedRow
 
 
 class FixSettings(Strict):
@@ -20,6 +22,85 @@ class FixSettings(Strict):
     mode: str
     seed: int | None
     scale: float
+
+
+class NamedFix(Strict):
+    """A fix as a run describes it: its name (the class, or the method inside a composition)."""
+
+    name: str = Field(description="the fix's class, or its method name inside a composition")
+
+
+class TtrDescription(FixSettings, NamedFix):
+    """Test-time registers: the neurons' blocks, registers, what [CLS] and patches get."""
+
+
+class AblateDescription(NamedFix):
+    """The causal control: the register neurons zeroed, no register."""
+
+    method: Literal["ablate"]
+    n_neurons: int
+
+
+class AttentionBiasDescription(NamedFix):
+    """The TTR appendix substitute: neurons zeroed plus one fixed key/value slot per head."""
+
+    method: Literal["attention-bias"]
+    n_neurons: int
+    layers: int = Field(description="blocks holding a key/value slot")
+    heads: int
+
+
+class ScClipDescription(NamedFix):
+    """SC-CLIP: LOF token repair, similarity re-aggregation and multi-level fusion."""
+
+    method: Literal["sc-clip"]
+    source: str
+    n_neighbors: int
+    contamination: float
+    beta: float
+    pre_adjust: int
+    post_adjust: int
+    multi: list[int] = Field(description="the fused blocks, [start, stop)")
+    res_cls: float
+
+
+class LastBlockDescription(Open, NamedFix):
+    """A training-free fix that rebuilds the last block's attention (ClearCLIP, SCLIP, NACLIP):
+    whether the residual and FFN stay, and the method's own parameters."""
+
+    method: str
+    source: str
+    block: Literal["last"]
+    residual: bool
+    ffn: bool
+    gaussian_std: float | None = Field(None, description="NACLIP's neighbourhood width")
+
+
+class ComposedDescription(NamedFix):
+    """Fixes applied together (``ttr+naclip``): each part as it describes itself."""
+
+    method: str = Field(description="the parts' method names joined by '+'")
+    parts: list[FixDescription]
+
+
+class OtherFixDescription(Open, NamedFix):
+    """A fix vitreg does not know (a library user's own): its name and its own description."""
+
+    method: str | None = None
+
+
+#: a fix as a run describes it; the first kind that reads the description exactly is taken
+FixDescription = Annotated[
+    TtrDescription
+    | AblateDescription
+    | AttentionBiasDescription
+    | ScClipDescription
+    | LastBlockDescription
+    | ComposedDescription
+    | OtherFixDescription,
+    Field(union_mode="left_to_right"),
+]
+ComposedDescription.model_rebuild()
 
 
 class Cosine(Strict):
@@ -90,7 +171,7 @@ class NeuronsUsed(Strict):
     layers: list[LayerCount]
     fingerprint: str | None
     fingerprint_matches: bool | None
-    settings: dict[str, JsonValue] = Field(description="the settings its file recorded, as read")
+    settings: NeuronSetSettings = Field(description="the settings its file recorded")
 
 
 class FixResults(Strict):

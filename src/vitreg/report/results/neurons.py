@@ -3,11 +3,11 @@ selection and the top-k calibration chose them, and what the fix leaves on held-
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, model_validator
 
-from vitreg.report.results.base import Strict
+from vitreg.report.results.base import Open, Strict, as_setting
 
 
 class NeuronRow(Strict):
@@ -192,6 +192,74 @@ class OtherSizes(Strict):
     method: str
     sizes: list[SizeCheck]
     clean_at_every_size: bool
+
+
+class GrowthRow(Strict):
+    """One block of the growth curve: the detection layer's outlier patches' excess over the
+    ordinary ones there, and its growth over the block before."""
+
+    layer: int
+    excess: float
+    growth: float
+
+
+class DetectionRecord(Strict):
+    """Where neurons were searched and outliers detected, each choice with why."""
+
+    detect_layer: int
+    highest_layer: int
+    lowest_layer: int
+    threshold: str
+    threshold_value: float | None
+    emergence_layer: int | None = None
+    n_images: int = 0
+    layers: list[SurveyRow] = Field(default_factory=list)
+    reasons: dict[str, str] = Field(default_factory=dict, description="setting -> why")
+    growth: list[GrowthRow] = Field(default_factory=list)
+    first_written: int | None = None
+
+
+class NeuronSetSettings(Open):
+    """The settings a NeuronSet records: the search (layers, threshold, sparsity, top-k), how
+    the automatic path chose it (detection, causal selection, top-k calibration) or, for a
+    published list, where it comes from; a field the set does not record is left out."""
+
+    detect_layer: int | None = None
+    highest_layer: int | None = None
+    lowest_layer: int | None = None
+    threshold: str | float | None = Field(None, description="a rule, or a norm (older files)")
+    threshold_value: float | None = None
+    signed: bool | None = None
+    sparsity: list[float] | None = Field(None, description="[activation, fraction]")
+    include_prefix: bool | None = None
+    top_k: int | None = None
+    detection: DetectionRecord | None = None
+    selection: Causal | None = None
+    status: str | None = None
+    calibration: Calibration | None = None
+    source: str | None = Field(None, description="where a published list comes from")
+    scores: str | None = Field(None, description="what a published list's scores are")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_records(cls, data: Any) -> Any:
+        """A detection, selection or calibration recorded in another shape (a set written by
+        an older vitreg) kept as its JSON text in ``other`` rather than refusing the set."""
+        if not isinstance(data, dict):
+            return data
+        data, other = dict(data), dict(data.get("other") or {})
+        records: dict[str, type[Strict]] = {
+            "detection": DetectionRecord,
+            "selection": Causal,
+            "calibration": Calibration,
+        }
+        for key, model in records.items():
+            if isinstance(data.get(key), dict):
+                try:
+                    model.model_validate(data[key])
+                except ValidationError:
+                    other[key] = as_setting(data.pop(key))
+        return {**data, "other": other} if other else data
 
 
 class PlantedRow(Strict):

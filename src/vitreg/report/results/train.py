@@ -3,16 +3,65 @@ the run."""
 
 from __future__ import annotations
 
-from pydantic import Field, JsonValue
+from typing import Annotated
 
-from vitreg.report.results.base import Strict
+from pydantic import Field
+
+from vitreg.report.results.base import Setting, Strict
 
 
 class TrainedModel(Strict):
     """The timm architecture and the keyword arguments it was created with."""
 
     name: str
-    kwargs: dict[str, JsonValue] = Field(default_factory=dict, description="timm create_model")
+    kwargs: dict[str, Setting] = Field(
+        default_factory=dict, description="timm create_model keyword -> its value"
+    )
+
+
+class SupervisedOptions(Strict):
+    """The supervised recipe's options: label smoothing and the 3-Augment colour jitter."""
+
+    label_smoothing: float
+    jitter: float
+
+
+class DinoRecipeOptions(Strict):
+    """The DINO recipe's options: crops, head size, temperatures, EMA and centring momenta,
+    masking, loss weights."""
+
+    n_local_crops: int
+    local_size: int | None = Field(description="None: 96/224 of the image size")
+    global_scale: list[float] = Field(description="[min, max] crop area")
+    local_scale: list[float] = Field(description="[min, max] crop area")
+    out_dim: int
+    hidden_dim: int
+    bottleneck_dim: int
+    student_temp: float
+    teacher_temp: float
+    teacher_temp_start: float
+    teacher_temp_warmup: float = Field(description="fraction of the steps")
+    momentum: float
+    center_momentum: float
+    mask_prob: float
+    mask_ratio: list[float] = Field(description="[min, max] of the masked patches")
+    dino_weight: float
+    ibot_weight: float
+
+
+#: a recipe's options (the recipe named beside them says which)
+RecipeOptions = Annotated[
+    SupervisedOptions | DinoRecipeOptions,
+    Field(union_mode="left_to_right"),
+]
+
+
+class TrainingData(Strict):
+    """What a run trains on (a resume on other data is refused): spec, samples, fingerprint."""
+
+    spec: str
+    n: int
+    fingerprint: str | None
 
 
 class TrainConfigRecord(Strict):
@@ -33,8 +82,8 @@ class TrainConfigRecord(Strict):
     checkpoint_every: int
     keep_checkpoints: int
     model: TrainedModel
-    options: dict[str, JsonValue] = Field(description="the recipe's own options")
-    data: dict[str, JsonValue] = Field(description="the training data's identity")
+    options: RecipeOptions = Field(description="the recipe's own options")
+    data: TrainingData
 
 
 class DinoStep(Strict):

@@ -3,10 +3,10 @@ the fix on the vision tower, and their means."""
 
 from __future__ import annotations
 
-from pydantic import Field, JsonValue
+from pydantic import Field
 
 from vitreg.report.results.base import Strict
-from vitreg.report.results.fix import NeuronsUsed
+from vitreg.report.results.fix import FixDescription, NeuronsUsed
 
 
 class FirstToken(Strict):
@@ -102,7 +102,7 @@ class VlmResults(Strict):
     prompt_text: str
     query: str | list[int]
     feature_site: str
-    fix: dict[str, JsonValue] = Field(description="the fix on the vision tower, as described")
+    fix: FixDescription = Field(description="the fix on the vision tower")
     generation: Generation | None = None
     summary: VlmSummary
     images: list[VlmImage]

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.report.document import Headline, build_document
-from vitreg.report.fields import as_dict, as_list, dig
 from vitreg.report.figures import Figure
 from vitreg.report.markdown import (
     Report,
@@ -22,7 +21,10 @@ from vitreg.report.markdown import (
     synthetic_banner,
     text,
 )
+from vitreg.report.results.fix import ComposedDescription, NamedFix
 from vitreg.report.results.probe import (
+    ClassIoU,
+    DataSetRecord,
     ProbeDelta,
     ProbeLayer,
     ProbeResults,
@@ -112,30 +114,26 @@ def verdict(results: ProbeResults) -> str:
 def data_block(run: dict[str, Any]) -> dict[str, Any]:
     """The metrics.json ``data`` block: both splits, samples used, skips and repairs by reason,
     and the datasets' warnings (e.g. one class only), each prefixed with its split."""
-    caches = run["caches"]
+    results = ProbeResults.model_validate(run)
+    caches = results.caches
     skipped: dict[str, str] = {}
     for stage, c in caches.items():
-        for reason, n in c["skipped"].items():
+        for reason, n in c.skipped.items():
             skipped[f"{stage}: {reason}"] = f"{n} samples skipped"
-        for reason, n in c.get("repairs", {}).items():
+        for reason, n in (c.repairs or {}).items():
             skipped[f"{stage}: {reason}"] = f"{n} pixels set to ignore/invalid"
-    train, test = run["data"]["train"], run["data"]["test"]
-    for split, d in (("train", train), ("test", test)):
-        for reason, n in d.get("listing", {}).items():
+    splits: dict[str, DataSetRecord] = {"train": results.data.train, "test": results.data.test}
+    for split, d in splits.items():
+        for reason, n in (d.listing or {}).items():
             skipped[f"{split} listing: {reason}"] = f"{n} files not read"
     condition = next(iter(caches), "base").split("/")[0]
+    train, test = splits["train"], splits["test"]
     return {
-        "description": f"train: {train.get('spec')} ({train.get('split')}), "
-        f"test: {test.get('spec')} ({test.get('split')})",
-        "n_images": sum(c["n"] for s, c in caches.items() if s.split("/")[0] == condition),
+        "description": f"train: {train.spec} ({train.split}), test: {test.spec} ({test.split})",
+        "n_images": sum(c.n for s, c in caches.items() if s.split("/")[0] == condition),
         "skipped": skipped,
-        "warnings": [
-            f"{s}: {w}"
-            for s, d in (("train", train), ("test", test))
-            for w in d.get("warnings", [])
-        ],
-        "train": train,
-        "test": test,
+        "warnings": [f"{s}: {w}" for s, d in splits.items() for w in d.warnings or []],
+        **{s: d.model_dump(mode="json") for s, d in splits.items()},
     }
 
 
@@ -172,17 +170,17 @@ def yardstick_table(layer: ProbeLayer) -> Table | None:
 
 def class_iou_table(layers: dict[str, ProbeLayer]) -> Table | None:
     """Segmentation: IoU of each class per condition (mean over seeds) and its test pixels
-    (the task's ``info.per_class``, kept as the task wrote it)."""
-    per = {c: as_list(layer.info.get("per_class")) for c, layer in layers.items()}
+    (the task's ``info.per_class``)."""
+    per: dict[str, list[ClassIoU]] = {c: layer.info.per_class or [] for c, layer in layers.items()}
     if not per or not all(per.values()):
         return None
     first = next(iter(per.values()))
+
+    def iou(rows: list[ClassIoU], i: int) -> float | None:
+        return rows[i].iou if i < len(rows) else None
+
     rows = [
-        [
-            text(dig(row, "class")),
-            text(dig(row, "test_pixels")),
-            *(num(dig(per[c], i, "iou")) for c in per),
-        ]
+        [text(row.class_), text(row.test_pixels), *(num(iou(per[c], i)) for c in per)]
         for i, row in enumerate(first)
     ]
     return Table(["class", "test pixels", *(f"IoU {c}" for c in per)], rows)
@@ -236,19 +234,30 @@ def _caches_section(results: ProbeResults) -> list[str]:
     """The summary lines on the feature cache: stages reused, damaged shards extracted again
     (each cache described as the cache wrote it)."""
     out = []
-    reused = [s for s, c in results.caches.items() if c.get("forward_passes") == 0]
+    reused = [s for s, c in results.caches.items() if c.forward_passes == 0]
     if reused:
         out.append(f"Features reused from the cache (no forward pass): {', '.join(reused)}.")
     replaced = [
         f"{stage}: {n} ({reason})"
         for stage, c in results.caches.items()
-        for reason, n in as_dict(c.get("replaced")).items()
+        for reason, n in (c.replaced or {}).items()
     ]
     if replaced:
         out.append(
             "Cache shards found damaged on disk and extracted again: " + ", ".join(replaced) + "."
         )
     return out
+
+
+def _fix(fix: NamedFix | None) -> str:
+    """The fix's name and its settings (a composition: each part's)."""
+    if fix is None:
+        return "the fix: –"
+    if isinstance(fix, ComposedDescription):
+        return " + ".join(f"({_fix(part)})" for part in fix.parts)
+    settings = fix.model_dump(mode="json", exclude={"name"})
+    said = "; ".join(f"{k} {text(v)}" for k, v in settings.items())
+    return f"{fix.name}: {said or '–'}"
 
 
 def report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
@@ -265,11 +274,7 @@ def report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     intro.blocks.append(f"**Verdict** — {verdict(results)}")
     intro.blocks.append(f"Task **{results.task}**: {text(results.description)}. {how}")
     if "fixed" in results.conditions:
-        fix = results.fix or {}
-        settings = "; ".join(f"{k} {text(v)}" for k, v in fix.items() if k != "name")
-        intro.blocks.append(
-            f"*fixed* = the same model under {fix.get('name') or 'the fix'}: {settings or '–'}."
-        )
+        intro.blocks.append(f"*fixed* = the same model under {_fix(results.fix)}.")
     intro.blocks += _caches_section(results)
     sections = [intro]
     n_layers = max((len(layers) for layers in results.conditions.values()), default=0)
@@ -277,7 +282,7 @@ def report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     data = Section("data", "Data")
     rows = [[k, v] for k, v in doc["data"]["skipped"].items()]
     data.blocks.append(text(doc["data"].get("description")))
-    for warning in as_list(doc["data"].get("warnings")):
+    for warning in doc["data"].get("warnings") or []:
         data.blocks.append(f"**Warning** — {warning}")
     data.blocks.append(
         Table(["what", "count"], rows) if rows else "No sample was skipped or repaired."

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from vitreg.report.document import Headline, build_document
-from vitreg.report.fields import as_list
 from vitreg.report.figures import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.markdown import (
     Report,
@@ -26,6 +25,7 @@ from vitreg.report.markdown import (
     synthetic_banner,
     text,
 )
+from vitreg.report.results.fix import NamedFix, TtrDescription
 from vitreg.report.results.vlm import Condition, VlmImage, VlmResults
 from vitreg.report.writer import write_run
 
@@ -114,15 +114,15 @@ def layer_figure(layer_maps: dict[str, np.ndarray], image: np.ndarray | None) ->
     )
 
 
-def _fix(fix: dict[str, Any]) -> str:
+def _fix(fix: NamedFix) -> str:
     """``TestTimeRegisters (6 neurons in blocks 6, 7; 1 register; ...)``."""
-    if "n_neurons" not in fix:
-        return text(fix.get("name") or "the fix")
-    blocks = ", ".join(map(text, as_list(fix.get("layers")))) or "–"
+    if not isinstance(fix, TtrDescription):
+        return text(fix.name)
+    blocks = ", ".join(map(text, fix.layers)) or "–"
     return (
-        f"{text(fix.get('name'))} ({text(fix.get('n_neurons'))} neurons in blocks {blocks}; "
-        f"{text(fix.get('n_registers'))} register(s); [CLS] {text(fix.get('cls'))}, patches "
-        f"{text(fix.get('patches'))}, {text(fix.get('mode'))} mode)"
+        f"{text(fix.name)} ({fix.n_neurons} neurons in blocks {blocks}; "
+        f"{fix.n_registers} register(s); [CLS] {text(fix.cls)}, patches "
+        f"{text(fix.patches)}, {text(fix.mode)} mode)"
     )
 
 

@@ -1,0 +1,58 @@
+"""Discovery's statistic as one reducer of Model.trace: equal to Algorithm 1 computed by hand from
+one full cache, whether the searched layers sit before or after the detection block, and merged
+exactly from two halves of the images."""
+
+import torch
+
+import vitreg
+from conftest import images
+from vitreg.analysis.rules import image_mask
+from vitreg.neurons.discover import OutlierActivations
+from vitreg.testing.tiny import timm_vit
+
+DETECT = 1
+LAYERS = (0, 2)  # one searched layer before the detection block, one after
+
+
+def _stats(model: vitreg.Model, value: float) -> OutlierActivations:
+    return OutlierActivations(
+        f"blocks.{DETECT}.hook_resid_post",
+        [f"blocks.{layer}.mlp.hook_post" for layer in LAYERS],
+        [layer > DETECT for layer in LAYERS],
+        model.d_mlp,
+        "absolute",
+        value,
+    )
+
+
+def test_outlier_activations_equal_algorithm_1_by_hand():
+    module, size = timm_vit("dinov2_reg4")
+    model = vitreg.wrap(module)
+    x = images(7, size, seed=3)
+    names = [f"blocks.{DETECT}.hook_resid_post", *(f"blocks.{i}.mlp.hook_post" for i in LAYERS)]
+    _, cache = model.run_with_cache(x, names=names)
+    norms = cache[names[0]].norm(dim=-1)
+    patches = norms[:, model.layout.patches]
+    value = float(patches.flatten().quantile(0.9))  # about a tenth of the patches are outliers
+    mask = image_mask(norms, "absolute", value)
+    mask[:, model.layout.prefix] = False
+    has = mask.any(1)
+    expected = torch.stack(
+        [
+            torch.stack([cache[n][i][mask[i]].abs().mean(0) for i in range(7) if has[i]]).sum(0)
+            for n in names[1:]
+        ]
+    ).double()
+
+    whole = model.trace(x, [_stats(model, value)], batch_size=3).reducers[0]
+    assert whole.images_seen == 7 and whole.images_with == int(has.sum()) > 1
+    assert torch.allclose(whole.score_sum, expected, rtol=1e-5, atol=1e-6)
+    assert whole.held == {} and whole.weights is None  # nothing of a batch is kept past it
+
+    halves = [
+        model.trace(x[s], [_stats(model, value)], batch_size=2).reducers[0]
+        for s in (slice(0, 4), slice(4, 7))
+    ]
+    halves[0].merge(halves[1])
+    assert torch.allclose(halves[0].score_sum, whole.score_sum, rtol=1e-6, atol=1e-9)
+    assert halves[0].images_with == whole.images_with
