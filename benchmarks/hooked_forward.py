@@ -12,8 +12,10 @@ apart, as it runs once after the forward. Plain arm: the source module's own
 random-weight model and batch; after a warm-up the arms alternate so all see the same machine
 load. Besides wall-clock ratios it records each arm's CPU seconds (``time.process_time``) and
 their ratios, which other jobs on a shared machine skew far less (``--threads 1`` keeps torch's
-threads from waiting on each other there). Each model runs in a fresh process so its peak RSS is
-its own.
+threads from waiting on each other there), and, of those, the kernel's share and the page faults
+(large tensors freed and allocated again fault their pages back in, more or less often as the
+allocator trims its heap: part of the run-to-run spread). Each model runs in a fresh process so
+its peak RSS is its own.
 
     python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b] [--threads 1]
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -120,14 +123,20 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         done = finish(*kinds())
     peak_kinds = peak_rss_mb()
     cpu: dict[str, list[float]] = {}
+    kernel: dict[str, list[float]] = {}
+    faults: dict[str, list[int]] = {}
 
     def on_cpu(arm: str, fn: Any) -> Any:
-        """``fn`` recording the CPU seconds of this process it takes (load-robust work measure)."""
+        """``fn`` recording the CPU seconds of this process it takes (load-robust work measure),
+        the kernel's part of them and the page faults."""
 
         def run() -> Any:
-            c0 = time.process_time()
+            u0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
             fn()
-            cpu.setdefault(arm, []).append(time.process_time() - c0)
+            c1, u1 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+            cpu.setdefault(arm, []).append(c1 - c0)
+            kernel.setdefault(arm, []).append(u1.ru_stime - u0.ru_stime)
+            faults.setdefault(arm, []).append(u1.ru_minflt - u0.ru_minflt)
 
         return run
 
@@ -155,6 +164,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "ratio_kinds_over_patterns": med["patterns"] / med["kinds"],
         "cpu_seconds": cpu,
         "cpu_ratio_over_plain": {a: cpu_med["plain"] / cpu_med[a] for a in arms if a != "plain"},
+        "kernel_cpu_seconds_median": {a: statistics.median(ts) for a, ts in kernel.items()},
+        "page_faults_median": {a: statistics.median(n) for a, n in faults.items()},
         "kinds_finish_median_s": statistics.median(finish_s),
         "torch_threads": torch.get_num_threads(),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min
@@ -222,6 +233,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{'':<28} kinds / patterns {r['ratio_kinds_over_patterns']:.3f} (the cost of sinks "
             f"and LOF over diagnose's own pattern capture); sink + LOF finish "
             f"{r['kinds_finish_median_s']:.3f} s per batch"
+        )
+        kernel, faults = r["kernel_cpu_seconds_median"], r["page_faults_median"]
+        print(
+            f"{'':<28} of the CPU seconds, in the kernel (page faults): "
+            + ", ".join(f"{a} {kernel[a]:.2f} s ({faults[a]:.0f})" for a in kernel)
         )
     print(f"wrote {out}")
 

@@ -71,7 +71,7 @@ def test_discovery_speed_benchmark_smoke(tmp_path: Path) -> None:
     ips = auto["images_per_s"]
     assert ips["auto"] == pytest.approx(12 / auto["median_s"]["auto"])
     assert auto["ratio_auto_over_plain"] == pytest.approx(ips["auto"] / ips["plain"])
-    assert auto["target_ratio"] == 0.3
+    assert auto["target_ratio"] == 0.5
     phases = auto["phase_median_s"]
     assert set(phases) == {"survey", "discovery", "causal", "calibration", "unlabelled"}
     assert all(v > 0 for k, v in phases.items() if k != "unlabelled")

@@ -10,9 +10,11 @@ For one image, block and head with attention ``A [N, N]`` (all queries, all keys
 * NOP-like: ``ratio <= 0.2``; broadcast-like: ``ratio >= 0.5`` and stable rank
   ``||U||_F^2 / sigma_1(U)^2 <= 1.5`` of the head update ``U = A u`` (N x C); else "other".
 
-The stable rank is computed only for events (the classes need it only there) from the
-``D x D`` matrix ``S G S`` (``G = (A v)^T (A v)``, ``S = M^(1/2)``, ``M = W^T diag(gamma^2) W``),
-whose eigenvalues are the squared singular values of ``U``: exact, without forming ``U``.
+The ratio and the stable rank are computed only for events (the classes need them only there):
+``||u_j||^2 = v_j^T M v_j`` with ``M = W^T diag(gamma^2) W``, and the stable rank from the
+``D x D`` matrix ``S G S`` (``G = (A v)^T (A v)``, ``S = M^(1/2)``), whose eigenvalues are the
+squared singular values of ``U``: exact, without forming ``U``. A batch without events costs one
+pass over the pattern (the mean column, then the dominant key's column).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ CLASSES = ("nop", "broadcast", "other")
 
 @dataclass
 class HeadStats:
-    """Sink statistics of a batch, each ``[B, H]``; ``stable_rank`` is NaN where no event."""
+    """Sink statistics of a batch, each ``[B, H]``; ``ratio`` and ``stable_rank`` are NaN where
+    no event."""
 
     key: torch.Tensor
     mass: torch.Tensor
@@ -65,21 +68,19 @@ def head_stats(
     mass, key = a.mean(dim=2).max(dim=-1)
     a_is = a.gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
     routed = (a_is >= ROUTE).float().mean(-1)
-    # v_j^T M_h v_j as one [H, B*N, D] @ [H, D, D] product on the values where they lie (a
-    # view of the qkv output for timm), then a dot product per token: no copy of v
-    vt = v.float().permute(2, 0, 1, 3).reshape(h, b * n, -1)
-    vm = torch.bmm(vt, metric.to(vt))
-    sq = torch.linalg.vecdot(vm, vt).reshape(h, b, n).permute(1, 0, 2).clamp_min(0)
-    un = sq.sqrt()
-    us = un.gather(2, key[..., None]).squeeze(-1)
-    other = (un.sum(-1) - us) / max(n - 1, 1)
-    ratio = us / other.clamp_min(1e-12)
-    rank = torch.full_like(ratio, float("nan"))
+    ratio = torch.full_like(routed, float("nan"))
+    rank = torch.full_like(routed, float("nan"))
     event = routed >= EVENT_FRACTION
     if event.any():
         bi, hi = event.nonzero(as_tuple=True)
-        vh = v.float().permute(0, 2, 1, 3)  # [B, H, N, D]
-        z = (a[bi, hi] @ vh[bi, hi]).double()  # [E, N, D]: A v of each event head
+        ve = v.float()[bi, :, hi]  # [E, N, D]: the values of each event head
+        # ||u_j||^2 = v_j^T M_h v_j, one [N, D] @ [D, D] product per event
+        sq = torch.linalg.vecdot(ve @ metric.to(ve)[hi], ve).clamp_min(0)
+        un = sq.sqrt()
+        us = un.gather(1, key[bi, hi, None]).squeeze(-1)
+        other = (un.sum(-1) - us) / max(n - 1, 1)
+        ratio[bi, hi] = us / other.clamp_min(1e-12)
+        z = (a[bi, hi] @ ve).double()  # [E, N, D]: A v of each event head
         s = metric_sqrt().to(z.device)[hi]
         ev = torch.linalg.eigvalsh(s @ (z.transpose(-1, -2) @ z) @ s).clamp_min(0)
         rank[bi, hi] = (ev.sum(-1) / ev[:, -1].clamp_min(1e-30)).to(rank)
