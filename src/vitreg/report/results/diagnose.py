@@ -29,7 +29,7 @@ class Bimodal(Strict):
     """The two-Gaussian fit of log10 patch norms (``None``: infinite or undefined)."""
 
     present: bool
-    threshold: float | None
+    threshold: float | None = Field(description="in norm units; None when no outlier mode")
     low_mean: float | None
     high_mean: float | None
     low_std: float | None

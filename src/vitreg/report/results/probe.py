@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from vitreg.report.results.base import Open, Sparse, Strict
+from vitreg.report.results.diagnose import Bimodal
 from vitreg.report.results.fix import FixDescription
 
 Verdict = Literal["better", "worse", "within noise", "no interval"]
@@ -55,21 +56,6 @@ class ClassIoU(Strict):
     test_pixels: int
 
 
-class BimodalFitRecord(Strict):
-    """The two-Gaussian fit of a layer's log10 patch norms (None: not a finite number)."""
-
-    present: bool
-    threshold: float | None = Field(description="in norm units; None when no outlier mode")
-    low_mean: float | None
-    high_mean: float | None
-    low_std: float | None
-    high_std: float | None
-    high_weight: float | None
-    ashman_d: float | None
-    bic_gain: float | None
-    mode_ratio: float | None
-
-
 class SplitCounts(Strict):
     """How many train and test images one token view kept."""
 
@@ -88,7 +74,7 @@ class TaskInfo(Open):
     mean_depth: float | None = Field(None, description="depth")
     invalid_test_pixels: int | None = Field(None, description="depth")
     outlier_threshold: float | None = Field(None, description="token-type, position, ...")
-    bimodal_fit: BimodalFitRecord | None = Field(None, description="token-type, position, ...")
+    bimodal_fit: Bimodal | None = Field(None, description="token-type, position, ...")
     tokens: dict[str, int] | None = Field(None, description="token group -> test tokens")
     train_tokens: int | None = Field(None, description="position, reconstruction")
     images: dict[str, SplitCounts] | None = Field(None, description="token-type: per view")
