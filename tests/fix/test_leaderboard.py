@@ -43,7 +43,7 @@ def test_board_rows_measure_each_fix_and_refuse_what_the_model_cannot_take(tmp_p
     assert rows["none"].patch_cosine is None and rows["naclip"].patch_cosine["n"] == 2 * 4
     assert rows["ttr"].pooled_cosine["mean"] > rows["naclip"].pooled_cosine["mean"]
     assert all(r.relative_speed > 0 for r in board.rows if not r.refused)
-    meta = {"model": "timm tiny", "synthetic": False, "data": {"description": "noise"},
+    meta = {"model": "timm tiny", "synthetic": False, "data": {"description": "noise", "n_images": 2},
             "command": "vitreg fix --method ttr+naclip,sc-clip", "config": {}}  # fmt: skip
     path = write_board(tmp_path, board.to_dict(), meta)
     doc = json.loads(path.read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from vitreg.hooks.sites import Handle
 from vitreg.models.model import Model
@@ -23,3 +24,9 @@ class Fix(ABC):
             yield model
         finally:
             handle.remove()
+
+
+def fix_description(fix: object) -> dict[str, Any]:
+    """A fix as runs record it: its class name first, then what its ``describe()`` says."""
+    describe = getattr(fix, "describe", None)
+    return {"name": type(fix).__name__, **(describe() if describe is not None else {})}

@@ -20,7 +20,7 @@ import torch
 from vitreg.analysis.base import run_analyses
 from vitreg.analysis.norms import NormAnalysis
 from vitreg.errors import InputError, UnsupportedModelError
-from vitreg.fix.base import Fix
+from vitreg.fix.base import Fix, fix_description
 from vitreg.fix.compare import DenseAnalysis, PooledAnalysis, cosine_stats
 from vitreg.fix.methods import FIXES, NONE, FixInputs
 from vitreg.models.model import Model, iter_batches
@@ -34,7 +34,7 @@ class BoardRow:
     """One entry's measurements (``refused`` holds the reason when the model cannot take it)."""
 
     entry: str
-    fix: dict[str, Any] = field(default_factory=dict)
+    fix: dict[str, Any] | None = None  # as the fix describes itself; None: unfixed or refused
     part_of: list[str] = field(default_factory=list)
     refused: str | None = None
     blocks_with_mode: list[int] = field(default_factory=list)
@@ -149,7 +149,7 @@ def bench_fixes(
     rows = [
         BoardRow(
             NONE,
-            {"method": NONE},
+            None,
             blocks_with_mode=modes,
             max_over_median=ratios,
             images_per_s=speed,
@@ -172,7 +172,7 @@ def bench_fixes(
             row.refused = str(e)
             continue
         row.images_per_s, row.relative_speed = throughput(model, batches, fix, rounds)
-        row.fix = {"method": entry, **(fix.describe() if hasattr(fix, "describe") else {})}
+        row.fix = fix_description(fix)
         row.pooled_cosine = cosine_stats(_pair(base, ran, "pooled"))
         row.patch_cosine = cosine_stats(_pair(base, ran, "dense"))
         row.scores = {m: v for s in scorers.values() for m, v in s(model, fix).items()}

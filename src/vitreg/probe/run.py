@@ -20,7 +20,7 @@ from vitreg.data.datasets import (
 )
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
-from vitreg.fix.base import Fix
+from vitreg.fix.base import Fix, fix_description
 from vitreg.models.model import Model
 from vitreg.probe.cache import extract, input_config
 from vitreg.probe.linear import ProbeConfig
@@ -138,10 +138,7 @@ def run(
                 update(len(results[condition]))
     described = None
     if fix is not None:
-        described = {
-            "name": type(fix).__name__,
-            **(fix.describe() if hasattr(fix, "describe") else {}),
-        }
+        described = fix_description(fix)
     shown = [r for rs in results.values() for r in rs if r.examples]
     images = example_images(test, input_config(model, image_size), shown) if shown else {}
     first = next(iter(conditions))

@@ -50,7 +50,7 @@ def run_fix_board(
     """Measure every entry of ``cfg.method`` against the unfixed model; write the leaderboard."""
     from vitreg.fix.leaderboard import bench_fixes, expand
     from vitreg.fix.methods import FIXES, FixInputs, parse_entries
-    from vitreg.report.schema import is_synthetic
+    from vitreg.report.schema import is_synthetic, model_info
     from vitreg.report.verbs.fix_board import write_board
 
     notices = Notices(on_notice)
@@ -91,7 +91,7 @@ def run_fix_board(
         "data": source.description(),
         "command": command,
         "config": cfg.to_file(),
-        "model_info": described,
+        "model_info": model_info(described),
     }
     write_board(Path(cfg.out), board.to_dict(), meta)
     return BoardRun(Path(cfg.out), board, notices.items)

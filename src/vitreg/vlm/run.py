@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from vitreg.analysis.rules import Z_CUT, robust_mask
-from vitreg.fix.base import Fix
+from vitreg.fix.base import Fix, fix_description
 from vitreg.models.loaders.hf_vlm import vlm_of
 from vitreg.models.model import Model, iter_batches
 from vitreg.progress import Update
@@ -211,13 +211,12 @@ def run_vlm(
     vlm = vlm_of(model)
     vlm.module.to(device=model.device)  # the tower may have been moved alone (Model.to)
     text = prompt_text(vlm, prompt)
-    describe = getattr(fix, "describe", None)
     result = VlmResult(
         prompt,
         text,
         query if isinstance(query, str) else list(query),
         feature_site(model, vlm),
-        {"name": type(fix).__name__, **(describe() if describe else {})},
+        fix_description(fix),
         tokenizer=vlm.tokenizer,
         image_token_id=vlm.image_token_id,
     )

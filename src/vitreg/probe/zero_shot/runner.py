@@ -12,7 +12,7 @@ import torch
 from vitreg import distributed
 from vitreg.data.datasets import DataLog, LabeledDataset, SkipSample, open_dataset, require_usable
 from vitreg.errors import InputError
-from vitreg.fix.base import Fix
+from vitreg.fix.base import Fix, fix_description
 from vitreg.models.model import Model
 from vitreg.probe.cache import input_config
 from vitreg.probe.scores import ProbeScores, data_record
@@ -68,10 +68,7 @@ def run_model_task(
         results[condition] = [result]
     described = None
     if fix is not None:
-        described = {
-            "name": type(fix).__name__,
-            **(fix.describe() if hasattr(fix, "describe") else {}),
-        }
+        described = fix_description(fix)
     first = next(iter(passes.values()), {"skipped": {}, "repairs": {}})
     unused = {"spec": test.describe().get("spec"), "split": "none, this task trains nothing"}
     data = {"train": unused, "test": data_record(test, first)}

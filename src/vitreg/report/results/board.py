@@ -3,17 +3,24 @@ one model and one image set, and what produced the board (versions, command, con
 
 from __future__ import annotations
 
-from pydantic import Field, JsonValue
+from typing import Any
+
+from pydantic import Field, field_validator
 
 from vitreg.report.results.base import Stamp, Strict
-from vitreg.report.results.fix import Cosine
+from vitreg.report.results.fix import Cosine, FixDescription
+from vitreg.report.results.probe import ProbeScore
+from vitreg.report.schema import DataInfo, ModelInfo, model_info
 
 
 class BoardEntry(Strict):
     """One entry's measurements; ``refused`` holds the reason when the model cannot take it."""
 
     entry: str
-    fix: dict[str, JsonValue] = Field(description="the fix's settings (a composition: its parts)")
+    fix: FixDescription | None = Field(
+        description="the fix as it describes itself (a composition: its parts); None for the "
+        "unfixed model and a refused entry"
+    )
     part_of: list[str]
     refused: str | None
     blocks_with_mode: list[int]
@@ -25,9 +32,18 @@ class BoardEntry(Strict):
     patch_cosine: Cosine | None
     images_per_s: float | None
     relative_speed: float | None
-    scores: dict[str, dict[str, JsonValue]] = Field(
-        description="probe TASK metric -> its score over seeds (mean, ci95, ...)"
+    scores: dict[str, ProbeScore] = Field(
+        description="probe 'TASK metric' -> its score over seeds (mean, ci95, ...)"
     )
+
+    @field_validator("fix", mode="before")
+    @classmethod
+    def _named(cls, v: Any) -> Any:
+        """Boards written before fixes were named: ``{}`` (refused) is None, and an entry's
+        method names it."""
+        if isinstance(v, dict) and "name" not in v:
+            return {"name": v["method"], **v} if "method" in v else None
+        return v
 
 
 class BoardResults(Strict):
@@ -42,10 +58,17 @@ class BoardDocument(Stamp):
 
     model: str
     synthetic: bool
-    data: dict[str, JsonValue] = Field(description="the images, as described")
+    data: DataInfo = Field(description="the images, as described")
     command: str
-    config: dict[str, JsonValue] = Field(description="the resolved config the board was made with")
-    model_info: dict[str, JsonValue] = Field(
-        default_factory=dict, description="Model.describe() of the model measured"
-    )
+    config: dict[str, Any] = Field(description="the resolved config the board was made with")
+    model_info: ModelInfo | None = Field(None, description="the model measured, as described")
     board: BoardResults
+
+    @field_validator("model_info", mode="before")
+    @classmethod
+    def _described(cls, v: Any) -> Any:
+        """Boards written before the model was recorded hold ``{}``; before it was regrouped as
+        metrics.json's, ``Model.describe()`` as it is."""
+        if isinstance(v, dict) and v and "dims" not in v:
+            return model_info(v)
+        return v or None

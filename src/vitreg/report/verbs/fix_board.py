@@ -5,6 +5,7 @@ what produced it, typed by :class:`~vitreg.report.results.board.BoardDocument`),
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from vitreg.report.render.markdown import (
     num,
 )
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
-from vitreg.report.results.board import BoardDocument
+from vitreg.report.results.board import BoardDocument, BoardResults
+from vitreg.report.results.fix import ComposedDescription, Cosine, FixDescription
+from vitreg.report.results.probe import ProbeScore
 from vitreg.report.schema import plain, utc_now, versions
 from vitreg.report.writer import BOARD, write_run
 
@@ -34,40 +37,52 @@ COLUMNS = (
 )
 
 
-def _cos(stats: dict[str, Any] | None, with_min: bool = False) -> str:
-    if not stats:
+def _cos(stats: Cosine | None, with_min: bool = False) -> str:
+    if stats is None:
         return "–"
-    return num(stats["mean"]) + (f" ({num(stats['min'])})" if with_min else "")
+    return num(stats.mean) + (f" ({num(stats.min)})" if with_min else "")
 
 
-def _score(s: dict[str, Any]) -> str:
-    ci = s.get("ci95")
-    return num(s.get("mean")) + (f" ± {num(ci)}" if ci is not None else "")
+def _score(s: ProbeScore) -> str:
+    return num(s.mean) + (f" ± {num(s.ci95)}" if s.ci95 is not None else "")
 
 
-def board_table(board: dict[str, Any], reasons: bool = True) -> Table:
+def _parts(fix: FixDescription | None) -> list[FixDescription]:
+    """A composition's parts, else the fix itself (none for a refused entry)."""
+    if fix is None:
+        return []
+    return list(fix.parts) if isinstance(fix, ComposedDescription) else [fix]
+
+
+def _settings(fix: FixDescription) -> str:
+    """One fix's description as compact JSON (what it was run with)."""
+    return json.dumps(fix.model_dump(mode="json"), separators=(", ", ": "))
+
+
+def board_table(board: dict[str, Any] | BoardResults, reasons: bool = True) -> Table:
     """One row per entry; refused entries say why in the mode column (``reasons``) or only
     that they were refused (the console's narrow table)."""
-    metrics = sorted({m for r in board["rows"] for m in r["scores"]})
+    board = BoardResults.model_validate(board)
+    metrics = sorted({m for r in board.rows for m in r.scores})
     header = [c for c, _ in COLUMNS] + metrics
     rows = []
-    for r in board["rows"]:
-        name = code_span(r["entry"])
-        if r["refused"]:
-            why = "refused: " + escape_text(r["refused"]) if reasons else "refused (see report)"
+    for r in board.rows:
+        name = code_span(r.entry)
+        if r.refused:
+            why = "refused: " + escape_text(r.refused) if reasons else "refused (see report)"
             rows.append([name, why] + ["–"] * (len(header) - 2))
             continue
         rows.append(
             [
                 name,
-                ", ".join(map(str, r["blocks_with_mode"])) or "none",
-                num(r["residual_max_over_median"]),
-                num(r["last_block_max_over_median"]),
-                _cos(r["pooled_cosine"]),
-                _cos(r["patch_cosine"], with_min=True),
-                num(r["images_per_s"]),
-                num(r["relative_speed"]),
-                *(_score(r["scores"][m]) if m in r["scores"] else "–" for m in metrics),
+                ", ".join(map(str, r.blocks_with_mode)) or "none",
+                num(r.residual_max_over_median),
+                num(r.last_block_max_over_median),
+                _cos(r.pooled_cosine),
+                _cos(r.patch_cosine, with_min=True),
+                num(r.images_per_s),
+                num(r.relative_speed),
+                *(_score(r.scores[m]) if m in r.scores else "–" for m in metrics),
             ]
         )
     return Table(header, rows)
@@ -76,17 +91,18 @@ def board_table(board: dict[str, Any], reasons: bool = True) -> Table:
 def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """leaderboard.md: what ran, the table, its columns, what each composition's parts did,
     each entry's settings and the figure."""
-    board = doc["board"]
+    d = BoardDocument.model_validate(doc)
+    board = d.board
     banner = (
-        f"**SYNTHETIC MODEL:** {code_span(doc['model'])} has random weights with planted "
+        f"**SYNTHETIC MODEL:** {code_span(d.model)} has random weights with planted "
         "register neurons; use this table to check the tool, not to rank methods."
-        if doc.get("synthetic")
+        if d.synthetic
         else None
     )
     table = Section("board", "Leaderboard")
     table.blocks += [
-        f"{board['n_images']} images ({escape_text(doc['data'].get('description'))}); command: "
-        f"{code_span(doc['command'])}",
+        f"{board.n_images} images ({escape_text(d.data.description)}); command: "
+        f"{code_span(d.command)}",
         board_table(board),
     ]
     columns = [f"- **{c}**: {what}" for c, what in COLUMNS]
@@ -95,23 +111,22 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     )
     sections = [table, Section("columns", "Columns", ["\n".join(columns)])]
     composed = [
-        f"- {code_span(r['entry'])} applies "
-        + " then ".join(code_span(p["name"]) for p in r["fix"]["parts"])
+        f"- {code_span(r.entry)} applies "
+        + " then ".join(code_span(p.name) for p in r.fix.parts)
         + "; each part's own row shows what it does alone."
-        for r in board["rows"]
-        if "parts" in r["fix"]
+        for r in board.rows
+        if isinstance(r.fix, ComposedDescription)
     ]
     if composed:
         sections.append(Section("compositions", "Compositions", ["\n".join(composed)]))
     settings = [
-        f"- {code_span(r['entry'])}: {code_span(part)}"
-        for r in board["rows"]
-        for part in r["fix"].get("parts", [r["fix"]])
-        if part
+        f"- {code_span(r.entry)}: {code_span(_settings(part))}"
+        for r in board.rows
+        for part in _parts(r.fix)
     ]
     sections.append(Section("settings", "Settings", ["\n".join(settings) or "–"]))
     sections.append(figure_section("Figures", figures))
-    return Report(banner, f"Fix leaderboard: {code_span(doc['model'])}", sections)
+    return Report(banner, f"Fix leaderboard: {code_span(d.model)}", sections)
 
 
 def board_figure(board: dict[str, Any]) -> Figure:
@@ -119,9 +134,9 @@ def board_figure(board: dict[str, Any]) -> Figure:
     fig = new_canvas(7.0, 3.6)
     fig.subplots_adjust(right=0.72)
     ax = fig.subplots()
-    for i, r in enumerate(x for x in board["rows"] if not x["refused"]):
-        style = "--" if r["entry"] == "none" else "-"
-        ax.plot(r["max_over_median"], style, marker="o", ms=3, color=f"C{i % 10}", label=r["entry"])
+    for i, r in enumerate(x for x in BoardResults.model_validate(board).rows if not x.refused):
+        style = "--" if r.entry == "none" else "-"
+        ax.plot(r.max_over_median, style, marker="o", ms=3, color=f"C{i % 10}", label=r.entry)
     ax.set_yscale("log")
     ax.set_xlabel("block")
     ax.set_ylabel("max / median patch norm")
