@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitreg
-from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.analysis.norms import norm_report, outliers
 from vitreg.analysis.rules import threshold
 from vitreg.analysis.thresholds import bimodal_fit
 from vitreg.testing.images import synthetic_images
@@ -47,7 +47,7 @@ def test_rules_on_known_distributions():
 def test_planted_verdict_layer_and_tokens(name, images):
     module, truth = build(name, img_size=SIZE)
     model = vitreg.wrap(module)
-    trace = trace_norms(model, images, batch_size=8)
+    trace = norm_report(model, images, batch_size=8).trace
     report = outliers(trace)
     assert report.verdict
     assert report.emergence_layer == truth.first_outlier_layer
@@ -69,7 +69,7 @@ def test_planted_verdict_layer_and_tokens(name, images):
 @pytest.mark.parametrize("name", FAST)
 def test_unplanted_controls_have_no_artifacts_but_top_p_flags_anyway(name, images):
     model = vitreg.wrap(build_unplanted(name, img_size=SIZE))
-    report = outliers(trace_norms(model, images, batch_size=8))
+    report = norm_report(model, images, batch_size=8).report
     assert not report.verdict and report.emergence_layer is None
     assert report.to_dict()["verdict"] == "no artifacts"
     last = report.layers[-1]
@@ -79,7 +79,7 @@ def test_unplanted_controls_have_no_artifacts_but_top_p_flags_anyway(name, image
 
 def test_absolute_rule_and_json_ready(images):
     model = vitreg.wrap(build("dinov2_s14", img_size=SIZE)[0])
-    trace = trace_norms(model, images[:4], batch_size=4)
+    trace = norm_report(model, images[:4], batch_size=4).trace
     report = outliers(trace, rules={"absolute": {"value": 1e9}, "top_p": {"p": 5}})
     assert set(report.rules) == {"absolute", "top_p", "auto"}
     assert report.layers[-1].rates["absolute"] == 0.0
@@ -92,7 +92,7 @@ def test_absolute_rule_and_json_ready(images):
 
 def test_norms_after_final_norm_are_reported_separately():
     model = vitreg.load("timm:vit_small_patch14_dinov2", pretrained=False, depth=2, img_size=56)
-    trace = trace_norms(model, torch.randn(3, 3, 56, 56))
+    trace = norm_report(model, torch.randn(3, 3, 56, 56)).trace
     assert trace.final_site == "ln_final.hook_out"
     assert trace.sites == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     assert trace.patch_maps("blocks.1.hook_resid_post").shape == (3, 4, 4)

@@ -211,9 +211,9 @@ def test_wrapped_variant_hooks_cache_and_analyses():
         assert rec.shape == (2, 6, 7, 7) and torch.allclose(rec, nat, atol=1e-6)
         assert (rec.sum(-1) < 1 - 1e-4).all()  # the slot takes the rest of each row
     from vitreg.analysis.ln_separation import ln_separation
-    from vitreg.analysis.norms import trace_norms
+    from vitreg.analysis.norms import norm_report
 
     sep = ln_separation(model, images(4, 32), batch_size=2)
     assert len(sep.similarity) == 3 and "cls_patch" in sep.similarity[0]["post_ln1"]
-    trace = trace_norms(model, images(4, 32), batch_size=2)
+    trace = norm_report(model, images(4, 32), batch_size=2).trace
     assert trace.norms["blocks.2.hook_resid_post"].shape == (4, 7)

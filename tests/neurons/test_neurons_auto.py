@@ -7,7 +7,7 @@ import torch
 
 import vitreg
 from vitreg import InputError, VitregError
-from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.analysis.norms import norm_report
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.input_size import enable_dynamic_size
 from vitreg.neurons.auto import HOLD_OUT, find_neurons
@@ -59,7 +59,7 @@ def test_automatic_path_chooses_the_causes_and_leaves_no_artifact(name, images, 
     assert truth.emergence_layer <= d.highest_layer <= d.detect_layer
     # the independent criterion on unseen images: the diagnose verdict at every block
     with TestTimeRegisters(found.chosen).applied(model):
-        report = outliers(trace_norms(model, fresh, batch_size=8))
+        report = norm_report(model, fresh, batch_size=8).report
         fixed = max_over_median(model, fresh, found.detection.detect_layer)
     assert not report.verdict and not any(lo.present for lo in report.layers)
     control = vitreg.wrap(build_unplanted(name, img_size=SIZE))

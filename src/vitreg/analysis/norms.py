@@ -57,16 +57,17 @@ def norm_sites(model: Model) -> tuple[list[str], str | None]:
     return sites, ("ln_final.hook_out" if "ln_final.hook_out" in names else None)
 
 
-def trace_norms(
+def norm_report(
     model: Model,
     data: Any,
     batch_size: int = 32,
     limit: int | None = None,
     progress: Update | None = None,
-) -> NormTrace:
-    """Stream ``data`` once, keeping only per-token norms at each block output and the final norm."""
+) -> NormsResult:
+    """Stream ``data`` once, keeping only per-token norms at each block output and the final
+    norm; the trace and its outlier report (computed once)."""
     results, _, _ = run_analyses(model, data, [NormAnalysis()], batch_size, limit, progress)
-    return results["norms"].trace
+    return results["norms"]
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.analysis.norms import norm_report
 from vitreg.errors import VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
@@ -55,7 +55,7 @@ def _max_over_median(model: Model, x: torch.Tensor, layer: int) -> float:
 
 
 def _blocks_with_mode(model: Model, x: torch.Tensor, batch_size: int) -> list[int]:
-    report = outliers(trace_norms(model, x, batch_size=batch_size))
+    report = norm_report(model, x, batch_size=batch_size).report
     return [i for i, layer in enumerate(report.layers) if layer.present]
 
 

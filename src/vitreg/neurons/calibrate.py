@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitreg.analysis.norms import outliers, trace_norms
+from vitreg.analysis.norms import norm_report
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
 from vitreg.errors import VitregError
@@ -86,8 +86,8 @@ def check_fix(
     if not batches:
         raise VitregError("calibration got no images")
     with TestTimeRegisters(neurons, **ttr_options).applied(model):
-        trace = trace_norms(model, batches, batch_size=batch_size)
-    report = outliers(trace)
+        found = norm_report(model, batches, batch_size=batch_size)
+    trace, report = found.trace, found.report
     site = trace.sites[detect_layer]
     lay = trace.layouts[site]
     patches = trace.patch_norms(site)

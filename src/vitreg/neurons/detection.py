@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitreg.analysis.norms import NormTrace, outliers, trace_norms
+from vitreg.analysis.norms import NormTrace, norm_report
 from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.errors import InputError, VitregError
 from vitreg.models.model import Model
@@ -78,8 +78,8 @@ def choose_detection(
     rule = "absolute" if isinstance(threshold, (int, float)) else threshold
     if rule not in RULES:
         raise InputError(f"threshold must be one of {RULES} or a number, got {threshold!r}")
-    trace = trace_norms(model, data, batch_size=batch_size, limit=n_images)
-    report = outliers(trace)
+    found = norm_report(model, data, batch_size=batch_size, limit=n_images)
+    trace, report = found.trace, found.report
     layers = [
         {
             "layer": lo.layer,
