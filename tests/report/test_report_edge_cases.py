@@ -259,18 +259,13 @@ def test_probe_report_renders_every_edge(tmp_path: Path, planted_neurons: Path) 
 
 @pytest.mark.slow
 def test_vlm_report_renders_every_edge(tmp_path: Path) -> None:
-    from vitreg.testing.planted import save_tiny_llava
+    from vlm_helpers import tiny_llava_with_truth
 
-    folder = save_tiny_llava(tmp_path / "llava", img_size=64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        tower = vitreg.load(f"hf-vlm:{folder}")
-    units = json.loads((folder / "vitreg_planted.json").read_text())["ground_truth"]["units"]
-    neurons = NeuronSet.from_pairs(units, tower).save(tmp_path / "truth")
+    spec, neurons = tiny_llava_with_truth(tmp_path)
     config = VlmConfig(
-        spec=f"hf-vlm:{folder}",
+        spec=spec,
         prompt="What is in the image?",
-        neurons=str(neurons),
+        neurons=neurons,
         max_new_tokens=2,
         limit=2,
         out=tmp_path / "v",

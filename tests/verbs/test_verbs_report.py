@@ -4,7 +4,6 @@ a clear error."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -53,19 +52,12 @@ def planted_truth(folder: Path) -> str:
 
 def tiny_llava(folder: Path) -> VlmConfig:
     """vlm on a tiny planted LLaVA with its ground-truth register neurons, two short answers."""
-    from vitreg.fix.neuron_set import NeuronSet
-    from vitreg.testing.planted import save_tiny_llava
+    from vlm_helpers import tiny_llava_with_truth
 
-    llava = save_tiny_llava(folder / "llava", img_size=64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        tower = vitreg.load(f"hf-vlm:{llava}")
-    units = json.loads((llava / "vitreg_planted.json").read_text())["ground_truth"]["units"]
-    neurons = NeuronSet.from_pairs(units, tower).save(folder / "truth")
+    spec, neurons = tiny_llava_with_truth(folder)
     return VlmConfig(
-        spec=f"hf-vlm:{llava}", prompt="What is in the image?", neurons=str(neurons),
-        max_new_tokens=2, limit=2,
-    )  # fmt: skip
+        spec=spec, prompt="What is in the image?", neurons=neurons, max_new_tokens=2, limit=2
+    )
 
 
 TINY = {"spec": "planted:dinov2_s14", "img_size": 56, "limit": 2, "batch_size": 2}
