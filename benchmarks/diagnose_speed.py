@@ -5,7 +5,7 @@ On ViT-S/14 (timm ``vit_small_patch14_dinov2``, ``img_size=224``, random weights
 
 - **plain**: the source module's ``forward_features`` over every batch (``torch.inference_mode``);
 - **diagnose**: ``vitreg.analysis.diagnose.diagnose`` with the default analyses (one hooked pass);
-- **report**: ``vitreg.report.verbs.diagnose.write_diagnose_run`` for that result (metrics.json, report.md/html,
+- **report**: ``vitreg.report.renderers.diagnose.write_diagnose_run`` for that result (metrics.json, report.md/html,
   figures) into a temporary directory.
 
 After one untimed warm-up of each arm, ``--repeats`` timed rounds alternate plain/diagnose (ABBA)
@@ -42,7 +42,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from vitreg.analysis.diagnose import diagnose
     from vitreg.data.images import to_display
-    from vitreg.report.verbs.diagnose import write_diagnose_run as write_run
+    from vitreg.report.renderers.diagnose import write_diagnose_run as write_run
     from vitreg.testing.images import synthetic_pil
 
     torch.manual_seed(0)

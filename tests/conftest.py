@@ -17,7 +17,7 @@ os.environ.setdefault("VITREG_PROGRESS", "off")
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 2) // WORKERS)))
 
-TESTS = Path(__file__).resolve().parent  # helper modules and worker scripts live here
+TESTS = Path(__file__).resolve().parent  # helper modules and worker scripts live in _support/
 ROOT = TESTS.parent  # the repository
 # a bound on any child process, only to stop a hung test: a loaded machine never reaches it
 HANG_GUARD_S = 1800

@@ -28,7 +28,9 @@ LAYERS = (
     "errors",  # exceptions
     "progress",  # the progress protocol library code reports through
     "device",  # the --device check
-    "core",  # TokenLayout, atomic writers, the version
+    "core",  # TokenLayout, atomic writers, run folders, the Registry, the version
+    "settings",  # the config parts as plain typed data, passed whole to the library
+    "results",  # every result model and the metrics.json envelope (schema, upgrade)
     "hooks",  # hook sites, names, reducers, activation cache, pattern readers
     "distributed",  # rank/world, sharding, merging reducers across ranks
     "models",  # loading (spec registry), adapters, Model

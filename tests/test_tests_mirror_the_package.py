@@ -30,9 +30,12 @@ def test_every_test_folder_names_a_package_or_module():
         assert target.is_dir() or target.with_suffix(".py").is_file(), folder
 
 
-def test_only_helpers_and_whole_package_checks_stay_at_the_top():
-    top = sorted(p.name for p in TESTS.glob("test_*.py"))
+def test_only_conftest_and_whole_package_checks_stay_at_the_top():
+    """Shared helpers and worker scripts live in tests/_support/."""
+    top = sorted(p.name for p in TESTS.glob("*.py"))
     assert top == [
+        "conftest.py",
+        "test_house.py",
         "test_layering.py",
         "test_readme_snippets.py",
         "test_tests_mirror_the_package.py",

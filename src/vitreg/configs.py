@@ -3,7 +3,7 @@
 Each verb's config is composed of parts that several verbs share (:class:`ModelSource`,
 :class:`ImageSet`, :class:`NeuronSearch`, :class:`TtrSettings`, :class:`NeuronChoice`,
 :class:`Figures`, the run directory of :class:`RunConfig`; training's
-:class:`~vitreg.train.settings.TrainSettings`), so a setting has one default and one description
+:class:`~vitreg.settings.train.TrainSettings`), so a setting has one default and one description
 wherever it appears; the CLI's options are generated from them (``vitreg.cli.options``).
 
 Each run writes its config as ``config.yaml`` (the model's fields plus ``verb``), and
@@ -14,130 +14,68 @@ message names the field (and the file) that is wrong.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PositiveInt,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_core import core_schema
 
-from vitreg.core.choices import MAX_IMG_SIZE, NAMED_THRESHOLDS, RECIPES
+from vitreg.core.choices import RECIPES
 from vitreg.errors import InputError, brief
-from vitreg.train.settings import TrainSettings
-
-DEFAULT_SPEC = "planted:dinov2_s14"  # the embedded demo: a synthetic ViT with planted artifacts
-Threshold = Literal[NAMED_THRESHOLDS] | float  # type: ignore[valid-type]  # or an absolute norm
-FigureFormat = Literal["svg", "pdf"] | None  # every figure also in this format (PNG always)
-BATCH = Field(32, gt=0, le=65536, description="Images per forward pass.")
-CHECKPOINT_EVERY = Field(
-    None,
-    gt=0,
-    description="Save the streaming statistics every N images into OUT.resume (beside the run); "
-    "running the same command again resumes from there (removed once the run is written).",
+from vitreg.settings.base import (
+    BATCH,
+    CHECKPOINT_EVERY,
+    DEFAULT_SPEC,
+    FigureFormat,
+    Figures,
+    Part,
+    Threshold,
+    finite,
+    valid_device,
+    valid_img_size,
 )
+from vitreg.settings.model import ImageSet, ModelSource
+from vitreg.settings.neurons import DISCOVER, NeuronChoice, NeuronSearch, NeuronSource
+from vitreg.settings.train import TrainSettings
+from vitreg.settings.ttr import TtrSettings
+
+#: every verb's config and, re-exported, the parts they compose
+__all__ = [
+    "CONFIGS",
+    "DEFAULT_SPEC",
+    "DiagnoseConfig",
+    "ExperimentConfig",
+    "FixConfig",
+    "NeuronsConfig",
+    "ProbeRunConfig",
+    "RunConfig",
+    "TrainRunConfig",
+    "VlmConfig",
+    "build_config",
+    "describe_errors",
+    "load_config",
+    "read_config",
+    "DISCOVER",
+    "FigureFormat",
+    "Figures",
+    "ImageSet",
+    "ModelSource",
+    "NeuronChoice",
+    "NeuronSearch",
+    "NeuronSource",
+    "Part",
+    "Threshold",
+    "TrainSettings",
+    "TtrSettings",
+]
 
 
-def _weights_file(v: Path | None) -> Path | None:
-    """A ``--weights`` file that exists and that vitreg reads (checked before any model loads)."""
-    if v is not None:
-        from vitreg.errors import VitregError
-        from vitreg.models.load import check_weights_file
-
-        try:
-            check_weights_file(v)
-        except VitregError as e:
-            raise ValueError(str(e)) from None
-    return v
-
-
-def _usable_device(v: str | None) -> str | None:
-    """A ``--device`` that exists on this machine and holds data (checked before any model
-    loads: ``meta``, or ``cuda`` without a GPU, is an error naming the option, not a traceback)."""
-    if v is not None:
-        from vitreg.device import device_problem
-
-        problem = device_problem(v)
-        if problem is not None:
-            raise ValueError(problem)
-    return v
-
-
-def _img_size(v: int | None) -> int | None:
-    """An ``--img-size`` a ViT can take, checked here so that no verb allocates for it first."""
-    if v is not None and not 1 <= v <= MAX_IMG_SIZE:
-        raise ValueError(
-            f"the input size must be a whole number of pixels from 1 to {MAX_IMG_SIZE}; ViTs "
-            "take 224 or 518, or a multiple of their patch size near it"
-        )
-    return v
-
-
-def _finite(v: float | None, name: str) -> float | None:
-    if v is not None and not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite number, got {v}")
-    return v
-
-
-class NeuronSource(str):
-    """Where a verb's register neurons come from, spelled as on the command line: ``discover``
-    (find them first on the run's images, as ``vitreg neurons`` does), ``builtin`` (the
-    published set for the model), ``hf:ORG/REPO[@REVISION]`` (a set on the Hugging Face hub)
-    or the path of a NeuronSet file (its ``.json``, or the stem).
-
-    :attr:`kind` is what the verbs dispatch on (``vitreg.verbs.neuron_sources.READERS`` reads
-    each kind but discovery); a new kind is a spelling recognised in :meth:`parse` and
-    :attr:`kind` plus a reader there. ``None`` and ``auto``
-    (how earlier config.yaml files and ``vitreg vlm --neurons auto`` said it) read as
-    ``discover``."""
-
-    WORDS: ClassVar[tuple[str, ...]] = ("discover", "builtin")
-    HUB: ClassVar[str] = "hf:"  # vitreg.neurons.hub.PREFIX
-
-    @property
-    def kind(self) -> str:
-        """``discover``, ``builtin``, ``hub`` or ``file``."""
-        if self in self.WORDS:
-            return str(self)
-        return "hub" if self.startswith(self.HUB) else "file"
-
-    @classmethod
-    def parse(cls, value: object) -> NeuronSource:
-        """The source ``value`` names (a string, or ``None``/``"auto"`` for discovery)."""
-        if value is None or value == "auto":
-            return cls("discover")
-        if isinstance(value, Path):
-            value = str(value)
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError("name a NeuronSet file, builtin, hf:ORG/REPO or discover")
-        return cls(value)
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
-        return core_schema.no_info_plain_validator_function(
-            cls.parse,
-            json_schema_input_schema=core_schema.str_schema(),
-            serialization=core_schema.to_string_ser_schema(),
-        )
-
-
-DISCOVER = NeuronSource("discover")
-
-
-# ------------------------------------------------------------------------------------ the parts
-class Part(BaseModel):
-    """A group of settings that several verbs share, composed into their configs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
+# ------------------------------------------------------------------------------ the run
 class RunConfig(Part):
     """Settings every verb shares: where results go."""
 
@@ -158,142 +96,6 @@ class RunConfig(Part):
     def to_file(self) -> dict[str, Any]:
         """What config.yaml holds: ``verb`` and every field (not ``overwrite``), JSON-typed."""
         return {"verb": self.verb, **self.model_dump(mode="json")}
-
-
-class Figures(Part):
-    """How the run's figures are written."""
-
-    figure_format: FigureFormat = Field(
-        None, description="Also write every figure as svg or pdf (next to its 200 dpi PNG)."
-    )
-
-
-class ModelSource(Part):
-    """The model a verb runs: its spec and how it is built."""
-
-    spec: str | None = Field(
-        None, description=f"Model spec (default: the synthetic demo {DEFAULT_SPEC})."
-    )
-    img_size: PositiveInt | None = Field(
-        None, description="Input size in pixels (passed as img_size where taken)."
-    )
-    random_init: bool = Field(
-        False, description="Build the architecture with random weights (no download)."
-    )
-    weights: Path | None = Field(
-        None,
-        description="Weights file (.safetensors; or a torch state dict, read with "
-        "weights_only=True) loaded strictly into SPEC's architecture instead of its pretrained "
-        "weights; without --img-size the input size is the file's (a resampled position "
-        "embedding is announced).",
-    )
-    device: str | None = Field(None, description="torch device, e.g. cpu or cuda:0.")
-
-    _weights = field_validator("weights")(_weights_file)
-    _device = field_validator("device")(_usable_device)
-    _size = field_validator("img_size")(_img_size)
-
-    @model_validator(mode="after")
-    def _init_or_weights(self) -> ModelSource:
-        if self.random_init and self.weights is not None:
-            raise ValueError("random_init and weights exclude each other; pass one of them")
-        return self
-
-
-class ImageSet(Part):
-    """The images a model verb runs on, and how many at a time."""
-
-    images: Path | None = Field(
-        None,
-        description="Folder of images (searched recursively; bad files are skipped), or "
-        "webdataset shards as wds:PATTERN (e.g. wds:/data/train-{0000..0099}.tar).",
-    )
-    samples: bool = Field(False, description="Use the photos bundled with scikit-image.")
-    limit: PositiveInt | None = Field(None, description="Use at most N images.")
-    batch_size: int = BATCH
-
-    @model_validator(mode="after")
-    def _images_or_samples(self) -> ImageSet:
-        if self.images is not None and self.samples:
-            raise ValueError("images and samples exclude each other; pass one of them")
-        return self
-
-
-class NeuronSearch(Part):
-    """How register neurons are found (``vitreg neurons``, and the verbs that discover first)."""
-
-    target: float = Field(
-        0.01,
-        ge=0.0,
-        le=1.0,
-        description="Held-out patch outlier rate the fix must also reach (besides no outlier "
-        "mode).",
-    )
-    top_k: Literal["auto"] | PositiveInt = Field(
-        "auto",
-        description="'auto': the causal units, the smallest k whose fix leaves no artifacts on "
-        "held-out images; or a number of neurons (the paper's top-k ranking).",
-    )
-    detect_layer: int | None = Field(
-        None,
-        description="Block whose output defines outliers (default: the cleanest outlier mode).",
-    )
-    highest_layer: int | None = Field(
-        None,
-        description="Last block searched for neurons (default: the last block where the "
-        "outliers still grow, up to the detection layer).",
-    )
-    threshold: Threshold = Field(
-        "auto",
-        description="Outlier rule: auto (valley of the norm histogram), mean3std, robust, or a "
-        "norm.",
-    )
-
-    @field_validator("threshold")
-    @classmethod
-    def _positive(cls, v: Threshold) -> Threshold:
-        if isinstance(v, float) and not (math.isfinite(v) and v > 0):
-            raise ValueError(f"a numeric threshold must be a positive norm, got {v}")
-        return v
-
-
-class TtrSettings(Part):
-    """How test-time registers edit the model (``vitreg.fix.TestTimeRegisters``)."""
-
-    registers: int = Field(
-        1, gt=0, le=256, description="Test-time registers to insert (the paper uses 1)."
-    )
-    cls: Literal["zero", "keep"] = Field(
-        "zero", description="Register neurons on [CLS]: zero or keep."
-    )
-    patches: Literal["zero", "mean", "keep"] = Field(
-        "zero", description="Register neurons on patches: zero, mean or keep."
-    )
-    mode: Literal["paper", "reference"] = Field(
-        "paper",
-        description="paper (per-neuron max, Algorithm 2) or reference (the official code's edit).",
-    )
-
-    def ttr_args(self) -> dict[str, Any]:
-        """The keyword arguments of ``TestTimeRegisters`` after the neurons."""
-        return {
-            "n_registers": self.registers,
-            "cls": self.cls,
-            "patches": self.patches,
-            "mode": self.mode,
-        }
-
-
-class NeuronChoice(Part):
-    """Which register neurons a fix uses."""
-
-    neurons: NeuronSource = Field(
-        DISCOVER,
-        description="Where the register neurons come from: a NeuronSet file (neurons.json from "
-        "`vitreg neurons`), builtin (the published set for SPEC), hf:ORG/REPO[@REVISION] (a set "
-        "on the Hugging Face hub), or discover (find them first on these images, as "
-        "`vitreg neurons` does).",
-    )
 
 
 # ------------------------------------------------------------------------------ one per verb
@@ -562,7 +364,7 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
 
 class TrainRunConfig(RunConfig, TrainSettings):
     """``vitreg train``: train a ViT (supervised DeiT-III or DINO/iBOT); the training settings
-    are :class:`~vitreg.train.settings.TrainSettings`, what :func:`vitreg.train.train` takes."""
+    are :class:`~vitreg.settings.train.TrainSettings`, what :func:`vitreg.train.train` takes."""
 
     verb: ClassVar[str] = "train"
 
@@ -581,10 +383,10 @@ class TrainRunConfig(RunConfig, TrainSettings):
     @field_validator("epochs", "lr", "min_lr", "weight_decay", "clip_grad")
     @classmethod
     def _finite_number(cls, v: float | None, info: Any) -> float | None:
-        return _finite(v, info.field_name)
+        return finite(v, info.field_name)
 
-    _device = field_validator("device")(_usable_device)
-    _size = field_validator("img_size")(_img_size)
+    _device = field_validator("device")(valid_device)
+    _size = field_validator("img_size")(valid_img_size)
 
     @field_validator("model_arg", "option")
     @classmethod
@@ -717,7 +519,7 @@ def read_config(path: str | Path, verb: str) -> dict[str, Any]:
     raw = read_yaml(p, "--config")
     if not isinstance(raw, dict):
         raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
-    if "overwrite" in raw:  # issue 24: replacing a run is asked on the command line only
+    if "overwrite" in raw:  # replacing a run is asked on the command line only
         raise InputError(
             f"--config {p} sets overwrite; vitreg never reads overwrite from a file, so that a "
             "config cannot replace a run: remove that line and pass --overwrite on the command "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_helpers import run_benchmark
+from _support.bench_helpers import run_benchmark
 
 TINY = ["--img-size=28", "--depth=2", "--batch-size=2"]
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_helpers import run_benchmark
+from _support.bench_helpers import run_benchmark
 
 
 @pytest.mark.slow

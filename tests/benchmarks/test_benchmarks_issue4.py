@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_helpers import run_benchmark
+from _support.bench_helpers import run_benchmark
 from conftest import ROOT
 
 TINY = ["--model=vit_small_patch16_224", "--img-size=32", "--depth=3", "--batch-size=2"]

@@ -10,8 +10,8 @@ import typer
 from typer.testing import CliRunner
 
 import vitreg
-from bench_helpers import run_benchmark
-from cli_helpers import assert_clean_failure, flat
+from _support.bench_helpers import run_benchmark
+from _support.cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
 from vitreg.cli.inspect_cmd import compress_names
 from vitreg.cli.output import cli_errors

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from cli_helpers import ANSI, run_on_pty
+from _support.cli_helpers import ANSI, run_on_pty
 from conftest import HANG_GUARD_S
 from vitreg.cli.command import unwrapped
 from vitreg.cli.progress import split_unit

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from cli_helpers import assert_clean_failure, flat
+from _support.cli_helpers import assert_clean_failure, flat
 from conftest import HANG_GUARD_S, ROOT
 from vitreg.cli.app import app
 from vitreg.testing.images import synthetic_pil

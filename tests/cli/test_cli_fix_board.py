@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 
 runner = CliRunner()

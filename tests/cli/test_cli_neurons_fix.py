@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 import vitreg
-from cli_helpers import assert_clean_failure, flat
+from _support.cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
 from vitreg.data.images import synthetic_source
 from vitreg.fix import TestTimeRegisters, compare_fix

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.fix.neuron_set import NeuronSet
 

@@ -16,8 +16,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import vitreg
-from cli_helpers import ANSI, run_on_pty
-from train_helpers import run as train_tiny
+from _support.cli_helpers import ANSI, run_on_pty
+from _support.train_helpers import run as train_tiny
 from vitreg.cli import train_cmd
 from vitreg.cli.progress import ConsoleProgress
 from vitreg.probe.linear import ProbeConfig, fit_linear

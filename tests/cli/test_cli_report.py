@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from vitreg.cli.app import app
 from vitreg.report import compare
-from vitreg.report.schema import validate_metrics
-from vitreg.report.verbs import diagnose as diagnose_report
+from vitreg.report.renderers import diagnose as diagnose_report
+from vitreg.results.schema import validate_metrics
 
 runner = CliRunner()
 DIAGNOSE = ["diagnose", "planted:dinov2_s14", "--img-size", "56", "--limit", "2"]

@@ -17,15 +17,15 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 import vitreg.verbs
-from cli_helpers import flat
+from _support.cli_helpers import flat
 from vitreg.cli.app import app
 from vitreg.core.io import write_bytes_atomic, write_json_atomic, write_text_atomic
+from vitreg.core.out_dir import check_out
 from vitreg.core.run_dir import session
 from vitreg.errors import InputError
-from vitreg.report.out_dir import check_out
 from vitreg.report.render.envelope import synthetic_banner
 from vitreg.report.render.markdown import render_markdown
-from vitreg.report.verbs.diagnose import diagnose_document, report
+from vitreg.report.renderers.diagnose import diagnose_document, report
 from vitreg.verbs import diagnose as verb_diagnose
 from vitreg.verbs import loading
 

@@ -203,7 +203,7 @@ def test_probe_library_call_gives_the_cli_numbers(runs, tmp_path):
     from vitreg.configs import ProbeRunConfig, load_config
     from vitreg.probe.linear import ProbeConfig
     from vitreg.probe.run import run
-    from vitreg.report.schema import plain, resolve
+    from vitreg.results.schema import plain, resolve
 
     cfg = load_config(runs["probe"] / "config.yaml", "probe")
     assert isinstance(cfg, ProbeRunConfig) and cfg.fix == "none" and cfg.random_init
@@ -285,7 +285,7 @@ def test_train_and_experiment_configs_allow_what_the_trainer_does():
     from vitreg.configs import ExperimentConfig, TrainRunConfig
     from vitreg.core.choices import AMP, RECIPES
     from vitreg.train.config import DEFAULTS
-    from vitreg.train.settings import TrainSettings
+    from vitreg.settings.train import TrainSettings
 
     assert issubclass(TrainRunConfig, TrainSettings)  # the CLI's settings are train()'s
     fields = TrainRunConfig.model_fields

@@ -17,7 +17,7 @@ from vitreg.testing.planted import build
 @pytest.mark.slow
 def test_torchrun_discovery_equals_single_process(tmp_path):
     out = tmp_path / "dist.json"
-    script = TESTS / "dist_discover.py"
+    script = TESTS / "_support" / "dist_discover.py"
     cmd = [
         sys.executable,
         "-m",

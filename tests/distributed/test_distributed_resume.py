@@ -14,7 +14,7 @@ from conftest import TESTS
 
 @pytest.mark.slow
 def test_torchrun_trace_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
-    torchrun([str(TESTS / "resume_worker.py"), str(tmp_path)])
+    torchrun([str(TESTS / "_support" / "resume_worker.py"), str(tmp_path)])
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     for r in ranks:
         assert r["n"] == 7

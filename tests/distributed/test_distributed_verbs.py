@@ -108,7 +108,7 @@ def same(a: Any, b: Any, path: str = "", rtol: float = 1e-5) -> list[str]:
 
 # reducers merged across ranks -----------------------------------------------------------------
 def test_trace_merges_every_reducer_kind_across_two_ranks(tmp_path: Path) -> None:
-    torchrun([str(TESTS / "dist_verbs_worker.py"), str(tmp_path)])
+    torchrun([str(TESTS / "_support" / "dist_verbs_worker.py"), str(tmp_path)])
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     # 7 images in batches of 3, 3, 1: rank 0 forwards 0, 1, 3, 4, 6 and rank 1 forwards 2, 5
     assert [r["indices"] for r in ranks] == [[0, 1, 3, 4, 6], [2, 5]]
@@ -183,7 +183,7 @@ def test_torchrun_fix_equals_one_process(tmp_path: Path) -> None:
 @pytest.mark.slow  # ~50 s: one torchrun over 4 plants, each traced sharded and whole
 def test_torchrun_kinds_analyses_equal_one_process(tmp_path: Path) -> None:
     """diagnose with the sink, massive, LOF, position and register analyses on kinds plants."""
-    torchrun([str(TESTS / "dist_kinds_worker.py"), str(tmp_path)])
+    torchrun([str(TESTS / "_support" / "dist_kinds_worker.py"), str(tmp_path)])
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert same(ranks[0], ranks[1]) == []  # every rank has the merged result
     for name, run in ranks[0].items():

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from vitreg.errors import InputError, SpecError
 from vitreg.experiment import grid, preset, run_variants
 from vitreg.experiment.variants import open_splits
-from vitreg.report.schema import resolve
+from vitreg.results.schema import resolve
 
 DATA = "synthetic:n=8,size=32"
 TINIER = {

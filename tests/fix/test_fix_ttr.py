@@ -161,8 +161,8 @@ def test_compare_fix_before_after(images):
 
 def test_a_set_applied_to_a_model_without_artifacts_says_nothing_to_fix(images):
     from vitreg.fix.compare import compare_fix
-    from vitreg.report.results.fix import Comparison
-    from vitreg.report.verbs.fix import verdict_section
+    from vitreg.report.renderers.fix import verdict_section
+    from vitreg.results.fix import Comparison
 
     module, truth = build("dinov2_s14", img_size=SIZE)
     found = discover(vitreg.wrap(module), images[:16], batch_size=8, top_k=len(truth.units))

@@ -10,7 +10,7 @@ import vitreg
 from vitreg.fix.leaderboard import bench_fixes, expand
 from vitreg.fix.methods import FixInputs
 from vitreg.fix.neuron_set import NeuronSet
-from vitreg.report.verbs.fix_board import write_board
+from vitreg.report.renderers.fix_board import write_board
 
 
 def test_expand_lists_parts_before_their_composition():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitreg
-from hook_names import PER_BLOCK, plain_vit_names
+from _support.hook_names import PER_BLOCK, plain_vit_names
 from vitreg.errors import HookError, InputError
 from vitreg.hooks import BLOCK_SITES, hook_name
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cache_worker import ToyDataset, small_vit
+from _support.cache_worker import ToyDataset, small_vit
 from vitreg.probe import extract
 from vitreg.probe.shards import shard_name
 
@@ -52,7 +52,7 @@ def test_corrupted_shard_is_re_extracted_and_counted(tmp_path) -> None:
 def test_probe_report_names_the_re_extracted_shards(tmp_path) -> None:
     from vitreg.probe.linear import ProbeConfig
     from vitreg.probe.run import run
-    from vitreg.report.verbs.probe import write_probe_run
+    from vitreg.report.renderers.probe import write_probe_run
 
     model, cache = small_vit(), tmp_path / "cache"
     data = "synthetic-cls:n=8,size=28"

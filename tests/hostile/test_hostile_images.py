@@ -41,7 +41,7 @@ from vitreg.data.folder import (
 from vitreg.errors import InputError
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.run import run as probe_run
-from vitreg.report.verbs.probe import write_probe_run
+from vitreg.report.renderers.probe import write_probe_run
 from vitreg.testing.images import synthetic_pil
 from vitreg.train.data import describe_training_data, open_data
 
@@ -410,7 +410,7 @@ def test_a_single_class_is_a_recorded_warning(tmp_path: Path) -> None:
 
 
 def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path) -> None:
-    from vitreg.report.verbs.train import write_train_run
+    from vitreg.report.renderers.train import write_train_run
     from vitreg.train import TrainSettings, train
     from vitreg.verbs.train import describe_trained, train_results
 

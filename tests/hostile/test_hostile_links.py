@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from cache_worker import ToyDataset, small_vit
-from cli_helpers import flat
+from _support.cache_worker import ToyDataset, small_vit
+from _support.cli_helpers import flat
 from vitreg.cli.app import app
 from vitreg.data.folder import FolderLog, iter_folder, walk_folder
 from vitreg.errors import InputError

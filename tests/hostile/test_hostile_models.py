@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 import vitreg
-from cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.loaders.local import save_local

@@ -11,11 +11,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.core.io import write_bytes_atomic, write_text_atomic
+from vitreg.core.out_dir import check_out
 from vitreg.core.run_dir import session
-from vitreg.report.out_dir import check_out
 from vitreg.train.log import append_record
 from vitreg.verbs import loading
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli_helpers import assert_clean_failure, flat
+from _support.cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
 from vitreg.core.readers import read_json, read_yaml
 from vitreg.errors import InputError
@@ -156,7 +156,7 @@ def fake_probe(folder: Path, task: str, n: int, mean: float) -> Path:
 
 
 def test_scores_of_other_tasks_or_data_never_share_a_row(tmp_path: Path) -> None:
-    from vitreg.report.verbs.probe import headlines
+    from vitreg.report.renderers.probe import headlines
 
     cls = fake_probe(tmp_path / "cls", "classification", 200, 0.9)
     tokens = fake_probe(tmp_path / "tokens", "token-type", 64, 0.4)

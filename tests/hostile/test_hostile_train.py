@@ -12,8 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 import vitreg
-from cli_helpers import assert_clean_failure
-from train_helpers import run
+from _support.cli_helpers import assert_clean_failure
+from _support.train_helpers import run
 from vitreg.cli.app import app as vitreg_app
 from vitreg.cli.train_cmd import train_command
 from vitreg.errors import InputError, WeightsError

@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 import vitreg
-from cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.loaders.chat_template import render_chat_template

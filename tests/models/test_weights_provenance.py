@@ -15,8 +15,8 @@ import vitreg
 from conftest import images
 from vitreg.analysis.diagnose import diagnose
 from vitreg.models.loaders.local import save_local
-from vitreg.report.schema import is_synthetic, validate_metrics
-from vitreg.report.verbs.diagnose import write_diagnose_run
+from vitreg.report.renderers.diagnose import write_diagnose_run
+from vitreg.results.schema import is_synthetic, validate_metrics
 
 
 def write_run(out: Path, result: Any, **kwargs: Any) -> Path:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import vitreg
-from cache_worker import ToyDataset, small_vit
+from _support.cache_worker import ToyDataset, small_vit
 from conftest import HANG_GUARD_S, TESTS, free_port
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
@@ -24,7 +24,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.probe import CachedFeatures, extract
 
-WORKER = TESTS / "cache_worker.py"
+WORKER = TESTS / "_support" / "cache_worker.py"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 ALL_VIEWS = ("cls", "reg", "extra", "patch_mean", "patch_center", "patch_top", "patches")
 

@@ -19,8 +19,8 @@ from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.run import run
-from vitreg.report.schema import resolve
-from vitreg.report.verbs.probe import task_and_data, write_probe_run
+from vitreg.report.renderers.probe import task_and_data, write_probe_run
+from vitreg.results.schema import resolve
 
 CFG = ProbeConfig(seeds=(0, 1), epochs=3)
 

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from vitreg.core.intervals import interval_verdict
 
 import vitreg
 from vitreg.probe import yardsticks
 from vitreg.probe.linear import ProbeConfig
-from vitreg.probe.metrics import interval_verdict
 from vitreg.probe.run import run
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
 from vitreg.report.render.markdown import Report, render_markdown
-from vitreg.report.results.probe import ProbeResults
-from vitreg.report.verbs.probe import layer_section, write_probe_run
-from vitreg.report.verbs.probe_figures import probe_figures
+from vitreg.report.renderers.probe import layer_section, write_probe_run
+from vitreg.report.renderers.probe_figures import probe_figures
+from vitreg.results.probe import ProbeResults
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

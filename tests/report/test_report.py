@@ -22,9 +22,9 @@ from vitreg.analysis.norms import NormAnalysis
 from vitreg.errors import RenderError
 from vitreg.report.render import plots
 from vitreg.report.render.markdown import markdown_table
-from vitreg.report.schema import json_schema, resolve, validate_metrics
-from vitreg.report.verbs import diagnose as diagnose_renderer
-from vitreg.report.verbs.diagnose import model_rows, rows_table, write_diagnose_run
+from vitreg.report.renderers import diagnose as diagnose_renderer
+from vitreg.report.renderers.diagnose import model_rows, rows_table, write_diagnose_run
+from vitreg.results.schema import json_schema, resolve, validate_metrics
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build_unplanted
 

@@ -17,7 +17,7 @@ import torch
 
 import vitreg
 from vitreg.analysis.diagnose import diagnose
-from vitreg.report.verbs.diagnose import write_diagnose_run
+from vitreg.report.renderers.diagnose import write_diagnose_run
 from vitreg.testing.images import synthetic_images
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -24,9 +24,9 @@ from vitreg.configs import FixConfig, NeuronsConfig, ProbeRunConfig, VlmConfig
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.report.render.html import render_html
 from vitreg.report.render.markdown import render_markdown
-from vitreg.report.schema import resolve, validate_metrics
-from vitreg.report.verbs.diagnose import diagnose_document
+from vitreg.report.renderers.diagnose import diagnose_document
 from vitreg.report.writer import saved_figures
+from vitreg.results.schema import resolve, validate_metrics
 from vitreg.testing.images import synthetic_images
 from vitreg.verbs.report import renderer
 

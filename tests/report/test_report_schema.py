@@ -18,9 +18,9 @@ from vitreg.cli.app import app
 from vitreg.cli.validate_cmd import check_run
 from vitreg.report.render.html import render_html
 from vitreg.report.render.markdown import render_markdown
-from vitreg.report.schema import VERBS, json_schema, resolve, validate_metrics
-from vitreg.report.upgrade import upgrade
-from vitreg.report.verbs.diagnose import report as build_report
+from vitreg.report.renderers.diagnose import report as build_report
+from vitreg.results.schema import VERBS, json_schema, resolve, validate_metrics
+from vitreg.results.upgrade import upgrade
 
 TYPED = {"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const"}
 OLD_RUN = TESTS / "report" / "schema_1_1_diagnose.json"

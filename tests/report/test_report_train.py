@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from vitreg.report.results.train import DinoTerms
-from vitreg.report.verbs.train import dino_reading, loss_figure
+from vitreg.report.renderers.train import dino_reading, loss_figure
+from vitreg.results.train import DinoTerms
 from vitreg.train.dino import loss_terms
 
 

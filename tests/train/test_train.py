@@ -8,7 +8,7 @@ import timm
 import torch
 from pydantic import ValidationError
 
-from train_helpers import DINO, TINY, AtStep, TinyData, run
+from _support.train_helpers import DINO, TINY, AtStep, TinyData, run
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.load import read_state_dict
 from vitreg.train.augment import dino_view, three_augment

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import HANG_GUARD_S, TESTS, free_port
-from train_helpers import run
+from _support.train_helpers import run
 
 
 def test_torchrun_two_ranks_match_one_process(tmp_path):
-    script = TESTS / "train_worker.py"
+    script = TESTS / "_support" / "train_worker.py"
     cmd = [
         sys.executable,
         "-m",

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import HANG_GUARD_S, TESTS
-from train_helpers import run
+from _support.train_helpers import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the same thread count as the killed worker
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the same thread count as t
 def test_sigkill_then_resume_gives_identical_losses(tmp_path):
     full = run("dino", tmp_path / "full", checkpoint_every=2)
     out = tmp_path / "killed"
-    script = TESTS / "train_worker.py"
+    script = TESTS / "_support" / "train_worker.py"
     done = subprocess.run(
         [sys.executable, str(script), "kill", str(out), "3"],
         capture_output=True,

@@ -16,7 +16,7 @@ from vitreg import NeuronSet, TestTimeRegisters
 from vitreg.cli.app import app
 from vitreg.configs import VlmConfig, load_config
 from vitreg.errors import InputError, SpecError
-from vitreg.report.schema import validate_metrics
+from vitreg.results.schema import validate_metrics
 from vitreg.testing import build
 from vitreg.testing.images import synthetic_pil
 from vitreg.testing.planted import save_tiny_llava

@@ -1,7 +1,7 @@
 """Token norms per layer and token type, outliers by every rule, emergence layer and verdict.
 
 Norms are taken on the residual stream (each block's output, before any final LayerNorm) and,
-separately, after the final norm, where outliers can vanish (dinov2 issue 373). Outlier rules
+separately, after the final norm, where outliers can vanish (facebookresearch/dinov2#373). Outlier rules
 run on patch tokens; [CLS], registers and inserted tokens are summarised on their own.
 """
 

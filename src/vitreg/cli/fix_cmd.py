@@ -37,7 +37,7 @@ fix_command = opt.config_command(
 
 def run_board_command(cfg: Any) -> None:
     """``--method`` other than plain ttr: the leaderboard, then its table on the console."""
-    from vitreg.report.verbs.fix_board import board_table
+    from vitreg.report.renderers.fix_board import board_table
     from vitreg.verbs.fix_board import run_fix_board
 
     with cli_errors():
@@ -54,7 +54,7 @@ def run_board_command(cfg: Any) -> None:
 
 def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
     """The console summary: the verdict per block first, then the detection layer's numbers."""
-    from vitreg.report.verbs.neurons import blocks_text
+    from vitreg.report.renderers.neurons import blocks_text
 
     c = comparison.to_dict()
     res = c["residual"]

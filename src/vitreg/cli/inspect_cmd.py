@@ -112,7 +112,7 @@ def inspect_model(
     with cli_errors():
         check_device(device)  # before the model loads
         if weights is not None:
-            from vitreg.models.load import check_weights_file
+            from vitreg.core.weights import check_weights_file
 
             check_weights_file(weights)  # a missing or unreadable file fails before loading
         with progress(None, f"loading {spec}"):

@@ -14,8 +14,8 @@ from vitreg.cli import options as opt
 from vitreg.cli.output import cli_errors, console, show_notice, show_path
 from vitreg.cli.progress import progress
 from vitreg.configs import Figures, ProbeRunConfig, RunConfig
+from vitreg.core.out_dir import check_out
 from vitreg.core.run_dir import session
-from vitreg.report.out_dir import check_out
 
 # a Δ's verdict in the console table (short, so the table fits 100 columns)
 DELTA_WORDS = {
@@ -52,8 +52,8 @@ def block_name(layer: str) -> str:
 def show(doc: dict[str, Any], run_dir: Path) -> None:
     """Console table: every score, base and fixed side by side, the Δ with its verdict, and
     the yardsticks each layer's scores are read against."""
-    from vitreg.report.results.probe import ProbeResults
-    from vitreg.report.verbs.probe import verdict
+    from vitreg.report.renderers.probe import verdict
+    from vitreg.results.probe import ProbeResults
 
     conditions = list(doc["conditions"])
     both = len(conditions) == 2
@@ -146,7 +146,7 @@ def compare_command(
     from vitreg.report.render.markdown import num
     from vitreg.report.render.plots import VECTOR_FORMATS
 
-    with cli_errors(), session():  # issue 24: the --out claimed inside is released at the end
+    with cli_errors(), session():  # the --out claimed inside is released at the end
         if out is not None:
             check_out(out, "compare", None, overwrite)
         merged = compare_runs(runs, contains)

@@ -19,7 +19,7 @@ def schema_command(
 ) -> None:
     """Export the JSON Schema of metrics.json (every verb's results, every field typed)."""
     from vitreg.core.io import write_text_atomic
-    from vitreg.report.schema import json_schema
+    from vitreg.results.schema import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if out is None:

@@ -73,7 +73,7 @@ def check_run(run: Path, nested: bool = False) -> str:
     from vitreg.configs import describe_errors
     from vitreg.errors import InputError
     from vitreg.report.documents import RunDir
-    from vitreg.report.schema import validate_metrics
+    from vitreg.results.schema import validate_metrics
 
     try:
         folder = RunDir.open(run)

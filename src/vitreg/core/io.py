@@ -16,7 +16,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
     first in the manifest of the claimed run directory holding it, if any)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    record(target)  # issue 24: the run's manifest lists every file it writes
+    record(target)  # the run's manifest lists every file it writes
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

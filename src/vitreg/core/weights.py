@@ -3,7 +3,11 @@ states, so no conclusion is drawn about a trained model from one that was never 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
+
+from vitreg.errors import WeightsError
 
 WeightKind = Literal["trained", "random", "planted", "user"]
 
@@ -14,3 +18,24 @@ WEIGHT_KINDS: dict[str, str] = {
     "planted": "synthetic: random weights with planted register neurons (a test fixture)",
     "user": "weights supplied by the user (--weights FILE, a local: folder, vitreg.wrap)",
 }
+
+
+def check_weights_file(path: str | os.PathLike) -> Path:
+    """A weights file must exist and be a safetensors file or a torch state dict."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise WeightsError(
+            f"weights file {str(p)!r} is a folder, not a file; pass the weights file itself "
+            "(e.g. model.safetensors), or load a saved folder as 'local:DIR'"
+        )
+    if not p.is_file():
+        raise WeightsError(f"weights file {str(p)!r} does not exist; check the path")
+    if p.suffix not in WEIGHT_SUFFIXES:
+        raise WeightsError(
+            f"weights file {str(p)!r} has suffix {p.suffix!r}; vitreg reads .safetensors "
+            "(preferred) or torch state dicts (.pth/.pt/.bin, loaded with weights_only=True)"
+        )
+    return p
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")

@@ -153,7 +153,7 @@ def walk_folder(directory: str | Path) -> tuple[list[Path], list[WalkSkip]]:
                 else:
                     skip(path, "unreadable_entry", f"could not be examined ({_os_error(e)})")
                 continue
-            if link and outside(root, path) is not None:  # issue 24: one containment rule
+            if link and outside(root, path) is not None:  # one containment rule
                 skip(
                     path,
                     "link_outside",

@@ -298,7 +298,9 @@ class VOCBoxes(FileDataset):
         item = self.items[i]
         image = self.read_image(item)
         if item.target.is_symlink() and outside(item.target.parent, item.target) is not None:
-            raise self.skip("link_outside", item.key)  # issue 24: containment
+            raise self.skip(
+                "link_outside", item.key
+            )  # containment: no link leads out of the dataset
         try:
             raw, size = read_voc_boxes(item.target)
         except (ET.ParseError, OSError, ValueError, TypeError, AttributeError):
@@ -364,7 +366,7 @@ def voc_ids(root: Path, imageset: str, folder: Path, suffix: str, split: str) ->
     if listing.is_file():
         ids = [ln.split()[0] for ln in listing.read_text().splitlines() if ln.strip()]
         bad = next((i for i in ids if Path(i).name != i or i in (".", "..")), None)
-        if bad is not None:  # issue 24: an id names a file inside the dataset folder
+        if bad is not None:  # an id names a file inside the dataset folder
             raise InputError(
                 f"{listing} lists {bad[:80]!r}, not an image id (a file name without folders); "
                 "vitreg reads nothing outside the dataset folder"
@@ -521,7 +523,7 @@ def by_stem_files(folder: Path, suffixes: Iterable[str] = ()) -> dict[str, Path]
     files = [
         p
         for p in folder.iterdir()
-        if p.is_file() and not p.name.startswith(".") and outside(folder, p) is None  # issue 24
+        if p.is_file() and not p.name.startswith(".") and outside(folder, p) is None  # contained
     ]
     if order:
         files = [p for p in files if p.suffix.lower() in order]

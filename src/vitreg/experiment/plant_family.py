@@ -1,4 +1,4 @@
-"""The automatic path scored on the randomised plant family (issue 18): what ``vitreg neurons``
+"""The automatic path scored on the randomised plant family: what ``vitreg neurons``
 chooses with no settings, against the planted ground truth.
 
 :func:`score_circuit` builds one circuit of :mod:`vitreg.testing.planted.plant_family`, runs

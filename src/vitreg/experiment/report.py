@@ -27,11 +27,11 @@ from vitreg.report.render.markdown import (
     text,
 )
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
-from vitreg.report.results.experiment import ExperimentResults, VariantSummary
-from vitreg.report.schema import plain
-from vitreg.report.upgrade import upgrade
-from vitreg.report.verbs.train import dino_reading
+from vitreg.report.renderers.train import dino_reading
 from vitreg.report.writer import write_run
+from vitreg.results.experiment import ExperimentResults, VariantSummary
+from vitreg.results.schema import plain
+from vitreg.results.upgrade import upgrade
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),

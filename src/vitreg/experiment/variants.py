@@ -26,7 +26,7 @@ from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
 from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
 from vitreg.experiment.summary import SUMMARY
 from vitreg.progress import SILENT, Progress
-from vitreg.report.schema import plain
+from vitreg.results.schema import plain
 from vitreg.train.dino import loss_terms
 
 Log = Callable[[str], None]

@@ -21,6 +21,7 @@ from torch import nn
 
 from vitreg.core.containment import check_inside
 from vitreg.core.registry import Registry
+from vitreg.core.weights import check_weights_file
 from vitreg.device import check_device
 from vitreg.errors import InputError, SpecError, WeightsError, brief
 from vitreg.models.input_size import check_built_size, check_grid, check_requested_size
@@ -97,27 +98,6 @@ def offline_hint(tried: str, cause: BaseException) -> str:
         "vitreg.load), or save a folder with config.json + model.safetensors and give it as "
         "local:DIR. --random-init builds the architecture with random weights (no download)."
     )
-
-
-def check_weights_file(path: str | os.PathLike) -> Path:
-    """A weights file must exist and be a safetensors file or a torch state dict."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise WeightsError(
-            f"weights file {str(p)!r} is a folder, not a file; pass the weights file itself "
-            "(e.g. model.safetensors), or load a saved folder as 'local:DIR'"
-        )
-    if not p.is_file():
-        raise WeightsError(f"weights file {str(p)!r} does not exist; check the path")
-    if p.suffix not in WEIGHT_SUFFIXES:
-        raise WeightsError(
-            f"weights file {str(p)!r} has suffix {p.suffix!r}; vitreg reads .safetensors "
-            "(preferred) or torch state dicts (.pth/.pt/.bin, loaded with weights_only=True)"
-        )
-    return p
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
 
 def weights_read_error(path: str | os.PathLike, e: BaseException) -> WeightsError:

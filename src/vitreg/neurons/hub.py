@@ -28,11 +28,6 @@ DEFAULT_LICENSE = "apache-2.0"
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 
-def is_hub(neurons: str | None) -> bool:
-    """Whether a ``--neurons`` value names a hub repository (``hf:ORG/REPO[@REVISION]``)."""
-    return neurons is not None and str(neurons).startswith(PREFIX)
-
-
 def parse_ref(ref: str) -> tuple[str, str | None]:
     """``(ORG/REPO, REVISION or None)`` of ``hf:ORG/REPO[@REVISION]``."""
     body = ref[len(PREFIX) :] if ref.startswith(PREFIX) else ref

@@ -198,7 +198,7 @@ def extract(
         if size > 1:
             check_same_key(key)
         folder = Path(root) / key
-        if folder.is_symlink():  # issue 24: one containment rule
+        if folder.is_symlink():  # one containment rule: no link leads out
             check_inside(root, folder, "feature cache folder")
         n_shards = -(-len(dataset) // shard_size)
         writer = ShardWriter(
@@ -216,7 +216,7 @@ def extract(
         replaced = torch.zeros(len(REPLACED), dtype=torch.long)
         for i in range(rank, n_shards, size):
             path = folder / shard_name(i)
-            if path.is_symlink():  # issue 24: one containment rule
+            if path.is_symlink():  # one containment rule: no link leads out
                 check_inside(folder, path, "feature cache shard")
             problem = shard_problem(path, key, i)
             if problem is None:

@@ -31,7 +31,9 @@ class CachedFeatures:
         path = self.folder / MANIFEST
         if not path.is_file():
             raise InputError(f"{self.folder} has no {MANIFEST}; run probe.extract to (re)build it")
-        check_inside(self.folder, path, "feature cache manifest")  # issue 24: containment
+        check_inside(
+            self.folder, path, "feature cache manifest"
+        )  # containment: the manifest resolves inside the cache
         self.manifest: dict[str, Any] = read_json(path, "feature cache manifest")
         self.forward_passes = forward_passes
 

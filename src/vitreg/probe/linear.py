@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitreg.core.schedule import warmup_cosine
 from vitreg.errors import InputError
 from vitreg.probe.metrics import IGNORE_INDEX, METRICS, mean_ci
 from vitreg.progress import SILENT, Progress
-from vitreg.train.schedule import warmup_cosine
 
 DINOV2_LRS: tuple[float, ...] = tuple(m * 10.0**e for e in range(-5, -1) for m in (1, 2, 5)) + (
     0.1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitreg.probe.metrics import interval_verdict
+from vitreg.core.intervals import interval_verdict
 
 
 def _key(score: dict[str, Any]) -> tuple[str, str, str]:

@@ -16,15 +16,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vitreg.core.intervals import interval_verdict
 from vitreg.errors import InputError
-from vitreg.probe.metrics import interval_verdict
 from vitreg.report.documents import RunDir, comparison_members, read_comparison
 from vitreg.report.render.markdown import FigureRef, Report, Section, Table, code, finite, num
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
-from vitreg.report.results.diagnose import SiteNorms
-from vitreg.report.schema import resolve
-from vitreg.report.verbs.diagnose import model_rows, results_of, rows_table
+from vitreg.report.renderers.diagnose import model_rows, results_of, rows_table
 from vitreg.report.writer import COMPARE, MODELS, Layout, render_again, write_run
+from vitreg.results.diagnose import SiteNorms
+from vitreg.results.schema import resolve
 
 Draw = Callable[[], tuple[Report, list[Figure]]]  # a comparison's report and its figures
 DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
@@ -69,7 +69,7 @@ def row_key(doc: dict[str, Any], name: str) -> tuple[str, str, str | None]:
     """What a metric of ``doc`` is, so that only like is compared with like: the verb, the name
     (a probe score's name starting with its task and data, as written since 1.1), and the data
     of a run whose names do not say it (a diagnose on other images is another row)."""
-    from vitreg.report.verbs.probe import task_and_data
+    from vitreg.report.renderers.probe import task_and_data
 
     verb = str(doc.get("verb") or "diagnose")
     results = doc.get("results") or {}
@@ -265,7 +265,7 @@ def comparison_banner(documents: Sequence[dict[str, Any]]) -> str | None:
 
 def provenance(command: str, config: dict[str, Any]) -> dict[str, Any]:
     """What made a comparison: versions, time (UTC), the command line and its settings."""
-    from vitreg.report.schema import plain, utc_now, versions
+    from vitreg.results.schema import plain, utc_now, versions
 
     return {**versions(), "created": utc_now(), "command": command, "config": plain(config)}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vitreg.report.schema import (
+from vitreg.results.schema import (
     SCHEMA_VERSION,
     data_info,
     model_info,

@@ -98,7 +98,9 @@ class RunDir:
         if path.is_file() or path.suffix == ".json":
             return cls(path.parent, "run", path)
         for kind, name in DOCUMENTS.items() if path.is_dir() else ():
-            found = check_inside(path, path / name, name)  # issue 24: one containment rule
+            found = check_inside(
+                path, path / name, name
+            )  # one containment rule: inside the run folder
             if found.is_file():
                 return cls(path, kind, found)  # type: ignore[arg-type]
         raise InputError(
@@ -119,7 +121,7 @@ class RunDir:
 def read_board(folder: Path) -> Any:
     """The leaderboard.json of a ``fix --method`` folder as its typed document (a pydantic
     ValidationError says which field is wrong)."""
-    from vitreg.report.results.board import BoardDocument
+    from vitreg.results.board import BoardDocument
 
     path = check_inside(folder, folder / "leaderboard.json", "leaderboard.json")
     doc = read_json(path, "leaderboard file", max_bytes=MAX_RUN_FILE, allow_nan=True)
@@ -128,7 +130,7 @@ def read_board(folder: Path) -> Any:
 
 def metrics_file(run: Path) -> Path:
     """The metrics.json of ``run`` (a run directory, or the file itself); in a run directory it
-    must resolve inside it (issue 24: one containment rule)."""
+    must resolve inside it (one containment rule)."""
     if not run.is_dir():
         return run
     return check_inside(run, run / "metrics.json", "metrics.json")
@@ -146,7 +148,7 @@ def read_metrics(run: Path) -> dict[str, Any]:
 def read_comparison(folder: Path) -> dict[str, Any]:
     """The checked comparison.json of a ``diagnose --models`` or ``compare --out`` folder: its
     verb, and the runs it lists (``runs``: per-model folders of diagnose, labels of compare)."""
-    path = check_inside(folder, folder / "comparison.json", "comparison.json")  # issue 24
+    path = check_inside(folder, folder / "comparison.json", "comparison.json")  # contained
     doc = read_json(path, "comparison file", max_bytes=MAX_RUN_FILE, allow_nan=True)
     if not isinstance(doc, dict):
         raise InputError(f"{path} holds {_what(doc)}, not a comparison")
@@ -179,6 +181,6 @@ def read_comparison(folder: Path) -> dict[str, Any]:
 def comparison_members(folder: Path, doc: dict[str, Any]) -> list[Path]:
     """The run directories a comparison lists: the per-model folders of ``diagnose --models``,
     the runs ``compare`` read (where they were when it ran)."""
-    if doc["verb"] == "diagnose":  # issue 24: each folder resolves inside the comparison's
+    if doc["verb"] == "diagnose":  # each folder resolves inside the comparison's
         return [check_inside(folder, folder / run["run_dir"], "run_dir") for run in doc["runs"]]
     return [Path(s.get("path") or s["run"]) for s in doc["sources"]]

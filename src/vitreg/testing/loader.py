@@ -28,7 +28,7 @@ def load_planted(
         )
     if kwargs:
         raise SpecError(f"planted:{name} takes only img_size and seed, got {sorted(kwargs)}")
-    if name in KINDS:  # issue-20 kinds: no register neurons to discover or fix
+    if name in KINDS:  # the artifact kinds' plants: no register neurons to discover or fix
         module, kind = build_kind(name, img_size=img_size or 64, seed=seed)
         module.vitreg_weights = "planted"
         module.vitreg_kind_truth = kind

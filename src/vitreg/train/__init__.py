@@ -1,6 +1,6 @@
 """Training: supervised (DeiT III) and DINO/iBOT recipes, DDP, checkpoints with resume.
 
-The names below load on first use, so that :mod:`vitreg.train.settings` (which the CLI's help is
+The names below load on first use, so that :mod:`vitreg.settings.train` (which the CLI's help is
 built from) imports without torch."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ _HOMES = {
     "SupervisedOptions": "vitreg.train.supervised",
     "TrainConfig": "vitreg.train.config",
     "TrainResult": "vitreg.train.loop",
-    "TrainSettings": "vitreg.train.settings",
+    "TrainSettings": "vitreg.settings.train",
     "train": "vitreg.train.loop",
 }
 __all__ = sorted(_HOMES)

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitreg.core.layout import TokenLayout
+from vitreg.core.schedule import cosine, linear_warmup
 from vitreg.errors import SpecError
 from vitreg.train.augment import dino_view, normalize, to_tensor, uniform
 from vitreg.train.data import dataset_index, generator, read_sample
 from vitreg.train.recipe import BatchSpec
-from vitreg.train.schedule import cosine, linear_warmup
 
 
 @dataclass

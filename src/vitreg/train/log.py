@@ -14,7 +14,7 @@ from vitreg.core.run_dir import record as record_file
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line with a single ``write`` on an ``O_APPEND`` descriptor (no torn lines)."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
-    record_file(path)  # issue 24: listed in the run's manifest before it is written
+    record_file(path)  # listed in the run's manifest before it is written
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

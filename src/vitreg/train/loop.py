@@ -13,9 +13,11 @@ import torch
 from torch import nn
 
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
+from vitreg.core.schedule import warmup_cosine
 from vitreg.device import check_device
 from vitreg.distributed import DistContext, rank_slice, setup
 from vitreg.progress import SILENT, Progress, Update
+from vitreg.settings.train import TrainSettings
 from vitreg.train import checkpoint as ckpt_io
 from vitreg.train.config import (
     DEFAULTS,
@@ -28,8 +30,6 @@ from vitreg.train.data import data_identity, derive_seed, num_classes, open_data
 from vitreg.train.log import append_record, read_records, trim_after
 from vitreg.train.model import build_model, describe
 from vitreg.train.recipe import BatchSpec, norm_stats, parse_options
-from vitreg.train.schedule import warmup_cosine
-from vitreg.train.settings import TrainSettings
 
 
 @dataclass

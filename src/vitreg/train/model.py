@@ -72,7 +72,7 @@ def build_model(
 
 def refuse_file_args(kwargs: Mapping[str, Any]) -> None:
     """Refuse constructor arguments that make timm read a file or decide on weights
-    (``checkpoint_path``, ``pretrained_cfg_overlay``, ...; issue 24), whoever passes them."""
+    (``checkpoint_path``, ``pretrained_cfg_overlay``, ...), whoever passes them."""
     from vitreg.models.loaders.local import REFUSED_ARGS
 
     refused = sorted(set(kwargs) & set(REFUSED_ARGS))

@@ -78,7 +78,7 @@ def prepare(cfg: Any, notices: Notices, demo: str | None = None) -> tuple[Any, s
     """``cfg`` with its spec (the demo model when none; with ``demo``, what the demo has, said
     in a notice) and its run directory (default ``runs/<time>_<model>_<verb>``, checked before
     any model loads) filled in, and the command line that reproduces the run."""
-    from vitreg.report.out_dir import check_out
+    from vitreg.core.out_dir import check_out
 
     if cfg.spec is None and demo is not None:
         notices.append(demo_notice(demo))

@@ -26,7 +26,7 @@ from vitreg.verbs.resume import checkpointed, finished
 
 def _writer() -> Callable[..., dict[str, Any] | None]:
     """The report layer's diagnose writer (imported when first needed; tests swap it)."""
-    from vitreg.report.verbs.diagnose import write_diagnose_run
+    from vitreg.report.renderers.diagnose import write_diagnose_run
 
     return write_diagnose_run
 
@@ -99,14 +99,14 @@ def diagnose_one(
     return result, document
 
 
-@session()  # issue 24: the --out claimed inside is released when the verb ends
+@session()  # the --out claimed inside is released when the verb ends
 def run_diagnose(
     cfg: DiagnoseConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> DiagnoseRun:
     """Diagnose the model(s) of ``cfg`` and write the run directory (with several models, one
     sub-directory each plus comparison.md, report.html and comparison.json)."""
+    from vitreg.core.out_dir import check_out
     from vitreg.distributed import is_main
-    from vitreg.report.out_dir import check_out
 
     notices = Notices(on_notice)
     if cfg.spec is None and cfg.models is None:

@@ -67,7 +67,7 @@ def experiment_command_line(cfg: ExperimentConfig) -> str:
     return shlex.join(parts)
 
 
-@session()  # issue 24: the --out claimed inside is released when the verb ends
+@session()  # the --out claimed inside is released when the verb ends
 def run_experiment(
     cfg: ExperimentConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> ExperimentRun:
@@ -75,8 +75,8 @@ def run_experiment(
     notices)."""
     import torch
 
+    from vitreg.core.out_dir import check_out
     from vitreg.experiment import run_variants
-    from vitreg.report.out_dir import check_out
 
     cfg = resolved(cfg)
     check_out(cfg.out, "experiment", None, cfg.overwrite)

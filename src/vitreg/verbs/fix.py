@@ -59,20 +59,20 @@ def _check_model(model: Any, spec: str, save: Path | None) -> None:
         )
 
 
-@session()  # issue 24: the --out claimed inside is released when the verb ends
+@session()  # the --out claimed inside is released when the verb ends
 def run_fix(
     cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> FixRun:
     """Apply test-time registers to ``cfg``'s model, compare before/after and write the run
     directory (and the fixed model with ``save``)."""
+    from vitreg.core.out_dir import check_out
     from vitreg.distributed import is_main, on_main
-    from vitreg.report.out_dir import check_out
-    from vitreg.report.verbs.fix import MAX_ROWS
+    from vitreg.report.renderers.fix import MAX_ROWS
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     spec, run_dir = cfg.spec, cfg.out
-    if cfg.save is not None:  # issue 24: --save is a run folder vitreg owns too
+    if cfg.save is not None:  # --save is a run folder vitreg owns too
         check_out(cfg.save, "fix", spec, cfg.overwrite)
     preloaded = neuron_file(cfg.neurons, spec)  # a missing or bad file fails before the model
     check_images(cfg.images)
@@ -119,7 +119,7 @@ def write(
     progress: Progress,
 ) -> dict[str, Any]:
     """config.yaml and metrics.json, then the report, of one fix; the document written."""
-    from vitreg.report.verbs.fix import write_fix_run
+    from vitreg.report.renderers.fix import write_fix_run
 
     with progress(None, "writing the report"):
         return write_fix_run(

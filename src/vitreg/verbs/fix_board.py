@@ -50,8 +50,8 @@ def run_fix_board(
     """Measure every entry of ``cfg.method`` against the unfixed model; write the leaderboard."""
     from vitreg.fix.leaderboard import bench_fixes, expand
     from vitreg.fix.methods import FIXES, FixInputs, parse_entries
-    from vitreg.report.schema import is_synthetic, model_info
-    from vitreg.report.verbs.fix_board import write_board
+    from vitreg.report.renderers.fix_board import write_board
+    from vitreg.results.schema import is_synthetic, model_info
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")

@@ -16,7 +16,7 @@ from vitreg.verbs.result import Listener, NeuronsRun, Notices
 from vitreg.verbs.resume import checkpointed, finished
 
 
-@session()  # issue 24: the --out claimed inside is released when the verb ends
+@session()  # the --out claimed inside is released when the verb ends
 def run_neurons(
     cfg: NeuronsConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> NeuronsRun:
@@ -45,7 +45,7 @@ def write(
     progress: Progress,
 ) -> dict[str, Any]:
     """The NeuronSet files, then metrics.json and the report; the document written."""
-    from vitreg.report.verbs.neurons import write_neurons_run
+    from vitreg.report.renderers.neurons import write_neurons_run
 
     data = {**source.description(), "split": found.split}
     found.chosen.data = {**found.chosen.data, "images": source.label, "split": found.split}

@@ -85,7 +85,7 @@ def probe_fix(
     return FIXES.build(method, inputs)
 
 
-@session()  # issue 24: the --out claimed inside is released when the verb ends
+@session()  # the --out claimed inside is released when the verb ends
 def run_probe(
     cfg: ProbeRunConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> ProbeRun:
@@ -123,8 +123,8 @@ def run_probe(
     doc = result.to_dict()
     document = None
     if is_main():
-        from vitreg.report.verbs.probe import write_probe_run
-        from vitreg.report.verbs.probe_figures import probe_figures
+        from vitreg.report.renderers.probe import write_probe_run
+        from vitreg.report.renderers.probe_figures import probe_figures
 
         with progress(None, "writing the report"):
             draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)

@@ -18,12 +18,12 @@ from vitreg.errors import InputError
 
 # each verb's renderer: a module with headlines(results) and report(doc, figures)
 RENDERERS = {
-    "diagnose": "vitreg.report.verbs.diagnose",
-    "neurons": "vitreg.report.verbs.neurons",
-    "fix": "vitreg.report.verbs.fix",
-    "probe": "vitreg.report.verbs.probe",
-    "vlm": "vitreg.report.verbs.vlm",
-    "train": "vitreg.report.verbs.train",
+    "diagnose": "vitreg.report.renderers.diagnose",
+    "neurons": "vitreg.report.renderers.neurons",
+    "fix": "vitreg.report.renderers.fix",
+    "probe": "vitreg.report.renderers.probe",
+    "vlm": "vitreg.report.renderers.vlm",
+    "train": "vitreg.report.renderers.train",
     "experiment": "vitreg.experiment.report",
 }
 
@@ -37,7 +37,7 @@ def read_results(path: Path) -> dict[str, Any]:
     """The validated metrics.json at ``path``; InputError saying why it cannot be rendered."""
     from vitreg.core.readers import read_json
     from vitreg.report.documents import MAX_RUN_FILE
-    from vitreg.report.schema import validate_metrics
+    from vitreg.results.schema import validate_metrics
 
     doc = read_json(path, "run file", max_bytes=MAX_RUN_FILE, allow_nan=True)
     return checked(lambda: validate_metrics(doc).model_dump(mode="json"), path)
@@ -55,19 +55,19 @@ def checked(read: Callable[[], Any], path: Path) -> Any:
         raise InputError(describe_errors(e, f"{path} does not follow the schema")) from None
 
 
-@session()  # issue 24: the run reopened inside is released when rendering ends
+@session()  # the run reopened inside is released when rendering ends
 def render_again(folder: str | Path) -> list[Path]:
     """Render the report of the run in ``folder`` again from its saved results; the files
     written. A failure (a bug) raises :class:`~vitreg.errors.RenderError`, results untouched."""
     from vitreg.report import writer
     from vitreg.report.compare import render_comparison_again
     from vitreg.report.documents import RunDir, read_board
-    from vitreg.report.verbs import fix_board
+    from vitreg.report.renderers import fix_board
 
     found = RunDir.open(folder)
     folder = found.path
     if found.kind == "comparison":
-        reopen(folder)  # issue 24: locked, and the files written listed in its manifest
+        reopen(folder)  # locked, and the files written listed in its manifest
         return render_comparison_again(folder)
     if found.kind == "leaderboard":
         board = checked(lambda: read_board(folder).model_dump(mode="json"), found.document)

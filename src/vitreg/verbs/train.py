@@ -32,8 +32,8 @@ def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
 
 
 def train_settings(cfg: TrainRunConfig) -> Any:
-    """The :class:`~vitreg.train.settings.TrainSettings` part of a run config."""
-    from vitreg.train.settings import TrainSettings
+    """The :class:`~vitreg.settings.train.TrainSettings` part of a run config."""
+    from vitreg.settings.train import TrainSettings
 
     return TrainSettings(**cfg.model_dump(include=set(TrainSettings.model_fields)))
 
@@ -48,14 +48,14 @@ def train_command_line(cfg: TrainRunConfig) -> str:
     return shlex.join(parts)
 
 
-@session()  # issue 24: the --out claimed inside is released when the verb ends
+@session()  # the --out claimed inside is released when the verb ends
 def run_train(
     cfg: TrainRunConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> TrainRun:
     """Train ``cfg``'s variant on its data and write the run directory (checkpoints, log.jsonl,
     model.safetensors, config.yaml, metrics.json)."""
-    from vitreg.report.out_dir import check_out
-    from vitreg.report.verbs.train import write_train_run
+    from vitreg.core.out_dir import check_out
+    from vitreg.report.renderers.train import write_train_run
     from vitreg.train import train
     from vitreg.train.data import describe_training_data
 

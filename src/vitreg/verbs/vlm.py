@@ -27,7 +27,7 @@ def describe_vlm(model: Any) -> dict[str, Any]:
     }
 
 
-@session()  # issue 24: the --out claimed inside is released when the verb ends
+@session()  # the --out claimed inside is released when the verb ends
 def run_vlm(
     cfg: VlmConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> VlmRun:
@@ -35,7 +35,7 @@ def run_vlm(
     from vitreg.distributed import is_main
     from vitreg.fix import TestTimeRegisters
     from vitreg.report.render.plots import display_images
-    from vitreg.report.verbs.vlm import write_vlm_run
+    from vitreg.report.renderers.vlm import write_vlm_run
     from vitreg.vlm import run_vlm as answer
     from vitreg.vlm.run import SUPPRESSED
 

@@ -15,7 +15,7 @@ import torch
 
 import vitreg
 from conftest import images
-from hook_names import PER_BLOCK, plain_vit_names
+from _support.hook_names import PER_BLOCK, plain_vit_names
 from vitreg.errors import HookError, InputError
 from vitreg.models.adapters.base import ADAPTERS
 from vitreg.testing.tiny import (

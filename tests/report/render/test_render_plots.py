@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from vitreg.cli.app import app
 from vitreg.report.render.plots import DPI, Figure, all_axes, figure_formats
-from vitreg.report.verbs.fix import before_after_maps
+from vitreg.report.renderers.fix import before_after_maps
 
 
 def offset_texts(fig: Figure) -> list[str]:

@@ -100,7 +100,7 @@ def hub_or_folder(name: str) -> tuple[str, bool]:
     is checked first: transformers reads its files by name, so none may lead outside it."""
     path = Path(name).expanduser()
     if path.is_dir():
-        check_folder(path, "model folder")  # issue 24: one containment rule
+        check_folder(path, "model folder")  # one containment rule
         return str(path), True
     if name.count("/") != 1 or name.startswith((".", "/", "~")) or not all(name.split("/")):
         raise SpecError(

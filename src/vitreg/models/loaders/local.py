@@ -489,7 +489,7 @@ def _load_weights(
 
 def _same_grid(module: nn.Module, state: dict, arch: str, path: Path, config_path: Path) -> None:
     """Refuse a position embedding made for another grid than the one config.json builds: a
-    folder's weights must fit its own config (issue 24); the caller's ``--img-size`` (the one
+    folder's weights must fit its own config; the caller's ``--img-size`` (the one
     way to ask for a resampled embedding, announced) skips this check."""
     from vitreg.models.loaders.timm_source import built_grid, file_grid
 
@@ -597,7 +597,7 @@ def _load_hf(
             f"model config {str(config_path)!r}: model_type must be a string such as 'dinov2' "
             f"(got {raw['model_type']!r})"
         )
-    check_folder(directory, "model folder")  # issue 24: one containment rule
+    check_folder(directory, "model folder")  # one containment rule
     try:
         return LOADERS["hf"](str(directory), pretrained=pretrained, weights=weights, **kwargs)
     except VitregError:

@@ -35,7 +35,9 @@ def cached_class_embeddings(
     if root is None:
         return class_embeddings(towers, names, templates), None, False
     path = Path(root) / FOLDER / f"{class_key(towers, names, templates)}.safetensors"
-    if path.is_symlink() or (Path(root) / FOLDER).is_symlink():  # issue 24: containment
+    if (
+        path.is_symlink() or (Path(root) / FOLDER).is_symlink()
+    ):  # containment: no link leads out of the cache
         check_inside(root, path, "class-embedding cache file")
     try:
         with safe_open(str(path), framework="pt") as f:

@@ -7,7 +7,7 @@ from typing import Any
 
 from vitreg.core.weights import WEIGHT_KINDS
 from vitreg.report.render.markdown import Section, Table, code, code_span, escape_text, num, text
-from vitreg.report.schema import is_synthetic
+from vitreg.results.schema import is_synthetic
 
 
 def is_random_init(doc: dict[str, Any]) -> bool:

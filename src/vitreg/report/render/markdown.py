@@ -1,7 +1,7 @@
 """The report structure every verb shares (sections of paragraphs, tables and figures),
 number and name formatting, and rendering to Markdown. The sections every run has (model,
 images, provenance) are in :mod:`vitreg.report.render.envelope`; each verb's own sections in
-``report/verbs/``."""
+``report/renderers/``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A randomised family of planted circuits: the automatic path tested on circuits it was not
-built beside (issue 18).
+built beside.
 
 ``random_circuit(arch, seed, **ranges)`` samples, from ``seed`` alone, a small timm ViT and a
 circuit planted into it with the machinery of :mod:`vitreg.testing.planted.planted_circuits`, and returns
@@ -69,7 +69,8 @@ class Ranges:
     sink: float = 0.7  # probability of attention sinks
 
 
-#: seeds pinned to the cases of issues 18 and 25 (other seeds sample every field)
+#: seeds pinned to hard cases (many causes over several blocks, a lone rule, SigLIP, no sinks);
+#: other seeds sample every field
 FEATURED: dict[int, dict[str, Any]] = {
     0: dict(
         archs=("dinov2",),

@@ -1,4 +1,4 @@
-"""Planted fixtures for each kind of token artifact beside high-norm outliers (issue 20).
+"""Planted fixtures for each kind of token artifact beside high-norm outliers.
 
 Tiny timm DINOv2-style ViTs (64 wide, 6 blocks, 4 heads, 8-px patches, LayerScale) with seeded
 trained-like random weights (:func:`vitreg.testing.planted._weights.random_init`) and one planted kind:

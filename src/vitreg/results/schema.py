@@ -1,0 +1,294 @@
+"""The metrics.json schema of every verb: one envelope (verb, command, versions, model, data,
+config, creation time, headline metrics) around a ``results`` block typed per verb.
+
+Every headline metric names the JSON pointer (``source``) of the number it repeats inside the
+same file, with an optional aggregate over a ``*`` wildcard, so a reader (and
+:func:`validate_metrics`) can check that each headline equals a number in ``results``.
+Version 2.0 types every results field (``results/``); 1.1 and 1.0 files are read as
+2.0 by :func:`vitreg.results.upgrade.upgrade`, so old runs still validate and compare.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import math
+import platform
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from vitreg.core.weights import WeightKind
+from vitreg.errors import brief
+from vitreg.results.base import Stamp
+from vitreg.results.diagnose import DiagnoseResults
+from vitreg.results.experiment import ExperimentResults
+from vitreg.results.fix import FixResults
+from vitreg.results.neurons import NeuronsResults
+from vitreg.results.probe import ProbeResults
+from vitreg.results.train import TrainResults
+from vitreg.results.upgrade import upgrade
+from vitreg.results.vlm import VlmResults
+
+SCHEMA_VERSION = "2.0"
+VERBS = ("diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm")
+Number = bool | int | float | None
+
+
+class Metric(BaseModel):
+    """One headline number, where it sits in ``results`` and which direction is better."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    value: Number
+    higher_is_better: bool | None
+    unit: str | None = None
+    layer: int | None = None
+    description: str = ""
+    source: str = Field(description="JSON pointer into this file; '*' matches every list item")
+    aggregate: Literal["mean"] | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: Number) -> Number:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("metric values must be finite numbers or null")
+        return v
+
+
+class ModelInfo(BaseModel):
+    """What was analysed: spec, family, token layout, dimensions, attention path, notes."""
+
+    model_config = ConfigDict(extra="allow")
+
+    spec: str | None
+    family: str
+    source: str | None = None
+    class_name: str | None = None
+    synthetic: bool
+    # where the weights come from (Model.weights); absent in runs written before it was recorded
+    weights: WeightKind | None = None
+    layout: dict[str, Any]
+    dims: dict[str, int | None]
+    image_size: list[int] | None = None
+    attention: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class DataInfo(BaseModel):
+    """Which images: description, how many were used, which files were skipped or converted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    description: str | None = None
+    n_images: int
+    skipped: dict[str, str] = Field(default_factory=dict)
+    converted: dict[str, str] = Field(default_factory=dict)
+
+
+RESULTS: dict[str, type[BaseModel]] = {
+    "diagnose": DiagnoseResults,
+    "neurons": NeuronsResults,
+    "fix": FixResults,
+    "probe": ProbeResults,
+    "train": TrainResults,
+    "experiment": ExperimentResults,
+    "vlm": VlmResults,
+}
+
+
+class Envelope(Stamp):
+    """What every metrics.json holds around its verb's results: versions and creation time
+    (as leaderboard.json), command, model, images, config and the headline metrics (each
+    traced into ``results``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal["2.0"]
+    command: str
+    model: ModelInfo
+    data: DataInfo
+    config: dict[str, Any] = Field(description="the resolved config the run was made with")
+    metrics: list[Metric]
+
+    @model_validator(mode="after")
+    def _traceable(self) -> Envelope:
+        doc = self.model_dump(mode="json")
+        names = [m.name for m in self.metrics]
+        if len(set(names)) != len(names):
+            raise ValueError("metric names must be unique")
+        for m in self.metrics:
+            expected = resolve(doc, m.source, m.aggregate)
+            if not _same(m.value, expected):
+                raise ValueError(
+                    f"metric {brief(m.name, 120)}={m.value!r} differs from "
+                    f"{brief(m.source, 120)} = {brief(expected)}"
+                )
+        return self
+
+
+def _document(verb: str, results: type[BaseModel]) -> type[Envelope]:
+    """The metrics.json model of one verb: the envelope with ``verb`` and its results type."""
+    name = f"{verb.capitalize()}Document"
+    doc = f"metrics.json of a `vitreg {verb}` run."
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        name,
+        __base__=Envelope,
+        __doc__=doc,
+        verb=(Literal[verb], ...),
+        results=(results, ...),
+    )
+
+
+DOCUMENTS: dict[str, type[Envelope]] = {v: _document(v, t) for v, t in RESULTS.items()}
+MetricsFile = Annotated[Union[tuple(DOCUMENTS.values())], Field(discriminator="verb")]  # noqa: UP007
+_FILE = TypeAdapter(MetricsFile)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of metrics.json (for consumers in other languages): one document type
+    per verb, told apart by ``verb``, with every results field described."""
+    schema = _FILE.json_schema()
+    schema["title"] = f"vitreg metrics.json (schema {SCHEMA_VERSION})"
+    return schema
+
+
+def validate_metrics(doc: Any) -> Envelope:
+    """Validate a metrics.json document (a 1.0 or 1.1 one read as 2.0), including that every
+    headline traces to ``results``; the verb's document model."""
+    return _FILE.validate_python(upgrade(doc))  # type: ignore[no-any-return]
+
+
+def resolve(doc: Any, pointer: str, aggregate: str | None = None) -> Any:
+    """The value at JSON ``pointer`` in ``doc``; with ``*`` segments, ``aggregate`` of the matches.
+    A pointer that leads nowhere (a missing key, an index out of range, into a number) or an
+    aggregate over values that are not numbers is a ValueError naming the pointer."""
+    try:
+        return _resolve(doc, pointer, aggregate)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        why = brief(str(e), 80) if isinstance(e, ValueError) else type(e).__name__
+        raise ValueError(
+            f"pointer {brief(pointer, 120)} does not resolve in this file ({why})"
+        ) from None
+
+
+def _resolve(doc: Any, pointer: str, aggregate: str | None) -> Any:
+    found = [doc]
+    for raw in pointer.split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        nxt = []
+        for node in found:
+            if part == "*":
+                nxt += list(node.values() if isinstance(node, dict) else node)
+            elif isinstance(node, list):
+                nxt.append(node[int(part)])
+            elif aggregate is None or (isinstance(node, dict) and part in node):
+                nxt.append(node[part])  # aggregates skip items without the key
+        found = nxt
+    if aggregate is None:
+        if len(found) != 1:
+            raise ValueError(f"pointer {pointer} matches {len(found)} values; give an aggregate")
+        return found[0]
+    values = [float(v) for v in found if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b)):
+        return type(a) is type(b) and a == b
+    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of vitreg, python and the model libraries (optional ones: ``None`` if absent)."""
+    import torch
+
+    from vitreg.core.version import __version__
+
+    def dist(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "vitreg_version": __version__,
+        "torch_version": torch.__version__,
+        "timm_version": dist("timm"),
+        "transformers_version": dist("transformers"),
+        "open_clip_version": dist("open_clip_torch"),
+        "python_version": platform.python_version(),
+    }
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def plain(obj: Any) -> Any:
+    """JSON/YAML-ready copy: tuples to lists, tensors/arrays to lists, paths to strings."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set):
+        return [plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return plain(obj.to_dict())
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return str(obj)
+
+
+def is_synthetic(model: dict[str, Any]) -> bool:
+    """Planted weights, a ``planted:`` spec or a note saying so: the report must say it in its
+    first line."""
+    spec = model.get("spec") or ""
+    notes = " ".join(model.get("notes") or []).lower()
+    return model.get("weights") == "planted" or spec.startswith("planted:") or "synthetic" in notes
+
+
+def model_info(described: dict[str, Any]) -> dict[str, Any]:
+    """``Model.describe()`` regrouped for metrics.json (dimensions together, synthetic flag)."""
+    dims = ("n_layers", "d_model", "d_mlp", "n_heads", "n_params")
+    known = {"spec", "family", "source", "class", "layout", "image_size", "attention", "notes"}
+    known.add("weights")
+    return {
+        "spec": described.get("spec"),
+        "family": described.get("family", "unknown"),
+        "source": described.get("source"),
+        "class_name": described.get("class"),
+        "synthetic": is_synthetic(described),
+        "weights": described.get("weights"),
+        "layout": plain(described.get("layout", {})),
+        "dims": {k: described.get(k) for k in dims},
+        "image_size": plain(described.get("image_size")),
+        "attention": described.get("attention"),
+        "notes": list(described.get("notes") or []),
+        **{k: plain(v) for k, v in described.items() if k not in known and k not in dims},
+    }
+
+
+def data_info(data: dict[str, Any]) -> dict[str, Any]:
+    """The diagnose ``data`` block: description, counts, skipped/converted files, the rest as is."""
+    rest = {k: plain(v) for k, v in data.items() if k not in ("description", "n_images")}
+    desc = data.get("description") or data.get("source") or data.get("images")
+    return {
+        **rest,
+        "description": None if desc is None else str(desc),
+        "n_images": int(data.get("n_images", 0)),
+        "skipped": {str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
+        "converted": {str(k): str(v) for k, v in (data.get("converted") or {}).items()},
+    }

@@ -1,0 +1,109 @@
+"""``vitreg vlm`` results: per image, answers and language->image attention without and with
+the fix on the vision tower, and their means."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from vitreg.results.base import Strict
+from vitreg.results.fix import FixDescription, NeuronsUsed
+
+
+class FirstToken(Strict):
+    """The most likely first answer token and its probability."""
+
+    id: int
+    token: str | None
+    prob: float
+
+
+class Condition(Strict):
+    """One image under one condition (before or after the fix)."""
+
+    answer: str
+    answer_tokens: list[int]
+    n_generated: int
+    positions: list[int]
+    image_attention_mass: list[float]
+    image_attention_mass_mean: float
+    attention_map: list[list[float]]
+    norm_map: list[list[float]]
+    max_patch_norm: float
+    max_over_median: float
+    register_norm: float | None
+    first_token: FirstToken
+
+
+class AnswerChange(Strict):
+    """Whether the answer changed, and by how many tokens."""
+
+    identical: bool
+    edit_distance: int
+    edit_distance_normalized: float
+
+
+class FirstTokenChange(Strict):
+    """How the next-token distribution of the first answer token moved."""
+
+    kl: float
+    max_abs_logit_change: float
+    same_top_token: bool
+    top_prob_before: float
+    top_prob_after_of_before_token: float
+
+
+class OutlierAttention(Strict):
+    """The share of language->image attention on the outlier patches (None: none)."""
+
+    n_outlier_patches: int
+    rule: str
+    before: float | None
+    after: float | None
+
+
+class VlmImage(Strict):
+    """One image: before and after the fix, and what changed."""
+
+    before: Condition
+    after: Condition
+    answer_change: AnswerChange
+    first_token: FirstTokenChange
+    attention_on_outliers: OutlierAttention
+
+
+class VlmSummary(Strict):
+    """Means over images (None where no image has the number)."""
+
+    n_images: int
+    identical_rate: float | None
+    edit_distance_normalized: float | None
+    first_token_kl: float | None
+    same_first_token_rate: float | None
+    attention_on_outliers_before: float | None
+    attention_on_outliers_after: float | None
+    max_over_median_before: float | None
+    max_over_median_after: float | None
+    image_attention_mass_before: float | None
+    image_attention_mass_after: float | None
+
+
+class Generation(Strict):
+    """How answers were generated: greedy, with the image token suppressed, and why."""
+
+    greedy: bool
+    suppressed_tokens: dict[str, int | None] = Field(description="token -> id")
+    why: str
+
+
+class VlmResults(Strict):
+    """``vitreg vlm``: per image, answers and attention without and with the fix."""
+
+    prompt: str
+    prompt_text: str
+    query: str | list[int]
+    feature_site: str
+    fix: FixDescription = Field(description="the fix on the vision tower")
+    generation: Generation | None = None
+    summary: VlmSummary
+    images: list[VlmImage]
+    neurons: NeuronsUsed | None = None

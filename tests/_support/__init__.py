@@ -1,0 +1,1 @@
+"""Helpers the tests share and the worker scripts they start (torchrun, subprocesses)."""
