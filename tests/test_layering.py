@@ -219,6 +219,19 @@ def test_only_models_imports_an_adapter() -> None:
     assert not found, "\n".join(found)
 
 
+#: what the CLI may import besides its own modules: typer wiring and printing only
+CLI_READS = ("verbs", "configs", "progress", "errors", "cli", "vitreg")  # vitreg: __version__
+
+
+def test_the_cli_imports_only_verbs_configs_progress_and_errors() -> None:
+    found = [
+        f"{file}:{line}: cli imports {target}"
+        for file, line, source, target in imports(SRC)
+        if source == "cli" and _unit(target, SRC) not in CLI_READS
+    ]
+    assert not found, "the CLI reaches the library through vitreg.verbs:\n" + "\n".join(found)
+
+
 def test_every_package_and_module_has_a_layer() -> None:
     units = {p.stem if p.suffix else p.name for p in SRC.iterdir() if not p.name.startswith("_")}
     units = {u for u in units if _is_module(f"vitreg.{u}", SRC)} | {"vitreg"}

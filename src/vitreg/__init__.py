@@ -74,9 +74,11 @@ _EXPORTS = {
 }
 
 # packages that fill the registries of lower layers, imported when the registry is first read:
-# the planted: specs (model loaders) and a local: folder's saved fix (config.json's vitreg_fix)
+# the planted: specs (model loaders), a local: folder's saved fix (config.json's vitreg_fix) and
+# the verbs
 _provide("loaders", "vitreg.testing.loader")
 _provide("local_sections", "vitreg.fix.saved")
+_provide("verbs", "vitreg.verbs")  # every verb's record, registered beside its code
 _install_timm_names()  # the vitreg_* timm model names, registered once timm is imported
 
 __all__ = [

@@ -46,8 +46,14 @@ from vitreg.settings.ttr import TtrSettings
 
 #: every verb's config and, re-exported, the parts they compose
 __all__ = [
-    "CONFIGS",
+    "CompareConfig",
     "DEFAULT_SPEC",
+    "InspectConfig",
+    "ModelsConfig",
+    "PushConfig",
+    "ReportConfig",
+    "SchemaConfig",
+    "ValidateConfig",
     "DiagnoseConfig",
     "ExperimentConfig",
     "FixConfig",
@@ -75,6 +81,16 @@ __all__ = [
 ]
 
 
+# an action on the run directory, not a setting of the run: never in config.yaml, so that a
+# rerun with --config never replaces a run unless asked again
+OVERWRITE = Field(
+    False,
+    exclude=True,
+    description="Replace the run already in --out (its run files are removed first); "
+    "without it a folder holding a run is refused.",
+)
+
+
 # ------------------------------------------------------------------------------ the run
 class RunConfig(Part):
     """Settings every verb shares: where results go."""
@@ -84,14 +100,7 @@ class RunConfig(Part):
     out: Path | None = Field(
         None, description="Run directory (default runs/<time>_<model>_<verb>)."
     )
-    # an action on the run directory, not a setting of the run: never in config.yaml, so that a
-    # rerun with --config never replaces a run unless asked again
-    overwrite: bool = Field(
-        False,
-        exclude=True,
-        description="Replace the run already in --out (its run files are removed first); "
-        "without it a folder holding a run is refused.",
-    )
+    overwrite: bool = OVERWRITE
 
     def to_file(self) -> dict[str, Any]:
         """What config.yaml holds: ``verb`` and every field (not ``overwrite``), JSON-typed."""
@@ -460,18 +469,79 @@ class ExperimentConfig(RunConfig, Figures):
         return self
 
 
-CONFIGS: dict[str, type[RunConfig]] = {
-    c.verb: c
-    for c in (
-        DiagnoseConfig,
-        NeuronsConfig,
-        FixConfig,
-        ProbeRunConfig,
-        TrainRunConfig,
-        ExperimentConfig,
-        VlmConfig,
+# -------------------------------------------------------- commands that read, list or upload
+class CompareConfig(Figures):
+    """``vitreg compare RUN...``: the headline metrics of several runs in one table."""
+
+    verb: ClassVar[str] = "compare"
+
+    runs: list[Path] = Field(description="Run directories (each with a metrics.json).")
+    out: Path | None = Field(
+        None,
+        description="Also write comparison.md, report.html (wide table, curves) and "
+        "comparison.json here.",
     )
-}
+    contains: str | None = Field(None, description="Only metrics whose name contains this text.")
+    overwrite: bool = OVERWRITE
+
+
+class ValidateConfig(Part):
+    """``vitreg validate RUN...``: check folders vitreg wrote against the schema."""
+
+    verb: ClassVar[str] = "validate"
+
+    runs: list[Path] = Field(
+        description="Folders vitreg wrote (runs or their metrics.json, comparisons, leaderboards)."
+    )
+
+
+class ReportConfig(Part):
+    """``vitreg report RUN``: render a run's report again from its saved results."""
+
+    verb: ClassVar[str] = "report"
+
+    run: Path = Field(
+        description="A folder vitreg wrote (a run, a comparison or a fix leaderboard)."
+    )
+
+
+class SchemaConfig(Part):
+    """``vitreg schema``: the JSON Schema of metrics.json."""
+
+    verb: ClassVar[str] = "schema"
+
+    out: Path | None = Field(
+        None, description="Write the schema to this file instead of printing it."
+    )
+
+
+class InspectConfig(ModelSource):
+    """``vitreg inspect SPEC``: a model's family, dims, token layout and hook names."""
+
+    verb: ClassVar[str] = "inspect"
+
+    spec: str = Field(description="Model spec, e.g. timm:vit_small_patch14_reg4_dinov2.lvd142m")
+    hooks: bool = Field(False, description="List the canonical hook names.")
+    as_json: bool = Field(False, description="Print machine-readable JSON.")
+
+
+class ModelsConfig(Part):
+    """``vitreg models``: the supported model families."""
+
+    verb: ClassVar[str] = "models"
+
+    as_json: bool = Field(False, description="Print machine-readable JSON.")
+
+
+class PushConfig(Part):
+    """``vitreg push DIR ORG/REPO``: upload a neuron set's hub folder."""
+
+    verb: ClassVar[str] = "push"
+
+    directory: Path = Field(description="Hub folder written by `vitreg neurons --hub-dir`.")
+    repo: str = Field(description="Hub repository ORG/REPO (created if missing).")
+    private: bool = Field(False, description="Create the repository private.")
+    revision: str | None = Field(None, description="Branch to commit to.")
 
 
 MAX_FIELDS = 8  # wrong fields named in one message; the count of the rest follows
@@ -537,4 +607,6 @@ def read_config(path: str | Path, verb: str) -> dict[str, Any]:
 
 def load_config(path: str | Path, verb: str) -> RunConfig:
     """The typed config of ``verb`` stored at ``path`` (a run's config.yaml)."""
-    return build_config(CONFIGS[verb], read_config(path, verb), f"--config {path}")
+    from vitreg.core.verb import VERBS
+
+    return build_config(VERBS[verb].config, read_config(path, verb), f"--config {path}")

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import torch
+from reducer_kinds import reducers, results
 
 import vitreg
-from reducer_kinds import reducers, results
 from vitreg import distributed
 from vitreg.models.model import iter_batches
 from vitreg.testing.images import synthetic_images

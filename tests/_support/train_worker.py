@@ -10,7 +10,6 @@ import signal
 import sys
 
 import torch
-
 from train_helpers import AtStep, run
 
 mode, out = sys.argv[1], sys.argv[2]

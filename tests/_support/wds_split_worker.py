@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import torch
+from reducer_kinds import reducers, results
 
 import vitreg
-from reducer_kinds import reducers, results
 from vitreg import distributed
 from vitreg.core.checkpoint import resumable
 from vitreg.data.images import folder_images

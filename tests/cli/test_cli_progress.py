@@ -11,14 +11,14 @@ from contextlib import contextmanager
 import pytest
 import timm
 import torch
-import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
 import vitreg
 from _support.cli_helpers import ANSI, run_on_pty
 from _support.train_helpers import run as train_tiny
-from vitreg.cli import train_cmd
+from vitreg.cli import progress as cli_progress
+from vitreg.cli.app import app
 from vitreg.cli.progress import ConsoleProgress
 from vitreg.probe.linear import ProbeConfig, fit_linear
 from vitreg.probe.run import run
@@ -46,10 +46,7 @@ def counts(text: str, total: int) -> set[int]:
 
 def test_train_in_a_terminal_draws_a_moving_bar_with_loss_and_lr(tmp_path, monkeypatch):
     shown, buf = terminal()
-    monkeypatch.setattr(train_cmd, "progress", shown)
-    app = typer.Typer()
-    app.command("train")(train_cmd.train_command)
-    app.callback()(lambda: None)
+    monkeypatch.setattr(cli_progress, "progress", shown)  # what every command reports through
     tiny = ["depth=1", "embed_dim=32", "num_heads=2", "patch_size=8"]
     args = ["train", "vit_tiny_patch16_224", "--img-size", "16", "--data", "synthetic-cls:n=8"]
     args += [a for kv in tiny for a in ("--model-arg", kv)]

@@ -148,7 +148,7 @@ def test_an_unexpected_error_is_a_bug_report_and_debug_shows_the_traceback(monke
     def broken(*args, **kwargs):
         raise RuntimeError("boom inside the library")
 
-    monkeypatch.setattr(vitreg.verbs, "run_diagnose", broken)
+    monkeypatch.setattr(vitreg.verbs.VERBS["diagnose"], "run", broken)
     result = runner.invoke(app, ["diagnose"])
     assert result.exit_code == 1
     err = flat(result.stderr)
@@ -164,7 +164,7 @@ def test_an_input_error_escaping_a_verb_is_still_exit_2(monkeypatch):
     def bad(*args, **kwargs):
         raise InputError("the input is wrong in this way")
 
-    monkeypatch.setattr(vitreg.verbs, "run_diagnose", bad)
+    monkeypatch.setattr(vitreg.verbs.VERBS["diagnose"], "run", bad)
     result = runner.invoke(app, ["diagnose"])
     assert result.exit_code == 2 and flat(result.stderr) == "error: the input is wrong in this way"
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vitreg.cli.app import app
-from vitreg.cli.validate_cmd import check_run
+from vitreg.verbs.validate import check_run
 
 runner = CliRunner()
 PLANTED = ["planted:dinov2_s14", "--img-size", "112", "--limit", "8", "--batch-size", "4"]
@@ -284,8 +284,8 @@ def test_train_and_experiment_configs_allow_what_the_trainer_does():
 
     from vitreg.configs import ExperimentConfig, TrainRunConfig
     from vitreg.core.choices import AMP, RECIPES
-    from vitreg.train.config import DEFAULTS
     from vitreg.settings.train import TrainSettings
+    from vitreg.train.config import DEFAULTS
 
     assert issubclass(TrainRunConfig, TrainSettings)  # the CLI's settings are train()'s
     fields = TrainRunConfig.model_fields

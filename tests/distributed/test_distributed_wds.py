@@ -24,7 +24,9 @@ def test_shards_split_by_rank_give_the_folder_results(tmp_path: Path) -> None:
     folder, pattern = make_data(tmp_path)  # 7 images: shard 0 keeps 2, shard 1 3, shard 2 2
     one_shard = f"wds:{tmp_path}/shard-1.tar"
     out = tmp_path / "out"
-    torchrun([str(TESTS / "_support" / "wds_split_worker.py"), str(out), str(folder), pattern, one_shard])
+    torchrun(
+        [str(TESTS / "_support" / "wds_split_worker.py"), str(out), str(folder), pattern, one_shard]
+    )
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     # rank 0 reads shards 0 and 2 (images 0-1 and 5-6), rank 1 shard 1 (images 2-4)
     assert [r["indices"] for r in ranks] == [[0, 1, 5, 6], [2, 3, 4]]

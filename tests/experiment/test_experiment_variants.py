@@ -66,7 +66,7 @@ def test_smoke_run_writes_report_with_traceable_headlines(smoke):
     assert list((out / "figures").glob("*.png"))
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["metrics"], "no headline metrics"
-    from vitreg.cli.validate_cmd import check_run
+    from vitreg.verbs.validate import check_run
 
     assert check_run(out).startswith("experiment run, schema 2.0,")
     for m in doc["metrics"]:
@@ -135,12 +135,12 @@ def test_image_folder_without_images_is_a_clear_error(tmp_path):
 
 
 def test_cli_empty_folder_exits_2(tmp_path):
-    from vitreg.cli.experiment_cmd import experiment_app
+    from vitreg.cli.app import app
 
     empty = tmp_path / "empty"
     empty.mkdir()
     res = CliRunner().invoke(
-        experiment_app, ["variants", "--data", str(empty), "--out", str(tmp_path / "o")]
+        app, ["experiment", "variants", "--data", str(empty), "--out", str(tmp_path / "o")]
     )
     assert res.exit_code == 2
     assert "empty" in res.output or "no images" in res.output

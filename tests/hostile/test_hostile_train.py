@@ -8,19 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import vitreg
 from _support.cli_helpers import assert_clean_failure
 from _support.train_helpers import run
 from vitreg.cli.app import app as vitreg_app
-from vitreg.cli.train_cmd import train_command
 from vitreg.errors import InputError, WeightsError
 
-app = typer.Typer()
-app.command("train")(train_command)
-app.callback()(lambda: None)  # keep `train` a subcommand, as in the real app
+app = vitreg_app
 runner = CliRunner()
 MODEL = ["--model-arg", "depth=1", "--model-arg", "embed_dim=64", "--model-arg", "num_heads=2",
          "--model-arg", "patch_size=8", "--img-size", "32", "--batch-size", "4"]  # fmt: skip

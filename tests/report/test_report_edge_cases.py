@@ -259,7 +259,7 @@ def test_probe_report_renders_every_edge(tmp_path: Path, planted_neurons: Path) 
 
 @pytest.mark.slow
 def test_vlm_report_renders_every_edge(tmp_path: Path) -> None:
-    from vlm_helpers import tiny_llava_with_truth
+    from _support.vlm_helpers import tiny_llava_with_truth
 
     spec, neurons = tiny_llava_with_truth(tmp_path)
     config = VlmConfig(

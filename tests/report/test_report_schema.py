@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from conftest import TESTS
 from vitreg.cli.app import app
-from vitreg.cli.validate_cmd import check_run
 from vitreg.report.render.html import render_html
 from vitreg.report.render.markdown import render_markdown
 from vitreg.report.renderers.diagnose import report as build_report
 from vitreg.results.schema import VERBS, json_schema, resolve, validate_metrics
 from vitreg.results.upgrade import upgrade
+from vitreg.verbs.validate import check_run
 
 TYPED = {"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const"}
 OLD_RUN = TESTS / "report" / "schema_1_1_diagnose.json"

@@ -2,14 +2,10 @@
 
 import json
 
-import typer
 from typer.testing import CliRunner
 
-from vitreg.cli.train_cmd import train_command
+from vitreg.cli.app import app
 
-app = typer.Typer()
-app.command("train")(train_command)
-app.callback()(lambda: None)  # keep `train` a subcommand, as in the real app
 runner = CliRunner()
 TINY = ["depth=2", "embed_dim=64", "num_heads=2", "patch_size=8"]
 

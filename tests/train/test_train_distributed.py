@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from conftest import HANG_GUARD_S, TESTS, free_port
 from _support.train_helpers import run
+from conftest import HANG_GUARD_S, TESTS, free_port
 
 
 def test_torchrun_two_ranks_match_one_process(tmp_path):

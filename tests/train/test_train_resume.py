@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from conftest import HANG_GUARD_S, TESTS
 from _support.train_helpers import run
+from conftest import HANG_GUARD_S, TESTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the same thread count as the killed worker
 

@@ -52,7 +52,7 @@ def planted_truth(folder: Path) -> str:
 
 def tiny_llava(folder: Path) -> VlmConfig:
     """vlm on a tiny planted LLaVA with its ground-truth register neurons, two short answers."""
-    from vlm_helpers import tiny_llava_with_truth
+    from _support.vlm_helpers import tiny_llava_with_truth
 
     spec, neurons = tiny_llava_with_truth(folder)
     return VlmConfig(
@@ -115,8 +115,8 @@ def test_an_experiment_renders_again(tmp_path) -> None:
 def test_a_fix_leaderboard_renders_again_and_validates(tmp_path) -> None:
     """``vitreg fix --method`` folders are folders like any other: `vitreg report` renders
     their pages again byte for byte, and `vitreg validate` checks leaderboard.json."""
-    from vitreg.cli.validate_cmd import check_run
     from vitreg.verbs.fix_board import run_fix_board
+    from vitreg.verbs.validate import check_run
 
     values = {"spec": "planted:clip_t16", "method": "naclip", "img_size": 64, "limit": 2}
     run = run_fix_board(FixConfig(**values, batch_size=2, out=tmp_path / "board"))

@@ -321,9 +321,10 @@ def test_cli_vlm_writes_a_report_with_both_maps(tiny, tmp_path: Path) -> None:
 def test_vlm_options_are_the_config_fields() -> None:
     import inspect
 
-    from vitreg.cli.vlm_cmd import vlm_command
+    from vitreg.cli.options import verb_command
+    from vitreg.verbs import VERBS
 
-    params = inspect.signature(vlm_command).parameters
+    params = inspect.signature(verb_command(VERBS["vlm"], print)).parameters
     fields = VlmConfig.model_fields
     options = set(params) - {"ctx", "config"}
     assert options <= set(fields)

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
+from vitreg.cli import options as opt
 from vitreg.cli.command import VitregCommand, VitregGroup
-from vitreg.cli.diagnose_cmd import diagnose_model
-from vitreg.cli.experiment_cmd import experiment_app
-from vitreg.cli.fix_cmd import fix_command
-from vitreg.cli.inspect_cmd import inspect_model
-from vitreg.cli.models_cmd import models
-from vitreg.cli.neurons_cmd import neurons_command
-from vitreg.cli.probe_cmd import compare_command, probe_command
-from vitreg.cli.push_cmd import push_command
-from vitreg.cli.report_cmd import report_command
-from vitreg.cli.schema_cmd import schema_command
-from vitreg.cli.train_cmd import train_command
-from vitreg.cli.validate_cmd import validate_command
-from vitreg.cli.vlm_cmd import vlm_command
+from vitreg.cli.output import show_path
+from vitreg.verbs import VERBS, Verb
+
+#: the help of each command group (``vitreg experiment ...``)
+GROUPS = {"experiment": "Controlled experiments that train several models and compare them."}
 
 app = typer.Typer(
     name="vitreg",
@@ -29,20 +26,37 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=VitregGroup,
 )
-app.command("models", cls=VitregCommand)(models)
-app.command("inspect", cls=VitregCommand)(inspect_model)
-app.command("diagnose", cls=VitregCommand)(diagnose_model)
-app.command("neurons", cls=VitregCommand)(neurons_command)
-app.command("fix", cls=VitregCommand)(fix_command)
-app.command("probe", cls=VitregCommand)(probe_command)
-app.command("compare", cls=VitregCommand)(compare_command)
-app.command("report", cls=VitregCommand)(report_command)
-app.command("schema", cls=VitregCommand)(schema_command)
-app.command("train", cls=VitregCommand)(train_command)
-app.command("validate", cls=VitregCommand)(validate_command)
-app.command("vlm", cls=VitregCommand)(vlm_command)
-app.command("push", cls=VitregCommand)(push_command)
-app.add_typer(experiment_app, name="experiment")
+
+
+def summary(verb: Verb) -> Callable[[Any, Any], None]:
+    """How the console shows ``verb``'s result: ``show_run`` of ``vitreg.cli.<verb>_cmd`` where
+    that module exists, else where the run was written."""
+    module = f"vitreg.cli.{verb.name}_cmd"
+    if importlib.util.find_spec(module) is not None:
+        return importlib.import_module(module).show_run
+    return lambda run, cfg: show_path("run directory", run.run_dir)
+
+
+def group(name: str) -> typer.Typer:
+    """The sub-app ``vitreg NAME``, added to the app when first asked for."""
+    for info in app.registered_groups:
+        if info.name == name:
+            return info.typer_instance
+    sub = typer.Typer(
+        help=GROUPS[name],
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        cls=VitregGroup,
+    )
+    sub.callback()(lambda: None)
+    app.add_typer(sub, name=name)
+    return sub
+
+
+for _verb in VERBS.values():
+    _target = app if _verb.group is None else group(_verb.group)
+    _target.command(_verb.words[-1], cls=VitregCommand)(opt.verb_command(_verb, summary(_verb)))
 
 
 def _version(value: bool) -> None:

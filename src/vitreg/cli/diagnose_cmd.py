@@ -1,19 +1,15 @@
 """``vitreg diagnose [SPEC]``: every artifact analysis in one pass, written to a run directory
-(the run is :func:`vitreg.verbs.run_diagnose`; this module parses options and prints)."""
+(the run is :func:`vitreg.verbs.run_diagnose`; this module prints its summary)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, err_console, show_notice, show_path
-from vitreg.cli.progress import progress
-from vitreg.configs import DiagnoseConfig
+from vitreg.cli.output import console, show_path
 
 
 def _layer_shown(norms: Any) -> int:
@@ -74,36 +70,11 @@ def show_summary(labelled: list[tuple[str, Any]]) -> None:
     )
 
 
-def run_diagnose(cfg: Any) -> None:
-    """The diagnose verb on a typed :class:`~vitreg.configs.DiagnoseConfig`, then its summary."""
-    from vitreg.verbs import Interrupted
-    from vitreg.verbs import run_diagnose as diagnose
-
-    try:
-        with cli_errors():
-            run = diagnose(cfg, progress, show_notice)
-    except Interrupted as e:
-        from vitreg.report.writer import again_command
-
-        done = (
-            f"the results of {e.spec} are saved in {e.saved}; `{again_command(e.saved.parent)}` "
-            "renders its report"
-            if e.saved is not None
-            else f"no metrics.json was written for {e.spec}"
-        )
-        err_console.print(f"[red]interrupted: {escape(done)}[/red]")
-        raise typer.Exit(code=130) from None
+def show_run(run: Any, cfg: Any) -> None:
+    """The summary of a diagnose run: one column per model, then where each run was written."""
     show_summary(run.labelled)
     if run.comparison is not None:
         where = Path(run.comparison).parent
         show_path("comparison", run.comparison, f" and {escape(str(where / 'report.html'))}")
     for (label, _), d in zip(run.labelled, run.run_dirs, strict=True):
         show_path(f"run directory ({escape(label)})", d)
-
-
-diagnose_model = opt.config_command(
-    DiagnoseConfig,
-    run_diagnose,
-    "Find token artifacts: norms and outliers by every rule, attention sinks, LN separation.",
-    argument="spec",
-)

@@ -9,39 +9,23 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_line, show_notice, show_path
-from vitreg.cli.progress import progress
-from vitreg.configs import FixConfig
+from vitreg.cli.output import console, show_line, show_path
 
 
-def run_fix_command(cfg: Any) -> None:
-    """The fix verb on a typed :class:`~vitreg.configs.FixConfig`, then its summary."""
-    from vitreg.verbs import run_fix
+def show_run(run: Any, cfg: Any) -> None:
+    """The summary of a fix run: the before/after table, or a leaderboard's table."""
+    from vitreg.verbs.result import BoardRun
 
-    if cfg.method != "ttr":
-        run_board_command(cfg)
-        return
-    with cli_errors():
-        run = run_fix(cfg, progress, show_notice)
-    show(run.comparison, run.run_dir, run.saved)
+    if isinstance(run, BoardRun):
+        show_board(run)
+    else:
+        show(run.comparison, run.run_dir, run.saved)
 
 
-fix_command = opt.config_command(
-    FixConfig,
-    run_fix_command,
-    "Apply test-time registers and report before/after: norm maps, outlier rate, embeddings.",
-    argument="spec",
-)
+def show_board(run: Any) -> None:
+    """``--method`` other than plain ttr: the leaderboard's table on the console."""
+    from vitreg.verbs.display import board_table
 
-
-def run_board_command(cfg: Any) -> None:
-    """``--method`` other than plain ttr: the leaderboard, then its table on the console."""
-    from vitreg.report.renderers.fix_board import board_table
-    from vitreg.verbs.fix_board import run_fix_board
-
-    with cli_errors():
-        run = run_fix_board(cfg, progress, show_notice)
     table = board_table(run.board.to_dict(), reasons=False)
     shown = Table(title="vitreg fix: leaderboard")
     for column in table.header:
@@ -54,7 +38,7 @@ def run_board_command(cfg: Any) -> None:
 
 def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
     """The console summary: the verdict per block first, then the detection layer's numbers."""
-    from vitreg.report.renderers.neurons import blocks_text
+    from vitreg.verbs.display import blocks_text
 
     c = comparison.to_dict()
     res = c["residual"]

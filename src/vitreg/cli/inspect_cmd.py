@@ -1,19 +1,16 @@
-"""``vitreg inspect SPEC``: load a model and show its family, dims, token layout and hook names."""
+"""``vitreg inspect SPEC``: a model's family, dims, token layout and hook names on the console
+(the loading is :func:`vitreg.verbs.inspect.run_inspect`)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, fail
-from vitreg.cli.progress import progress
-from vitreg.configs import ModelSource
+from vitreg.cli.output import console
 
 
 def _ranges(values: list[int]) -> str:
@@ -54,16 +51,6 @@ def compress_names(names: list[str]) -> list[str]:
     return [".".join(parts) for parts in entries]
 
 
-def describe(model: Any, layout: Any, img_size: int | None, hooks: bool) -> dict[str, Any]:
-    """``Model.describe()`` with the layout at ``img_size`` and, if asked, the hook names."""
-    info = {**model.describe(), "layout": layout.to_dict()}
-    if img_size:
-        info["image_size"] = [img_size, img_size]
-    if hooks:
-        info["hooks"] = model.hook_names()
-    return info
-
-
 def _show(info: dict[str, Any], layout: Any) -> None:
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="bold")
@@ -92,35 +79,9 @@ def _show(info: dict[str, Any], layout: Any) -> None:
             console.print(f"  {name}")
 
 
-def inspect_model(
-    spec: str = typer.Argument(
-        ..., help="Model spec, e.g. timm:vit_small_patch14_reg4_dinov2.lvd142m"
-    ),
-    random_init: bool = opt.field_option(ModelSource, "random_init"),
-    img_size: int | None = opt.field_option(ModelSource, "img_size"),
-    weights: Path | None = opt.field_option(ModelSource, "weights"),
-    device: str | None = opt.field_option(ModelSource, "device"),
-    hooks: bool = typer.Option(False, "--hooks", help="List the canonical hook names."),
-    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
-) -> None:
-    """Load a model and describe it: adapter, class, dims, token layout, attention path, notes."""
-    if random_init and weights is not None:
-        raise fail("--random-init and --weights exclude each other; pass one of them")
-    from vitreg.device import check_device
-    from vitreg.verbs.loading import load_spec, move
-
-    with cli_errors():
-        check_device(device)  # before the model loads
-        if weights is not None:
-            from vitreg.core.weights import check_weights_file
-
-            check_weights_file(weights)  # a missing or unreadable file fails before loading
-        with progress(None, f"loading {spec}"):
-            model = load_spec(spec, not random_init, weights, img_size)
-        model = move(model, device)
-        layout = model.layout_for((img_size, img_size)) if img_size else model.layout
-        info = describe(model, layout, img_size, hooks)
-    if as_json:
-        typer.echo(json.dumps(info, indent=2))
+def show_run(run: Any, cfg: Any) -> None:
+    """The description as a table, or as JSON with ``--json``."""
+    if cfg.as_json:
+        typer.echo(json.dumps(run.info, indent=2))
     else:
-        _show(info, layout)
+        _show(run.info, run.layout)

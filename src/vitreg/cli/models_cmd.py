@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -13,14 +14,10 @@ from rich.text import Text
 from vitreg.cli.output import console
 
 
-def models(
-    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
-) -> None:
-    """List the supported model families with example specs and what to watch out for."""
-    from vitreg.models.families import families, status
-
-    rows = [{**fam.to_dict(), "status": status(fam)} for fam in families()]
-    if as_json:
+def show_run(run: Any, cfg: Any) -> None:
+    """The families as a table, then each one's example specs and notes (or JSON)."""
+    rows = run.rows
+    if cfg.as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="vitreg model families")

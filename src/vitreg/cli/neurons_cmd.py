@@ -9,30 +9,15 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_line, show_notice, show_path
-from vitreg.cli.progress import progress
-from vitreg.configs import NeuronsConfig
+from vitreg.cli.output import console, show_line, show_path
 
 
-def run_neurons(cfg: Any) -> None:
-    """The neurons verb on a typed :class:`~vitreg.configs.NeuronsConfig`, then its summary."""
-    from vitreg.verbs import run_neurons as neurons
-
-    with cli_errors():
-        run = neurons(cfg, progress, show_notice)
+def show_run(run: Any, cfg: Any) -> None:
+    """The summary of a neurons run, and how to upload its hub folder."""
     show(run.found, run.spec, run.run_dir)
     if cfg.hub_dir is not None:
         show_path("hub folder", cfg.hub_dir)
         show_line(f"upload: {escape(f'vitreg push {shlex.quote(str(cfg.hub_dir))} ORG/REPO')}")
-
-
-neurons_command = opt.config_command(
-    NeuronsConfig,
-    run_neurons,
-    "Find register neurons: discovery, a causal check and the fix checked on held-out images.",
-    argument="spec",
-)
 
 
 def show(found: Any, spec: str, run_dir: Path) -> None:

@@ -13,6 +13,9 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from rich.markup import escape
+
+from vitreg.verbs import Verb
 
 CONFIG = typer.Option(
     None,
@@ -42,11 +45,13 @@ def _plain(annotation: Any) -> Any:
     return str | None
 
 
-def _help(field: FieldInfo, verb: str) -> str:
+def _help(field: FieldInfo, verb: str, cls: type | None = None) -> str:
     """The field's description, with its verb filled in and, without a default, that it is
-    required."""
+    required (unless ``--config`` gives it, for a verb that has one)."""
     text = (field.description or "").replace("<verb>", verb)
-    return f"{text} {REQUIRED}" if field.is_required() else text
+    if not field.is_required() or (cls is not None and not _writes_config(cls)):
+        return text
+    return f"{text} {REQUIRED}"
 
 
 def field_option(cls: type[BaseModel], name: str, flags: str | None = None, verb: str = "") -> Any:
@@ -66,24 +71,44 @@ def field_option(cls: type[BaseModel], name: str, flags: str | None = None, verb
     )
 
 
+def verb_command(verb: Verb, show: Callable[[Any, Any], None]) -> Callable[..., None]:
+    """The typer command of ``verb`` (its options from its config): it runs the verb with the
+    console's progress and notices, then ``show(result, config)`` prints the summary."""
+
+    def run(cfg: Any) -> None:
+        from vitreg.cli.output import cli_errors, err_console, show_notice
+        from vitreg.cli.progress import progress
+        from vitreg.verbs import Interrupted
+
+        try:
+            with cli_errors():
+                result = verb.run(cfg, progress, show_notice)
+        except Interrupted as e:
+            err_console.print(f"[red]interrupted: {escape(e.what_is_kept())}[/red]")
+            raise typer.Exit(code=130) from None
+        show(result, cfg)
+
+    return config_command(verb.config, run, verb.help, verb.argument, verb.flags)
+
+
 def config_command(
     cls: type[BaseModel],
     run: Callable[[Any], None],
     doc: str,
-    argument: str | None = None,
+    argument: tuple[str, ...] = (),
     flags: dict[str, str] | None = None,
 ) -> Callable[..., None]:
-    """A typer command for the verb of ``cls``: ``argument`` (the field given positionally,
-    e.g. the model spec), one option per other field, and ``--config``; it builds the typed
-    config (options on top of ``--config``'s) and calls ``run`` with it."""
+    """A typer command for the verb of ``cls``: the ``argument`` fields given by position (the
+    model spec, the runs to compare), one option per other field, and ``--config`` for a verb
+    that writes config.yaml; it builds the typed config (options on top of ``--config``'s) and
+    calls ``run`` with it."""
     verb = getattr(cls, "verb", "")
     params = [
         inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
     ]
     for name, field in cls.model_fields.items():
-        if name == argument:
-            default: Any = typer.Argument(None, help=_help(field, verb), show_default=False)
-            annotation: Any = str | None
+        if name in argument:
+            default, annotation = _argument(cls, name, verb)
         else:
             default = field_option(cls, name, (flags or {}).get(name), verb)
             annotation = _plain(field.annotation)
@@ -92,16 +117,17 @@ def config_command(
                 name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
             )
         )
-    params.append(
-        inspect.Parameter(
-            "config", inspect.Parameter.KEYWORD_ONLY, default=CONFIG, annotation=Path | None
+    if _writes_config(cls):
+        params.append(
+            inspect.Parameter(
+                "config", inspect.Parameter.KEYWORD_ONLY, default=CONFIG, annotation=Path | None
+            )
         )
-    )
 
     def command(ctx: typer.Context, **values: Any) -> None:
         from vitreg.cli.output import cli_errors
 
-        config = values.pop("config")
+        config = values.pop("config", None)
         given = {k: v for k, v in values.items() if v is not None}  # unset: the config's default
         with cli_errors():
             cfg = resolve_config(ctx, cls, config, given)
@@ -114,6 +140,31 @@ def config_command(
     return command
 
 
+def _argument(cls: type[BaseModel], name: str, verb: str) -> tuple[Any, Any]:
+    """A positional argument's default and type: required where nothing else can give it (a
+    required field of a verb without ``--config``); a list field takes one or more values."""
+    field = cls.model_fields[name]
+    required = field.is_required() and not _writes_config(cls)
+    many = _is_list(field.annotation)
+    default = typer.Argument(
+        ... if required else None,
+        help=_help(field, verb, cls),
+        show_default=False,
+        metavar=name.upper() + ("..." if many else ""),
+    )
+    kind: Any = list[str] if many else str
+    return default, kind if required else kind | None
+
+
+def _is_list(annotation: Any) -> bool:
+    return get_origin(annotation) is list
+
+
+def _writes_config(cls: type) -> bool:
+    """Whether ``cls`` is a run's config (written as config.yaml, read back by ``--config``)."""
+    return hasattr(cls, "to_file")
+
+
 def resolve_config(
     ctx: typer.Context, cls: type, config: object | None, params: dict[str, object]
 ) -> object:
@@ -122,7 +173,7 @@ def resolve_config(
     from vitreg.configs import build_config, read_config
 
     values = {k: v for k, v in params.items() if k in cls.model_fields}
-    if config is None:
+    if config is None or not _writes_config(cls):
         return build_config(cls, values, "bad option", flags=True)
     given = {
         k: v

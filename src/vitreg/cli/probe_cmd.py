@@ -1,21 +1,15 @@
-"""``vitreg probe SPEC --task T --data D [--fix ...]``: frozen-feature probes, base and fixed side
-by side; ``vitreg compare RUN...``: the headline metrics of several runs in one table."""
+"""``vitreg probe SPEC --task T --data D [--fix ...]``: the console summary of frozen-feature
+probes, base and fixed side by side."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
-from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice, show_path
-from vitreg.cli.progress import progress
-from vitreg.configs import Figures, ProbeRunConfig, RunConfig
-from vitreg.core.out_dir import check_out
-from vitreg.core.run_dir import session
+from vitreg.cli.output import console, show_path
 
 # a Δ's verdict in the console table (short, so the table fits 100 columns)
 DELTA_WORDS = {
@@ -26,22 +20,10 @@ DELTA_WORDS = {
 }
 
 
-def run_probe(cfg: Any) -> None:
-    """The probe verb on a typed :class:`~vitreg.configs.ProbeRunConfig`, then its summary."""
-    from vitreg.verbs import run_probe as probe
-
-    with cli_errors():
-        run = probe(cfg, progress, show_notice)
-    if run.document is not None:  # under torchrun only rank 0 scores and writes
-        show(run.probe, run.run_dir)
-
-
-probe_command = opt.config_command(
-    ProbeRunConfig,
-    run_probe,
-    "Linear probes on frozen tokens, with and without test-time registers.",
-    argument="spec",
-)
+def show_run(run: Any, cfg: Any) -> None:
+    """The summary of a probe run (under torchrun only rank 0 scores and writes)."""
+    if run.document is not None:
+        show(run.probe, run.run_dir, run.verdict)
 
 
 def block_name(layer: str) -> str:
@@ -49,12 +31,9 @@ def block_name(layer: str) -> str:
     return layer.removesuffix(".hook_resid_post")
 
 
-def show(doc: dict[str, Any], run_dir: Path) -> None:
+def show(doc: dict[str, Any], run_dir: Path, verdict: str) -> None:
     """Console table: every score, base and fixed side by side, the Δ with its verdict, and
-    the yardsticks each layer's scores are read against."""
-    from vitreg.report.renderers.probe import verdict
-    from vitreg.results.probe import ProbeResults
-
+    the yardsticks each layer's scores are read against; then the run's ``verdict``."""
     conditions = list(doc["conditions"])
     both = len(conditions) == 2
     layers = next(iter(doc["conditions"].values()))
@@ -114,60 +93,5 @@ def show(doc: dict[str, Any], run_dir: Path) -> None:
             "Δ = fixed − base: better/worse only when the 95% intervals separate, else noise "
             "(within noise) or no CI (one seed)"
         )
-    console.print(f"[bold]verdict:[/bold] {escape(verdict(ProbeResults.model_validate(doc)))}")
+    console.print(f"[bold]verdict:[/bold] {escape(verdict)}")
     show_path("run directory", run_dir)
-
-
-def compare_line(runs: list[Path], out: Path, contains: str | None) -> str:
-    """The command line of a ``vitreg compare`` that wrote ``out``."""
-    import shlex
-
-    parts = ["vitreg", "compare", *map(str, runs), "--out", str(out)]
-    return shlex.join(parts + (["--filter", contains] if contains is not None else []))
-
-
-def compare_command(
-    runs: list[Path] = typer.Argument(..., help="Run directories (each with a metrics.json)."),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Also write comparison.md, report.html (wide table, curves) and comparison.json here.",
-    ),
-    contains: str | None = typer.Option(
-        None, "--filter", help="Only metrics whose name contains this text."
-    ),
-    overwrite: bool = opt.field_option(RunConfig, "overwrite"),
-    figure_format: str | None = opt.field_option(Figures, "figure_format"),
-) -> None:
-    """Merge the headline metrics of several runs: run, metric, value, direction (folders that
-    are not runs are skipped with a note)."""
-    from vitreg.errors import InputError
-    from vitreg.report.compare import compare_runs, long_rows, write_compare
-    from vitreg.report.render.markdown import num
-    from vitreg.report.render.plots import VECTOR_FORMATS
-
-    with cli_errors(), session():  # the --out claimed inside is released at the end
-        if out is not None:
-            check_out(out, "compare", None, overwrite)
-        merged = compare_runs(runs, contains)
-        if out is not None:
-            if figure_format not in (None, *VECTOR_FORMATS):
-                raise InputError(f"--figure-format: choose svg or pdf (got {figure_format!r})")
-            write_compare(out, merged, figure_format, compare_line(runs, out, contains))
-    for path, why in merged["skipped"].items():
-        console.print(f"[yellow]skipped {escape(path)}: {escape(why)}[/yellow]")
-    table = Table(title="vitreg compare")
-    table.add_column("run", overflow="fold", max_width=28)
-    table.add_column("metric", overflow="fold")
-    table.add_column("value", justify="right", no_wrap=True)
-    table.add_column("direction", no_wrap=True)
-    previous = None
-    for row in long_rows(merged):
-        run = "" if row["run"] == previous else row["run"]
-        if run and previous is not None:
-            table.add_section()
-        previous = row["run"]
-        table.add_row(escape(run), escape(row["metric"]), num(row["value"], 4), row["direction"])
-    console.print(table)
-    if out is not None:
-        show_path("written", out, " (comparison.md, report.html, comparison.json)")

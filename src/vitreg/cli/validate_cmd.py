@@ -1,118 +1,21 @@
-"""``vitreg validate RUN...``: check run directories against the result-document schema."""
+"""``vitreg validate RUN...``: each folder's verdict (the check is
+:func:`vitreg.verbs.validate.run_validate`); a non-zero exit when any folder is invalid."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
-import typer
 from rich.markup import escape
 
 from vitreg.cli.output import console, fail
 
-# files every verb's run directory holds beside metrics.json
-COMPANIONS = ("config.yaml", "report.md", "report.html")
-# files a comparison folder holds beside comparison.json (diagnose --models: also config.yaml)
-COMPARISON_COMPANIONS = {
-    "diagnose": ("config.yaml", "comparison.md", "report.html"),
-    "compare": ("comparison.md", "report.html"),
-}
-BOARD_COMPANIONS = ("leaderboard.md", "report.html", "figures/fix_leaderboard.png")
 
-
-def _companions(folder: Path, names: tuple[str, ...], beside: str) -> None:
-    missing = [name for name in names if not (folder / name).is_file()]
-    if missing:
-        raise ValueError(f"{folder} lacks {', '.join(missing)} beside its {beside}")
-
-
-def check_comparison(folder: Path) -> str:
-    """What a ``diagnose --models`` or ``compare --out`` folder holds; raises ValueError if its
-    comparison.json, its files or (diagnose) any per-model run directory is invalid."""
-    from vitreg.report.documents import comparison_members, read_comparison
-
-    doc = read_comparison(folder)
-    _companions(folder, COMPARISON_COMPANIONS[doc["verb"]], "comparison.json")
-    if doc["verb"] == "compare":
-        return f"compare output, {len(doc['runs'])} runs, {len(doc['rows'])} metric rows"
-    bad = []
-    for run in comparison_members(folder, doc):
-        try:
-            check_run(run, nested=True)
-        except ValueError as e:
-            bad.append(f"{run.name}: {e}")
-    if bad:
-        raise ValueError(
-            f"{len(bad)} of its {len(doc['runs'])} model runs are invalid: " + "; ".join(bad)
-        )
-    return f"diagnose --models comparison of {len(doc['runs'])} valid model runs"
-
-
-def check_board(folder: Path) -> str:
-    """What a ``fix --method`` leaderboard folder holds; raises ValueError if its
-    leaderboard.json does not follow the schema or a file is missing."""
-    from pydantic import ValidationError
-
-    from vitreg.configs import describe_errors
-    from vitreg.report.documents import read_board
-
-    try:
-        doc = read_board(folder)
-    except ValidationError as e:
-        where = f"{folder / 'leaderboard.json'} does not follow the schema"
-        raise ValueError(describe_errors(e, where)) from None
-    _companions(folder, BOARD_COMPANIONS, "leaderboard.json")
-    return f"fix leaderboard of {len(doc.board.rows)} entries on {doc.board.n_images} images"
-
-
-def check_run(run: Path, nested: bool = False) -> str:
-    """What ``run`` (a run directory, its metrics.json, or a comparison or leaderboard folder
-    vitreg wrote) holds; raises ValueError if invalid (an ``InputError`` for a file that is not
-    even shaped like a run file)."""
-    from pydantic import ValidationError
-
-    from vitreg.configs import describe_errors
-    from vitreg.errors import InputError
-    from vitreg.report.documents import RunDir
-    from vitreg.results.schema import validate_metrics
-
-    try:
-        folder = RunDir.open(run)
-    except InputError as e:
-        raise ValueError(str(e)) from None
-    if folder.kind != "run" and nested:
-        raise ValueError(f"{run} has no metrics.json (a model run of a comparison holds one)")
-    if folder.kind == "comparison":
-        return check_comparison(folder.path)
-    if folder.kind == "leaderboard":
-        return check_board(folder.path)
-    path = folder.document
-    if not path.is_file():
-        raise ValueError(f"{run} has no metrics.json (not a folder vitreg wrote)")
-    doc = folder.metrics()
-    try:
-        valid = validate_metrics(doc)
-    except ValidationError as e:
-        raise ValueError(describe_errors(e, f"{path} does not follow the schema")) from None
-    _companions(path.parent, COMPANIONS, "metrics.json")
-    version = doc.get("schema_version")
-    read = "" if version == valid.schema_version else f" (read as {valid.schema_version})"
-    return f"{valid.verb} run, schema {version}{read}, {len(valid.metrics)} headline metrics"
-
-
-def validate_command(
-    runs: list[Path] = typer.Argument(
-        ..., help="Folders vitreg wrote (runs or their metrics.json, comparisons, leaderboards)."
-    ),
-) -> None:
-    """Check folders vitreg wrote: schema, per-verb results, headlines traced to results, files."""
-    bad = 0
-    for run in runs:
-        try:
-            what = check_run(run)
-        except ValueError as e:
-            bad += 1
-            console.print(f"[red]invalid[/red] {escape(str(run))}: {escape(str(e))}")
+def show_run(run: Any, cfg: Any) -> None:
+    """One line per folder, valid or invalid and why; fails when any is invalid."""
+    for c in run.checked:
+        if c.valid:
+            console.print(f"[green]valid[/green] {escape(str(c.path))}: {c.text}")
         else:
-            console.print(f"[green]valid[/green] {escape(str(run))}: {what}")
-    if bad:
-        raise fail(f"{bad} of {len(runs)} run(s) failed validation")
+            console.print(f"[red]invalid[/red] {escape(str(c.path))}: {escape(c.text)}")
+    if run.invalid:
+        raise fail(f"{run.invalid} of {len(run.checked)} run(s) failed validation")

@@ -9,34 +9,18 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from vitreg.cli import options as opt
-from vitreg.cli.output import cli_errors, console, show_notice, show_path
-from vitreg.cli.progress import progress
-from vitreg.configs import VlmConfig
-from vitreg.report.render.markdown import num, pct
+from vitreg.cli.output import console, show_path
 
 
-def run_vlm_command(cfg: Any) -> None:
-    """The vlm verb on a typed :class:`~vitreg.configs.VlmConfig`, then its summary."""
-    from vitreg.verbs import run_vlm
-
-    with cli_errors():
-        run = run_vlm(cfg, progress, show_notice)
+def show_run(run: Any, cfg: Any) -> None:
+    """The summary of a vlm run."""
     show(run.results, run.run_dir)
-
-
-vlm_command = opt.config_command(
-    VlmConfig,
-    run_vlm_command,
-    """Answer a prompt per image without and with test-time registers on the VLM's vision
-    tower; report the language model's attention over the image, the tower's norms and the
-    answers.""",
-    argument="spec",
-)
 
 
 def show(results: dict[str, Any], run_dir: Path) -> None:
     """The console summary: answers per image, then the means."""
+    from vitreg.verbs.display import num, pct
+
     table = Table(title="vitreg vlm")
     for column in ("image", "answer before", "answer after", "edit dist.", "KL first token"):
         table.add_column(column)

@@ -11,6 +11,7 @@ Version 2.0 types every results field (``results/``); 1.1 and 1.0 files are read
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import importlib.metadata
 import math
 import platform
@@ -27,20 +28,13 @@ from pydantic import (
     model_validator,
 )
 
+from vitreg.core.verb import reporting
 from vitreg.core.weights import WeightKind
 from vitreg.errors import brief
 from vitreg.results.base import Stamp
-from vitreg.results.diagnose import DiagnoseResults
-from vitreg.results.experiment import ExperimentResults
-from vitreg.results.fix import FixResults
-from vitreg.results.neurons import NeuronsResults
-from vitreg.results.probe import ProbeResults
-from vitreg.results.train import TrainResults
 from vitreg.results.upgrade import upgrade
-from vitreg.results.vlm import VlmResults
 
 SCHEMA_VERSION = "2.0"
-VERBS = ("diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm")
 Number = bool | int | float | None
 
 
@@ -96,17 +90,6 @@ class DataInfo(BaseModel):
     converted: dict[str, str] = Field(default_factory=dict)
 
 
-RESULTS: dict[str, type[BaseModel]] = {
-    "diagnose": DiagnoseResults,
-    "neurons": NeuronsResults,
-    "fix": FixResults,
-    "probe": ProbeResults,
-    "train": TrainResults,
-    "experiment": ExperimentResults,
-    "vlm": VlmResults,
-}
-
-
 class Envelope(Stamp):
     """What every metrics.json holds around its verb's results: versions and creation time
     (as leaderboard.json), command, model, images, config and the headline metrics (each
@@ -150,15 +133,33 @@ def _document(verb: str, results: type[BaseModel]) -> type[Envelope]:
     )
 
 
-DOCUMENTS: dict[str, type[Envelope]] = {v: _document(v, t) for v, t in RESULTS.items()}
-MetricsFile = Annotated[Union[tuple(DOCUMENTS.values())], Field(discriminator="verb")]  # noqa: UP007
-_FILE = TypeAdapter(MetricsFile)
+@functools.cache
+def documents() -> dict[str, type[Envelope]]:
+    """The metrics.json model of every verb that writes one (from its record), by verb."""
+    return {name: _document(name, v.results) for name, v in reporting().items()}
+
+
+@functools.cache
+def _file() -> TypeAdapter[Any]:
+    """Any verb's metrics.json, told apart by ``verb``."""
+    union = Union[tuple(documents().values())]  # noqa: UP007
+    return TypeAdapter(Annotated[union, Field(discriminator="verb")])
+
+
+def __getattr__(name: str) -> Any:
+    """``VERBS`` (the verbs that write a metrics.json, in order) and ``DOCUMENTS``, read from
+    the verb records when first asked for."""
+    if name == "VERBS":
+        return tuple(documents())
+    if name == "DOCUMENTS":
+        return documents()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of metrics.json (for consumers in other languages): one document type
     per verb, told apart by ``verb``, with every results field described."""
-    schema = _FILE.json_schema()
+    schema = _file().json_schema()
     schema["title"] = f"vitreg metrics.json (schema {SCHEMA_VERSION})"
     return schema
 
@@ -166,7 +167,7 @@ def json_schema() -> dict[str, Any]:
 def validate_metrics(doc: Any) -> Envelope:
     """Validate a metrics.json document (a 1.0 or 1.1 one read as 2.0), including that every
     headline traces to ``results``; the verb's document model."""
-    return _FILE.validate_python(upgrade(doc))  # type: ignore[no-any-return]
+    return _file().validate_python(upgrade(doc))  # type: ignore[no-any-return]
 
 
 def resolve(doc: Any, pointer: str, aggregate: str | None = None) -> Any:

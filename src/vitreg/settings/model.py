@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
@@ -14,6 +15,8 @@ from vitreg.settings.base import (
     valid_img_size,
     valid_weights_file,
 )
+
+EXCLUSIVE = "random_init and weights exclude each other; pass one of them"
 
 
 class ModelSource(Part):
@@ -41,10 +44,18 @@ class ModelSource(Part):
     _device = field_validator("device")(valid_device)
     _size = field_validator("img_size")(valid_img_size)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _init_or_weights(cls, data: Any) -> Any:
+        """Both given is the first thing said, before either is checked on its own."""
+        if isinstance(data, dict) and data.get("random_init") is True and data.get("weights"):
+            raise ValueError(EXCLUSIVE)
+        return data
+
     @model_validator(mode="after")
-    def _init_or_weights(self) -> ModelSource:
+    def _init_or_weights_parsed(self) -> ModelSource:
         if self.random_init and self.weights is not None:
-            raise ValueError("random_init and weights exclude each other; pass one of them")
+            raise ValueError(EXCLUSIVE)
         return self
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from vitreg.configs import DiagnoseConfig
 from vitreg.core.run_dir import session
+from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
+from vitreg.results.diagnose import DiagnoseResults
 from vitreg.verbs.common import (
     DEFAULT_SPEC,
     command_line,
@@ -183,3 +185,15 @@ def _unique(path: Path, taken: list[Path]) -> Path:
         i += 1
         candidate = path.with_name(f"{path.name}-{i}")
     return candidate
+
+
+VERB = register(
+    Verb(
+        config=DiagnoseConfig,
+        run=run_diagnose,
+        help="Find token artifacts: norms and outliers by every rule, attention sinks, LN separation.",
+        results=DiagnoseResults,
+        renderer="vitreg.report.renderers.diagnose",
+        argument=("spec",),
+    )
+)

@@ -9,7 +9,9 @@ from typing import Any
 
 from vitreg.configs import ExperimentConfig
 from vitreg.core.run_dir import session
+from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
+from vitreg.results.experiment import ExperimentResults
 from vitreg.verbs.common import default_run_dir
 from vitreg.verbs.result import ExperimentRun, Listener, Notice, Notices
 
@@ -97,3 +99,19 @@ def run_experiment(
     return ExperimentRun(
         "experiment", cfg.out, result.document, notices.items, experiment=result, seconds=seconds
     )
+
+
+VERB = register(
+    Verb(
+        config=ExperimentConfig,
+        run=run_experiment,
+        help="""Train baseline, +norm/LS and +early-QKV ViTs x {none, registers, attention bias}
+    (and the GAP baseline), probe and diagnose each, and write one comparison report.""",
+        results=ExperimentResults,
+        renderer="vitreg.experiment.report",
+        resumes=True,
+        flags={"include_gap": "--include-gap/--no-gap"},
+        group="experiment",
+        command="variants",
+    )
+)

@@ -9,12 +9,14 @@ from typing import Any
 from vitreg.configs import FixConfig
 from vitreg.core.readers import read_json
 from vitreg.core.run_dir import session
+from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
+from vitreg.results.fix import FixResults
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
-from vitreg.verbs.result import FixRun, Listener, Notices
+from vitreg.verbs.result import BoardRun, FixRun, Listener, Notices
 
 
 def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
@@ -59,8 +61,20 @@ def _check_model(model: Any, spec: str, save: Path | None) -> None:
         )
 
 
-@session()  # the --out claimed inside is released when the verb ends
 def run_fix(
+    cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> FixRun | BoardRun:
+    """``vitreg fix``: test-time registers with a before/after report, or with ``--method``
+    other than ``ttr`` the leaderboard of every fix named."""
+    if cfg.method != "ttr":
+        from vitreg.verbs.fix_board import run_fix_board
+
+        return run_fix_board(cfg, progress, on_notice)
+    return run_test_time_registers(cfg, progress, on_notice)
+
+
+@session()  # the --out claimed inside is released when the verb ends
+def run_test_time_registers(
     cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> FixRun:
     """Apply test-time registers to ``cfg``'s model, compare before/after and write the run
@@ -132,3 +146,15 @@ def write(
             command=command,
             images=source.display_images(),
         )
+
+
+VERB = register(
+    Verb(
+        config=FixConfig,
+        run=run_fix,
+        help="Apply test-time registers and report before/after: norm maps, outlier rate, embeddings.",
+        results=FixResults,
+        renderer="vitreg.report.renderers.fix",
+        argument=("spec",),
+    )
+)

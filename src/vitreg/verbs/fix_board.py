@@ -3,7 +3,6 @@ and one image set, measured side by side into one leaderboard (table, JSON, figu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons
-from vitreg.verbs.result import Listener, Notice, Notices
+from vitreg.verbs.result import BoardRun, Listener, Notices
 
 CACHE = Path(".vitreg-cache") / "features"  # the probe verb's default feature cache
 
@@ -32,15 +31,6 @@ def probe_scorer(spec: str, cache: Path, batch_size: int) -> Any:
         return {f"{task} {s.metric}": s.to_dict() for s in layer.scores}
 
     return score
-
-
-@dataclass
-class BoardRun:
-    """The leaderboard's folder, the board itself and the run's notices."""
-
-    run_dir: Path
-    board: Any
-    notices: list[Notice]
 
 
 @session()  # the --out claimed inside is released when the verb ends

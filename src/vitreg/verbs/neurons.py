@@ -8,7 +8,9 @@ from typing import Any
 
 from vitreg.configs import NeuronsConfig
 from vitreg.core.run_dir import session
+from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
+from vitreg.results.neurons import NeuronsResults
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import discover, planted_rows
@@ -69,3 +71,15 @@ def write(
             meta = hub.run_metadata(found, model, source.label, data["n_images"])
             hub.write_folder(found.chosen, config["hub_dir"], meta)
     return document
+
+
+VERB = register(
+    Verb(
+        config=NeuronsConfig,
+        run=run_neurons,
+        help="Find register neurons: discovery, a causal check and the fix checked on held-out images.",
+        results=NeuronsResults,
+        renderer="vitreg.report.renderers.neurons",
+        argument=("spec",),
+    )
+)

@@ -8,7 +8,9 @@ from typing import Any
 
 from vitreg.configs import NeuronsConfig, NeuronSource, ProbeRunConfig
 from vitreg.core.run_dir import session
+from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
+from vitreg.results.probe import ProbeResults
 from vitreg.verbs.common import join_torchrun, prepare
 from vitreg.verbs.loading import image_source, load_model
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
@@ -129,4 +131,24 @@ def run_probe(
         with progress(None, "writing the report"):
             draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)
             document = write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, draw)
-    return ProbeRun("probe", run_dir, document, notices.items, probe=doc)
+    return ProbeRun("probe", run_dir, document, notices.items, probe=doc, verdict=verdict_of(doc))
+
+
+def verdict_of(doc: dict[str, Any]) -> str:
+    """The run in one sentence, as its report says it."""
+    from vitreg.report.renderers.probe import verdict
+    from vitreg.results.probe import ProbeResults
+
+    return verdict(ProbeResults.model_validate(doc))
+
+
+VERB = register(
+    Verb(
+        config=ProbeRunConfig,
+        run=run_probe,
+        help="Linear probes on frozen tokens, with and without test-time registers.",
+        results=ProbeResults,
+        renderer="vitreg.report.renderers.probe",
+        argument=("spec",),
+    )
+)

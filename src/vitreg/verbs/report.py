@@ -7,30 +7,22 @@ same bytes as the first rendering's."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from vitreg.configs import ReportConfig
 from vitreg.core.run_dir import reopen, session
+from vitreg.core.verb import VERBS, Verb, register
 from vitreg.errors import InputError
-
-# each verb's renderer: a module with headlines(results) and report(doc, figures)
-RENDERERS = {
-    "diagnose": "vitreg.report.renderers.diagnose",
-    "neurons": "vitreg.report.renderers.neurons",
-    "fix": "vitreg.report.renderers.fix",
-    "probe": "vitreg.report.renderers.probe",
-    "vlm": "vitreg.report.renderers.vlm",
-    "train": "vitreg.report.renderers.train",
-    "experiment": "vitreg.experiment.report",
-}
+from vitreg.progress import SILENT, Progress
+from vitreg.verbs.result import Listener, ReportRun
 
 
 def renderer(verb: str) -> ModuleType:
-    """The renderer module of ``verb`` (imported when first needed)."""
-    return importlib.import_module(RENDERERS[verb])
+    """The renderer module of ``verb`` (its record's, imported when first needed)."""
+    return VERBS[verb].render_module()
 
 
 def read_results(path: Path) -> dict[str, Any]:
@@ -78,3 +70,20 @@ def render_again(folder: str | Path) -> list[Path]:
     render = renderer(doc["verb"]).report
     reopen(folder)
     return writer.render_again(folder, lambda figures: (render(doc, figures), figures))
+
+
+def run_report(
+    cfg: ReportConfig, progress: Progress = SILENT, on_notice: Listener | None = None
+) -> ReportRun:
+    """``vitreg report RUN``: :func:`render_again` on ``cfg.run``."""
+    return ReportRun(render_again(cfg.run))
+
+
+VERB = register(
+    Verb(
+        config=ReportConfig,
+        run=run_report,
+        help="Render report.md and report.html again from a run's saved results (after a failure).",
+        argument=("run",),
+    )
+)

@@ -91,9 +91,11 @@ class FixRun(VerbResult):
 
 @dataclass
 class ProbeRun(VerbResult):
-    """``probe``: the probe result's own dict (conditions, deltas, yardsticks)."""
+    """``probe``: the probe result's own dict (conditions, deltas, yardsticks); ``verdict`` the
+    run in one sentence, as its report says it."""
 
     probe: dict[str, Any] = field(default_factory=dict)
+    verdict: str = ""
 
 
 @dataclass
@@ -118,6 +120,15 @@ class VlmRun(VerbResult):
     results: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class BoardRun:
+    """``vitreg fix --method``: the leaderboard's folder, the board itself and the run's notices."""
+
+    run_dir: Path
+    board: Any
+    notices: list[Notice]
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during the run of ``spec``: no metrics.json was written for it, unless the
     analysis had finished and ``saved`` is its metrics.json (then only the report is missing)."""
@@ -125,3 +136,85 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, spec: str, saved: Path | None = None) -> None:
         super().__init__(spec)
         self.spec, self.saved = spec, saved
+
+    def what_is_kept(self) -> str:
+        """In words: what the interrupted run left, and how to render its report."""
+        if self.saved is None:
+            return f"no metrics.json was written for {self.spec}"
+        from vitreg.report.writer import again_command
+
+        return (
+            f"the results of {self.spec} are saved in {self.saved}; "
+            f"`{again_command(self.saved.parent)}` renders its report"
+        )
+
+
+@dataclass
+class CompareRun:
+    """``vitreg compare``: the merged table (``rows``, ``skipped``, ...), its long form (one row
+    per run and metric) and the folder written with ``--out``."""
+
+    merged: dict[str, Any]
+    rows: list[dict[str, Any]]
+    out: Path | None
+
+
+@dataclass
+class Checked:
+    """One folder ``vitreg validate`` checked: valid or not, and what it holds or what is wrong."""
+
+    path: Path
+    valid: bool
+    text: str
+
+
+@dataclass
+class ValidateRun:
+    """``vitreg validate``: each folder's verdict, in the order given."""
+
+    checked: list[Checked]
+
+    @property
+    def invalid(self) -> int:
+        """How many folders failed."""
+        return sum(not c.valid for c in self.checked)
+
+
+@dataclass
+class ReportRun:
+    """``vitreg report``: the files rendered again."""
+
+    written: list[Path]
+
+
+@dataclass
+class SchemaRun:
+    """``vitreg schema``: the JSON Schema's text, and the file it was written to (if asked)."""
+
+    text: str
+    out: Path | None
+
+
+@dataclass
+class InspectRun:
+    """``vitreg inspect``: ``Model.describe()`` with the layout and (if asked) hook names, and
+    the :class:`~vitreg.core.layout.TokenLayout` at the size asked."""
+
+    info: dict[str, Any]
+    layout: Any
+
+
+@dataclass
+class ModelsRun:
+    """``vitreg models``: one row per supported family (key, name, examples, notes, status)."""
+
+    rows: list[dict[str, Any]]
+
+
+@dataclass
+class PushRun:
+    """``vitreg push``: the folder uploaded, the repository and the commit's URL."""
+
+    directory: Path
+    repo: str
+    url: str

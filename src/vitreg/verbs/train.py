@@ -11,8 +11,10 @@ from typing import Any
 
 from vitreg.configs import TrainRunConfig
 from vitreg.core.run_dir import session
+from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
+from vitreg.results.train import TrainResults
 from vitreg.verbs.common import command_line, default_run_dir, slug
 from vitreg.verbs.result import Listener, Notice, Notices, TrainRun
 
@@ -135,3 +137,16 @@ def describe_trained(module: Any, spec: str) -> dict[str, Any]:
             "layout": {},
             "dims": {},
         }
+
+
+VERB = register(
+    Verb(
+        config=TrainRunConfig,
+        run=run_train,
+        help="Train a ViT (supervised DeiT-III or DINO/iBOT); run under torchrun for data parallelism.",
+        results=TrainResults,
+        renderer="vitreg.report.renderers.train",
+        resumes=True,
+        argument=("variant",),
+    )
+)

@@ -7,7 +7,9 @@ from typing import Any
 
 from vitreg.configs import VlmConfig
 from vitreg.core.run_dir import session
+from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
+from vitreg.results.vlm import VlmResults
 from vitreg.verbs.common import prepare
 from vitreg.verbs.loading import model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
@@ -80,3 +82,17 @@ def run_vlm(
                 layer_maps=layer_maps,
             )
     return VlmRun("vlm", run_dir, document, notices.items, results=results)
+
+
+VERB = register(
+    Verb(
+        config=VlmConfig,
+        run=run_vlm,
+        help="""Answer a prompt per image without and with test-time registers on the VLM's vision
+    tower; report the language model's attention over the image, the tower's norms and the
+    answers.""",
+        results=VlmResults,
+        renderer="vitreg.report.renderers.vlm",
+        argument=("spec",),
+    )
+)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import vitreg
-from conftest import images
 from _support.hook_names import PER_BLOCK, plain_vit_names
+from conftest import images
 from vitreg.errors import HookError, InputError
 from vitreg.models.adapters.base import ADAPTERS
 from vitreg.testing.tiny import (
