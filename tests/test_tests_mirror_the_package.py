@@ -1,7 +1,8 @@
 """The tests mirror the package: every folder under tests/ names a package or module of
 src/vitreg (tests/models/adapters for vitreg.models.adapters), except the two that test across
 packages: hostile (every hostile input, by class), benchmarks (the scripts in benchmarks/) and gpu
-(the CUDA parity checks of benchmarks/gpu.sh)."""
+(the CUDA parity checks of benchmarks/gpu.sh). A folder whose name starts with ``_`` or ``.``
+holds no tests (helpers, fixture files), and nor does anything inside it."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ ACROSS = {
 
 
 def test_every_test_folder_names_a_package_or_module():
-    folders = [p for p in TESTS.rglob("*") if p.is_dir() and not p.name.startswith((".", "_"))]
+    folders = [p for p in TESTS.rglob("*") if p.is_dir()]
     assert folders, "the tests are in package folders"
     for folder in folders:
         parts = folder.relative_to(TESTS).parts
+        if any(part.startswith((".", "_")) for part in parts):
+            continue  # helpers and fixture files (tests/report/_golden/<run>/figures)
         if parts[0] in ACROSS:
             assert parts[0] != "benchmarks" or (ROOT / "benchmarks").is_dir()
             continue
