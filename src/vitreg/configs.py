@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from vitreg.core.choices import RECIPES
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, brief
 from vitreg.settings.base import (
     BATCH,
@@ -33,7 +34,7 @@ from vitreg.settings.base import (
     DEFAULT_SPEC,
     FigureFormat,
     Figures,
-    Part,
+    SettingsPart,
     Threshold,
     finite,
     valid_device,
@@ -74,7 +75,7 @@ __all__ = [
     "NeuronChoice",
     "NeuronSearch",
     "NeuronSource",
-    "Part",
+    "SettingsPart",
     "Threshold",
     "TrainSettings",
     "TtrSettings",
@@ -92,7 +93,7 @@ OVERWRITE = Field(
 
 
 # ------------------------------------------------------------------------------ the run
-class RunConfig(Part):
+class RunConfig(SettingsPart):
     """Settings every verb shares: where results go."""
 
     verb: ClassVar[str] = ""
@@ -485,7 +486,7 @@ class CompareConfig(Figures):
     overwrite: bool = OVERWRITE
 
 
-class ValidateConfig(Part):
+class ValidateConfig(SettingsPart):
     """``vitreg validate RUN...``: check folders vitreg wrote against the schema."""
 
     verb: ClassVar[str] = "validate"
@@ -495,7 +496,7 @@ class ValidateConfig(Part):
     )
 
 
-class ReportConfig(Part):
+class ReportConfig(SettingsPart):
     """``vitreg report RUN``: render a run's report again from its saved results."""
 
     verb: ClassVar[str] = "report"
@@ -505,7 +506,7 @@ class ReportConfig(Part):
     )
 
 
-class SchemaConfig(Part):
+class SchemaConfig(SettingsPart):
     """``vitreg schema``: the JSON Schema of metrics.json."""
 
     verb: ClassVar[str] = "schema"
@@ -525,7 +526,7 @@ class InspectConfig(ModelSource):
     as_json: bool = Field(False, description="Print machine-readable JSON.")
 
 
-class ModelsConfig(Part):
+class ModelsConfig(SettingsPart):
     """``vitreg models``: the supported model families."""
 
     verb: ClassVar[str] = "models"
@@ -533,7 +534,7 @@ class ModelsConfig(Part):
     as_json: bool = Field(False, description="Print machine-readable JSON.")
 
 
-class PushConfig(Part):
+class PushConfig(SettingsPart):
     """``vitreg push DIR ORG/REPO``: upload a neuron set's hub folder."""
 
     verb: ClassVar[str] = "push"
@@ -610,3 +611,6 @@ def load_config(path: str | Path, verb: str) -> RunConfig:
     from vitreg.core.verb import VERBS
 
     return build_config(VERBS[verb].config, read_config(path, verb), f"--config {path}")
+
+
+__getattr__ = renamed(__name__, {"Part": "SettingsPart"}, globals())

@@ -19,22 +19,24 @@ from pydantic import (
     model_validator,
 )
 
+from vitreg.core.renamed import renamed
+
 Scalar = str | int | float | bool | None
 #: a named setting as read: a plain value or a list of them (anything else as its JSON text)
 Setting = Scalar | list[Scalar]
 
 
-class Strict(BaseModel):
+class ResultsModel(BaseModel):
     """A results model: every field declared (unknown ones rejected), NaN allowed (a statistic
     of nothing, e.g. the spread of one image)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=True)
 
 
-class Sparse(Strict):
+class SparseResults(ResultsModel):
     """A results model whose optional fields depend on what wrote it (the task, the fix, the
     data set): a field the writer left out (None, not given) stays out of the file, and so
-    does an empty ``other`` of an :class:`Open` model."""
+    does an empty ``other`` of an :class:`OpenResults` model."""
 
     @model_serializer(mode="wrap")
     def _sparse(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -57,8 +59,8 @@ def as_setting(value: Any) -> Setting:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-class Open(Sparse):
-    """A :class:`Sparse` model fed by code outside vitreg (a user's fix, task or data set, a
+class OpenResults(SparseResults):
+    """A :class:`SparseResults` model fed by code outside vitreg (a user's fix, task or data set, a
     NeuronSet file): fields it does not declare go into ``other`` instead of failing the run
     after its analysis."""
 
@@ -82,7 +84,7 @@ class Open(Sparse):
         return {**kept, "other": other}
 
 
-class Stamp(Strict):
+class Stamp(ResultsModel):
     """What made a file: vitreg's, torch's, the model libraries' and python's versions, and
     when (shared by metrics.json and leaderboard.json)."""
 
@@ -100,3 +102,10 @@ class Stamp(Strict):
         if _dt.datetime.fromisoformat(v).utcoffset() != _dt.timedelta(0):
             raise ValueError("created must be an ISO timestamp in UTC")
         return v
+
+
+__getattr__ = renamed(
+    __name__,
+    {"Strict": "ResultsModel", "Sparse": "SparseResults", "Open": "OpenResults"},
+    globals(),
+)

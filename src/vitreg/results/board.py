@@ -7,13 +7,13 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from vitreg.results.base import Stamp, Strict
+from vitreg.results.base import ResultsModel, Stamp
 from vitreg.results.fix import Cosine, FixDescription
 from vitreg.results.probe import ProbeScore
 from vitreg.results.schema import DataInfo, ModelInfo, model_info
 
 
-class BoardEntry(Strict):
+class BoardEntry(ResultsModel):
     """One entry's measurements; ``refused`` holds the reason when the model cannot take it."""
 
     entry: str
@@ -46,7 +46,7 @@ class BoardEntry(Strict):
         return v
 
 
-class BoardResults(Strict):
+class BoardResults(ResultsModel):
     """The leaderboard: the unfixed model first, then every entry (parts before compositions)."""
 
     n_images: int

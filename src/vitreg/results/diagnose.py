@@ -9,11 +9,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from vitreg.results.base import Strict
+from vitreg.results.base import ResultsModel
 from vitreg.results.kinds import LOF, Kinds, Massive, Positions, Registers, Sinks
 
 
-class Quantiles(Strict):
+class Quantiles(ResultsModel):
     """Patch-token norm quantiles at one site."""
 
     p1: float
@@ -25,7 +25,7 @@ class Quantiles(Strict):
     max: float
 
 
-class Bimodal(Strict):
+class Bimodal(ResultsModel):
     """The two-Gaussian fit of log10 patch norms (``None``: infinite or undefined)."""
 
     present: bool
@@ -40,7 +40,7 @@ class Bimodal(Strict):
     mode_ratio: float | None
 
 
-class SiteNorms(Strict):
+class SiteNorms(ResultsModel):
     """Outlier statistics of patch tokens at one site, by every rule."""
 
     site: str
@@ -55,7 +55,7 @@ class SiteNorms(Strict):
     max_over_median: float
 
 
-class Evidence(Strict):
+class Evidence(ResultsModel):
     """Why the verdict is what it is: the strongest outlier layer and its mode."""
 
     layers_with_outlier_mode: list[int]
@@ -67,7 +67,7 @@ class Evidence(Strict):
     criteria: str
 
 
-class Norms(Strict):
+class Norms(ResultsModel):
     """Per-layer outlier statistics, the post-final-norm view, emergence and verdict."""
 
     n_images: int
@@ -80,7 +80,7 @@ class Norms(Strict):
     after_final_norm: SiteNorms | None
 
 
-class Agreement(Strict):
+class Agreement(ResultsModel):
     """Attention artifacts vs norm outliers at one block; ``reason`` when not computed."""
 
     norm_site: str
@@ -97,7 +97,7 @@ class Agreement(Strict):
     reason: str | None = None
 
 
-class AttentionSummary(Strict):
+class AttentionSummary(ResultsModel):
     """The numbers of the last attention layer."""
 
     layer: int | None
@@ -109,7 +109,7 @@ class AttentionSummary(Strict):
     agreement: Agreement
 
 
-class Attention(Strict):
+class Attention(ResultsModel):
     """Attention maps, sinks and attention/norm agreement per layer (forward order)."""
 
     query: str
@@ -130,7 +130,7 @@ class Attention(Strict):
     notes: list[str]
 
 
-class Spread(Strict):
+class Spread(ResultsModel):
     """A redundancy distribution: count, mean, median and quantiles."""
 
     n: int
@@ -142,7 +142,7 @@ class Spread(Strict):
     p90: float
 
 
-class Placement(Strict):
+class Placement(ResultsModel):
     """Outliers vs normal patches on one redundancy measure (``None``: no patch of that kind)."""
 
     outlier: Spread | None
@@ -150,7 +150,7 @@ class Placement(Strict):
     auc: float | None
 
 
-class RateBin(Strict):
+class RateBin(ResultsModel):
     """One redundancy bin: its edges, size and outlier rate (``None``: empty bin)."""
 
     lo: float
@@ -160,7 +160,7 @@ class RateBin(Strict):
     outlier_rate: float | None
 
 
-class RateCurve(Strict):
+class RateCurve(ResultsModel):
     """Outlier rate per quantile bin of one redundancy measure."""
 
     measure: str
@@ -168,7 +168,7 @@ class RateCurve(Strict):
     bins: list[RateBin]
 
 
-class Border(Strict):
+class Border(ResultsModel):
     """Outlier rate on the outermost ring of patches vs inside."""
 
     definition: str
@@ -179,7 +179,7 @@ class Border(Strict):
     border_over_interior: float | None
 
 
-class Background(Strict):
+class Background(ResultsModel):
     """Outlier rate in the most redundant (background) patches vs elsewhere."""
 
     definition: str
@@ -190,7 +190,7 @@ class Background(Strict):
     outlier_share_in_background: float
 
 
-class Redundancy(Strict):
+class Redundancy(ResultsModel):
     """Local redundancy at the embedding and one block output, and where outliers sit."""
 
     embed_site: str
@@ -210,7 +210,7 @@ class Redundancy(Strict):
     background: Background
 
 
-class Similarity(Strict):
+class Similarity(ResultsModel):
     """Mean cosine similarity of one token pair over images."""
 
     mean: float
@@ -218,7 +218,7 @@ class Similarity(Strict):
     n: int
 
 
-class LNSeparation(Strict):
+class LNSeparation(ResultsModel):
     """Per block: [CLS]/register/patch similarity around each norm, channel ownership."""
 
     similarity: list[dict[str, dict[str, Similarity]]] = Field(
@@ -231,14 +231,14 @@ class LNSeparation(Strict):
     has_registers: bool
 
 
-class PCA(Strict):
+class PCA(ResultsModel):
     """The share of variance of the first principal components, over how many patches."""
 
     explained_variance: list[float]
     n_patches: int
 
 
-class SitePicture(Strict):
+class SitePicture(ResultsModel):
     """PCA colours and centre-patch similarity at one site."""
 
     site: str
@@ -248,14 +248,14 @@ class SitePicture(Strict):
     pca: PCA
 
 
-class FeaturePictures(Strict):
+class FeaturePictures(ResultsModel):
     """Feature pictures by site, and the sites left out with why."""
 
     sites: list[SitePicture]
     skipped: dict[str, str] = Field(default_factory=dict)
 
 
-class DiagnoseResults(Strict):
+class DiagnoseResults(ResultsModel):
     """``vitreg diagnose``: one block per analysis (``None``: it did not run or apply, said in
     ``not_applicable``)."""
 

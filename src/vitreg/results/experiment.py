@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from vitreg.results.base import Sparse, Strict
+from vitreg.results.base import ResultsModel, SparseResults
 from vitreg.results.train import DinoTerms
 
 #: blocks a component is specialised in: "all", the first N, or their indices
 BlockSelection = str | int | list[int] | None
 
 
-class VariantOptions(Sparse):
+class VariantOptions(SparseResults):
     """A variant's ``create_variant`` options; an option the grid leaves at its default is
     left out."""
 
@@ -27,7 +27,7 @@ class VariantOptions(Sparse):
     pool: str | None = None
 
 
-class ParamCounts(Strict):
+class ParamCounts(ResultsModel):
     """Parameter counts: the variant's, its shared baseline's, and the extra per component."""
 
     total: int
@@ -37,7 +37,7 @@ class ParamCounts(Strict):
     extra_total: int
 
 
-class FlopDeltas(Strict):
+class FlopDeltas(ResultsModel):
     """FLOPs a variant adds over its shared model, by cause."""
 
     specialisation: int
@@ -45,7 +45,7 @@ class FlopDeltas(Strict):
     registers: int
 
 
-class FlopCounts(Strict):
+class FlopCounts(ResultsModel):
     """FLOPs of one forward at the variant's image size, and of the same shared model."""
 
     image_size: list[int]
@@ -56,7 +56,7 @@ class FlopCounts(Strict):
     delta: FlopDeltas
 
 
-class DinoPresetOptions(Sparse):
+class DinoPresetOptions(SparseResults):
     """The DINO recipe options the size preset sets (the rest keep the recipe's defaults)."""
 
     n_local_crops: int | None = None
@@ -78,7 +78,7 @@ class DinoPresetOptions(Sparse):
     ibot_weight: float | None = None
 
 
-class ExperimentSettings(Strict):
+class ExperimentSettings(ResultsModel):
     """The size preset: the shared architecture, training, probes and diagnosis."""
 
     size: str
@@ -101,7 +101,7 @@ class ExperimentSettings(Strict):
     batch_eval: int
 
 
-class SeedStats(Strict):
+class SeedStats(ResultsModel):
     """One number over a variant's seeds: mean, sample std (None for one seed), values."""
 
     mean: float | None
@@ -109,14 +109,14 @@ class SeedStats(Strict):
     values: list[float | None]
 
 
-class VariantTime(Strict):
+class VariantTime(ResultsModel):
     """Seconds spent training and evaluating one variant."""
 
     train: float
     evaluate: float
 
 
-class VariantSummary(Strict):
+class VariantSummary(ResultsModel):
     """One variant over its training seeds."""
 
     name: str
@@ -138,7 +138,7 @@ class VariantSummary(Strict):
     notes: list[str]
 
 
-class Timing(Strict):
+class Timing(ResultsModel):
     """Wall and compute time of this invocation, and variants reused from earlier ones."""
 
     wall_s: float
@@ -146,7 +146,7 @@ class Timing(Strict):
     reused: int
 
 
-class ExperimentResults(Strict):
+class ExperimentResults(ResultsModel):
     """``vitreg experiment``: every variant's costs, probes and diagnosis."""
 
     complete: bool

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from vitreg.results.base import Open, Strict
+from vitreg.results.base import OpenResults, ResultsModel
 from vitreg.results.neurons import Discovered, LayerCount, NeuronSetSettings, PlantedRow
 
 
-class FixSettings(Strict):
+class FixSettings(ResultsModel):
     """The test-time-register edit: neurons, registers, what [CLS] and patches get."""
 
     n_neurons: int
@@ -24,7 +24,7 @@ class FixSettings(Strict):
     scale: float
 
 
-class NamedFix(Strict):
+class NamedFix(ResultsModel):
     """A fix as a run describes it: its name (the class, or the method inside a composition)."""
 
     name: str = Field(description="the fix's class, or its method name inside a composition")
@@ -64,7 +64,7 @@ class ScClipDescription(NamedFix):
     res_cls: float
 
 
-class LastBlockDescription(Open, NamedFix):
+class LastBlockDescription(OpenResults, NamedFix):
     """A training-free fix that rebuilds the last block's attention (ClearCLIP, SCLIP, NACLIP):
     whether the residual and FFN stay, and the method's own parameters."""
 
@@ -83,7 +83,7 @@ class ComposedDescription(NamedFix):
     parts: list[FixDescription]
 
 
-class OtherFixDescription(Open, NamedFix):
+class OtherFixDescription(OpenResults, NamedFix):
     """A fix vitreg does not know (a library user's own): its name and its own description."""
 
     method: str | None = None
@@ -103,7 +103,7 @@ FixDescription = Annotated[
 ComposedDescription.model_rebuild()
 
 
-class Cosine(Strict):
+class Cosine(ResultsModel):
     """Cosine similarity before vs after: mean, min, over how many vectors."""
 
     mean: float
@@ -111,7 +111,7 @@ class Cosine(Strict):
     n: int
 
 
-class Control(Strict):
+class Control(ResultsModel):
     """One control: ablate the register neurons, random neurons, or shift to a patch."""
 
     n_neurons: int
@@ -121,7 +121,7 @@ class Control(Strict):
     share_of_images_with_top_norm_at_patch: float | None = None
 
 
-class Residual(Strict):
+class Residual(ResultsModel):
     """What the fix leaves, judged by the presence test at every block and the max/median
     patch norm against the ordinary patches' level."""
 
@@ -138,7 +138,7 @@ class Residual(Strict):
     tolerance: float
 
 
-class Comparison(Strict):
+class Comparison(ResultsModel):
     """Before vs after the fix, per block where a list."""
 
     fix: FixSettings
@@ -162,7 +162,7 @@ class Comparison(Strict):
     residual: Residual
 
 
-class NeuronsUsed(Strict):
+class NeuronsUsed(ResultsModel):
     """The NeuronSet the fix used: where it came from and what it recorded."""
 
     source: str
@@ -174,7 +174,7 @@ class NeuronsUsed(Strict):
     settings: NeuronSetSettings = Field(description="the settings its file recorded")
 
 
-class FixResults(Strict):
+class FixResults(ResultsModel):
     """``vitreg fix``: the comparison, the neurons, the discovery when none were given and the
     planted ground truth."""
 

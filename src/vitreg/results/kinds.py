@@ -10,13 +10,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from vitreg.results.base import Strict
+from vitreg.results.base import ResultsModel
 
 Cell = list[int]  # [row, col] of a patch position
 
 
 # sinks (vitreg.analysis.sinks) ----------------------------------------------------------------
-class SinkCounts(Strict):
+class SinkCounts(ResultsModel):
     """Sink events per image: all, by class and by the type of the key they land on."""
 
     total: float = 0.0
@@ -35,7 +35,7 @@ class SinkBlock(SinkCounts):
     block: int
 
 
-class SinkHeadRow(Strict):
+class SinkHeadRow(ResultsModel):
     """A head with sink events in at least ``head_rate_threshold`` of the images."""
 
     block: int
@@ -48,7 +48,7 @@ class SinkHeadRow(Strict):
     stable_rank: float = Field(description="median stable rank of the head update")
 
 
-class Sinks(Strict):
+class Sinks(ResultsModel):
     """Sink events of every block and head (Fesser et al. 2026)."""
 
     present: bool
@@ -67,7 +67,7 @@ class Sinks(Strict):
 
 
 # massive activations (vitreg.analysis.massive) ------------------------------------------------
-class MassiveBlock(Strict):
+class MassiveBlock(ResultsModel):
     """Massive entries at one block output."""
 
     block: int
@@ -76,7 +76,7 @@ class MassiveBlock(Strict):
     channels: list[int]
 
 
-class MassiveChannelRow(Strict):
+class MassiveChannelRow(ResultsModel):
     """One channel carrying massive activations."""
 
     channel: int
@@ -89,7 +89,7 @@ class MassiveChannelRow(Strict):
     high_norm_share: float = Field(description="share on high-norm tokens (NaN: no norms)")
 
 
-class Massive(Strict):
+class Massive(ResultsModel):
     """Massive activations per block and channel, and their overlap with high-norm tokens."""
 
     present: bool
@@ -105,7 +105,7 @@ class Massive(Strict):
 
 
 # LOF anomaly tokens (vitreg.analysis.anomaly_lof) ---------------------------------------------
-class LOFAgreement(Strict):
+class LOFAgreement(ResultsModel):
     """LOF flags against the auto norm outliers of the same tokens (all None: no norm results)."""
 
     precision: float | None = None
@@ -115,7 +115,7 @@ class LOFAgreement(Strict):
     lof_flagged: int | None = None
 
 
-class LOF(Strict):
+class LOF(ResultsModel):
     """SC-CLIP's LOF anomaly tokens in the penultimate block."""
 
     present: bool
@@ -134,7 +134,7 @@ class LOF(Strict):
 
 
 # position-tied artifacts (vitreg.analysis.positions) ------------------------------------------
-class PositionEmbedding(Strict):
+class PositionEmbedding(ResultsModel):
     """Norm per patch position of the learned position embedding."""
 
     norm_map: list[list[float]]
@@ -144,7 +144,7 @@ class PositionEmbedding(Strict):
     top_channel_share_of_high: float | None
 
 
-class Positions(Strict):
+class Positions(ResultsModel):
     """Per-position outlier statistics, position-embedding norms and constant-image responses."""
 
     present: bool
@@ -163,7 +163,7 @@ class Positions(Strict):
 
 
 # register tokens (vitreg.analysis.registers) --------------------------------------------------
-class RegisterBlock(Strict):
+class RegisterBlock(ResultsModel):
     """Median token norm per group at one block output, and the attention each group receives."""
 
     block: int
@@ -175,7 +175,7 @@ class RegisterBlock(Strict):
     attention_share: dict[str, float] = Field(description="token type -> mean attention received")
 
 
-class Registers(Strict):
+class Registers(ResultsModel):
     """Register tokens (trained and inserted) as a group, and whether they absorbed artifacts."""
 
     n_registers: int
@@ -190,7 +190,7 @@ class Registers(Strict):
 
 
 # the per-kind verdict (vitreg.analysis.kinds) -------------------------------------------------
-class HighNormEvidence(Strict):
+class HighNormEvidence(ResultsModel):
     """The norm verdict's evidence, with the position-consistency score when outliers exist."""
 
     layers_with_outlier_mode: list[int]
@@ -203,7 +203,7 @@ class HighNormEvidence(Strict):
     position_consistency: float | None = None
 
 
-class AttentionEvidence(Strict):
+class AttentionEvidence(ResultsModel):
     """The last attention layer's artifact rate and its agreement with the norm outliers."""
 
     last_layer_artifact_rate: float
@@ -213,7 +213,7 @@ class AttentionEvidence(Strict):
     )
 
 
-class SinkEvidence(Strict):
+class SinkEvidence(ResultsModel):
     """NOP or broadcast sinks: events per image of that class and its sink heads."""
 
     per_image: float
@@ -221,7 +221,7 @@ class SinkEvidence(Strict):
     transition_block: int | None
 
 
-class PositionEvidence(Strict):
+class PositionEvidence(ResultsModel):
     """Position-tied artifacts: the block, its consistency score, the constant-image positions."""
 
     block: int | None
@@ -230,7 +230,7 @@ class PositionEvidence(Strict):
     pos_embed_max_over_median: float | None
 
 
-class MassiveEvidence(Strict):
+class MassiveEvidence(ResultsModel):
     """Massive activations: first block, overlap with high-norm tokens, top 3 channels."""
 
     first_block: int | None
@@ -238,7 +238,7 @@ class MassiveEvidence(Strict):
     channels: list[MassiveChannelRow]
 
 
-class LOFEvidence(Strict):
+class LOFEvidence(ResultsModel):
     """LOF anomaly tokens: strong anomalies and agreement with the auto outliers."""
 
     strong_per_image: float
@@ -247,7 +247,7 @@ class LOFEvidence(Strict):
     agreement_with_auto: LOFAgreement
 
 
-class RegisterEvidence(Strict):
+class RegisterEvidence(ResultsModel):
     """The register result without its per-block rows."""
 
     n_registers: int
@@ -260,7 +260,7 @@ class RegisterEvidence(Strict):
     rule: str
 
 
-class NoEvidence(Strict):
+class NoEvidence(ResultsModel):
     """A kind that was not analysed: no evidence."""
 
 
@@ -286,7 +286,7 @@ KindName = Literal[
 ]
 
 
-class KindRow(Strict):
+class KindRow(ResultsModel):
     """One kind: present (None: not analysed), where, its evidence and the source of its rule."""
 
     kind: KindName
@@ -296,7 +296,7 @@ class KindRow(Strict):
     source: str
 
 
-class Kinds(Strict):
+class Kinds(ResultsModel):
     """Every kind of token artifact, in the report's order, and the names of those present."""
 
     present: list[KindName]

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from vitreg.results.base import Open, Strict, as_setting
+from vitreg.results.base import OpenResults, ResultsModel, as_setting
 
 
-class NeuronRow(Strict):
+class NeuronRow(ResultsModel):
     """One neuron: block, MLP unit, discovery score, and its causal effects when measured."""
 
     layer: int
@@ -22,14 +22,14 @@ class NeuronRow(Strict):
     persistence: float | None = None
 
 
-class LayerCount(Strict):
+class LayerCount(ResultsModel):
     """How many chosen neurons one block holds."""
 
     layer: int
     n_neurons: int
 
 
-class SurveyRow(Strict):
+class SurveyRow(ResultsModel):
     """One block of the detection survey: whether its patch norms have an outlier mode."""
 
     layer: int | None
@@ -39,7 +39,7 @@ class SurveyRow(Strict):
     max_over_median: float
 
 
-class HeldOut(Strict):
+class HeldOut(ResultsModel):
     """The fix at the chosen k on held-out images: before and after."""
 
     n_images: int
@@ -57,7 +57,7 @@ class HeldOut(Strict):
     ordinary_max_over_median: float
 
 
-class CausalBaseline(Strict):
+class CausalBaseline(ResultsModel):
     """The outlier excess with nothing zeroed, at the detection block and every block."""
 
     threshold: str
@@ -69,7 +69,7 @@ class CausalBaseline(Strict):
     excess_by_block: dict[str, float] = Field(description="block -> outlier excess")
 
 
-class UnitEffect(Strict):
+class UnitEffect(ResultsModel):
     """One unit's measured effect on the outlier excess (fractions of the baseline); for a
     dropped unit, its kind and why it was dropped."""
 
@@ -95,7 +95,7 @@ class UnitEffect(Strict):
     reason: str | None = None
 
 
-class SelectionStep(Strict):
+class SelectionStep(ResultsModel):
     """One step of the greedy selection: the units added, how, and the excess left."""
 
     added: list[list[int]]
@@ -104,7 +104,7 @@ class SelectionStep(Strict):
     worst_block_fraction: float
 
 
-class Causal(Strict):
+class Causal(ResultsModel):
     """The causal selection: chosen units in order, their effects, the path there."""
 
     method: str
@@ -123,7 +123,7 @@ class Causal(Strict):
     dropped: list[UnitEffect]
 
 
-class BlockCheck(Strict):
+class BlockCheck(ResultsModel):
     """One block that had an outlier mode before the fix, after the fix at one k."""
 
     layer: int
@@ -135,7 +135,7 @@ class BlockCheck(Strict):
     clean: bool
 
 
-class Calibration(Strict):
+class Calibration(ResultsModel):
     """The top-k curve: per image resolution (key), each k's numbers after the fix."""
 
     target: float
@@ -156,14 +156,14 @@ class Calibration(Strict):
     notes: list[str]
 
 
-class Discovery(Strict):
+class Discovery(ResultsModel):
     """The images discovery ranked neurons on."""
 
     n_images: int | None = None
     n_images_with_outliers: int | None = None
 
 
-class Stability(Strict):
+class Stability(ResultsModel):
     """The causal sets chosen from each half of the discovery images and their overlaps."""
 
     method: str
@@ -172,7 +172,7 @@ class Stability(Strict):
     overlap_with_whole: list[float | None]
 
 
-class SizeCheck(Strict):
+class SizeCheck(ResultsModel):
     """The chosen set's fix on the held-out images resized to one other size."""
 
     img_size: int
@@ -186,7 +186,7 @@ class SizeCheck(Strict):
     clean_after: bool
 
 
-class OtherSizes(Strict):
+class OtherSizes(ResultsModel):
     """The fix checked at other image sizes (register neurons can be resolution-specific)."""
 
     method: str
@@ -194,7 +194,7 @@ class OtherSizes(Strict):
     clean_at_every_size: bool
 
 
-class GrowthRow(Strict):
+class GrowthRow(ResultsModel):
     """One block of the growth curve: the detection layer's outlier patches' excess over the
     ordinary ones there, and its growth over the block before."""
 
@@ -203,7 +203,7 @@ class GrowthRow(Strict):
     growth: float
 
 
-class DetectionRecord(Strict):
+class DetectionRecord(ResultsModel):
     """Where neurons were searched and outliers detected, each choice with why."""
 
     detect_layer: int
@@ -219,7 +219,7 @@ class DetectionRecord(Strict):
     first_written: int | None = None
 
 
-class NeuronSetSettings(Open):
+class NeuronSetSettings(OpenResults):
     """The settings a NeuronSet records: the search (layers, threshold, sparsity, top-k), how
     the automatic path chose it (detection, causal selection, top-k calibration) or, for a
     published list, where it comes from; a field the set does not record is left out."""
@@ -248,7 +248,7 @@ class NeuronSetSettings(Open):
         if not isinstance(data, dict):
             return data
         data, other = dict(data), dict(data.get("other") or {})
-        records: dict[str, type[Strict]] = {
+        records: dict[str, type[ResultsModel]] = {
             "detection": DetectionRecord,
             "selection": Causal,
             "calibration": Calibration,
@@ -262,7 +262,7 @@ class NeuronSetSettings(Open):
         return {**data, "other": other} if other else data
 
 
-class PlantedRow(Strict):
+class PlantedRow(ResultsModel):
     """A planted fixture's unit: its role, and whether the run chose it."""
 
     layer: int
@@ -271,7 +271,7 @@ class PlantedRow(Strict):
     chosen: bool
 
 
-class Discovered(Strict):
+class Discovered(ResultsModel):
     """The chosen set, how it was chosen, and what its fix leaves (``vitreg fix`` keeps this
     when it discovered the neurons itself)."""
 

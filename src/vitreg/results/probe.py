@@ -9,14 +9,14 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from vitreg.results.base import Open, Sparse, Strict
+from vitreg.results.base import OpenResults, ResultsModel, SparseResults
 from vitreg.results.diagnose import Bimodal
 from vitreg.results.fix import FixDescription
 
 Verdict = Literal["better", "worse", "within noise", "no interval"]
 
 
-class ProbeYardstick(Strict):
+class ProbeYardstick(ResultsModel):
     """A trivial baseline of one probe metric (chance, majority class, mean depth, ...)."""
 
     name: str
@@ -26,7 +26,7 @@ class ProbeYardstick(Strict):
     description: str
 
 
-class ProbeScore(Strict):
+class ProbeScore(ResultsModel):
     """One metric of one feature (and token group) over seeds, with its 95% half-width."""
 
     feature: str
@@ -43,7 +43,7 @@ class ProbeScore(Strict):
     )
 
 
-class ClassIoU(Strict):
+class ClassIoU(ResultsModel):
     """Segmentation: one class's IoU (mean over seeds; None when absent from prediction and
     target) and its test pixels."""
 
@@ -56,14 +56,14 @@ class ClassIoU(Strict):
     test_pixels: int
 
 
-class SplitCounts(Strict):
+class SplitCounts(ResultsModel):
     """How many train and test images one token view kept."""
 
     train: int
     test: int
 
 
-class TaskInfo(Open):
+class TaskInfo(OpenResults):
     """A task's details at one layer; each task writes its own fields, the rest are left out."""
 
     num_classes: int | None = Field(None, description="classification, segmentation, ...")
@@ -97,7 +97,7 @@ class TaskInfo(Open):
     pamr_dilations: list[int] | None = Field(None, description="ov-seg")
 
 
-class DataSetRecord(Open):
+class DataSetRecord(OpenResults):
     """One split's data set as it describes itself, with the samples the extraction skipped
     and the pixels it repaired (``log``) and the files its listing passed over."""
 
@@ -114,14 +114,14 @@ class DataSetRecord(Open):
     listing: dict[str, int] | None = Field(None, description="reason -> files not read")
 
 
-class ProbeData(Strict):
+class ProbeData(ResultsModel):
     """The train and test data sets."""
 
     train: DataSetRecord
     test: DataSetRecord
 
 
-class FeatureCache(Sparse):
+class FeatureCache(SparseResults):
     """The features of one condition and split: where they are cached, how many, the forward
     passes this run ran (0: reused), and samples skipped, pixels repaired and shards replaced
     by reason."""
@@ -134,7 +134,7 @@ class FeatureCache(Sparse):
     replaced: dict[str, int] | None = None
 
 
-class ProbeLayer(Strict):
+class ProbeLayer(ResultsModel):
     """Every score of one task at one layer, its yardsticks, notes and task details."""
 
     task: str
@@ -145,7 +145,7 @@ class ProbeLayer(Strict):
     yardsticks: list[ProbeYardstick]
 
 
-class ProbeDelta(Strict):
+class ProbeDelta(ResultsModel):
     """fixed − base of one score, called better/worse only when the 95% intervals separate."""
 
     layer: str
@@ -156,7 +156,7 @@ class ProbeDelta(Strict):
     verdict: Verdict
 
 
-class ProbeResults(Strict):
+class ProbeResults(ResultsModel):
     """``vitreg probe``: scores per condition and layer, and the fixed − base differences."""
 
     task: str

@@ -7,10 +7,10 @@ from typing import Annotated
 
 from pydantic import Field
 
-from vitreg.results.base import Setting, Strict
+from vitreg.results.base import ResultsModel, Setting
 
 
-class TrainedModel(Strict):
+class TrainedModel(ResultsModel):
     """The timm architecture and the keyword arguments it was created with."""
 
     name: str
@@ -19,14 +19,14 @@ class TrainedModel(Strict):
     )
 
 
-class SupervisedOptions(Strict):
+class SupervisedOptions(ResultsModel):
     """The supervised recipe's options: label smoothing and the 3-Augment colour jitter."""
 
     label_smoothing: float
     jitter: float
 
 
-class DinoRecipeOptions(Strict):
+class DinoRecipeOptions(ResultsModel):
     """The DINO recipe's options: crops, head size, temperatures, EMA and centring momenta,
     masking, loss weights."""
 
@@ -56,7 +56,7 @@ RecipeOptions = Annotated[
 ]
 
 
-class TrainingData(Strict):
+class TrainingData(ResultsModel):
     """What a run trains on (a resume on other data is refused): spec, samples, fingerprint."""
 
     spec: str
@@ -64,7 +64,7 @@ class TrainingData(Strict):
     fingerprint: str | None
 
 
-class TrainConfigRecord(Strict):
+class TrainConfigRecord(ResultsModel):
     """``TrainConfig``: every number that shapes a run (stored in each checkpoint too)."""
 
     recipe: str
@@ -86,7 +86,7 @@ class TrainConfigRecord(Strict):
     data: TrainingData
 
 
-class DinoStep(Strict):
+class DinoStep(ResultsModel):
     """The [CLS] DINO loss at one step (with the teacher's entropy and KL at the last)."""
 
     step: int
@@ -95,7 +95,7 @@ class DinoStep(Strict):
     kl: float | None = None
 
 
-class DinoTerms(Strict):
+class DinoTerms(ResultsModel):
     """What the DINO loss did: its lowest value and its last, against ln(out_dim)."""
 
     out_dim: int
@@ -104,7 +104,7 @@ class DinoTerms(Strict):
     final: DinoStep
 
 
-class TrainResults(Strict):
+class TrainResults(ResultsModel):
     """``vitreg train``: steps done, losses, the checkpoint and the settings."""
 
     recipe: str

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from vitreg.results.base import Strict
+from vitreg.results.base import ResultsModel
 from vitreg.results.fix import FixDescription, NeuronsUsed
 
 
-class FirstToken(Strict):
+class FirstToken(ResultsModel):
     """The most likely first answer token and its probability."""
 
     id: int
@@ -17,7 +17,7 @@ class FirstToken(Strict):
     prob: float
 
 
-class Condition(Strict):
+class Condition(ResultsModel):
     """One image under one condition (before or after the fix)."""
 
     answer: str
@@ -34,7 +34,7 @@ class Condition(Strict):
     first_token: FirstToken
 
 
-class AnswerChange(Strict):
+class AnswerChange(ResultsModel):
     """Whether the answer changed, and by how many tokens."""
 
     identical: bool
@@ -42,7 +42,7 @@ class AnswerChange(Strict):
     edit_distance_normalized: float
 
 
-class FirstTokenChange(Strict):
+class FirstTokenChange(ResultsModel):
     """How the next-token distribution of the first answer token moved."""
 
     kl: float
@@ -52,7 +52,7 @@ class FirstTokenChange(Strict):
     top_prob_after_of_before_token: float
 
 
-class OutlierAttention(Strict):
+class OutlierAttention(ResultsModel):
     """The share of language->image attention on the outlier patches (None: none)."""
 
     n_outlier_patches: int
@@ -61,7 +61,7 @@ class OutlierAttention(Strict):
     after: float | None
 
 
-class VlmImage(Strict):
+class VlmImage(ResultsModel):
     """One image: before and after the fix, and what changed."""
 
     before: Condition
@@ -71,7 +71,7 @@ class VlmImage(Strict):
     attention_on_outliers: OutlierAttention
 
 
-class VlmSummary(Strict):
+class VlmSummary(ResultsModel):
     """Means over images (None where no image has the number)."""
 
     n_images: int
@@ -87,7 +87,7 @@ class VlmSummary(Strict):
     image_attention_mass_after: float | None
 
 
-class Generation(Strict):
+class Generation(ResultsModel):
     """How answers were generated: greedy, with the image token suppressed, and why."""
 
     greedy: bool
@@ -95,7 +95,7 @@ class Generation(Strict):
     why: str
 
 
-class VlmResults(Strict):
+class VlmResults(ResultsModel):
     """``vitreg vlm``: per image, answers and attention without and with the fix."""
 
     prompt: str

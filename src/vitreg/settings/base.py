@@ -1,4 +1,4 @@
-"""The shared ground of every settings part: the :class:`Part` base, the defaults and field
+"""The shared ground of every settings part: the :class:`SettingsPart` base, the defaults and field
 validators that several parts use, and the figure settings."""
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ def finite(v: float | None, name: str) -> float | None:
     return v
 
 
-class Part(BaseModel):
+class SettingsPart(BaseModel):
     """A group of settings that several verbs share, composed into their configs."""
 
     model_config = ConfigDict(extra="forbid")
 
 
-class Figures(Part):
+class Figures(SettingsPart):
     """How the run's figures are written."""
 
     figure_format: FigureFormat = Field(

@@ -10,7 +10,7 @@ from pydantic import Field, PositiveInt, field_validator, model_validator
 from vitreg.settings.base import (
     BATCH,
     DEFAULT_SPEC,
-    Part,
+    SettingsPart,
     valid_device,
     valid_img_size,
     valid_weights_file,
@@ -19,7 +19,7 @@ from vitreg.settings.base import (
 EXCLUSIVE = "random_init and weights exclude each other; pass one of them"
 
 
-class ModelSource(Part):
+class ModelSource(SettingsPart):
     """The model a verb runs: its spec and how it is built."""
 
     spec: str | None = Field(
@@ -59,7 +59,7 @@ class ModelSource(Part):
         return self
 
 
-class ImageSet(Part):
+class ImageSet(SettingsPart):
     """The images a model verb runs on, and how many at a time."""
 
     images: Path | None = Field(

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, PositiveInt, field_validator
 from pydantic_core import core_schema
 
-from vitreg.settings.base import Part, Threshold
+from vitreg.settings.base import SettingsPart, Threshold
 
 
 class NeuronSource(str):
@@ -57,7 +57,7 @@ class NeuronSource(str):
 DISCOVER = NeuronSource("discover")
 
 
-class NeuronSearch(Part):
+class NeuronSearch(SettingsPart):
     """How register neurons are found (``vitreg neurons``, and the verbs that discover first)."""
 
     target: float = Field(
@@ -95,7 +95,7 @@ class NeuronSearch(Part):
         return v
 
 
-class NeuronChoice(Part):
+class NeuronChoice(SettingsPart):
     """Which register neurons a fix uses."""
 
     neurons: NeuronSource = Field(

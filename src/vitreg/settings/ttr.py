@@ -6,10 +6,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from vitreg.settings.base import Part
+from vitreg.settings.base import SettingsPart
 
 
-class TtrSettings(Part):
+class TtrSettings(SettingsPart):
     """How test-time registers edit the model (``vitreg.fix.TestTimeRegisters``)."""
 
     registers: int = Field(

@@ -44,7 +44,7 @@ def command_line(spec: str | None, options: dict[str, Any], verb: str = "diagnos
     return shlex.join(parts)
 
 
-def config_command(cfg: Any, spec: str) -> str:
+def rerun_command(cfg: Any, spec: str) -> str:
     """The command line of a typed model config: every field but the spec that differs from its
     default, as options (a default is what the command does unasked, and some verbs have no
     option for a field they share, e.g. ``fix`` and ``--top-k``)."""
@@ -86,7 +86,7 @@ def prepare(cfg: Any, notices: Notices, demo: str | None = None) -> tuple[Any, s
     run_dir = cfg.out if cfg.out is not None else default_run_dir(slug(spec), verb=cfg.verb)
     check_out(run_dir, cfg.verb, spec, cfg.overwrite)
     cfg = cfg.model_copy(update={"spec": spec, "out": run_dir})
-    return cfg, config_command(cfg, spec)
+    return cfg, rerun_command(cfg, spec)
 
 
 def join_torchrun(device: str | None) -> str | None:

@@ -1,0 +1,27 @@
+"""A renamed public name keeps working for one release, with a warning naming the new one."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitreg import configs
+from vitreg.results import base
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "new"),
+    [
+        (configs, "Part", "SettingsPart"),
+        (base, "Strict", "ResultsModel"),
+        (base, "Sparse", "SparseResults"),
+        (base, "Open", "OpenResults"),
+    ],
+)
+def test_an_old_name_warns_and_gives_the_new_object(module, old, new) -> None:
+    with pytest.warns(DeprecationWarning, match=f"{old} is now .*{new}"):
+        assert getattr(module, old) is getattr(module, new)
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        configs.Nope  # noqa: B018
