@@ -27,6 +27,8 @@ clean).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -39,7 +41,8 @@ from vitreg.models.model import Model
 from vitreg.models.wrapping import wrap
 from vitreg.neurons.auto import find_neurons
 from vitreg.testing.images import make_synthetic
-from vitreg.testing.planted import random_circuit, random_unplanted, sample
+from vitreg.testing.planted import GroundTruth, random_circuit, random_unplanted, sample
+from vitreg.testing.planted.plant_family import CircuitSample
 
 CLEAN = 1.5  # clean: max/median within this factor of the exact answer's (as fix_is_clean)
 N_IMAGES = 48  # images given to the automatic path (36 for discovery, 12 held out)
@@ -77,11 +80,55 @@ def score_circuit(
     model = wrap(module)
     images = truth.normalize(make_synthetic(n_images, s.img_size, seed + 1000, FLAT).images)
     fresh = truth.normalize(make_synthetic(n_fresh, s.img_size, seed + 2000, FLAT).images)
-    causal = set(truth.causal_units)
-    readers = set(truth.reader_units)
-    distractors = {(layer, unit) for layer, unit, _ in truth.distractor_units}
-    helpers = {(layer, unit) for layer, unit, _ in truth.helper_units}
-    row: dict[str, Any] = {
+    roles = _roles(truth)
+    row = _circuit_row(seed, s, truth, roles)
+    with _counted_forwards(module) as forwards:
+        t0 = time.perf_counter()
+        try:
+            found = find_neurons(model, images, batch_size=batch_size)
+        except VitregError as e:
+            row.update(outcome="refused", error=str(e), seconds=time.perf_counter() - t0)
+            return row
+    row.update(seconds=time.perf_counter() - t0, forwards=forwards[0])
+    chosen = set(found.chosen.pairs())
+    detect = found.detection.detect_layer
+    after = _after_fix(model, found.chosen, roles["causal"], fresh, detect, batch_size)
+    control = _max_over_median(wrap(random_unplanted(arch, seed, **ranges)), fresh, detect)
+    clean = not after["blocks_with_mode_after"] and (
+        after["max_over_median_after"] <= CLEAN * after["exact_max_over_median"]
+    )
+    status = found.status
+    row.update(
+        causal_passes=found.causal.passes if found.causal is not None else 0,
+        **_choice(chosen, roles),
+        status=status,
+        detect_layer=detect,
+        searched=[found.detection.lowest_layer, found.detection.highest_layer],
+        blocks_with_mode_before=_blocks_with_mode(model, fresh, batch_size),
+        **after,
+        unplanted_max_over_median=control,
+        clean_on_fresh=clean,
+        consistent=(status == "clean") == clean,
+    )
+    row["outcome"] = _outcome(chosen == roles["causal"], clean, status)
+    return row
+
+
+def _roles(truth: GroundTruth) -> dict[str, set[tuple[int, int]]]:
+    """The planted units by role: causal, readers, distractors and the flag circuit's helpers."""
+    return {
+        "causal": set(truth.causal_units),
+        "readers": set(truth.reader_units),
+        "distractors": {(layer, unit) for layer, unit, _ in truth.distractor_units},
+        "helpers": {(layer, unit) for layer, unit, _ in truth.helper_units},
+    }
+
+
+def _circuit_row(
+    seed: int, s: CircuitSample, truth: GroundTruth, roles: dict[str, set[tuple[int, int]]]
+) -> dict[str, Any]:
+    """What the seed drew: architecture, size, token rule, sinks, and the planted circuit."""
+    return {
         "seed": seed,
         "arch": s.arch,
         "depth": s.depth,
@@ -90,67 +137,75 @@ def score_circuit(
         "rule": s.rule,
         "sinks": s.options.sinks,
         "directions": s.options.directions,
-        "n_causal": len(causal),
+        "n_causal": len(roles["causal"]),
         "writer_layers": list(truth.writer_layers),
         "emergence_layer": truth.emergence_layer,
         "writers_after_emergence": max(truth.writer_layers) > truth.emergence_layer,
-        "n_readers": len(readers),
-        "n_distractors": len(distractors),
+        "n_readers": len(roles["readers"]),
+        "n_distractors": len(roles["distractors"]),
         "target_ratio": truth.target_ratio,
     }
+
+
+@contextmanager
+def _counted_forwards(module: torch.nn.Module) -> Iterator[list[int]]:
+    """Count the batch forwards through ``module`` (its patch embedding's calls) while open."""
     forwards = [0]
     handle = module.patch_embed.register_forward_hook(
         lambda *_: forwards.__setitem__(0, forwards[0] + 1)
     )
-    t0 = time.perf_counter()
     try:
-        found = find_neurons(model, images, batch_size=batch_size)
-    except VitregError as e:
-        row.update(outcome="refused", error=str(e), seconds=time.perf_counter() - t0)
-        return row
+        yield forwards
     finally:
         handle.remove()
-    row.update(seconds=time.perf_counter() - t0, forwards=forwards[0])
-    chosen = set(found.chosen.pairs())
-    hit = len(chosen & causal)
-    detect = found.detection.detect_layer
-    with TestTimeRegisters(found.chosen).applied(model):
+
+
+def _after_fix(
+    model: Model,
+    chosen: NeuronSet,
+    causal: set[tuple[int, int]],
+    fresh: torch.Tensor,
+    detect: int,
+    batch_size: int,
+) -> dict[str, Any]:
+    """On the fresh images: the blocks with an outlier mode and max/median at ``detect`` after
+    the path's fix, and max/median after the exact fix (the true causal units)."""
+    with TestTimeRegisters(chosen).applied(model):
         modes = _blocks_with_mode(model, fresh, batch_size)
         after = _max_over_median(model, fresh, detect)
     with TestTimeRegisters(NeuronSet.from_pairs(sorted(causal), model)).applied(model):
         exact_after = _max_over_median(model, fresh, detect)
-    control = _max_over_median(wrap(random_unplanted(arch, seed, **ranges)), fresh, detect)
-    clean = not modes and after <= CLEAN * exact_after
-    exact = chosen == causal
-    status = found.status
-    row.update(
-        causal_passes=found.causal.passes if found.causal is not None else 0,
-        chosen=sorted([list(u) for u in chosen]),
-        n_chosen=len(chosen),
-        precision=hit / len(chosen) if chosen else 0.0,
-        recall=hit / len(causal),
-        readers_chosen=len(chosen & readers),
-        distractors_chosen=len(chosen & distractors),
-        helpers_chosen=len(chosen & helpers),
-        others_chosen=len(chosen - causal - readers - distractors - helpers),
-        missed=sorted([list(u) for u in causal - chosen]),
-        status=status,
-        detect_layer=detect,
-        searched=[found.detection.lowest_layer, found.detection.highest_layer],
-        blocks_with_mode_before=_blocks_with_mode(model, fresh, batch_size),
-        blocks_with_mode_after=modes,
-        max_over_median_after=after,
-        exact_max_over_median=exact_after,
-        unplanted_max_over_median=control,
-        clean_on_fresh=clean,
-        consistent=(status == "clean") == clean,
-    )
+    return {
+        "blocks_with_mode_after": modes,
+        "max_over_median_after": after,
+        "exact_max_over_median": exact_after,
+    }
+
+
+def _choice(chosen: set[tuple[int, int]], roles: dict[str, set[tuple[int, int]]]) -> dict[str, Any]:
+    """The chosen units against the truth: precision, recall, and each role's units chosen."""
+    causal, readers = roles["causal"], roles["readers"]
+    distractors, helpers = roles["distractors"], roles["helpers"]
+    hit = len(chosen & causal)
+    return {
+        "chosen": sorted([list(u) for u in chosen]),
+        "n_chosen": len(chosen),
+        "precision": hit / len(chosen) if chosen else 0.0,
+        "recall": hit / len(causal),
+        "readers_chosen": len(chosen & readers),
+        "distractors_chosen": len(chosen & distractors),
+        "helpers_chosen": len(chosen & helpers),
+        "others_chosen": len(chosen - causal - readers - distractors - helpers),
+        "missed": sorted([list(u) for u in causal - chosen]),
+    }
+
+
+def _outcome(exact: bool, clean: bool, status: str) -> str:
+    """exact, clean_incomplete, partial or wrong: the path's status against the fresh images."""
     if exact and clean and status == "clean":
-        row["outcome"] = "exact"
-    elif clean and status == "clean":
-        row["outcome"] = "clean_incomplete"
-    elif status == "partial" and not clean:
-        row["outcome"] = "partial"
-    else:
-        row["outcome"] = "wrong"
-    return row
+        return "exact"
+    if clean and status == "clean":
+        return "clean_incomplete"
+    if status == "partial" and not clean:
+        return "partial"
+    return "wrong"

@@ -163,8 +163,19 @@ def _pooled_std(variants: list[VariantSummary], key: str) -> float | None:
 
 def conclusions(results: ExperimentResults) -> list[str]:
     """Plain statements of what the numbers support, and what they cannot."""
-    s, variants = results.settings, results.variants
-    out = [
+    variants = results.variants
+    noise = _pooled_std(variants, "seg_miou")
+    out: list[str | None] = [_scale(results), _noise(results.settings.seeds, noise)]
+    out += floors(results)
+    out += [_delta_line(spec, per, noise) for spec, per in deltas(variants).items()]
+    out += [_cost(variants), _artifacts(variants), _dino(variants), _ln_separation(variants)]
+    return [line for line in out if line is not None]  # None: not measured in these runs
+
+
+def _scale(results: ExperimentResults) -> str:
+    """The scale of the runs against the paper's, and what these runs can show."""
+    s = results.settings
+    return (
         f"**Scale.** Every variant is a {s.depth}-block, {s.embed_dim}-wide ViT "
         f"(patch {s.patch_size}, {s.img_size} px) trained from scratch for {s.steps} "
         f"steps of {s.batch_size} images ({s.recipe}) on `{results.data}`. The paper's "
@@ -172,63 +183,75 @@ def conclusions(results: ExperimentResults) -> list[str]:
         "hundreds of thousands of steps on natural images; these runs cannot confirm or refute "
         "them. They show that every variant trains, is probed and diagnosed end to end, what "
         "each option costs, and the direction of the effects at this toy scale."
-    ]
-    seeds = s.seeds
-    noise = _pooled_std(variants, "seg_miou")
+    )
+
+
+def _noise(seeds: int, noise: float | None) -> str:
+    """Whether seed-to-seed noise was measured, and how large a difference it covers."""
     if seeds == 1 or noise is None:
-        out.append(
+        return (
             "**Noise.** Each variant was trained once (one seed), so seed-to-seed variation is "
             "not measured; probe ± values (if any) only cover probe training. Differences of a "
             "few mIoU points here can be seed noise: rerun with `--seeds 3` before reading them."
         )
-    else:
-        out.append(
-            f"**Noise.** Over {seeds} training seeds the pooled std of seg mIoU is {num(noise)}; "
-            f"a difference under about {num(2 * noise)} (2 std) is within seed noise."
+    return (
+        f"**Noise.** Over {seeds} training seeds the pooled std of seg mIoU is {num(noise)}; "
+        f"a difference under about {num(2 * noise)} (2 std) is within seed noise."
+    )
+
+
+def _delta_line(
+    spec: str, per: dict[str, dict[str, float | None]], noise: float | None
+) -> str | None:
+    """One specialisation's seg mIoU deltas per high-norm handling, whether their signs agree
+    and which exceed seed noise (None: no delta measured)."""
+    vals = {h: x["seg_miou"] for h, x in per.items() if x["seg_miou"] is not None}
+    if not vals:
+        return None
+    shown = ", ".join(f"{num(x)} ({HANDLING_TITLES[h]})" for h, x in vals.items())
+    signs = {math.copysign(1, x) for x in vals.values() if x}
+    agree = (
+        "no change under any high-norm handling"
+        if not signs
+        else "the sign is mixed across high-norm handlings"
+        if len(signs) > 1
+        else "the sign agrees across high-norm handlings"
+        if len(vals) > 1
+        else "a single comparison"
+    )
+    within = ""
+    if noise is not None:
+        big = [h for h, x in vals.items() if abs(x) > 2 * noise]
+        within = (
+            f"; beyond 2 seed std: {', '.join(HANDLING_TITLES[h] for h in big)}"
+            if big
+            else "; all within 2 seed std"
         )
-    out += floors(results)
-    d = deltas(variants)
-    for spec, per in d.items():
-        vals = {h: x["seg_miou"] for h, x in per.items() if x["seg_miou"] is not None}
-        if not vals:
-            continue
-        shown = ", ".join(f"{num(x)} ({HANDLING_TITLES[h]})" for h, x in vals.items())
-        signs = {math.copysign(1, x) for x in vals.values() if x}
-        agree = (
-            "no change under any high-norm handling"
-            if not signs
-            else "the sign is mixed across high-norm handlings"
-            if len(signs) > 1
-            else "the sign agrees across high-norm handlings"
-            if len(vals) > 1
-            else "a single comparison"
-        )
-        within = ""
-        if noise is not None:
-            big = [h for h, x in vals.items() if abs(x) > 2 * noise]
-            within = (
-                f"; beyond 2 seed std: {', '.join(HANDLING_TITLES[h] for h in big)}"
-                if big
-                else "; all within 2 seed std"
-            )
-        out.append(
-            f"**{SPECIALISATION_TITLES[spec]} vs baseline.** Δ seg mIoU = {shown}: {agree}{within}."
-        )
+    return f"**{SPECIALISATION_TITLES[spec]} vs baseline.** Δ seg mIoU = {shown}: {agree}{within}."
+
+
+def _cost(variants: list[VariantSummary]) -> str | None:
+    """The measured extra parameters of each specialisation, and whether FLOPs change."""
     costs = {
         v.specialisation: _mean(v, "params_extra_pct")
         for v in variants
         if v.handling == "none" and v.specialisation in ("norm_ls", "qkv")
     }
-    if costs:
-        flops_same = all(_mean(v, "flops_delta_specialisation") == 0 for v in variants)
-        shown = ", ".join(f"{SPECIALISATION_TITLES[k]} +{num(p)}%" for k, p in costs.items())
-        out.append(
-            f"**Cost.** Extra parameters: {shown} (the paper's ≈0.05% / ≈8% are for ViT-L; "
-            "norm and LayerScale copies weigh more in a narrow model). Specialisation changes "
-            + ("no FLOPs in any variant (measured)." if flops_same else "FLOPs in some variants.")
-        )
+    if not costs:
+        return None
+    flops_same = all(_mean(v, "flops_delta_specialisation") == 0 for v in variants)
+    shown = ", ".join(f"{SPECIALISATION_TITLES[k]} +{num(p)}%" for k, p in costs.items())
+    return (
+        f"**Cost.** Extra parameters: {shown} (the paper's ≈0.05% / ≈8% are for ViT-L; "
+        "norm and LayerScale copies weigh more in a narrow model). Specialisation changes "
+        + ("no FLOPs in any variant (measured)." if flops_same else "FLOPs in some variants.")
+    )
+
+
+def _artifacts(variants: list[VariantSummary]) -> str:
+    """The variants with high-norm outlier tokens, and what their absence says."""
     flagged = [v.name for v in variants if (_mean(v, "artifacts_present") or 0) >= 0.5]
-    out.append(
+    return (
         f"**Artifacts.** High-norm outlier tokens were found in {len(flagged)} of "
         f"{len(variants)} variants"
         + (f" ({', '.join(flagged)})." if flagged else ".")
@@ -239,27 +262,36 @@ def conclusions(results: ExperimentResults) -> list[str]:
             else ""
         )
     )
+
+
+def _dino(variants: list[VariantSummary]) -> str | None:
+    """The [CLS] DINO term read against the teacher's entropy, measured per variant."""
     dino = [(v.name, v.dino_terms) for v in variants if v.dino_terms is not None]
-    if dino:  # the [CLS] DINO term read against the teacher's entropy, measured per variant
-        ends = ", ".join(
-            f"{name} {num(terms.final.loss_dino)} / {num(terms.final.teacher_entropy)}"
-            for name, terms in dino
-        )
-        out.append(
-            f"**The DINO loss** of `{dino[0][0]}` (first seed): "
-            + dino_reading(dino[0][1])
-            + f" Final [CLS] DINO loss / teacher entropy of every variant: {ends}."
-        )
+    if not dino:
+        return None
+    ends = ", ".join(
+        f"{name} {num(terms.final.loss_dino)} / {num(terms.final.teacher_entropy)}"
+        for name, terms in dino
+    )
+    return (
+        f"**The DINO loss** of `{dino[0][0]}` (first seed): "
+        + dino_reading(dino[0][1])
+        + f" Final [CLS] DINO loss / teacher entropy of every variant: {ends}."
+    )
+
+
+def _ln_separation(variants: list[VariantSummary]) -> str | None:
+    """The [CLS]/patch cosine before and after LN1 of each variant that measured it."""
     ln = [(v.name, _mean(v, "cls_patch_pre_ln1"), _mean(v, "cls_patch_post_ln1")) for v in variants]
     ln = [(n, a, b) for n, a, b in ln if b is not None]
-    if ln:
-        shown = ", ".join(f"{n} {num(a, 2)} → {num(b, 2)}" for n, a, b in ln)
-        out.append(
-            "**[CLS]/patch cosine before → after LN1** (mean over blocks): "
-            f"{shown}. The paper reports ≈ 0 after LN1 in trained vanilla ViTs; values near the "
-            "pre-LN1 level mean the blocks have not (yet) learned to separate the token types."
-        )
-    return out
+    if not ln:
+        return None
+    shown = ", ".join(f"{n} {num(a, 2)} → {num(b, 2)}" for n, a, b in ln)
+    return (
+        "**[CLS]/patch cosine before → after LN1** (mean over blocks): "
+        f"{shown}. The paper reports ≈ 0 after LN1 in trained vanilla ViTs; values near the "
+        "pre-LN1 level mean the blocks have not (yet) learned to separate the token types."
+    )
 
 
 def floors(results: ExperimentResults) -> list[str]:

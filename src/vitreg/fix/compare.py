@@ -239,67 +239,20 @@ def compare_fix(
     ``progress`` shows one phase per pass over the images, each counting them once.
     """
     settings = ttr.neurons.settings
-
-    def analyses() -> list[Analysis]:
-        pictures = FeaturePictureAnalysis(keep=max_maps, layer=settings.get("detect_layer"))
-        return [
-            NormAnalysis(),
-            AttentionAnalysis(max_maps=max_maps),
-            PooledAnalysis(),
-            DenseAnalysis(),
-            pictures,
-        ]
-
     total = image_count(data, limit)
     with progress(total, "images without the fix") as update:
-        before, _, _ = run_analyses(model, data, analyses(), batch_size, limit, update)
-    with ttr.applied(model), progress(total, "images with the fix") as update:
-        after, _, _ = run_analyses(model, data, analyses(), batch_size, limit, update)
-    nb, na = before["norms"], after["norms"]
-    detect = settings.get("detect_layer", nb.report.evidence.get("strongest_layer"))
-    if detect is None:
-        detect = len(nb.trace.sites) - 1
-    rule = settings.get("threshold", "auto")
-    value = settings.get("threshold_value")
-    if rule == "auto" and value is None:
-        value = nb.report.layers[detect].thresholds["auto"]
-    registers = []
-    for site in na.trace.sites:
-        lay = na.trace.layouts[site]
-        registers.append(
-            float(lay.take(na.trace.norms[site], "extra").mean()) if lay.n_extra else 0.0
+        before, _, _ = run_analyses(
+            model, data, _analyses(settings, max_maps), batch_size, limit, update
         )
-    cos = _cosine(before, after)
+    with ttr.applied(model), progress(total, "images with the fix") as update:
+        after, _, _ = run_analyses(
+            model, data, _analyses(settings, max_maps), batch_size, limit, update
+        )
+    nb, na = before["norms"], after["norms"]
+    detect, rule, value = _detection(nb, settings)
     checks = None
     if controls:
-        checks = {}
-        others = random_like(ttr.neurons, model.d_mlp, seed=ttr.seed)
-        for name, neurons in (
-            ("ablate_register_neurons", ttr.neurons),
-            ("ablate_random_neurons", others),
-        ):
-            with ablate(model, neurons):
-                ran, _, _ = run_analyses(
-                    model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit
-                )
-            checks[name] = {
-                "n_neurons": len(neurons),
-                "outlier_rate": _rate(ran["norms"], detect, rule, value),
-                "pooled_cosine": cosine_stats(_cosine(before, ran)),
-            }
-        with shift_to_patch(model, ttr.neurons, 0):
-            ran, _, _ = run_analyses(
-                model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit
-            )
-        site = ran["norms"].trace.sites[detect]
-        top = ran["norms"].trace.patch_norms(site).argmax(dim=1)
-        checks["shift_to_patch"] = {
-            "n_neurons": len(ttr.neurons),
-            "patch": 0,
-            "share_of_images_with_top_norm_at_patch": float((top == 0).float().mean()),
-            "outlier_rate": _rate(ran["norms"], detect, rule, value),
-            "pooled_cosine": cosine_stats(_cosine(before, ran)),
-        }
+        checks = _controls(model, ttr, data, before, (detect, rule, value), batch_size, limit)
     return FixComparison(
         nb,
         na,
@@ -308,10 +261,10 @@ def compare_fix(
         value,
         _rate(nb, detect, rule, value),
         _rate(na, detect, rule, value),
-        registers,
+        _register_norms(na),
         [lo.quantiles["max"] for lo in nb.report.layers],
         [lo.quantiles["max"] for lo in na.report.layers],
-        cos,
+        _cosine(before, after),
         ttr.describe(),
         before.get("attention"),
         after.get("attention"),
@@ -321,6 +274,82 @@ def compare_fix(
         pictures_after=after.get("feature_pictures"),
         dense_cosine=_dense_cosine(before, after),
     )
+
+
+def _analyses(settings: dict[str, Any], max_maps: int) -> list[Analysis]:
+    """The analyses of one pass before or after the fix (fresh ones for each pass)."""
+    pictures = FeaturePictureAnalysis(keep=max_maps, layer=settings.get("detect_layer"))
+    return [
+        NormAnalysis(),
+        AttentionAnalysis(max_maps=max_maps),
+        PooledAnalysis(),
+        DenseAnalysis(),
+        pictures,
+    ]
+
+
+def _detection(nb: NormsResult, settings: dict[str, Any]) -> tuple[int, str, float | None]:
+    """The detection layer, outlier rule and threshold of the neurons (or of the run before)."""
+    detect = settings.get("detect_layer", nb.report.evidence.get("strongest_layer"))
+    if detect is None:
+        detect = len(nb.trace.sites) - 1
+    rule = settings.get("threshold", "auto")
+    value = settings.get("threshold_value")
+    if rule == "auto" and value is None:
+        value = nb.report.layers[detect].thresholds["auto"]
+    return detect, rule, value
+
+
+def _register_norms(na: NormsResult) -> list[float]:
+    """Per block, the mean norm of the test-time registers after the fix (0 without any)."""
+    registers = []
+    for site in na.trace.sites:
+        lay = na.trace.layouts[site]
+        registers.append(
+            float(lay.take(na.trace.norms[site], "extra").mean()) if lay.n_extra else 0.0
+        )
+    return registers
+
+
+def _controls(
+    model: Model,
+    ttr: TestTimeRegisters,
+    data: Any,
+    before: dict[str, Any],
+    detection: tuple[int, str, float | None],
+    batch_size: int,
+    limit: int | None,
+) -> dict[str, Any]:
+    """The causal controls: the register neurons or as many random ones zeroed with no
+    register, and the outlier moved to the first patch; each pass's outliers and cosine."""
+    detect, rule, value = detection
+    checks = {}
+    others = random_like(ttr.neurons, model.d_mlp, seed=ttr.seed)
+    for name, neurons in (
+        ("ablate_register_neurons", ttr.neurons),
+        ("ablate_random_neurons", others),
+    ):
+        with ablate(model, neurons):
+            ran, _, _ = run_analyses(
+                model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit
+            )
+        checks[name] = {
+            "n_neurons": len(neurons),
+            "outlier_rate": _rate(ran["norms"], detect, rule, value),
+            "pooled_cosine": cosine_stats(_cosine(before, ran)),
+        }
+    with shift_to_patch(model, ttr.neurons, 0):
+        ran, _, _ = run_analyses(model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit)
+    site = ran["norms"].trace.sites[detect]
+    top = ran["norms"].trace.patch_norms(site).argmax(dim=1)
+    checks["shift_to_patch"] = {
+        "n_neurons": len(ttr.neurons),
+        "patch": 0,
+        "share_of_images_with_top_norm_at_patch": float((top == 0).float().mean()),
+        "outlier_rate": _rate(ran["norms"], detect, rule, value),
+        "pooled_cosine": cosine_stats(_cosine(before, ran)),
+    }
+    return checks
 
 
 def _dense_cosine(a: dict[str, Any], b: dict[str, Any]) -> torch.Tensor | None:

@@ -387,9 +387,22 @@ class _Trainer:
         return torch.cat(preds, 1), total / max(rows, 1)
 
     def run(self, val: tuple[Tensor, Tensor] | None, scorer: Scorer | None) -> FitResult:
-        cfg, n = self.cfg, len(self.x)
+        """Train a head per lr on the train rows, each kept at its best epoch on the held-out
+        rows, and choose the lr whose head scores best on the held-out rows (or ``val``)."""
         scorer = scorer or self.loss.score
         gen = torch.Generator().manual_seed(self.seed)
+        hold, fit = self._split(gen, val)
+        self._standardize(fit)
+        x_hold, y_hold = self.x[hold], self.y[hold].to(self.cfg.device)
+        best_W, best_b, best_epoch, epochs_run = self._train(fit, gen, x_hold, y_hold)
+        sx, sy = (x_hold, y_hold) if val is None else val
+        return self._select(best_W, best_b, best_epoch, epochs_run, (sx, sy), scorer)
+
+    def _split(
+        self, gen: torch.Generator, val: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor]:
+        """The held-out rows (``val_fraction`` of them, shuffled) and the rows to fit on."""
+        cfg, n = self.cfg, len(self.x)
         order = torch.randperm(n, generator=gen)
         n_hold = max(1, round(cfg.val_fraction * n)) if cfg.val_fraction > 0 else 0
         if cfg.val_fraction > 0 and not n_hold < n:
@@ -399,13 +412,22 @@ class _Trainer:
             )
         if n_hold == 0 and val is None:
             raise InputError("set val_fraction > 0 or pass val=(x, y) to choose the learning rate")
-        hold, fit = order[:n_hold], order[n_hold:]
-        d = self.x.shape[-1]
+        return order[:n_hold], order[n_hold:]
+
+    def _standardize(self, fit: Tensor) -> None:
+        """The feature mean and std of the fit rows (0 and 1 without ``standardize``)."""
+        cfg, d = self.cfg, self.x.shape[-1]
         if cfg.standardize:
             self.mu, self.sd = (t.to(cfg.device) for t in _moments(self.x, fit))
         else:
             self.mu, self.sd = torch.zeros(d, device=cfg.device), torch.ones(d, device=cfg.device)
 
+    def _train(
+        self, fit: Tensor, gen: torch.Generator, x_hold: Tensor, y_hold: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Every lr's head trained at once, each stopped early on its held-out loss: each head's
+        best weights and biases, the epoch they come from, and the epochs it ran."""
+        cfg, d = self.cfg, self.x.shape[-1]
         lrs = torch.tensor(list(cfg.lrs), dtype=torch.float32, device=cfg.device)
         L, o = len(lrs), self.loss.out_dim
         W = torch.zeros(L, d, o, device=cfg.device, requires_grad=True)
@@ -422,7 +444,6 @@ class _Trainer:
         steps = math.ceil(len(fit) / bs)
         total, warm = cfg.epochs * steps, round(cfg.warmup_epochs * steps)
         end = 0.0 if cfg.cosine else 1.0  # lr factor: warm-up, then cosine to 0 (or constant)
-        x_hold, y_hold = self.x[hold], self.y[hold].to(cfg.device)
         step = 0
         what = f" {cfg.label}" if cfg.label else ""
         label = f"probe fit{what}, seed {self.seed}, {L} learning rates at once (epochs)"
@@ -437,7 +458,7 @@ class _Trainer:
                     opt.step((gW, gb), lrs * factor * active)
                     step += 1
                 epochs_run += active.cpu().long()
-                if n_hold == 0:
+                if len(x_hold) == 0:  # no held-out rows: the last epoch is each head's best
                     best_W, best_b, best_epoch[:] = W.detach().clone(), b.detach().clone(), epoch
                     update(epoch)
                     continue
@@ -457,8 +478,20 @@ class _Trainer:
                     break
             if stopped is not None and stopped < cfg.epochs:
                 update(stopped, early_stop=f"epoch {stopped}, no lr better for {cfg.patience}")
+        return best_W, best_b, best_epoch, epochs_run
 
-        sx, sy = (x_hold, y_hold) if val is None else val
+    def _select(
+        self,
+        best_W: Tensor,
+        best_b: Tensor,
+        best_epoch: Tensor,
+        epochs_run: Tensor,
+        selection: tuple[Tensor, Tensor],
+        scorer: Scorer,
+    ) -> FitResult:
+        """Every lr's head on raw features, and the one that scores best on ``selection``
+        (equal scores: the lower loss)."""
+        cfg, (sx, sy) = self.cfg, selection
         pred, sel_loss = self.evaluate(best_W, best_b, sx, sy)
         sel = torch.nan_to_num(scorer(pred, sy.to(cfg.device)).float(), nan=-math.inf)
         tied = sel >= sel.max() - 1e-9  # equal scores (e.g. 100% accuracy): lower loss wins
@@ -466,7 +499,8 @@ class _Trainer:
         Wr = best_W / self.sd[None, :, None]
         br = best_b - torch.einsum("d,ldo->lo", self.mu / self.sd, best_W)
         heads = [
-            LinearHead(Wr[i].cpu(), br[i].cpu(), self.loss, float(cfg.lrs[i])) for i in range(L)
+            LinearHead(Wr[i].cpu(), br[i].cpu(), self.loss, float(cfg.lrs[i]))
+            for i in range(len(cfg.lrs))
         ]
         return FitResult(
             heads[k],

@@ -23,9 +23,10 @@ from vitreg.errors import InputError
 from vitreg.fix.base import Fix, fix_description
 from vitreg.models.model import Model
 from vitreg.probe.cache import extract, input_config
+from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import ProbeConfig
 from vitreg.probe.scores import ProbeScores, data_record
-from vitreg.probe.tasks import TaskResult, get_task
+from vitreg.probe.tasks import Task, TaskResult, get_task
 from vitreg.progress import SILENT, Progress
 
 
@@ -81,64 +82,79 @@ def run(
     train, test = splits(data)
     for ds in (train, test):
         probe.check(tuple(ds.targets), ds.describe().get("spec", ds.name))
-    conditions = {"base": None} if base else {}
+    conditions = _conditions(base, fix)
+    config = config or ProbeConfig()
+    if config.progress is None:
+        config = replace(config, progress=progress)
+    return _probe_cached(
+        task,
+        probe,
+        model,
+        (train, test),
+        conditions,
+        config,
+        layers=layers,
+        cache_dir=cache_dir,
+        batch_size=batch_size,
+        image_size=image_size,
+        progress=progress,
+    )
+
+
+def _conditions(base: bool, fix: Fix | None) -> dict[str, Fix | None]:
+    """The conditions to probe, in order: ``base`` (no fix) and/or ``fixed`` (under ``fix``)."""
+    conditions: dict[str, Fix | None] = {"base": None} if base else {}
     if fix is not None:
         conditions["fixed"] = fix
     if not conditions:
         raise InputError("nothing to probe: base=False needs a fix")
-    config = config or ProbeConfig()
-    if config.progress is None:
-        config = replace(config, progress=progress)
+    return conditions
+
+
+def _probe_cached(
+    task: str,
+    probe: Task,
+    model: Model,
+    data: tuple[LabeledDataset, LabeledDataset],
+    conditions: dict[str, Fix | None],
+    config: ProbeConfig,
+    *,
+    layers: Sequence[int | str],
+    cache_dir: str | Path,
+    batch_size: int,
+    image_size: int | None,
+    progress: Progress,
+) -> ProbeScores:
+    """The cached-feature path of :func:`run`: each condition's features, then its probes."""
+    train, test = data
     results: dict[str, list[TaskResult]] = {}
     caches: dict[str, dict[str, Any]] = {}
     names: list[str] = []
     for condition, applied in conditions.items():
-        cached = {}
+        cached: dict[str, CachedFeatures] = {}
         for split, ds in (("train", train), ("test", test)):
             stage = f"{condition}/{split}"
-            with progress(len(ds), f"extracting features {stage} (samples)") as update:
-                cached[split] = extract(
-                    model,
-                    ds,
-                    layers=layers,
-                    views=probe.views,
-                    fix=applied,
-                    root=cache_dir,
-                    batch_size=batch_size,
-                    pixels=probe.pixels,
-                    image_size=image_size,
-                    progress=update,
-                )
-                if cached[split].forward_passes == 0:
-                    update(len(ds), source="cache")
-                    progress.note(
-                        f"cache hit: {cached[split].n} features, 0 forward passes ({stage}, "
-                        f"{cached[split].folder})"
-                    )
-            caches[stage] = {
-                "folder": str(cached[split].folder),
-                "n": cached[split].n,
-                "forward_passes": cached[split].forward_passes,
-                "skipped": cached[split].manifest["skipped"],
-                "repairs": cached[split].manifest.get("repairs", {}),
-                # shards found damaged on disk and extracted again, by reason
-                "replaced": cached[split].manifest.get("replaced", {}),
-            }
+            cached[split] = _extract_split(
+                model,
+                probe,
+                ds,
+                stage,
+                applied,
+                layers=layers,
+                cache_dir=cache_dir,
+                batch_size=batch_size,
+                image_size=image_size,
+                progress=progress,
+            )
+            caches[stage] = _cache_record(cached[split])
             # a split all of whose samples were skipped: say which one and why
             require_usable(ds, split, cached[split].n, cached[split].manifest["skipped"])
         names = cached["train"].layers
         if not distributed.is_main():  # under torchrun every rank extracts; rank 0 scores
             continue
-        results[condition] = []
-        with progress(len(names), f"training probes {condition} (layers)") as update:
-            for name in names:
-                results[condition].append(
-                    probe.evaluate(cached["train"], cached["test"], name, config)
-                )
-                update(len(results[condition]))
-    described = None
-    if fix is not None:
-        described = fix_description(fix)
+        results[condition] = _train_probes(probe, cached, names, config, condition, progress)
+    fix = conditions.get("fixed")
+    described = fix_description(fix) if fix is not None else None
     shown = [r for rs in results.values() for r in rs if r.examples]
     images = example_images(test, input_config(model, image_size), shown) if shown else {}
     first = next(iter(conditions))
@@ -157,6 +173,71 @@ def run(
         list(config.seeds),
         images,
     )
+
+
+def _extract_split(
+    model: Model,
+    probe: Task,
+    ds: LabeledDataset,
+    stage: str,
+    applied: Fix | None,
+    *,
+    layers: Sequence[int | str],
+    cache_dir: str | Path,
+    batch_size: int,
+    image_size: int | None,
+    progress: Progress,
+) -> CachedFeatures:
+    """One split's features under one condition, extracted or read back from the cache."""
+    with progress(len(ds), f"extracting features {stage} (samples)") as update:
+        cached = extract(
+            model,
+            ds,
+            layers=layers,
+            views=probe.views,
+            fix=applied,
+            root=cache_dir,
+            batch_size=batch_size,
+            pixels=probe.pixels,
+            image_size=image_size,
+            progress=update,
+        )
+        if cached.forward_passes == 0:
+            update(len(ds), source="cache")
+            progress.note(
+                f"cache hit: {cached.n} features, 0 forward passes ({stage}, {cached.folder})"
+            )
+    return cached
+
+
+def _cache_record(cached: CachedFeatures) -> dict[str, Any]:
+    """What the run records of one split's cache: folder, size, passes, skips and repairs."""
+    return {
+        "folder": str(cached.folder),
+        "n": cached.n,
+        "forward_passes": cached.forward_passes,
+        "skipped": cached.manifest["skipped"],
+        "repairs": cached.manifest.get("repairs", {}),
+        # shards found damaged on disk and extracted again, by reason
+        "replaced": cached.manifest.get("replaced", {}),
+    }
+
+
+def _train_probes(
+    probe: Task,
+    cached: dict[str, CachedFeatures],
+    names: list[str],
+    config: ProbeConfig,
+    condition: str,
+    progress: Progress,
+) -> list[TaskResult]:
+    """One condition's probes, each layer's trained on the train features, scored on the test."""
+    scored: list[TaskResult] = []
+    with progress(len(names), f"training probes {condition} (layers)") as update:
+        for name in names:
+            scored.append(probe.evaluate(cached["train"], cached["test"], name, config))
+            update(len(scored))
+    return scored
 
 
 def example_images(

@@ -433,9 +433,20 @@ def _not_applicable(r: DiagnoseResults) -> Section:
 def headlines(results: dict[str, Any]) -> list[Headline]:
     """The headline numbers of a diagnose run, each at its pointer into ``results``."""
     r = DiagnoseResults.model_validate(results)
-    norms, layers = r.norms, r.norms.layers
+    return [
+        *_verdict_headlines(r),
+        *_rule_headlines(r),
+        *_ratio_headlines(r),
+        *_attention_headlines(r),
+        *_redundancy_headlines(r),
+        *_ln_headlines(r),
+    ]
+
+
+def _verdict_headlines(r: DiagnoseResults) -> list[Headline]:
+    """The artifact verdict, the emergence layer and the outlier rate at the strongest layer."""
     n = "/results/norms"
-    out = [
+    return [
         Headline("artifacts_present", f"{n}/artifacts_present", False, "the artifact verdict"),
         Headline(
             "emergence_layer",
@@ -450,24 +461,36 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
             "share of patch tokens in the outlier mode (auto rule) at the strongest layer; 0 "
             "without artifacts",
             unit="fraction",
-            layer=norms.evidence.strongest_layer,
+            layer=r.norms.evidence.strongest_layer,
         ),
     ]
+
+
+def _rule_headlines(r: DiagnoseResults) -> list[Headline]:
+    """Each rule's outlier rate at the emergence layer (if any) and at the last layer."""
+    norms, layers = r.norms, r.norms.layers
     picks = {"last_layer": len(layers) - 1}
     if norms.emergence_layer is not None:
         picks = {"emergence_layer": norms.emergence_layer, **picks}
-    for where, i in picks.items():
-        for rule in layers[i].outlier_rate:
-            out.append(
-                Headline(
-                    f"outlier_rate.{rule}.{where}",
-                    f"{n}/layers/{i}/outlier_rate/{rule}",
-                    False,
-                    f"patch tokens flagged by the {rule} rule, residual stream",
-                    unit="fraction",
-                    layer=layers[i].layer,
-                )
-            )
+    return [
+        Headline(
+            f"outlier_rate.{rule}.{where}",
+            f"/results/norms/layers/{i}/outlier_rate/{rule}",
+            False,
+            f"patch tokens flagged by the {rule} rule, residual stream",
+            unit="fraction",
+            layer=layers[i].layer,
+        )
+        for where, i in picks.items()
+        for rule in layers[i].outlier_rate
+    ]
+
+
+def _ratio_headlines(r: DiagnoseResults) -> list[Headline]:
+    """The patch-norm ratios at the last layer, their peak over layers, after the final norm."""
+    norms, layers = r.norms, r.norms.layers
+    n = "/results/norms"
+    out = []
     if layers:
         i = len(layers) - 1
         for ratio in ("max_over_median", "p98_over_median"):
@@ -500,41 +523,51 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
                     "patch-token norm ratio after the final norm (outliers may vanish here)",
                 )
             )
-    out += _attention_headlines(r)
+    return out
+
+
+def _redundancy_headlines(r: DiagnoseResults) -> list[Headline]:
+    """The redundancy AUC of outliers against normal patches (embedding, 4-neighbourhood)."""
     red = r.redundancy
     placed = red.outlier_vs_normal.get("embed_n4") if red is not None else None
-    if red is not None and placed is not None and placed.auc is not None:
-        out.append(
-            Headline(
-                "redundancy_auc.embed_n4",
-                "/results/redundancy/outlier_vs_normal/embed_n4/auc",
-                None,
-                "P(an outlier's embedding redundancy > a normal patch's): above 0.5, outliers "
-                "sit in redundant regions",
-                layer=red.layer,
-            )
+    if red is None or placed is None or placed.auc is None:
+        return []
+    return [
+        Headline(
+            "redundancy_auc.embed_n4",
+            "/results/redundancy/outlier_vs_normal/embed_n4/auc",
+            None,
+            "P(an outlier's embedding redundancy > a normal patch's): above 0.5, outliers "
+            "sit in redundant regions",
+            layer=red.layer,
         )
-    if r.ln_separation is not None and r.ln_separation.has_cls:
-        for point in ("pre_ln1", "post_ln1"):
-            out.append(
-                Headline(
-                    f"cls_patch_similarity.{point}.mean_over_blocks",
-                    f"/results/ln_separation/similarity/*/{point}/cls_patch/mean",
-                    None,
-                    f"mean cosine [CLS]-patch similarity ({point}), averaged over blocks",
-                    aggregate="mean",
-                )
-            )
-        out.append(
-            Headline(
-                "owned_channel_fraction.mean_over_blocks",
-                "/results/ln_separation/owned_channel_fraction/*",
-                None,
-                "channels owned by [CLS] or patches (|log ratio| > log 4), averaged over blocks",
-                unit="fraction",
-                aggregate="mean",
-            )
+    ]
+
+
+def _ln_headlines(r: DiagnoseResults) -> list[Headline]:
+    """The [CLS]-patch similarity before and after LN1 and the owned channels (with a [CLS])."""
+    if r.ln_separation is None or not r.ln_separation.has_cls:
+        return []
+    out = [
+        Headline(
+            f"cls_patch_similarity.{point}.mean_over_blocks",
+            f"/results/ln_separation/similarity/*/{point}/cls_patch/mean",
+            None,
+            f"mean cosine [CLS]-patch similarity ({point}), averaged over blocks",
+            aggregate="mean",
         )
+        for point in ("pre_ln1", "post_ln1")
+    ]
+    out.append(
+        Headline(
+            "owned_channel_fraction.mean_over_blocks",
+            "/results/ln_separation/owned_channel_fraction/*",
+            None,
+            "channels owned by [CLS] or patches (|log ratio| > log 4), averaged over blocks",
+            unit="fraction",
+            aggregate="mean",
+        )
+    )
     return out
 
 

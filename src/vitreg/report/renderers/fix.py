@@ -222,7 +222,24 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     """report.md of ``vitreg fix``: the verdict after the fix per block, before/after numbers,
     the fix settings, figures, images."""
     r = FixResults.model_validate(doc["results"])
-    c, fx = r.comparison, r.comparison.fix
+    return Report(
+        synthetic_banner(doc),
+        f"vitreg fix: {doc['model']['spec']}",
+        [
+            verdict_section(r.comparison),
+            _summary_section(r.comparison),
+            _settings_section(r),
+            *([planted_section(r.planted)] if r.planted else []),
+            figure_section("Figures", figures),
+            images_section(doc),
+            model_section(doc),
+            provenance_section(doc),
+        ],
+    )
+
+
+def _summary_section(c: Comparison) -> Section:
+    """Before and after: the numbers at the detection layer, what is kept, the causal controls."""
     layer = c.detect_layer
     s = Section("summary", "Before and after")
     rows = [
@@ -249,9 +266,21 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         f"({num(c.threshold_value)}) at `blocks.{layer}.hook_resid_post` (residual "
         "stream), the neurons' detection layer."
     )
+    s.blocks += _kept_blocks(c)
+    if c.controls:
+        s.blocks.append(
+            "Causal controls (the paper's: the neurons decide the outliers; a register keeps what they carry):"
+        )
+        s.blocks.append(_controls_table(c))
+    return s
+
+
+def _kept_blocks(c: Comparison) -> list[str]:
+    """What the fix keeps: the pooled embedding's and the dense output's cosine to before."""
+    out = []
     cos = c.pooled_cosine
     if cos is not None:
-        s.blocks.append(
+        out.append(
             f"Global information is kept: the cosine similarity between each image's pooled "
             f"embedding (`ln_final.hook_out`: [CLS], or the patch mean without one) before and "
             f"after the fix is {num(cos.mean)} on average (lowest {num(cos.min)}, "
@@ -259,46 +288,49 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
         )
     dense = c.patch_cosine
     if dense is not None:
-        s.blocks.append(
+        out.append(
             f"Dense output: the cosine similarity between each patch's final feature "
             f"(`ln_final.hook_out`) before and after the fix is {num(dense.mean)} on "
             f"average and {num(dense.min)} at the lowest ({num(dense.n)} patches of "
             "the first images): what a dense head (segmentation, depth) sees change."
         )
-    controls = c.controls
-    if controls:
-        rows = [
-            [
-                "test-time registers",
-                text(fx.n_neurons),
-                pct(c.outlier_rate_after),
-                num(cos.mean if cos is not None else None),
-            ],
+    return out
+
+
+def _controls_table(c: Comparison) -> Table:
+    """The causal controls against the fix: neurons, outlier rate, pooled cosine to before."""
+    controls, cos = c.controls, c.pooled_cosine
+    rows = [
+        [
+            "test-time registers",
+            text(c.fix.n_neurons),
+            pct(c.outlier_rate_after),
+            num(cos.mean if cos is not None else None),
+        ],
+        _control_row(
+            "register neurons zeroed, no register", controls.get("ablate_register_neurons")
+        ),
+        _control_row("as many random neurons zeroed", controls.get("ablate_random_neurons")),
+    ]
+    shift = controls.get("shift_to_patch")
+    if shift is not None:
+        share = pct(shift.share_of_images_with_top_norm_at_patch)
+        rows.append(
             _control_row(
-                "register neurons zeroed, no register", controls.get("ablate_register_neurons")
-            ),
-            _control_row("as many random neurons zeroed", controls.get("ablate_random_neurons")),
-        ]
-        shift = controls.get("shift_to_patch")
-        if shift is not None:
-            share = pct(shift.share_of_images_with_top_norm_at_patch)
-            rows.append(
-                _control_row(
-                    "outlier moved to patch 0 (top-left)",
-                    shift,
-                    f"{pct(shift.outlier_rate)} (top norm at patch 0 in {share} of images)",
-                )
-            )
-        s.blocks.append(
-            "Causal controls (the paper's: the neurons decide the outliers; a register keeps what they carry):"
-        )
-        s.blocks.append(
-            Table(
-                ["", "neurons", f"outlier rate at block {layer}", "pooled cosine to before"],
-                rows,
+                "outlier moved to patch 0 (top-left)",
+                shift,
+                f"{pct(shift.outlier_rate)} (top norm at patch 0 in {share} of images)",
             )
         )
-    n = r.neurons
+    return Table(
+        ["", "neurons", f"outlier rate at block {c.detect_layer}", "pooled cosine to before"],
+        rows,
+    )
+
+
+def _settings_section(r: FixResults) -> Section:
+    """The fix: its neurons and where they come from, its settings, where it was saved."""
+    fx, n = r.comparison.fix, r.neurons
     settings = Section("fix", "The fix")
     rows = [
         ["neurons", f"{fx.n_neurons} in layers {', '.join(map(str, fx.layers)) or '–'}"],
@@ -318,20 +350,7 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
             f"Saved to {code(r.saved)}: {code(load)} loads it with the fix applied; timm's "
             "own API loads the same weights without the fix."
         )
-    return Report(
-        synthetic_banner(doc),
-        f"vitreg fix: {doc['model']['spec']}",
-        [
-            verdict_section(c),
-            s,
-            settings,
-            *([planted_section(r.planted)] if r.planted else []),
-            figure_section("Figures", figures),
-            images_section(doc),
-            model_section(doc),
-            provenance_section(doc),
-        ],
-    )
+    return settings
 
 
 def _fingerprint(matches: bool | None) -> str:
