@@ -90,9 +90,6 @@ KNOWN_LONG: set[str] = {
     "neurons/causal.py:select_causal",
     "neurons/causal.py:_prune",
     "neurons/discover.py:discover",
-    "probe/run.py:run",
-    "report/renderers/fix.py:report",
-    "report/renderers/diagnose.py:headlines",
 }
 
 
