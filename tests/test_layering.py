@@ -34,8 +34,8 @@ LAYERS = (
     "hooks",  # hook sites, names, reducers, activation cache, pattern readers
     "distributed",  # rank/world, sharding, merging reducers across ranks
     "models",  # loading (spec registry), adapters, Model
-    "testing",  # planted fixtures (registers the planted: loader), synthetic images
-    "data",  # image folders, datasets, transforms
+    "data",  # image folders, datasets, transforms, synthetic images
+    "testing",  # planted fixtures (registers the planted: loader)
     "arch",  # trainable variants registered with timm
     "analysis",  # norms, outlier rules, attention, LN separation, redundancy
     "fix",  # NeuronSet and the fixes that edit its units (registers local: saved fixes)

@@ -169,7 +169,7 @@ def synthetic_source(
     keep: int = 8,
 ) -> ImageSource:
     """``n`` synthetic textured images with flat regions (the content planted models react to)."""
-    from vitreg.testing.images import synthetic_pil
+    from vitreg.data.synthetic_images import synthetic_pil
 
     if n < 1:
         raise InputError(f"need at least one synthetic image, got {n}")

@@ -20,8 +20,8 @@ from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model
 from vitreg.probe.metrics import IGNORE_INDEX
 from vitreg.probe.tasks.base import Score, TaskResult, register_task
+from vitreg.probe.tasks.model_task import ModelTask
 from vitreg.probe.yardsticks import Yardstick
-from vitreg.probe.zero_shot.base import ModelTask
 
 FEATURE = "[CLS] attention (mean of heads)"
 SITE = "attn.hook_pattern"

@@ -42,8 +42,8 @@ from vitreg.probe import ov_seg_data  # noqa: F401  (registers voc20:, context60
 from vitreg.probe.metrics import IGNORE_INDEX
 from vitreg.probe.pamr import DILATIONS, pamr
 from vitreg.probe.tasks.base import Score, TaskResult, register_task
+from vitreg.probe.tasks.model_task import ModelTask
 from vitreg.probe.yardsticks import Yardstick
-from vitreg.probe.zero_shot.base import ModelTask
 from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
 from vitreg.probe.zero_shot.prompts import class_names, openai_templates, read_templates
 from vitreg.probe.zero_shot.text import clip_towers

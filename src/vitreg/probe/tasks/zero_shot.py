@@ -13,8 +13,8 @@ from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.probe.metrics import topk_accuracy
 from vitreg.probe.tasks.base import Score, TaskResult, register_task
+from vitreg.probe.tasks.model_task import ModelTask
 from vitreg.probe.yardsticks import Yardstick
-from vitreg.probe.zero_shot.base import ModelTask
 from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
 from vitreg.probe.zero_shot.prompts import class_names, openai_templates, read_templates
 from vitreg.probe.zero_shot.text import ClipTowers, clip_towers, zero_shot_logits

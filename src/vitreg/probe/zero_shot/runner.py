@@ -1,4 +1,4 @@
-"""``probe.run`` for a :class:`~vitreg.probe.zero_shot.base.ModelTask`: one pass over the test
+"""``probe.run`` for a :class:`~vitreg.probe.tasks.model_task.ModelTask`: one pass over the test
 split per condition (bare model, under the fix), bad samples skipped and counted as the feature
 cache counts them; the result is the same :class:`~vitreg.probe.scores.ProbeScores` other tasks give."""
 
@@ -17,7 +17,7 @@ from vitreg.models.model import Model
 from vitreg.probe.cache import input_config
 from vitreg.probe.scores import ProbeScores, data_record
 from vitreg.probe.tasks.base import TaskResult
-from vitreg.probe.zero_shot.base import ModelTask
+from vitreg.probe.tasks.model_task import ModelTask
 
 
 def run_model_task(
