@@ -34,13 +34,13 @@ def time_training(args: argparse.Namespace) -> dict[str, Any]:
     """Fit the batched probe once on random features and time it."""
     import torch
 
-    from vitreg.probe.linear import ProbeConfig, fit_linear
+    from vitreg.probe.linear import FitSettings, fit_linear
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.n_tokens, args.dim, generator=g)
     y = torch.randint(0, args.classes, (args.n_tokens,), generator=g)
     lrs = torch.logspace(-5, -1, args.n_lrs).tolist()
-    cfg = ProbeConfig(
+    cfg = FitSettings(
         lrs=lrs, epochs=args.epochs, batch_size=args.batch_size, patience=None, optimizer="adamw"
     )
     t0 = time.perf_counter()

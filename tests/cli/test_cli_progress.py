@@ -20,7 +20,7 @@ from _support.train_helpers import run as train_tiny
 from vitreg.cli import progress as cli_progress
 from vitreg.cli.app import app
 from vitreg.cli.progress import ConsoleProgress
-from vitreg.probe.linear import ProbeConfig, fit_linear
+from vitreg.probe.linear import FitSettings, fit_linear
 from vitreg.probe.run import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -64,7 +64,7 @@ def test_probe_fit_in_a_terminal_shows_its_epochs_and_early_stop():
     shown, buf = terminal()
     torch.manual_seed(0)
     x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))  # noise: held-out loss stops falling
-    config = ProbeConfig(epochs=40, patience=1, seeds=(0,), progress=shown)
+    config = FitSettings(epochs=40, patience=1, seeds=(0,), progress=shown)
     fit = fit_linear(x, y, "ce", out_dim=3, config=config)
     text = ANSI.sub("", buf.getvalue())
     stopped = max(fit.epochs_run)
@@ -116,7 +116,7 @@ def test_probe_run_reports_real_totals_and_cache_hits(tmp_path):
     )
     model = vitreg.wrap(module.eval())
     data, cache = "synthetic-cls:n=12,size=16", tmp_path / "cache"
-    config = ProbeConfig(seeds=(0,), epochs=2)
+    config = FitSettings(seeds=(0,), epochs=2)
     first, second = Recorder(), Recorder()
     for seen in (first, second):
         run(model, "classification", data, cache_dir=cache, config=config, progress=seen)

@@ -201,7 +201,7 @@ def test_probe_library_call_gives_the_cli_numbers(runs, tmp_path):
 
     import vitreg
     from vitreg.configs import ProbeRunConfig, load_config
-    from vitreg.probe.linear import ProbeConfig
+    from vitreg.probe.linear import FitSettings
     from vitreg.probe.run import run
     from vitreg.results.schema import plain, resolve
 
@@ -215,7 +215,7 @@ def test_probe_library_call_gives_the_cli_numbers(runs, tmp_path):
         cfg.data,
         layers=[int(x) for x in cfg.layers.split(",")],
         cache_dir=tmp_path / "cache",  # a fresh cache: features computed again
-        config=ProbeConfig(
+        config=FitSettings(
             seeds=tuple(range(cfg.seeds)), epochs=cfg.epochs, optimizer=cfg.optimizer
         ),
         batch_size=cfg.batch_size,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vitreg import configs
+from vitreg.probe import linear
 from vitreg.results import base
 
 
@@ -15,6 +16,7 @@ from vitreg.results import base
         (base, "Strict", "ResultsModel"),
         (base, "Sparse", "SparseResults"),
         (base, "Open", "OpenResults"),
+        (linear, "ProbeConfig", "FitSettings"),
     ],
 )
 def test_an_old_name_warns_and_gives_the_new_object(module, old, new) -> None:

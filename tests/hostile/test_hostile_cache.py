@@ -50,13 +50,13 @@ def test_corrupted_shard_is_re_extracted_and_counted(tmp_path) -> None:
 
 
 def test_probe_report_names_the_re_extracted_shards(tmp_path) -> None:
-    from vitreg.probe.linear import ProbeConfig
+    from vitreg.probe.linear import FitSettings
     from vitreg.probe.run import run
     from vitreg.report.renderers.probe import write_probe_run
 
     model, cache = small_vit(), tmp_path / "cache"
     data = "synthetic-cls:n=8,size=28"
-    cfg = ProbeConfig(seeds=(0,), epochs=1)
+    cfg = FitSettings(seeds=(0,), epochs=1)
     first = run(model, "classification", data, cache_dir=cache, config=cfg)
     flip(Path(first.caches["base/test"]["folder"]) / shard_name(0), -3)
     second = run(model, "classification", data, cache_dir=cache, config=cfg)

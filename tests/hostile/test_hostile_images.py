@@ -39,14 +39,14 @@ from vitreg.data.folder import (
     walk_folder,
 )
 from vitreg.errors import InputError
-from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run as probe_run
 from vitreg.report.renderers.probe import write_probe_run
 from vitreg.testing.images import synthetic_pil
 from vitreg.train.data import describe_training_data, open_data
 
 needs_posix = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and symlinks: POSIX")
-CFG = ProbeConfig(seeds=(0,), epochs=2)
+CFG = FitSettings(seeds=(0,), epochs=2)
 
 
 def to_tensor(img: Image.Image) -> torch.Tensor:

@@ -10,7 +10,7 @@ from vitreg.errors import InputError
 from vitreg.probe.linear import (
     DINOV2_LRS,
     BatchedOptimizer,
-    ProbeConfig,
+    FitSettings,
     fit_dense,
     fit_linear,
     fit_seeds,
@@ -34,7 +34,7 @@ def blobs(n: int, seed: int, noise_labels: float = 0.0) -> tuple[torch.Tensor, t
     return x, torch.where(flip, torch.randint(0, C, (n,), generator=g), y)
 
 
-CFG = ProbeConfig(lrs=(1e-3, 1e-2, 1e-1), epochs=8, batch_size=128, patience=3)
+CFG = FitSettings(lrs=(1e-3, 1e-2, 1e-1), epochs=8, batch_size=128, patience=3)
 
 
 def test_default_grid_is_dinov2_series() -> None:
@@ -67,11 +67,11 @@ def test_batched_heads_equal_single_head_runs(optimizer: str) -> None:
     base = dict(epochs=8, batch_size=32, patience=2, weight_decay=1e-2, warmup_epochs=1)
     lrs = (1e-3, 3e-2, 1.0)
     batched = fit_linear(
-        x, y, "ce", out_dim=C, config=ProbeConfig(lrs=lrs, optimizer=optimizer, **base)
+        x, y, "ce", out_dim=C, config=FitSettings(lrs=lrs, optimizer=optimizer, **base)
     )
     for i, lr in enumerate(lrs):
         single = fit_linear(
-            x, y, "ce", out_dim=C, config=ProbeConfig(lrs=(lr,), optimizer=optimizer, **base)
+            x, y, "ce", out_dim=C, config=FitSettings(lrs=(lr,), optimizer=optimizer, **base)
         )
         torch.testing.assert_close(
             batched.heads[i].weight, single.heads[0].weight, rtol=1e-4, atol=1e-5
@@ -107,7 +107,7 @@ def test_batched_optimizer_matches_torch_optim(kind: str) -> None:
 
 def test_early_stopping_triggers_on_noise() -> None:
     x, y = blobs(400, 3, noise_labels=1.0)
-    cfg = ProbeConfig(lrs=(1e-1, 1.0), epochs=40, batch_size=64, patience=2, optimizer="sgd")
+    cfg = FitSettings(lrs=(1e-1, 1.0), epochs=40, batch_size=64, patience=2, optimizer="sgd")
     result = fit_linear(x, y, "ce", out_dim=C, config=cfg)
     assert all(e < 40 for e in result.epochs_run)
     assert result.epochs_run == [b + 2 for b in result.best_epochs]
@@ -116,7 +116,7 @@ def test_early_stopping_triggers_on_noise() -> None:
 def test_external_val_selects_lr() -> None:
     x, y = blobs(300, 4)
     xv, yv = blobs(200, 5)
-    cfg = ProbeConfig(lrs=(1e-6, 1e-2), epochs=3, batch_size=64, val_fraction=0.0)
+    cfg = FitSettings(lrs=(1e-6, 1e-2), epochs=3, batch_size=64, val_fraction=0.0)
     result = fit_linear(x, y, "ce", out_dim=C, config=cfg, val=(xv, yv))
     assert result.lr == 1e-2 and result.epochs_run == [3, 3]
 
@@ -125,7 +125,7 @@ def test_position_loss_recovers_grid_index() -> None:
     g = torch.Generator().manual_seed(0)
     pos = torch.randint(0, 12, (600,), generator=g)
     x = torch.nn.functional.one_hot(pos, 12).float() + 0.1 * torch.randn(600, 12, generator=g)
-    cfg = ProbeConfig(lrs=(1e-2, 1e-1), epochs=10, batch_size=64)
+    cfg = FitSettings(lrs=(1e-2, 1e-1), epochs=10, batch_size=64)
     result = fit_linear(x, pos, "position", grid=(3, 4), config=cfg)
     assert result.head.weight.shape == (12, 14)  # 12 position classes + (row, col)
     assert (result.predict(x) == pos).float().mean() > 0.99
@@ -146,7 +146,7 @@ def planted_dense(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_dense_segmentation_upsamples_and_ignores() -> None:
     x, target = planted_dense(24, 0)
     target[:, :2, :] = 255  # ignored pixels must not hurt
-    cfg = ProbeConfig(lrs=(1e-2, 1e-1), epochs=6, dense_batch_size=4, val_fraction=0.2)
+    cfg = FitSettings(lrs=(1e-2, 1e-1), epochs=6, dense_batch_size=4, val_fraction=0.2)
     result = fit_dense(x, target, "ce", out_dim=3, config=cfg)  # ignore_index 255 by default
     xt, tt = planted_dense(8, 1)
     pred = result.predict_dense(xt, (16, 16))
@@ -162,7 +162,7 @@ def test_dense_depth_heads_ignore_invalid_pixels() -> None:
     depth[:, 1, :] = 0.0  # invalid for depth_bins (needs > 0); mse only skips NaN
     depth_nan = depth.clone()
     depth_nan[:, 1, :] = float("nan")
-    cfg = ProbeConfig(lrs=(1e-2, 1e-1), epochs=8, dense_batch_size=4, val_fraction=0.2)
+    cfg = FitSettings(lrs=(1e-2, 1e-1), epochs=8, dense_batch_size=4, val_fraction=0.2)
     xt, lt = planted_dense(8, 3)
     gt = lt.float() + 1.0
     reg = fit_dense(x, depth_nan, "mse", config=cfg)
@@ -178,7 +178,7 @@ def test_dense_depth_heads_ignore_invalid_pixels() -> None:
 def test_fit_seeds_and_ci() -> None:
     x, y = blobs(300, 6)
     xt, yt = blobs(300, 7)
-    cfg = ProbeConfig(lrs=(1e-2,), epochs=3, batch_size=64, seeds=(0, 1, 2))
+    cfg = FitSettings(lrs=(1e-2,), epochs=3, batch_size=64, seeds=(0, 1, 2))
     runs = fit_seeds(
         x, y, "ce", lambda r: {"top1": (r.predict(xt) == yt).float().mean()}, out_dim=C, config=cfg
     )

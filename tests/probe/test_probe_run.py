@@ -17,12 +17,12 @@ from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run
 from vitreg.report.renderers.probe import task_and_data, write_probe_run
 from vitreg.results.schema import resolve
 
-CFG = ProbeConfig(seeds=(0, 1), epochs=3)
+CFG = FitSettings(seeds=(0, 1), epochs=3)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

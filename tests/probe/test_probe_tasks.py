@@ -16,12 +16,12 @@ from vitreg.data.datasets import BaseDataset, Sample
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.metrics import depth_metrics, miou
 from vitreg.probe.run import run
 from vitreg.probe.scores import ProbeScores
 
-ONE_SEED = ProbeConfig(seeds=(0,), epochs=10)
+ONE_SEED = FitSettings(seeds=(0,), epochs=10)
 COLOURS = np.array([[220, 40, 40], [40, 200, 40], [40, 40, 220], [210, 210, 40]], float)
 
 
@@ -174,7 +174,7 @@ def test_reconstruction_beats_the_mean_patch_and_not_without_pixels(tmp_path: Pa
 
 # ------------------------------------------------------------------ classification
 def test_classification_planted_labels_vs_shuffled(tmp_path: Path) -> None:
-    model, cfg = tiny_vit(), ProbeConfig(seeds=(0, 1), epochs=10)
+    model, cfg = tiny_vit(), FitSettings(seeds=(0, 1), epochs=10)
     planted = run(model, "classification", (Colours("train"), Colours("val")), layers=(0,),
                   cache_dir=tmp_path, config=cfg)  # fmt: skip
     got = scores(planted)
@@ -193,7 +193,7 @@ def test_classification_planted_labels_vs_shuffled(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ dense tasks
 def test_segmentation_beats_the_majority_class(tmp_path: Path) -> None:
-    cfg = ProbeConfig(seeds=(0,), epochs=30)
+    cfg = FitSettings(seeds=(0,), epochs=30)
     result = run(tiny_vit(), "segmentation", "synthetic-seg:n=32,size=32", layers=(0,),
                  cache_dir=tmp_path, config=cfg)  # fmt: skip
     y_train = cached(result, "base/train").targets("mask")

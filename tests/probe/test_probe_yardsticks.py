@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from vitreg.core.intervals import interval_verdict
 
 import vitreg
+from vitreg.core.intervals import interval_verdict
 from vitreg.probe import yardsticks
-from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
 from vitreg.report.render.markdown import Report, render_markdown
@@ -121,7 +121,7 @@ def test_segmentation_run_carries_yardsticks_per_class_iou_and_figures(tmp_path:
     model = tiny_vit()
     fix = vitreg.TestTimeRegisters(vitreg.NeuronSet([0], [5], [1.0]))
     result = run(model, "segmentation", "synthetic-seg:n=8,size=32", fix=fix, layers=(0,),
-                 cache_dir=tmp_path / "cache", config=ProbeConfig(seeds=(0, 1), epochs=2))  # fmt: skip
+                 cache_dir=tmp_path / "cache", config=FitSettings(seeds=(0, 1), epochs=2))  # fmt: skip
     doc = result.to_dict()
     figures = probe_figures(result, doc)
     assert [f.name for f in figures] == ["probe_scores", "probe_segmentation"]  # one layer

@@ -58,10 +58,10 @@ def run_probes(
     model: Any, data: tuple[Any, Any], tasks: list[str], folder: Path, settings: Settings
 ) -> dict[str, Any]:
     """Every applicable probe on the last block; full runs go to ``folder/probes/<task>.json``."""
-    from vitreg.probe.linear import ProbeConfig
+    from vitreg.probe.linear import FitSettings
     from vitreg.probe.run import run
 
-    config = ProbeConfig(
+    config = FitSettings(
         epochs=settings.probe_epochs,
         seeds=tuple(range(settings.probe_seeds)),
         lrs=settings.probe_lrs,

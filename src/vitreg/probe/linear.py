@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitreg.core.renamed import renamed
 from vitreg.core.schedule import warmup_cosine
 from vitreg.errors import InputError
 from vitreg.probe.metrics import IGNORE_INDEX, METRICS, mean_ci
@@ -40,8 +41,9 @@ Scorer = Callable[
 
 
 @dataclass
-class ProbeConfig:
-    """Training settings shared by every head of one fit."""
+class FitSettings:
+    """The training settings of a linear-probe fit, shared by every head it trains (the
+    command's config is :class:`~vitreg.configs.ProbeRunConfig`)."""
 
     lrs: Sequence[float] = DINOV2_LRS
     optimizer: str = "adamw"  # or "sgd" (momentum below)
@@ -349,7 +351,7 @@ class _Trainer:
     x: Tensor
     y: Tensor
     loss: Loss
-    cfg: ProbeConfig
+    cfg: FitSettings
     seed: int
     size: tuple[int, int] | None = None  # label size for dense heads
     mu: Tensor = field(init=False)
@@ -524,7 +526,7 @@ def fit_linear(
     loss: str | Loss,
     *,
     out_dim: int | None = None,
-    config: ProbeConfig | None = None,
+    config: FitSettings | None = None,
     seed: int = 0,
     val: tuple[Tensor, Tensor] | None = None,
     scorer: Scorer | None = None,
@@ -535,7 +537,7 @@ def fit_linear(
     the rows and stop it after ``patience`` epochs without improvement; pick the lr with the best
     score on ``val`` if given, else on that held-out part, ties going to the lower loss
     (``scorer`` overrides the loss's default score: accuracy, −MSE, −RMSE)."""
-    cfg = config or ProbeConfig()
+    cfg = config or FitSettings()
     return _Trainer(x, y, _loss(loss, out_dim, y, loss_kw), cfg, seed).run(val, scorer)
 
 
@@ -545,7 +547,7 @@ def fit_dense(
     loss: str | Loss,
     *,
     out_dim: int | None = None,
-    config: ProbeConfig | None = None,
+    config: FitSettings | None = None,
     seed: int = 0,
     val: tuple[Tensor, Tensor] | None = None,
     scorer: Scorer | None = None,
@@ -560,7 +562,7 @@ def fit_dense(
         raise InputError(
             f"fit_dense wants x [n, h, w, d] and target [n, H, W]; got {tuple(x.shape)}, {tuple(target.shape)}"
         )
-    cfg = config or ProbeConfig()
+    cfg = config or FitSettings()
     if loss == "ce":
         loss_kw.setdefault("ignore_index", IGNORE_INDEX)
     size = (int(target.shape[1]), int(target.shape[2]))
@@ -597,12 +599,12 @@ def fit_seeds(
     loss: str | Loss,
     evaluate: Callable[[FitResult], Mapping[str, float]],
     *,
-    config: ProbeConfig | None = None,
+    config: FitSettings | None = None,
     dense: bool = False,
     **kw: object,
 ) -> SeedRuns:
     """Fit once per seed in ``config.seeds`` and collect ``evaluate(result)`` metrics per seed."""
-    cfg = config or ProbeConfig()
+    cfg = config or FitSettings()
     fit = fit_dense if dense else fit_linear
     values: dict[str, list[float]] = {}
     lrs = []
@@ -612,3 +614,6 @@ def fit_seeds(
         for name, v in evaluate(result).items():
             values.setdefault(name, []).append(float(v))
     return SeedRuns(list(cfg.seeds), values, lrs)
+
+
+__getattr__ = renamed(__name__, {"ProbeConfig": "FitSettings"}, globals())

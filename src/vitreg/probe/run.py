@@ -24,7 +24,7 @@ from vitreg.fix.base import Fix, fix_description
 from vitreg.models.model import Model
 from vitreg.probe.cache import extract, input_config
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.scores import ProbeScores, data_record
 from vitreg.probe.tasks import Task, TaskResult, get_task
 from vitreg.progress import SILENT, Progress
@@ -47,7 +47,7 @@ def run(
     base: bool = True,
     layers: Sequence[int | str] = (-1,),
     cache_dir: str | Path,
-    config: ProbeConfig | None = None,
+    config: FitSettings | None = None,
     batch_size: int = 32,
     templates: str | Path | None = None,
     image_size: int | None = None,
@@ -83,7 +83,7 @@ def run(
     for ds in (train, test):
         probe.check(tuple(ds.targets), ds.describe().get("spec", ds.name))
     conditions = _conditions(base, fix)
-    config = config or ProbeConfig()
+    config = config or FitSettings()
     if config.progress is None:
         config = replace(config, progress=progress)
     return _probe_cached(
@@ -117,7 +117,7 @@ def _probe_cached(
     model: Model,
     data: tuple[LabeledDataset, LabeledDataset],
     conditions: dict[str, Fix | None],
-    config: ProbeConfig,
+    config: FitSettings,
     *,
     layers: Sequence[int | str],
     cache_dir: str | Path,
@@ -227,7 +227,7 @@ def _train_probes(
     probe: Task,
     cached: dict[str, CachedFeatures],
     names: list[str],
-    config: ProbeConfig,
+    config: FitSettings,
     condition: str,
     progress: Progress,
 ) -> list[TaskResult]:

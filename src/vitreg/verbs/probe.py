@@ -48,10 +48,10 @@ def fix_plan(fix: str, neurons: NeuronSource) -> tuple[bool, NeuronSource | None
 
 
 def probe_config(cfg: ProbeRunConfig) -> Any:
-    """The probe-training settings (:class:`~vitreg.probe.linear.ProbeConfig`) of a run config."""
-    from vitreg.probe.linear import ProbeConfig
+    """The probe-training settings (:class:`~vitreg.probe.linear.FitSettings`) of a run config."""
+    from vitreg.probe.linear import FitSettings
 
-    return ProbeConfig(seeds=tuple(range(cfg.seeds)), epochs=cfg.epochs, optimizer=cfg.optimizer)
+    return FitSettings(seeds=tuple(range(cfg.seeds)), epochs=cfg.epochs, optimizer=cfg.optimizer)
 
 
 def probe_fix(

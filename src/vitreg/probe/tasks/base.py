@@ -15,7 +15,7 @@ from torch import Tensor
 from vitreg.core.registry import Registry
 from vitreg.errors import InputError, SpecError
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import FitResult, ProbeConfig, fit_seeds
+from vitreg.probe.linear import FitResult, FitSettings, fit_seeds
 from vitreg.probe.metrics import mean_ci
 from vitreg.probe.yardsticks import Yardstick
 
@@ -96,7 +96,7 @@ class Task(ABC):
 
     @abstractmethod
     def evaluate(
-        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
     ) -> TaskResult:
         """Scores of this task at ``layer`` (a cached hook name)."""
 
@@ -152,7 +152,7 @@ def probe_scores(
     loss: str,
     evaluate: Callable[[FitResult], Mapping[str, float]],
     metrics: dict[str, bool],
-    config: ProbeConfig,
+    config: FitSettings,
     n_test: int,
     groups: Mapping[str, int] | None = None,
     **kw: Any,

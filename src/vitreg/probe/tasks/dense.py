@@ -9,7 +9,7 @@ from torch import Tensor
 
 from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import FitResult, ProbeConfig
+from vitreg.probe.linear import FitResult, FitSettings
 from vitreg.probe.metrics import IGNORE_INDEX, depth_metrics, miou, per_class_iou
 from vitreg.probe.tasks.base import (
     Task,
@@ -73,7 +73,7 @@ class Segmentation(Task):
     metrics = {"miou": True}
 
     def evaluate(
-        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
     ) -> TaskResult:
         y_train, y_test = train.targets("mask"), test.targets("mask")
         valid = y_train[y_train != IGNORE_INDEX]
@@ -129,7 +129,7 @@ class Depth(Task):
     metrics = {"rmse": False, "abs_rel": False, "delta1": True}
 
     def evaluate(
-        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
     ) -> TaskResult:
         d_train, d_test = train.targets("depth"), test.targets("depth")
         valid = torch.isfinite(d_train) & (d_train > 0)

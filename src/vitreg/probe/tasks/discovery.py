@@ -8,7 +8,7 @@ import numpy as np
 
 from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.lost import lost
 from vitreg.probe.metrics import corloc
 from vitreg.probe.tasks.base import Score, Task, TaskResult, register_task
@@ -25,7 +25,7 @@ class ObjectDiscovery(Task):
     metrics = {"corloc": True}
 
     def evaluate(
-        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
     ) -> TaskResult:
         layout = test.layout[layer]
         h, w = layout.grid

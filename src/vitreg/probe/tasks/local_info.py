@@ -11,7 +11,7 @@ from torch import Tensor
 
 from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import FitResult, ProbeConfig
+from vitreg.probe.linear import FitResult, FitSettings
 from vitreg.probe.tasks.base import (
     Task,
     TaskResult,
@@ -70,7 +70,7 @@ class LocalInfoTask(Task):
         """The task's trivial baselines on the test tokens, per token group."""
 
     def evaluate(
-        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
     ) -> TaskResult:
         x_tr, rows_tr, _ = token_rows(train, layer, MAX_TRAIN_TOKENS, seed=0)
         x_te, rows_te, norms_te = token_rows(test, layer, None, seed=0)

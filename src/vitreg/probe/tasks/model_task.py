@@ -13,7 +13,7 @@ from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import ProbeConfig
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.tasks.base import Task, TaskResult
 
 
@@ -25,7 +25,7 @@ class ModelTask(Task):
     views: ClassVar[tuple[str, ...]] = ()
 
     def evaluate(
-        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
     ) -> TaskResult:
         raise InputError(
             f"task {self.name!r} scores the model's own outputs, not cached features; run it "

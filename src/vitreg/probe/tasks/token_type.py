@@ -11,7 +11,7 @@ from torch import Tensor
 
 from vitreg.probe import yardsticks
 from vitreg.probe.features import CachedFeatures
-from vitreg.probe.linear import FitResult, ProbeConfig
+from vitreg.probe.linear import FitResult, FitSettings
 from vitreg.probe.metrics import topk_accuracy
 from vitreg.probe.tasks.base import (
     Task,
@@ -63,7 +63,7 @@ class TokenType(Task):
     token_level = True
 
     def evaluate(
-        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: ProbeConfig
+        self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
     ) -> TaskResult:
         y_train, y_test = train.targets("label"), test.targets("label")
         k = max(num_classes(train, y_train), int(y_test.max()) + 1)
