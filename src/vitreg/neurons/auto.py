@@ -58,7 +58,7 @@ def held_out_images(source: Any, cap: int = MAX_HELD_OUT) -> torch.Tensor:
 
 
 @dataclass
-class Found:
+class NeuronSearchResult:
     """Discovery, causal selection and top-k calibration on one image source."""
 
     ranking: NeuronSet  # every ranked candidate, best first
@@ -145,7 +145,7 @@ def find_neurons(
     stability: bool = False,
     check_sizes: Sequence[int] = (),
     progress: Progress = SILENT,
-) -> Found:
+) -> NeuronSearchResult:
     """Register neurons of ``model`` from preprocessed ``images`` with nothing to set by hand.
 
     ``top_k=None`` chooses k (causal selection, then calibration); a number keeps the top
@@ -273,7 +273,7 @@ def find_neurons(
     }
     split = {"rule": SPLIT_RULE, "n_discovery": ranking.data["n_images"], "n_held_out": len(held)}
     mode = "fixed" if top_k is not None else "calibrated"
-    found = Found(ranking, chosen, detection, selection, curve, held_out, split, mode)
+    found = NeuronSearchResult(ranking, chosen, detection, selection, curve, held_out, split, mode)
     if stability and selection is not None:
         from vitreg.neurons.stability import half_sets
 
