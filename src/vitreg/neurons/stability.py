@@ -19,6 +19,7 @@ from vitreg.models.model import Model
 from vitreg.neurons.calibrate import calibrate_top_k
 from vitreg.neurons.discover import discover
 from vitreg.neurons.held_out import Split, causal_set
+from vitreg.settings.neurons import NeuronSearch
 
 
 def overlap(a: set, b: set) -> float:
@@ -32,20 +33,20 @@ def half_sets(
     held: torch.Tensor,
     detection: Any,
     chosen: list[tuple[int, int]],
+    search: NeuronSearch,
     *,
-    top_k: int,
     batch_size: int = 32,
 ) -> dict[str, Any]:
-    """The causal sets of the two halves of ``discovery`` (checked on ``held``) against each
-    other and against ``chosen`` (the set from all of them)."""
+    """The causal sets of the two halves of ``discovery`` (each ranked as ``search`` says,
+    checked on ``held``) against each other and against ``chosen`` (the set from all of them)."""
     sets = []
     for parity in (0, 1):
         ranking = discover(
             model,
             Split(discovery, held_out=bool(parity), period=2),
-            top_k=top_k,
-            batch_size=batch_size,
+            search,
             detection=detection,
+            batch_size=batch_size,
         )
         picked = causal_set(model, held, ranking, detection, batch_size)
         sets.append(set(picked.chosen))
