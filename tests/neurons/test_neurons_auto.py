@@ -139,7 +139,8 @@ def test_stability_compares_the_sets_of_two_halves_of_the_images(images):
     assert row["max_over_median_after"] < row["max_over_median_before"] / 5
     # one unit of the three leaves outliers at 140 px: said, not hidden
     held = images[HOLD_OUT - 1 :: HOLD_OUT]
-    one = other_sizes(model, found.chosen.first(1), held, [140], target=0.01, tolerance=1.5)
+    search = NeuronSearch(target=0.01)
+    one = other_sizes(model, found.chosen.first(1), held, [140], search, tolerance=1.5)
     assert not one["clean_at_every_size"] and one["sizes"][0]["blocks_with_outlier_mode_after"]
     plain = find_neurons(model, images, batch_size=8)
     assert plain.stability is None and plain.other_sizes is None  # opt-in

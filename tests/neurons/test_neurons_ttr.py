@@ -93,7 +93,8 @@ def test_top_k_calibration_picks_the_planted_count(images):
     model = vitreg.wrap(module)
     ranked = discover(model, images[:16], NeuronSearch(top_k=12), batch_size=8)
     held_out = synthetic_images(8, size=SIZE, seed=11, flat_fraction=0.1)
-    chosen, curve = calibrate_top_k(model, ranked, held_out, target=0.01, batch_size=8)
+    search = NeuronSearch(target=0.01)
+    chosen, curve = calibrate_top_k(model, ranked, held_out, search, batch_size=8)
     # the smallest sufficient k: planted units only, at most all of them
     assert 1 <= curve.chosen_k == len(chosen) <= len(truth.units)
     assert set(chosen.pairs()) <= set(truth.units)
@@ -118,7 +119,8 @@ def test_calibration_over_several_resolutions():
         [3.0, 2.0, 1.0],
         settings={"detect_layer": 2, "threshold": "absolute", "threshold_value": value},
     )
-    _, curve = calibrate_top_k(model, ranked, x, target=0.0, image_sizes=(56, 84), ks=(0, 1, 3))
+    search = NeuronSearch(target=0.0)
+    _, curve = calibrate_top_k(model, ranked, x, search, image_sizes=(56, 84), ks=(0, 1, 3))
     assert set(curve.outlier_rate) == {56, 84}
     assert len(curve.outlier_rate[56]) == len(curve.outlier_rate[84]) == len(curve.ks)
     # a random model keeps its top-decile tokens whatever the fix: the target is never met, so

@@ -312,13 +312,20 @@ def _calibrate(
 ) -> tuple[NeuronSet, TopKCurve]:
     """The fix checked on ``held`` at each of ``ks``; a causal set (``keep_all``) whose fix
     leaves artifacts is checked at every k of :data:`DEFAULT_KS` instead."""
-    options = {"target": search.target, "tolerance": tolerance, "batch_size": batch_size}
     with (
         progress(len(set(ks)), "checking the fix on held-out images (values of top-k)") as update,
         distributed.local(),
     ):
         chosen, curve = calibrate_top_k(
-            model, order, held, ks=ks, progress=update, keep_all=keep_all, **options
+            model,
+            order,
+            held,
+            search,
+            tolerance=tolerance,
+            ks=ks,
+            batch_size=batch_size,
+            progress=update,
+            keep_all=keep_all,
         )
     if keep_all and curve.status == "partial" and len(order) > 1:
         with (
@@ -328,7 +335,15 @@ def _calibrate(
             distributed.local(),
         ):
             chosen, curve = calibrate_top_k(
-                model, order, held, ks=DEFAULT_KS, progress=update, keep_all=True, **options
+                model,
+                order,
+                held,
+                search,
+                tolerance=tolerance,
+                ks=DEFAULT_KS,
+                batch_size=batch_size,
+                progress=update,
+                keep_all=True,
             )
     return chosen, curve
 
@@ -392,13 +407,7 @@ def _other_sizes(
         distributed.local(),
     ):
         return other_sizes(
-            model,
-            chosen,
-            held,
-            list(sizes),
-            target=search.target,
-            tolerance=tolerance,
-            batch_size=batch_size,
+            model, chosen, held, list(sizes), search, tolerance=tolerance, batch_size=batch_size
         )
 
 

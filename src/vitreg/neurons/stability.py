@@ -65,23 +65,24 @@ def other_sizes(
     chosen: NeuronSet,
     held: torch.Tensor,
     sizes: list[int],
+    search: NeuronSearch,
     *,
-    target: float,
     tolerance: float,
     batch_size: int = 32,
 ) -> dict[str, Any]:
     """The fix of ``chosen`` checked on ``held`` resized to each of ``sizes`` (every block, as
-    on the native size): before and after, and whether it is clean at every size."""
+    on the native size, against ``search.target``): before and after, and whether it is clean
+    at every size."""
     _, curve = calibrate_top_k(
         model,
         chosen,
         held,
+        search,
+        tolerance=tolerance,
         ks=(0, len(chosen)),
         image_sizes=sizes,
-        keep_all=True,
-        target=target,
-        tolerance=tolerance,
         batch_size=batch_size,
+        keep_all=True,
     )
     rows = []
     for size, (before, after) in zip(sizes, curve.checks.values(), strict=True):
