@@ -17,6 +17,7 @@ import torch
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
 from vitreg.neurons.calibrate import calibrate_top_k
+from vitreg.neurons.detection import Detection
 from vitreg.neurons.discover import discover
 from vitreg.neurons.held_out import Split, causal_set
 from vitreg.settings.neurons import NeuronSearch
@@ -31,7 +32,7 @@ def half_sets(
     model: Model,
     discovery: Any,
     held: torch.Tensor,
-    detection: Any,
+    detection: Detection,
     chosen: list[tuple[int, int]],
     search: NeuronSearch,
     *,
