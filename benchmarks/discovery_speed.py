@@ -99,11 +99,11 @@ def warmup_threshold(model: Any, args: argparse.Namespace) -> float:
 
 def run_discover(model: Any, n: int, threshold: float, args: argparse.Namespace) -> Any:
     from vitreg.neurons.discover import discover
+    from vitreg.settings.neurons import NeuronSearch
 
     data = synthetic(n, args.batch_size, args.img_size)
-    return discover(
-        model, data, detect_layer=DETECT_LAYER, threshold=threshold, batch_size=args.batch_size
-    )
+    search = NeuronSearch(detect_layer=DETECT_LAYER, threshold=threshold)
+    return discover(model, data, search, batch_size=args.batch_size)
 
 
 def measure_speed(args: argparse.Namespace) -> dict[str, Any]:

@@ -69,6 +69,7 @@ def measure(name: str, precision: str, args: argparse.Namespace) -> dict[str, An
 
     from vitreg.fix.test_time_registers import TestTimeRegisters
     from vitreg.neurons.discover import discover
+    from vitreg.settings.neurons import NeuronSearch
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -89,6 +90,7 @@ def measure(name: str, precision: str, args: argparse.Namespace) -> dict[str, An
         _, cache = model.run_with_cache(batches[0], names=site, reduce="norm")
     patches = cache.layout(site).take(cache[site], "patches").flatten().double()
     threshold = float(torch.quantile(patches, 0.98))
+    search = NeuronSearch(detect_layer=-2, threshold=threshold)
 
     def plain() -> float:
         def run() -> None:
@@ -109,7 +111,7 @@ def measure(name: str, precision: str, args: argparse.Namespace) -> dict[str, An
     def disc() -> float:
         def run() -> None:
             with cast:
-                discover(model, batches, detect_layer=-2, threshold=threshold, batch_size=shape[0])
+                discover(model, batches, search, batch_size=shape[0])
 
         return timed(run, device)
 

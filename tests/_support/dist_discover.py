@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 import vitreg
 from vitreg.neurons.discover import discover
+from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build
 
@@ -17,8 +18,8 @@ module, _ = build("deit3_s16", img_size=112)
 found = discover(
     vitreg.wrap(module),
     synthetic_images(16, size=112, seed=3, flat_fraction=0.1),
+    NeuronSearch(top_k=20),
     batch_size=4,
-    top_k=20,
 )
 if dist.get_rank() == 0:
     with open(sys.argv[1], "w") as f:

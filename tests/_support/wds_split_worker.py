@@ -18,6 +18,7 @@ from vitreg.core.checkpoint import resumable
 from vitreg.data.images import folder_images
 from vitreg.data.wds import wds_images
 from vitreg.neurons.discover import discover
+from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.planted import build
 
 BATCH = 3
@@ -50,7 +51,7 @@ with resumable(out / "resume", every=1):
     again = model.trace(
         wds_images(model, pattern, BATCH), reducers(model), progress=forwarded.append
     )
-found = discover(model, wds_images(model, pattern, BATCH), batch_size=BATCH, top_k=10)
+found = discover(model, wds_images(model, pattern, BATCH), NeuronSearch(top_k=10), batch_size=BATCH)
 single = wds_images(model, one_shard, BATCH)
 unsplit = model.trace(single, reducers(model))
 pictures = folder_images(model, folder, BATCH, keep=4)
@@ -58,7 +59,8 @@ with distributed.local():  # one process' results, from the folder
     whole = model.trace(pictures, reducers(model))
     whole4 = model.trace(folder_images(model, folder, BATCH, limit=4), reducers(model))
     one = model.trace(wds_images(model, one_shard, BATCH), reducers(model))
-    found_whole = discover(model, folder_images(model, folder, BATCH), batch_size=BATCH, top_k=10)
+    pictures_all = folder_images(model, folder, BATCH)
+    found_whole = discover(model, pictures_all, NeuronSearch(top_k=10), batch_size=BATCH)
 torch.save(
     {
         "split": results(split),

@@ -10,6 +10,7 @@ import torch
 import vitreg
 from conftest import HANG_GUARD_S, TESTS, free_port
 from vitreg.neurons.discover import discover
+from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build
 
@@ -32,7 +33,7 @@ def test_torchrun_discovery_equals_single_process(tmp_path):
     got = json.loads(out.read_text())
     module, _ = build("deit3_s16", img_size=112)
     images = synthetic_images(16, size=112, seed=3, flat_fraction=0.1)
-    single = discover(vitreg.wrap(module), images, batch_size=4, top_k=20)
+    single = discover(vitreg.wrap(module), images, NeuronSearch(top_k=20), batch_size=4)
     assert [tuple(p) for p in got["pairs"]] == single.pairs()
     assert torch.allclose(torch.tensor(got["scores"]), torch.tensor(single.scores), rtol=1e-6)
     assert got["data"] == single.data

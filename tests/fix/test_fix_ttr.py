@@ -10,6 +10,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters, signed_abs_max
 from vitreg.hooks.sites import HookContext
 from vitreg.neurons.discover import discover
+from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
@@ -133,7 +134,7 @@ def test_compare_fix_before_after(images):
 
     module, truth = build("dinov2_s14", img_size=SIZE)
     model = vitreg.wrap(module)
-    found = discover(model, images[:16], batch_size=8, top_k=len(truth.units))
+    found = discover(model, images[:16], NeuronSearch(top_k=len(truth.units)), batch_size=8)
     cmp = compare_fix(model, TestTimeRegisters(found), images[16:], batch_size=8)
     d = cmp.to_dict()
     assert d["outlier_rate_before"] > 0.03 and d["outlier_rate_after"] <= 0.01
@@ -165,7 +166,8 @@ def test_a_set_applied_to_a_model_without_artifacts_says_nothing_to_fix(images):
     from vitreg.results.fix import Comparison
 
     module, truth = build("dinov2_s14", img_size=SIZE)
-    found = discover(vitreg.wrap(module), images[:16], batch_size=8, top_k=len(truth.units))
+    search = NeuronSearch(top_k=len(truth.units))
+    found = discover(vitreg.wrap(module), images[:16], search, batch_size=8)
     clean = vitreg.wrap(build_unplanted("dinov2_s14", img_size=SIZE))
     d = compare_fix(clean, TestTimeRegisters(found), images[16:], batch_size=8).to_dict()
     res = d["residual"]

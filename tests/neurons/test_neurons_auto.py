@@ -14,6 +14,7 @@ from vitreg.neurons.auto import HOLD_OUT, find_neurons
 from vitreg.neurons.detection import choose_detection
 from vitreg.neurons.discover import discover
 from vitreg.neurons.stability import other_sizes
+from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
@@ -81,11 +82,12 @@ def test_each_choice_has_its_reason(images):
     assert "first appear at the output of block 6" in d.reasons["highest_layer"]
     assert d.threshold == "auto" and d.threshold_value > 0 and "valley" in d.reasons["threshold"]
     assert [x["outlier_mode"] for x in d.layers] == [i >= 6 for i in range(model.n_layers)]
-    given = choose_detection(model, images[:16], detect_layer=-2, highest_layer=7, batch_size=8)
+    search = NeuronSearch(detect_layer=-2, highest_layer=7)
+    given = choose_detection(model, images[:16], search, batch_size=8)
     assert (given.detect_layer, given.highest_layer) == (10, 7)
     assert given.reasons["detect_layer"].endswith("given")
     with pytest.raises(InputError, match="outside a 12-block model"):
-        choose_detection(model, images[:8], detect_layer=99, batch_size=8)
+        choose_detection(model, images[:8], NeuronSearch(detect_layer=99), batch_size=8)
 
 
 def test_models_without_outliers_are_refused(images):
@@ -97,8 +99,8 @@ def test_models_without_outliers_are_refused(images):
 def test_a_range_without_the_writers_says_so_and_a_short_set_is_partial(images):
     model, truth = planted("dinov2_s14")
     with pytest.raises(VitregError, match="no candidate unit in blocks 0-5"):
-        find_neurons(model, images[:16], highest_layer=5, batch_size=8)
-    found = find_neurons(model, images[:16], top_k=1, batch_size=8)
+        find_neurons(model, images[:16], NeuronSearch(highest_layer=5), batch_size=8)
+    found = find_neurons(model, images[:16], NeuronSearch(top_k=1), batch_size=8)
     assert found.status == "partial" and found.mode == "fixed"
     assert found.held_out["blocks_with_outlier_mode_after"]  # one unit of three is not enough
     assert "partial" in found.curve.notes[0] and found.results()["calibration"] is None
@@ -107,12 +109,14 @@ def test_a_range_without_the_writers_says_so_and_a_short_set_is_partial(images):
 def test_discover_honours_a_highest_layer_above_the_detection_layer(images):
     model, truth = planted("dinov2_s14")
     value = choose_detection(model, images[:16], batch_size=8).threshold_value
-    deep = discover(model, images, detect_layer=6, threshold=value, highest_layer=8, top_k=8)
+    deep = discover(
+        model, images, NeuronSearch(detect_layer=6, threshold=value, highest_layer=8, top_k=8)
+    )
     assert deep.settings["highest_layer"] == 8 and deep.settings["detect_layer"] == 6
     # units after the detection layer are scored on the outliers found there: the readers of
     # block 7 rank with the writers of block 6, as in the official code's all-layer ranking
     assert set(truth.units) <= set(deep.pairs())
-    capped = discover(model, images, detect_layer=6, threshold=value, top_k=8)
+    capped = discover(model, images, NeuronSearch(detect_layer=6, threshold=value, top_k=8))
     assert set(capped.layers) <= set(range(7))
 
 
@@ -135,7 +139,8 @@ def test_stability_compares_the_sets_of_two_halves_of_the_images(images):
     assert row["max_over_median_after"] < row["max_over_median_before"] / 5
     # one unit of the three leaves outliers at 140 px: said, not hidden
     held = images[HOLD_OUT - 1 :: HOLD_OUT]
-    one = other_sizes(model, found.chosen.first(1), held, [140], target=0.01, tolerance=1.5)
+    search = NeuronSearch(target=0.01)
+    one = other_sizes(model, found.chosen.first(1), held, [140], search, tolerance=1.5)
     assert not one["clean_at_every_size"] and one["sizes"][0]["blocks_with_outlier_mode_after"]
     plain = find_neurons(model, images, batch_size=8)
     assert plain.stability is None and plain.other_sizes is None  # opt-in

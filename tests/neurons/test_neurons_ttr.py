@@ -9,6 +9,7 @@ from vitreg import VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.neurons.discover import discover
+from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 from vitreg.testing.tiny import timm_vit as build_timm
@@ -28,9 +29,8 @@ def test_discovery_finds_exactly_the_planted_units_and_the_fix_removes_outliers(
     model = vitreg.wrap(module, spec=f"planted:{name}")
     # the paper's ranking over every planted layer (by default the search ends where outliers
     # emerge, which leaves out the second planted layer's readers)
-    found = discover(
-        model, images, batch_size=8, top_k=len(truth.units), highest_layer=truth.layers[-1]
-    )
+    search = NeuronSearch(top_k=len(truth.units), highest_layer=truth.layers[-1])
+    found = discover(model, images, search, batch_size=8)
     assert set(found.pairs()) == set(truth.units)  # precision = recall = 1 at k = #planted
     detect = found.settings["detect_layer"]
     value = found.settings["threshold_value"]
@@ -49,7 +49,7 @@ def test_discovery_finds_exactly_the_planted_units_and_the_fix_removes_outliers(
 def test_neuron_set_roundtrip_and_fit_checks(tmp_path, images):
     module, _ = build("dinov2_s14", img_size=SIZE)
     model = vitreg.wrap(module, spec="planted:dinov2_s14")
-    found = discover(model, images, batch_size=8, top_k=7)
+    found = discover(model, images, NeuronSearch(top_k=7), batch_size=8)
     path = found.save(tmp_path / "neurons")
     again = NeuronSet.load(path)
     assert again.pairs() == found.pairs() and again.fingerprint == found.fingerprint
@@ -91,9 +91,10 @@ def test_top_k_calibration_picks_the_planted_count(images):
 
     module, truth = build("deit3_s16", img_size=SIZE)
     model = vitreg.wrap(module)
-    ranked = discover(model, images[:16], batch_size=8, top_k=12)
+    ranked = discover(model, images[:16], NeuronSearch(top_k=12), batch_size=8)
     held_out = synthetic_images(8, size=SIZE, seed=11, flat_fraction=0.1)
-    chosen, curve = calibrate_top_k(model, ranked, held_out, target=0.01, batch_size=8)
+    search = NeuronSearch(target=0.01)
+    chosen, curve = calibrate_top_k(model, ranked, held_out, search, batch_size=8)
     # the smallest sufficient k: planted units only, at most all of them
     assert 1 <= curve.chosen_k == len(chosen) <= len(truth.units)
     assert set(chosen.pairs()) <= set(truth.units)
@@ -118,7 +119,8 @@ def test_calibration_over_several_resolutions():
         [3.0, 2.0, 1.0],
         settings={"detect_layer": 2, "threshold": "absolute", "threshold_value": value},
     )
-    _, curve = calibrate_top_k(model, ranked, x, target=0.0, image_sizes=(56, 84), ks=(0, 1, 3))
+    search = NeuronSearch(target=0.0)
+    _, curve = calibrate_top_k(model, ranked, x, search, image_sizes=(56, 84), ks=(0, 1, 3))
     assert set(curve.outlier_rate) == {56, 84}
     assert len(curve.outlier_rate[56]) == len(curve.outlier_rate[84]) == len(curve.ks)
     # a random model keeps its top-decile tokens whatever the fix: the target is never met, so

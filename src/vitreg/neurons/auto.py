@@ -24,16 +24,22 @@ from vitreg import distributed
 from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
-from vitreg.neurons.calibrate import DEFAULT_KS, TOLERANCE, TopKCurve, calibrate_top_k
+from vitreg.neurons.calibrate import (
+    DEFAULT_KS,
+    TOLERANCE,
+    FixCheck,
+    TopKCurve,
+    calibrate_top_k,
+)
 from vitreg.neurons.causal import CausalSelection
 from vitreg.neurons.detection import Detection, choose_detection
 from vitreg.neurons.discover import discover
 from vitreg.neurons.held_out import HOLD_OUT, Split, causal_set
 from vitreg.progress import SILENT, Progress
+from vitreg.settings.neurons import NeuronSearch
 
 MIN_HELD_OUT = 2  # held-out images the check needs: one image's content never stands for a model
 SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"
-DISCOVER_K = 64  # candidates ranked by discovery when top-k is chosen automatically
 MAX_HELD_OUT = 32  # held-out images used at most (memory and time flat in the image count)
 CAUSAL_IMAGES = 16  # held-out images used by the causal check
 
@@ -58,7 +64,7 @@ def held_out_images(source: Any, cap: int = MAX_HELD_OUT) -> torch.Tensor:
 
 
 @dataclass
-class Found:
+class NeuronSearchResult:
     """Discovery, causal selection and top-k calibration on one image source."""
 
     ranking: NeuronSet  # every ranked candidate, best first
@@ -78,7 +84,7 @@ class Found:
 
     def results(self) -> dict[str, Any]:
         """The ``results`` block of a neurons run's metrics.json."""
-        s = self.ranking.settings
+        d = self.detection
         curve = self.curve.to_dict()
         return {
             "n_neurons": len(self.chosen),
@@ -88,11 +94,14 @@ class Found:
             "status": self.status,
             "target": self.curve.target,
             "tolerance": self.curve.tolerance,
-            **{k: s[k] for k in ("detect_layer", "highest_layer", "lowest_layer", "threshold")},
-            "threshold_value": s["threshold_value"],
-            "emergence_layer": self.detection.emergence_layer,
-            "reasons": self.detection.reasons,
-            "survey": self.detection.layers,
+            "detect_layer": d.detect_layer,
+            "highest_layer": d.highest_layer,
+            "lowest_layer": d.lowest_layer,
+            "threshold": d.threshold,
+            "threshold_value": d.threshold_value,
+            "emergence_layer": d.emergence_layer,
+            "reasons": d.reasons,
+            "survey": d.layers,
             "layers": layer_counts(self.chosen),
             "neurons": neuron_rows(self.chosen, self.causal),
             "ranking": neuron_rows(self.ranking),
@@ -130,37 +139,87 @@ def layer_counts(neurons: NeuronSet) -> list[dict[str, int]]:
 def find_neurons(
     model: Model,
     images: Any,
+    search: NeuronSearch | None = None,
     *,
     n_images: int | None = None,
-    top_k: int | None = None,
-    causal: bool = True,
-    target: float = 0.01,
-    tolerance: float = TOLERANCE,
-    detect_layer: int | None = None,
-    highest_layer: int | None = None,
-    threshold: str | float = "auto",
     batch_size: int = 32,
+    causal: bool = True,
+    tolerance: float = TOLERANCE,
     max_held_out: int = MAX_HELD_OUT,
     causal_images: int = CAUSAL_IMAGES,
     stability: bool = False,
     check_sizes: Sequence[int] = (),
     progress: Progress = SILENT,
-) -> Found:
+) -> NeuronSearchResult:
     """Register neurons of ``model`` from preprocessed ``images`` with nothing to set by hand.
 
-    ``top_k=None`` chooses k (causal selection, then calibration); a number keeps the top
-    ``top_k`` of the paper's ranking instead, and the fix it makes is still checked on held-out
-    images. ``n_images`` is the image count when ``images`` has no ``len`` (a stream).
-    ``stability``: also choose the causal set from each half of the discovery images and report
-    their overlap (:mod:`~vitreg.neurons.stability`; about twice the cost of the selection).
-    ``check_sizes``: image sizes at which the chosen set's fix is also checked (the held-out
-    images resized), since register neurons can be resolution-specific.
+    ``search`` (a :class:`~vitreg.settings.neurons.NeuronSearch`; default: every choice made
+    from the images) carries the target, top-k, detection layer, highest searched layer and
+    threshold. Its ``top_k='auto'`` chooses k (causal selection, then calibration); a number
+    keeps the top ``top_k`` of the paper's ranking instead, and the fix it makes is still
+    checked on held-out images. ``n_images`` is the image count when ``images`` has no ``len``
+    (a stream). ``stability``: also choose the causal set from each half of the discovery
+    images and report their overlap (:mod:`~vitreg.neurons.stability`; about twice the cost of
+    the selection). ``check_sizes``: image sizes at which the chosen set's fix is also checked
+    (the held-out images resized), since register neurons can be resolution-specific.
     """
-    for size in check_sizes:  # before any work: a size the model refuses fails now, not at the end
+    search = search if search is not None else NeuronSearch()
+    _check_sizes_taken(model, check_sizes)  # before any work: a refused size fails now
+    disc, n_disc = _discovery_split(images, n_images)
+    detection, ranking = _survey_and_rank(model, disc, n_disc, search, batch_size, progress)
+    # Under torchrun the survey and discovery above are sharded over the ranks (one sharded
+    # Model.trace, all-reduced sums). The held-out steps below run on a small tensor (at most
+    # ``max_held_out`` images): every rank runs them whole, on the same images with the same
+    # weights, and gets the same result -- simpler than sharding them.
+    held = held_out_images(images, max_held_out)
+    selection = None
+    if search.top_k == "auto" and causal:
+        selection = _causal_selection(
+            model, held[:causal_images], ranking, detection, batch_size, progress
+        )
+    order, ks = _calibration_order(ranking, selection, search)
+    chosen, curve = _calibrate(
+        model, order, held, ks, selection is not None, search, tolerance, batch_size, progress
+    )
+    before, after = curve.checks[0][0], curve.checks[0][curve.ks.index(curve.chosen_k)]
+    if search.top_k == "auto" and before.clean and before.outlier_rate <= search.target:
+        raise InputError(
+            f"the {len(held)} held-out images show no artifacts without any fix (no outlier "
+            f"mode at any block, patch outlier rate {before.outlier_rate:.2%}) at block "
+            f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
+            "(--limit, --images DIR) or a fixed --top-k K"
+        )
+    chosen.settings = {
+        **chosen.settings,
+        "selection": selection.to_dict() if selection is not None else None,
+        "status": curve.status,
+    }
+    split = {"rule": SPLIT_RULE, "n_discovery": ranking.data["n_images"], "n_held_out": len(held)}
+    mode = "fixed" if search.top_k != "auto" else "calibrated"
+    summary = _held_out_summary(held, chosen, before, after)
+    found = NeuronSearchResult(ranking, chosen, detection, selection, curve, summary, split, mode)
+    if stability and selection is not None:
+        found.stability = _half_sets(
+            model, disc, held[:causal_images], detection, selection, search, batch_size, progress
+        )
+    if check_sizes:
+        found.other_sizes = _other_sizes(
+            model, chosen, held, check_sizes, search, tolerance, batch_size, progress
+        )
+    return found
+
+
+def _check_sizes_taken(model: Model, sizes: Sequence[int]) -> None:
+    """Refuse, naming it, an image size the model cannot take."""
+    for size in sizes:
         try:
             model.layout_for((size, size))
         except InputError as e:
             raise InputError(f"cannot check the fix at {size} px: {e}") from None
+
+
+def _discovery_split(images: Any, n_images: int | None) -> tuple[Split, int]:
+    """The images discovery sees and their count, once enough are held out for the check."""
     total = n_images if n_images is not None else len(images)
     n_disc, n_held = split_sizes(total)
     if n_held < MIN_HELD_OUT:
@@ -171,70 +230,102 @@ def find_neurons(
             f"{MIN_HELD_OUT * HOLD_OUT} images, and got {total} ({n_held} held out); pass more "
             "(--limit, --images DIR)"
         )
-    disc = Split(images, held_out=False)
+    return Split(images, held_out=False), n_disc
+
+
+def _survey_and_rank(
+    model: Model,
+    disc: Split,
+    n_disc: int,
+    search: NeuronSearch,
+    batch_size: int,
+    progress: Progress,
+) -> tuple[Detection, NeuronSet]:
+    """The survey (detection layer, threshold, searched range) and discovery's ranking."""
     with progress(None, "surveying patch norms per block"):
-        detection = choose_detection(
-            model,
-            disc,
-            detect_layer=detect_layer,
-            highest_layer=highest_layer,
-            threshold=threshold,
-            batch_size=batch_size,
-        )
+        detection = choose_detection(model, disc, search, batch_size=batch_size)
     with progress(n_disc, "discovering register neurons (images)") as update:
         ranking = discover(
-            model,
-            disc,
-            top_k=top_k or DISCOVER_K,
-            batch_size=batch_size,
-            detection=detection,
-            progress=update,
+            model, disc, search, detection=detection, batch_size=batch_size, progress=update
         )
-    # Under torchrun the survey and discovery above are sharded over the ranks (one sharded
-    # Model.trace, all-reduced sums). The held-out steps below run on a small tensor (at most
-    # ``max_held_out`` images): every rank runs them whole, on the same images with the same
-    # weights, and gets the same result -- simpler than sharding them.
-    held = held_out_images(images, max_held_out)
-    options = {"target": target, "tolerance": tolerance, "batch_size": batch_size}
-    selection = None
-    if top_k is not None:
-        order = ranking
-        ks: tuple[int, ...] = (0, len(ranking))
-    elif causal:
-        with (
-            progress(
-                None, "causal check: zeroing candidates on held-out images (rounds of candidates)"
-            ) as update,
-            distributed.local(),
-        ):
-            selection = causal_set(
-                model, held[:causal_images], ranking, detection, batch_size, progress=update
-            )
-        if selection.baseline["n_outlier_patches"] == 0:
-            raise InputError(
-                f"the {min(len(held), causal_images)} held-out images checked have no outlier "
-                f"patch at block {detection.detect_layer}, so the causal check has nothing to "
-                "remove; use more images (--limit, --images DIR) or a fixed --top-k K"
-            )
-        if not selection.chosen:
-            raise VitregError(
-                f"no candidate unit in blocks {detection.lowest_layer}-{detection.highest_layer} "
-                f"removes the outliers at block {detection.detect_layer} when zeroed; they may be "
-                "written by attention or by units outside this range: pass --highest-layer, or "
-                "a fixed --top-k to apply the paper's ranking as it is"
-            )
+    return detection, ranking
+
+
+def _causal_selection(
+    model: Model,
+    held: torch.Tensor,
+    ranking: NeuronSet,
+    detection: Detection,
+    batch_size: int,
+    progress: Progress,
+) -> CausalSelection:
+    """The causal check on ``held``: the ranked units whose zeroing removes the outliers."""
+    with (
+        progress(
+            None, "causal check: zeroing candidates on held-out images (rounds of candidates)"
+        ) as update,
+        distributed.local(),
+    ):
+        selection = causal_set(model, held, ranking, detection, batch_size, progress=update)
+    if selection.baseline["n_outlier_patches"] == 0:
+        raise InputError(
+            f"the {len(held)} held-out images checked have no outlier "
+            f"patch at block {detection.detect_layer}, so the causal check has nothing to "
+            "remove; use more images (--limit, --images DIR) or a fixed --top-k K"
+        )
+    if not selection.chosen:
+        raise VitregError(
+            f"no candidate unit in blocks {detection.lowest_layer}-{detection.highest_layer} "
+            f"removes the outliers at block {detection.detect_layer} when zeroed; they may be "
+            "written by attention or by units outside this range: pass --highest-layer, or "
+            "a fixed --top-k to apply the paper's ranking as it is"
+        )
+    return selection
+
+
+def _calibration_order(
+    ranking: NeuronSet, selection: CausalSelection | None, search: NeuronSearch
+) -> tuple[NeuronSet, tuple[int, ...]]:
+    """The candidates in the order calibration takes them, and the values of k to check: a
+    fixed top-k's ranking whole, the causal set whole (the curve over k only if it fails), or
+    the ranking over :data:`DEFAULT_KS`."""
+    if search.top_k != "auto":
+        order, ks = ranking, (0, len(ranking))
+    elif selection is not None:
         order = _ordered(ranking, selection.chosen)
-        ks = (0, len(order))  # the causal set as a whole; the curve over k only if it fails
+        ks = (0, len(order))
     else:
         order, ks = ranking, DEFAULT_KS
-    ks = tuple(k for k in ks if k <= len(order)) + (len(order),)
-    keep_all = selection is not None
+    return order, tuple(k for k in ks if k <= len(order)) + (len(order),)
+
+
+def _calibrate(
+    model: Model,
+    order: NeuronSet,
+    held: torch.Tensor,
+    ks: tuple[int, ...],
+    keep_all: bool,
+    search: NeuronSearch,
+    tolerance: float,
+    batch_size: int,
+    progress: Progress,
+) -> tuple[NeuronSet, TopKCurve]:
+    """The fix checked on ``held`` at each of ``ks``; a causal set (``keep_all``) whose fix
+    leaves artifacts is checked at every k of :data:`DEFAULT_KS` instead."""
     with (
         progress(len(set(ks)), "checking the fix on held-out images (values of top-k)") as update,
         distributed.local(),
     ):
         chosen, curve = calibrate_top_k(
-            model, order, held, ks=ks, progress=update, keep_all=keep_all, **options
+            model,
+            order,
+            held,
+            search,
+            tolerance=tolerance,
+            ks=ks,
+            batch_size=batch_size,
+            progress=update,
+            keep_all=keep_all,
         )
     if keep_all and curve.status == "partial" and len(order) > 1:
         with (
@@ -244,19 +335,26 @@ def find_neurons(
             distributed.local(),
         ):
             chosen, curve = calibrate_top_k(
-                model, order, held, ks=DEFAULT_KS, progress=update, keep_all=True, **options
+                model,
+                order,
+                held,
+                search,
+                tolerance=tolerance,
+                ks=DEFAULT_KS,
+                batch_size=batch_size,
+                progress=update,
+                keep_all=True,
             )
-    before, after = curve.checks[0][0], curve.checks[0][curve.ks.index(curve.chosen_k)]
-    if top_k is None and before.clean and before.outlier_rate <= target:
-        raise InputError(
-            f"the {len(held)} held-out images show no artifacts without any fix (no outlier "
-            f"mode at any block, patch outlier rate {before.outlier_rate:.2%}) at block "
-            f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
-            "(--limit, --images DIR) or a fixed --top-k K"
-        )
-    held_out = {"n_images": len(held), "k": len(chosen)}
+    return chosen, curve
+
+
+def _held_out_summary(
+    held: torch.Tensor, chosen: NeuronSet, before: FixCheck, after: FixCheck
+) -> dict[str, Any]:
+    """The held-out images with no fix (k = 0) and with the chosen one, as metrics.json has it."""
+    summary: dict[str, Any] = {"n_images": len(held), "k": len(chosen)}
     for when, check in (("before", before), ("after", after)):
-        held_out.update(
+        summary.update(
             {
                 f"outlier_rate_{when}": check.outlier_rate,
                 f"max_patch_norm_{when}": check.max_norm,
@@ -265,48 +363,52 @@ def find_neurons(
                 f"blocks_with_outlier_mode_{when}": check.blocks_with_mode,
             }
         )
-    held_out["ordinary_max_over_median"] = before.ordinary_max_over_median
-    chosen.settings = {
-        **chosen.settings,
-        "selection": selection.to_dict() if selection is not None else None,
-        "status": curve.status,
-    }
-    split = {"rule": SPLIT_RULE, "n_discovery": ranking.data["n_images"], "n_held_out": len(held)}
-    mode = "fixed" if top_k is not None else "calibrated"
-    found = Found(ranking, chosen, detection, selection, curve, held_out, split, mode)
-    if stability and selection is not None:
-        from vitreg.neurons.stability import half_sets
+    summary["ordinary_max_over_median"] = before.ordinary_max_over_median
+    return summary
 
-        with (
-            progress(2, "stability: the causal set of each half of the images"),
-            distributed.local(),
-        ):
-            found.stability = half_sets(
-                model,
-                disc,
-                held[:causal_images],
-                detection,
-                selection.chosen,
-                top_k=DISCOVER_K,
-                batch_size=batch_size,
-            )
-    if check_sizes:
-        from vitreg.neurons.stability import other_sizes
 
-        with (
-            progress(None, f"checking the fix at sizes {', '.join(map(str, check_sizes))}"),
-            distributed.local(),
-        ):
-            found.other_sizes = other_sizes(
-                model,
-                chosen,
-                held,
-                list(check_sizes),
-                target=target,
-                tolerance=tolerance,
-                batch_size=batch_size,
-            )
-    return found
+def _half_sets(
+    model: Model,
+    disc: Split,
+    held: torch.Tensor,
+    detection: Detection,
+    selection: CausalSelection,
+    search: NeuronSearch,
+    batch_size: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The stability check: the causal set of each half of the discovery images."""
+    from vitreg.neurons.stability import half_sets
+
+    with (
+        progress(2, "stability: the causal set of each half of the images"),
+        distributed.local(),
+    ):
+        return half_sets(
+            model, disc, held, detection, selection.chosen, search, batch_size=batch_size
+        )
+
+
+def _other_sizes(
+    model: Model,
+    chosen: NeuronSet,
+    held: torch.Tensor,
+    sizes: Sequence[int],
+    search: NeuronSearch,
+    tolerance: float,
+    batch_size: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    """The chosen set's fix checked on ``held`` resized to each of ``sizes``."""
+    from vitreg.neurons.stability import other_sizes
+
+    with (
+        progress(None, f"checking the fix at sizes {', '.join(map(str, sizes))}"),
+        distributed.local(),
+    ):
+        return other_sizes(
+            model, chosen, held, list(sizes), search, tolerance=tolerance, batch_size=batch_size
+        )
 
 
 def _ordered(ranking: NeuronSet, units: list[tuple[int, int]]) -> NeuronSet:

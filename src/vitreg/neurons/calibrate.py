@@ -30,6 +30,8 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model, iter_batches
 from vitreg.progress import Update
+from vitreg.settings.neurons import NeuronSearch
+from vitreg.settings.ttr import TtrSettings
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 
@@ -73,9 +75,10 @@ def check_fix(
     size: int | None = None,
     batch_size: int = 32,
     limit: int | None = None,
-    **ttr_options: Any,
+    ttr: TtrSettings | None = None,
 ) -> FixCheck:
-    """Trace every block with the first-k fix applied (k = ``len(neurons)``; 0 = no fix).
+    """Trace every block with the first-k fix applied (k = ``len(neurons)``; 0 = no fix), the
+    test-time registers as ``ttr`` says (default: the paper's).
 
     ``ordinary``: the ordinary patches' max/median before the fix; measured here when ``None``
     (which is right only for the unfixed model, k = 0). ``before``: the check without the fix,
@@ -85,7 +88,10 @@ def check_fix(
     batches = [_resize(b, size) for b in iter_batches(data, batch_size, limit)]
     if not batches:
         raise VitregError("calibration got no images")
-    with TestTimeRegisters(neurons, **ttr_options).applied(model):
+    fix = (
+        TestTimeRegisters(neurons) if ttr is None else TestTimeRegisters(neurons, **ttr.ttr_args())
+    )
+    with fix.applied(model):
         found = norm_report(model, batches, batch_size=batch_size)
     trace, report = found.trace, found.report
     site = trace.sites[detect_layer]
@@ -190,8 +196,8 @@ def calibrate_top_k(
     model: Model,
     neurons: NeuronSet,
     data: Any,
+    search: NeuronSearch | None = None,
     *,
-    target: float = 0.01,
     tolerance: float = TOLERANCE,
     ks: Sequence[int] | None = None,
     image_sizes: Sequence[int | None] = (None,),
@@ -199,27 +205,24 @@ def calibrate_top_k(
     limit: int | None = None,
     progress: Update | None = None,
     keep_all: bool = False,
-    **ttr_options: Any,
+    ttr: TtrSettings | None = None,
 ) -> tuple[NeuronSet, TopKCurve]:
-    """The smallest k (first k of ``neurons`` in stored order) whose fix passes everywhere.
+    """The smallest k (first k of ``neurons`` in stored order) whose fix passes everywhere, the
+    outlier rate to reach being ``search.target`` (default: that of :class:`NeuronSearch`).
 
     ``data`` should be held-out images (not those used for discovery). k = 0 is always measured
     first (the "before" and the ordinary level). The curve stops at the first passing k; if none
     does, every k is tried, the one leaving the fewest outlier blocks (then the lowest max/median)
     is returned and the status is "partial". ``keep_all``: the whole set is the choice (a causal
     set, every unit of which was measured to matter) when its fix passes; every k is still
-    measured for the curve.
+    measured for the curve. ``ttr``: how the fix inserts its registers (default: the paper's).
     """
-    s = neurons.settings
-    detect = s.get("detect_layer")
-    rule = s.get("threshold", "auto")
-    value = s.get("threshold_value")
-    if detect is None:
-        raise VitregError("this NeuronSet records no detection layer; rediscover or pass one")
+    search = search if search is not None else NeuronSearch()
+    detect, rule, value = _recorded_detection(neurons)
     grid = ks if ks is not None else DEFAULT_KS
     candidates = sorted({0, len(neurons)} | {k for k in grid if 0 <= k <= len(neurons)})
     sizes = [None if z is None else int(z) for z in image_sizes]
-    curve = TopKCurve(target, tolerance, detect, [], {z or 0: [] for z in sizes}, None)
+    curve = TopKCurve(search.target, tolerance, detect, [], {z or 0: [] for z in sizes}, None)
     for i, k in enumerate(candidates):
         for z in sizes:
             before = curve.checks[z or 0]
@@ -232,12 +235,12 @@ def calibrate_top_k(
                 value,
                 ordinary=before[0].ordinary_max_over_median if before else None,
                 before=before[0] if before else None,
-                target=target,
+                target=search.target,
                 tolerance=tolerance,
                 size=z,
                 batch_size=batch_size,
                 limit=limit,
-                **ttr_options,
+                ttr=ttr,
             )
             before.append(check)
         curve.ks.append(k)
@@ -246,30 +249,48 @@ def calibrate_top_k(
         if k > 0 and curve.passes(i) and not keep_all:
             curve.chosen_k = k
             break
-    passing = [k for i, k in enumerate(curve.ks) if k > 0 and curve.passes(i)]
-    if keep_all and passing:
-        curve.chosen_k = len(neurons) if len(neurons) in passing else passing[0]
-    if curve.chosen_k is None:
-        curve.status = "partial"
-        native = next(iter(curve.checks.values()))
-        tried = range(1, len(curve.ks)) or range(len(curve.ks))
-        best = min(
-            tried,
-            key=lambda i: (
-                sum(len(c[i].blocks_with_mode) for c in curve.checks.values()),
-                native[i].max_over_median,
-            ),
-        )
-        curve.chosen_k = curve.ks[best]
-        left = native[best]
-        curve.notes.append(
-            f"partial: no k up to {len(neurons)} passes on the held-out images; the best, "
-            f"k = {left.k}, leaves {_shortfall(left, target, tolerance, detect)}. Search more "
-            "layers (--highest-layer), use more images, or accept the residual"
-        )
+    _choose(curve, len(neurons), keep_all)
+    assert curve.chosen_k is not None
     chosen = neurons.first(curve.chosen_k)
     chosen.settings = {**chosen.settings, "calibration": curve.to_dict()}
     return chosen, curve
+
+
+def _recorded_detection(neurons: NeuronSet) -> tuple[int, str, float | None]:
+    """The detection layer, outlier rule and threshold value that ``neurons`` records."""
+    s = neurons.settings
+    detect = s.get("detect_layer")
+    if detect is None:
+        raise VitregError("this NeuronSet records no detection layer; rediscover or pass one")
+    return detect, s.get("threshold", "auto"), s.get("threshold_value")
+
+
+def _choose(curve: TopKCurve, n: int, keep_all: bool) -> None:
+    """Set the curve's chosen k once every k to measure is measured: a kept-whole set of ``n``
+    units when it passes (else the first k that does), or the best partial k, said in a note."""
+    passing = [k for i, k in enumerate(curve.ks) if k > 0 and curve.passes(i)]
+    if keep_all and passing:
+        curve.chosen_k = n if n in passing else passing[0]
+    if curve.chosen_k is not None:
+        return
+    curve.status = "partial"
+    native = next(iter(curve.checks.values()))
+    tried = range(1, len(curve.ks)) or range(len(curve.ks))
+    best = min(
+        tried,
+        key=lambda i: (
+            sum(len(c[i].blocks_with_mode) for c in curve.checks.values()),
+            native[i].max_over_median,
+        ),
+    )
+    curve.chosen_k = curve.ks[best]
+    left = native[best]
+    short = _shortfall(left, curve.target, curve.tolerance, curve.detect_layer)
+    curve.notes.append(
+        f"partial: no k up to {n} passes on the held-out images; the best, k = {left.k}, "
+        f"leaves {short}. Search more layers (--highest-layer), use more images, or accept the "
+        "residual"
+    )
 
 
 def _shortfall(check: FixCheck, target: float, tolerance: float, detect: int) -> str:

@@ -42,6 +42,7 @@ from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
 from vitreg.models.replay import PrefixReplay
+from vitreg.neurons.detection import Detection
 from vitreg.progress import Update
 
 Unit = tuple[int, int]
@@ -289,152 +290,218 @@ def select_causal(
     model: Model,
     images: torch.Tensor,
     candidates: Sequence[Unit],
-    detect_layer: int,
-    rule: str,
-    value: float | None,
+    detection: Detection,
     *,
-    first_layer: int | None = None,
-    emergence_layer: int | None = None,
     min_gain: float = 0.01,
     clean_at: float = 0.02,
     max_units: int = 64,
     batch_size: int = 16,
     progress: Update | None = None,
 ) -> CausalSelection:
-    """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs).
+    """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs), with the
+    layers and the outlier rule of ``detection`` (the survey's).
 
-    The excess is measured at every block from ``first_layer`` (the first block that writes the
-    outliers; default: the detection layer only) to ``detect_layer``; ``emergence_layer`` (default:
-    ``first_layer``) is the first block whose output shows them, after which units can be
-    readers. Each step adds the remaining candidates whose
-    estimated removal is at least half the best one's and at least ``min_gain`` of the base
-    excess, or, when no estimate is that large, the smallest group of the best-estimated ones
-    whose exact removal is. It stops when the excess left at every block is below ``clean_at``
-    of the base (the outlier patches look ordinary), when nothing removes ``min_gain`` more, or
-    at ``max_units``. Estimates come from the direct (residual-stream) path of each unit's
-    write, so a unit that only feeds other units (a feature detector upstream of the writers) is
-    not taken for a writer by them; every measured excess is exact. Pruning then drops readers,
-    units acting through others (zeroing them removes > ``MEDIATED`` x their own write) and
-    bystanders; when it drops a reader or such a unit, selection resumes from what is kept
-    without them (at most ``MAX_ROUNDS`` rounds), so a writer they stood in for is still found.
+    The excess is measured at every block from ``detection.first_written`` (the first block that
+    writes the outliers; ``None``: the detection layer only) to its detection layer;
+    ``detection.emergence_layer`` (``None``: the first block measured) is the first block whose
+    output shows them, after which units can be readers. Each step adds the remaining candidates
+    whose estimated removal is at least half the best one's and at least ``min_gain`` of the
+    base excess, or, when no estimate is that large, the smallest group of the best-estimated
+    ones whose exact removal is. It stops when the excess left at every block is below
+    ``clean_at`` of the base (the outlier patches look ordinary), when nothing removes
+    ``min_gain`` more, or at ``max_units``. Estimates come from the direct (residual-stream)
+    path of each unit's write, so a unit that only feeds other units (a feature detector
+    upstream of the writers) is not taken for a writer by them; every measured excess is exact.
+    Pruning then drops readers, units acting through others (zeroing them removes > ``MEDIATED``
+    x their own write) and bystanders; when it drops a reader or such a unit, selection resumes
+    from what is kept without them (at most ``MAX_ROUNDS`` rounds), so a writer they stood in
+    for is still found.
     """
+    detect = detection.detect_layer
     probe = CausalProbe(
-        model, images, detect_layer, rule, value, candidates, batch_size, first_layer
+        model,
+        images,
+        detect,
+        detection.threshold,
+        detection.threshold_value,
+        candidates,
+        batch_size,
+        detection.first_written,
     )
     base = probe.measure([], grad=True)
-    scale = base.excess[detect_layer]
-    selection = CausalSelection(
-        detect_layer,
+    scale = base.excess[detect]
+    selection = _started(probe, base, detection, len(candidates), int(images.shape[0]))
+    if probe.base.n_outliers == 0 or scale <= 0:
+        selection.passes = probe.passes
+        return selection
+    first = _estimates(base.grads, candidates)
+    greedy = _Greedy(probe, candidates, scale, min_gain, clean_at, max_units)
+    kept, effects, final = greedy.rounds(base, first, selection, progress)
+    for u in kept:
+        effects[u]["estimated"] = first.get(u, 0.0) / scale
+    selection.chosen = kept
+    selection.effects = effects
+    selection.residual = final.excess[detect] / scale
+    selection.residual_by_block = {b: v / scale for b, v in final.excess.items()}
+    selection.passes = probe.passes
+    return selection
+
+
+def _started(
+    probe: CausalProbe, base: Measure, detection: Detection, n_candidates: int, n_images: int
+) -> CausalSelection:
+    """The selection before its first step: the base run's outlier patches and excess."""
+    detect = detection.detect_layer
+    return CausalSelection(
+        detect,
         [],
         {
-            "threshold": rule,
-            "threshold_value": value,
-            "median_patch_norm": probe.base.medians[detect_layer],
+            "threshold": detection.threshold,
+            "threshold_value": detection.threshold_value,
+            "median_patch_norm": probe.base.medians[detect],
             "n_outlier_patches": probe.base.n_outliers,
-            "ordinary_excess": probe.base.ordinary[detect_layer],
-            "excess": scale,
+            "ordinary_excess": probe.base.ordinary[detect],
+            "excess": base.excess[detect],
             "excess_by_block": {str(b): v for b, v in base.excess.items()},
         },
         1.0,
         {},
-        candidates=len(candidates),
-        n_images=int(images.shape[0]),
+        candidates=n_candidates,
+        n_images=n_images,
         first_layer=probe.blocks[0],
-        emergence_layer=probe.blocks[0] if emergence_layer is None else emergence_layer,
+        emergence_layer=(
+            probe.blocks[0] if detection.emergence_layer is None else detection.emergence_layer
+        ),
     )
-    if probe.base.n_outliers == 0 or scale <= 0:
-        selection.passes = probe.passes
-        return selection
 
-    def left(m: Measure) -> float:
-        return max(m.excess.values()) / scale  # the worst block, on the detection scale
 
-    def gain(before: Measure, after: Measure) -> float:
+@dataclass
+class _Greedy:
+    """The greedy forward selection: the probe, the candidates, the base excess at the
+    detection layer (``scale``) and the rules that stop it."""
+
+    probe: CausalProbe
+    candidates: Sequence[Unit]
+    scale: float
+    min_gain: float
+    clean_at: float
+    max_units: int
+
+    def left(self, m: Measure) -> float:
+        """The excess left at the worst block, on the detection layer's scale."""
+        return max(m.excess.values()) / self.scale
+
+    def gain(self, before: Measure, after: Measure) -> float:
         """The largest fall of the excess at a block; none when another block rises as much."""
-        change = probe.falls(before, after)
-        return max(change) / scale if min(change) > -min_gain * scale else -1.0
+        change = self.probe.falls(before, after)
+        return max(change) / self.scale if min(change) > -self.min_gain * self.scale else -1.0
 
-    first = _estimates(base.grads, candidates)
-    excluded: set[Unit] = set()  # readers and mediators found by pruning: never chosen again
-    kept: list[Unit] = []
-    effects: dict[Unit, dict[str, float]] = {}
-    m = base
-    for _ in range(MAX_ROUNDS):
-        chosen = list(kept)
-        while len(chosen) < max_units and left(m) > clean_at:
-            estimates = _estimates(m.grads, candidates)
-            rest = sorted(
-                (
-                    (est, u)
-                    for u, est in estimates.items()
-                    if est > 0 and u not in excluded and u not in chosen
-                ),
-                reverse=True,
+    def rounds(
+        self,
+        base: Measure,
+        direct: dict[Unit, float],
+        selection: CausalSelection,
+        progress: Update | None,
+    ) -> tuple[list[Unit], dict[Unit, dict[str, float]], Measure]:
+        """Grow and prune, again from what is kept while pruning drops a reader or a mediator
+        (at most ``MAX_ROUNDS`` rounds): the kept units, their effects and their measure."""
+        excluded: set[Unit] = set()  # readers and mediators found by pruning: never chosen again
+        kept: list[Unit] = []
+        effects: dict[Unit, dict[str, float]] = {}
+        m = base
+        for _ in range(MAX_ROUNDS):
+            chosen, m = self.grow(list(kept), m, excluded, selection, progress)
+            n_dropped = len(selection.dropped)
+            kept, effects = _prune(
+                self.probe,
+                chosen,
+                m,
+                base,
+                direct,
+                self.scale,
+                self.min_gain,
+                selection.emergence_layer,
+                selection.dropped,
             )
-            if not rest:
+            new = selection.dropped[n_dropped:]
+            excluded |= {(d["layer"], d["unit"]) for d in new if d["kind"] != "bystander"}
+            if kept != chosen:
+                m = self.probe.measure(kept, grad=True)
+            if all(d["kind"] == "bystander" for d in new):
+                break  # nothing took a writer's place: the selection stands
+        return kept, effects, m
+
+    def grow(
+        self,
+        chosen: list[Unit],
+        m: Measure,
+        excluded: set[Unit],
+        selection: CausalSelection,
+        progress: Update | None,
+    ) -> tuple[list[Unit], Measure]:
+        """Add units step by step while excess is left at some block and there is room."""
+        while len(chosen) < self.max_units and self.left(m) > self.clean_at:
+            step = self.step(chosen, m, excluded)
+            if step is None:
                 break
-            room = max_units - len(chosen)
-            # units set aside below may still matter together: the group step ranks them all
-            ranked = [u for _, u in rest][:room]
-            added, how = [], "estimated"
-            for _ in range(ESTIMATE_TRIES):
-                if not rest or rest[0][0] < min_gain * scale:
-                    break
-                floor = max(0.5 * rest[0][0], min_gain * scale)
-                tier = [u for est, u in rest if est >= floor][:room]
-                after = probe.measure(chosen + tier, grad=True)
-                if gain(m, after) < min_gain and len(tier) > 1:  # one may spoil the tier
-                    tier = tier[:1]
-                    after = probe.measure(chosen + tier, grad=True)
-                if gain(m, after) >= min_gain:
-                    added = tier
-                    break
-                # the estimate over-read the best unit: set it aside, try the next ones
-                rest = [(est, u) for est, u in rest if u not in tier]
-            if not added:
-                added, after = _group_step(probe, chosen, ranked, m, gain, min_gain)
-                how = "exact group"
-                if not added:
-                    break
+            added, m, how = step
             chosen += added
-            m = after
             selection.steps.append(
                 {
                     "added": [list(u) for u in added],
                     "by": how,
-                    "residual_fraction": m.excess[detect_layer] / scale,
-                    "worst_block_fraction": left(m),
+                    "residual_fraction": m.excess[self.probe.detect] / self.scale,
+                    "worst_block_fraction": self.left(m),
                 }
             )
             if progress is not None:
                 progress(len(selection.steps))
-        n_dropped = len(selection.dropped)
-        kept, effects = _prune(
-            probe,
-            chosen,
-            m,
-            base,
-            first,
-            scale,
-            min_gain,
-            selection.emergence_layer,
-            selection.dropped,
+        return chosen, m
+
+    def step(
+        self, chosen: list[Unit], m: Measure, excluded: set[Unit]
+    ) -> tuple[list[Unit], Measure, str] | None:
+        """The units one step adds, the measure with them zeroed and how they were found;
+        ``None`` when no candidate is left or no group removes more."""
+        estimates = _estimates(m.grads, self.candidates)
+        rest = sorted(
+            (
+                (est, u)
+                for u, est in estimates.items()
+                if est > 0 and u not in excluded and u not in chosen
+            ),
+            reverse=True,
         )
-        new = selection.dropped[n_dropped:]
-        excluded |= {(d["layer"], d["unit"]) for d in new if d["kind"] != "bystander"}
-        if kept != chosen:
-            m = probe.measure(kept, grad=True)
-        if all(d["kind"] == "bystander" for d in new):
-            break  # nothing took a writer's place: the selection stands
-    for u in kept:
-        effects[u]["estimated"] = first.get(u, 0.0) / scale
-    final = m
-    selection.chosen = kept
-    selection.effects = effects
-    selection.residual = final.excess[detect_layer] / scale
-    selection.residual_by_block = {b: v / scale for b, v in final.excess.items()}
-    selection.passes = probe.passes
-    return selection
+        if not rest:
+            return None
+        room = self.max_units - len(chosen)
+        # units set aside below may still matter together: the group step ranks them all
+        ranked = [u for _, u in rest][:room]
+        tier = self.estimated(chosen, m, rest, room)
+        if tier is not None:
+            return *tier, "estimated"
+        added, after = _group_step(self.probe, chosen, ranked, m, self.gain, self.min_gain)
+        return (added, after, "exact group") if added else None
+
+    def estimated(
+        self, chosen: list[Unit], m: Measure, rest: list[tuple[float, Unit]], room: int
+    ) -> tuple[list[Unit], Measure] | None:
+        """The first tier of best-estimated units whose exact removal gains ``min_gain``, and
+        its measure; ``None`` when the estimates are too small or over-read every tier tried."""
+        for _ in range(ESTIMATE_TRIES):
+            if not rest or rest[0][0] < self.min_gain * self.scale:
+                return None
+            floor = max(0.5 * rest[0][0], self.min_gain * self.scale)
+            tier = [u for est, u in rest if est >= floor][:room]
+            after = self.probe.measure(chosen + tier, grad=True)
+            if self.gain(m, after) < self.min_gain and len(tier) > 1:  # one may spoil the tier
+                tier = tier[:1]
+                after = self.probe.measure(chosen + tier, grad=True)
+            if self.gain(m, after) >= self.min_gain:
+                return tier, after
+            # the estimate over-read the best unit: set it aside, try the next ones
+            rest = [(est, u) for est, u in rest if u not in tier]
+        return None
 
 
 def _estimates(
@@ -493,93 +560,134 @@ def _prune(
 ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
     """Measure each chosen unit exactly, zeroed alone and restored alone (the others zeroed).
 
-    Readers (activation on the outliers gone once the others are zeroed) are dropped. Units that
+    Mediators (zeroing them alone removes far more than their own write) and readers
+    (activation on the outliers gone once the others are zeroed) are dropped. Units that
     change the excess neither way alone are kept when restoring them together brings excess back
     and their own estimated write is a real share of it; otherwise they are bystanders.
     """
-    detect, first = probe.detect, emergence
-    effects: dict[Unit, dict[str, float]] = {}
-
-    def drop(u: Unit, kind: str, reason: str) -> None:
-        dropped.append(
-            {"layer": u[0], "unit": u[1], **effects.pop(u), "kind": kind, "reason": reason}
-        )
-
-    def most(high: Measure, low: Measure) -> float:
-        """The largest fall of the excess at any measured block, from ``high`` to ``low``."""
-        return max(probe.falls(high, low)) / scale
-
-    for u in chosen:
-        alone = probe.measure([u])
-        effects[u] = {
-            "alone": (base.excess[detect] - alone.excess[detect]) / scale,
-            "alone_at_emergence": (base.excess[first] - alone.excess[first]) / scale,
-            "alone_most": most(base, alone),
-        }
-        own = direct.get(u, 0.0) / scale
-        if effects[u]["alone"] >= min_gain and effects[u]["alone"] > MEDIATED * max(own, 0.0):
-            drop(
-                u,
-                "mediator",
-                f"acts through other units: zeroing it alone removes {effects[u]['alone']:.1%} "
-                f"of the excess while its own write on the outlier patches accounts for "
-                f"{own:.3%} (a feature detector upstream of the writers, not a writer)",
-            )
+    pruning = _Pruning(probe, base, direct, scale, min_gain, emergence, dropped)
+    pruning.mediators(chosen)
     # the rest measured without the mediators: zeroing those silences the writers they feed
-    rest = [u for u in chosen if u in effects]
+    rest = [u for u in chosen if u in pruning.effects]
     if len(rest) < len(chosen):
         final = probe.measure(rest)
-    for u in rest:
-        others = probe.measure([v for v in rest if v != u])
-        lay, unit = u
-        before = float(probe.base.acts[lay][unit])
-        effects[u] |= {
-            "in_set": (others.excess[detect] - final.excess[detect]) / scale,
-            "in_set_at_emergence": (others.excess[first] - final.excess[first]) / scale,
-            "in_set_most": most(others, final),
-            "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
-        }
+    pruning.in_set(rest, final)
+    pruning.readers(rest)
+    pruning.bystanders(chosen, final)
+    return [u for u in chosen if u in pruning.effects], pruning.effects
 
-    def strong(e: dict[str, float]) -> bool:
-        """Zeroing it alone, or restoring it alone, moves the excess at some block: weak units
-        write before the emergence block, where their whole effect may sit."""
-        return max(e["alone_most"], e["in_set_most"]) >= min_gain
 
-    def reader_floor(layer: int) -> float:
+@dataclass
+class _Pruning:
+    """Pruning's measures of the chosen units, against the base run: each unit's effects, and
+    the units dropped (into ``dropped``) with their kind and the reason."""
+
+    probe: CausalProbe
+    base: Measure
+    direct: dict[Unit, float]  # each unit's estimated direct write
+    scale: float
+    min_gain: float
+    emergence: int
+    dropped: list[dict[str, Any]]
+    effects: dict[Unit, dict[str, float]] = field(default_factory=dict)
+
+    def drop(self, u: Unit, kind: str, reason: str) -> None:
+        """Move ``u`` from the effects to the dropped units, saying why."""
+        self.dropped.append(
+            {"layer": u[0], "unit": u[1], **self.effects.pop(u), "kind": kind, "reason": reason}
+        )
+
+    def most(self, high: Measure, low: Measure) -> float:
+        """The largest fall of the excess at any measured block, from ``high`` to ``low``."""
+        return max(self.probe.falls(high, low)) / self.scale
+
+    def mediators(self, chosen: list[Unit]) -> None:
+        """Each unit zeroed alone; those acting through other units are dropped."""
+        detect, first, base = self.probe.detect, self.emergence, self.base
+        for u in chosen:
+            alone = self.probe.measure([u])
+            self.effects[u] = {
+                "alone": (base.excess[detect] - alone.excess[detect]) / self.scale,
+                "alone_at_emergence": (base.excess[first] - alone.excess[first]) / self.scale,
+                "alone_most": self.most(base, alone),
+            }
+            own = self.direct.get(u, 0.0) / self.scale
+            effect = self.effects[u]["alone"]
+            if effect >= self.min_gain and effect > MEDIATED * max(own, 0.0):
+                self.drop(
+                    u,
+                    "mediator",
+                    f"acts through other units: zeroing it alone removes {effect:.1%} "
+                    f"of the excess while its own write on the outlier patches accounts for "
+                    f"{own:.3%} (a feature detector upstream of the writers, not a writer)",
+                )
+
+    def in_set(self, rest: list[Unit], final: Measure) -> None:
+        """Each unit of ``rest`` restored alone (the others zeroed), and its persistence."""
+        detect, first = self.probe.detect, self.emergence
+        for u in rest:
+            others = self.probe.measure([v for v in rest if v != u])
+            lay, unit = u
+            before = float(self.probe.base.acts[lay][unit])
+            self.effects[u] |= {
+                "in_set": (others.excess[detect] - final.excess[detect]) / self.scale,
+                "in_set_at_emergence": (others.excess[first] - final.excess[first]) / self.scale,
+                "in_set_most": self.most(others, final),
+                "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
+            }
+
+    def readers(self, rest: list[Unit]) -> None:
+        """Drop the units of ``rest`` whose activation falls below their block's reader floor."""
+        for u in rest:
+            p = self.effects[u]["persistence"]
+            if p < self.reader_floor(u[0]):
+                self.drop(
+                    u,
+                    "reader",
+                    f"a reader: with the rest of the set zeroed its activation on the outlier "
+                    f"patches falls to {p:.0%} of its base level, so it fires because they are "
+                    "outliers and reinforces outliers that other units create",
+                )
+
+    def reader_floor(self, layer: int) -> float:
         """The persistence below which a unit of ``layer`` is a reader: after the emergence
         block (the outlier exists at its input); at it, only when the previous block already
         carries most of its excess, and then a lower floor; 0 (none) before it."""
-        if layer > first:
+        if layer > self.emergence:
             return READER_PERSISTENCE
-        prior = base.excess.get(layer - 1)
-        at = base.excess.get(layer, 0.0)
-        existing = layer == first and prior is not None and at > 0 and prior >= EXISTING * at
+        prior = self.base.excess.get(layer - 1)
+        at = self.base.excess.get(layer, 0.0)
+        existing = (
+            layer == self.emergence and prior is not None and at > 0 and prior >= EXISTING * at
+        )
         return EMERGENCE_PERSISTENCE if existing else 0.0
 
-    for u in rest:
-        p = effects[u]["persistence"]
-        if p < reader_floor(u[0]):
-            drop(
-                u,
-                "reader",
-                f"a reader: with the rest of the set zeroed its activation on the outlier patches "
-                f"falls to {p:.0%} of its base level, so it fires because they are outliers and "
-                "reinforces outliers that other units create",
-            )
-    weak = [u for u in chosen if u in effects and not strong(effects[u])]
-    if weak:
+    def strong(self, e: dict[str, float]) -> bool:
+        """Zeroing it alone, or restoring it alone, moves the excess at some block: weak units
+        write before the emergence block, where their whole effect may sit."""
+        return max(e["alone_most"], e["in_set_most"]) >= self.min_gain
+
+    def bystanders(self, chosen: list[Unit], final: Measure) -> None:
+        """Drop the weak units (no effect alone either way) that restoring together with the
+        other weak ones shows to bring back no real share of the excess."""
+        effects, min_gain = self.effects, self.min_gain
+        weak = [u for u in chosen if u in effects and not self.strong(effects[u])]
+        if not weak:
+            return
         kept = [v for v in chosen if v in effects and v not in weak]
-        restored = probe.measure(kept)
-        together = most(restored, final)
+        restored = self.probe.measure(kept)
+        together = self.most(restored, final)
         share = WEAK_SHARE * together / len(weak)
         for u in weak:
             # exact: what the group loses without it (removing the last of an outlier counts
             # most in log terms, so one unit of a group that matters together may move little
             # alone or restored alone, and a lot here)
-            own = most(restored, probe.measure(kept + [u])) if together >= min_gain else 0.0
+            own = (
+                self.most(restored, self.probe.measure(kept + [u])) if together >= min_gain else 0.0
+            )
             effects[u]["in_group"] = own
             if together < min_gain or own < share:
-                drop(
+                self.drop(
                     u,
                     "bystander",
                     "a bystander: zeroing it alone removes no outlier excess, restoring it "
@@ -592,4 +700,3 @@ def _prune(
                         "without it"
                     ),
                 )
-    return [u for u in chosen if u in effects], effects

@@ -26,6 +26,7 @@ from vitreg.analysis.norms import NormTrace, norm_report
 from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.errors import InputError, VitregError
 from vitreg.models.model import Model
+from vitreg.settings.neurons import NeuronSearch
 
 RULES = MASK_RULES  # the rules of vitreg.analysis.rules that give a mask batch by batch
 GROWTH_SHARE = 0.05  # a block writes the outliers when their excess grows by this share there
@@ -62,62 +63,38 @@ def layer_index(i: int, n: int, what: str = "layer") -> int:
 def choose_detection(
     model: Model,
     data: Any,
+    search: NeuronSearch | None = None,
     *,
-    detect_layer: int | None = None,
-    highest_layer: int | None = None,
     lowest_layer: int = 0,
-    threshold: str | float = "auto",
     n_images: int = 32,
     batch_size: int = 32,
 ) -> Detection:
-    """Survey ``n_images`` of ``data`` and choose what is not given (given values are kept).
+    """Survey ``n_images`` of ``data`` and choose what ``search`` leaves open (its detection
+    layer, highest layer and threshold are kept when given; default: all chosen).
 
     Raises when the images show no outlier mode and the choice depends on one.
     """
+    search = search if search is not None else NeuronSearch()
     n = model.n_layers
-    rule = "absolute" if isinstance(threshold, (int, float)) else threshold
+    rule = "absolute" if isinstance(search.threshold, (int, float)) else search.threshold
     if rule not in RULES:
-        raise InputError(f"threshold must be one of {RULES} or a number, got {threshold!r}")
+        raise InputError(f"threshold must be one of {RULES} or a number, got {search.threshold!r}")
     found = norm_report(model, data, batch_size=batch_size, limit=n_images)
     trace, report = found.trace, found.report
-    layers = [
-        {
-            "layer": lo.layer,
-            "outlier_mode": lo.present,
-            "ashman_d": lo.bimodal.ashman_d,
-            "mode_ratio": lo.bimodal.mode_ratio,
-            "max_over_median": lo.quantiles["max"] / max(lo.quantiles["p50"], 1e-12),
-        }
-        for lo in report.layers
-    ]
     emergence = report.emergence_layer
-    if emergence is None and (detect_layer is None or highest_layer is None or rule == "auto"):
+    if emergence is None and (
+        search.detect_layer is None or search.highest_layer is None or rule == "auto"
+    ):
         raise VitregError(
             "no high-norm outliers found on these images (no block shows a separate outlier "
             "mode), so there are no register neurons to find; check the images (natural photos, "
             "the model's own preprocessing) or run `vitreg diagnose` to see the norm distribution"
         )
     reasons: dict[str, str] = {}
-    if detect_layer is not None:
-        detect = layer_index(detect_layer, n, "--detect-layer")
-        reasons["detect_layer"] = f"block {detect}: given"
-    else:
-        detect, reasons["detect_layer"] = _detect(report.layers, emergence, n)
-    value, reasons["threshold"] = _threshold(report, detect, rule, threshold)
-    growth = growth_curve(trace, detect, rule, value)
-    late = [r["layer"] for r in growth[detect + 1 :] if _grows(r, growth[detect])]
-    if detect_layer is None and late and any(lo.present for lo in report.layers[max(late) :]):
-        # the outliers are still written after the chosen block: detect where they are whole
-        detect, why = _detect(report.layers, max(late), n)
-        reasons["detect_layer"] = (
-            f"{why}; the outliers still grow at blocks {late}, after the cleanest split "
-            "before them, so they are detected where their writing is done"
-        )
-        value, reasons["threshold"] = _threshold(report, detect, rule, threshold)
-        growth = growth_curve(trace, detect, rule, value)
+    detect, value, growth = _detection_layer(trace, report, search, rule, n, reasons)
     written = _written(growth, detect)
-    if highest_layer is not None:
-        highest = layer_index(highest_layer, n, "--highest-layer")
+    if search.highest_layer is not None:
+        highest = layer_index(search.highest_layer, n, "--highest-layer")
         reasons["highest_layer"] = f"blocks {lowest_layer}-{highest}: given"
     else:
         highest, reasons["highest_layer"] = _range(growth, written, emergence, detect, lowest_layer)
@@ -131,11 +108,60 @@ def choose_detection(
         value,
         emergence,
         trace.n_images,
-        layers,
+        _survey_rows(report),
         reasons,
         growth,
         min([emergence if emergence is not None else detect, *written]),
     )
+
+
+def _survey_rows(report: Any) -> list[dict[str, Any]]:
+    """One row per block of the survey: its outlier mode and how clean the split is."""
+    return [
+        {
+            "layer": lo.layer,
+            "outlier_mode": lo.present,
+            "ashman_d": lo.bimodal.ashman_d,
+            "mode_ratio": lo.bimodal.mode_ratio,
+            "max_over_median": lo.quantiles["max"] / max(lo.quantiles["p50"], 1e-12),
+        }
+        for lo in report.layers
+    ]
+
+
+def _detection_layer(
+    trace: NormTrace,
+    report: Any,
+    search: NeuronSearch,
+    rule: str,
+    n: int,
+    reasons: dict[str, str],
+) -> tuple[int, float | None, list[dict[str, float]]]:
+    """The detection layer of an ``n``-block model (given, else the cleanest split where the
+    writing is done), its threshold value and the growth curve there; why, into ``reasons``."""
+    emergence = report.emergence_layer
+    if search.detect_layer is not None:
+        detect = layer_index(search.detect_layer, n, "--detect-layer")
+        reasons["detect_layer"] = f"block {detect}: given"
+    else:
+        detect, reasons["detect_layer"] = _detect(report.layers, emergence, n)
+    value, reasons["threshold"] = _threshold(report, detect, rule, search.threshold)
+    growth = growth_curve(trace, detect, rule, value)
+    late = [r["layer"] for r in growth[detect + 1 :] if _grows(r, growth[detect])]
+    if (
+        search.detect_layer is None
+        and late
+        and any(lo.present for lo in report.layers[max(late) :])
+    ):
+        # the outliers are still written after the chosen block: detect where they are whole
+        detect, why = _detect(report.layers, max(late), n)
+        reasons["detect_layer"] = (
+            f"{why}; the outliers still grow at blocks {late}, after the cleanest split "
+            "before them, so they are detected where their writing is done"
+        )
+        value, reasons["threshold"] = _threshold(report, detect, rule, search.threshold)
+        growth = growth_curve(trace, detect, rule, value)
+    return detect, value, growth
 
 
 def growth_curve(

@@ -9,7 +9,7 @@ torchrun they are merged and every rank gets the single-process ranking.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,41 +22,59 @@ from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model
 from vitreg.neurons.detection import Detection, choose_detection, layer_index
 from vitreg.progress import Update
+from vitreg.settings.neurons import NeuronSearch
 
 THRESHOLDS = MASK_RULES
 outlier_mask = image_mask  # ``[B, N]`` outlier mask from per-token norms under a rule
+DISCOVER_K = 64  # candidates ranked when the search leaves top-k to the automatic path
+
+
+class Searched(NamedTuple):
+    """Where discovery looks: the detection layer and its rule, the searched blocks, and the
+    survey that chose them (``None`` when the search gave everything)."""
+
+    detect: int
+    highest: int
+    lowest: int
+    rule: str
+    value: float | None
+    detection: Detection | None
+
+    @property
+    def layers(self) -> list[int]:
+        """The searched blocks, lowest first."""
+        return list(range(self.lowest, self.highest + 1))
 
 
 def discover(
     model: Model,
     data: Any,
+    search: NeuronSearch | None = None,
     *,
-    detect_layer: int | None = None,
-    highest_layer: int | None = None,
+    detection: Detection | None = None,
     lowest_layer: int = 0,
-    threshold: str | float = "auto",
     signed: bool = False,
     sparsity: tuple[float, float] | None = None,
     include_prefix: bool = False,
-    top_k: int = 64,
     batch_size: int = 32,
     limit: int | None = None,
     calibration_images: int = 32,
-    detection: Detection | None = None,
     progress: Update | None = None,
 ) -> NeuronSet:
-    """Rank register neurons; returns the ``top_k`` best as a :class:`NeuronSet`.
+    """Rank register neurons; returns the ``search.top_k`` best (:data:`DISCOVER_K` for
+    'auto') as a :class:`NeuronSet`.
 
-    ``threshold``: 'auto' (valley of the bimodal norm distribution), a number (absolute norm),
-    'mean3std' (per image, paper A.4) or 'robust' (per image, median + 3.5 MAD on log norms);
-    the rules are those of :mod:`vitreg.analysis.rules`.
-    What is not given -- detection layer, 'auto' threshold, and (then) the highest searched
-    layer -- is chosen by :func:`~vitreg.neurons.detection.choose_detection` on the first
-    ``calibration_images`` (or taken from ``detection``): the searched range then ends at the
-    emergence layer. With ``detect_layer`` and a numeric or per-image ``threshold`` given, nothing
-    is surveyed and ``highest_layer`` defaults to the detection layer (the paper's settings
-    reproduce its ranking); a ``highest_layer`` above the detection layer is honoured (those
-    units are scored against the outliers found below them, as the official code scores all).
+    ``search.threshold``: 'auto' (valley of the bimodal norm distribution), a number (absolute
+    norm), 'mean3std' (per image, paper A.4) or 'robust' (per image, median + 3.5 MAD on log
+    norms); the rules are those of :mod:`vitreg.analysis.rules`.
+    What ``search`` leaves open -- detection layer, 'auto' threshold, and (then) the highest
+    searched layer -- is chosen by :func:`~vitreg.neurons.detection.choose_detection` on the
+    first ``calibration_images`` (or taken from ``detection``, which then decides every layer
+    and the threshold): the searched range then ends at the emergence layer. With
+    ``search.detect_layer`` and a numeric or per-image ``search.threshold`` given, nothing is
+    surveyed and ``search.highest_layer`` defaults to the detection layer (the paper's settings
+    reproduce its ranking); a highest layer above the detection layer is honoured (those units
+    are scored against the outliers found below them, as the official code scores all).
 
     ``signed=False`` averages ``|activation|`` like the official code; ``sparsity=(a, f)`` keeps a
     unit's per-image score only if at least a fraction ``f`` of tokens have activation below
@@ -68,76 +86,115 @@ def discover(
     webdataset source), merges the sums so every rank returns the single-process ranking, and
     checkpoints it inside ``vitreg.core.checkpoint.resumable``.
     """
-    n_layers = model.n_layers
-    rule = "absolute" if isinstance(threshold, (int, float)) else threshold
-    if rule not in THRESHOLDS:
-        raise ValueError(f"threshold must be one of {THRESHOLDS} or a number, got {threshold!r}")
-    if detection is None and (rule == "auto" or detect_layer is None):
-        detection = choose_detection(
-            model,
-            data,
-            detect_layer=detect_layer,
-            highest_layer=highest_layer,
-            lowest_layer=max(0, lowest_layer),
-            threshold=threshold,
-            n_images=calibration_images,
-            batch_size=batch_size,
-        )
-    if detection is not None:
-        detect, highest = detection.detect_layer, detection.highest_layer
-        rule, value = detection.threshold, detection.threshold_value
-        lowest_layer = detection.lowest_layer
-    else:
-        detect = layer_index(detect_layer, n_layers, "detection layer")
-        highest = layer_index(highest_layer if highest_layer is not None else detect, n_layers)
-        value = float(threshold) if rule == "absolute" else None
-    searched = list(range(max(0, lowest_layer), highest + 1))
+    search = search if search is not None else NeuronSearch()
+    where = searched_layers(
+        model,
+        data,
+        search,
+        detection,
+        lowest_layer=lowest_layer,
+        n_images=calibration_images,
+        batch_size=batch_size,
+    )
     stats = OutlierActivations(
-        hook_name(detect, "hook_resid_post"),
-        [hook_name(layer, "mlp.hook_post") for layer in searched],
-        [layer > detect for layer in searched],
+        hook_name(where.detect, "hook_resid_post"),
+        [hook_name(layer, "mlp.hook_post") for layer in where.layers],
+        [layer > where.detect for layer in where.layers],
         model.d_mlp,
-        rule,
-        value,
+        where.rule,
+        where.value,
         signed=signed,
         sparsity=sparsity,
         include_prefix=include_prefix,
     )
-    last = max(detect, highest) + 1  # later blocks feed none of these sites: they don't run
+    last = max(where.detect, where.highest) + 1  # later blocks feed none of these sites
     model.trace(data, [stats], batch_size, limit=limit, progress=progress, stop_at_layer=last)
-    score_sum, images_with, images_seen = stats.score_sum, stats.images_with, stats.images_seen
-    if images_with == 0:
+    if stats.images_with == 0:
         raise VitregError(
-            f"none of the {images_seen} images has an outlier token at layer {detect} "
-            "under this threshold; discovery would rank noise. Lower the threshold, pick another "
-            "detection layer, or run `vitreg diagnose` first"
+            f"none of the {stats.images_seen} images has an outlier token at layer "
+            f"{where.detect} under this threshold; discovery would rank noise. Lower the "
+            "threshold, pick another detection layer, or run `vitreg diagnose` first"
         )
-    scores = score_sum / images_with
+    return ranked_set(model, stats, where, ranked_count(search))
+
+
+def ranked_count(search: NeuronSearch) -> int:
+    """How many candidates discovery ranks: the search's top-k, or :data:`DISCOVER_K`."""
+    return DISCOVER_K if search.top_k == "auto" else search.top_k
+
+
+def searched_layers(
+    model: Model,
+    data: Any,
+    search: NeuronSearch,
+    detection: Detection | None,
+    *,
+    lowest_layer: int,
+    n_images: int,
+    batch_size: int,
+) -> Searched:
+    """The detection layer, rule and searched blocks: ``detection``'s, else what ``search``
+    gives, with the rest surveyed on the first ``n_images`` of ``data``."""
+    n_layers = model.n_layers
+    rule = "absolute" if isinstance(search.threshold, (int, float)) else search.threshold
+    if rule not in THRESHOLDS:
+        raise ValueError(
+            f"threshold must be one of {THRESHOLDS} or a number, got {search.threshold!r}"
+        )
+    if detection is None and (rule == "auto" or search.detect_layer is None):
+        detection = choose_detection(
+            model,
+            data,
+            search,
+            lowest_layer=max(0, lowest_layer),
+            n_images=n_images,
+            batch_size=batch_size,
+        )
+    if detection is not None:
+        return Searched(
+            detection.detect_layer,
+            detection.highest_layer,
+            max(0, detection.lowest_layer),
+            detection.threshold,
+            detection.threshold_value,
+            detection,
+        )
+    assert search.detect_layer is not None  # no survey: the search gave the detection layer
+    detect = layer_index(search.detect_layer, n_layers, "detection layer")
+    top = search.highest_layer if search.highest_layer is not None else detect
+    value = float(search.threshold) if rule == "absolute" else None
+    return Searched(detect, layer_index(top, n_layers), max(0, lowest_layer), rule, value, None)
+
+
+def ranked_set(model: Model, stats: OutlierActivations, where: Searched, top_k: int) -> NeuronSet:
+    """The ``top_k`` best-scored units of ``stats`` (searched at ``where``) as a NeuronSet that
+    records the search."""
+    scores = stats.score_sum / stats.images_with
     flat = scores.flatten()
     k = min(top_k, flat.numel())
     top = flat.topk(k)
     units = (top.indices % model.d_mlp).tolist()
-    layers = [searched[i] for i in (top.indices // model.d_mlp).tolist()]
+    layers = [where.layers[i] for i in (top.indices // model.d_mlp).tolist()]
     settings = {
-        "detect_layer": detect,
-        "highest_layer": highest,
-        "lowest_layer": max(0, lowest_layer),
-        "threshold": rule,
-        "threshold_value": value,
-        "signed": signed,
-        "sparsity": list(sparsity) if sparsity else None,
-        "include_prefix": include_prefix,
+        "detect_layer": where.detect,
+        "highest_layer": where.highest,
+        "lowest_layer": where.lowest,
+        "threshold": where.rule,
+        "threshold_value": where.value,
+        "signed": stats.signed,
+        "sparsity": list(stats.sparsity) if stats.sparsity else None,
+        "include_prefix": stats.include_prefix,
         "top_k": k,
-        "detection": detection.to_dict() if detection else None,
+        "detection": where.detection.to_dict() if where.detection else None,
     }
-    data_desc = {"n_images": images_seen, "n_images_with_outliers": images_with}
+    data_desc = {"n_images": stats.images_seen, "n_images_with_outliers": stats.images_with}
     return NeuronSet(
         layers,
         units,
         [float(s) for s in top.values],
         model.spec,
         model.family,
-        n_layers,
+        model.n_layers,
         model.d_mlp,
         weights_fingerprint(model.module),
         settings,

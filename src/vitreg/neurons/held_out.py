@@ -50,14 +50,5 @@ def causal_set(
     """The causal selection among ``ranking``'s units on ``held``, with ``detection``'s layers
     and threshold (the one call the automatic path and its stability check share)."""
     return select_causal(
-        model,
-        held,
-        ranking.pairs(),
-        detection.detect_layer,
-        detection.threshold,
-        detection.threshold_value,
-        first_layer=detection.first_written,
-        emergence_layer=detection.emergence_layer,
-        batch_size=min(batch_size, 16),
-        progress=progress,
+        model, held, ranking.pairs(), detection, batch_size=min(batch_size, 16), progress=progress
     )

@@ -257,9 +257,9 @@ def push(
 def run_metadata(
     found: Any, model: Any, images: str, n_images: int, license: str = DEFAULT_LICENSE
 ) -> dict[str, Any]:
-    """The card metadata of a set ``vitreg neurons`` found (a :class:`~vitreg.neurons.auto.Found`)
-    on ``model`` with ``n_images`` images (``images`` says which): its resolution, the held-out
-    check and stability."""
+    """The card metadata of a set ``vitreg neurons`` found (a
+    :class:`~vitreg.neurons.auto.NeuronSearchResult`) on ``model`` with ``n_images`` images
+    (``images`` says which): its resolution, the held-out check and stability."""
     h, w = model.adapter.default_image_size()
     return card_metadata(
         found.chosen,

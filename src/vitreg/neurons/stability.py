@@ -17,8 +17,10 @@ import torch
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
 from vitreg.neurons.calibrate import calibrate_top_k
+from vitreg.neurons.detection import Detection
 from vitreg.neurons.discover import discover
 from vitreg.neurons.held_out import Split, causal_set
+from vitreg.settings.neurons import NeuronSearch
 
 
 def overlap(a: set, b: set) -> float:
@@ -30,22 +32,22 @@ def half_sets(
     model: Model,
     discovery: Any,
     held: torch.Tensor,
-    detection: Any,
+    detection: Detection,
     chosen: list[tuple[int, int]],
+    search: NeuronSearch,
     *,
-    top_k: int,
     batch_size: int = 32,
 ) -> dict[str, Any]:
-    """The causal sets of the two halves of ``discovery`` (checked on ``held``) against each
-    other and against ``chosen`` (the set from all of them)."""
+    """The causal sets of the two halves of ``discovery`` (each ranked as ``search`` says,
+    checked on ``held``) against each other and against ``chosen`` (the set from all of them)."""
     sets = []
     for parity in (0, 1):
         ranking = discover(
             model,
             Split(discovery, held_out=bool(parity), period=2),
-            top_k=top_k,
-            batch_size=batch_size,
+            search,
             detection=detection,
+            batch_size=batch_size,
         )
         picked = causal_set(model, held, ranking, detection, batch_size)
         sets.append(set(picked.chosen))
@@ -64,23 +66,24 @@ def other_sizes(
     chosen: NeuronSet,
     held: torch.Tensor,
     sizes: list[int],
+    search: NeuronSearch,
     *,
-    target: float,
     tolerance: float,
     batch_size: int = 32,
 ) -> dict[str, Any]:
     """The fix of ``chosen`` checked on ``held`` resized to each of ``sizes`` (every block, as
-    on the native size): before and after, and whether it is clean at every size."""
+    on the native size, against ``search.target``): before and after, and whether it is clean
+    at every size."""
     _, curve = calibrate_top_k(
         model,
         chosen,
         held,
+        search,
+        tolerance=tolerance,
         ks=(0, len(chosen)),
         image_sizes=sizes,
-        keep_all=True,
-        target=target,
-        tolerance=tolerance,
         batch_size=batch_size,
+        keep_all=True,
     )
     rows = []
     for size, (before, after) in zip(sizes, curve.checks.values(), strict=True):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vitreg.configs import NeuronSource
 from vitreg.progress import Progress
+from vitreg.settings.neurons import NeuronSearch, NeuronSource
 from vitreg.verbs.result import Notice, Notices
 
 DISCOVERED = (
@@ -51,26 +51,33 @@ def neuron_file(neurons: NeuronSource | str | None, spec: str) -> Any:
     return READERS[neurons.kind](neurons, spec)
 
 
-def discover(model: Any, source: Any, cfg: Any, progress: Progress, notices: Notices) -> Any:
-    """The library's automatic path on ``source`` with the search settings of ``cfg`` (a
-    :class:`~vitreg.configs.NeuronSearch`); the split as metrics.json records it (images used,
-    after skips and the held-out cap) goes to ``notices``."""
+def discover(
+    model: Any,
+    source: Any,
+    search: NeuronSearch,
+    progress: Progress,
+    notices: Notices,
+    *,
+    batch_size: int,
+    stability: bool = False,
+    check_sizes: list[int] | None = None,
+) -> Any:
+    """The library's automatic path on ``source`` with the settings of ``search`` (passed whole)
+    and ``vitreg neurons``' own checks (``stability``, ``check_sizes``); the split as
+    metrics.json records it (images used, after skips and the held-out cap) goes to
+    ``notices``."""
     from vitreg.neurons.auto import SPLIT_RULE, find_neurons
 
-    sizes = list(getattr(cfg, "check_sizes", None) or ())
+    sizes = list(check_sizes or ())
     if sizes:
         accept_sizes(model, sizes, notices)
     found = find_neurons(
         model,
         source,
+        search,
         n_images=source.total,
-        top_k=None if cfg.top_k == "auto" else cfg.top_k,
-        target=cfg.target,
-        batch_size=cfg.batch_size,
-        detect_layer=cfg.detect_layer,
-        highest_layer=cfg.highest_layer,
-        threshold=cfg.threshold,
-        stability=getattr(cfg, "stability", False),
+        batch_size=batch_size,
+        stability=stability,
         check_sizes=sizes,
         progress=progress,
     )
@@ -120,7 +127,8 @@ def load_neurons(
     preloaded: Any = None,
 ) -> tuple[Any, dict[str, Any], Any]:
     """The NeuronSet ``neurons`` names (``preloaded`` if read already), or the one discovered
-    first; what it is; and the discovery."""
+    first with ``cfg``'s search and batch size (a verb config: a NeuronSearch and an ImageSet);
+    what it is; and the discovery."""
     neurons = NeuronSource.parse(neurons)
     from vitreg.fix.neuron_set import weights_fingerprint
     from vitreg.neurons.auto import layer_counts
@@ -135,7 +143,7 @@ def load_neurons(
                 caution=True,
             )
         )
-        found = discover(model, source, cfg, progress, notices)
+        found = discover(model, source, cfg, progress, notices, batch_size=cfg.batch_size)
         chosen = found.chosen
         origin = DISCOVERED
     else:

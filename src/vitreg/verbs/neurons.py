@@ -31,7 +31,16 @@ def run_neurons(
     check_images(cfg.images)
     model, source = model_and_images(cfg, join_torchrun(cfg.device), progress, notices)
     with checkpointed(cfg.out, cfg.checkpoint_every, cfg.to_file()):
-        found = discover(model, source, cfg, progress, notices)
+        found = discover(
+            model,
+            source,
+            cfg,
+            progress,
+            notices,
+            batch_size=cfg.batch_size,
+            stability=cfg.stability,
+            check_sizes=cfg.check_sizes,
+        )
     document = on_main(write, cfg.out, model, source, found, cfg.to_file(), command, progress)
     finished(cfg.out, cfg.checkpoint_every)
     return NeuronsRun("neurons", cfg.out, document, notices.items, found=found, spec=cfg.spec)

@@ -73,7 +73,8 @@ class DiagnoseRun(VerbResult):
 
 @dataclass
 class NeuronsRun(VerbResult):
-    """``found``: the automatic path's :class:`~vitreg.neurons.auto.Found`; ``spec`` the model."""
+    """``found``: the automatic path's :class:`~vitreg.neurons.auto.NeuronSearchResult`;
+    ``spec`` the model."""
 
     found: Any = None
     spec: str = ""
