@@ -62,7 +62,7 @@ def render_again(folder: str | Path) -> list[Path]:
         reopen(folder)  # locked, and the files written listed in its manifest
         return render_comparison_again(folder)
     if found.kind == "leaderboard":
-        board = checked(lambda: read_board(folder).model_dump(mode="json"), found.document)
+        board = checked(lambda: read_board(folder), found.document)  # typed, validated once
         reopen(folder)
         draw = lambda figures: (fix_board.report(board, figures), figures)  # noqa: E731
         return writer.render_again(folder, draw, writer.BOARD)
