@@ -241,7 +241,7 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
     assert "RANDOM WEIGHTS" not in consoles["file"] + consoles["folder"]
     random_md = render_markdown(report(docs["random"]))
     assert random_md.startswith("**RANDOM WEIGHTS:** `timm:vit_tiny_patch16_224` has random")
-    assert [docs[n]["model"]["weights"] for n in specs] == ["user", "user", "random"]
+    assert [docs[n].model.weights for n in specs] == ["user", "user", "random"]
     assert synthetic_banner(docs["random"]) == random_md.splitlines()[0]
     # the attention table says its top-k mass counts a query attending to itself
     assert "top-1 mass (self incl.)" in random_md and "[CLS] attending to itself" in random_md

@@ -55,8 +55,9 @@ def train_doc() -> dict:
         },
     }
     headlines = [Headline("final_loss", "/results/final_loss", False)]
-    return build_document("train", results, headlines, command="vitreg train",
-                          described=described, data={"n_images": 8}, config={})  # fmt: skip
+    doc = build_document("train", results, headlines, command="vitreg train",
+                         described=described, data={"n_images": 8}, config={})  # fmt: skip
+    return doc.model_dump(mode="json")
 
 
 def write_run(folder: Path, doc: object | bytes) -> Path:
@@ -157,6 +158,7 @@ def fake_probe(folder: Path, task: str, n: int, mean: float) -> Path:
 
 def test_scores_of_other_tasks_or_data_never_share_a_row(tmp_path: Path) -> None:
     from vitreg.report.renderers.probe import headlines
+    from vitreg.results.probe import ProbeResults
 
     cls = fake_probe(tmp_path / "cls", "classification", 200, 0.9)
     tokens = fake_probe(tmp_path / "tokens", "token-type", 64, 0.4)
@@ -169,9 +171,13 @@ def test_scores_of_other_tasks_or_data_never_share_a_row(tmp_path: Path) -> None
     assert rows[0]["values"] == [0.9, None, 0.8] and rows[1]["values"] == [None, 0.4, None]
     # the names probe writes now carry the task and the data themselves
     results = json.loads((cls / "metrics.json").read_text())["results"]
-    results["conditions"] = {"base": [{"layer": "l", "scores": [{"feature": "cls", "group": "all",
-                              "metric": "top1", "higher_is_better": True}]}]}  # fmt: skip
-    assert headlines(results)[0].name == "classification/synthetic-cls:n=200/base/l/cls/all/top1"
+    score = {"feature": "cls", "group": "all", "metric": "top1", "mean": 0.9, "ci95": None,
+             "values": [0.9], "higher_is_better": True, "n_test": 8, "lrs": [0.1]}  # fmt: skip
+    layer = {"task": "classification", "layer": "l", "scores": [score], "notes": [], "info": {},
+             "yardsticks": []}  # fmt: skip
+    results |= {"seeds": [0], "layers": ["l"], "conditions": {"base": [layer]}}
+    typed = ProbeResults.model_validate(results)  # headlines read the typed results
+    assert headlines(typed)[0].name == "classification/synthetic-cls:n=200/base/l/cls/all/top1"
 
 
 def comparison_folder(tmp_path: Path) -> Path:

@@ -18,10 +18,12 @@ from vitreg.probe import yardsticks
 from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
+from vitreg.report.document import typed_results
 from vitreg.report.render.markdown import Report, render_markdown
 from vitreg.report.renderers.probe import layer_section, write_probe_run
 from vitreg.report.renderers.probe_figures import probe_figures
 from vitreg.results.probe import ProbeResults
+from vitreg.results.schema import plain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -123,7 +125,7 @@ def test_segmentation_run_carries_yardsticks_per_class_iou_and_figures(tmp_path:
     result = run(model, "segmentation", "synthetic-seg:n=8,size=32", fix=fix, layers=(0,),
                  cache_dir=tmp_path / "cache", config=FitSettings(seeds=(0, 1), epochs=2))  # fmt: skip
     doc = result.to_dict()
-    figures = probe_figures(result, doc)
+    figures = probe_figures(result, typed_results("probe", plain(doc)))
     assert [f.name for f in figures] == ["probe_scores", "probe_segmentation"]  # one layer
     out = tmp_path / "run"
     write_probe_run(out, doc, result.model, {"task": "segmentation"}, "vitreg probe", figures)

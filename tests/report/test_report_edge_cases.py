@@ -99,8 +99,9 @@ def reread(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def render(doc: dict[str, Any], html: bool = True, figures: list | None = None) -> None:
-    """The verb's report of ``doc`` as Markdown (and HTML)."""
-    report = renderer(doc["verb"]).report(doc, figures or [])
+    """The verb's report of ``doc`` (validated once, as ``vitreg report`` reads it) as Markdown
+    (and HTML)."""
+    report = renderer(doc["verb"]).report(validate_metrics(doc), figures or [])
     assert render_markdown(report).startswith(("#", "**"))
     if html:
         assert "<html" in render_html(report, figures or [], None)
@@ -152,7 +153,8 @@ def diagnosed(spec: str, size: int, n: int, **kwargs: Any) -> dict[str, Any]:
             model = vitreg.load(spec, img_size=size, **kwargs)
     images = synthetic_images(n, size, seed=0, flat_fraction=0.3)
     result = diagnose(model, images, batch_size=4, max_maps=1)
-    return diagnose_document(result, {"img_size": size}, f"vitreg diagnose {spec}")
+    doc = diagnose_document(result, {"img_size": size}, f"vitreg diagnose {spec}")
+    return doc.model_dump(mode="json")  # as its metrics.json holds it, to mutate
 
 
 @pytest.fixture(scope="module")

@@ -39,8 +39,8 @@ def retraced(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def rendered(doc: dict[str, Any]) -> str:
-    """The Markdown of ``doc``'s report (its HTML rendered too)."""
-    report = build_report(doc)
+    """The Markdown of ``doc``'s report (its HTML rendered too), ``doc`` validated once."""
+    report = build_report(validate_metrics(doc))
     assert "<html" in render_html(report, [], None)
     return render_markdown(report)
 
@@ -79,7 +79,7 @@ def test_a_1_1_fix_run_has_its_medians_read_into_the_comparison() -> None:
     c = valid.results.comparison
     assert c.median_patch_norm_before == doc["results"]["median_patch_norm_before"]
     assert len(c.median_patch_norm_after) == len(c.max_patch_norm_after)
-    report = renderer("fix").report(valid.model_dump(mode="json"), [])
+    report = renderer("fix").report(valid, [])
     assert render_markdown(report).startswith("**SYNTHETIC")
 
 
@@ -154,7 +154,7 @@ def test_a_1_1_run_validates_renders_and_compares(tmp_path: Path) -> None:
         shutil.copy(OLD_RUN, run / "metrics.json")
         (run / "config.yaml").write_text("verb: diagnose\n")
         # an old run has no manifest, so `vitreg report` leaves it alone: its pages, as that does
-        report = build_report(validate_metrics(old_document()).model_dump(mode="json"))
+        report = build_report(validate_metrics(old_document()))
         (run / "report.md").write_text(render_markdown(report))
         (run / "report.html").write_text(render_html(report, [], None))
         runs.append(run)

@@ -14,7 +14,7 @@ from typing import Any
 
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
 from vitreg.experiment.summary import SUMMARY
-from vitreg.report.document import Headline, build_document
+from vitreg.report.document import Headline, build_document, typed_results
 from vitreg.report.render.envelope import provenance_section
 from vitreg.report.render.markdown import (
     Report,
@@ -30,8 +30,7 @@ from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legen
 from vitreg.report.renderers.train import dino_reading
 from vitreg.report.writer import write_run
 from vitreg.results.experiment import ExperimentResults, VariantSummary
-from vitreg.results.schema import plain
-from vitreg.results.upgrade import upgrade
+from vitreg.results.schema import Envelope, plain
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),
@@ -51,20 +50,14 @@ SETTINGS = ("depth", "embed_dim", "num_heads", "patch_size", "img_size", "init_v
 SETTINGS += ("steps", "batch_size", "lr", "seeds", "probe_seeds")  # the summary names these
 
 
-def headlines(results: dict[str, Any]) -> list[Headline]:
+def headlines(results: ExperimentResults) -> list[Headline]:
     """``<variant>/<key>`` -> the mean over seeds in ``results.variants[i].summary``."""
-    variants = ExperimentResults.model_validate(results).variants
     return [
         Headline(f"{v.name}/{key}", f"/results/variants/{i}/summary/{key}/mean", better)
-        for i, v in enumerate(variants)
+        for i, v in enumerate(results.variants)
         for key, (_, better) in SUMMARY.items()
         if _mean(v, key) is not None
     ]
-
-
-def results_of(doc: dict[str, Any]) -> ExperimentResults:
-    """The typed results of an experiment metrics.json document."""
-    return ExperimentResults.model_validate(upgrade(doc)["results"])
 
 
 def _mean(v: VariantSummary, key: str) -> float | None:
@@ -420,9 +413,9 @@ def loss_figure(variants: list[VariantSummary]) -> Figure:
     return figure("training_loss", caption, fig)
 
 
-def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """The experiment's sections from its metrics.json document and the figures."""
-    r = results_of(doc)
+def report(doc: Envelope, figures: list[Figure]) -> Report:
+    """The experiment's sections from its typed metrics.json document and the figures."""
+    r: ExperimentResults = doc.results
     s = r.settings
     status = (
         f"complete: {r.n_done} variants"
@@ -511,8 +504,10 @@ def write_report(
     }
     results["majority_rate"] = plan.get("majority_rate")
     results = plain(results)
-    typed = ExperimentResults.model_validate({**results, "conclusions": []})
-    results["conclusions"] = conclusions(typed)
+    typed = typed_results("experiment", {**results, "conclusions": []})  # the one validation
+    said = conclusions(typed)
+    results["conclusions"] = said
+    typed = typed.model_copy(update={"conclusions": said})
     described = {
         "spec": f"vitreg.arch variants of a {s['depth']}-block ViT (width {s['embed_dim']})",
         "family": "vit",
@@ -535,14 +530,14 @@ def write_report(
     doc = build_document(
         "experiment",
         results,
-        headlines(results),
+        headlines,
         command=command,
         described=described,
         data=data,
         config=config or s,
+        typed=typed,
     )
-    write_run(out, doc, report, lambda: experiment_figures(typed.variants))
-    return doc
+    return write_run(out, doc, report, lambda: experiment_figures(doc.results.variants))
 
 
 def experiment_figures(variants: list[VariantSummary]) -> list[Figure]:

@@ -21,10 +21,11 @@ from vitreg.errors import InputError
 from vitreg.report.documents import RunDir, comparison_members, read_comparison
 from vitreg.report.render.markdown import FigureRef, Report, Section, Table, code, finite, num
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
-from vitreg.report.renderers.diagnose import model_rows, results_of, rows_table
+from vitreg.report.renderers.diagnose import model_rows, rows_table
 from vitreg.report.writer import COMPARE, MODELS, Layout, render_again, write_run
-from vitreg.results.diagnose import SiteNorms
+from vitreg.results.diagnose import DiagnoseResults, SiteNorms
 from vitreg.results.schema import resolve
+from vitreg.results.upgrade import upgrade
 
 Draw = Callable[[], tuple[Report, list[Figure]]]  # a comparison's report and its figures
 DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
@@ -241,8 +242,8 @@ def norm_layers(doc: dict[str, Any]) -> list[SiteNorms]:
     schema (a forged file: compared by its headlines, drawn as no curve)."""
     if doc.get("verb", "diagnose") != "diagnose" or not isinstance(doc.get("results"), dict):
         return []
-    try:
-        return results_of(doc).norms.layers
+    try:  # a 1.x document read as 2.0
+        return DiagnoseResults.model_validate(upgrade(doc)["results"]).norms.layers
     except ValidationError:
         return []
 
@@ -250,12 +251,12 @@ def norm_layers(doc: dict[str, Any]) -> list[SiteNorms]:
 def comparison_banner(documents: Sequence[dict[str, Any]]) -> str | None:
     """The banners of the compared runs (synthetic models, random weights), in one paragraph:
     a comparison says what its runs' reports say in their first line."""
-    from vitreg.report.render.envelope import synthetic_banner
+    from vitreg.report.render.envelope import read_banner
 
     banners = []
     for doc in documents:
         try:
-            banner = synthetic_banner(doc) if isinstance(doc.get("model"), dict) else None
+            banner = read_banner(doc) if isinstance(doc.get("model"), dict) else None
         except (KeyError, TypeError, AttributeError):  # a forged model block: no banner to copy
             banner = None
         if banner is not None and banner not in banners:
@@ -282,7 +283,7 @@ def comparison_report(
 ) -> Report:
     """The comparison's sections: the wide table, the curves, the runs, the skipped paths and
     (with ``made``, from :func:`provenance`) the provenance; ``banner`` first."""
-    from vitreg.report.render.envelope import provenance_section
+    from vitreg.report.render.envelope import provenance_of
 
     sections = [Section("table", "Metrics", [*notes, table])]
     if figures:
@@ -303,7 +304,7 @@ def comparison_report(
             )
         )
     if made is not None:
-        sections.append(provenance_section(made))
+        sections.append(provenance_of(made, made["created"], made["command"], made["config"]))
     return Report(banner, title, sections)
 
 

@@ -1,19 +1,29 @@
 """The one metrics.json document of every verb: the envelope (versions, command, model, images,
 config, creation time) around the verb's ``results``, and its headline numbers, each a
 :class:`Headline` naming the JSON pointer of the value it repeats, so that a reader (and the
-schema) can check every headline against ``results``."""
+schema) can check every headline against ``results``.
+
+A document is validated once, when it is built: :func:`build_document` types the results by the
+verb's results model, and the envelope around them, and gives the verb's document model; the
+writer, the renderer and its figures read that typed document, and the writer turns it into
+JSON once, for the file."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from vitreg.results.schema import (
     SCHEMA_VERSION,
+    Envelope,
     data_info,
     model_info,
     plain,
     resolve,
+    results_model,
     utc_now,
     validate_metrics,
     versions,
@@ -48,24 +58,41 @@ class Headline:
         return entry
 
 
+#: a verb's headlines: given, or read off its typed results
+Headlines = Sequence[Headline] | Callable[[Any], Sequence[Headline]]
+
+
 def headline_values(results: dict[str, Any], headlines: list[Headline]) -> dict[str, Any]:
     """Each headline's value read from ``results`` (a document's results block), by name."""
     doc = {"results": results}
     return {h.name: resolve(doc, h.pointer, h.aggregate) for h in headlines}
 
 
+def typed_results(verb: str, results: Any) -> Any:
+    """``results`` (JSON-ready) typed by ``verb``'s results model: the one validation a
+    document's results go through (:func:`build_document` does it, unless given them typed)."""
+    return results_model(verb).model_validate(results)
+
+
 def build_document(
     verb: str,
     results: Any,
-    headlines: list[Headline],
+    headlines: Headlines,
     *,
     command: str,
     described: dict[str, Any],
     data: dict[str, Any],
     config: dict[str, Any],
-) -> dict[str, Any]:
-    """The validated metrics.json document of one ``verb`` run (``results`` made JSON-ready,
-    ``described`` as ``Model.describe()`` gives it, ``data`` the images' description)."""
+    typed: BaseModel | None = None,
+) -> Envelope:
+    """The metrics.json document of one ``verb`` run, validated once: the verb's document model.
+    ``results`` are made JSON-ready and typed by the verb's results model (``typed``: the same
+    results already typed, by :func:`typed_results`); ``headlines`` are given or
+    ``headlines(typed results)``, each value read from ``results``; ``described`` as
+    ``Model.describe()`` gives it, ``data`` the images' description."""
+    results = plain(results)
+    typed = typed if typed is not None else typed_results(verb, results)
+    marks = headlines(typed) if callable(headlines) else headlines
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "verb": verb,
@@ -75,7 +102,7 @@ def build_document(
         "model": model_info(described),
         "data": data_info(data),
         "config": plain(config),
-        "results": plain(results),
+        "results": results,
     }
-    doc["metrics"] = [h.metric(doc) for h in headlines]
-    return validate_metrics(doc).model_dump(mode="json")
+    doc["metrics"] = [h.metric(doc) for h in marks]
+    return validate_metrics({**doc, "results": typed})  # the typed results are taken as they are

@@ -3,7 +3,9 @@ comparison's comparison.json, with config.yaml, figures/ and the report as Markd
 self-contained HTML.
 
 Every file is written atomically and the document last: the figures are drawn and the pages
-rendered first, so a folder with its document holds the whole run. A failure while drawing or
+rendered first, so a folder with its document holds the whole run. A run's document comes typed
+(the verb's document model, validated once when it was built); the writer hands it to the
+renderer as it is and turns it into JSON once, for the file. A failure while drawing or
 rendering (a bug) still saves the document, removes the pages (none is left that disagrees with
 the results) and raises :class:`~vitreg.errors.RenderError`, which names it and
 ``vitreg report RUN``, the command that renders the report again from the saved files.
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, RenderError
@@ -26,7 +30,10 @@ from vitreg.report.render.plots import Figure, figure_formats
 
 CAPTIONS = "figures.json"  # in figures/: each figure's name and caption, read by `vitreg report`
 SLIDER = "slider.json"  # in figures/: the maps of report.html's block slider
-Sections = Callable[[dict[str, Any], list[Figure]], Report]  # a verb's report of doc and figures
+#: what a folder's document is given as: a typed document (a run's metrics.json, a leaderboard),
+#: or a comparison's plain comparison.json
+Document = BaseModel | dict[str, Any]
+Sections = Callable[[Any, list[Figure]], Report]  # a verb's report of its document and figures
 
 
 @dataclass(frozen=True)
@@ -101,26 +108,28 @@ def pages(
 
 def write_run(
     run_dir: str | Path,
-    doc: dict[str, Any],
+    doc: Document,
     sections: Sections | None = None,
     figures: Callable[[], Sequence[Figure]] | None = None,
     extras: Callable[[Sequence[Figure]], dict[str, Any] | None] | None = None,
     layout: Layout = RUN,
-) -> Path:
+) -> dict[str, Any]:
     """Write the folder of ``doc``: config.yaml, ``figures()`` in figures/, ``extras(figures)``
     (the block slider, saved as figures/slider.json and shown in the HTML), the report
-    ``sections(doc, figures)`` as Markdown and HTML, and the document last; the folder.
-    A failure while drawing or rendering raises :class:`RenderError` with the document saved."""
+    ``sections(doc, figures)`` (``doc`` as given: typed) as Markdown and HTML, and the document
+    last; the JSON document written. A failure while drawing or rendering raises
+    :class:`RenderError` with the document saved."""
     import yaml
 
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
+    data = as_json(doc)
     if layout.config_yaml:
-        write_text_atomic(out / "config.yaml", yaml.safe_dump(doc["config"], sort_keys=False))
+        write_text_atomic(out / "config.yaml", yaml.safe_dump(data["config"], sort_keys=False))
     document = out / layout.document
     try:
         drawn = list(figures()) if figures is not None else []
-        save_figures(out, drawn, figure_formats(doc.get("config")))
+        save_figures(out, drawn, figure_formats(data.get("config")))
         slider = extras(drawn) if extras is not None else None
         if slider is not None:
             write_json_atomic(out / "figures" / SLIDER, slider)
@@ -128,11 +137,16 @@ def write_run(
     except Exception as e:
         for name in layout.pages:
             (out / name).unlink(missing_ok=True)
-        raise RenderError(str(write_json_atomic(document, doc)), again_command(out), e) from e
+        raise RenderError(str(write_json_atomic(document, data)), again_command(out), e) from e
     for name, text in texts.items():
         write_text_atomic(out / name, text)
-    write_json_atomic(document, doc)
-    return out
+    write_json_atomic(document, data)
+    return data
+
+
+def as_json(doc: Document) -> dict[str, Any]:
+    """``doc`` as the JSON object its file holds (a typed document dumped, a plain one as is)."""
+    return doc.model_dump(mode="json") if isinstance(doc, BaseModel) else doc
 
 
 def render_again(

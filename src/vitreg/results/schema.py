@@ -15,8 +15,9 @@ import functools
 import importlib.metadata
 import math
 import platform
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -103,6 +104,9 @@ class Envelope(Stamp):
     data: DataInfo
     config: dict[str, Any] = Field(description="the resolved config the run was made with")
     metrics: list[Metric]
+    if TYPE_CHECKING:  # each verb's document model (documents()) declares both
+        verb: str
+        results: Any
 
     @model_validator(mode="after")
     def _traceable(self) -> Envelope:
@@ -137,6 +141,11 @@ def _document(verb: str, results: type[BaseModel]) -> type[Envelope]:
 def documents() -> dict[str, type[Envelope]]:
     """The metrics.json model of every verb that writes one (from its record), by verb."""
     return {name: _document(name, v.results) for name, v in reporting().items()}
+
+
+def results_model(verb: str) -> type[BaseModel]:
+    """The model of the ``results`` block of ``verb``'s metrics.json (its record's)."""
+    return documents()[verb].model_fields["results"].annotation  # type: ignore[return-value]
 
 
 @functools.cache
@@ -255,10 +264,15 @@ def plain(obj: Any) -> Any:
 
 def is_synthetic(model: dict[str, Any]) -> bool:
     """Planted weights, a ``planted:`` spec or a note saying so: the report must say it in its
-    first line."""
-    spec = model.get("spec") or ""
-    notes = " ".join(model.get("notes") or []).lower()
-    return model.get("weights") == "planted" or spec.startswith("planted:") or "synthetic" in notes
+    first line (``model``: ``Model.describe()``, or a document's model block as read)."""
+    return synthetic_weights(model.get("spec"), model.get("weights"), model.get("notes"))
+
+
+def synthetic_weights(spec: str | None, weights: str | None, notes: Sequence[str] | None) -> bool:
+    """Whether a model with this spec, weight kind and notes is synthetic (:func:`is_synthetic`
+    of its parts, as a typed model block holds them)."""
+    said = " ".join(notes or []).lower()
+    return weights == "planted" or (spec or "").startswith("planted:") or "synthetic" in said
 
 
 def model_info(described: dict[str, Any]) -> dict[str, Any]:

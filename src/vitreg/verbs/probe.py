@@ -122,24 +122,29 @@ def run_probe(
         task_options={"pamr_steps": cfg.pamr},
         progress=progress,
     )
+    from vitreg.report.document import typed_results
+    from vitreg.results.schema import plain
+
     doc = result.to_dict()
+    typed = typed_results("probe", plain(doc))  # the one validation: document, figures, verdict
     document = None
     if is_main():
         from vitreg.report.renderers.probe import write_probe_run
         from vitreg.report.renderers.probe_figures import probe_figures
 
         with progress(None, "writing the report"):
-            draw = lambda: probe_figures(result, doc)  # noqa: E731  (after metrics.json)
-            document = write_probe_run(run_dir, doc, result.model, cfg.to_file(), command, draw)
-    return ProbeRun("probe", run_dir, document, notices.items, probe=doc, verdict=verdict_of(doc))
+            draw = lambda: probe_figures(result, typed)  # noqa: E731  (after metrics.json)
+            document = write_probe_run(
+                run_dir, doc, result.model, cfg.to_file(), command, draw, typed=typed
+            )
+    return ProbeRun("probe", run_dir, document, notices.items, probe=doc, verdict=verdict_of(typed))
 
 
-def verdict_of(doc: dict[str, Any]) -> str:
-    """The run in one sentence, as its report says it."""
+def verdict_of(results: ProbeResults) -> str:
+    """The run (its typed results) in one sentence, as its report says it."""
     from vitreg.report.renderers.probe import verdict
-    from vitreg.results.probe import ProbeResults
 
-    return verdict(ProbeResults.model_validate(doc))
+    return verdict(results)
 
 
 VERB = register(

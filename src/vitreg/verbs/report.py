@@ -25,14 +25,15 @@ def renderer(verb: str) -> ModuleType:
     return VERBS[verb].render_module()
 
 
-def read_results(path: Path) -> dict[str, Any]:
-    """The validated metrics.json at ``path``; InputError saying why it cannot be rendered."""
+def read_results(path: Path) -> Any:
+    """The metrics.json at ``path`` as its verb's typed document (validated once, here; a 1.x
+    file read as 2.0); InputError saying why it cannot be rendered."""
     from vitreg.core.readers import read_json
     from vitreg.report.documents import MAX_RUN_FILE
     from vitreg.results.schema import validate_metrics
 
     doc = read_json(path, "run file", max_bytes=MAX_RUN_FILE, allow_nan=True)
-    return checked(lambda: validate_metrics(doc).model_dump(mode="json"), path)
+    return checked(lambda: validate_metrics(doc), path)
 
 
 def checked(read: Callable[[], Any], path: Path) -> Any:
@@ -62,12 +63,12 @@ def render_again(folder: str | Path) -> list[Path]:
         reopen(folder)  # locked, and the files written listed in its manifest
         return render_comparison_again(folder)
     if found.kind == "leaderboard":
-        board = checked(lambda: read_board(folder).model_dump(mode="json"), found.document)
+        board = checked(lambda: read_board(folder), found.document)  # typed, validated once
         reopen(folder)
         draw = lambda figures: (fix_board.report(board, figures), figures)  # noqa: E731
         return writer.render_again(folder, draw, writer.BOARD)
     doc = read_results(found.document)
-    render = renderer(doc["verb"]).report
+    render = renderer(doc.verb).report
     reopen(folder)
     return writer.render_again(folder, lambda figures: (render(doc, figures), figures))
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitreg.report.document import Headline, build_document, headline_values
+from vitreg.report.document import Headline, build_document, headline_values, typed_results
 from vitreg.report.render.envelope import (
     data_section,
     model_section,
@@ -46,8 +46,7 @@ from vitreg.report.renderers.diagnose_figures import (
 from vitreg.report.renderers.diagnose_kinds import detail_sections, kinds_section
 from vitreg.report.writer import write_run
 from vitreg.results.diagnose import DiagnoseResults, SiteNorms
-from vitreg.results.schema import plain
-from vitreg.results.upgrade import upgrade
+from vitreg.results.schema import Envelope, plain
 
 FIGURE_SECTION = {
     "norm_maps": "norms",
@@ -66,16 +65,11 @@ FIGURE_SECTION = {
 RULE_ORDER = ("absolute", "top_p", "robust_z", "auto")
 
 
-def results_of(doc: dict[str, Any]) -> DiagnoseResults:
-    """The typed results of a diagnose metrics.json document (a 1.x one read as 2.0)."""
-    return DiagnoseResults.model_validate(upgrade(doc)["results"])
-
-
-def report(doc: dict[str, Any], figures: Iterable[Any] = ()) -> Report:
-    """The report's sections from a metrics.json document and the figures (name, caption)."""
-    model = doc["model"]
-    name = model.get("spec") or model.get("class_name") or "model"
-    r = results_of(doc)
+def report(doc: Envelope, figures: Iterable[Any] = ()) -> Report:
+    """The report's sections from the typed metrics.json document and the figures (name,
+    caption)."""
+    name = doc.model.spec or doc.model.class_name or "model"
+    r: DiagnoseResults = doc.results
     kinds = r.kinds is not None  # documents written before the kinds analyses: none
     sections = [
         *([kinds_section(r)] if kinds else []),
@@ -430,9 +424,9 @@ def _not_applicable(r: DiagnoseResults) -> Section:
     return s
 
 
-def headlines(results: dict[str, Any]) -> list[Headline]:
-    """The headline numbers of a diagnose run, each at its pointer into ``results``."""
-    r = DiagnoseResults.model_validate(results)
+def headlines(r: DiagnoseResults) -> list[Headline]:
+    """The headline numbers of a diagnose run (its typed results), each at its pointer into
+    ``results``."""
     return [
         *_verdict_headlines(r),
         *_rule_headlines(r),
@@ -597,13 +591,12 @@ def _attention_headlines(r: DiagnoseResults) -> list[Headline]:
     ]
 
 
-def diagnose_document(result: Any, config: dict[str, Any], command: str) -> dict[str, Any]:
-    """The validated metrics.json document of a :class:`DiagnoseResult`."""
-    results = plain(result.to_dict())
+def diagnose_document(result: Any, config: dict[str, Any], command: str) -> Envelope:
+    """The typed metrics.json document of a :class:`DiagnoseResult` (validated once)."""
     return build_document(
         "diagnose",
-        results,
-        headlines(results),
+        result.to_dict(),
+        headlines,
         command=command,
         described=result.model,
         data=result.data,
@@ -630,14 +623,13 @@ def write_diagnose_run(
 
     doc = diagnose_document(result, config, command)
     shown = display_images(images[:max_maps] if images is not None else None, mean, std)
-    write_run(
+    return write_run(
         out_dir,
         doc,
         report,
         lambda: figures(result, shown),
         lambda _: slider_data(result, shown),
     )
-    return doc
 
 
 COMPARE_COLUMNS = (
@@ -653,7 +645,7 @@ def model_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for label, result in results:
         found = plain(result.to_dict())
-        marks = headlines(found)
+        marks = headlines(typed_results("diagnose", found))
         values = headline_values(found, marks)
         row: dict[str, Any] = {"model": label}
         row |= {key: values.get(key) for key, _ in COMPARE_COLUMNS}

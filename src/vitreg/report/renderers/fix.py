@@ -36,6 +36,7 @@ from vitreg.report.render.plots import (
 from vitreg.report.renderers.neurons import blocks_text, images_section, planted_section
 from vitreg.report.writer import write_run
 from vitreg.results.fix import Comparison, Control, FixResults
+from vitreg.results.schema import Envelope
 
 MAX_ROWS = 4  # images shown in the before/after norm maps
 
@@ -218,13 +219,13 @@ def _control_row(label: str, ctl: Control | None, outlier_rate: str | None = Non
     return [label, text(ctl.n_neurons), rate, num(cos)]
 
 
-def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """report.md of ``vitreg fix``: the verdict after the fix per block, before/after numbers,
-    the fix settings, figures, images."""
-    r = FixResults.model_validate(doc["results"])
+def report(doc: Envelope, figures: list[Figure]) -> Report:
+    """report.md of ``vitreg fix`` from its typed document: the verdict after the fix per
+    block, before/after numbers, the fix settings, figures, images."""
+    r: FixResults = doc.results
     return Report(
         synthetic_banner(doc),
-        f"vitreg fix: {doc['model']['spec']}",
+        f"vitreg fix: {doc.model.spec}",
         [
             verdict_section(r.comparison),
             _summary_section(r.comparison),
@@ -359,11 +360,11 @@ def _fingerprint(matches: bool | None) -> str:
     return "matches this model" if matches else "differs from this model's"
 
 
-def headlines(results: dict[str, Any]) -> list[Headline]:
-    """The headline numbers of a fix run at its detection layer, each at its pointer into
-    ``results``."""
+def headlines(results: FixResults) -> list[Headline]:
+    """The headline numbers of a fix run (its typed results) at its detection layer, each at
+    its pointer into ``results``."""
     c = "/results/comparison"
-    layer = results["comparison"]["detect_layer"]
+    layer = results.comparison.detect_layer
     out = [
         Headline(
             "clean_after",
@@ -388,7 +389,7 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
         Headline("max_patch_norm_after", f"{c}/max_patch_norm_after/{layer}", False, layer=layer),
         Headline("register_norm_after", f"{c}/register_norm_after/{layer}", None, layer=layer),
     ]
-    if results["comparison"].get("pooled_cosine") is not None:
+    if results.comparison.pooled_cosine is not None:
         out += [
             Headline(
                 f"pooled_cosine_{stat}",
@@ -418,22 +419,22 @@ def write_fix_run(
     doc = build_document(
         "fix",
         results,
-        headlines(results),
+        headlines,
         command=command,
         described=described,
         data=data,
         config=config,
     )
-    write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
-    return doc
+    return write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
 
 
-def figures(comparison: Any, doc: dict[str, Any], images: Any) -> list[Figure]:
-    """Norm maps, feature pictures and attention maps before/after, and the norm curves."""
+def figures(comparison: Any, doc: Envelope, images: Any) -> list[Figure]:
+    """Norm maps, feature pictures and attention maps before/after (from the ``comparison``
+    measured), and the norm curves (from the typed document)."""
     shown = display_images(images)
     drawn = [
         fix_norm_maps(comparison, shown),
-        fix_norm_curves(FixResults.model_validate(doc["results"]).comparison),
+        fix_norm_curves(doc.results.comparison),
     ]
     attention = fix_attention_maps(comparison, shown)
     if attention is not None:

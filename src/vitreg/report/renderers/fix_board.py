@@ -59,10 +59,9 @@ def _settings(fix: FixDescription) -> str:
     return json.dumps(fix.model_dump(mode="json"), separators=(", ", ": "))
 
 
-def board_table(board: dict[str, Any] | BoardResults, reasons: bool = True) -> Table:
+def board_table(board: BoardResults, reasons: bool = True) -> Table:
     """One row per entry; refused entries say why in the mode column (``reasons``) or only
     that they were refused (the console's narrow table)."""
-    board = BoardResults.model_validate(board)
     metrics = sorted({m for r in board.rows for m in r.scores})
     header = [c for c, _ in COLUMNS] + metrics
     rows = []
@@ -88,10 +87,15 @@ def board_table(board: dict[str, Any] | BoardResults, reasons: bool = True) -> T
     return Table(header, rows)
 
 
-def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """leaderboard.md: what ran, the table, its columns, what each composition's parts did,
-    each entry's settings and the figure."""
-    d = BoardDocument.model_validate(doc)
+def console_table(board: dict[str, Any], reasons: bool = False) -> Table:
+    """:func:`board_table` of a board just measured, given as its ``to_dict()`` (the console's
+    table of ``vitreg fix --method``, which reads no leaderboard.json)."""
+    return board_table(BoardResults.model_validate(board), reasons)
+
+
+def report(d: BoardDocument, figures: list[Figure]) -> Report:
+    """leaderboard.md of the typed leaderboard ``d``: what ran, the table, its columns, what
+    each composition's parts did, each entry's settings and the figure."""
     board = d.board
     banner = (
         f"**SYNTHETIC MODEL:** {code_span(d.model)} has random weights with planted "
@@ -129,12 +133,12 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     return Report(banner, f"Fix leaderboard: {code_span(d.model)}", sections)
 
 
-def board_figure(board: dict[str, Any]) -> Figure:
+def board_figure(board: BoardResults) -> Figure:
     """Max/median patch norm per block, one line per entry (log scale)."""
     fig = new_canvas(7.0, 3.6)
     fig.subplots_adjust(right=0.72)
     ax = fig.subplots()
-    for i, r in enumerate(x for x in BoardResults.model_validate(board).rows if not x.refused):
+    for i, r in enumerate(x for x in board.rows if not x.refused):
         style = "--" if r.entry == "none" else "-"
         ax.plot(r.max_over_median, style, marker="o", ms=3, color=f"C{i % 10}", label=r.entry)
     ax.set_yscale("log")
@@ -150,8 +154,9 @@ def board_figure(board: dict[str, Any]) -> Figure:
 
 def write_board(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> Path:
     """Write the leaderboard folder through the one writer; ``meta``: model, data, command,
-    config, synthetic, model_info. Returns leaderboard.json's path."""
-    doc = {**versions(), "created": utc_now(), **plain(meta), "board": plain(board)}
-    doc = BoardDocument.model_validate(doc).model_dump(mode="json")
-    write_run(out, doc, report, lambda: [board_figure(doc["board"])], layout=BOARD)
+    config, synthetic, model_info; the document is validated once, here. Returns
+    leaderboard.json's path."""
+    made = {**versions(), "created": utc_now(), **plain(meta), "board": plain(board)}
+    doc = BoardDocument.model_validate(made)
+    write_run(out, doc, report, lambda: [board_figure(doc.board)], layout=BOARD)
     return out / BOARD.document

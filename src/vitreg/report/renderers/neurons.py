@@ -29,16 +29,17 @@ from vitreg.report.render.markdown import (
 )
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.writer import write_run
-from vitreg.results.neurons import NeuronsResults, PlantedRow
+from vitreg.results.neurons import Calibration, NeuronRow, NeuronsResults, PlantedRow
+from vitreg.results.schema import Envelope
 
 
-def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
+def neuron_scores(ranking: list[NeuronRow], chosen_k: int) -> Figure:
     """Discovery scores of every ranked neuron, coloured by layer, the chosen top-k marked."""
     fig = new_canvas(6.5, 3.4)
     fig.subplots_adjust(right=0.97)
     ax = fig.subplots()
-    scores = np.array([r["score"] for r in ranking], dtype=float)
-    layers = np.array([r["layer"] for r in ranking])
+    scores = np.array([r.score for r in ranking], dtype=float)
+    layers = np.array([r.layer for r in ranking])
     ranks = np.arange(1, len(ranking) + 1)
     for i, layer in enumerate(sorted(set(layers.tolist()))):
         sel = layers == layer
@@ -58,7 +59,7 @@ def neuron_scores(ranking: list[dict[str, Any]], chosen_k: int) -> Figure:
     return figure("neuron_scores", caption, fig)
 
 
-def calibration_curve(curve: dict[str, Any]) -> Figure:
+def calibration_curve(curve: Calibration) -> Figure:
     """k against what the fix leaves on held-out images: blocks with an outlier mode, and the
     max/median patch norm at the detection layer against the allowed level."""
     from matplotlib.ticker import MaxNLocator
@@ -66,16 +67,16 @@ def calibration_curve(curve: dict[str, Any]) -> Figure:
     fig = new_canvas(6.5, 5.0)
     mode_ax, norm_ax = fig.subplots(2, 1, sharex=True)
     fig.subplots_adjust(left=0.12, right=0.96, bottom=0.1, top=0.95, hspace=0.12)
-    ks = curve["ks"]
-    for key, blocks in curve["blocks_with_mode"].items():
+    ks = curve.ks
+    for key, blocks in curve.blocks_with_mode.items():
         size = "" if int(key) == 0 else f" ({key} px)"
         mode_ax.plot(ks, [len(b) for b in blocks], marker="o", label=f"blocks with a mode{size}")
-        norm_ax.plot(ks, curve["max_over_median"][key], marker="o", label=f"max/median{size}")
-        allowed = curve["tolerance"] * curve["ordinary_max_over_median"][key]
+        norm_ax.plot(ks, curve.max_over_median[key], marker="o", label=f"max/median{size}")
+        allowed = curve.tolerance * curve.ordinary_max_over_median[key]
         norm_ax.axhline(allowed, color="r", ls=":", label=f"allowed{size}: {allowed:.3g}")
     for ax in (mode_ax, norm_ax):
-        if curve["chosen_k"] is not None:
-            ax.axvline(curve["chosen_k"], color="k", ls=":")
+        if curve.chosen_k is not None:
+            ax.axvline(curve.chosen_k, color="k", ls=":")
         outside_legend(ax)
     mode_ax.set_ylabel("blocks with an outlier mode")
     mode_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -87,17 +88,17 @@ def calibration_curve(curve: dict[str, Any]) -> Figure:
         "What the fix leaves on the held-out images with test-time registers on the first k "
         "neurons: the number of blocks whose patch norms still show an outlier mode (the presence "
         "test of `vitreg diagnose`, top) and the max/median patch norm at the detection layer "
-        f"(`blocks.{curve['detect_layer']}.hook_resid_post`, bottom) against the allowed level "
-        f"({curve['tolerance']:g}x the ordinary patches' level before the fix, red). The dotted "
-        f"vertical line marks the chosen k ({curve['status']})."
+        f"(`blocks.{curve.detect_layer}.hook_resid_post`, bottom) against the allowed level "
+        f"({curve.tolerance:g}x the ordinary patches' level before the fix, red). The dotted "
+        f"vertical line marks the chosen k ({curve.status})."
     )
     return figure("calibration_curve", caption, fig)
 
 
-def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """report.md of ``vitreg neurons``: the verdict after the fix, how each choice was made, the
-    neurons with their causal effects, figures, images, model."""
-    r = NeuronsResults.model_validate(doc["results"])
+def report(doc: Envelope, figures: list[Figure]) -> Report:
+    """report.md of ``vitreg neurons`` from its typed document: the verdict after the fix, how
+    each choice was made, the neurons with their causal effects, figures, images, model."""
+    r: NeuronsResults = doc.results
     held = r.held_out
     summary = Section("summary", "Register neurons")
     after = held.blocks_with_outlier_mode_after
@@ -152,14 +153,14 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     summary.blocks.append(f"**{r.n_neurons} register neurons** in blocks {layers}: {how}.")
     summary.blocks += [f"Note: {n}" for n in r.notes]
     if r.files.get("json"):
-        apply = f"vitreg fix {doc['model']['spec']} --neurons {r.files['json']}"
+        apply = f"vitreg fix {doc.model.spec} --neurons {r.files['json']}"
         summary.blocks.append(
             f"Saved as {code(r.files['json'])} + {code(r.files.get('tensors'))}; apply them "
             f"with {code(apply)} (path relative to this run directory)."
         )
     return Report(
         synthetic_banner(doc),
-        f"vitreg neurons: {doc['model']['spec']}",
+        f"vitreg neurons: {doc.model.spec}",
         [
             summary,
             _decisions(r),
@@ -252,9 +253,9 @@ def planted_section(rows: list[PlantedRow]) -> Section:
     return s
 
 
-def images_section(doc: dict[str, Any]) -> Section:
+def images_section(doc: Envelope) -> Section:
     s = data_section(doc)
-    split = doc["data"].get("split")
+    split = getattr(doc.data, "split", None)  # the discovery / held-out split, where made
     if isinstance(split, dict) and split:
         s.blocks.insert(
             1,
@@ -264,8 +265,9 @@ def images_section(doc: dict[str, Any]) -> Section:
     return s
 
 
-def headlines(results: dict[str, Any]) -> list[Headline]:
-    """The headline numbers of a neurons run, each at its pointer into ``results``."""
+def headlines(results: NeuronsResults) -> list[Headline]:
+    """The headline numbers of a neurons run (its typed results), each at its pointer into
+    ``results``."""
     out = [
         Headline("n_neurons", "/results/n_neurons", None, "register neurons kept"),
         Headline("chosen_k", "/results/chosen_k", None, "top-k (calibrated or fixed)"),
@@ -279,7 +281,7 @@ def headlines(results: dict[str, Any]) -> list[Headline]:
                 False,
                 f"patch outlier rate on held-out images {when} the fix at top-k",
                 unit="fraction",
-                layer=results["detect_layer"],
+                layer=results.detect_layer,
             )
         )
     return out
@@ -299,22 +301,21 @@ def write_neurons_run(
     doc = build_document(
         "neurons",
         results,
-        headlines(results),
+        headlines,
         command=command,
         described=described,
         data=data,
         config=config,
     )
-    write_run(out_dir, doc, report, lambda: figures(doc))
-    return doc
+    return write_run(out_dir, doc, report, lambda: figures(doc))
 
 
-def figures(doc: dict[str, Any]) -> list[Figure]:
+def figures(doc: Envelope) -> list[Figure]:
     """The discovery scores and, when top-k was calibrated, the calibration curve."""
-    r = doc["results"]
-    drawn = [neuron_scores(r["ranking"], r["chosen_k"])]
-    if r.get("calibration"):
-        drawn.append(calibration_curve(r["calibration"]))
+    r: NeuronsResults = doc.results
+    drawn = [neuron_scores(r.ranking, r.chosen_k)]
+    if r.calibration is not None:
+        drawn.append(calibration_curve(r.calibration))
     return drawn
 
 

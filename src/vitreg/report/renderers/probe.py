@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitreg.report.document import Headline, build_document
+from vitreg.report.document import Headline, build_document, typed_results
 from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
 from vitreg.report.render.markdown import Report, Section, Table, code, figure_section, num, text
 from vitreg.report.render.plots import Figure
@@ -21,6 +21,7 @@ from vitreg.results.probe import (
     ProbeResults,
     ProbeScore,
 )
+from vitreg.results.schema import Envelope, plain
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -33,8 +34,9 @@ READ = {
 
 
 def task_and_data(results: dict[str, Any]) -> str:
-    """``task/data`` of a probe run (``classification/synthetic-cls:n=200``): the start of its
-    metric names, so that scores of other tasks or datasets never share a row in a comparison."""
+    """``task/data`` of a probe run (``classification/synthetic-cls:n=200``) from its results
+    as read (a compared run's, which may not follow the schema): the start of its metric names,
+    so that scores of other tasks or datasets never share a row in a comparison."""
     data = results.get("data") if isinstance(results.get("data"), dict) else {}
     specs = [
         str(split.get("spec"))
@@ -44,19 +46,22 @@ def task_and_data(results: dict[str, Any]) -> str:
     return f"{results.get('task')}/{'+'.join(dict.fromkeys(specs)) or 'unknown data'}"
 
 
-def headlines(results: dict[str, Any]) -> list[Headline]:
+def typed_task_and_data(results: ProbeResults) -> str:
+    """:func:`task_and_data` of a run's typed results."""
+    specs = [str(d.spec) for d in (results.data.train, results.data.test) if d.spec is not None]
+    return f"{results.task}/{'+'.join(dict.fromkeys(specs)) or 'unknown data'}"
+
+
+def headlines(results: ProbeResults) -> list[Headline]:
     """One headline per score: ``task/data/condition/layer/feature/group/metric`` -> its mean."""
     out = []
-    prefix = task_and_data(results)
-    for condition, per_layer in results["conditions"].items():
+    prefix = typed_task_and_data(results)
+    for condition, per_layer in results.conditions.items():
         for li, layer in enumerate(per_layer):
-            for si, s in enumerate(layer["scores"]):
-                name = (
-                    f"{prefix}/{condition}/{layer['layer']}/{s['feature']}/{s['group']}/"
-                    f"{s['metric']}"
-                )
+            for si, s in enumerate(layer.scores):
+                name = f"{prefix}/{condition}/{layer.layer}/{s.feature}/{s.group}/{s.metric}"
                 pointer = f"/results/conditions/{condition}/{li}/scores/{si}/mean"
-                out.append(Headline(name, pointer, s["higher_is_better"]))
+                out.append(Headline(name, pointer, s.higher_is_better))
     return out
 
 
@@ -101,10 +106,10 @@ def verdict(results: ProbeResults) -> str:
     return text
 
 
-def data_block(run: dict[str, Any]) -> dict[str, Any]:
-    """The metrics.json ``data`` block: both splits, samples used, skips and repairs by reason,
-    and the datasets' warnings (e.g. one class only), each prefixed with its split."""
-    results = ProbeResults.model_validate(run)
+def data_block(results: ProbeResults) -> dict[str, Any]:
+    """The metrics.json ``data`` block of the typed results: both splits, samples used, skips
+    and repairs by reason, and the datasets' warnings (e.g. one class only), each prefixed with
+    its split."""
     caches = results.caches
     skipped: dict[str, str] = {}
     for stage, c in caches.items():
@@ -250,9 +255,10 @@ def _fix(fix: NamedFix | None) -> str:
     return f"{fix.name}: {said or '–'}"
 
 
-def report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
-    """The probe run's report: summary, one section per layer, figures, data, model."""
-    results = ProbeResults.model_validate(doc["results"])
+def report(doc: Envelope, figures: Sequence[Figure] = ()) -> Report:
+    """The probe run's report from its typed document: summary, one section per layer,
+    figures, data, model."""
+    results: ProbeResults = doc.results
     intro = Section("summary", "Summary")
     how = (
         f"Means over seeds {results.seeds} with Student-t 95% confidence half-widths; the "
@@ -270,9 +276,9 @@ def report(doc: dict[str, Any], figures: Sequence[Figure] = ()) -> Report:
     n_layers = max((len(layers) for layers in results.conditions.values()), default=0)
     sections += [layer_section(results, li) for li in range(n_layers)]
     data = Section("data", "Data")
-    rows = [[k, v] for k, v in doc["data"]["skipped"].items()]
-    data.blocks.append(text(doc["data"].get("description")))
-    for warning in doc["data"].get("warnings") or []:
+    rows = [[k, v] for k, v in doc.data.skipped.items()]
+    data.blocks.append(text(doc.data.description))
+    for warning in getattr(doc.data, "warnings", None) or []:
         data.blocks.append(f"**Warning** — {warning}")
     data.blocks.append(
         Table(["what", "count"], rows) if rows else "No sample was skipped or repaired."
@@ -289,18 +295,23 @@ def write_probe_run(
     config: dict[str, Any],
     command: str,
     figures: Sequence[Figure] | Callable[[], Sequence[Figure]] = (),
+    typed: ProbeResults | None = None,
 ) -> dict[str, Any]:
     """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
-    results are saved), report.md and report.html of one probe run; the document written."""
+    results are saved), report.md and report.html of one probe run; the document written.
+    ``typed``: ``results`` already typed (:func:`~vitreg.report.document.typed_results`), else
+    typed here (once: the data block and the document read the same)."""
+    results = plain(results)
+    typed = typed if typed is not None else typed_results("probe", results)
     doc = build_document(
         "probe",
         results,
-        headlines(results),
+        headlines,
         command=command,
         described=described,
-        data=data_block(results),
+        data=data_block(typed),
         config=config,
+        typed=typed,
     )
     draw = figures if callable(figures) else lambda: figures
-    write_run(out_dir, doc, report, draw)
-    return doc
+    return write_run(out_dir, doc, report, draw)

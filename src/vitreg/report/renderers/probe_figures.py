@@ -8,32 +8,31 @@ from typing import Any
 import numpy as np
 
 from vitreg.report.render.plots import Figure, display_images, figure, new_canvas
+from vitreg.results.probe import ProbeResults
 
 MAX_LINES = 8  # score lines per metric panel: the rest are in the tables
 
 
-def _series(results: dict[str, Any]) -> dict[str, dict[tuple, list]]:
+def _series(results: ProbeResults) -> dict[str, dict[tuple, list]]:
     """metric -> (condition, feature, group) -> [(layer index, mean, ci95)]."""
     out: dict[str, dict[tuple, list]] = {}
-    for condition, layers in results["conditions"].items():
+    for condition, layers in results.conditions.items():
         for li, layer in enumerate(layers):
-            for s in layer["scores"]:
-                if s["mean"] is None:
+            for s in layer.scores:
+                if s.mean is None:
                     continue
-                key = (condition, s["feature"], s["group"])
-                out.setdefault(s["metric"], {}).setdefault(key, []).append(
-                    (li, s["mean"], s["ci95"] or 0.0)
-                )
+                key = (condition, s.feature, s.group)
+                out.setdefault(s.metric, {}).setdefault(key, []).append((li, s.mean, s.ci95 or 0.0))
     return out
 
 
-def metric_per_layer(results: dict[str, Any]) -> Figure:
+def metric_per_layer(results: ProbeResults) -> Figure:
     """One panel per metric: every score across the probed layers with its 95% interval, base
     solid and fixed dashed, and the first layer's yardsticks as grey lines."""
     series = _series(results)
-    layers = [str(x).removesuffix(".hook_resid_post") for x in results["layers"]]
+    layers = [str(x).removesuffix(".hook_resid_post") for x in results.layers]
     fig = new_canvas(7.5, 2.8 * max(1, len(series)))
-    first = next(iter(results["conditions"].values()))[0]
+    first = next(iter(results.conditions.values()))[0]
     for i, (metric, lines) in enumerate(series.items()):
         ax = fig.add_subplot(len(series), 1, i + 1)
         for (condition, feature, group), points in list(lines.items())[:MAX_LINES]:
@@ -48,29 +47,29 @@ def metric_per_layer(results: dict[str, Any]) -> Figure:
                 linestyle="-" if condition == "base" else "--",
                 label=label,
             )
-        for y in first.get("yardsticks", []):
-            if y["metric"] == metric and y["value"] is not None and y["group"] == "all":
-                ax.axhline(y["value"], color="0.5", linestyle=":", linewidth=1)
-                ax.annotate(y["name"], (0, y["value"]), fontsize=7, color="0.4")
+        for y in first.yardsticks:
+            if y.metric == metric and y.value is not None and y.group == "all":
+                ax.axhline(y.value, color="0.5", linestyle=":", linewidth=1)
+                ax.annotate(y.name, (0, y.value), fontsize=7, color="0.4")
         ax.set_xticks(range(len(layers)), layers, fontsize=7, rotation=20)
         ax.set_ylabel(metric)
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, borderaxespad=0)
     fig.subplots_adjust(left=0.1, right=0.62, bottom=0.12, top=0.95, hspace=0.6)
-    styles = " (base solid, fixed dashed)" if len(results["conditions"]) == 2 else ""
+    styles = " (base solid, fixed dashed)" if len(results.conditions) == 2 else ""
     caption = (
-        f"{results['task']}: each score per probed block, mean over seeds with its 95% interval"
+        f"{results.task}: each score per probed block, mean over seeds with its 95% interval"
         f"{styles}; dotted grey lines: the yardsticks (trivial baselines)."
     )
     return figure("probe_per_layer", caption, fig)
 
 
-def scores_at_layer(results: dict[str, Any]) -> Figure:
+def scores_at_layer(results: ProbeResults) -> Figure:
     """One probed layer: one panel per metric, a row per feature with each condition's mean and
     its 95% interval (base and fixed side by side), the yardsticks as dotted vertical lines."""
     series = _series(results)
-    layer = str(results["layers"][0]).removesuffix(".hook_resid_post")
-    first = next(iter(results["conditions"].values()))[0]
-    conditions = list(results["conditions"])
+    layer = str(results.layers[0]).removesuffix(".hook_resid_post")
+    first = next(iter(results.conditions.values()))[0]
+    conditions = list(results.conditions)
     rows = max(len({k[1:] for k in lines}) for lines in series.values())
     fig = new_canvas(7.5, (0.9 + 0.32 * rows * len(conditions)) * len(series))
     for i, (metric, lines) in enumerate(series.items()):
@@ -86,11 +85,11 @@ def scores_at_layer(results: dict[str, Any]) -> Figure:
                     means.append(point[0][1])
                     cis.append(point[0][2])
             ax.errorbar(means, ys, xerr=cis, fmt="o", capsize=3, label=condition)
-        for y in first.get("yardsticks", []):
-            if y["metric"] == metric and y["value"] is not None and y["group"] == "all":
-                ax.axvline(y["value"], color="0.5", linestyle=":", linewidth=1)
+        for y in first.yardsticks:
+            if y.metric == metric and y.value is not None and y.group == "all":
+                ax.axvline(y.value, color="0.5", linestyle=":", linewidth=1)
                 ax.annotate(
-                    y["name"], (y["value"], 0.98), xycoords=("data", "axes fraction"),
+                    y.name, (y.value, 0.98), xycoords=("data", "axes fraction"),
                     fontsize=7, color="0.4", rotation=90, va="top", ha="right",
                 )  # fmt: skip
         names = [f + ("" if g == "all" else f" ({g})") for f, g in features]
@@ -100,7 +99,7 @@ def scores_at_layer(results: dict[str, Any]) -> Figure:
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, borderaxespad=0)
     fig.subplots_adjust(left=0.28, right=0.82, bottom=0.1, top=0.95, hspace=0.6)
     caption = (
-        f"{results['task']} at `{layer}` (the one probed block): each feature's score, mean over "
+        f"{results.task} at `{layer}` (the one probed block): each feature's score, mean over "
         "seeds with its 95% interval, per condition; dotted grey lines: the yardsticks (trivial "
         "baselines)."
     )
@@ -148,9 +147,10 @@ def _palette(k: int) -> list:
     return [colormaps["tab20"](i % 20) for i in range(k)]
 
 
-def probe_figures(run: Any, results: dict[str, Any]) -> list[Figure]:
-    """The figures of a :class:`~vitreg.probe.scores.ProbeScores` (``results`` its ``to_dict()``)."""
-    drawn = metric_per_layer if len(results["layers"]) > 1 else scores_at_layer
+def probe_figures(run: Any, results: ProbeResults) -> list[Figure]:
+    """The figures of a :class:`~vitreg.probe.scores.ProbeScores` (``results``: its typed
+    results, as its document holds them)."""
+    drawn = metric_per_layer if len(results.layers) > 1 else scores_at_layer
     figures = [drawn(results)] if _series(results) else []
     last = {c: rs[-1] for c, rs in run.results.items() if rs and rs[-1].examples}
     if last and run.images:

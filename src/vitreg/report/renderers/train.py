@@ -13,6 +13,7 @@ from vitreg.report.render.envelope import model_section, provenance_section, syn
 from vitreg.report.render.markdown import Report, Section, figure_section, num, text
 from vitreg.report.render.plots import Figure, figure, new_canvas
 from vitreg.report.writer import write_run
+from vitreg.results.schema import Envelope
 from vitreg.results.train import DinoTerms, TrainResults
 
 PARTS = ("loss_dino", "loss_ibot")  # the terms a DINO run's loss is the sum of
@@ -47,7 +48,7 @@ def dino_reading(terms: DinoTerms) -> str:
     )
 
 
-def loss_figure(history: list[dict[str, Any]], terms: dict[str, Any] | None) -> Figure:
+def loss_figure(history: list[dict[str, Any]], terms: DinoTerms | None) -> Figure:
     """The training loss per step (a DINO run: its [CLS] and iBOT terms and the teacher's
     entropy against ln(out_dim) too), with the learning rate on a second axis."""
     steps = [r["step"] for r in history]
@@ -60,8 +61,8 @@ def loss_figure(history: list[dict[str, Any]], terms: dict[str, Any] | None) -> 
     if terms is not None:
         entropy = [r.get("teacher_entropy") for r in history]
         ax.plot(steps, entropy, lw=1, linestyle="--", label="teacher entropy ([CLS])")
-        ax.axhline(terms["ln_out_dim"], color="0.5", linestyle=":", linewidth=1)
-        ax.annotate(f"ln {terms['out_dim']} (uniform)", (steps[0], terms["ln_out_dim"]),
+        ax.axhline(terms.ln_out_dim, color="0.5", linestyle=":", linewidth=1)
+        ax.annotate(f"ln {terms.out_dim} (uniform)", (steps[0], terms.ln_out_dim),
                     fontsize=7, color="0.4", va="bottom")  # fmt: skip
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats)")
@@ -82,15 +83,16 @@ def loss_figure(history: list[dict[str, Any]], terms: dict[str, Any] | None) -> 
     return figure("training_loss", caption, fig)
 
 
-def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """The training run's report: what was trained and how the loss went, the curve, the model."""
-    r = TrainResults.model_validate(doc["results"])
+def report(doc: Envelope, figures: list[Figure]) -> Report:
+    """The training run's report from its typed document: what was trained and how the loss
+    went, the curve, the model."""
+    r: TrainResults = doc.results
     summary = Section("summary", "Summary")
     done = f"{r.steps} of {text(r.total_steps)} optimizer steps"
     resumed = f", resumed from step {r.resumed_from}" if r.resumed_from is not None else ""
     summary.blocks.append(
         f"Recipe **{r.recipe}**: {done}{resumed}; loss {num(r.loss_first)} at the first "
-        f"step, {num(r.final_loss)} at the last. Data: {doc['data'].get('description')}. "
+        f"step, {num(r.final_loss)} at the last. Data: {doc.data.description}. "
         f"Weights: {r.weights or 'not exported'}; every step's record: {r.log}."
     )
     if r.dino_terms is not None:
@@ -101,7 +103,7 @@ def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
     return Report(synthetic_banner(doc), f"vitreg train: {r.recipe}", sections)
 
 
-def headlines(results: dict[str, Any]) -> list[Headline]:
+def headlines(results: TrainResults) -> list[Headline]:
     """The headline numbers of a training run: its last loss and the steps done."""
     return [
         Headline("final_loss", "/results/final_loss", False, "loss at the last step"),
@@ -129,12 +131,11 @@ def write_train_run(
     doc = build_document(
         "train",
         results,
-        headlines(results),
+        headlines,
         command=command,
         described=described,
         data=dict(data),
         config=config,
     )
-    terms = results["dino_terms"]
-    write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])
-    return doc
+    terms = doc.results.dino_terms
+    return write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])

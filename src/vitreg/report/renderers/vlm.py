@@ -29,6 +29,7 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.writer import write_run
 from vitreg.results.fix import NamedFix, TtrDescription
+from vitreg.results.schema import Envelope
 from vitreg.results.vlm import Condition, VlmImage, VlmResults
 
 SUMMARY = (
@@ -58,7 +59,7 @@ QUERY_TEXT = {
 }
 
 
-def headlines(results: dict[str, Any]) -> list[Headline]:
+def headlines(results: VlmResults) -> list[Headline]:
     """One headline per summary number."""
     return [
         Headline(f"vlm.{key}", f"/results/summary/{key}", better, label, unit=unit)
@@ -170,10 +171,10 @@ def image_section(i: int, row: VlmImage) -> Section:
     return Section(f"image-{i}", f"Image {i}", [table, change])
 
 
-def report(doc: dict[str, Any], figures: list[Figure]) -> Report:
-    """The vlm run's report: the prompt and the fix, the means over images, the maps, one
-    section per image, the images, the model."""
-    results = VlmResults.model_validate(doc["results"])
+def report(doc: Envelope, figures: list[Figure]) -> Report:
+    """The vlm run's report from its typed document: the prompt and the fix, the means over
+    images, the maps, one section per image, the images, the model."""
+    results: VlmResults = doc.results
     s = results.summary
     intro = Section("summary", "Summary")
     generation = results.generation
@@ -220,7 +221,7 @@ def write_vlm_run(
     doc = build_document(
         "vlm",
         results,
-        headlines(results),
+        headlines,
         command=command,
         described=described,
         data=data,
@@ -228,10 +229,9 @@ def write_vlm_run(
     )
 
     def draw() -> list[Figure]:
-        figures = map_figures(VlmResults.model_validate(doc["results"]), images)
+        figures = map_figures(doc.results, images)
         if layer_maps is not None:
             figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
         return figures
 
-    write_run(out_dir, doc, report, draw)
-    return doc
+    return write_run(out_dir, doc, report, draw)
