@@ -217,7 +217,7 @@ class RankParts(Protocol):
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]: ...
 
 
-class Split:
+class RankSplit:
     """This rank's images of a source that splits itself (:func:`split`), with :class:`Shard`'s
     attributes: while a part is out, :attr:`offset` is the global index of its first image and
     :attr:`seen` the global index just past its last (increasing on each rank: the position for
@@ -250,7 +250,7 @@ class Split:
         return out
 
 
-def split(data: Any, limit: int | None = None) -> Split | None:
+def split(data: Any, limit: int | None = None) -> RankSplit | None:
     """This rank's images when work is sharded and ``data`` splits itself by rank (it has
     ``rank_parts(rank, world, limit)`` returning :class:`RankParts`, or ``None`` to decline);
     ``None`` otherwise: the caller then shards the global batches (:func:`shard`)."""
@@ -258,7 +258,7 @@ def split(data: Any, limit: int | None = None) -> Split | None:
     if not active() or parts_of is None:
         return None
     parts = parts_of(rank(), world(), limit)
-    return None if parts is None else Split(parts, rank(), world())
+    return None if parts is None else RankSplit(parts, rank(), world())
 
 
 # combining results -----------------------------------------------------------------------------

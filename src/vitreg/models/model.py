@@ -105,7 +105,7 @@ def resume_trace(
     """The checkpoint of this trace inside ``vitreg.core.checkpoint.resumable`` (else ``None``),
     the images its saved state covers (restored into ``reducers``, ``layouts`` and ``sources``)
     and whether the pass had finished. ``independent``: the ranks read their own images
-    (:class:`vitreg.distributed.Split`), so each resumes from its own last state."""
+    (:class:`vitreg.distributed.RankSplit`), so each resumes from its own last state."""
     from vitreg.core.checkpoint import next_pass, restore_into
 
     key = {

@@ -34,7 +34,7 @@ from vitreg.neurons.calibrate import (
 from vitreg.neurons.causal import CausalSelection
 from vitreg.neurons.detection import Detection, choose_detection
 from vitreg.neurons.discover import discover
-from vitreg.neurons.held_out import HOLD_OUT, Split, causal_set
+from vitreg.neurons.held_out import HOLD_OUT, HeldOutSplit, causal_set
 from vitreg.progress import SILENT, Progress
 from vitreg.settings.neurons import NeuronSearch
 
@@ -53,7 +53,7 @@ def held_out_images(source: Any, cap: int = MAX_HELD_OUT) -> torch.Tensor:
     """The first ``cap`` held-out images as one tensor."""
     out: list[torch.Tensor] = []
     have = 0
-    for batch in Split(source, held_out=True):
+    for batch in HeldOutSplit(source, held_out=True):
         out.append(batch[: cap - have])
         have += out[-1].shape[0]
         if have >= cap:
@@ -218,7 +218,7 @@ def _check_sizes_taken(model: Model, sizes: Sequence[int]) -> None:
             raise InputError(f"cannot check the fix at {size} px: {e}") from None
 
 
-def _discovery_split(images: Any, n_images: int | None) -> tuple[Split, int]:
+def _discovery_split(images: Any, n_images: int | None) -> tuple[HeldOutSplit, int]:
     """The images discovery sees and their count, once enough are held out for the check."""
     total = n_images if n_images is not None else len(images)
     n_disc, n_held = split_sizes(total)
@@ -230,12 +230,12 @@ def _discovery_split(images: Any, n_images: int | None) -> tuple[Split, int]:
             f"{MIN_HELD_OUT * HOLD_OUT} images, and got {total} ({n_held} held out); pass more "
             "(--limit, --images DIR)"
         )
-    return Split(images, held_out=False), n_disc
+    return HeldOutSplit(images, held_out=False), n_disc
 
 
 def _survey_and_rank(
     model: Model,
-    disc: Split,
+    disc: HeldOutSplit,
     n_disc: int,
     search: NeuronSearch,
     batch_size: int,
@@ -369,7 +369,7 @@ def _held_out_summary(
 
 def _half_sets(
     model: Model,
-    disc: Split,
+    disc: HeldOutSplit,
     held: torch.Tensor,
     detection: Detection,
     selection: CausalSelection,

@@ -18,7 +18,7 @@ from vitreg.progress import Update
 HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
 
 
-class Split:
+class HeldOutSplit:
     """The held-out part of an image source (every ``period``-th image, by default every
     ``HOLD_OUT``-th) or the rest; re-iterable."""
 

@@ -19,7 +19,7 @@ from vitreg.models.model import Model
 from vitreg.neurons.calibrate import calibrate_top_k
 from vitreg.neurons.detection import Detection
 from vitreg.neurons.discover import discover
-from vitreg.neurons.held_out import Split, causal_set
+from vitreg.neurons.held_out import HeldOutSplit, causal_set
 from vitreg.settings.neurons import NeuronSearch
 
 
@@ -44,7 +44,7 @@ def half_sets(
     for parity in (0, 1):
         ranking = discover(
             model,
-            Split(discovery, held_out=bool(parity), period=2),
+            HeldOutSplit(discovery, held_out=bool(parity), period=2),
             search,
             detection=detection,
             batch_size=batch_size,

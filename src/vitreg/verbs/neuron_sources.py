@@ -51,7 +51,7 @@ def neuron_file(neurons: NeuronSource | str | None, spec: str) -> Any:
     return READERS[neurons.kind](neurons, spec)
 
 
-def discover(
+def search_neurons(
     model: Any,
     source: Any,
     search: NeuronSearch,
@@ -143,7 +143,7 @@ def load_neurons(
                 caution=True,
             )
         )
-        found = discover(model, source, cfg, progress, notices, batch_size=cfg.batch_size)
+        found = search_neurons(model, source, cfg, progress, notices, batch_size=cfg.batch_size)
         chosen = found.chosen
         origin = DISCOVERED
     else:

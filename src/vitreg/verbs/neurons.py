@@ -13,7 +13,7 @@ from vitreg.progress import SILENT, Progress
 from vitreg.results.neurons import NeuronsResults
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
-from vitreg.verbs.neuron_sources import discover, planted_rows
+from vitreg.verbs.neuron_sources import planted_rows, search_neurons
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
 from vitreg.verbs.resume import checkpointed, finished
 
@@ -31,7 +31,7 @@ def run_neurons(
     check_images(cfg.images)
     model, source = model_and_images(cfg, join_torchrun(cfg.device), progress, notices)
     with checkpointed(cfg.out, cfg.checkpoint_every, cfg.to_file()):
-        found = discover(
+        found = search_neurons(
             model,
             source,
             cfg,
