@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from vitreg.arch.autoregister import install as _install_timm_names
 from vitreg.core.plugins import provide as _provide
+from vitreg.core.renamed import moved as _moved
 from vitreg.core.version import __version__
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and readers
@@ -80,6 +81,19 @@ _provide("loaders", "vitreg.testing.loader")
 _provide("local_sections", "vitreg.fix.saved")
 _provide("verbs", "vitreg.verbs")  # every verb's record, registered beside its code
 _install_timm_names()  # the vitreg_* timm model names, registered once timm is imported
+# modules that moved: their old names import the new modules, with a DeprecationWarning
+_moved(
+    {
+        "vitreg.report.results": "vitreg.results",
+        "vitreg.report.schema": "vitreg.results.schema",
+        "vitreg.report.upgrade": "vitreg.results.upgrade",
+        "vitreg.report.verbs": "vitreg.report.renderers",
+        "vitreg.report.out_dir": "vitreg.core.out_dir",
+        "vitreg.train.schedule": "vitreg.core.schedule",
+        "vitreg.train.settings": "vitreg.settings.train",
+        "vitreg.probe.zero_shot.base": "vitreg.probe.tasks.model_task",
+    }
+)
 
 __all__ = [
     "ActivationCache",

@@ -1,9 +1,13 @@
 """Names that changed keep working for one release: a module's ``__getattr__`` made by
-:func:`renamed` returns the new object under the old name with a ``DeprecationWarning`` that
-says the new one."""
+:func:`renamed` returns the new object under the old name, and :func:`moved` lets a moved
+module import under its old name, each with a ``DeprecationWarning`` that says the new one."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,3 +29,41 @@ def renamed(module: str, names: dict[str, str], namespace: dict[str, Any]) -> Ca
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An import hook: a module imported under an old name (or below an old package name) is
+    the module of its new name, with a ``DeprecationWarning`` saying the new one."""
+
+    def __init__(self, moves: dict[str, str]) -> None:
+        self.moves = moves
+
+    def new_name(self, fullname: str) -> str | None:
+        """The new name of ``fullname``, or None if it did not move."""
+        for old, new in self.moves.items():
+            if fullname == old or fullname.startswith(old + "."):
+                return new + fullname[len(old) :]
+        return None
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if self.new_name(fullname) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=True)
+
+    def create_module(self, spec: Any) -> Any:
+        new = self.new_name(spec.name)
+        warnings.warn(
+            f"{spec.name} is now {new}; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(new)
+
+    def exec_module(self, module: Any) -> None:
+        """The new module ran when it was imported."""
+
+
+def moved(moves: dict[str, str]) -> None:
+    """Let each old module name of ``moves`` import as its new one (once per process)."""
+    if not any(isinstance(f, MovedModules) and f.moves == moves for f in sys.meta_path):
+        sys.meta_path.insert(0, MovedModules(moves))  # before the path finder: old paths exist

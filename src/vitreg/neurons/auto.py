@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from vitreg import distributed
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
@@ -415,3 +416,6 @@ def _ordered(ranking: NeuronSet, units: list[tuple[int, int]]) -> NeuronSet:
     """``units`` (a subset of the ranking) in the given order, with their discovery scores."""
     index = {pair: i for i, pair in enumerate(ranking.pairs())}
     return ranking.pick([index[u] for u in units])
+
+
+__getattr__ = renamed(__name__, {"Found": "NeuronSearchResult"}, globals())
