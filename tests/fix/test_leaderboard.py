@@ -45,8 +45,9 @@ def test_board_rows_measure_each_fix_and_refuse_what_the_model_cannot_take(tmp_p
     assert all(r.relative_speed > 0 for r in board.rows if not r.refused)
     meta = {"model": "timm tiny", "synthetic": False, "data": {"description": "noise", "n_images": 2},
             "command": "vitreg fix --method ttr+naclip,sc-clip", "config": {}}  # fmt: skip
-    path = write_board(tmp_path, board.to_dict(), meta)
-    doc = json.loads(path.read_text())
+    written = write_board(tmp_path, board.to_dict(), meta)
+    doc = json.loads((tmp_path / "leaderboard.json").read_text())
+    assert [r.entry for r in written.board.rows] == list(rows)
     assert [r["entry"] for r in doc["board"]["rows"]] == list(rows)
     md = (tmp_path / "leaderboard.md").read_text()
     assert "| `naclip` |" in md and "refused: SC-CLIP" in md and "## Compositions" in md

@@ -26,7 +26,7 @@ def show_board(run: Any) -> None:
     """``--method`` other than plain ttr: the leaderboard's table on the console."""
     from vitreg.verbs.display import board_table
 
-    table = board_table(run.board.to_dict(), reasons=False)
+    table = board_table(run.leaderboard.board, reasons=False)
     shown = Table(title="vitreg fix: leaderboard")
     for column in table.header:
         shown.add_column(column)

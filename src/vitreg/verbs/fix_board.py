@@ -83,5 +83,5 @@ def run_fix_board(
         "config": cfg.to_file(),
         "model_info": model_info(described),
     }
-    write_board(Path(cfg.out), board.to_dict(), meta)
-    return BoardRun(Path(cfg.out), board, notices.items)
+    written = write_board(Path(cfg.out), board.to_dict(), meta)
+    return BoardRun(Path(cfg.out), board, notices.items, written)

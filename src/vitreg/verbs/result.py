@@ -123,11 +123,13 @@ class VlmRun(VerbResult):
 
 @dataclass
 class BoardRun:
-    """``vitreg fix --method``: the leaderboard's folder, the board itself and the run's notices."""
+    """``vitreg fix --method``: the leaderboard's folder, the board itself, the run's notices and
+    the leaderboard.json document written (typed: ``leaderboard.board.rows``)."""
 
     run_dir: Path
     board: Any
     notices: list[Notice]
+    leaderboard: Any = None
 
 
 class Interrupted(KeyboardInterrupt):

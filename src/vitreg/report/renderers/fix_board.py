@@ -87,12 +87,6 @@ def board_table(board: BoardResults, reasons: bool = True) -> Table:
     return Table(header, rows)
 
 
-def console_table(board: dict[str, Any], reasons: bool = False) -> Table:
-    """:func:`board_table` of a board just measured, given as its ``to_dict()`` (the console's
-    table of ``vitreg fix --method``, which reads no leaderboard.json)."""
-    return board_table(BoardResults.model_validate(board), reasons)
-
-
 def report(d: BoardDocument, figures: list[Figure]) -> Report:
     """leaderboard.md of the typed leaderboard ``d``: what ran, the table, its columns, what
     each composition's parts did, each entry's settings and the figure."""
@@ -152,11 +146,10 @@ def board_figure(board: BoardResults) -> Figure:
     return figure("fix_leaderboard", caption, fig)
 
 
-def write_board(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> Path:
+def write_board(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> BoardDocument:
     """Write the leaderboard folder through the one writer; ``meta``: model, data, command,
-    config, synthetic, model_info; the document is validated once, here. Returns
-    leaderboard.json's path."""
+    config, synthetic, model_info; the document is validated once, here, and returned."""
     made = {**versions(), "created": utc_now(), **plain(meta), "board": plain(board)}
     doc = BoardDocument.model_validate(made)
     write_run(out, doc, report, lambda: [board_figure(doc.board)], layout=BOARD)
-    return out / BOARD.document
+    return doc
