@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from vitreg import configs
@@ -53,3 +55,34 @@ def test_the_result_of_the_automatic_path_keeps_its_old_name() -> None:
 
     with pytest.warns(DeprecationWarning, match="Found is now .*NeuronSearchResult"):
         assert auto.Found is auto.NeuronSearchResult
+
+
+def test_loose_keywords_of_an_older_signature_build_the_settings_part() -> None:
+    from pydantic import BaseModel
+
+    from vitreg.core.renamed import loose_settings
+
+    class Search(BaseModel):
+        top_k: int = 64
+        target: float = 0.01
+
+    @loose_settings("search", Search, ("top_k", "target"))
+    def find(model: str, search: Search | None = None, *, batch_size: int = 32):
+        return model, search, batch_size
+
+    assert find("m") == ("m", None, 32)  # the new form: untouched, no warning
+    with pytest.warns(DeprecationWarning, match=r"find\(top_k=\.\.\.\) is now .*Search\(top_k"):
+        assert find("m", top_k=8, batch_size=4) == ("m", Search(top_k=8), 4)
+    with pytest.warns(DeprecationWarning):  # on top of a part given
+        assert find("m", Search(target=0.5), top_k=8)[1] == Search(top_k=8, target=0.5)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError):
+        find("m", top_k="many")  # validated as the part validates it
+
+
+def test_the_neuron_search_keeps_its_loose_keywords_for_a_release() -> None:
+    from vitreg.neurons.auto import find_neurons
+    from vitreg.neurons.calibrate import calibrate_top_k
+    from vitreg.neurons.discover import discover
+
+    for fn in (find_neurons, discover, calibrate_top_k):
+        assert "search" in inspect.signature(fn).parameters and fn.__wrapped__

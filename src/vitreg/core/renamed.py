@@ -4,13 +4,17 @@ module import under its old name, each with a ``DeprecationWarning`` that says t
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def renamed(module: str, names: dict[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:
@@ -67,3 +71,34 @@ def moved(moves: dict[str, str]) -> None:
     """Let each old module name of ``moves`` import as its new one (once per process)."""
     if not any(isinstance(f, MovedModules) and f.moves == moves for f in sys.meta_path):
         sys.meta_path.insert(0, MovedModules(moves))  # before the path finder: old paths exist
+
+
+def loose_settings(name: str, part: type, fields: tuple[str, ...]) -> Callable[[F], F]:
+    """A decorator for a function that takes the settings part ``part`` whole as ``name``: the
+    keywords ``fields`` of its older signature, given loose, still work for one release (with a
+    ``DeprecationWarning``): they are set on the part given (or on the default one)."""
+
+    def deco(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            loose = {k: kwargs.pop(k) for k in fields if k in kwargs}
+            if not loose:
+                return fn(*args, **kwargs)
+            warnings.warn(
+                f"{fn.__qualname__}({', '.join(f'{k}=' for k in loose)}...) is now "
+                f"{fn.__qualname__}(..., {name}={part.__name__}({', '.join(loose)}=...)); the "
+                "loose keywords go in the next release",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            bound = signature.bind_partial(*args, **kwargs)
+            given = bound.arguments.get(name)
+            base = given.model_dump() if given is not None else {}
+            bound.arguments[name] = part.model_validate({**base, **loose})
+            return fn(*bound.args, **bound.kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from vitreg import distributed
-from vitreg.core.renamed import renamed
+from vitreg.core.renamed import loose_settings, renamed
 from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
@@ -137,6 +137,9 @@ def layer_counts(neurons: NeuronSet) -> list[dict[str, int]]:
     return [{"layer": k, "n_neurons": len(v)} for k, v in neurons.by_layer().items()]
 
 
+@loose_settings(
+    "search", NeuronSearch, ("top_k", "target", "detect_layer", "highest_layer", "threshold")
+)
 def find_neurons(
     model: Model,
     images: Any,

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from vitreg.analysis.norms import norm_report
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
+from vitreg.core.renamed import loose_settings
 from vitreg.errors import VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
@@ -192,6 +193,7 @@ class TopKCurve:
         }
 
 
+@loose_settings("search", NeuronSearch, ("target",))
 def calibrate_top_k(
     model: Model,
     neurons: NeuronSet,

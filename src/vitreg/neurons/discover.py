@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from vitreg.analysis.rules import MASK_RULES, image_mask
+from vitreg.core.renamed import loose_settings
 from vitreg.errors import VitregError
 from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
 from vitreg.hooks.names import hook_name
@@ -46,6 +47,7 @@ class Searched(NamedTuple):
         return list(range(self.lowest, self.highest + 1))
 
 
+@loose_settings("search", NeuronSearch, ("detect_layer", "highest_layer", "threshold", "top_k"))
 def discover(
     model: Model,
     data: Any,
