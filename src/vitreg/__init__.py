@@ -92,6 +92,9 @@ _moved(
         "vitreg.train.schedule": "vitreg.core.schedule",
         "vitreg.train.settings": "vitreg.settings.train",
         "vitreg.probe.zero_shot.base": "vitreg.probe.tasks.model_task",
+        "vitreg.verbs.fix_board": "vitreg.verbs.leaderboard",
+        "vitreg.report.renderers.fix_board": "vitreg.report.renderers.leaderboard",
+        "vitreg.results.board": "vitreg.results.leaderboard",
     }
 )
 

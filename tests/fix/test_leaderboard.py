@@ -10,7 +10,7 @@ import vitreg
 from vitreg.fix.leaderboard import bench_fixes, expand
 from vitreg.fix.methods import FixInputs
 from vitreg.fix.neuron_set import NeuronSet
-from vitreg.report.renderers.fix_board import write_board
+from vitreg.report.renderers.leaderboard import write_leaderboard
 
 
 def test_expand_lists_parts_before_their_composition():
@@ -45,7 +45,7 @@ def test_board_rows_measure_each_fix_and_refuse_what_the_model_cannot_take(tmp_p
     assert all(r.relative_speed > 0 for r in board.rows if not r.refused)
     meta = {"model": "timm tiny", "synthetic": False, "data": {"description": "noise", "n_images": 2},
             "command": "vitreg fix --method ttr+naclip,sc-clip", "config": {}}  # fmt: skip
-    written = write_board(tmp_path, board.to_dict(), meta)
+    written = write_leaderboard(tmp_path, board.to_dict(), meta)
     doc = json.loads((tmp_path / "leaderboard.json").read_text())
     assert [r.entry for r in written.board.rows] == list(rows)
     assert [r["entry"] for r in doc["board"]["rows"]] == list(rows)

@@ -115,11 +115,11 @@ def test_an_experiment_renders_again(tmp_path) -> None:
 def test_a_fix_leaderboard_renders_again_and_validates(tmp_path) -> None:
     """``vitreg fix --method`` folders are folders like any other: `vitreg report` renders
     their pages again byte for byte, and `vitreg validate` checks leaderboard.json."""
-    from vitreg.verbs.fix_board import run_fix_board
+    from vitreg.verbs.leaderboard import run_leaderboard
     from vitreg.verbs.validate import check_run
 
     values = {"spec": "planted:clip_t16", "method": "naclip", "img_size": 64, "limit": 2}
-    run = run_fix_board(FixConfig(**values, batch_size=2, out=tmp_path / "board"))
+    run = run_leaderboard(FixConfig(**values, batch_size=2, out=tmp_path / "board"))
     rendered_again_is_the_same(run.run_dir)
     assert check_run(run.run_dir) == "fix leaderboard of 2 entries on 2 images"
     assert (run.run_dir / "leaderboard.md").read_text().startswith("**SYNTHETIC MODEL:**")

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from vitreg.core.containment import check_inside
 from vitreg.core.readers import read_json
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, brief
 
 MAX_RUN_FILE = 256 * 2**20  # bytes; a diagnose of a 40-block model writes a few MiB
@@ -118,10 +119,10 @@ class RunDir:
         return read_metrics(self.document)
 
 
-def read_board(folder: Path) -> Any:
+def read_leaderboard(folder: Path) -> Any:
     """The leaderboard.json of a ``fix --method`` folder as its typed document (a pydantic
     ValidationError says which field is wrong)."""
-    from vitreg.results.board import BoardDocument
+    from vitreg.results.leaderboard import BoardDocument
 
     path = check_inside(folder, folder / "leaderboard.json", "leaderboard.json")
     doc = read_json(path, "leaderboard file", max_bytes=MAX_RUN_FILE, allow_nan=True)
@@ -184,3 +185,6 @@ def comparison_members(folder: Path, doc: dict[str, Any]) -> list[Path]:
     if doc["verb"] == "diagnose":  # each folder resolves inside the comparison's
         return [check_inside(folder, folder / run["run_dir"], "run_dir") for run in doc["runs"]]
     return [Path(s.get("path") or s["run"]) for s in doc["sources"]]
+
+
+__getattr__ = renamed(__name__, {"read_board": "read_leaderboard"}, globals())

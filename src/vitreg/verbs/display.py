@@ -11,7 +11,7 @@ from typing import Any
 PIECES = {
     "num": ("vitreg.report.render.markdown", "num"),
     "pct": ("vitreg.report.render.markdown", "pct"),
-    "board_table": ("vitreg.report.renderers.fix_board", "board_table"),
+    "board_table": ("vitreg.report.renderers.leaderboard", "board_table"),
     "blocks_text": ("vitreg.report.renderers.neurons", "blocks_text"),
 }
 

@@ -67,9 +67,9 @@ def run_fix(
     """``vitreg fix``: test-time registers with a before/after report, or with ``--method``
     other than ``ttr`` the leaderboard of every fix named."""
     if cfg.method != "ttr":
-        from vitreg.verbs.fix_board import run_fix_board
+        from vitreg.verbs.leaderboard import run_leaderboard
 
-        return run_fix_board(cfg, progress, on_notice)
+        return run_leaderboard(cfg, progress, on_notice)
     return run_test_time_registers(cfg, progress, on_notice)
 
 

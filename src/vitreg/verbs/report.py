@@ -54,8 +54,8 @@ def render_again(folder: str | Path) -> list[Path]:
     written. A failure (a bug) raises :class:`~vitreg.errors.RenderError`, results untouched."""
     from vitreg.report import writer
     from vitreg.report.compare import render_comparison_again
-    from vitreg.report.documents import RunDir, read_board
-    from vitreg.report.renderers import fix_board
+    from vitreg.report.documents import RunDir, read_leaderboard
+    from vitreg.report.renderers import leaderboard
 
     found = RunDir.open(folder)
     folder = found.path
@@ -63,9 +63,9 @@ def render_again(folder: str | Path) -> list[Path]:
         reopen(folder)  # locked, and the files written listed in its manifest
         return render_comparison_again(folder)
     if found.kind == "leaderboard":
-        board = checked(lambda: read_board(folder), found.document)  # typed, validated once
+        board = checked(lambda: read_leaderboard(folder), found.document)  # typed, validated once
         reopen(folder)
-        draw = lambda figures: (fix_board.report(board, figures), figures)  # noqa: E731
+        draw = lambda figures: (leaderboard.report(board, figures), figures)  # noqa: E731
         return writer.render_again(folder, draw, writer.BOARD)
     doc = read_results(found.document)
     render = renderer(doc.verb).report

@@ -55,10 +55,10 @@ def check_board(folder: Path) -> str:
     from pydantic import ValidationError
 
     from vitreg.configs import describe_errors
-    from vitreg.report.documents import read_board
+    from vitreg.report.documents import read_leaderboard
 
     try:
-        doc = read_board(folder)
+        doc = read_leaderboard(folder)
     except ValidationError as e:
         where = f"{folder / 'leaderboard.json'} does not follow the schema"
         raise ValueError(describe_errors(e, where)) from None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.configs import FixConfig
+from vitreg.core.renamed import renamed
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.common import images_named, prepare
@@ -34,13 +35,13 @@ def probe_scorer(spec: str, cache: Path, batch_size: int) -> Any:
 
 
 @session()  # the --out claimed inside is released when the verb ends
-def run_fix_board(
+def run_leaderboard(
     cfg: FixConfig, progress: Progress = SILENT, on_notice: Listener | None = None
 ) -> BoardRun:
     """Measure every entry of ``cfg.method`` against the unfixed model; write the leaderboard."""
     from vitreg.fix.leaderboard import bench_fixes, expand
     from vitreg.fix.methods import FIXES, FixInputs, parse_entries
-    from vitreg.report.renderers.fix_board import write_board
+    from vitreg.report.renderers.leaderboard import write_leaderboard
     from vitreg.results.schema import is_synthetic, model_info
 
     notices = Notices(on_notice)
@@ -83,5 +84,8 @@ def run_fix_board(
         "config": cfg.to_file(),
         "model_info": model_info(described),
     }
-    written = write_board(Path(cfg.out), board.to_dict(), meta)
+    written = write_leaderboard(Path(cfg.out), board.to_dict(), meta)
     return BoardRun(Path(cfg.out), board, notices.items, written)
+
+
+__getattr__ = renamed(__name__, {"run_fix_board": "run_leaderboard"}, globals())

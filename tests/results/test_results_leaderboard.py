@@ -2,8 +2,8 @@
 written before (unnamed fixes, ``{}`` for a refused entry, ``Model.describe()`` as it was) still
 read."""
 
-from vitreg.results.board import BoardDocument, BoardEntry
 from vitreg.results.fix import ComposedDescription, LastBlockDescription
+from vitreg.results.leaderboard import BoardDocument, BoardEntry
 
 ROW = {
     "entry": "naclip",

@@ -1,5 +1,5 @@
 """The fix leaderboard's folder, written by the one writer: ``leaderboard.json`` (the board and
-what produced it, typed by :class:`~vitreg.results.board.BoardDocument`),
+what produced it, typed by :class:`~vitreg.results.leaderboard.BoardDocument`),
 ``leaderboard.md`` and ``report.html`` (one table, its columns explained) and
 ``figures/fix_leaderboard.png`` (max/median patch norm per block after each fix)."""
 
@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.renamed import renamed
 from vitreg.report.render.markdown import (
     Report,
     Section,
@@ -20,8 +21,8 @@ from vitreg.report.render.markdown import (
 )
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.writer import BOARD, write_run
-from vitreg.results.board import BoardDocument, BoardResults
 from vitreg.results.fix import ComposedDescription, Cosine, FixDescription
+from vitreg.results.leaderboard import BoardDocument, BoardResults
 from vitreg.results.probe import ProbeScore
 from vitreg.results.schema import plain, utc_now, versions
 
@@ -146,10 +147,13 @@ def board_figure(board: BoardResults) -> Figure:
     return figure("fix_leaderboard", caption, fig)
 
 
-def write_board(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> BoardDocument:
+def write_leaderboard(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> BoardDocument:
     """Write the leaderboard folder through the one writer; ``meta``: model, data, command,
     config, synthetic, model_info; the document is validated once, here, and returned."""
     made = {**versions(), "created": utc_now(), **plain(meta), "board": plain(board)}
     doc = BoardDocument.model_validate(made)
     write_run(out, doc, report, lambda: [board_figure(doc.board)], layout=BOARD)
     return doc
+
+
+__getattr__ = renamed(__name__, {"write_board": "write_leaderboard"}, globals())
