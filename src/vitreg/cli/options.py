@@ -173,7 +173,7 @@ def resolve_config(
     from vitreg.configs import build_config, read_config
 
     values = {k: v for k, v in params.items() if k in cls.model_fields}
-    if config is None or not _writes_config(cls):
+    if config is None:  # a verb without --config never has one
         return build_config(cls, values, "bad option", flags=True)
     given = {
         k: v

@@ -145,7 +145,7 @@ def documents() -> dict[str, type[Envelope]]:
 
 def results_model(verb: str) -> type[BaseModel]:
     """The model of the ``results`` block of ``verb``'s metrics.json (its record's)."""
-    return documents()[verb].model_fields["results"].annotation  # type: ignore[return-value]
+    return reporting()[verb].results  # type: ignore[return-value]
 
 
 @functools.cache
@@ -156,12 +156,10 @@ def _file() -> TypeAdapter[Any]:
 
 
 def __getattr__(name: str) -> Any:
-    """``VERBS`` (the verbs that write a metrics.json, in order) and ``DOCUMENTS``, read from
-    the verb records when first asked for."""
+    """``VERBS``: the verbs that write a metrics.json, in order, read from the verb records when
+    first asked for."""
     if name == "VERBS":
         return tuple(documents())
-    if name == "DOCUMENTS":
-        return documents()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
