@@ -23,6 +23,14 @@ class InputError(VitregError, ValueError):
     """Images or tensors passed to a model do not fit it."""
 
 
+class WriteError(VitregError):
+    """A file could not be written (disk full, read-only, not permitted); ``errno`` says why."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
 class HookError(VitregError, KeyError):
     """A hook name is unknown or a hook cannot do what was asked of it."""
 

@@ -78,6 +78,10 @@ def test_a_forged_comparison_or_manifest_never_removes_a_sibling(tmp_path) -> No
     out = run_into(tmp_path / "run")
     forged = {"verb": "diagnose", "runs": [{"run_dir": "../victim"}, {"run_dir": "victim"}]}
     write_json_atomic(out / "metrics.json", forged)  # a manifest file, edited
+    with pytest.raises(InputError, match=r"cannot prove it wrote \('metrics.json'\)"):
+        claim(out, "diagnose", SPEC, overwrite=True)  # an edited file is no longer the run's
+    assert (out / "metrics.json").is_file() and (out / "log.jsonl").is_file()  # nothing removed
+    (out / "metrics.json").unlink()
     with session():
         claim(out, "diagnose", SPEC, overwrite=True)  # removes the manifest's files only
     assert (victim / "metrics.json").is_file()

@@ -1,34 +1,25 @@
-"""Atomic file writes: a reader (or an interrupted run) never sees a half-written file."""
+"""Atomic file writes: a reader (or an interrupted run) never sees a half-written file, and a
+run's manifest records what each file holds."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from vitreg.core.run_dir import record
+from vitreg.core.disk import replace_atomic, writing
+from vitreg.core.run_dir import record, seal
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path`` (listed
-    first in the manifest of the claimed run directory holding it, if any)."""
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``: listed
+    first in the manifest of the claimed run directory holding it (if any), its size and hash
+    recorded before it appears. A failing disk is a :class:`~vitreg.errors.WriteError`."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
     record(target)  # the run's manifest lists every file it writes
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; reports are meant to be shared
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return replace_atomic(target, data, before=lambda: seal(target, data))
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -21,22 +21,32 @@ released and the state set; a run that wrote nothing leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import re
 import socket
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from vitreg.core.readers import read_json
-from vitreg.errors import InputError, brief
+from vitreg.core.disk import replace_atomic, write_error, writing
+from vitreg.core.manifest import (
+    LOCK,
+    MANIFEST,
+    OWN,
+    Manifest,
+    Record,
+    document,
+    read_manifest,
+    unproven,
+)
+from vitreg.errors import InputError, WriteError, brief
 
-MANIFEST = ".vitreg-manifest.json"
-LOCK = ".vitreg-lock"
-OWN = (MANIFEST, LOCK)
+__all__ = ["LOCK", "MANIFEST", "Run", "claim", "finish", "record", "reopen", "seal", "session"]
+
 MAX_ENTRIES = 1_000_000  # entries examined in one --out; runs write a few hundred
 SHOWN = 5  # foreign entries named in a message
 
@@ -51,6 +61,7 @@ class Run:
     model: str | None
     lock: int  # the descriptor holding the flock
     files: set[str] = field(default_factory=set)
+    records: dict[str, Record] = field(default_factory=dict)  # what each file held when written
     made: list[Path] = field(default_factory=list)  # folders the claim created
     started: str = ""
     kept_state: str | None = None  # a reopened run keeps its state
@@ -99,9 +110,11 @@ def _lock(out: Path, verb: str) -> int:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise write_error(e, path) from None
             raise InputError(
-                f"--out {str(out)!r}: its lock file {LOCK} cannot be opened ({e.strerror or e}; "
-                "a link is refused); pass a folder you can write to"
+                f"--out {str(out)!r}: its lock file {LOCK} is a link; vitreg never writes "
+                "through one: pass another --out"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -141,44 +154,13 @@ def _unlock(run: Run) -> None:
     os.close(run.lock)
 
 
-def _entry(name: Any, where: Path) -> str:
-    """A manifest entry: a plain relative path inside the folder, or an :class:`InputError`."""
-    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
-    bad = not parts or parts[0] == "/" or any(p in ("", ".", "..") for p in parts)
-    if bad or "\\" in name or name in OWN:
-        raise InputError(
-            f"{str(where)!r} names {brief(name)}, not a file inside the folder: this is not a "
-            "manifest vitreg wrote, so vitreg removes and overwrites nothing on its word; pass "
-            "another --out"
-        )
-    return name
+_TEMP = re.compile(r"\.(.+)\.[a-z0-9_]{8}\.tmp")  # mkstemp's name for an atomic write of NAME
 
 
-def _read_manifest(out: Path) -> dict[str, Any] | None:
-    """The checked manifest of ``out``; None when it has none."""
-    path = out / MANIFEST
-    if not os.path.lexists(path):
-        return None
-    if path.is_symlink() or not path.is_file():
-        raise InputError(
-            f"{str(path)!r} is a link or not a file: vitreg writes its manifest as a plain file, "
-            "so this folder is not a run it owns; pass another --out"
-        )
-    doc = read_json(path, "run manifest", max_bytes=256 * 2**20)
-    ok = (
-        isinstance(doc, dict)
-        and isinstance(doc.get("files"), list)
-        and isinstance(doc.get("verb"), str)
-        and isinstance(doc.get("state"), str)
-        and isinstance(doc.get("model"), str | None)
-    )
-    if not ok:
-        raise InputError(
-            f"{str(path)!r} is not a manifest vitreg wrote (it needs verb, model, state and "
-            "files); vitreg removes and overwrites nothing on its word: pass another --out"
-        )
-    doc["files"] = [_entry(name, path) for name in doc["files"]]
-    return doc
+def _temp_of(name: str) -> str | None:
+    """The file whose atomic write ``name`` is the temporary file of; None if it is none."""
+    match = _TEMP.fullmatch(name)
+    return match.group(1) if match else None
 
 
 def _owned(rel: str, files: set[str]) -> bool:
@@ -186,9 +168,9 @@ def _owned(rel: str, files: set[str]) -> bool:
     if rel in files:
         return True
     parent, _, name = rel.rpartition("/")
-    if not (name.startswith(".") and name.endswith(".tmp")):
+    base = _temp_of(name)
+    if base is None:
         return False
-    base = name[1:].rsplit(".", 2)[0]  # ".NAME.RANDOM.tmp" -> "NAME"
     return (f"{parent}/{base}" if parent else base) in files or (not parent and base in OWN)
 
 
@@ -237,20 +219,22 @@ def _plain_folder(out: Path, rel: str) -> bool:
     return path is not None and path.is_dir()
 
 
-def _remove(out: Path, files: set[str]) -> None:
-    """Delete ``files`` (plain files only, never through a link) and the temporary files of
-    their atomic writes, then the folders that leaves empty."""
-    folders = set()
-    for rel in sorted(files):
+def _remove(out: Path, run: Manifest, files: list[str]) -> None:
+    """Delete ``files`` (plain files only, never through a link, each only while it matches its
+    record) and the temporary files of their atomic writes, then the folders that leaves empty."""
+    by_parent: dict[str, set[str]] = {}
+    for rel in files:
         path = _plain(out, rel)
-        if path is not None:
+        if path is not None and rel in run.records and run.records[rel].matches(path):
             path.unlink()
         parent, _, name = rel.rpartition("/")
+        by_parent.setdefault(parent, set()).add(name)
+    for parent, names in by_parent.items():
         if parent == "" or _plain_folder(out, parent):
-            for leftover in (out / parent).glob(f".{name}.*.tmp"):
-                if not leftover.is_symlink():
-                    leftover.unlink()
-        folders.update(p for p in (out / rel).parents if p != out and out in p.parents)
+            for leftover in os.scandir(out / parent):  # names compared, never a pattern
+                if _temp_of(leftover.name) in names and leftover.is_file(follow_symlinks=False):
+                    os.unlink(leftover.path)
+    folders = {p for rel in files for p in (out / rel).parents if p != out and out in p.parents}
     for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
         if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
             folder.rmdir()
@@ -258,41 +242,34 @@ def _remove(out: Path, files: set[str]) -> None:
 
 def _save(run: Run, state: str) -> None:
     """Write the manifest of ``run`` atomically (a reader never sees half of it)."""
-    doc = {
-        "vitreg_run": 1,
-        "verb": run.verb,
-        "model": run.model,
-        "state": state,
-        "started": run.started,
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "files": sorted(run.files),
-    }
-    fd, tmp = tempfile.mkstemp(dir=run.root, prefix=f".{MANIFEST}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; the run is meant to be shared
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(run.root, MANIFEST))
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    what = Manifest(run.verb, run.model, state, run.started, sorted(run.files), run.records)
+    replace_atomic(Path(run.root, MANIFEST), document(what, os.getpid(), socket.gethostname()))
 
 
-def _refusal(out: Path, doc: dict[str, Any], verb: str, model: str | None) -> str:
+def _unproven(out: Path, names: list[str]) -> str:
+    shown = ", ".join(brief(f, 60) for f in names[:SHOWN])
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return (
+        f"--out {str(out)!r} holds files its manifest lists that vitreg cannot prove it wrote "
+        f"({shown}{more}): they were changed after the run wrote them, the manifest records no "
+        "content hash for them (a run of an older vitreg, or a manifest not written by vitreg) "
+        "or it was forged; vitreg never removes or replaces them: move them out of the folder "
+        "(or delete them yourself), or pass another --out"
+    )
+
+
+def _refusal(out: Path, doc: Manifest, verb: str, model: str | None) -> str:
     """Why ``out``, holding the run ``doc``, is refused to a ``verb`` run of ``model``."""
-    found = f"`vitreg {_shown(doc['verb'], 20)}` run" + (
-        f" of {_shown(doc['model'], 120)}" if doc["model"] else ""
+    found = f"`vitreg {_shown(doc.verb, 20)}` run" + (
+        f" of {_shown(doc.model, 120)}" if doc.model else ""
     )
     mine = f"`vitreg {verb}` run" + (f" of {model}" if model else "")
-    if doc["state"] != "complete":
+    if doc.state != "complete":
         what = (
             f"the partial files of a {found} that did not finish (state "
-            f"{_shown(doc['state'], 20)}, started {_shown(doc.get('started'), 40)})"
+            f"{_shown(doc.state, 20)}, started {_shown(doc.started, 40)})"
         )
-    elif doc["verb"] == verb and doc["model"] in (None, model):
+    elif doc.verb == verb and doc.model in (None, model):
         what = "the results of this same command on this model; a rerun would replace them"
     else:
         what = f"a {found}, not a {mine}"
@@ -320,18 +297,14 @@ def claim(
         fd = _lock(out, verb)
     except OSError as e:
         _remove_made(made)
-        raise InputError(
-            f"--out {str(out)!r} cannot be written ({e.strerror or e}); pass a folder you can "
-            "write to"
-        ) from None
-    except InputError:
+        raise write_error(e, out) from None
+    except (InputError, WriteError):
         _remove_made(made)
         raise
     run = Run(out, os.path.realpath(out), verb, model, fd, made=made, started=_now())
     try:
-        doc = _read_manifest(out)
-        files = set(doc["files"]) if doc else set()
-        foreign = _foreign(out, files)
+        doc = read_manifest(out)
+        foreign = _foreign(out, set(doc.files) if doc else set())
         if foreign:
             shown = ", ".join(brief(f, 60) for f in foreign[:SHOWN])
             more = f" and {len(foreign) - SHOWN} more" if len(foreign) > SHOWN else ""
@@ -340,15 +313,8 @@ def claim(
                 "never replaces, mixes with or removes them, with --overwrite or not: pass a "
                 "new or empty folder as --out"
             )
-        left = {f for f in files if _plain(out, f) is not None}
-        if doc is not None and left:
-            same = doc["verb"] == verb and doc["model"] in (None, model)
-            if overwrite:
-                _remove(out, files)
-            elif same and resume:
-                run.files = left
-            else:
-                raise InputError(_refusal(out, doc, verb, model))
+        if doc is not None:
+            _take_over(run, doc, overwrite, resume)
         _save(run, "running")
     except BaseException:
         _unlock(run)
@@ -356,6 +322,27 @@ def claim(
         raise
     _ACTIVE.append(run)
     return run
+
+
+def _take_over(run: Run, doc: Manifest, overwrite: bool, resume: bool) -> None:
+    """Remove (``overwrite``) or continue (``resume``, same verb and model) the earlier run
+    ``doc`` in ``run.out``, or refuse; either only when every file of it that is left still
+    holds what vitreg wrote."""
+    out = run.out
+    left = sorted(f for f in doc.files if _plain(out, f) is not None)
+    if not left:
+        return
+    same = doc.verb == run.verb and doc.model in (None, run.model)
+    if not (overwrite or (same and resume)):
+        raise InputError(_refusal(out, doc, run.verb, run.model))
+    doubtful = unproven(out, doc, left)
+    if doubtful:
+        raise InputError(_unproven(out, doubtful))
+    if overwrite:
+        _remove(out, doc, doc.files)
+    else:
+        run.files = set(left)
+        run.records = {f: doc.records[f] for f in left}
 
 
 def reopen(folder: str | Path) -> Run:
@@ -367,13 +354,13 @@ def reopen(folder: str | Path) -> Run:
     fd = _lock(folder, "report")
     run = Run(folder, os.path.realpath(folder), "", None, fd)
     try:
-        doc = _read_manifest(folder)
+        doc = read_manifest(folder)
         if doc is None:
             run.owned = False
             _ACTIVE.append(run)
             return run
-        run.verb, run.model, run.kept_state = doc["verb"], doc["model"], doc["state"]
-        run.started, run.files = str(doc.get("started") or ""), set(doc["files"])
+        run.verb, run.model, run.kept_state = doc.verb, doc.model, doc.state
+        run.started, run.files, run.records = doc.started, set(doc.files), doc.records
         foreign = _foreign(folder, run.files)
         if foreign:
             raise InputError(
@@ -387,32 +374,54 @@ def reopen(folder: str | Path) -> Run:
     return run
 
 
-def record(path: str | Path) -> None:
-    """Add ``path`` to the manifest of the claimed run holding it, before it is written (so a
-    killed run's partial files are listed); nothing when no claimed run holds it."""
-    if not _ACTIVE:
-        return
+def _holding(path: str | Path) -> tuple[Run, str] | None:
+    """The claimed run that owns ``path`` (its innermost one) and the path relative to it."""
     absolute = os.path.abspath(path)
     full = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
     for run in reversed(_ACTIVE):
         if full.startswith(run.root + os.sep):
             rel = os.path.relpath(full, run.root).replace(os.sep, "/")
-            if run.owned and rel not in OWN and rel not in run.files:
-                run.files.add(rel)
-                _save(run, run.kept_state or "running")
-            return
+            return (run, rel) if run.owned and rel not in OWN else None
+    return None
+
+
+def record(path: str | Path) -> None:
+    """Add ``path`` to the manifest of the claimed run holding it, before it is written (so a
+    killed run's partial files are listed); nothing when no claimed run holds it."""
+    held = _holding(path) if _ACTIVE else None
+    if held is not None and held[1] not in held[0].files:
+        run, rel = held
+        run.files.add(rel)
+        _save(run, run.kept_state or "running")
+
+
+def seal(path: str | Path, data: bytes | None = None) -> None:
+    """Record what ``path`` holds (``data``, about to replace it, or the file as it is now) in
+    the manifest of the claimed run holding it, so that only that content counts as the run's
+    own later; nothing when no claimed run holds it."""
+    held = _holding(path) if _ACTIVE else None
+    if held is not None:
+        run, rel = held
+        run.files.add(rel)
+        run.records[rel] = Record.of_bytes(data) if data is not None else Record.of_file(Path(path))
+        _save(run, run.kept_state or "running")
 
 
 def finish(run: Run, ok: bool) -> None:
     """End ``run``: its state set (``complete`` when ``ok``), its lock released; a run that
-    wrote nothing leaves nothing behind (not even the folders its claim made)."""
+    wrote nothing leaves nothing behind (not even the folders its claim made). A run that
+    failed keeps its own error when its manifest cannot be written either."""
     if run in _ACTIVE:
         _ACTIVE.remove(run)
     try:
-        if run.files:
-            _save(run, run.kept_state or ("complete" if ok else "incomplete"))
-        elif run.owned:
-            Path(run.root, MANIFEST).unlink(missing_ok=True)
+        with writing(Path(run.root, MANIFEST)):
+            if run.files:
+                _save(run, run.kept_state or ("complete" if ok else "incomplete"))
+            elif run.owned:
+                Path(run.root, MANIFEST).unlink(missing_ok=True)
+    except WriteError:
+        if ok:
+            raise
     finally:
         _unlock(run)
     if not run.files:

@@ -7,20 +7,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vitreg.core.disk import writing
 from vitreg.core.io import write_text_atomic
 from vitreg.core.run_dir import record as record_file
+from vitreg.core.run_dir import seal
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line with a single ``write`` on an ``O_APPEND`` descriptor (no torn lines)."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
     record_file(path)  # listed in the run's manifest before it is written
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with writing(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    seal(path)  # the manifest records the log as it now is
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
