@@ -514,6 +514,11 @@ class SchemaConfig(SettingsPart):
     out: Path | None = Field(
         None, description="Write the schema to this file instead of printing it."
     )
+    overwrite: bool = Field(
+        False,
+        exclude=True,
+        description="Replace the file already at --out; without it an existing file is refused.",
+    )
 
 
 class InspectConfig(ModelSource):

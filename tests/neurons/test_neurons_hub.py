@@ -185,6 +185,23 @@ def test_push_uploads_the_folder_through_the_api(tmp_path: Path, neurons: Neuron
         hub.push(folder, "org/x", api=FakeApi())
 
 
+def test_push_names_a_failing_disk_apart_from_a_failing_upload(
+    tmp_path: Path, neurons: NeuronSet
+) -> None:
+    import errno
+
+    from vitreg.errors import WriteError
+
+    folder = hub.write_folder(neurons, tmp_path / "set", metadata(neurons))
+
+    class FullDisk(FakeApi):
+        def upload_folder(self, **kw: Any) -> Any:
+            raise OSError(errno.ENOSPC, "No space left on device", "/cache/xet/chunk")
+
+    with pytest.raises(WriteError, match="'/cache/xet/chunk': the disk is full .* free"):
+        hub.push(folder, "org/planted-neurons", api=FullDisk())
+
+
 def test_push_command_reports_the_commit(
     tmp_path: Path, neurons: NeuronSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vitreg.core.disk import writing
 from vitreg.core.io import write_bytes_atomic, write_text_atomic
 from vitreg.errors import InputError
 
@@ -129,7 +130,8 @@ def resumable(
     and resume from what is there. ``identity`` (JSON: e.g. a run's resolved config) is kept in
     ``folder/run.json``; a folder kept for another identity is refused."""
     scope = Resume(Path(folder).expanduser(), every)
-    scope.folder.mkdir(parents=True, exist_ok=True)
+    with writing(scope.folder):
+        scope.folder.mkdir(parents=True, exist_ok=True)
     if identity is not None:
         check_identity(scope.folder / "run.json", identity)
     _active.append(scope)

@@ -46,6 +46,11 @@ def free_space(path: str | Path) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def failing_disk(e: OSError) -> bool:
+    """Whether ``e`` says the disk is full, read-only or not permitted."""
+    return e.errno in _CAUSES
+
+
 def write_error(e: OSError, path: str | Path) -> WriteError:
     """The :class:`WriteError` for ``e``, raised while writing ``path``."""
     cause, advice = _CAUSES.get(e.errno or 0, (e.strerror or str(e), "pass another folder"))

@@ -140,12 +140,14 @@ def _card_text(meta: dict[str, Any]) -> str:
 def write_folder(neurons: NeuronSet, directory: str | Path, meta: dict[str, Any]) -> Path:
     """Write a hub-ready folder: the set (``neurons.json`` + ``.safetensors``) and the model
     card ``README.md`` with ``meta`` (see :func:`card_metadata`); returns the folder."""
+    from vitreg.core.disk import writing
     from vitreg.core.io import write_text_atomic
 
     folder = Path(directory).expanduser()
     if folder.exists() and not folder.is_dir():
         raise InputError(f"hub folder {str(folder)!r} exists and is not a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    with writing(folder):
+        folder.mkdir(parents=True, exist_ok=True)
     neurons.save(folder / SET_NAME)
     write_text_atomic(folder / CARD, _card_text(meta))
     return folder
@@ -236,6 +238,8 @@ def push(
         raise InputError(f"{str(folder)!r} has no model card {CARD} (write it with --hub-dir)")
     from huggingface_hub.errors import HfHubHTTPError
 
+    from vitreg.core.disk import failing_disk, write_error
+
     api = api if api is not None else HfApi()
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
@@ -247,6 +251,8 @@ def push(
             commit_message=f"vitreg neuron set ({len(neurons)} neurons)",
         )
     except (HfHubHTTPError, OSError) as e:
+        if isinstance(e, OSError) and failing_disk(e):  # the hub client's own cache files
+            raise write_error(e, e.filename or folder) from None
         raise InputError(
             f"uploading {str(folder)!r} to {repo_id} failed ({e}); log in with "
             "`hf auth login` or set HF_TOKEN to a token that may write to the repository"

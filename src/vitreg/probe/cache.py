@@ -22,6 +22,7 @@ import torch
 
 from vitreg import distributed
 from vitreg.core.containment import check_inside
+from vitreg.core.disk import remove_file
 from vitreg.core.io import write_json_atomic
 from vitreg.core.layout import TokenLayout
 from vitreg.data.datasets import LabeledDataset
@@ -224,7 +225,7 @@ def extract(
             if problem in REPLACED:  # a damaged shard is never read: it is extracted again
                 replaced[REPLACED.index(problem)] += 1
             for stale in folder.glob(f".{path.name}.*.tmp"):  # left by a killed writer
-                stale.unlink(missing_ok=True)
+                remove_file(stale)
             writer.write(path, i, i * shard_size, min(len(dataset), (i + 1) * shard_size))
     replaced = distributed.all_reduce_sum(replaced)
     counts = {r: int(n) for r, n in zip(REPLACED, replaced, strict=True) if n}

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.core.readers import read_json
-from vitreg.errors import InputError, RenderError
+from vitreg.errors import InputError, RenderError, WriteError
 from vitreg.report.render.markdown import Report, render_markdown
 from vitreg.report.render.plots import Figure, figure_formats
 
@@ -134,6 +134,8 @@ def write_run(
         if slider is not None:
             write_json_atomic(out / "figures" / SLIDER, slider)
         texts = pages(sections(doc, drawn), drawn, slider, layout) if sections else {}
+    except WriteError:
+        raise  # a failing disk is named as such, not as a rendering bug
     except Exception as e:
         for name in layout.pages:
             (out / name).unlink(missing_ok=True)
@@ -164,6 +166,8 @@ def render_again(
         if figures is not saved:
             save_figures(folder, figures)
         texts = pages(report, figures, saved_slider(folder), layout)
+    except WriteError:
+        raise  # a failing disk is named as such, not as a rendering bug
     except Exception as e:
         for name in layout.pages:
             (folder / name).unlink(missing_ok=True)

@@ -43,6 +43,7 @@ from pydantic import (
 from torch import nn
 
 from vitreg.core.containment import check_folder
+from vitreg.core.disk import writing
 from vitreg.core.io import write_bytes_atomic, write_text_atomic
 from vitreg.core.readers import read_json
 from vitreg.core.registry import Registry
@@ -622,7 +623,8 @@ def save_local(module: nn.Module, directory: str | os.PathLike, **model_args: An
     if not arch:
         raise SpecError("save_local needs a timm model (its pretrained_cfg names the architecture)")
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     write_bytes_atomic(out / "model.safetensors", save(state))
     cfg = {
