@@ -208,3 +208,25 @@ def test_a_resumed_run_continues_only_files_that_match(tmp_path) -> None:
     with pytest.raises(InputError, match="cannot prove"):
         claim(out, "train", "vit_tiny", resume=True)
     assert (out / "model.safetensors").read_bytes() == b"other!!"
+
+
+def test_an_appended_log_is_recorded_without_reading_it_again(tmp_path, monkeypatch) -> None:
+    from vitreg.core import manifest
+    from vitreg.train.log import append_record
+
+    reads = []
+    real = manifest.Digest.of_file
+    monkeypatch.setattr(manifest.Digest, "of_file", lambda p: reads.append(p) or real(p))
+    out = tmp_path / "run"
+    with session():
+        claim(out, "train", "vit_tiny", resume=True)
+        for step in range(1, 4):
+            append_record(out / "log.jsonl", {"step": step})
+    assert len(reads) == 1  # the first append only; the next ones carry the hash on
+    want = Record.of_bytes((out / "log.jsonl").read_bytes())
+    assert read_manifest(out).records["log.jsonl"] == want
+    with session():  # resumed by a new process: the log is read once, then carried on
+        claim(out, "train", "vit_tiny", resume=True)
+        append_record(out / "log.jsonl", {"step": 4})
+        append_record(out / "log.jsonl", {"step": 5})
+    assert len(reads) == 3 and read_manifest(out).records["log.jsonl"].matches(out / "log.jsonl")

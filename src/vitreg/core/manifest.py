@@ -16,7 +16,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, brief
@@ -46,12 +49,7 @@ class Record:
     @classmethod
     def of_file(cls, path: Path) -> Record:
         """The record of the file at ``path`` as it is now (read in chunks)."""
-        h, size = hashlib.sha256(), 0
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-                size += len(chunk)
-        return cls(size, h.hexdigest())
+        return Digest.of_file(path).record
 
     def matches(self, path: Path) -> bool:
         """Whether the plain file at ``path`` still holds what was recorded (size first)."""
@@ -59,6 +57,32 @@ class Record:
             return path.stat().st_size == self.size and Record.of_file(path) == self
         except OSError:
             return False
+
+
+@dataclass
+class Digest:
+    """The running hash of a file that grows by appending: its record after each append,
+    without reading the file again."""
+
+    hasher: _Hash
+    size: int
+
+    @classmethod
+    def of_file(cls, path: Path) -> Digest:
+        h, size = hashlib.sha256(), 0
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return cls(h, size)
+
+    def add(self, data: bytes) -> None:
+        self.hasher.update(data)
+        self.size += len(data)
+
+    @property
+    def record(self) -> Record:
+        return Record(self.size, self.hasher.hexdigest())
 
 
 @dataclass
@@ -97,7 +121,7 @@ def document(run: Manifest, pid: int, host: str) -> bytes:
         },
     }
     doc["manifest_sha256"] = _self_hash(doc)
-    return json.dumps(doc, indent=1).encode("utf-8")
+    return (json.dumps(doc) + "\n").encode("utf-8")  # the C encoder: a save per log line
 
 
 def _not_ours(path: Path, why: str) -> InputError:

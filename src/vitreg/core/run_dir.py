@@ -37,6 +37,7 @@ from vitreg.core.manifest import (
     LOCK,
     MANIFEST,
     OWN,
+    Digest,
     Manifest,
     Record,
     document,
@@ -45,7 +46,18 @@ from vitreg.core.manifest import (
 )
 from vitreg.errors import InputError, WriteError, brief
 
-__all__ = ["LOCK", "MANIFEST", "Run", "claim", "finish", "record", "reopen", "seal", "session"]
+__all__ = [
+    "LOCK",
+    "MANIFEST",
+    "Run",
+    "claim",
+    "finish",
+    "record",
+    "reopen",
+    "seal",
+    "seal_append",
+    "session",
+]
 
 MAX_ENTRIES = 1_000_000  # entries examined in one --out; runs write a few hundred
 SHOWN = 5  # foreign entries named in a message
@@ -62,6 +74,7 @@ class Run:
     lock: int  # the descriptor holding the flock
     files: set[str] = field(default_factory=set)
     records: dict[str, Record] = field(default_factory=dict)  # what each file held when written
+    appends: dict[str, Digest] = field(default_factory=dict)  # running hashes of appended files
     made: list[Path] = field(default_factory=list)  # folders the claim created
     started: str = ""
     kept_state: str | None = None  # a reopened run keeps its state
@@ -404,6 +417,23 @@ def seal(path: str | Path, data: bytes | None = None) -> None:
         run, rel = held
         run.files.add(rel)
         run.records[rel] = Record.of_bytes(data) if data is not None else Record.of_file(Path(path))
+        run.appends.pop(rel, None)
+        _save(run, run.kept_state or "running")
+
+
+def seal_append(path: str | Path, data: bytes) -> None:
+    """Record ``path`` after ``data`` was appended to it, as :func:`seal` does; the hash is
+    carried on from this run's last append (the file is read whole only when it is not)."""
+    held = _holding(path) if _ACTIVE else None
+    if held is not None:
+        run, rel = held
+        run.files.add(rel)
+        digest = run.appends.get(rel)
+        if digest is not None and digest.size + len(data) == os.stat(path).st_size:
+            digest.add(data)
+        else:
+            digest = run.appends[rel] = Digest.of_file(Path(path))
+        run.records[rel] = digest.record
         _save(run, run.kept_state or "running")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from vitreg.core.disk import writing
 from vitreg.core.io import write_text_atomic
 from vitreg.core.run_dir import record as record_file
-from vitreg.core.run_dir import seal
+from vitreg.core.run_dir import seal_append
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
@@ -24,7 +24,7 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    seal(path)  # the manifest records the log as it now is
+    seal_append(path, line)  # the manifest records the log as it now is
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
