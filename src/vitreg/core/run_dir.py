@@ -21,7 +21,6 @@ released and the state set; a run that wrote nothing leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -32,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from vitreg.core.disk import replace_atomic, write_error, writing
+from vitreg.core.disk import failing_disk, replace_atomic, write_error, writing
 from vitreg.core.manifest import (
     LOCK,
     MANIFEST,
@@ -123,11 +122,11 @@ def _lock(out: Path, verb: str) -> int:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            if e.errno != errno.ELOOP:
+            if failing_disk(e):
                 raise write_error(e, path) from None
             raise InputError(
-                f"--out {str(out)!r}: its lock file {LOCK} is a link; vitreg never writes "
-                "through one: pass another --out"
+                f"--out {str(out)!r}: its lock file {LOCK} cannot be opened ({e.strerror or e}; "
+                "a link is refused); pass a folder you can write to"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -310,7 +309,12 @@ def claim(
         fd = _lock(out, verb)
     except OSError as e:
         _remove_made(made)
-        raise write_error(e, out) from None
+        if failing_disk(e):
+            raise write_error(e, out) from None
+        raise InputError(
+            f"--out {str(out)!r} cannot be written ({e.strerror or e}); pass a folder you can "
+            "write to"
+        ) from None
     except (InputError, WriteError):
         _remove_made(made)
         raise
