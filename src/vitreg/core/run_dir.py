@@ -1,10 +1,12 @@
 """Run directories vitreg owns: a run writes into ``--out`` only under an exclusive lock, and a
-manifest lists every file it wrote, so that nothing it did not write is ever replaced, mixed
-with or removed.
+manifest records every file it wrote and what it held, so that nothing it did not write is ever
+replaced, mixed with or removed.
 
-- ``.vitreg-manifest.json`` names the verb, the model, the state (``running`` while the run
-  goes, ``complete`` or ``incomplete`` when it ends; a killed run stays ``running``) and every
-  file written, recorded before the file appears (:func:`record`, called by the atomic writers).
+- ``.vitreg-manifest.json`` (:mod:`vitreg.core.manifest`) names the verb, the model, the state
+  (``running`` while the run goes, ``complete`` or ``incomplete`` when it ends; a killed run
+  stays ``running``) and every file written, listed before the file appears (:func:`record`)
+  and recorded with its size and sha256 before it replaces anything (:func:`seal`, called by
+  the atomic writers; :func:`seal_append` for a log that grows).
 - ``.vitreg-lock`` is held (``flock``) for the whole run and names its pid, host and start time;
   a second run into the folder is refused naming the first. A lock left by a dead process on
   this host is taken over.
@@ -12,6 +14,10 @@ with or removed.
   tool's output) is refused, with ``overwrite`` or not: vitreg writes only into a new, empty or
   vitreg-owned folder. ``overwrite`` removes exactly the manifest's files (never through a
   link), and the partial files of a run that did not finish are refused until it does.
+- A listed file counts as the run's only while it still holds what was recorded: one changed
+  since, or listed without a record (an older vitreg's run, a forged manifest), is named and
+  the folder refused, with ``overwrite`` or ``resume``; nothing is removed on the manifest's
+  word alone.
 - A resumable verb (``train``, ``experiment``) on the same model continues its own run.
 
 Claims end when the verb returns (:class:`session`, a decorator on each verb): the lock is
