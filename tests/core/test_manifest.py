@@ -116,7 +116,7 @@ def test_a_forged_record_of_the_same_size_is_no_proof(tmp_path, how: str) -> Non
 def test_a_file_changed_after_the_run_wrote_it_is_left_and_named(tmp_path) -> None:
     out = run_into(tmp_path / "run", ("metrics.json", "report.md"))
     (out / "report.md").write_text("my edits")  # same name, the user's content now
-    with pytest.raises(InputError, match=r"cannot prove it wrote \('report.md'\)"):
+    with pytest.raises(InputError, match=r"cannot prove it wrote \('report.md'\): they changed"):
         claim(out, "diagnose", SPEC, overwrite=True)
     assert (out / "report.md").read_text() == "my edits" and (out / "metrics.json").is_file()
 

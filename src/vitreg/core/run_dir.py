@@ -264,15 +264,20 @@ def _save(run: Run, state: str) -> None:
     replace_atomic(Path(run.root, MANIFEST), document(what, os.getpid(), socket.gethostname()))
 
 
-def _unproven(out: Path, names: list[str]) -> str:
+def _unproven(out: Path, doc: Manifest, names: list[str]) -> str:
+    """Why ``out`` is refused: its manifest lists ``names`` but proves none of them."""
     shown = ", ".join(brief(f, 60) for f in names[:SHOWN])
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    why = (
+        "its manifest records no content hashes (a run of an older vitreg, or a manifest vitreg "
+        "did not write)"
+        if not doc.records
+        else "they changed after the run wrote them, or its manifest records no hash for them"
+    )
     return (
         f"--out {str(out)!r} holds files its manifest lists that vitreg cannot prove it wrote "
-        f"({shown}{more}): they were changed after the run wrote them, the manifest records no "
-        "content hash for them (a run of an older vitreg, or a manifest not written by vitreg) "
-        "or it was forged; vitreg never removes or replaces them: move them out of the folder "
-        "(or delete them yourself), or pass another --out"
+        f"({shown}{more}): {why}; vitreg never removes or replaces them: move them out of the "
+        "folder (or delete them yourself), or pass another --out"
     )
 
 
@@ -360,7 +365,7 @@ def _take_over(run: Run, doc: Manifest, overwrite: bool, resume: bool) -> None:
         raise InputError(_refusal(out, doc, run.verb, run.model))
     doubtful = unproven(out, doc, left)
     if doubtful:
-        raise InputError(_unproven(out, doubtful))
+        raise InputError(_unproven(out, doc, doubtful))
     if overwrite:
         _remove(out, doc, doc.files)
     else:
