@@ -20,7 +20,7 @@ from vitreg.cli.app import app
 from vitreg.core import disk
 from vitreg.core.disk import free_space, replace_atomic
 from vitreg.core.io import write_bytes_atomic, write_text_atomic
-from vitreg.core.run_dir import MANIFEST, claim, session
+from vitreg.core.run_dir import LOCK, MANIFEST, claim, session
 from vitreg.errors import WriteError
 from vitreg.probe import extract
 from vitreg.report.writer import write_run
@@ -95,6 +95,7 @@ def test_a_run_that_fills_the_disk_keeps_its_finished_files_and_says_so(tmp_path
     assert temp_files(out) == [] and not (out / "figures" / "norm_maps.png").exists()
     doc = json.loads((out / MANIFEST).read_text())
     assert doc["state"] == "running"  # its last save failed too: still marked unfinished
+    assert not (out / LOCK).exists()  # the lock is released all the same
     with pytest.raises(Exception, match="partial files"):
         claim(out, "diagnose", "planted:dinov2_s14")
 
