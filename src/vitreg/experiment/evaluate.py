@@ -75,7 +75,7 @@ def run_probes(
             cache_dir=folder / "cache",
             config=config,
             batch_size=settings.batch_eval,
-        ).to_dict()
+        ).results.model_dump(mode="json")
         write_json_atomic(folder / "probes" / f"{task}.json", result)
         notes = result["conditions"]["base"][-1]["notes"]
         out[task] = {"scores": probe_scores(result), "notes": notes}
