@@ -125,7 +125,7 @@ def costs(model: nn.Module) -> dict[str, Any]:
     """``param_report`` and ``flop_report`` of the trained backbone."""
     from vitreg.arch import flop_report, param_report
 
-    return {"params": param_report(model).as_dict(), "flops": flop_report(model)}
+    return {"params": param_report(model).model_dump(), "flops": flop_report(model).model_dump()}
 
 
 def evaluate(
