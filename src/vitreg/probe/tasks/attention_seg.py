@@ -82,7 +82,7 @@ def mean_iou(inter: Tensor, union: Tensor) -> float:
     return float((inter[present] / union[present]).mean()) if present.any() else math.nan
 
 
-def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, Any]:
+def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, float]:
     """mIoU (pixels pooled over the split), pixel accuracy and mAP of thresholded attention
     ``maps [n, h, w]`` against ``masks [n, H, W]`` (0 background, IGNORE_INDEX ignored, any
     other id foreground), ``CHUNK`` images at a time."""
