@@ -14,8 +14,8 @@ import pytest
 from vitreg.errors import InputError
 from vitreg.results.train import (
     DinoOptions,
+    ResolvedTrainConfig,
     SupervisedOptions,
-    TrainConfig,
     TrainedInstance,
     TrainedModel,
     TrainedVariant,
@@ -65,17 +65,17 @@ def test_a_checkpoint_of_an_earlier_vitreg_resumes_with_the_same_config(tmp_path
 def test_the_resolved_config_is_the_typed_model_the_files_hold(tmp_path):
     result = resume_old("dino", tmp_path / "dino")
     config = result.config
-    assert isinstance(config, TrainConfig)
+    assert isinstance(config, ResolvedTrainConfig)
     assert isinstance(config.options, DinoOptions) and config.options.out_dim == 8
     assert config.model == TrainedModel(name="vit_tiny_patch16_224", kwargs=KWARGS)
     assert isinstance(config.data, TrainingData) and config.data.n == 4
     saved = json.loads((tmp_path / "dino" / "train.json").read_text())["config"]
-    assert TrainConfig.model_validate(saved) == config
+    assert ResolvedTrainConfig.model_validate(saved) == config
 
 
 def test_a_resume_with_other_options_is_refused_naming_them():
     old = json.loads((OLD / "dino" / "checkpoints" / "step-00000001.json").read_text())
-    config = TrainConfig.model_validate(old["config"])
+    config = ResolvedTrainConfig.model_validate(old["config"])
     check_resume(config, old["config"], step=1)  # the same settings resume
     other = config.model_copy(update={"options": DinoOptions(**{**OPTIONS["dino"], "out_dim": 16})})
     with pytest.raises(InputError, match="options: checkpoint"):
@@ -115,12 +115,19 @@ def test_recipe_options_are_one_model_with_the_recipe_defaults():
 
 def test_the_old_names_still_import_with_a_warning():
     import vitreg.results.train as results_train
+    import vitreg.train as train_package
+    import vitreg.train.config as train_config
 
-    with pytest.warns(DeprecationWarning, match="TrainConfig"):
-        assert results_train.TrainConfigRecord is TrainConfig
+    for module, old in (
+        (results_train, "TrainConfigRecord"),
+        (results_train, "TrainConfig"),
+        (train_config, "TrainConfig"),
+        (train_package, "TrainConfig"),
+    ):
+        with pytest.warns(DeprecationWarning, match="ResolvedTrainConfig"):
+            assert getattr(module, old) is ResolvedTrainConfig
     with pytest.warns(DeprecationWarning, match="DinoOptions"):
         assert results_train.DinoRecipeOptions is DinoOptions
-    from vitreg.train.config import TrainConfig as from_train
     from vitreg.train.dino import DinoOptions as from_dino
 
-    assert from_train is TrainConfig and from_dino is DinoOptions
+    assert from_dino is DinoOptions

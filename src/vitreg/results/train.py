@@ -1,5 +1,5 @@
 """``vitreg train`` results: steps done, losses, the checkpoint, and every setting that shaped
-the run. :class:`TrainConfig` is the resolved config a run trained with: the library builds it,
+the run. :class:`ResolvedTrainConfig` is the resolved config a run trained with: the library builds it,
 and every checkpoint, train.json and metrics.json holds it."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class TrainingData(ResultsModel):
     fingerprint: str | None
 
 
-class TrainConfig(ResultsModel):
+class ResolvedTrainConfig(ResultsModel):
     """Every number that shapes a run, resolved (the recipe's defaults filled in): stored in
     each checkpoint, in train.json and in metrics.json. A stored config names every option of
     its recipe."""
@@ -162,12 +162,16 @@ class TrainResults(ResultsModel):
     resumed_from: int | None
     weights: str | None
     log: str
-    train_config: TrainConfig
+    train_config: ResolvedTrainConfig
     dino_terms: DinoTerms | None = None
 
 
 __getattr__ = renamed(
     __name__,
-    {"TrainConfigRecord": "TrainConfig", "DinoRecipeOptions": "DinoOptions"},
+    {
+        "TrainConfigRecord": "ResolvedTrainConfig",
+        "TrainConfig": "ResolvedTrainConfig",
+        "DinoRecipeOptions": "DinoOptions",
+    },
     globals(),
 )

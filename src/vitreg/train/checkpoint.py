@@ -26,7 +26,7 @@ from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, WeightsError, brief
 from vitreg.models.load import read_state_dict
-from vitreg.results.train import TrainConfig
+from vitreg.results.train import ResolvedTrainConfig
 
 FORMAT = "vitreg-train-checkpoint"
 VERSION = 2  # 2: the sidecar's own checksum and the step in the tensor file's header
@@ -48,7 +48,7 @@ class CheckpointMeta(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    config: TrainConfig
+    config: ResolvedTrainConfig
     scaler: dict[str, int | float] | None = None
     world_size: int
     rng: RngScheme

@@ -8,10 +8,11 @@ import torch
 from pydantic import JsonValue
 
 from vitreg.core.choices import AMP
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, SpecError
-from vitreg.results.train import TrainConfig
+from vitreg.results.train import ResolvedTrainConfig
 
-__all__ = ["DEFAULTS", "TrainConfig", "amp_dtype", "check_batch", "check_resume", "resolve_steps"]
+__all__ = ["DEFAULTS", "amp_dtype", "check_batch", "check_resume", "resolve_steps"]
 
 # base learning rate per 256 images, weight decay, gradient clipping (DeiT III / DINO defaults)
 DEFAULTS = {"supervised": (2.5e-4, 0.05, None), "dino": (5e-4, 0.04, 3.0)}
@@ -28,7 +29,7 @@ FREE_ON_RESUME = (
 
 
 def check_resume(
-    config: TrainConfig, saved: dict[str, JsonValue], step: int, extend: bool = False
+    config: ResolvedTrainConfig, saved: dict[str, JsonValue], step: int, extend: bool = False
 ) -> None:
     """Raise :class:`InputError` if the checkpoint (at ``step``, its stored config ``saved``)
     was made with other settings or data than ``config``. Other total ``steps`` are refused
@@ -85,3 +86,6 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     if amp == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+__getattr__ = renamed(__name__, {"TrainConfig": "ResolvedTrainConfig"}, globals())

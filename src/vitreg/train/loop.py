@@ -17,7 +17,7 @@ from vitreg.core.schedule import warmup_cosine
 from vitreg.device import check_device
 from vitreg.distributed import DistContext, rank_slice, setup
 from vitreg.progress import SILENT, Progress, Update
-from vitreg.results.train import DinoOptions, SupervisedOptions, TrainConfig
+from vitreg.results.train import DinoOptions, ResolvedTrainConfig, SupervisedOptions
 from vitreg.settings.train import TrainSettings
 from vitreg.train import checkpoint as ckpt_io
 from vitreg.train.config import DEFAULTS, amp_dtype, check_batch, check_resume, resolve_steps
@@ -37,7 +37,7 @@ class TrainResult:
 
     model: nn.Module
     out_dir: Path
-    config: TrainConfig
+    config: ResolvedTrainConfig
     history: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int | None = None
 
@@ -122,7 +122,7 @@ def _run(ctx: DistContext, a: _Run) -> TrainResult:
     recipe, opts = _make_recipe(recipe_name, model, spec, classes, a.options, total)
     recipe.to(ctx.device)
 
-    config = TrainConfig(
+    config = ResolvedTrainConfig(
         recipe=recipe_name,
         steps=total,
         batch_size=s.batch_size,
@@ -302,7 +302,7 @@ def _save(out, config, recipe, optimizer, scaler, ctx, step: int) -> None:
 
 
 def _export(
-    out: Path, model: nn.Module, config: TrainConfig, history: list[dict[str, float]]
+    out: Path, model: nn.Module, config: ResolvedTrainConfig, history: list[dict[str, float]]
 ) -> None:
     """``model.safetensors`` (the trained backbone) and ``train.json`` (config + last record)."""
     from safetensors.torch import save
