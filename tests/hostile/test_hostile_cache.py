@@ -58,11 +58,11 @@ def test_probe_report_names_the_re_extracted_shards(tmp_path) -> None:
     data = "synthetic-cls:n=8,size=28"
     cfg = FitSettings(seeds=(0,), epochs=1)
     first = run(model, "classification", data, cache_dir=cache, config=cfg)
-    flip(Path(first.caches["base/test"]["folder"]) / shard_name(0), -3)
+    flip(Path(first.results.caches["base/test"].folder) / shard_name(0), -3)
     second = run(model, "classification", data, cache_dir=cache, config=cfg)
-    assert second.caches["base/test"]["replaced"] == {"checksum mismatch": 1}
-    assert second.caches["base/train"]["replaced"] == {}
+    assert second.results.caches["base/test"].replaced == {"checksum mismatch": 1}
+    assert second.results.caches["base/train"].replaced == {}
     out = tmp_path / "run"
-    write_probe_run(out, second.to_dict(), second.model, {}, "vitreg probe")
+    write_probe_run(out, second.results, second.model, {}, "vitreg probe")
     text = (out / "report.md").read_text()
     assert "extracted again: base/test: 1 (checksum mismatch)" in text

@@ -394,7 +394,7 @@ def test_a_single_class_is_a_recorded_warning(tmp_path: Path) -> None:
     assert "only 1 class (cat)" in open_dataset(spec).describe()["warnings"][0]
     result = probe_run(tiny_vit(), "classification", spec, layers=(0,),
                        cache_dir=tmp_path / "cache", config=CFG)  # fmt: skip
-    write_probe_run(tmp_path / "run", result.to_dict(), result.model, {}, "vitreg probe (test)")
+    write_probe_run(tmp_path / "run", result.results, result.model, {}, "vitreg probe (test)")
     data = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]
     assert [w.split(":")[0] for w in data["warnings"]] == ["train", "test"]
     assert "top-1 = 1.0 says nothing" in data["warnings"][0]

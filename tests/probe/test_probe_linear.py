@@ -184,8 +184,8 @@ def test_fit_seeds_and_ci() -> None:
     )
     assert runs.seeds == [0, 1, 2] and len(runs.values["top1"]) == 3
     summary = runs.summary()["top1"]
-    assert summary["higher_is_better"] is True and summary["mean"] > 0.9
-    assert summary["ci"] >= 0 and not math.isnan(summary["ci"])
+    assert summary.higher_is_better is True and summary.mean > 0.9
+    assert summary.ci >= 0 and not math.isnan(summary.ci)
 
 
 def test_bad_loss_arguments_are_input_errors() -> None:

@@ -120,12 +120,12 @@ def test_probe_run_scores_ov_seg_with_and_without_a_fix(clip_model, templates, t
     result = run(clip_model, "ov-seg", DATA, fix=NACLIP(), cache_dir=tmp_path, batch_size=2,
                  templates=templates)  # fmt: skip
     for condition in ("base", "fixed"):
-        (layer,) = result.results[condition]
+        (layer,) = result.results.conditions[condition]
         scores = {s.metric: s.values[0] for s in layer.scores}
         assert set(scores) == {"miou", "pixel_acc"} and all(0 <= v <= 1 for v in scores.values())
         assert layer.yardsticks[0].name == "majority class"
-        assert layer.info["logit_scale"] == 65.0
-    assert result.fix["method"] == "naclip"
+        assert layer.info.logit_scale == 65.0
+    assert result.results.fix.method == "naclip"
 
 
 def test_resize_keeps_the_aspect_with_the_long_side_capped():
@@ -195,10 +195,10 @@ def test_context60_run_scores_non_square_images_at_their_own_size(
     data = f"context60:{tmp_path}"
     result = run(clip_model, "ov-seg", data, cache_dir=tmp_path, batch_size=2,
                  templates=templates, image_size=40)  # fmt: skip
-    (layer,) = result.results["base"]
-    assert layer.info["num_classes"] == 60 and layer.info["logit_scale"] == 50.0
-    assert layer.info["area_thd"] is None and layer.info["short_side"] == 40
-    assert result.caches["base/test"]["forward_passes"] == 3  # sizes differ: a, b, c apart
+    (layer,) = result.results.conditions["base"]
+    assert layer.info.num_classes == 60 and layer.info.logit_scale == 50.0
+    assert layer.info.area_thd is None and layer.info.short_side == 40
+    assert result.results.caches["base/test"].forward_passes == 3  # sizes differ: a, b, c apart
     by_hand = OvSeg()
     ds = open_dataset(data, "val")
     by_hand.setup(clip_model, ds, {"templates": templates, "image_size": 40})

@@ -44,9 +44,8 @@ def tiny_vit() -> vitreg.Model:
 
 
 def write_run(result, out: Path) -> dict:
-    doc = result.to_dict()
-    config = {"command": "probe", "task": result.task}
-    write_probe_run(out, doc, result.model, config, "vitreg probe (test)")
+    config = {"command": "probe", "task": result.results.task}
+    write_probe_run(out, result.results, result.model, config, "vitreg probe (test)")
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -55,20 +54,23 @@ def test_run_with_fix_reuses_the_cache_and_writes_a_traceable_report(model, tmp_
     fix = TestTimeRegisters(NeuronSet([0], [5], [1.0]))
     data, cache = "synthetic-cls:n=16,size=28", tmp_path / "cache"
     first = run(model, "classification", data, fix=fix, layers=(0, -1), cache_dir=cache, config=CFG)
-    assert set(first.results) == {"base", "fixed"}
-    assert set(first.caches) == {"base/train", "base/test", "fixed/train", "fixed/test"}
-    assert all(c["forward_passes"] > 0 for c in first.caches.values())
-    assert first.layers == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
-    fixed_features = {s.feature for s in first.results["fixed"][0].scores}
+    assert set(first.results.conditions) == {"base", "fixed"}
+    assert set(first.results.caches) == {"base/train", "base/test", "fixed/train", "fixed/test"}
+    assert all(c.forward_passes > 0 for c in first.results.caches.values())
+    assert first.results.layers == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    fixed_features = {s.feature for s in first.results.conditions["fixed"][0].scores}
     assert "test_time_registers" in fixed_features
-    assert "test_time_registers" not in {s.feature for s in first.results["base"][0].scores}
-    assert first.fix["name"] == "TestTimeRegisters"
+    assert "test_time_registers" not in {
+        s.feature for s in first.results.conditions["base"][0].scores
+    }
+    assert first.results.fix.name == "TestTimeRegisters"
 
     again = run(model, "classification", data, fix=fix, layers=(0, -1), cache_dir=cache, config=CFG)
-    assert {s: c["forward_passes"] for s, c in again.caches.items()} == dict.fromkeys(
-        first.caches, 0
+    assert {s: c.forward_passes for s, c in again.results.caches.items()} == dict.fromkeys(
+        first.results.caches, 0
     )
-    assert again.to_dict()["conditions"] == first.to_dict()["conditions"]  # seeded: same scores
+    same = [r.results.model_dump(mode="json")["conditions"] for r in (again, first)]
+    assert same[0] == same[1]  # seeded: same scores
 
     doc = write_run(again, tmp_path / "run")
     assert len(doc["metrics"]) == sum(
@@ -80,7 +82,7 @@ def test_run_with_fix_reuses_the_cache_and_writes_a_traceable_report(model, tmp_
         prefix = f"{task_and_data(doc['results'])}/"  # the task and data come first
         assert m["name"].startswith(prefix) and prefix.startswith("classification/"), m
         condition, layer = m["name"].removeprefix(prefix).split("/")[:2]
-        assert condition in ("base", "fixed") and layer in again.layers
+        assert condition in ("base", "fixed") and layer in again.results.layers
         assert m["source"].startswith(f"/results/conditions/{condition}/")
     report = (tmp_path / "run" / "report.md").read_text()
     assert "| feature | tokens | metric | base | fixed | Δ (fixed − base) |" in report
@@ -125,7 +127,7 @@ def test_voc_mismatch_and_unknown_ids_reach_metrics_json_and_report(tmp_path: Pa
     data = f"voc:{voc_tree(tmp_path / 'voc')}"
     result = run(tiny_vit(), "segmentation", data, layers=(0,), cache_dir=tmp_path / "cache",
                  config=CFG)  # fmt: skip
-    assert result.caches["base/train"]["n"] == 6 and result.caches["base/test"]["n"] == 2
+    assert result.results.caches["base/train"].n == 6 and result.results.caches["base/test"].n == 2
     doc = write_run(result, tmp_path / "run")
     skipped = doc["data"]["skipped"]
     assert skipped["base/train: mask_size_mismatch"] == "1 samples skipped"
@@ -137,8 +139,10 @@ def test_voc_mismatch_and_unknown_ids_reach_metrics_json_and_report(tmp_path: Pa
     report = (tmp_path / "run" / "report.md").read_text()
     assert "| base/train: mask_size_mismatch | 1 samples skipped |" in report
     assert "| base/train: unknown_class_pixels | 18 pixels set to ignore/invalid |" in report
-    assert result.results["base"][0].info["ignored_test_pixels"] == 6  # still ignored at input size
-    miou = result.results["base"][0].scores[0].values
+    assert (
+        result.results.conditions["base"][0].info.ignored_test_pixels == 6
+    )  # still ignored at input size
+    miou = result.results.conditions["base"][0].scores[0].values
     assert all(0 <= v <= 1 for v in miou)
 
 
@@ -169,20 +173,22 @@ def test_nyu_invalid_depth_is_counted_and_ignored(tmp_path: Path) -> None:
     assert skipped["base/test: invalid_depth_pixels"] == "328 pixels set to ignore/invalid"
     report = (tmp_path / "run" / "report.md").read_text()
     assert "base/test: invalid_depth_pixels" in report
-    test = CachedFeatures(result.caches["base/test"]["folder"])
+    test = CachedFeatures(result.results.caches["base/test"].folder)
     depth = test.targets("depth")
-    assert torch.isnan(depth).any() and result.results["base"][0].info[
-        "invalid_test_pixels"
-    ] == int(torch.isnan(depth).sum())
-    for score in result.results["base"][0].scores:  # NaN pixels are left out, not propagated
+    assert torch.isnan(depth).any() and result.results.conditions["base"][
+        0
+    ].info.invalid_test_pixels == int(torch.isnan(depth).sum())
+    for score in result.results.conditions["base"][
+        0
+    ].scores:  # NaN pixels are left out, not propagated
         assert all(np.isfinite(v) for v in score.values), score
 
 
 def test_a_handful_of_images_still_probes_and_one_image_says_why(tmp_path: Path) -> None:
     result = run(tiny_vit(), "segmentation", "synthetic-seg:n=3,size=32", layers=(0,),
                  cache_dir=tmp_path, config=CFG)  # fmt: skip
-    assert result.caches["base/train"]["n"] == 3
-    assert all(0 <= v <= 1 for v in result.results["base"][0].scores[0].values)
+    assert result.results.caches["base/train"].n == 3
+    assert all(0 <= v <= 1 for v in result.results.conditions["base"][0].scores[0].values)
     with pytest.raises(InputError, match="at least 2 training samples"):
         run(tiny_vit(), "segmentation", "synthetic-seg:n=1,size=32", layers=(0,),
             cache_dir=tmp_path, config=CFG)  # fmt: skip

@@ -130,12 +130,12 @@ def scores(
     result: ProbeScores, condition: str = "base", layer: int = 0
 ) -> dict[tuple, list[float]]:
     """(feature, group, metric) -> values over seeds."""
-    out = result.results[condition][layer].scores
+    out = result.results.conditions[condition][layer].scores
     return {(s.feature, s.group, s.metric): s.values for s in out}
 
 
 def cached(result: ProbeScores, stage: str) -> CachedFeatures:
-    return CachedFeatures(result.caches[stage]["folder"])
+    return CachedFeatures(result.results.caches[stage].folder)
 
 
 # ------------------------------------------------------------------ position / reconstruction
@@ -145,7 +145,7 @@ def test_position_is_read_from_position_embeddings_and_chance_without(tmp_path: 
     got = scores(with_pe)
     assert got[("patch_token", "all", "top1")][0] >= 0.95  # measured 1.0 on 512 test tokens
     assert got[("patch_token", "all", "mean_distance")][0] <= 0.1
-    assert with_pe.results["base"][0].info["tokens"]["all"] == 32 * 16
+    assert with_pe.results.conditions["base"][0].info.tokens["all"] == 32 * 16
     without = run(
         tiny_vit("none"), "position", data, layers=(0,), cache_dir=tmp_path, config=ONE_SEED
     )
@@ -181,7 +181,9 @@ def test_classification_planted_labels_vs_shuffled(tmp_path: Path) -> None:
     for feature in ("cls", "patch_mean", "cls+patch_mean"):
         assert min(got[(feature, "all", "top1")]) >= 0.95, feature  # measured 1.0
     assert ("registers", "all", "top1") not in got  # no registers in this model: noted instead
-    assert any(n.startswith("registers: skipped") for n in planted.results["base"][0].notes)
+    assert any(
+        n.startswith("registers: skipped") for n in planted.results.conditions["base"][0].notes
+    )
     shuffled = run(model, "classification", (Colours("train", shuffle=True),
                    Colours("val", shuffle=True)), layers=(0,), cache_dir=tmp_path, config=cfg)  # fmt: skip
     for feature in ("cls", "patch_mean", "cls+patch_mean"):
@@ -218,7 +220,7 @@ def test_depth_beats_the_mean_depth(tmp_path: Path) -> None:
     assert rmse <= 0.95 * trivial["rmse"]  # measured 1.04 vs 1.21 (0.94x, 0.90x on other seeds)
     bins = got[("patches+cls (bins)", "all", "rmse")][0]
     assert np.isfinite(bins) and 0 < bins < 3 * trivial["rmse"]  # the bins head trains slowly
-    assert result.results["base"][0].info["invalid_test_pixels"] == 0
+    assert result.results.conditions["base"][0].info.invalid_test_pixels == 0
 
 
 # ------------------------------------------------------------------ token types
@@ -239,10 +241,13 @@ def test_token_type_scores_every_token_with_registers_and_a_fix(tmp_path: Path) 
         assert fixed[(name, "all", "top1")][0] >= 0.9, name  # measured 1.0 for all
     base = scores(result, "base")
     assert {f for f, _, _ in base} == set(tokens) - {"test_time_register"}
-    notes = result.results["base"][0].notes
+    notes = result.results.conditions["base"][0].notes
     assert any(n.startswith("test_time_register: skipped") for n in notes)
-    images = result.results["fixed"][0].info["images"]
-    assert images["patch_top"] == {"train": 48, "test": 48}  # counts what was actually probed
+    images = result.results.conditions["fixed"][0].info.images
+    assert images["patch_top"].model_dump() == {
+        "train": 48,
+        "test": 48,
+    }  # counts what was actually probed
 
 
 # ------------------------------------------------------------------ object discovery
@@ -266,7 +271,7 @@ def test_object_discovery_corloc_is_a_fraction_on_synthetic_boxes(tmp_path: Path
                  layers=(0,), cache_dir=tmp_path, config=ONE_SEED)  # fmt: skip
     values = [v[0] for v in scores(result).values()]
     assert len(values) == 3 and all(0 <= v <= 1 for v in values)
-    assert all(s.n_test == 12 for s in result.results["base"][0].scores)
+    assert all(s.n_test == 12 for s in result.results.conditions["base"][0].scores)
 
 
 # ------------------------------------------------------------------ hierarchical stages
@@ -279,8 +284,8 @@ def test_token_level_tasks_run_on_swin_stage_tokens(tmp_path: Path) -> None:
     stage = "stages.1.blocks.0.hook_resid_post"  # 7 x 7 grid, 96 channels
     position = run(swin, "position", "synthetic:n=16,size=56", layers=(stage,),
                    cache_dir=tmp_path, config=ONE_SEED)  # fmt: skip
-    assert position.layers == [stage]
-    assert position.results["base"][0].info["tokens"]["all"] == 16 * 49
+    assert position.results.layers == [stage]
+    assert position.results.conditions["base"][0].info.tokens["all"] == 16 * 49
     # Swin has no absolute position embedding: position is near chance (1/49; measured 0.033)
     assert scores(position)[("patch_token", "all", "top1")][0] <= 3 / 49
     data = (Colours("train", n=32, size=56), Colours("val", n=32, size=56))
@@ -288,7 +293,7 @@ def test_token_level_tasks_run_on_swin_stage_tokens(tmp_path: Path) -> None:
     got = scores(kinds)
     assert {f for f, _, _ in got} == {"patch_center", "patch_top"}
     assert min(v[0] for v in got.values()) >= 0.9  # measured 1.0
-    notes = " ".join(kinds.results["base"][0].notes)
+    notes = " ".join(kinds.results.conditions["base"][0].notes)
     assert "cls: skipped, this site has no [CLS] token" in notes
     assert "register: skipped" in notes
 
@@ -299,8 +304,8 @@ def test_token_level_tasks_run_on_pvt_stage_tokens_at_a_chosen_size(tmp_path: Pa
     stage = "stages.1.blocks.0.hook_resid_post"  # 64 px input -> 8 x 8 grid at stage 1
     position = run(pvt, "position", "synthetic:n=8,size=64", layers=(stage,),
                    cache_dir=tmp_path, config=ONE_SEED, image_size=64)  # fmt: skip
-    result = position.results["base"][0]
-    assert result.info["tokens"]["all"] == 8 * 64
+    result = position.results.conditions["base"][0]
+    assert result.info.tokens["all"] == 8 * 64
     top1 = scores(position)[("patch_token", "all", "top1")][0]
     assert 0.0 <= top1 <= 1.0
     data = (Colours("train", n=24, size=64), Colours("val", n=24, size=64))

@@ -18,18 +18,16 @@ from vitreg.probe import yardsticks
 from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
-from vitreg.report.document import typed_results
 from vitreg.report.render.markdown import Report, render_markdown
 from vitreg.report.renderers.probe import layer_section, write_probe_run
 from vitreg.report.renderers.probe_figures import probe_figures
-from vitreg.results.probe import ProbeResults
-from vitreg.results.schema import plain
+from vitreg.results.probe import ProbeLayer, ProbeResults, ProbeYardstick
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- the yardsticks
-def by_name(marks: list[yardsticks.Yardstick]) -> dict[tuple[str, str, str], float]:
+def by_name(marks: list[ProbeYardstick]) -> dict[tuple[str, str, str], float | None]:
     return {(m.name, m.metric, m.group): m.value for m in marks}
 
 
@@ -82,30 +80,36 @@ def test_a_delta_is_called_only_when_the_intervals_separate() -> None:
     assert interval_verdict((0.30, None), (0.90, 0.01), True) == "no interval"
 
 
-def layer(mean: float, ci: float) -> dict:
+def layer(mean: float, ci: float) -> ProbeLayer:
     score = {"feature": "cls", "group": "all", "metric": "top1", "mean": mean, "ci95": ci,
              "values": [mean], "higher_is_better": True, "n_test": 10, "lrs": []}  # fmt: skip
     marks = [{"name": "majority class", "metric": "top1", "group": "all", "value": 0.395,
               "description": "always class 0"}]  # fmt: skip
-    return {"task": "classification", "layer": "blocks.0.hook_resid_post", "scores": [score],
-            "notes": [], "info": {}, "yardsticks": marks}  # fmt: skip
+    return ProbeLayer.model_validate(
+        {
+            "task": "classification",
+            "layer": "blocks.0.hook_resid_post",
+            "scores": [score],
+            "notes": [],
+            "info": {},
+            "yardsticks": marks,
+        }  # fmt: skip
+    )
 
 
 def test_report_says_within_noise_where_the_intervals_overlap() -> None:
     """The demo's case: +0.0917 with error bars of ±0.08–0.18 is within noise, and both
     conditions trail the majority class."""
-    conditions = {"base": [layer(0.26, 0.08)], "fixed": [layer(0.3517, 0.18)]}
-    for c in conditions.values():
-        yardstick_verdicts(c[0])
+    given = {"base": [layer(0.26, 0.08)], "fixed": [layer(0.3517, 0.18)]}
+    conditions = {c: [yardstick_verdicts(x) for x in layers] for c, layers in given.items()}
+    assert given["base"][0].scores[0].vs_yardsticks == {}  # a copy has the verdicts
     found = deltas(conditions)
-    assert [d["verdict"] for d in found] == ["within noise"]
-    assert found[0]["delta"] == pytest.approx(0.0917)
-    assert conditions["base"][0]["scores"][0]["vs_yardsticks"] == {"majority class": "worse"}
-    results = {"task": "classification", "description": "d", "seeds": [0, 1], "layers": [],
-               "data": {"train": {}, "test": {}}, "conditions": conditions, "deltas": found, "caches": {}, "fix": None}  # fmt: skip
-    text = render_markdown(
-        Report(None, "probe", [layer_section(ProbeResults.model_validate(results), 0)])
-    )
+    assert [d.verdict for d in found] == ["within noise"]
+    assert found[0].delta == pytest.approx(0.0917)
+    assert conditions["base"][0].scores[0].vs_yardsticks == {"majority class": "worse"}
+    results = ProbeResults(task="classification", description="d", seeds=[0, 1], layers=[],
+                           data={"train": {}, "test": {}}, conditions=conditions, deltas=found)  # fmt: skip
+    text = render_markdown(Report(None, "probe", [layer_section(results, 0)]))
     assert "+0.0917 (within noise)" in text and "(better)" not in text
     assert "trails majority class" in text and "| majority class | top1 | all | 0.395 |" in text
 
@@ -124,11 +128,13 @@ def test_segmentation_run_carries_yardsticks_per_class_iou_and_figures(tmp_path:
     fix = vitreg.TestTimeRegisters(vitreg.NeuronSet([0], [5], [1.0]))
     result = run(model, "segmentation", "synthetic-seg:n=8,size=32", fix=fix, layers=(0,),
                  cache_dir=tmp_path / "cache", config=FitSettings(seeds=(0, 1), epochs=2))  # fmt: skip
-    doc = result.to_dict()
-    figures = probe_figures(result, typed_results("probe", plain(doc)))
+    assert isinstance(result.results, ProbeResults)
+    figures = probe_figures(result)
     assert [f.name for f in figures] == ["probe_scores", "probe_segmentation"]  # one layer
     out = tmp_path / "run"
-    write_probe_run(out, doc, result.model, {"task": "segmentation"}, "vitreg probe", figures)
+    write_probe_run(
+        out, result.results, result.model, {"task": "segmentation"}, "vitreg probe", figures
+    )
     saved = json.loads((out / "metrics.json").read_text())["results"]
     for condition in ("base", "fixed"):
         (res,) = saved["conditions"][condition]

@@ -100,7 +100,7 @@ def test_planted_image_embeddings_give_top1_one(clip_model) -> None:
     assert values == {"top1": 1.0, "top5": 1.0}
     shifted = task.score(task.classes[(labels + 1) % 8], labels, "image embedding")
     assert shifted.scores[0].values == [0.0]
-    assert planted.info["templates"] == 80 and planted.info["num_classes"] == 8
+    assert planted.info.templates == 80 and planted.info.num_classes == 8
     assert {(y.metric, y.value) for y in planted.yardsticks} == {("top1", 1 / 8), ("top5", 5 / 8)}
 
 
@@ -110,7 +110,7 @@ def test_probe_run_scores_base_and_fixed_on_the_test_split(clip_model, tmp_path:
 
     fix = TestTimeRegisters(NeuronSet([0, 1], [3, 7], [1.0, 1.0]))
     result = run(clip_model, "zero-shot", CLS_DATA, fix=fix, cache_dir=tmp_path, batch_size=4)
-    doc = result.to_dict()
+    doc = result.results.model_dump(mode="json")
     assert list(doc["conditions"]) == ["base", "fixed"]
     assert doc["caches"]["base/test"]["n"] == 6  # the val split only
     for c in ("base", "fixed"):
@@ -119,7 +119,7 @@ def test_probe_run_scores_base_and_fixed_on_the_test_split(clip_model, tmp_path:
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert [p.parent.name for p in files] == ["zero-shot-classes"]  # no features cached
     again = run(clip_model, "zero-shot", CLS_DATA, cache_dir=tmp_path, batch_size=4)
-    (layer,) = again.results["base"]
+    (layer,) = again.results.conditions["base"]
     assert any("class embeddings read from" in n for n in layer.notes)
     assert layer.scores[0].values == doc["conditions"]["base"][0]["scores"][0]["values"]
 
@@ -133,11 +133,11 @@ def test_folder_class_names_and_a_counted_bad_image(clip_model, tmp_path: Path) 
         Image.new("RGB", (40, 40), colour).save(tmp_path / "val" / cls / "a.png")
     (tmp_path / "val" / "tabby_cat" / "broken.png").write_bytes(b"not a png")
     result = run(clip_model, "zero-shot", f"imagefolder:{tmp_path}", cache_dir=tmp_path / "c")
-    (layer,) = result.results["base"]
-    assert layer.info["num_classes"] == 2 and layer.scores[0].n_test == 2
+    (layer,) = result.results.conditions["base"]
+    assert layer.info.num_classes == 2 and layer.scores[0].n_test == 2
     assert "2 class names had '_' turned into spaces" in layer.notes
-    assert sum(result.caches["base/test"]["skipped"].values()) == 1
-    assert sum(result.data["test"]["log"].values()) == 1
+    assert sum(result.results.caches["base/test"].skipped.values()) == 1
+    assert sum(result.results.data.test.log.values()) == 1
 
 
 def test_a_timm_clip_tower_has_no_text_tower(tmp_path: Path) -> None:
@@ -235,7 +235,7 @@ def test_attention_seg_runs_with_and_without_the_fix(clip_model, tmp_path: Path)
     result = run(clip_model, "attention-seg", "synthetic-seg:n=6,size=32", fix=fix,
                  cache_dir=tmp_path, batch_size=4)  # fmt: skip
     for c in ("base", "fixed"):
-        (layer,) = result.results[c]
+        (layer,) = result.results.conditions[c]
         metrics = {s.metric: s.values[0] for s in layer.scores}
         assert set(metrics) == {"miou", "pixel_acc", "map"}
         assert all(0.0 <= v <= 1.0 for v in metrics.values())
@@ -341,5 +341,5 @@ def test_hf_clip_zero_shot_runs_bare_and_fixed(tmp_path: Path) -> None:
     fix = TestTimeRegisters(NeuronSet([0, 1], [3, 9], [1.0, 1.0]))
     result = run(model, "zero-shot", CLS_DATA, fix=fix, cache_dir=tmp_path / "c", batch_size=4)
     for c in ("base", "fixed"):
-        (layer,) = result.results[c]
-        assert layer.info["clip"].startswith("hf:") and layer.scores[0].n_test == 6
+        (layer,) = result.results.conditions[c]
+        assert layer.info.clip.startswith("hf:") and layer.scores[0].n_test == 6

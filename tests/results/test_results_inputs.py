@@ -21,7 +21,7 @@ from vitreg.results.fix import (
 )
 from vitreg.results.neurons import NeuronSetSettings
 from vitreg.results.probe import DataSetRecord, TaskInfo
-from vitreg.results.train import DinoRecipeOptions, TrainConfigRecord
+from vitreg.results.train import DinoOptions, ResolvedTrainConfig
 
 FIX = TypeAdapter(FixDescription)
 TTR = {"name": "ttr", "n_neurons": 5, "layers": [6, 7], "n_registers": 1, "cls": "zero",
@@ -85,7 +85,7 @@ def test_a_recipe_s_options_are_its_own_and_nothing_else() -> None:
               "keep_checkpoints": 1, "model": {"name": "vit_tiny_patch16_224"},
               "options": {"label_smoothing": 0.1, "jitter": 0.3},
               "data": {"spec": "synthetic-cls:n=8", "n": 8, "fingerprint": None}}  # fmt: skip
-    assert TrainConfigRecord.model_validate(record).options.label_smoothing == 0.1
+    assert ResolvedTrainConfig.model_validate(record).options.label_smoothing == 0.1
     with pytest.raises(ValidationError, match="jitter"):
-        TrainConfigRecord.model_validate({**record, "options": {"label_smoothing": 0.1}})
-    assert "momentum" in DinoRecipeOptions.model_fields
+        ResolvedTrainConfig.model_validate({**record, "options": {"label_smoothing": 0.1}})
+    assert "momentum" in DinoOptions.model_fields

@@ -19,6 +19,7 @@ _EXPORTS = {
     "merge_streams": "vitreg.arch.variant",
     "ParamReport": "vitreg.arch.cost",
     "flop_report": "vitreg.arch.cost",
+    "param_lines": "vitreg.arch.cost",
     "param_report": "vitreg.arch.cost",
     "MODEL_NAMES": "vitreg.arch.registry",
 }

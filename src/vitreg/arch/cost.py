@@ -8,9 +8,6 @@ attention-bias slot adds one key column per layer (both reported by :func:`flop_
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -19,43 +16,29 @@ from vitreg.arch.attention import BiasAttention
 from vitreg.arch.config import VariantConfig
 from vitreg.arch.split import TokenSplit
 from vitreg.arch.variant import build, merge_streams
+from vitreg.core.renamed import renamed
+from vitreg.results.experiment import FlopCounts, FlopDeltas, ParamCounts
 
 PARTS = ("norm", "ls", "qkv", "proj", "mlp", "final_norm", "attn_bias", "registers")
 
 
-@dataclass
-class ParamReport:
-    """Parameter counts: ``extra[part]`` over ``baseline`` (absolute and percent)."""
-
-    total: int
-    baseline: int
-    extra: dict[str, int]
-    percent: dict[str, float]
-
-    @property
-    def extra_total(self) -> int:
-        return self.total - self.baseline
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-friendly fields."""
-        return {**asdict(self), "extra_total": self.extra_total}
-
-    def lines(self) -> list[str]:
-        """One line per component with a nonzero cost, then the total."""
-        out = [
-            f"{p:<11} +{self.extra[p]:>12,d}  ({self.percent[p]:.3f}%)"
-            for p in PARTS
-            if self.extra[p]
-        ]
-        pct = 100 * self.extra_total / self.baseline
-        return [
-            *out,
-            f"{'total':<11} +{self.extra_total:>12,d}  ({pct:.3f}%) of {self.baseline:,d}",
-        ]
+def param_lines(report: ParamCounts) -> list[str]:
+    """One line per component with a nonzero cost, then the total."""
+    out = [
+        f"{p:<11} +{report.extra[p]:>12,d}  ({report.percent[p]:.3f}%)"
+        for p in PARTS
+        if report.extra[p]
+    ]
+    pct = 100 * report.extra_total / report.baseline
+    return [
+        *out,
+        f"{'total':<11} +{report.extra_total:>12,d}  ({pct:.3f}%) of {report.baseline:,d}",
+    ]
 
 
-def param_report(model: nn.Module | VariantConfig) -> ParamReport:
-    """Extra parameters per component of a variant (a :class:`VariantConfig` is built on meta)."""
+def param_report(model: nn.Module | VariantConfig) -> ParamCounts:
+    """Extra parameters per component of a variant over its shared baseline, absolute and in
+    percent (a :class:`VariantConfig` is built on meta)."""
     if isinstance(model, VariantConfig):
         with torch.device("meta"):
             model = build(model)
@@ -72,7 +55,13 @@ def param_report(model: nn.Module | VariantConfig) -> ParamReport:
     total = _count(model)
     baseline = total - sum(extra.values())
     percent = {p: 100 * n / baseline for p, n in extra.items()}
-    return ParamReport(total, baseline, extra, percent)
+    return ParamCounts(
+        total=total,
+        baseline=baseline,
+        extra=extra,
+        percent=percent,
+        extra_total=total - baseline,
+    )
 
 
 def _count(module: nn.Module) -> int:
@@ -93,7 +82,7 @@ def count_flops(model: nn.Module, x: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
-def flop_report(model: nn.Module, batch: int = 1) -> dict[str, Any]:
+def flop_report(model: nn.Module, batch: int = 1) -> FlopCounts:
     """FLOPs of a variant's forward at its image size against the shared model, by cause.
 
     ``flops_shared`` is the same model with merged streams and no slot (same tokens).
@@ -117,18 +106,16 @@ def flop_report(model: nn.Module, batch: int = 1) -> dict[str, Any]:
     t = torch.zeros(batch, n_tok, model.embed_dim, device=p.device, dtype=p.dtype)
     # layout: FLOPs depend on the token count only: n_reg fewer tokens
     registers = count_flops(blocks, t) - count_flops(blocks, t[:, n_reg:]) if n_reg else 0
-    return {
-        "image_size": list(size),
-        "tokens": n_tok,
-        "registers": n_reg,
-        "flops": flops,
-        "flops_shared": shared,
-        "delta": {
-            "specialisation": flops - with_bias,
-            "attn_bias": with_bias - shared,
-            "registers": registers,
-        },
-    }
+    return FlopCounts(
+        image_size=list(size),
+        tokens=n_tok,
+        registers=n_reg,
+        flops=flops,
+        flops_shared=shared,
+        delta=FlopDeltas(
+            specialisation=flops - with_bias, attn_bias=with_bias - shared, registers=registers
+        ),
+    )
 
 
 def _restore_bias(merged: nn.Module, variant: nn.Module) -> None:
@@ -139,3 +126,6 @@ def _restore_bias(merged: nn.Module, variant: nn.Module) -> None:
             with torch.no_grad():
                 new.k_bias.copy_(blk_v.attn.k_bias)
                 new.v_bias.copy_(blk_v.attn.v_bias)
+
+
+__getattr__ = renamed(__name__, {"ParamReport": "ParamCounts"}, globals())

@@ -75,7 +75,7 @@ def run_probes(
             cache_dir=folder / "cache",
             config=config,
             batch_size=settings.batch_eval,
-        ).to_dict()
+        ).results.model_dump(mode="json")
         write_json_atomic(folder / "probes" / f"{task}.json", result)
         notes = result["conditions"]["base"][-1]["notes"]
         out[task] = {"scores": probe_scores(result), "notes": notes}
@@ -125,7 +125,7 @@ def costs(model: nn.Module) -> dict[str, Any]:
     """``param_report`` and ``flop_report`` of the trained backbone."""
     from vitreg.arch import flop_report, param_report
 
-    return {"params": param_report(model).as_dict(), "flops": flop_report(model)}
+    return {"params": param_report(model).model_dump(), "flops": flop_report(model).model_dump()}
 
 
 def evaluate(

@@ -27,7 +27,7 @@ from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, g
 from vitreg.experiment.summary import SUMMARY
 from vitreg.progress import SILENT, Progress
 from vitreg.results.schema import plain
-from vitreg.train.dino import loss_terms
+from vitreg.train.dino import DinoOptions, loss_terms
 
 Log = Callable[[str], None]
 
@@ -186,6 +186,8 @@ def run_one(
     log(f"{v.name} seed {seed}: probing ({', '.join(tasks)}) and diagnosing")
     evaluated = evaluate(result.model, data, tasks, folder, settings)
     losses = result.losses
+    opts = result.config.options  # the [CLS] DINO term: a DINO run's only
+    terms = loss_terms(result.history, opts) if isinstance(opts, DinoOptions) else None
     record = {
         "config": config,
         "train": {
@@ -194,9 +196,7 @@ def run_one(
             "final_loss": losses[-1] if losses else None,
             "losses": losses,
             # the [CLS] DINO term against the teacher's entropy (None for supervised runs)
-            "dino_terms": loss_terms(result.history, result.config.options)
-            if result.config.recipe == "dino"
-            else None,
+            "dino_terms": terms.model_dump(exclude_unset=True) if terms is not None else None,
             "resumed_from": result.resumed_from,
             "notes": notes,
         },

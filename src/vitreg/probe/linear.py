@@ -579,18 +579,23 @@ class SeedRuns:
     values: dict[str, list[float]]
     lrs: list[float]
 
-    def summary(self, level: float = 0.95) -> dict[str, dict]:
-        """``{metric: {mean, ci, values, higher_is_better}}`` with a Student-t half-width."""
+    def summary(self, level: float = 0.95) -> dict[str, SeedSummary]:
+        """Per metric: the mean over seeds with its Student-t half-width ``ci``."""
         out = {}
         for name, vals in self.values.items():
             mean, ci = mean_ci(vals, level)
-            out[name] = {
-                "mean": mean,
-                "ci": ci,
-                "values": vals,
-                "higher_is_better": METRICS.get(name),
-            }
+            out[name] = SeedSummary(mean, ci, vals, METRICS.get(name))
         return out
+
+
+@dataclass(frozen=True)
+class SeedSummary:
+    """One metric over seeds: mean, half-width of its interval, the values, which way is up."""
+
+    mean: float
+    ci: float
+    values: list[float]
+    higher_is_better: bool | None
 
 
 def fit_seeds(

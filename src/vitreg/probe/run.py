@@ -20,14 +20,15 @@ from vitreg.data.datasets import (
 )
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
-from vitreg.fix.base import Fix, fix_description
+from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.cache import extract, input_config
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitSettings
-from vitreg.probe.scores import ProbeScores, data_record
+from vitreg.probe.scores import ProbeScores, data_record, fix_record, probe_results
 from vitreg.probe.tasks import Task, TaskResult, get_task
 from vitreg.progress import SILENT, Progress
+from vitreg.results.probe import FeatureCache, ProbeData
 
 
 def splits(data: str | tuple[LabeledDataset, LabeledDataset]) -> tuple[Any, Any]:
@@ -128,7 +129,7 @@ def _probe_cached(
     """The cached-feature path of :func:`run`: each condition's features, then its probes."""
     train, test = data
     results: dict[str, list[TaskResult]] = {}
-    caches: dict[str, dict[str, Any]] = {}
+    caches: dict[str, FeatureCache] = {}
     names: list[str] = []
     for condition, applied in conditions.items():
         cached: dict[str, CachedFeatures] = {}
@@ -154,16 +155,19 @@ def _probe_cached(
             continue
         results[condition] = _train_probes(probe, cached, names, config, condition, progress)
     fix = conditions.get("fixed")
-    described = fix_description(fix) if fix is not None else None
+    described = None
+    if fix is not None:
+        described = fix_record(fix)
     shown = [r for rs in results.values() for r in rs if r.examples]
     images = example_images(test, input_config(model, image_size), shown) if shown else {}
     first = next(iter(conditions))
-    data_desc = {
-        s: data_record(ds, caches[f"{first}/{s}"]) for s, ds in (("train", train), ("test", test))
+    records = {
+        s: data_record(ds, caches[f"{first}/{s}"].skipped, caches[f"{first}/{s}"].repairs or {})
+        for s, ds in (("train", train), ("test", test))
     }
-    return ProbeScores(
+    data_desc = ProbeData(train=records["train"], test=records["test"])
+    summary = probe_results(
         task,
-        model.describe(),
         data_desc,
         names,
         results,
@@ -171,8 +175,8 @@ def _probe_cached(
         described,
         probe.description,
         list(config.seeds),
-        images,
     )
+    return ProbeScores(summary, model.describe(), images)
 
 
 def _extract_split(
@@ -210,17 +214,17 @@ def _extract_split(
     return cached
 
 
-def _cache_record(cached: CachedFeatures) -> dict[str, Any]:
-    """What the run records of one split's cache: folder, size, passes, skips and repairs."""
-    return {
-        "folder": str(cached.folder),
-        "n": cached.n,
-        "forward_passes": cached.forward_passes,
-        "skipped": cached.manifest["skipped"],
-        "repairs": cached.manifest.get("repairs", {}),
-        # shards found damaged on disk and extracted again, by reason
-        "replaced": cached.manifest.get("replaced", {}),
-    }
+def _cache_record(cached: CachedFeatures) -> FeatureCache:
+    """What the run records of one split's cache: folder, size, passes, skips and repairs,
+    and the shards found damaged on disk and extracted again, by reason."""
+    return FeatureCache(
+        folder=str(cached.folder),
+        n=cached.n,
+        forward_passes=cached.forward_passes,
+        skipped=cached.manifest["skipped"],
+        repairs=cached.manifest.get("repairs", {}),
+        replaced=cached.manifest.get("replaced", {}),
+    )
 
 
 def _train_probes(

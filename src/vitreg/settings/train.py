@@ -13,7 +13,7 @@ from vitreg.core.choices import AMP, MAX_SEED, RECIPES
 
 class TrainSettings(BaseModel):
     """The settings of one training run (``None``: the recipe's default, resolved in
-    :class:`~vitreg.train.config.TrainConfig`)."""
+    :class:`~vitreg.results.train.ResolvedTrainConfig`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -11,6 +11,7 @@ from typing import Any
 _HOMES = {
     "DinoOptions": "vitreg.train.dino",
     "SupervisedOptions": "vitreg.train.supervised",
+    "ResolvedTrainConfig": "vitreg.results.train",
     "TrainConfig": "vitreg.train.config",
     "TrainResult": "vitreg.train.loop",
     "TrainSettings": "vitreg.settings.train",

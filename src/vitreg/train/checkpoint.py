@@ -20,15 +20,38 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, WeightsError, brief
 from vitreg.models.load import read_state_dict
+from vitreg.results.train import ResolvedTrainConfig
 
 FORMAT = "vitreg-train-checkpoint"
 VERSION = 2  # 2: the sidecar's own checksum and the step in the tensor file's header
 FIX = "delete it to restart from the previous checkpoint, or pass --no-resume (resume=False)"
+
+
+class RngScheme(BaseModel):
+    """The whole RNG state of a run: its seed (every generator derives from it and the step)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int
+    scheme: str = "derived from (seed, step, sample / rank)"
+
+
+class CheckpointMeta(BaseModel):
+    """The run's fields of a checkpoint sidecar (beside the file's own: format, step, tensor
+    file, checksums, optimiser scalars): its config, the fp16 loss scaler, world size, RNG."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: ResolvedTrainConfig
+    scaler: dict[str, int | float] | None = None
+    world_size: int
+    rng: RngScheme
 
 
 @dataclass
@@ -37,7 +60,7 @@ class Checkpoint:
 
     step: int
     tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
+    meta: dict[str, JsonValue]
     path: Path
 
     def part(self, prefix: str) -> dict[str, torch.Tensor]:
@@ -56,7 +79,7 @@ def save_checkpoint(
     module_state: dict[str, torch.Tensor],
     recipe_state: dict[str, torch.Tensor],
     optimizer: torch.optim.Optimizer,
-    meta: dict[str, Any],
+    meta: CheckpointMeta,
     keep: int = 2,
 ) -> Path:
     """Write the pair for ``step`` (tensors first, then JSON), then prune to the newest ``keep``."""
@@ -82,7 +105,7 @@ def save_checkpoint(
         "bytes": len(blob),
         "sha256": hashlib.sha256(blob).hexdigest(),
         "optimizer": {"param_groups": opt["param_groups"], "scalars": scalars},
-        **meta,
+        **meta.model_dump(mode="json"),
     }
     body = json.loads(json.dumps(info, default=_plain))  # exactly what the file will hold
     path = write_json_atomic(folder / f"{name}.json", {**body, "meta_sha256": _digest(body)})
@@ -165,7 +188,7 @@ def _header_step(blob: bytes) -> str | None:
     return (header.get("__metadata__") or {}).get("step")
 
 
-def check_metadata(path: Path, meta: dict[str, Any], blob: bytes) -> None:
+def check_metadata(path: Path, meta: dict[str, JsonValue], blob: bytes) -> None:
     """A version-2 sidecar must match its own checksum, and its step the tensor file's (whose
     checksum has been verified): an edited step would resume at a step never trained."""
     if meta.get("version", 1) < 2:

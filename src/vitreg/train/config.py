@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
+from pydantic import JsonValue
 
 from vitreg.core.choices import AMP
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, SpecError
+from vitreg.results.train import ResolvedTrainConfig
+
+__all__ = ["DEFAULTS", "amp_dtype", "check_batch", "check_resume", "resolve_steps"]
 
 # base learning rate per 256 images, weight decay, gradient clipping (DeiT III / DINO defaults)
 DEFAULTS = {"supervised": (2.5e-4, 0.05, None), "dino": (5e-4, 0.04, 3.0)}
@@ -25,61 +28,30 @@ FREE_ON_RESUME = (
 )
 
 
-@dataclass
-class TrainConfig:
-    """Every number that shapes a run (stored in each checkpoint and in train.json)."""
-
-    recipe: str
-    steps: int
-    batch_size: int  # global: images per optimizer step over all ranks and accumulation steps
-    lr: float
-    min_lr: float
-    weight_decay: float
-    warmup_steps: int
-    clip_grad: float | None
-    accum_steps: int
-    amp: str
-    seed: int
-    img_size: int
-    checkpoint_every: int
-    keep_checkpoints: int
-    model: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)  # train.data.data_identity
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def check_resume(self, saved: dict[str, Any], step: int, extend: bool = False) -> None:
-        """Raise :class:`InputError` if the checkpoint (at ``step``) was made with different
-        settings or data. Other total ``steps`` are refused unless ``extend`` (a longer
-        schedule, stretched on purpose, that still lies ahead of the checkpoint)."""
-        ours = self.to_dict()
-        skip = set(FREE_ON_RESUME) | ({"data"} if "data" not in saved else set())  # older runs
-        if extend and ours["steps"] > step:
-            skip.add("steps")
-        diff = [
-            f"{k}: checkpoint {saved.get(k)!r}, now {ours[k]!r}"
-            for k in ours
-            if k not in skip and _norm(saved.get(k)) != _norm(ours[k])
-        ]
-        if diff:
-            longer = ours["steps"] > step and saved.get("steps") != ours["steps"]
-            hint = f", --extend to continue the schedule to {ours['steps']} steps" * longer
-            raise InputError(
-                f"cannot resume: the checkpoint at step {step} in this directory was made with "
-                "other settings or data (" + "; ".join(diff) + f"). Use the same settings{hint}, "
-                "another --out, or --no-resume to start over"
-            )
-
-
-def _norm(v: Any) -> Any:
-    """Tuples and lists compare equal (JSON has no tuples)."""
-    if isinstance(v, tuple | list):
-        return [_norm(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
-    return v
+def check_resume(
+    config: ResolvedTrainConfig, saved: dict[str, JsonValue], step: int, extend: bool = False
+) -> None:
+    """Raise :class:`InputError` if the checkpoint (at ``step``, its stored config ``saved``)
+    was made with other settings or data than ``config``. Other total ``steps`` are refused
+    unless ``extend`` (a longer schedule, stretched on purpose, that still lies ahead of the
+    checkpoint)."""
+    ours = config.model_dump(mode="json")
+    skip = set(FREE_ON_RESUME) | ({"data"} if "data" not in saved else set())  # older runs
+    if extend and ours["steps"] > step:
+        skip.add("steps")
+    diff = [
+        f"{k}: checkpoint {saved.get(k)!r}, now {ours[k]!r}"
+        for k in ours
+        if k not in skip and saved.get(k) != ours[k]
+    ]
+    if diff:
+        longer = ours["steps"] > step and saved.get("steps") != ours["steps"]
+        hint = f", --extend to continue the schedule to {ours['steps']} steps" * longer
+        raise InputError(
+            f"cannot resume: the checkpoint at step {step} in this directory was made with "
+            "other settings or data (" + "; ".join(diff) + f"). Use the same settings{hint}, "
+            "another --out, or --no-resume to start over"
+        )
 
 
 def resolve_steps(steps: int | None, epochs: float | None, n: int, batch_size: int) -> int:
@@ -114,3 +86,6 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     if amp == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+__getattr__ = renamed(__name__, {"TrainConfig": "ResolvedTrainConfig"}, globals())

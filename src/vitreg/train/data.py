@@ -24,6 +24,7 @@ import torch
 
 from vitreg.data.datasets import SCAN_LIMIT, DataWarning, SkipSample, require_usable
 from vitreg.errors import InputError, SpecError
+from vitreg.results.train import TrainingData
 
 
 def derive_seed(*parts: object) -> int:
@@ -134,16 +135,16 @@ def describe_training_data(data: Any, recipe: str = "supervised") -> dict[str, A
     }
 
 
-def data_identity(data: Any) -> dict[str, Any]:
+def data_identity(data: Any) -> TrainingData:
     """What a run trains on, recorded in every checkpoint so that a resume on other data is
     refused: the spec (or class name), the sample count and, for vitreg datasets, the
     fingerprint of the listing."""
     fingerprint = getattr(data, "fingerprint", None)
-    return {
-        "spec": _spec(data),
-        "n": len(data),
-        "fingerprint": fingerprint() if callable(fingerprint) else None,
-    }
+    return TrainingData(
+        spec=_spec(data),
+        n=len(data),
+        fingerprint=fingerprint() if callable(fingerprint) else None,
+    )
 
 
 def _spec(data: Any) -> str:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,32 +19,12 @@ from torch import nn
 from vitreg.core.layout import TokenLayout
 from vitreg.core.schedule import cosine, linear_warmup
 from vitreg.errors import SpecError
+from vitreg.results.train import DinoOptions, DinoStep, DinoTerms
 from vitreg.train.augment import dino_view, normalize, to_tensor, uniform
 from vitreg.train.data import dataset_index, generator, read_sample
 from vitreg.train.recipe import BatchSpec
 
-
-@dataclass
-class DinoOptions:
-    """Crops, head size, temperatures, EMA and centring momenta, masking, loss weights."""
-
-    n_local_crops: int = 4
-    local_size: int | None = None  # default: 96/224 of img_size, rounded to whole patches
-    global_scale: tuple[float, float] = (0.32, 1.0)
-    local_scale: tuple[float, float] = (0.05, 0.32)
-    out_dim: int = 4096
-    hidden_dim: int = 2048
-    bottleneck_dim: int = 256
-    student_temp: float = 0.1
-    teacher_temp: float = 0.07
-    teacher_temp_start: float = 0.04
-    teacher_temp_warmup: float = 0.3  # fraction of the steps
-    momentum: float = 0.992  # EMA momentum at step 0, cosine to 1 at the end
-    center_momentum: float = 0.9
-    mask_prob: float = 0.5  # fraction of global crops that get masked patches
-    mask_ratio: tuple[float, float] = (0.1, 0.5)
-    dino_weight: float = 1.0
-    ibot_weight: float = 1.0
+__all__ = ["DinoHead", "DinoOptions", "DinoRecipe", "DinoStudent", "loss_terms"]
 
 
 class DinoHead(nn.Module):
@@ -271,25 +249,24 @@ class DinoRecipe:
         return self.teacher["backbone"]
 
 
-def loss_terms(history: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any] | None:
+def loss_terms(history: list[dict[str, float]], options: DinoOptions) -> DinoTerms | None:
     """What the [CLS] DINO loss did over a run, from its step records: its lowest value and
     where, its final value, and the teacher's entropy there against ``ln(out_dim)`` (a uniform
     teacher; ``options`` are the run's recipe options); ``loss_dino - teacher_entropy`` is
     KL(teacher || student). ``None`` for a log without the teacher's entropy."""
-    out_dim = int(options.get("out_dim", DinoOptions.out_dim))
     rows = [r for r in history if "loss_dino" in r and "teacher_entropy" in r]
     if not rows:
         return None
     low = min(rows, key=lambda r: r["loss_dino"])
     last = rows[-1]
-    return {
-        "out_dim": out_dim,
-        "ln_out_dim": math.log(out_dim),
-        "lowest": {"step": low["step"], "loss_dino": low["loss_dino"]},
-        "final": {
-            "step": last["step"],
-            "loss_dino": last["loss_dino"],
-            "teacher_entropy": last["teacher_entropy"],
-            "kl": last["loss_dino"] - last["teacher_entropy"],
-        },
-    }
+    return DinoTerms(
+        out_dim=options.out_dim,
+        ln_out_dim=math.log(options.out_dim),
+        lowest=DinoStep(step=int(low["step"]), loss_dino=low["loss_dino"]),
+        final=DinoStep(
+            step=int(last["step"]),
+            loss_dino=last["loss_dino"],
+            teacher_entropy=last["teacher_entropy"],
+            kl=last["loss_dino"] - last["teacher_entropy"],
+        ),
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from vitreg.core.disk import writing
 from vitreg.core.io import write_text_atomic
@@ -13,7 +12,7 @@ from vitreg.core.run_dir import record as record_file
 from vitreg.core.run_dir import seal_append
 
 
-def append_record(path: Path, record: dict[str, Any]) -> None:
+def append_record(path: Path, record: dict[str, float]) -> None:
     """Append one JSON line with a single ``write`` on an ``O_APPEND`` descriptor (no torn lines)."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
     record_file(path)  # listed in the run's manifest before it is written
@@ -27,7 +26,7 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
     seal_append(path, line)  # the manifest records the log as it now is
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[dict[str, float]]:
     """Every complete record of the log (a torn last line from a killed run is ignored)."""
     if not path.is_file():
         return []

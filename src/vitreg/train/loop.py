@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +17,10 @@ from vitreg.core.schedule import warmup_cosine
 from vitreg.device import check_device
 from vitreg.distributed import DistContext, rank_slice, setup
 from vitreg.progress import SILENT, Progress, Update
+from vitreg.results.train import DinoOptions, ResolvedTrainConfig, SupervisedOptions
 from vitreg.settings.train import TrainSettings
 from vitreg.train import checkpoint as ckpt_io
-from vitreg.train.config import (
-    DEFAULTS,
-    TrainConfig,
-    amp_dtype,
-    check_batch,
-    resolve_steps,
-)
+from vitreg.train.config import DEFAULTS, amp_dtype, check_batch, check_resume, resolve_steps
 from vitreg.train.data import data_identity, derive_seed, num_classes, open_data
 from vitreg.train.log import append_record, read_records, trim_after
 from vitreg.train.model import build_model, describe
@@ -42,8 +37,8 @@ class TrainResult:
 
     model: nn.Module
     out_dir: Path
-    config: TrainConfig
-    history: list[dict[str, Any]] = field(default_factory=list)
+    config: ResolvedTrainConfig
+    history: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int | None = None
 
     @property
@@ -127,7 +122,7 @@ def _run(ctx: DistContext, a: _Run) -> TrainResult:
     recipe, opts = _make_recipe(recipe_name, model, spec, classes, a.options, total)
     recipe.to(ctx.device)
 
-    config = TrainConfig(
+    config = ResolvedTrainConfig(
         recipe=recipe_name,
         steps=total,
         batch_size=s.batch_size,
@@ -155,7 +150,7 @@ def _run(ctx: DistContext, a: _Run) -> TrainResult:
         ids = [ctx.device] if ctx.device.type == "cuda" else None
         module = nn.parallel.DistributedDataParallel(recipe.module, device_ids=ids)
 
-    history: list[dict[str, Any]] = []
+    history: list[dict[str, float]] = []
     with ExitStack() as phase:  # opened at the first step: an error before it is shown alone
         update: Update | None = None
         for step in range(start, total):
@@ -179,19 +174,21 @@ def _run(ctx: DistContext, a: _Run) -> TrainResult:
 
 def _make_recipe(
     name: str, model: nn.Module, spec: BatchSpec, classes: int, options: Any, total: int
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Any, SupervisedOptions | DinoOptions]:
     if name == "dino":
-        from vitreg.train.dino import DinoOptions, DinoRecipe
+        from vitreg.train.dino import DinoRecipe
 
-        opts = parse_options(DinoOptions, options, name)
-        return DinoRecipe(model, spec, opts, total), asdict(opts)
-    from vitreg.train.supervised import SupervisedOptions, SupervisedRecipe
+        dino = parse_options(DinoOptions, options, name)
+        return DinoRecipe(model, spec, dino, total), dino
+    from vitreg.train.supervised import SupervisedRecipe
 
     opts = parse_options(SupervisedOptions, options, name)
-    return SupervisedRecipe(model, spec, classes, opts), asdict(opts)
+    return SupervisedRecipe(model, spec, classes, opts), opts
 
 
-def param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def param_groups(
+    module: nn.Module, weight_decay: float
+) -> list[dict[str, list[nn.Parameter] | float]]:
     """AdamW groups ``[decay, no decay]`` by timm's ``param_groups_weight_decay``: no decay on 1-D
     parameters (biases, norms), on the names any submodule's ``no_weight_decay()`` lists, and on
     every ``*token`` and ``*pos_embed``. The attention-bias slots (``k_bias``/``v_bias``, 4-D) are
@@ -231,7 +228,7 @@ def _restore(
         ctx.barrier()
         return 0, None
     ckpt = ckpt_io.load_checkpoint(latest)
-    config.check_resume(ckpt.meta["config"], ckpt.step, extend)
+    check_resume(config, ckpt.meta["config"], ckpt.step, extend)
     ckpt_io.load_into(ckpt, recipe.module, optimizer, recipe)
     if scaler is not None and ckpt.meta.get("scaler"):
         scaler.load_state_dict(ckpt.meta["scaler"])
@@ -241,7 +238,7 @@ def _restore(
     return ckpt.step, ckpt.step
 
 
-def _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype) -> dict[str, Any]:
+def _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype) -> dict[str, float]:
     """One optimizer step over the global batch: this rank's slice in ``accum_steps`` chunks."""
     t0 = time.perf_counter()
     lr = warmup_cosine(step, config.steps, config.lr, config.warmup_steps, config.min_lr)
@@ -287,12 +284,12 @@ def _step(ctx, step, config, recipe, module, optimizer, scaler, autocast_dtype) 
 
 
 def _save(out, config, recipe, optimizer, scaler, ctx, step: int) -> None:
-    meta = {
-        "config": config.to_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "world_size": ctx.world,
-        "rng": {"seed": config.seed, "scheme": "derived from (seed, step, sample / rank)"},
-    }
+    meta = ckpt_io.CheckpointMeta(
+        config=config,
+        scaler=scaler.state_dict() if scaler is not None else None,
+        world_size=ctx.world,
+        rng=ckpt_io.RngScheme(seed=config.seed),
+    )
     ckpt_io.save_checkpoint(
         out / "checkpoints",
         step,
@@ -304,11 +301,13 @@ def _save(out, config, recipe, optimizer, scaler, ctx, step: int) -> None:
     )
 
 
-def _export(out: Path, model: nn.Module, config: TrainConfig, history: list[dict]) -> None:
+def _export(
+    out: Path, model: nn.Module, config: ResolvedTrainConfig, history: list[dict[str, float]]
+) -> None:
     """``model.safetensors`` (the trained backbone) and ``train.json`` (config + last record)."""
     from safetensors.torch import save
 
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     write_bytes_atomic(out / "model.safetensors", save(state))
     last = history[-1] if history else None
-    write_json_atomic(out / "train.json", {"config": config.to_dict(), "last": last})
+    write_json_atomic(out / "train.json", {"config": config.model_dump(mode="json"), "last": last})

@@ -10,6 +10,8 @@ from torch import nn
 
 from vitreg.errors import InputError, SpecError, UnsupportedModelError
 from vitreg.models.input_size import enable_dynamic_size
+from vitreg.results.base import Setting, as_setting
+from vitreg.results.train import TrainedIdentity, TrainedInstance, TrainedModel, TrainedVariant
 
 VIT_API = ("patch_embed", "forward_features", "forward_head", "num_prefix_tokens", "embed_dim")
 
@@ -22,18 +24,26 @@ def _register_variants() -> None:
         return
 
 
-def describe(model_or_spec: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """JSON identity of the model argument (compared on resume)."""
+def describe(model_or_spec: Any, kwargs: Mapping[str, Any]) -> TrainedIdentity:
+    """The identity of the model argument (compared on resume): a timm name, a variant spec
+    (values other than plain ones and lists of them as their ``repr``) or an instance; the
+    keyword arguments as :func:`~vitreg.results.base.as_setting` reads them."""
     if isinstance(model_or_spec, nn.Module):
         n = sum(p.numel() for p in model_or_spec.parameters())
-        return {"instance": type(model_or_spec).__name__, "params": n}
+        return TrainedInstance(instance=type(model_or_spec).__name__, params=n)
+    given = {str(k): as_setting(v) for k, v in kwargs.items()}
     if isinstance(model_or_spec, Mapping):
-        return {"variant": {k: _plain(v) for k, v in model_or_spec.items()}, "kwargs": dict(kwargs)}
-    return {"name": str(model_or_spec), "kwargs": dict(kwargs)}
+        variant = {str(k): _plain(v) for k, v in model_or_spec.items()}
+        return TrainedVariant(variant=variant, kwargs=given)
+    return TrainedModel(name=str(model_or_spec), kwargs=given)
 
 
-def _plain(v: Any) -> Any:
-    return v if isinstance(v, str | int | float | bool | type(None) | list | dict) else repr(v)
+def _plain(v: Any) -> Setting:
+    """A variant option as a setting: plain values and lists of them as they are, else its repr."""
+    plain = str | int | float | bool | type(None)
+    if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v)):
+        return v  # type: ignore[no-any-return]
+    return repr(v)
 
 
 def build_model(

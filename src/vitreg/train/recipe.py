@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import torch
+from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from vitreg.errors import SpecError
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -43,17 +47,22 @@ class Recipe(Protocol):
     def export(self) -> nn.Module: ...
 
 
-def parse_options(cls: type, options: dict[str, Any] | None, recipe: str) -> Any:
-    """Build a recipe's options dataclass; an unknown key is a :class:`SpecError` naming the valid ones."""
+def parse_options(cls: type[OptionsT], options: Mapping[str, Any] | None, recipe: str) -> OptionsT:
+    """A recipe's options model from ``options`` (its defaults for the rest); an unknown key or a
+    value of the wrong kind is a :class:`SpecError` naming what is valid."""
     options = dict(options or {})
-    names = {f.name for f in fields(cls)}
+    names = set(cls.model_fields)
     unknown = sorted(set(options) - names)
     if unknown:
         raise SpecError(
             f"unknown option(s) {', '.join(unknown)} for the {recipe} recipe; "
             f"valid options: {', '.join(sorted(names))}"
         )
-    return cls(**options)
+    try:
+        return cls(**options)
+    except ValidationError as e:
+        wrong = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise SpecError(f"invalid option(s) for the {recipe} recipe: {wrong}") from None
 
 
 def norm_stats(model: nn.Module) -> tuple[tuple, tuple]:

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitreg.results.train import SupervisedOptions
 from vitreg.train.augment import normalize, three_augment, to_tensor
 from vitreg.train.data import dataset_index, generator, read_sample
 from vitreg.train.recipe import BatchSpec
 
-
-@dataclass
-class SupervisedOptions:
-    """Label smoothing of the BCE targets and the colour-jitter strength of 3-Augment."""
-
-    label_smoothing: float = 0.0
-    jitter: float = 0.3
+__all__ = ["SupervisedOptions", "SupervisedRecipe"]
 
 
 class SupervisedRecipe:

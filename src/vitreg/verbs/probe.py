@@ -122,21 +122,16 @@ def run_probe(
         task_options={"pamr_steps": cfg.pamr},
         progress=progress,
     )
-    from vitreg.report.document import typed_results
-    from vitreg.results.schema import plain
-
-    doc = result.to_dict()
-    typed = typed_results("probe", plain(doc))  # the one validation: document, figures, verdict
+    typed = result.results
     document = None
     if is_main():
         from vitreg.report.renderers.probe import write_probe_run
         from vitreg.report.renderers.probe_figures import probe_figures
 
         with progress(None, "writing the report"):
-            draw = lambda: probe_figures(result, typed)  # noqa: E731  (after metrics.json)
-            document = write_probe_run(
-                run_dir, doc, result.model, cfg.to_file(), command, draw, typed=typed
-            )
+            draw = lambda: probe_figures(result)  # noqa: E731  (after metrics.json)
+            document = write_probe_run(run_dir, typed, result.model, cfg.to_file(), command, draw)
+    doc = typed.model_dump(mode="json")
     return ProbeRun("probe", run_dir, document, notices.items, probe=doc, verdict=verdict_of(typed))
 
 

@@ -7,7 +7,9 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import JsonValue
 
 from vitreg.configs import TrainRunConfig
 from vitreg.core.run_dir import session
@@ -18,11 +20,14 @@ from vitreg.results.train import TrainResults
 from vitreg.verbs.common import command_line, default_run_dir, slug
 from vitreg.verbs.result import Listener, Notice, Notices, TrainRun
 
+if TYPE_CHECKING:
+    from vitreg.train.loop import TrainResult
 
-def parse_pairs(pairs: list[str] | None) -> dict[str, Any]:
+
+def parse_pairs(pairs: list[str] | None) -> dict[str, JsonValue]:
     """``["depth=2", "mask_ratio=[0.1,0.5]"]`` -> ``{"depth": 2, "mask_ratio": [0.1, 0.5]}``
     (values are JSON where they parse, else strings; the config has checked the KEY=VALUE form)."""
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for pair in pairs or []:
         key, _, raw = pair.partition("=")
         try:
@@ -96,28 +101,28 @@ def run_train(
     return TrainRun("train", run_dir, document, notices.items, training=result)
 
 
-def train_results(result: Any, run_dir: Path) -> dict[str, Any]:
-    """The results block of a finished training run in ``run_dir``: recipe, steps, first and
-    last loss, the files it wrote, its settings and (DINO) the [CLS] loss terms."""
+def train_results(result: TrainResult, run_dir: Path) -> TrainResults:
+    """The results of a finished training run in ``run_dir``: recipe, steps, first and last
+    loss, the files it wrote, its settings and (DINO) the [CLS] loss terms."""
+    from vitreg.results.train import DinoOptions
     from vitreg.train.dino import loss_terms
 
-    losses = [r["loss"] for r in result.history]
-    terms = None
-    if result.config.recipe == "dino":
-        terms = loss_terms(result.history, result.config.options)
+    losses = result.losses
+    options = result.config.options
+    terms = loss_terms(result.history, options) if isinstance(options, DinoOptions) else None
     weights = Path(run_dir) / "model.safetensors"
-    return {
-        "recipe": result.config.recipe,
-        "steps": result.steps,
-        "total_steps": result.config.steps,
-        "final_loss": losses[-1] if losses else None,
-        "loss_first": losses[0] if losses else None,
-        "resumed_from": result.resumed_from,
-        "weights": weights.name if weights.is_file() else None,
-        "log": "log.jsonl",
-        "train_config": result.config.to_dict(),
-        "dino_terms": terms,
-    }
+    return TrainResults(
+        recipe=result.config.recipe,
+        steps=result.steps,
+        total_steps=result.config.steps,
+        final_loss=losses[-1] if losses else None,
+        loss_first=losses[0] if losses else None,
+        resumed_from=result.resumed_from,
+        weights=weights.name if weights.is_file() else None,
+        log="log.jsonl",
+        train_config=result.config,
+        dino_terms=terms,
+    )
 
 
 def describe_trained(module: Any, spec: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The probe task registry; importing this package registers every task."""
 
+from vitreg.core.renamed import renamed
 from vitreg.probe.tasks import (
     attention_seg,
     classification,
@@ -10,11 +11,19 @@ from vitreg.probe.tasks import (
     token_type,
     zero_shot,
 )
-from vitreg.probe.tasks.base import TASKS, Score, Task, TaskResult, get_task, register_task
+from vitreg.probe.tasks.base import (
+    TASKS,
+    Task,
+    TaskResult,
+    get_task,
+    register_task,
+    score_over_seeds,
+)
+from vitreg.results.probe import ProbeScore
 
 __all__ = [
     "TASKS",
-    "Score",
+    "ProbeScore",
     "Task",
     "TaskResult",
     "attention_seg",
@@ -25,6 +34,9 @@ __all__ = [
     "local_info",
     "ov_seg",
     "register_task",
+    "score_over_seeds",
     "token_type",
     "zero_shot",
 ]
+
+__getattr__ = renamed(__name__, {"Score": "ProbeScore"}, globals())

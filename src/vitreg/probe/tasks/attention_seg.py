@@ -19,9 +19,10 @@ from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model
 from vitreg.probe.metrics import IGNORE_INDEX
-from vitreg.probe.tasks.base import Score, TaskResult, register_task
+from vitreg.probe.tasks.base import TaskResult, register_task, score_over_seeds
 from vitreg.probe.tasks.model_task import ModelTask
-from vitreg.probe.yardsticks import Yardstick
+from vitreg.probe.yardsticks import ProbeYardstick, yardstick
+from vitreg.results.probe import TaskInfo
 
 FEATURE = "[CLS] attention (mean of heads)"
 SITE = "attn.hook_pattern"
@@ -81,7 +82,7 @@ def mean_iou(inter: Tensor, union: Tensor) -> float:
     return float((inter[present] / union[present]).mean()) if present.any() else math.nan
 
 
-def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, Any]:
+def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, float]:
     """mIoU (pixels pooled over the split), pixel accuracy and mAP of thresholded attention
     ``maps [n, h, w]`` against ``masks [n, H, W]`` (0 background, IGNORE_INDEX ignored, any
     other id foreground), ``CHUNK`` images at a time."""
@@ -120,7 +121,7 @@ def centre_maps(n: int, grid: tuple[int, int]) -> Tensor:
     return -(r[:, None] ** 2 + c[None] ** 2).sqrt().expand(n, h, w)
 
 
-def segmentation_yardsticks(masks: Tensor, grid: tuple[int, int]) -> list[Yardstick]:
+def segmentation_yardsticks(masks: Tensor, grid: tuple[int, int]) -> list[ProbeYardstick]:
     """What maps that know nothing of the image score: every pixel one class, and a centred
     map put through the same protocol (objects tend to sit in the middle)."""
     fg, valid = _truth(masks.long())
@@ -128,12 +129,12 @@ def segmentation_yardsticks(masks: Tensor, grid: tuple[int, int]) -> list[Yardst
     for name, value in (("all foreground", True), ("all background", False)):
         pred = torch.full(fg.shape, value)
         text = f"every pixel called {name.split()[1]}"
-        out.append(Yardstick(name, "miou", mean_iou(*pooled_iou(pred, fg, valid)), text))
+        out.append(yardstick(name, "miou", mean_iou(*pooled_iou(pred, fg, valid)), text))
         acc = float((pred == fg)[valid].double().mean()) if valid.any() else math.nan
-        out.append(Yardstick(name, "pixel_acc", acc, text))
+        out.append(yardstick(name, "pixel_acc", acc, text))
     centre = segmentation_scores(centre_maps(len(masks), grid), masks)
     text = "distance to the image centre as the map, thresholded as the attention is"
-    out += [Yardstick("centre prior", m, centre[m], text) for m in ("miou", "pixel_acc", "map")]
+    out += [yardstick("centre prior", m, centre[m], text) for m in ("miou", "pixel_acc", "map")]
     return out
 
 
@@ -183,14 +184,18 @@ class AttentionSeg(ModelTask):
     def score(self, outputs: Tensor, targets: Tensor, layer: str) -> TaskResult:
         found = segmentation_scores(outputs, targets)
         n = len(targets)
-        scores = [Score(FEATURE, m, [found[m]], True, n_test=n) for m in self.metrics]
+        scores = [score_over_seeds(FEATURE, m, [found[m]], True, n_test=n) for m in self.metrics]
         notes = []
         if found["map_skipped"]:
             notes.append(
                 f"mAP over {found['map_images']} images; {found['map_skipped']} hold only "
                 "foreground or only background, where AP is undefined"
             )
-        info = {k: found[k] for k in ("map_images", "map_skipped", "foreground_fraction")}
-        info["threshold"] = "per-image mean"
+        info = TaskInfo(
+            map_images=int(found["map_images"]),
+            map_skipped=int(found["map_skipped"]),
+            foreground_fraction=float(found["foreground_fraction"]),
+            threshold="per-image mean",
+        )
         marks = segmentation_yardsticks(targets, tuple(outputs.shape[1:]))
         return TaskResult(self.name, layer, scores, notes, info, marks)

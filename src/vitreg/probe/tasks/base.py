@@ -6,72 +6,83 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
+from pydantic import PrivateAttr
 from torch import Tensor
 
 from vitreg.core.registry import Registry
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, SpecError
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitResult, FitSettings, fit_seeds
 from vitreg.probe.metrics import mean_ci
-from vitreg.probe.yardsticks import Yardstick
+from vitreg.results.diagnose import Bimodal
+from vitreg.results.probe import ProbeLayer, ProbeScore, ProbeYardstick, TaskInfo
+from vitreg.results.schema import plain
 
 
-@dataclass
-class Score:
-    """One metric of one feature (optionally of one token group), over seeds."""
-
-    feature: str
-    metric: str
-    values: list[float]
-    higher_is_better: bool
-    group: str = "all"  # e.g. "normal" / "outlier" tokens
-    n_test: int = 0
-    lrs: list[float] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        mean, ci = mean_ci(self.values) if self.values else (math.nan, math.nan)
-        return {
-            "feature": self.feature,
-            "group": self.group,
-            "metric": self.metric,
-            "mean": _finite(mean),
-            "ci95": _finite(ci),
-            "values": [_finite(v) for v in self.values],
-            "higher_is_better": self.higher_is_better,
-            "n_test": self.n_test,
-            "lrs": self.lrs,
-        }
+def score_over_seeds(
+    feature: str,
+    metric: str,
+    values: list[float],
+    higher_is_better: bool,
+    group: str = "all",
+    n_test: int = 0,
+    lrs: list[float] | None = None,
+) -> ProbeScore:
+    """One metric of one feature (optionally of one token ``group``, e.g. "normal"/"outlier"
+    tokens) over seeds: its mean and 95% half-width (None where not finite)."""
+    mean, ci = mean_ci(values) if values else (math.nan, math.nan)
+    return ProbeScore(
+        feature=feature,
+        group=group,
+        metric=metric,
+        mean=_finite(mean),
+        ci95=_finite(ci),
+        values=[_finite(v) for v in values],
+        higher_is_better=higher_is_better,
+        n_test=n_test,
+        lrs=list(lrs or []),
+    )
 
 
-@dataclass
-class TaskResult:
+class TaskResult(ProbeLayer):
     """Every score of one task at one layer, its yardsticks (trivial baselines), what was
-    skipped and why; ``examples`` holds a few test predictions for figures (not serialised)."""
+    skipped and why, and the task's details; ``examples`` holds a few test predictions for
+    figures (not in the file)."""
 
-    task: str
-    layer: str
-    scores: list[Score]
-    notes: list[str] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    yardsticks: list[Yardstick] = field(default_factory=list)
-    examples: dict[str, Any] = field(default_factory=dict, repr=False)
+    _examples: dict[str, Tensor] = PrivateAttr(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "layer": self.layer,
-            "scores": [s.to_dict() for s in self.scores],
-            "notes": self.notes,
-            "info": self.info,
-            "yardsticks": [y.to_dict() for y in self.yardsticks],
-        }
+    def __init__(
+        self,
+        task: str,
+        layer: str,
+        scores: list[ProbeScore],
+        notes: list[str] | None = None,
+        info: TaskInfo | None = None,
+        yardsticks: list[ProbeYardstick] | None = None,
+        examples: dict[str, Tensor] | None = None,
+    ) -> None:
+        super().__init__(
+            task=task,
+            layer=layer,
+            scores=scores,
+            notes=list(notes or []),
+            info=info if info is not None else TaskInfo(),
+            yardsticks=list(yardsticks or []),
+        )
+        self._examples = dict(examples or {})
+
+    @property
+    def examples(self) -> dict[str, Tensor]:
+        """A few test predictions and their targets, for the figures."""
+        return self._examples
 
 
-def _finite(x: float) -> float | None:
+def _finite(x: float | None) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
@@ -128,13 +139,13 @@ def num_classes(cache: CachedFeatures, labels: Tensor) -> int:
     return int(n) if n else int(labels.max()) + 1
 
 
-def outlier_threshold(train_norms: Tensor) -> tuple[float, dict[str, Any]]:
+def outlier_threshold(train_norms: Tensor) -> tuple[float, Bimodal]:
     """The norm above which a patch is an outlier at this layer, from the train patches'
     bimodal fit (``inf`` when the norms show no outlier mode)."""
     from vitreg.analysis.thresholds import bimodal_fit
 
     fit = bimodal_fit(train_norms.reshape(-1).double().numpy())
-    return float(fit.threshold), fit.to_dict()
+    return float(fit.threshold), Bimodal.model_validate(plain(fit.to_dict()))
 
 
 def seeded_rows(n: int, k: int | None, seed: int) -> Tensor:
@@ -156,7 +167,7 @@ def probe_scores(
     n_test: int,
     groups: Mapping[str, int] | None = None,
     **kw: Any,
-) -> list[Score]:
+) -> list[ProbeScore]:
     """Fit one linear probe per seed and turn ``evaluate``'s metrics into Scores.
 
     ``evaluate`` may return keys ``metric`` or ``metric/group``; ``groups`` maps a group to the
@@ -167,7 +178,7 @@ def probe_scores(
     for key, values in runs.values.items():
         metric, _, group = key.partition("/")
         scores.append(
-            Score(
+            score_over_seeds(
                 feature,
                 metric,
                 values,
@@ -178,3 +189,6 @@ def probe_scores(
             )
         )
     return scores
+
+
+__getattr__ = renamed(__name__, {"Score": "ProbeScore"}, globals())

@@ -19,6 +19,7 @@ from vitreg.probe.tasks.base import (
     probe_scores,
     register_task,
 )
+from vitreg.results.probe import TaskInfo
 
 # feature name -> the views it concatenates (token groups are averaged)
 FEATURES: dict[str, tuple[str, ...]] = {
@@ -83,7 +84,7 @@ class Classification(Task):
                 out_dim=k,
             )
         majority = torch.bincount(y_test, minlength=k).max().item() / len(y_test)
-        info = {"num_classes": k, "majority_rate": majority}
+        info = TaskInfo(num_classes=k, majority_rate=majority)
         metrics = ("top1", "top5") if k > 5 else ("top1",)
         marks = yardsticks.classification(y_train, y_test, k, metrics)
         return TaskResult(self.name, layer, scores, notes, info, marks)

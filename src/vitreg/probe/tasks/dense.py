@@ -19,6 +19,7 @@ from vitreg.probe.tasks.base import (
     probe_scores,
     register_task,
 )
+from vitreg.results.probe import ClassIoU, TaskInfo
 
 
 def grid_features(cache: CachedFeatures, layer: str, with_cls: bool = False) -> Tensor:
@@ -49,17 +50,17 @@ def train_labels(target: Tensor, grid: tuple[int, int]) -> Tensor:
     return out.to(target.dtype)
 
 
-def class_table(ious: Tensor, y_test: Tensor, k: int) -> list[dict]:
+def class_table(ious: Tensor, y_test: Tensor, k: int) -> list[ClassIoU]:
     """Per class: IoU mean over seeds (``None`` where the class is absent from prediction and
     target) and its test pixel count."""
     pixels = torch.bincount(y_test[y_test != IGNORE_INDEX].reshape(-1), minlength=k)
     mean = ious.nanmean(0)
     return [
-        {
-            "class": c,
-            "iou": None if torch.isnan(mean[c]) else float(mean[c]),
-            "test_pixels": int(pixels[c]),
-        }
+        ClassIoU(
+            class_=c,
+            iou=None if torch.isnan(mean[c]) else float(mean[c]),
+            test_pixels=int(pixels[c]),
+        )
         for c in range(k)
     ]
 
@@ -110,8 +111,8 @@ class Segmentation(Task):
             scorer=by_miou,
         )
         ignored = int((y_test == IGNORE_INDEX).sum())
-        info = {"num_classes": k, "ignored_test_pixels": ignored}
-        info["per_class"] = class_table(torch.stack(per_class), y_test, k)
+        per = class_table(torch.stack(per_class), y_test, k)
+        info = TaskInfo(num_classes=k, ignored_test_pixels=ignored, per_class=per)
         examples["target"] = y_test[:EXAMPLES]
         marks = yardsticks.segmentation(y_train, y_test, k)
         return TaskResult(self.name, layer, scores, [], info, marks, examples)
@@ -165,6 +166,6 @@ class Depth(Task):
                 **kw,
             )
         invalid = int((~(torch.isfinite(d_test) & (d_test > 0))).sum())
-        info = {"max_depth": max_depth, "mean_depth": mean_depth, "invalid_test_pixels": invalid}
+        info = TaskInfo(max_depth=max_depth, mean_depth=mean_depth, invalid_test_pixels=invalid)
         marks = yardsticks.depth(mean_depth, d_test)
         return TaskResult(self.name, layer, scores, [], info, marks)

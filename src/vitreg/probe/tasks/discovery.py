@@ -11,7 +11,7 @@ from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitSettings
 from vitreg.probe.lost import lost
 from vitreg.probe.metrics import corloc
-from vitreg.probe.tasks.base import Score, Task, TaskResult, register_task
+from vitreg.probe.tasks.base import Task, TaskResult, register_task, score_over_seeds
 
 BIASES = (0.0, -0.25, -0.5)
 
@@ -40,7 +40,9 @@ class ObjectDiscovery(Task):
             ]
             value = corloc(np.stack(boxes)[:, None, :], [g.numpy() for g in gts])
             scores.append(
-                Score(f"patches (bias {bias:g})", "corloc", [value], True, n_test=len(gts))
+                score_over_seeds(
+                    f"patches (bias {bias:g})", "corloc", [value], True, n_test=len(gts)
+                )
             )
         marks = yardsticks.discovery(gts, size)
         return TaskResult(self.name, layer, scores, [], {"biases": list(BIASES)}, marks)

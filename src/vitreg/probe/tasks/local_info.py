@@ -20,6 +20,7 @@ from vitreg.probe.tasks.base import (
     register_task,
     seeded_rows,
 )
+from vitreg.results.probe import ProbeYardstick, TaskInfo
 
 MAX_TRAIN_TOKENS = 100_000  # tokens drawn for training (seeded); the test split is used whole
 
@@ -66,7 +67,7 @@ class LocalInfoTask(Task):
     @abstractmethod
     def baselines(
         self, y_train: Tensor, y_test: Tensor, grid: tuple[int, int], masks: dict[str, Tensor]
-    ) -> list[yardsticks.Yardstick]:
+    ) -> list[ProbeYardstick]:
         """The task's trivial baselines on the test tokens, per token group."""
 
     def evaluate(
@@ -93,9 +94,10 @@ class LocalInfoTask(Task):
             "patch_token", x_tr, y_tr, loss, evaluate, self.metrics, config, len(x_te), sizes, **kw
         )
         notes = [] if "outlier" in masks else ["no outlier mode at this layer: only normal tokens"]
-        info = {"outlier_threshold": threshold, "bimodal_fit": fit, "tokens": sizes}
         marks = self.baselines(y_tr, y_te, grid, masks)
-        info |= {"train_tokens": len(x_tr)}
+        info = TaskInfo(
+            outlier_threshold=threshold, bimodal_fit=fit, tokens=sizes, train_tokens=len(x_tr)
+        )
         return TaskResult(self.name, layer, scores, notes, info, marks)
 
 
@@ -114,7 +116,7 @@ class PositionTask(LocalInfoTask):
 
     def baselines(
         self, y_train: Tensor, y_test: Tensor, grid: tuple[int, int], masks: dict[str, Tensor]
-    ) -> list[yardsticks.Yardstick]:
+    ) -> list[ProbeYardstick]:
         return yardsticks.position(y_test, grid, masks)
 
 
@@ -140,5 +142,5 @@ class ReconstructionTask(LocalInfoTask):
 
     def baselines(
         self, y_train: Tensor, y_test: Tensor, grid: tuple[int, int], masks: dict[str, Tensor]
-    ) -> list[yardsticks.Yardstick]:
+    ) -> list[ProbeYardstick]:
         return yardsticks.reconstruction(y_train, y_test, masks)

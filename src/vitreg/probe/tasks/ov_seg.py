@@ -41,12 +41,13 @@ from vitreg.models.text_tower import text_tower
 from vitreg.probe import ov_seg_data  # noqa: F401  (registers voc20:, context60:, coco-stuff:, ...)
 from vitreg.probe.metrics import IGNORE_INDEX
 from vitreg.probe.pamr import DILATIONS, pamr
-from vitreg.probe.tasks.base import Score, TaskResult, register_task
+from vitreg.probe.tasks.base import TaskResult, register_task, score_over_seeds
 from vitreg.probe.tasks.model_task import ModelTask
-from vitreg.probe.yardsticks import Yardstick
+from vitreg.probe.yardsticks import ProbeYardstick, yardstick
 from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
 from vitreg.probe.zero_shot.prompts import class_names, openai_templates, read_templates
 from vitreg.probe.zero_shot.text import clip_towers
+from vitreg.results.probe import TaskInfo
 
 FEATURE = "clip patch embedding"
 BACKGROUND = ("background", "bg", "_background_")
@@ -207,16 +208,18 @@ class OvSeg(ModelTask):
         self.short_side = options.get("image_size") or short or min(self.crop)
         self.pamr_steps = int(options.get("pamr_steps") or 0)
         self.pamr_dilations = tuple(options.get("pamr_dilations") or DILATIONS)
-        self.info = {
-            "num_classes": self.k,
-            "prompts_per_class": len(templates),
-            **self.settings,
-            "short_side": self.short_side,
-            "crop": list(self.crop),
-            "pamr_steps": self.pamr_steps,
-        }
-        if self.pamr_steps:
-            self.info["pamr_dilations"] = list(self.pamr_dilations)
+        dilations = {"pamr_dilations": list(self.pamr_dilations)} if self.pamr_steps else {}
+        self.info = TaskInfo.model_validate(
+            {
+                "num_classes": self.k,
+                "prompts_per_class": len(templates),
+                **self.settings,
+                "short_side": self.short_side,
+                "crop": list(self.crop),
+                "pamr_steps": self.pamr_steps,
+                **dilations,
+            }
+        )
         return notes
 
     def layer(self, model: Model) -> str:
@@ -290,13 +293,13 @@ class OvSeg(ModelTask):
         total = int(counts.sum())
         acc = float(counts.diagonal().sum()) / total if total else 0.0
         scores = [
-            Score(FEATURE, "miou", [miou_of(counts)], True, n_test=n),
-            Score(FEATURE, "pixel_acc", [acc], True, n_test=n),
+            score_over_seeds(FEATURE, "miou", [miou_of(counts)], True, n_test=n),
+            score_over_seeds(FEATURE, "pixel_acc", [acc], True, n_test=n),
         ]
-        return TaskResult(self.name, layer, scores, [], dict(self.info), [majority(counts)])
+        return TaskResult(self.name, layer, scores, [], self.info.model_copy(), [majority(counts)])
 
 
-def majority(counts: Tensor) -> Yardstick:
+def majority(counts: Tensor) -> ProbeYardstick:
     """mIoU of labelling every pixel with the test masks' most frequent class (nothing here is
     trained, so the test split is the only one read)."""
     truth = counts.sum(1)
@@ -304,4 +307,4 @@ def majority(counts: Tensor) -> Yardstick:
     only = torch.zeros_like(counts)
     only[:, cls] = truth
     text = f"every pixel labelled class {cls}, the test masks' most frequent"
-    return Yardstick("majority class", "miou", miou_of(only), text)
+    return yardstick("majority class", "miou", miou_of(only), text)

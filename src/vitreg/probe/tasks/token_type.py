@@ -23,6 +23,7 @@ from vitreg.probe.tasks.base import (
     register_task,
 )
 from vitreg.probe.views import center_index
+from vitreg.results.probe import TaskInfo
 
 
 def token(cache: CachedFeatures, name: str, layer: str, threshold: float) -> tuple[Tensor, Tensor]:
@@ -101,6 +102,6 @@ class TokenType(Task):
                 len(y_eval),
                 out_dim=k,
             )
-        info = {"num_classes": k, "outlier_threshold": threshold, "bimodal_fit": fit}
+        info = TaskInfo(num_classes=k, outlier_threshold=threshold, bimodal_fit=fit, images=counts)
         marks = yardsticks.classification(y_train, y_test, k, ("top1",))
-        return TaskResult(self.name, layer, scores, notes, info | {"images": counts}, marks)
+        return TaskResult(self.name, layer, scores, notes, info, marks)

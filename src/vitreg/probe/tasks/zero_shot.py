@@ -12,12 +12,13 @@ from torch import Tensor
 from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.probe.metrics import topk_accuracy
-from vitreg.probe.tasks.base import Score, TaskResult, register_task
+from vitreg.probe.tasks.base import TaskResult, register_task, score_over_seeds
 from vitreg.probe.tasks.model_task import ModelTask
-from vitreg.probe.yardsticks import Yardstick
+from vitreg.probe.yardsticks import yardstick
 from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
 from vitreg.probe.zero_shot.prompts import class_names, openai_templates, read_templates
 from vitreg.probe.zero_shot.text import ClipTowers, clip_towers, zero_shot_logits
+from vitreg.results.probe import TaskInfo
 
 FEATURE = "clip image embedding"
 
@@ -34,7 +35,7 @@ class ZeroShot(ModelTask):
 
     towers: ClipTowers
     classes: Tensor
-    info: dict[str, Any]
+    info: TaskInfo
 
     def setup(self, model: Model, dataset: Any, options: dict[str, Any]) -> list[str]:
         """Class embeddings of the dataset's class names (the text tower is not under the fix)."""
@@ -47,14 +48,14 @@ class ZeroShot(ModelTask):
         self.classes, path, reused = cached_class_embeddings(self.towers, names, templates, root)
         if reused:
             notes.append(f"class embeddings read from {path} (no text-tower pass)")
-        self.info = {
-            "num_classes": len(names),
-            "templates": len(templates),
-            "templates_source": str(path) if path is not None else "openai-imagenet-80",
-            "logit_scale": self.towers.logit_scale,
-            "clip": self.towers.name,
-            "class_embeddings": str(path) if path is not None else None,
-        }
+        self.info = TaskInfo(
+            num_classes=len(names),
+            templates=len(templates),
+            templates_source=str(path) if path is not None else "openai-imagenet-80",
+            logit_scale=self.towers.logit_scale,
+            clip=self.towers.name,
+            class_embeddings=str(path) if path is not None else None,
+        )
         return notes
 
     def layer(self, model: Model) -> str:
@@ -72,15 +73,19 @@ class ZeroShot(ModelTask):
             )
         logits = zero_shot_logits(outputs, self.classes, self.towers.logit_scale)
         n = len(targets)
-        scores = [Score(FEATURE, "top1", [topk_accuracy(logits, targets, 1)], True, n_test=n)]
+        scores = [
+            score_over_seeds(FEATURE, "top1", [topk_accuracy(logits, targets, 1)], True, n_test=n)
+        ]
         notes = []
         if k > 5:  # with 5 classes or fewer top-5 is 1 by construction
             scores.append(
-                Score(FEATURE, "top5", [topk_accuracy(logits, targets, 5)], True, n_test=n)
+                score_over_seeds(
+                    FEATURE, "top5", [topk_accuracy(logits, targets, 5)], True, n_test=n
+                )
             )
         else:
             notes.append(f"top-5 not reported: {k} classes make it 1 by construction")
         guess = f"uniform guess over {k} classes"
         top = {"top1": 1, "top5": 5}
-        marks = [Yardstick("chance", s.metric, min(top[s.metric] / k, 1.0), guess) for s in scores]
-        return TaskResult(self.name, layer, scores, notes, dict(self.info), marks)
+        marks = [yardstick("chance", s.metric, min(top[s.metric] / k, 1.0), guess) for s in scores]
+        return TaskResult(self.name, layer, scores, notes, self.info.model_copy(), marks)

@@ -12,12 +12,13 @@ import torch
 from vitreg import distributed
 from vitreg.data.datasets import DataLog, LabeledDataset, SkipSample, open_dataset, require_usable
 from vitreg.errors import InputError
-from vitreg.fix.base import Fix, fix_description
+from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.cache import input_config
-from vitreg.probe.scores import ProbeScores, data_record
+from vitreg.probe.scores import ProbeScores, data_record, fix_record, probe_results
 from vitreg.probe.tasks.base import TaskResult
 from vitreg.probe.tasks.model_task import ModelTask
+from vitreg.results.probe import DataSetRecord, FeatureCache, ProbeData
 
 
 def run_model_task(
@@ -68,20 +69,21 @@ def run_model_task(
         results[condition] = [result]
     described = None
     if fix is not None:
-        described = fix_description(fix)
+        described = fix_record(fix)
     first = next(iter(passes.values()), {"skipped": {}, "repairs": {}})
-    unused = {"spec": test.describe().get("spec"), "split": "none, this task trains nothing"}
-    data = {"train": unused, "test": data_record(test, first)}
-    return ProbeScores(
+    unused = DataSetRecord(spec=test.describe().get("spec"), split="none, this task trains nothing")
+    tested = data_record(test, first["skipped"], first["repairs"])
+    caches = {stage: FeatureCache.model_validate(p) for stage, p in passes.items()}
+    summary = probe_results(
         probe.name,
-        model.describe(),
-        data,
+        ProbeData(train=unused, test=tested),
         [probe.layer(model)],
         results,
-        passes,
+        caches,
         described,
         probe.description,
     )
+    return ProbeScores(summary, model.describe())
 
 
 def _pass(

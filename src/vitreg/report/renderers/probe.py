@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vitreg.report.document import Headline, build_document, typed_results
+from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
 from vitreg.report.render.markdown import Report, Section, Table, code, figure_section, num, text
 from vitreg.report.render.plots import Figure
@@ -21,7 +21,7 @@ from vitreg.results.probe import (
     ProbeResults,
     ProbeScore,
 )
-from vitreg.results.schema import Envelope, plain
+from vitreg.results.schema import Envelope
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -290,28 +290,24 @@ def report(doc: Envelope, figures: Sequence[Figure] = ()) -> Report:
 
 def write_probe_run(
     out_dir: str | Path,
-    results: dict[str, Any],
+    results: ProbeResults,
     described: dict[str, Any],
     config: dict[str, Any],
     command: str,
     figures: Sequence[Figure] | Callable[[], Sequence[Figure]] = (),
-    typed: ProbeResults | None = None,
 ) -> dict[str, Any]:
     """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
-    results are saved), report.md and report.html of one probe run; the document written.
-    ``typed``: ``results`` already typed (:func:`~vitreg.report.document.typed_results`), else
-    typed here (once: the data block and the document read the same)."""
-    results = plain(results)
-    typed = typed if typed is not None else typed_results("probe", results)
+    results are saved), report.md and report.html of one probe run's ``results``; the
+    document written."""
     doc = build_document(
         "probe",
-        results,
+        results.model_dump(mode="json"),
         headlines,
         command=command,
         described=described,
-        data=data_block(typed),
+        data=data_block(results),
         config=config,
-        typed=typed,
+        typed=results,
     )
     draw = figures if callable(figures) else lambda: figures
     return write_run(out_dir, doc, report, draw)

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from vitreg.probe.scores import ProbeScores
+from vitreg.probe.tasks import TaskResult
 from vitreg.report.render.plots import Figure, display_images, figure, new_canvas
 from vitreg.results.probe import ProbeResults
 
@@ -107,14 +109,14 @@ def scores_at_layer(results: ProbeResults) -> Figure:
 
 
 def segmentation_examples(
-    results: list[tuple[str, Any]], images: dict[str, Any], layer: str
+    results: list[tuple[str, TaskResult]], images: dict[str, Any], layer: str
 ) -> Figure:
     """Rows = test images; columns = the image, its ground truth and each condition's
     prediction (first seed) at ``layer``; ignored pixels white."""
     from matplotlib.colors import ListedColormap
 
     target = results[0][1].examples["target"].numpy()
-    k = int(results[0][1].info["num_classes"])
+    k = int(results[0][1].info.num_classes or 0)
     shown = display_images(images.get("images"), images.get("mean"), images.get("std"))
     n = len(target)
     columns = ["image"] * (shown is not None) + ["ground truth", *(c for c, _ in results)]
@@ -147,12 +149,17 @@ def _palette(k: int) -> list:
     return [colormaps["tab20"](i % 20) for i in range(k)]
 
 
-def probe_figures(run: Any, results: ProbeResults) -> list[Figure]:
-    """The figures of a :class:`~vitreg.probe.scores.ProbeScores` (``results``: its typed
-    results, as its document holds them)."""
+def probe_figures(run: ProbeScores) -> list[Figure]:
+    """The figures of a probe run: its scores per layer (or at its one layer) and, where its
+    task kept example predictions, the last layer's predictions beside the targets."""
+    results = run.results
     drawn = metric_per_layer if len(results.layers) > 1 else scores_at_layer
     figures = [drawn(results)] if _series(results) else []
-    last = {c: rs[-1] for c, rs in run.results.items() if rs and rs[-1].examples}
+    last = {
+        c: rs[-1]
+        for c, rs in results.conditions.items()
+        if rs and isinstance(rs[-1], TaskResult) and rs[-1].examples
+    }
     if last and run.images:
         layer = next(iter(last.values())).layer
         figures.append(segmentation_examples(list(last.items()), run.images, layer))

@@ -48,7 +48,7 @@ def dino_reading(terms: DinoTerms) -> str:
     )
 
 
-def loss_figure(history: list[dict[str, Any]], terms: DinoTerms | None) -> Figure:
+def loss_figure(history: list[dict[str, float]], terms: DinoTerms | None) -> Figure:
     """The training loss per step (a DINO run: its [CLS] and iBOT terms and the teacher's
     entropy against ln(out_dim) too), with the learning rate on a second axis."""
     steps = [r["step"] for r in history]
@@ -113,8 +113,8 @@ def headlines(results: TrainResults) -> list[Headline]:
 
 def write_train_run(
     out_dir: str | Path,
-    results: dict[str, Any],
-    history: list[dict[str, Any]],
+    results: TrainResults,
+    history: list[dict[str, float]],
     *,
     described: dict[str, Any],
     data: Mapping[str, Any],
@@ -130,12 +130,13 @@ def write_train_run(
     warnings)."""
     doc = build_document(
         "train",
-        results,
+        results.model_dump(mode="json"),
         headlines,
         command=command,
         described=described,
         data=dict(data),
         config=config,
+        typed=results,
     )
     terms = doc.results.dino_terms
     return write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])
