@@ -134,7 +134,7 @@ def outlier_threshold(train_norms: Tensor) -> tuple[float, dict[str, Any]]:
     from vitreg.analysis.thresholds import bimodal_fit
 
     fit = bimodal_fit(train_norms.reshape(-1).double().numpy())
-    return float(fit.threshold), fit.to_dict()
+    return fit.cut, fit.model_dump()
 
 
 def seeded_rows(n: int, k: int | None, seed: int) -> Tensor:
