@@ -80,12 +80,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         report(result)
         times["report"].append(time.perf_counter() - t0)
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    found = result.results
+    source = found.attention_source
     return {
         "model": args.model,
         "n_tokens": model.layout_for((args.img_size, args.img_size)).n_tokens,
-        "analyses": sorted(result.results),
-        "not_applicable": result.not_applicable,
-        "attention_source": sorted(set(result.attn_source.values())),
+        "analyses": sorted(
+            name
+            for name in type(found).model_fields
+            if name not in ("not_applicable", "attention_source") and getattr(found, name)
+        ),
+        "not_applicable": found.not_applicable,
+        "attention_source": [source] if isinstance(source, str) else sorted(source or []),
         "verdict": result.verdict,
         "all_seconds": times,
         "seconds": med,

@@ -3,7 +3,7 @@ issue-20 analyses (sinks, massive activations, LOF, positions, registers and the
 verdict) on kinds plants, sharded over the ranks and whole on each rank (``local()``).
 
 ``torchrun --nproc_per_node=2 dist_kinds_worker.py OUT`` writes ``OUT/rank<r>.pt``: per plant,
-both ``DiagnoseResult.to_dict()`` and the image count.
+both the typed results as a dict (``DiagnoseResult.results.model_dump()``) and the image count.
 """
 
 import sys
@@ -39,7 +39,7 @@ def analyses() -> list:
 
 def run(model: vitreg.Model, images: torch.Tensor) -> dict:
     res = diagnose(model, images, analyses=analyses(), batch_size=BATCH)
-    return {"results": res.to_dict(), "n_images": res.data["n_images"]}
+    return {"results": res.results.model_dump(), "n_images": res.data["n_images"]}
 
 
 torch.set_num_threads(1)

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from vitreg.analysis.anomaly_lof import STRONG, agreement, lof_flags
+from vitreg.results.kinds import LOFAgreement
 
 
 def test_far_tokens_are_flagged_and_strong() -> None:
@@ -23,6 +24,7 @@ def test_agreement_by_hand() -> None:
     flagged = torch.tensor([1, 1, 0, 0, 1, 0], dtype=torch.bool)
     auto = torch.tensor([1, 0, 0, 1, 1, 0], dtype=torch.bool)
     got = agreement(flagged, auto)
-    assert got["precision"] == 2 / 3 and got["recall"] == 2 / 3 and got["jaccard"] == 2 / 4
+    assert isinstance(got, LOFAgreement)
+    assert got.precision == 2 / 3 and got.recall == 2 / 3 and got.jaccard == 2 / 4
     none = agreement(flagged, torch.zeros(6, dtype=torch.bool))
-    assert none["recall"] is None and none["precision"] == 0.0
+    assert none.recall is None and none.precision == 0.0

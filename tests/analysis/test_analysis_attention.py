@@ -22,6 +22,7 @@ from vitreg.analysis.norms import NormAnalysis
 from vitreg.core.layout import TokenLayout
 from vitreg.hooks.patterns import read_global
 from vitreg.hooks.sites import HookContext
+from vitreg.results.diagnose import Attention
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
@@ -116,8 +117,10 @@ def test_artifact_rule_and_agreement_numbers():
 def test_planted_cls_attention_concentrates_on_outliers_and_agrees_with_norms(planted):
     truth, x, res, _ = planted
     a = res["attention"]
-    assert a.query == "cls" and a.norm_method == "auto"
-    assert set(a.attn_source.values()) <= {"native", "recomputed"} and len(a.attn_source) == 12
+    assert a.summary.query == "cls" and a.summary.norm_method == "auto"
+    source = a.summary.attention_source
+    assert set([source] if isinstance(source, str) else source) <= {"native", "recomputed"}
+    assert len(a.summary.sites) == 12
     assert a.maps.shape == (N_IMAGES, 12, 8, 8) and a.last_layer_heads.shape == (N_IMAGES, 6, 8, 8)
     want = truth.outlier_mask(x).float()
     share = want.mean().item()
@@ -126,36 +129,36 @@ def test_planted_cls_attention_concentrates_on_outliers_and_agrees_with_norms(pl
         assert mass[layer] > 4 * share, (layer, mass)
     for layer in range(truth.first_outlier_layer):
         assert mass[layer] < 2 * share, (layer, mass)
-        assert a.agreement[layer]["n_norm"] == 0  # no norm outliers yet under "auto"
+        assert a.summary.agreement[layer].n_norm == 0  # no norm outliers yet under "auto"
     for layer in truth.sink_layers:
-        ag = a.agreement[layer]
-        assert ag["norm_method"] == "auto" and ag["n_norm"] > 0 and ag["n_attention"] > 0
-        assert ag["precision"] >= 0.8, (layer, ag)
-    first = a.agreement[truth.sink_layers[0]]
-    assert first["recall"] >= 0.8 and first["iou"] >= 0.7, first
-    assert a.summary()["layer"] == 11
-    d = json.loads(json.dumps(a.to_dict()))
+        ag = a.summary.agreement[layer]
+        assert ag.norm_method == "auto" and ag.n_norm > 0 and ag.n_attention > 0
+        assert ag.precision >= 0.8, (layer, ag)
+    first = a.summary.agreement[truth.sink_layers[0]]
+    assert first.recall >= 0.8 and first.iou >= 0.7, first
+    assert isinstance(a.summary, Attention) and a.summary.summary.layer == 11
+    d = json.loads(a.summary.model_dump_json())
     assert d["summary"]["site"] == "blocks.11.attn.hook_pattern" and len(d["sink_mass"]["5"]) == 12
 
 
 def test_unplanted_sinks_are_low_and_agreement_still_computed(planted):
     truth, _, res, ctrl = planted
     a, c = res["attention"], ctrl["attention"]
-    assert c.norm_method == "top_p"  # negative norm verdict: compared with the top 2% norms
+    assert c.summary.norm_method == "top_p"  # negative norm verdict: compared with the top 2% norms
     sinks = list(truth.sink_layers)
 
     def mean(values, layers):
         return sum(values[i] for i in layers) / len(layers)
 
-    assert mean(c.cls_to_patch_max, sinks) < 0.6 * mean(a.cls_to_patch_max, sinks)
-    assert mean(c.sink_mass_topk[5], sinks) < mean(a.sink_mass_topk[5], sinks) - 0.1
-    assert mean(c.entropy, sinks) > mean(a.entropy, sinks)
-    assert max(c.artifact_rate) <= 0.005
-    for ag in c.agreement:
-        assert ag["norm_method"] == "top_p" and ag["n_norm"] > 0 and "reason" not in ag
-        assert ag["recall"] is not None and 0.0 <= ag["recall"] <= 1.0
-        assert ag["iou"] is not None and ag["top_p_iou"] is not None
-    json.dumps(c.to_dict())
+    assert mean(c.summary.cls_to_patch_max, sinks) < 0.6 * mean(a.summary.cls_to_patch_max, sinks)
+    assert mean(c.summary.sink_mass["5"], sinks) < mean(a.summary.sink_mass["5"], sinks) - 0.1
+    assert mean(c.summary.entropy, sinks) > mean(a.summary.entropy, sinks)
+    assert max(c.summary.artifact_rate) <= 0.005
+    for ag in c.summary.agreement:
+        assert ag.norm_method == "top_p" and ag.n_norm > 0 and ag.reason is None
+        assert ag.recall is not None and 0.0 <= ag.recall <= 1.0
+        assert ag.iou is not None and ag.top_p_iou is not None
+    json.loads(c.summary.model_dump_json())
 
 
 # models without [CLS] ----------------------------------------------------------------------
@@ -171,24 +174,24 @@ def test_no_cls_model_uses_mean_received_attention(siglip):
     assert model.layout.n_cls == 0
     _, res, skipped = _run(model, x, [NormAnalysis(), AttentionAnalysis(max_maps=2)], 2)
     a = res["attention"]
-    assert not skipped and a.query == "mean_received"
-    assert "mean over all queries" in a.definitions["map"]
+    assert not skipped and a.summary.query == "mean_received"
+    assert "mean over all queries" in a.summary.definitions["map"]
     _, cache = model.run_with_cache(x, names="blocks.*.attn.hook_pattern")
     for i in range(2):
         p = cache[f"blocks.{i}.attn.hook_pattern"]
         want = p.mean(dim=(1, 2)).view(3, 4, 4)  # heads, then queries
         assert torch.allclose(a.layer_maps[i], want[:2], atol=1e-6)
-        assert a.cls_to_patch_max[i] == pytest.approx(want.flatten(1).amax(1).mean().item())
+        assert a.summary.cls_to_patch_max[i] == pytest.approx(want.flatten(1).amax(1).mean().item())
     assert a.maps.shape == (2, 2, 4, 4) and a.last_layer_heads.shape == (2, 12, 4, 4)
-    assert all("reason" not in ag for ag in a.agreement)
+    assert all(ag.reason is None for ag in a.summary.agreement)
 
 
 def test_runs_after_norms_and_says_when_norms_are_missing(siglip):
     model, x = siglip
     _, res, _ = _run(model, x, [AttentionAnalysis(), NormAnalysis()], 3)
     a = res["attention"]
-    assert a.norm_method is None and any("NormAnalysis" in n for n in a.notes)
-    assert all("reason" in ag for ag in a.agreement)
+    assert a.summary.norm_method is None and any("NormAnalysis" in n for n in a.summary.notes)
+    assert all(ag.reason is not None for ag in a.summary.agreement)
     assert AttentionAnalysis().not_applicable(SimpleNamespace(hook_names=lambda: ["x"]))
 
 
@@ -221,7 +224,11 @@ def test_swin_maps_undo_windows_padding_and_shift():
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     _, res, skipped = _run(model, x, [NormAnalysis(), AttentionAnalysis(max_maps=2)], 2)
     a = res["attention"]
-    assert not skipped and a.query == "mean_received" and "window" in a.definitions["map"]
+    assert (
+        not skipped
+        and a.summary.query == "mean_received"
+        and "window" in a.summary.definitions["map"]
+    )
     assert [tuple(m.shape[-2:]) for m in a.layer_maps] == [(16, 16)] * 2 + [(8, 8)] * 2 + [
         (4, 4)
     ] * 2 + [(2, 2)] * 2
@@ -233,8 +240,8 @@ def test_swin_maps_undo_windows_padding_and_shift():
         assert torch.allclose(a.layer_maps[j], _swin_reference(p, blocks[j], (16, 16)), atol=1e-6)
     assert a.maps.shape == (2, 2, 2, 2) and a.map_layers == [6, 7]
     assert a.last_layer_heads.shape[:2] == (2, model.n_heads)
-    assert all("reason" not in ag and ag["iou"] is not None for ag in a.agreement)
-    json.dumps(a.to_dict())
+    assert all(ag.reason is None and ag.iou is not None for ag in a.summary.agreement)
+    json.loads(a.summary.model_dump_json())
 
 
 def test_pvt_maps_on_reduced_key_grid_and_agreement_only_on_token_grid():
@@ -243,14 +250,14 @@ def test_pvt_maps_on_reduced_key_grid_and_agreement_only_on_token_grid():
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
     _, res, _ = _run(model, x, [NormAnalysis(), AttentionAnalysis(max_maps=2)], 2)
     a = res["attention"]
-    assert a.query == "mean_received" and "reduced key" in a.definitions["map"]
+    assert a.summary.query == "mean_received" and "reduced key" in a.summary.definitions["map"]
     assert [tuple(m.shape[-2:]) for m in a.layer_maps] == [(2, 2)] * 8  # 16x16 / sr 8, ...
     _, cache = model.run_with_cache(x, names="stages.0.blocks.0.attn.hook_pattern")
     p = cache["stages.0.blocks.0.attn.hook_pattern"]
     assert torch.allclose(a.layer_maps[0], p.mean(dim=(1, 2)).view(2, 2, 2), atol=1e-6)
-    for ag in a.agreement[:6]:  # stages 0-2 reduce keys (sr 8, 4, 2)
-        assert "reduced key grid" in ag["reason"] and "precision" not in ag
-    for ag in a.agreement[6:]:  # stage 3: sr 1, keys are the tokens
-        assert "reason" not in ag and ag["n_norm"] > 0
-    assert any("reduced key grid" in n for n in a.notes)
-    json.dumps(a.to_dict())
+    for ag in a.summary.agreement[:6]:  # stages 0-2 reduce keys (sr 8, 4, 2)
+        assert "reduced key grid" in ag.reason and "precision" not in ag.model_fields_set
+    for ag in a.summary.agreement[6:]:  # stage 3: sr 1, keys are the tokens
+        assert ag.reason is None and ag.n_norm > 0
+    assert any("reduced key grid" in n for n in a.summary.notes)
+    json.loads(a.summary.model_dump_json())

@@ -15,6 +15,7 @@ from vitreg.analysis.norms import NormAnalysis
 from vitreg.analysis.positions import PositionAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
+from vitreg.results.kinds import Kinds
 from vitreg.testing.planted import build_kind
 
 EXPECTED = {
@@ -38,12 +39,13 @@ def test_each_detector_recovers_its_plant_and_only_it(name: str) -> None:
     chosen += [PositionAnalysis(), RegisterAnalysis()]
     res, skipped, _ = run_analyses(model, x, chosen, batch_size=3)
     kinds = verdicts(res, skipped)
-    assert set(kinds.to_dict()["present"]) == EXPECTED[name]
-    assert kinds.get("attention artifacts").present is None  # not run here, and said so
+    assert isinstance(kinds, Kinds)
+    assert set(kinds.present) == EXPECTED[name]
+    assert kinds.row("attention artifacts").present is None  # not run here, and said so
 
     found = {(h.block, h.head, h.kind, h.key_type) for h in res["sinks"].heads}
     assert found == {(s.block, s.head, s.kind, s.key_type) for s in truth.sinks}
-    assert res["sinks"].per_image["total"] == len(truth.sinks)
+    assert res["sinks"].per_image.total == len(truth.sinks)
 
     massive = {(min(c.blocks), *c.token_types, c.channel) for c in res["massive"].channels}
     assert massive == {(b, t, c) for b, t, _, c in truth.massive}
@@ -52,12 +54,12 @@ def test_each_detector_recovers_its_plant_and_only_it(name: str) -> None:
     assert grid == set(truth.positions)
     if truth.positions:
         pos = res["positions"]
-        assert pos.score == 1.0
-        assert {r * 8 + c for r, c in pos.pos_embed["high_positions"]} == set(truth.positions)
-        assert pos.pos_embed["top_channel_share_of_high"] > 0.9
+        assert pos.consistency_score == 1.0
+        embedding = pos.position_embedding
+        assert {r * 8 + c for r, c in embedding.high_positions} == set(truth.positions)
+        assert embedding.top_channel_share_of_high > 0.9
         assert all(
-            {r * 8 + c for r, c in p} == set(truth.positions)
-            for p in pos.constant_positions.values()
+            {r * 8 + c for r, c in p} == set(truth.positions) for p in pos.constant_images.values()
         )
 
     absorbed = res["registers"].absorbed

@@ -10,6 +10,7 @@ import vitreg
 from vitreg import UnsupportedModelError
 from vitreg.analysis.ln_separation import OWNED, ln_separation, pair_similarities
 from vitreg.core.layout import TokenLayout
+from vitreg.results.diagnose import LNSeparation
 from vitreg.testing.tiny import timm_vit
 
 
@@ -62,21 +63,24 @@ def test_model_numbers_equal_a_direct_computation():
         per_image = [direct(cache[site][b], 1, lay.registers, lay.patches) for b in range(5)]
         for pair in ("cls_patch", "patch_patch", "register_patch", "register_cls"):
             vals = torch.tensor([d[pair] for d in per_image])
-            got = res.similarity[1][point][pair]
-            assert got["mean"] == pytest.approx(vals.mean().item(), abs=1e-5)
-            assert got["std"] == pytest.approx(vals.std(unbiased=False).item(), abs=1e-4)
-            assert got["n"] == 5
+            got = res.summary.similarity[1][point][pair]
+            assert got.mean == pytest.approx(vals.mean().item(), abs=1e-5)
+            assert got.std == pytest.approx(vals.std(unbiased=False).item(), abs=1e-4)
+            assert got.n == 5
     a = cache["blocks.1.ln1.hook_in"].abs()
     r = torch.log(a[:, 0].mean(0) / a[:, lay.patches].mean((0, 1)))
     assert torch.allclose(res.ownership[1], r, atol=1e-4)
-    assert res.owned_fraction[1] == pytest.approx(float((r.abs() > OWNED).float().mean()))
+    assert res.summary.owned_channel_fraction[1] == pytest.approx(
+        float((r.abs() > OWNED).float().mean())
+    )
     gamma = module.blocks[1].norm1.weight.abs()
     owned = r.abs() > OWNED
     if owned.any() and (~owned).any():
         want = (gamma[owned].mean() / gamma[~owned].mean()).item()
-        assert res.gain_on_owned[1] == pytest.approx(want, rel=1e-5)
-    assert res.has_cls and res.has_registers
-    assert math.isfinite(res.to_dict()["similarity"][0]["post_ln2"]["patch_patch"]["mean"])
+        assert res.summary.ln1_gain_owned_over_other[1] == pytest.approx(want, rel=1e-5)
+    assert isinstance(res.summary, LNSeparation)
+    assert res.summary.has_cls and res.summary.has_registers
+    assert math.isfinite(res.summary.similarity[0]["post_ln2"]["patch_patch"].mean)
 
 
 def test_no_cls_model_is_not_applicable():

@@ -8,6 +8,7 @@ import torch
 from vitreg.analysis.massive import MassiveEntries, summarise
 from vitreg.core.layout import TokenLayout
 from vitreg.hooks.sites import HookContext
+from vitreg.results.kinds import Massive
 
 
 def test_criterion_matches_a_hand_computation() -> None:
@@ -27,7 +28,7 @@ def test_criterion_matches_a_hand_computation() -> None:
     assert (channel.channel, channel.token_types, channel.top_tokens) == (3, {"cls": 1}, [0])
     assert channel.max_value == 120.0 and channel.max_over_median == pytest.approx(2400.0)
     assert out.first_block == 0 and out.present
-    assert out.to_dict()["channels"][0]["hits_per_image"] == 0.5
+    assert isinstance(out, Massive) and out.channels[0].hits_per_image == 0.5
 
 
 def test_nothing_massive_in_an_ordinary_state() -> None:

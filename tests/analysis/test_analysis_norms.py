@@ -10,6 +10,7 @@ import vitreg
 from vitreg.analysis.norms import norm_report, outliers
 from vitreg.analysis.rules import threshold
 from vitreg.analysis.thresholds import bimodal_fit
+from vitreg.results.diagnose import Bimodal, Norms
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
@@ -28,6 +29,7 @@ def test_rules_on_known_distributions():
     spikes = rng.lognormal(np.log(400), 0.2, 400)
     both = np.r_[bulk, spikes]
     fit = bimodal_fit(both)
+    assert isinstance(fit, Bimodal)
     assert fit.present and 8 < fit.mode_ratio < 12
     flagged = both > fit.threshold
     assert flagged[-400:].mean() == 1.0 and flagged[:-400].mean() == 0.0
@@ -47,12 +49,14 @@ def test_rules_on_known_distributions():
 def test_planted_verdict_layer_and_tokens(name, images):
     module, truth = build(name, img_size=SIZE)
     model = vitreg.wrap(module)
-    trace = norm_report(model, images, batch_size=8).trace
+    found = norm_report(model, images, batch_size=8)
+    trace = found.trace
     report = outliers(trace)
-    assert report.verdict
+    assert isinstance(report, Norms) and report == found.summary
+    assert report.artifacts_present
     assert report.emergence_layer == truth.first_outlier_layer
     site = trace.sites[truth.first_outlier_layer]
-    flagged = report.masks(trace, site, "auto")
+    flagged = found.masks(site, "auto")
     want = truth.outlier_mask(images)
     sure = ~truth.ambiguous_mask(images)
     tp = (flagged & want & sure).sum().item()
@@ -60,21 +64,20 @@ def test_planted_verdict_layer_and_tokens(name, images):
     recall = tp / max((want & sure).sum().item(), 1)
     assert precision >= 0.95 and recall >= 0.95, (precision, recall)
     # norms are taken on the residual stream; after the final norm the outliers can vanish
-    assert report.final_norm is not None
-    d = report.to_dict()
-    assert d["verdict"] == "artifacts"
-    assert d["layers"][truth.first_outlier_layer]["artifacts_present"]
+    assert report.after_final_norm is not None
+    assert report.verdict == "artifacts"
+    assert report.layers[truth.first_outlier_layer].artifacts_present
 
 
 @pytest.mark.parametrize("name", FAST)
 def test_unplanted_controls_have_no_artifacts_but_top_p_flags_anyway(name, images):
     model = vitreg.wrap(build_unplanted(name, img_size=SIZE))
-    report = norm_report(model, images, batch_size=8).report
-    assert not report.verdict and report.emergence_layer is None
-    assert report.to_dict()["verdict"] == "no artifacts"
+    report = norm_report(model, images, batch_size=8).summary
+    assert not report.artifacts_present and report.emergence_layer is None
+    assert report.verdict == "no artifacts"
     last = report.layers[-1]
-    assert last.rates["auto"] == 0.0
-    assert last.rates["top_p"] == pytest.approx(0.02, abs=0.005)  # flagged by construction
+    assert last.outlier_rate["auto"] == 0.0 and last.thresholds["auto"] is None
+    assert last.outlier_rate["top_p"] == pytest.approx(0.02, abs=0.005)  # flagged by construction
 
 
 def test_absolute_rule_and_json_ready(images):
@@ -82,10 +85,10 @@ def test_absolute_rule_and_json_ready(images):
     trace = norm_report(model, images[:4], batch_size=4).trace
     report = outliers(trace, rules={"absolute": {"value": 1e9}, "top_p": {"p": 5}})
     assert set(report.rules) == {"absolute", "top_p", "auto"}
-    assert report.layers[-1].rates["absolute"] == 0.0
+    assert report.layers[-1].outlier_rate["absolute"] == 0.0
     import json
 
-    json.dumps(report.to_dict())  # plain numbers only
+    json.loads(report.model_dump_json())  # plain numbers only
     with pytest.raises(ValueError, match="unknown outlier method"):
         outliers(trace, rules={"bogus": {}})
 
@@ -97,4 +100,4 @@ def test_norms_after_final_norm_are_reported_separately():
     assert trace.sites == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     assert trace.patch_maps("blocks.1.hook_resid_post").shape == (3, 4, 4)
     report = outliers(trace)
-    assert report.final_norm.site == "ln_final.hook_out"
+    assert report.after_final_norm.site == "ln_final.hook_out"

@@ -19,6 +19,7 @@ from vitreg.analysis.redundancy import (
 from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError, VitregError
 from vitreg.hooks.sites import HookContext
+from vitreg.results.diagnose import Redundancy
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
 
@@ -103,48 +104,53 @@ def test_placement_by_hand():
     mask = torch.zeros(1, 4, 4, dtype=torch.bool)
     mask[0, 0, 0] = mask[0, 1, 1] = mask[0, 3, 3] = True  # 2 border + 1 interior, 2 in background
     vs, curve, border, bg = placement(embed, {"embed_n4": embed}, mask)
-    assert border["n_border"] == 12 and border["n_interior"] == 4
-    assert border["outlier_rate_border"] == pytest.approx(2 / 12)
-    assert border["outlier_rate_interior"] == pytest.approx(1 / 4)
-    assert bg["fraction"] == pytest.approx(4 / 16) and bg["threshold"] == pytest.approx(
+    assert border.n_border == 12 and border.n_interior == 4
+    assert border.outlier_rate_border == pytest.approx(2 / 12)
+    assert border.outlier_rate_interior == pytest.approx(1 / 4)
+    assert bg.fraction == pytest.approx(4 / 16) and bg.threshold == pytest.approx(
         0.2
     )  # p75 interpolates 0 and 0.8
-    assert bg["outlier_rate_background"] == pytest.approx(2 / 4)
-    assert bg["outlier_rate_foreground"] == pytest.approx(1 / 12)
-    assert bg["outlier_share_in_background"] == pytest.approx(2 / 3)
-    assert vs["embed_n4"]["outlier"]["n"] == 3 and vs["embed_n4"]["normal"]["n"] == 13
-    assert vs["embed_n4"]["outlier"]["median"] == pytest.approx(0.9)
+    assert bg.outlier_rate_background == pytest.approx(2 / 4)
+    assert bg.outlier_rate_foreground == pytest.approx(1 / 12)
+    assert bg.outlier_share_in_background == pytest.approx(2 / 3)
+    assert vs["embed_n4"].outlier.n == 3 and vs["embed_n4"].normal.n == 13
+    assert vs["embed_n4"].outlier.median == pytest.approx(0.9)
     # 12 tied zeros collapse the lower deciles into one bin
-    assert sum(b["n"] for b in curve["bins"]) == 16 and curve["bins"][0]["n"] == 12
-    assert curve["bins"][0]["outlier_rate"] == pytest.approx(1 / 12)
+    assert sum(b.n for b in curve.bins) == 16 and curve.bins[0].n == 12
+    assert curve.bins[0].outlier_rate == pytest.approx(1 / 12)
 
 
 def test_planted_outliers_sit_on_redundant_patches(planted, images):
     _, results = planted
     r, norms = results["redundancy"], results["norms"]
-    assert r.method == "auto" and r.layer_site == "blocks.11.hook_resid_post" and r.layer == 11
-    assert torch.equal(r.outliers, norms.report.masks(norms.trace, r.layer_site, "auto"))
+    assert (
+        r.summary.outlier_method == "auto"
+        and r.summary.layer_site == "blocks.11.hook_resid_post"
+        and r.summary.layer == 11
+    )
+    assert torch.equal(r.outliers, norms.masks(r.summary.layer_site, "auto"))
     assert 0.03 < r.outliers.float().mean() < 0.2
     assert r.embed_maps.shape == (4, 8, 8) and r.layer_maps.shape == (4, 8, 8)
     assert r.embed["n4"].shape == (16, 8, 8)
     # flat patches share their neighbours' colour and bias, with no texture term of their own
-    emb = r.outlier_vs_normal["embed_n4"]
-    assert emb["outlier"]["median"] > emb["normal"]["median"] + 0.03
-    assert emb["outlier"]["mean"] > emb["normal"]["mean"] and emb["auc"] > 0.65
-    assert r.outlier_vs_normal["embed_n8"]["auc"] > 0.65
-    rates = [b["outlier_rate"] for b in r.rate_by_redundancy["bins"]]
+    emb = r.summary.outlier_vs_normal["embed_n4"]
+    assert emb.outlier.median > emb.normal.median + 0.03
+    assert emb.outlier.mean > emb.normal.mean and emb.auc > 0.65
+    assert r.summary.outlier_vs_normal["embed_n8"].auc > 0.65
+    rates = [b.outlier_rate for b in r.summary.rate_by_redundancy.bins]
     half = len(rates) // 2
     assert len(rates) == 10 and rates[-1] > 5 * rates[0]
     assert sum(rates[half:]) > 3 * sum(rates[:half])
-    bg = r.background
-    assert bg["outlier_rate_background"] > 2 * bg["outlier_rate_foreground"]
-    assert bg["outlier_share_in_background"] > 1.5 * bg["fraction"]
+    bg = r.summary.background
+    assert bg.outlier_rate_background > 2 * bg.outlier_rate_foreground
+    assert bg.outlier_share_in_background > 1.5 * bg.fraction
     # at the last layer an outlier's big vector points away from its neighbours
-    lay = r.outlier_vs_normal["layer_n4"]
-    assert lay["outlier"]["median"] < lay["normal"]["median"] - 0.3
-    d = r.to_dict()
-    json.dumps(d, allow_nan=False)
-    assert d["outlier_method"] == "auto" and d["n_outliers"] == r.n_outliers and d["note"] is None
+    lay = r.summary.outlier_vs_normal["layer_n4"]
+    assert lay.outlier.median < lay.normal.median - 0.3
+    d = r.summary
+    assert isinstance(d, Redundancy)
+    json.dumps(d.model_dump(), allow_nan=False)
+    assert d.outlier_method == "auto" and d.n_outliers == int(r.outliers.sum()) and d.note is None
 
 
 def test_unplanted_has_no_auto_outliers_and_says_so(images):
@@ -152,20 +158,21 @@ def test_unplanted_has_no_auto_outliers_and_says_so(images):
     x = images[:8]
     results, _, _ = run_analyses(model, x, [NormAnalysis(), RedundancyAnalysis(method="auto")])
     r = results["redundancy"]
-    assert not results["norms"].report.verdict
-    assert r.n_outliers == 0 and "no outliers" in r.note
-    d = r.to_dict()
-    json.dumps(d, allow_nan=False)
-    assert d["outlier_rate"] == 0.0 and d["outlier_vs_normal"]["embed_n4"]["outlier"] is None
-    assert (
-        d["border"]["outlier_rate_border"] == 0.0
-        and d["background"]["outlier_rate_background"] == 0.0
-    )
-    assert all(b["outlier_rate"] in (0.0, None) for b in d["rate_by_redundancy"]["bins"])
+    assert not results["norms"].summary.artifacts_present
+    assert r.summary.n_outliers == 0 and "no outliers" in r.summary.note
+    d = r.summary
+    json.dumps(d.model_dump(), allow_nan=False)
+    assert d.outlier_rate == 0.0 and d.outlier_vs_normal["embed_n4"].outlier is None
+    assert d.border.outlier_rate_border == 0.0 and d.background.outlier_rate_background == 0.0
+    assert all(b.outlier_rate in (0.0, None) for b in d.rate_by_redundancy.bins)
     # by default a negative verdict falls back to top-p and says why
     results, _, _ = run_analyses(model, x, [NormAnalysis(), RedundancyAnalysis()])
     r = results["redundancy"]
-    assert r.method == "top_p" and "verdict negative" in r.method_reason and r.n_outliers > 0
+    assert (
+        r.summary.outlier_method == "top_p"
+        and "verdict negative" in r.summary.outlier_method_reason
+        and r.summary.n_outliers > 0
+    )
 
 
 def test_hierarchical_pvt_pools_embed_onto_stage_grid():
@@ -179,12 +186,13 @@ def test_hierarchical_pvt_pools_embed_onto_stage_grid():
         )
         r = results["redundancy"]
         assert not skipped and r.at_layer["n4"].shape == (4, *grid)
-        assert r.embed["n4"].shape == (4, 16, 16) and "average-pooled" in r.note
+        assert r.embed["n4"].shape == (4, 16, 16) and "average-pooled" in r.summary.note
         assert (
-            r.outlier_vs_normal["embed_n4"]["normal"]["n"] + r.n_outliers == 4 * grid[0] * grid[1]
+            r.summary.outlier_vs_normal["embed_n4"].normal.n + r.summary.n_outliers
+            == 4 * grid[0] * grid[1]
         )
-        json.dumps(r.to_dict(), allow_nan=False)
-    assert r.layer_site == stage1
+        json.dumps(r.summary.model_dump(), allow_nan=False)
+    assert r.summary.layer_site == stage1
 
 
 def test_layer_choice_and_order_errors():

@@ -8,6 +8,7 @@ import torch
 
 from vitreg.analysis.sink_rules import head_stats, sink_class, sqrt_psd
 from vitreg.analysis.sinks import transition_block
+from vitreg.results.kinds import SinkBlock
 
 
 def test_rule_matches_a_hand_computation() -> None:
@@ -51,12 +52,12 @@ def test_classes_at_the_published_thresholds() -> None:
 
 def test_transition_from_cls_to_patches() -> None:
     blocks = [
-        {"block": 0, "on_cls": 2.0},
-        {"block": 1, "on_cls": 1.0, "on_patch": 0.5},
-        {"block": 2, "on_cls": 0.5, "on_patch": 1.0},
-        {"block": 3},
-        {"block": 4, "on_patch": 2.0},
+        SinkBlock(block=0, on_cls=2.0),
+        SinkBlock(block=1, on_cls=1.0, on_patch=0.5),
+        SinkBlock(block=2, on_cls=0.5, on_patch=1.0),
+        SinkBlock(block=3),
+        SinkBlock(block=4, on_patch=2.0),
     ]
     assert transition_block(blocks) == 2
-    assert transition_block([{"block": 0, "on_patch": 1.0}]) is None  # never on [CLS] first
-    assert transition_block(blocks + [{"block": 5, "on_cls": 3.0}]) is None
+    assert transition_block([SinkBlock(block=0, on_patch=1.0)]) is None  # never on [CLS] first
+    assert transition_block([*blocks, SinkBlock(block=5, on_cls=3.0)]) is None

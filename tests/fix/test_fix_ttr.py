@@ -141,7 +141,7 @@ def test_compare_fix_before_after(images):
     assert d["verdict_before"] and not d["verdict_after"]
     assert (
         d["register_norm_after"][cmp.detect_layer]
-        > 10 * cmp.after.report.layers[cmp.detect_layer].quantiles["p50"]
+        > 10 * cmp.after.summary.layers[cmp.detect_layer].quantiles.p50
     )
     assert d["max_patch_norm_after"][-1] < d["max_patch_norm_before"][-1] / 5
     assert 0 < d["pooled_cosine"]["mean"] <= 1 and d["pooled_cosine"]["n"] == 8

@@ -60,9 +60,10 @@ def test_automatic_path_chooses_the_causes_and_leaves_no_artifact(name, images, 
     assert truth.emergence_layer <= d.highest_layer <= d.detect_layer
     # the independent criterion on unseen images: the diagnose verdict at every block
     with TestTimeRegisters(found.chosen).applied(model):
-        report = norm_report(model, fresh, batch_size=8).report
+        report = norm_report(model, fresh, batch_size=8).summary
         fixed = max_over_median(model, fresh, found.detection.detect_layer)
-    assert not report.verdict and not any(lo.present for lo in report.layers)
+    assert not report.artifacts_present
+    assert not any(lo.artifacts_present for lo in report.layers)
     control = vitreg.wrap(build_unplanted(name, img_size=SIZE))
     assert fixed <= 1.5 * max_over_median(control, fresh, found.detection.detect_layer)
 

@@ -24,6 +24,7 @@ from vitreg.report.render import plots
 from vitreg.report.render.markdown import markdown_table
 from vitreg.report.renderers import diagnose as diagnose_renderer
 from vitreg.report.renderers.diagnose import model_rows, rows_table, write_diagnose_run
+from vitreg.results.diagnose import DiagnoseResults
 from vitreg.results.schema import json_schema, resolve, validate_metrics
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build_unplanted
@@ -75,44 +76,43 @@ def load_metrics(run: Path) -> dict:
 
 
 def expected_numbers(result: DiagnoseResult) -> dict[str, object]:
-    """Every headline metric recomputed from the result object (not from its to_dict)."""
-    rep = result.results["norms"].report
+    """Every headline metric recomputed from the typed results (not from the written file)."""
+    rep = result.results.norms
     ratio = {
-        "max_over_median": lambda lo: lo.quantiles["max"] / lo.quantiles["p50"],
-        "p98_over_median": lambda lo: lo.quantiles["p98"] / lo.quantiles["p50"],
+        "max_over_median": lambda lo: lo.quantiles.max / lo.quantiles.p50,
+        "p98_over_median": lambda lo: lo.quantiles.p98 / lo.quantiles.p50,
     }
     out: dict[str, object] = {
-        "artifacts_present": rep.verdict,
+        "artifacts_present": rep.artifacts_present,
         "emergence_layer": rep.emergence_layer,
-        "outlier_rate": rep.evidence["outlier_rate"],
+        "outlier_rate": rep.evidence.outlier_rate,
         "norm_ratio.max_over_median.peak": max(ratio["max_over_median"](lo) for lo in rep.layers),
     }
     picks = {"last_layer": rep.layers[-1]}
     if rep.emergence_layer is not None:
         picks["emergence_layer"] = rep.layers[rep.emergence_layer]
     for where, lo in picks.items():
-        out.update({f"outlier_rate.{m}.{where}": r for m, r in lo.rates.items()})
+        out.update({f"outlier_rate.{m}.{where}": r for m, r in lo.outlier_rate.items()})
     for name, fn in ratio.items():
         out[f"norm_ratio.{name}.last_layer"] = fn(rep.layers[-1])
-        out[f"norm_ratio.{name}.after_final_norm"] = fn(rep.final_norm)
-    ln = result.results.get("ln_separation")
+        out[f"norm_ratio.{name}.after_final_norm"] = fn(rep.after_final_norm)
+    ln = result.results.ln_separation
     if ln is not None:
         for point in ("pre_ln1", "post_ln1"):
-            vals = [b[point]["cls_patch"]["mean"] for b in ln.similarity]
+            vals = [b[point]["cls_patch"].mean for b in ln.similarity]
             out[f"cls_patch_similarity.{point}.mean_over_blocks"] = sum(vals) / len(vals)
-        owned = [v for v in ln.owned_fraction if v is not None]
+        owned = [v for v in ln.owned_channel_fraction if v is not None]
         out["owned_channel_fraction.mean_over_blocks"] = sum(owned) / len(owned)
-    attn = result.results.get("attention")
+    attn = result.results.attention
     if attn is not None:
-        layer = rep.evidence["strongest_layer"]
+        layer = rep.evidence.strongest_layer
         site = rep.layers[layer].site if layer is not None else rep.layers[-1].site
-        entry = next(a for a in attn.agreement if a["norm_site"] == site)
-        out.update(
-            {f"attention_norm_{k}": entry[k] for k in ("iou", "precision", "recall", "top_p_iou")}
-        )
-    red = result.results.get("redundancy")
+        entry = next(a for a in attn.agreement if a.norm_site == site)
+        keys = ("iou", "precision", "recall", "top_p_iou")
+        out.update({f"attention_norm_{k}": getattr(entry, k) for k in keys})
+    red = result.results.redundancy
     if red is not None:
-        out["redundancy_auc.embed_n4"] = red.outlier_vs_normal["embed_n4"]["auc"]
+        out["redundancy_auc.embed_n4"] = red.outlier_vs_normal["embed_n4"].auc
     return out
 
 
@@ -214,8 +214,11 @@ def test_unplanted_report_says_no_artifacts(
 def test_missing_analyses_degrade_to_one_line(tmp_path: Path, planted: DiagnoseResult) -> None:
     only_norms = replace(
         planted,
-        results={"norms": planted.results["norms"]},
-        not_applicable={"ln_separation": "the model has no [CLS] (test reason)"},
+        results=DiagnoseResults(
+            norms=planted.results.norms,
+            not_applicable={"ln_separation": "the model has no [CLS] (test reason)"},
+        ),
+        traced={"norms": planted.traced["norms"]},
     )
     run = write_run(tmp_path / "run", only_norms, images=None, config={}, command="x")
     md = (run / "report.md").read_text()
@@ -297,10 +300,10 @@ def test_model_rows_come_from_the_results(
     assert lines[0].startswith("| model | outlier rate | emergence block | max/median norm")
     assert len(lines) == 4 and "`planted:dinov2_s14`" in lines[2] and "| artifacts |" in lines[2]
     p, u = rows
-    rep = planted.results["norms"].report
+    rep = planted.results.norms
     assert p["verdict"] == "artifacts" and p["emergence_layer"] == rep.emergence_layer == 6
-    assert p["outlier_rate"] == rep.evidence["outlier_rate"] > 0.03
-    peak = max(lo.quantiles["max"] / lo.quantiles["p50"] for lo in rep.layers)
+    assert p["outlier_rate"] == rep.evidence.outlier_rate > 0.03
+    peak = max(lo.quantiles.max / lo.quantiles.p50 for lo in rep.layers)
     assert p["norm_ratio.max_over_median.peak"] == pytest.approx(peak)
     assert p["attention_norm_iou"] is None  # attention was not run
     assert u["verdict"] == "no artifacts" and u["emergence_layer"] is None

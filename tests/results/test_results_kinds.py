@@ -1,7 +1,6 @@
-"""The issue-20 result blocks are typed: a ``vitreg diagnose`` run with every kind on validates
-into the models of ``vitreg.results.kinds`` (the analyses' ``to_dict`` content kept:
-only absent event counts become 0 and absent optional statistics None), and the exported JSON
-Schema names every field those analyses write."""
+"""The per-kind result blocks are typed: a ``vitreg diagnose`` run with every kind on returns
+the models of ``vitreg.results.kinds``, which survive a round trip through their JSON, and the
+exported JSON Schema names every field those analyses write."""
 
 from __future__ import annotations
 
@@ -15,11 +14,13 @@ from typer.testing import CliRunner
 
 import vitreg
 from vitreg.analysis.anomaly_lof import LOFAnalysis
+from vitreg.analysis.base import run_analyses, summary_of
 from vitreg.analysis.diagnose import diagnose
 from vitreg.analysis.massive import MassiveAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
 from vitreg.cli.app import app
+from vitreg.errors import InputError
 from vitreg.results import kinds as typed
 from vitreg.results.diagnose import DiagnoseResults
 from vitreg.results.schema import json_schema, plain, validate_metrics
@@ -58,10 +59,12 @@ def added_only(written: Any, dumped: Any, path: str = "") -> list[str]:
 def test_kinds_blocks_validate_typed_with_their_content(name: str) -> None:
     model = vitreg.wrap(build_kind(name)[0])
     x = torch.randn(5, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    written = plain(diagnose(model, x, batch_size=3).to_dict())
-    parsed = DiagnoseResults.model_validate(written)
+    results = diagnose(model, x, batch_size=3).results
     for key, model_type in BLOCKS.items():
-        assert isinstance(getattr(parsed, key), model_type), key
+        assert isinstance(getattr(results, key), model_type), key
+    written = plain(results.model_dump())
+    parsed = DiagnoseResults.model_validate(written)
+    assert parsed == results
     dumped = parsed.model_dump(mode="json")
     for key in BLOCKS:
         assert added_only(written[key], dumped[key], key) == []
@@ -76,15 +79,18 @@ def test_without_norms_the_lof_agreement_and_missing_kinds_validate() -> None:
     model = vitreg.wrap(build_kind("kinds_nop_sink")[0])
     x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(2))
     chosen = [SinkAnalysis(), MassiveAnalysis(), LOFAnalysis()]  # positions need the norms
-    res = diagnose(model, x, analyses=[*chosen, RegisterAnalysis()], batch_size=2)
-    written = plain(res.to_dict())
-    assert written["lof"]["agreement_with_auto"] == {}
+    with pytest.raises(InputError, match="NormAnalysis"):  # the verdict reads the norms
+        diagnose(model, x, analyses=[*chosen, RegisterAnalysis()], batch_size=2)
+    found, _, _ = run_analyses(model, x, [*chosen, RegisterAnalysis()], batch_size=2)
+    written = plain({name: summary_of(r).model_dump() for name, r in found.items()})
+    assert found["lof"].agreement_with_auto == typed.LOFAgreement()
+    assert set(written["lof"]["agreement_with_auto"].values()) == {None}
     with pytest.raises(Exception, match="norms"):  # the norms block stays required
         DiagnoseResults.model_validate(written)
-    written["norms"] = plain(diagnose(model, x, batch_size=2).to_dict())["norms"]
+    written["norms"] = plain(diagnose(model, x, batch_size=2).results.norms.model_dump())
     parsed = DiagnoseResults.model_validate(written)
     assert parsed.lof.agreement_with_auto == typed.LOFAgreement()
-    assert parsed.kinds is None  # diagnose builds the verdict only with the norm results
+    assert parsed.kinds is None  # the per-kind verdict is built by diagnose, with the norms
     bad = json.loads(json.dumps(written))
     bad["sinks"]["heads"][0]["kind"] = "sideways"
     with pytest.raises(Exception, match="kind"):

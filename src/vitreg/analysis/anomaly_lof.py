@@ -12,17 +12,18 @@ every image, strong ones only where some tokens really sit apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from vitreg.analysis.base import Analysis
-from vitreg.analysis.norms import norm_sites
+from vitreg.analysis.base import Analysis, Finished
+from vitreg.analysis.norms import NormsResult, norm_sites
+from vitreg.core.renamed import renamed
 from vitreg.hooks.reducers import Reducer, as_tokens
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.results.kinds import LOF, LOFAgreement
 
 NEIGHBOURS = 30
 CONTAMINATION = 0.05
@@ -73,52 +74,17 @@ class PatchSample(Reducer):
         return {"kept": dict(sorted(self.kept.items()))}
 
 
-@dataclass
-class LOFResult:
-    """LOF anomaly tokens per sampled image and their agreement with the auto norm outliers."""
-
-    site: str
-    n_images: int
-    flagged_rate: float
-    strong_per_image: float
-    strong_image_share: float
-    max_score: float
-    agreement: dict[str, float | None]  # precision, recall, jaccard against the auto outliers
-    maps: list[list[list[int]]]  # per sampled image, the flagged patch grid (-1: not sampled)
-    rule: str = RULE
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def present(self) -> bool:
-        return self.strong_image_share >= PRESENT_SHARE
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "present": self.present,
-            "rule": self.rule,
-            "site": self.site,
-            "n_images": self.n_images,
-            "flagged_rate": self.flagged_rate,
-            "strong_per_image": self.strong_per_image,
-            "strong_image_share": self.strong_image_share,
-            "max_score": self.max_score,
-            "agreement_with_auto": self.agreement,
-            "maps": self.maps,
-            "notes": list(self.notes),
-        }
-
-
-def agreement(flagged: torch.Tensor, auto: torch.Tensor) -> dict[str, float | None]:
+def agreement(flagged: torch.Tensor, auto: torch.Tensor) -> LOFAgreement:
     """Precision, recall and Jaccard of ``flagged`` against ``auto`` (both bool, same shape)."""
     both = int((flagged & auto).sum())
     nf, na, union = int(flagged.sum()), int(auto.sum()), int((flagged | auto).sum())
-    return {
-        "precision": both / nf if nf else None,
-        "recall": both / na if na else None,
-        "jaccard": both / union if union else None,
-        "auto_outliers": na,
-        "lof_flagged": nf,
-    }
+    return LOFAgreement(
+        precision=both / nf if nf else None,
+        recall=both / na if na else None,
+        jaccard=both / union if union else None,
+        auto_outliers=na,
+        lof_flagged=nf,
+    )
 
 
 class LOFAnalysis(Analysis):
@@ -137,13 +103,13 @@ class LOFAnalysis(Analysis):
         sites, _ = norm_sites(model)
         return [PatchSample(sites[-2], self.max_images, self.max_tokens)]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> LOFResult:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> LOF:
         sample = trace.reducers[0]
         kept = sample.result()["kept"]
         norms = done.get("norms")
         auto = None
-        if norms is not None and sample.site in norms.trace.norms:
-            auto = norms.report.masks(norms.trace, sample.site, "auto").flatten(1)
+        if isinstance(norms, NormsResult) and sample.site in norms.trace.norms:
+            auto = norms.masks(sample.site, "auto").flatten(1)
         grid = trace.layouts.get(sample.site) or model.layout
         h, w = grid.grid
         flags, autos, strong, scores, maps = [], [], [], [], []
@@ -163,15 +129,21 @@ class LOFAnalysis(Analysis):
             if auto is not None:
                 autos.append(auto[image, index])
         n = len(kept)
-        agree = agreement(torch.cat(flags), torch.cat(autos)) if autos else {}
-        return LOFResult(
+        agree = agreement(torch.cat(flags), torch.cat(autos)) if autos else LOFAgreement()
+        share = sum(s > 0 for s in strong) / max(n, 1)
+        return LOF(
+            present=share >= PRESENT_SHARE,
+            rule=RULE,
             site=sample.site,
             n_images=n,
             flagged_rate=float(torch.cat(flags).float().mean()) if flags else 0.0,
             strong_per_image=sum(strong) / max(n, 1),
-            strong_image_share=sum(s > 0 for s in strong) / max(n, 1),
+            strong_image_share=share,
             max_score=max(scores, default=0.0),
-            agreement=agree,
+            agreement_with_auto=agree,
             maps=maps,
             notes=notes + ([] if autos else ["no auto outliers to compare with (no norm results)"]),
         )
+
+
+__getattr__ = renamed(__name__, {"LOFResult": "LOF"}, globals())

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from vitreg.analysis.base import Analysis
+from vitreg.analysis.base import Analysis, Finished, Traced
+from vitreg.analysis.norms import NormsResult
 from vitreg.analysis.rules import MAD_SCALE, Z_CUT, robust_mask, threshold
 from vitreg.errors import InputError
 from vitreg.hooks.attention import PatternSite
@@ -40,6 +41,7 @@ from vitreg.hooks.patterns import PatternReading, Reader
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.results.diagnose import Agreement, Attention, AttentionSummary
 
 Grid = tuple[int, int]
 
@@ -156,7 +158,7 @@ def artifact_masks(maps: torch.Tensor, z: float = Z_CUT) -> torch.Tensor:
     return robust_mask(maps.flatten(1), z, floor=1e-30).reshape(maps.shape)
 
 
-def agreement(attn_mask: torch.Tensor, norm_mask: torch.Tensor) -> dict[str, Any]:
+def agreement(attn_mask: torch.Tensor, norm_mask: torch.Tensor) -> dict[str, float | int | None]:
     """Precision, recall, IoU and overlap coefficient of two bool masks, pooled (0/0 -> None)."""
     a, n = attn_mask.bool(), norm_mask.bool()
     both, na, nn_ = int((a & n).sum()), int(a.sum()), int(n.sum())
@@ -181,25 +183,13 @@ def _top_p_mask(values: torch.Tensor, p: float) -> torch.Tensor:
 
 
 @dataclass
-class AttentionResult:
-    """Attention maps, sink statistics and attention/norm agreement, per layer (forward order)."""
+class AttentionResult(Traced):
+    """Attention maps of the kept images per layer (forward order), and the summary."""
 
-    query: str  # "cls" or "mean_received"
-    sites: list[str]
-    layers: list[int | None]
     layer_maps: list[torch.Tensor]  # per layer [n_maps, h_l, w_l] head-mean maps
     artifact_maps: list[torch.Tensor]  # per layer [n_maps, h_l, w_l] bool attention artifacts
     last_layer_heads: torch.Tensor  # [n_maps, H, h, w]
-    sink_mass_topk: dict[int, list[float]]
-    entropy: list[float]
-    cls_to_patch_max: list[float]
-    artifact_rate: list[float]
-    n_keys: list[int]
-    agreement: list[dict[str, Any]]
-    norm_method: str | None
-    attn_source: dict[str, str]
-    definitions: dict[str, str]
-    notes: list[str] = field(default_factory=list)
+    summary: Attention
 
     @property
     def map_layers(self) -> list[int]:
@@ -212,42 +202,24 @@ class AttentionResult:
         """``[n_maps, L, h, w]`` head-mean maps of :attr:`map_layers` (all layers of a plain ViT)."""
         return torch.stack([self.layer_maps[i] for i in self.map_layers], dim=1)
 
-    def summary(self, index: int = -1) -> dict[str, Any]:
-        """The numbers of one layer (the last by default)."""
-        return {
-            "layer": self.layers[index],
-            "site": self.sites[index],
-            "sink_mass": {str(k): v[index] for k, v in self.sink_mass_topk.items()},
-            "entropy": self.entropy[index],
-            "cls_to_patch_max": self.cls_to_patch_max[index],
-            "artifact_rate": self.artifact_rate[index],
-            "agreement": self.agreement[index],
-        }
 
-    def to_dict(self) -> dict[str, Any]:
-        entropy_norm = [
-            e / math.log(k) if k > 1 else None
-            for e, k in zip(self.entropy, self.n_keys, strict=True)
-        ]
-        sources = sorted(set(self.attn_source.values()))
-        return {
-            "query": self.query,
-            "definitions": self.definitions,
-            "attention_source": sources[0] if len(sources) == 1 else sources,
-            "norm_method": self.norm_method,
-            "summary": self.summary(),
-            "sites": self.sites,
-            "layers": self.layers,
-            "map_grid": [list(m.shape[-2:]) for m in self.layer_maps],
-            "n_keys": self.n_keys,
-            "sink_mass": {str(k): v for k, v in self.sink_mass_topk.items()},
-            "entropy": self.entropy,
-            "entropy_normalized": entropy_norm,
-            "cls_to_patch_max": self.cls_to_patch_max,
-            "artifact_rate": self.artifact_rate,
-            "agreement": self.agreement,
-            "notes": self.notes,
-        }
+def attention_summary(
+    sites: list[str],
+    layers: list[int | None],
+    stats: dict[str, list[float]],
+    ks: Sequence[int],
+    agreement: list[Agreement],
+) -> AttentionSummary:
+    """The numbers of the last attention layer."""
+    return AttentionSummary(
+        layer=layers[-1],
+        site=sites[-1],
+        sink_mass={str(k): stats[f"top{k}"][-1] for k in ks},
+        entropy=stats["entropy"][-1],
+        cls_to_patch_max=stats["max"][-1],
+        artifact_rate=stats["rate"][-1],
+        agreement=agreement[-1],
+    )
 
 
 def _pattern_sites(model: Model) -> list[str]:
@@ -309,14 +281,18 @@ class AttentionAnalysis(Analysis):
             for i, n in enumerate(names)
         ]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> AttentionResult:
+    def finish(
+        self, model: Model, trace: TraceResult, done: dict[str, Finished]
+    ) -> AttentionResult:
         if trace.n_images == 0:
             raise InputError("no images were traced, so there is no attention to analyse")
         reducers = [r for r in trace.reducers if isinstance(r, AttentionMaps)]
         sites = [r.site for r in reducers]
         reading = _reading(model, sites[0])
         norms = done.get("norms")
-        method = None if norms is None else ("auto" if norms.report.verdict else "top_p")
+        if not isinstance(norms, NormsResult):
+            norms = None
+        method = None if norms is None else ("auto" if norms.summary.artifacts_present else "top_p")
         notes = [] if norms is not None else ["no norm results: run NormAnalysis first"]
         maps, arts, heads, agree = [], [], torch.empty(0), []
         stats: dict[str, list[float]] = {}
@@ -331,50 +307,64 @@ class AttentionAnalysis(Analysis):
                 stats.setdefault(name, []).append(float(res[name].mean()))
             stats.setdefault("rate", []).append(float(art.float().mean()))
             agree.append(self._agree(r, amap, art, norms, method))
-        reasons = sorted({a["reason"] for a in agree if "reason" in a})
+        reasons = sorted({a.reason for a in agree if a.reason is not None})
         notes += [f"agreement not computed at some layers: {why}" for why in reasons]
-        return AttentionResult(
+        layers = [model.site(s).layer for s in sites]
+        n_keys = [r.n_keys for r in reducers]
+        sources = sorted({trace.attn_source[s] for s in sites if s in trace.attn_source})
+        summary = Attention(
             query=reading.query,
+            definitions=_definitions(reading, self.ks, self.z),
+            attention_source=sources[0] if len(sources) == 1 else sources,
+            norm_method=method,
+            summary=attention_summary(sites, layers, stats, self.ks, agree),
             sites=sites,
-            layers=[model.site(s).layer for s in sites],
-            layer_maps=maps,
-            artifact_maps=arts,
-            last_layer_heads=heads,
-            sink_mass_topk={k: stats[f"top{k}"] for k in self.ks},
+            layers=layers,
+            map_grid=[list(m.shape[-2:]) for m in maps],
+            n_keys=n_keys,
+            sink_mass={str(k): stats[f"top{k}"] for k in self.ks},
             entropy=stats["entropy"],
+            entropy_normalized=[
+                e / math.log(k) if k > 1 else None
+                for e, k in zip(stats["entropy"], n_keys, strict=True)
+            ],
             cls_to_patch_max=stats["max"],
             artifact_rate=stats["rate"],
-            n_keys=[r.n_keys for r in reducers],
             agreement=agree,
-            norm_method=method,
-            attn_source={s: trace.attn_source[s] for s in sites if s in trace.attn_source},
-            definitions=_definitions(reading, self.ks, self.z),
             notes=notes,
         )
+        return AttentionResult(maps, arts, heads, summary)
 
     def _agree(
         self,
         r: AttentionMaps,
         maps: torch.Tensor,
         art: torch.Tensor,
-        norms: Any,
+        norms: NormsResult | None,
         method: str | None,
-    ) -> dict[str, Any]:
+    ) -> Agreement:
         """Agreement of one layer's attention artifacts with the norm outliers of its block output."""
         norm_site = r.site.removesuffix("attn.hook_pattern") + "hook_resid_post"
-        base: dict[str, Any] = {"norm_site": norm_site, "norm_method": method}
         if r.token_grid is None or tuple(r.grid) != tuple(r.token_grid):
-            return {
-                **base,
-                "reason": "the map is on the spatially reduced key grid, not on the token grid, "
+            return Agreement(
+                norm_site=norm_site,
+                norm_method=method,
+                reason="the map is on the spatially reduced key grid, not on the token grid, "
                 "so it cannot be matched to token norms",
-            }
+            )
         if norms is None or norm_site not in norms.trace.norms:
-            return {**base, "reason": f"no norms at {norm_site} (run NormAnalysis first)"}
+            why = f"no norms at {norm_site} (run NormAnalysis first)"
+            return Agreement(norm_site=norm_site, norm_method=method, reason=why)
         values = norms.trace.patch_maps(norm_site)
         if method == "auto":
-            outl = norms.report.masks(norms.trace, norm_site, "auto")
+            outl = norms.masks(norm_site, "auto")
         else:
             outl = _top_p_mask(values, self.top_p)
         top = agreement(_top_p_mask(maps, self.top_p), _top_p_mask(values, self.top_p))
-        return {**base, **agreement(art, outl), "top_p_iou": top["iou"], "top_p": self.top_p}
+        return Agreement(
+            norm_site=norm_site,
+            norm_method=method,
+            **agreement(art, outl),
+            top_p_iou=top["iou"],
+            top_p=self.top_p,
+        )

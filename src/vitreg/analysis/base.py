@@ -16,6 +16,23 @@ from typing import Any, ClassVar
 from vitreg.hooks.reducers import Reducer
 from vitreg.models.model import Model, TraceResult
 from vitreg.progress import Update
+from vitreg.results.base import ResultsModel
+
+
+class Traced:
+    """An analysis result that also keeps tensors for figures or later analyses (maps, the norm
+    trace): its summary, the block metrics.json holds, is one results model."""
+
+    summary: ResultsModel
+
+
+#: what an analysis finishes with: its results model, or a :class:`Traced` holder of it
+Finished = ResultsModel | Traced
+
+
+def summary_of(result: Finished) -> ResultsModel:
+    """The results model of a finished analysis."""
+    return result.summary if isinstance(result, Traced) else result
 
 
 class Analysis(ABC):
@@ -32,7 +49,7 @@ class Analysis(ABC):
         """Fresh reducers for one pass over the data."""
 
     @abstractmethod
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> Any:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> Finished:
         """Summarise this analysis' reducers (found in ``trace``); ``done`` holds earlier results."""
 
 
@@ -44,7 +61,7 @@ def run_analyses(
     limit: int | None = None,
     progress: Update | None = None,
     attention: str = "auto",
-) -> tuple[dict[str, Any], dict[str, str], TraceResult]:
+) -> tuple[dict[str, Finished], dict[str, str], TraceResult]:
     """One pass for all ``analyses``: returns (results, not-applicable reasons, the trace)."""
     skipped = {a.name: r for a in analyses if (r := a.not_applicable(model)) is not None}
     active = [a for a in analyses if a.name not in skipped]
@@ -53,7 +70,7 @@ def run_analyses(
     trace = model.trace(
         data, everything, batch_size=batch_size, limit=limit, progress=progress, attention=attention
     )
-    results: dict[str, Any] = {}
+    results: dict[str, Finished] = {}
     for a in active:
         own = TraceResult(owned[a.name], trace.n_images, trace.layouts, trace.attn_source)
         results[a.name] = a.finish(model, own, results)

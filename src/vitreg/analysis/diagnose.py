@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.analysis.base import Analysis, Finished, Traced, run_analyses, summary_of
+from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.progress import Update
+from vitreg.results.diagnose import DiagnoseResults
 
 
 def default_analyses(
@@ -44,28 +46,31 @@ def default_analyses(
 
 @dataclass
 class DiagnoseResult:
-    """All analyses of one model on one image set, plus what did not apply and why."""
+    """All analyses of one model on one image set: ``results``, the typed block metrics.json
+    holds (what did not apply and why included), and ``traced``, the tensors behind the figures
+    (the norm trace, attention and redundancy maps, patch features) by analysis."""
 
-    model: dict[str, Any]
-    data: dict[str, Any]
-    results: dict[str, Any]
-    not_applicable: dict[str, str] = field(default_factory=dict)
-    attn_source: dict[str, str] = field(default_factory=dict)
+    model: dict[str, Any]  # Model.describe()
+    data: dict[str, Any]  # the images' description, with n_images
+    results: DiagnoseResults
+    traced: dict[str, Traced] = field(default_factory=dict)
 
     @property
     def verdict(self) -> bool:
-        return bool(self.results["norms"].report.verdict)
+        return self.results.norms.artifacts_present
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``results`` block of metrics.json (analyses' own ``to_dict``; the per-kind
-        verdict first)."""
-        sources = sorted(set(self.attn_source.values()))
-        first = sorted(self.results, key=lambda name: name != "kinds")
-        return {
-            **{name: self.results[name].to_dict() for name in first},
-            "not_applicable": dict(self.not_applicable),
-            "attention_source": sources[0] if len(sources) == 1 else sources,
-        }
+
+def typed_results(
+    found: dict[str, Finished], skipped: dict[str, str], attn_source: dict[str, str]
+) -> DiagnoseResults:
+    """The results model of what the analyses ``found`` (``skipped``: why the others did not
+    run; ``attn_source``: how each attention site's pattern was read)."""
+    sources = sorted(set(attn_source.values()))
+    return DiagnoseResults(
+        **{name: summary_of(result) for name, result in found.items()},
+        not_applicable=dict(skipped),
+        attention_source=sources[0] if len(sources) == 1 else sources,
+    )
 
 
 def diagnose(
@@ -83,15 +88,22 @@ def diagnose(
     """Run the artifact analyses on ``data`` (tensor, DataLoader or iterable of batches).
 
     ``max_maps`` bounds how many images keep full per-layer maps for figures; statistics use
-    every image.
+    every image. ``analyses`` must include the norms (:class:`NormAnalysis`): the verdict and
+    the per-kind verdict are read from them.
     """
     chosen = analyses if analyses is not None else default_analyses(rules, max_maps)
-    results, skipped, trace = run_analyses(
+    if not any(a.name == "norms" for a in chosen):
+        raise InputError(
+            "diagnose needs the norm analysis, which gives the verdict: add NormAnalysis() to "
+            "analyses (or call run_analyses for the others alone)"
+        )
+    found, skipped, trace = run_analyses(
         model, data, chosen, batch_size=batch_size, limit=limit, progress=progress
     )
-    if "norms" in results:  # the per-kind verdict reads what ran and why the rest did not
-        from vitreg.analysis.kinds import verdicts
+    from vitreg.analysis.kinds import verdicts
 
-        results["kinds"] = verdicts(results, skipped)
+    found["kinds"] = verdicts(found, skipped)  # reads what ran and why the rest did not
     desc = {"n_images": trace.n_images, **(data_description or {})}
-    return DiagnoseResult(model.describe(), desc, results, skipped, dict(trace.attn_source))
+    traced = {name: r for name, r in found.items() if isinstance(r, Traced)}
+    results = typed_results(found, skipped, trace.attn_source)
+    return DiagnoseResult(model.describe(), desc, results, traced)

@@ -9,19 +9,22 @@ patch (row ``h // 2``, column ``w // 2``), the same in every image.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitreg.analysis.base import Analysis
+from vitreg.analysis.base import Analysis, Finished, Traced
 from vitreg.analysis.norms import norm_sites
+from vitreg.core.renamed import renamed
 from vitreg.errors import HookError
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.results import diagnose as typed
+from vitreg.results.diagnose import PCA, SitePicture
 
 N_COMPONENTS = 3
 RGB_CLIP = (1.0, 99.0)  # percentiles of each component mapped to 0 and 1
@@ -99,8 +102,10 @@ class PCABasis:
         p = (self.project(features) - self.lo) / (self.hi - self.lo)
         return p.clamp(0, 1).float().numpy()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"explained_variance": self.explained, "n_patches": self.n_patches}
+    @property
+    def pca(self) -> PCA:
+        """The share of variance of the components and how many patches they were fitted on."""
+        return PCA(explained_variance=self.explained, n_patches=self.n_patches)
 
 
 def pca_basis(stats: dict[str, Any], k: int = N_COMPONENTS) -> PCABasis:
@@ -129,13 +134,13 @@ def similarity_maps(features: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class FeaturePictures:
-    """PCA colours and centre-patch similarity at one site, for the first images of a run."""
+class SiteFeatures(Traced):
+    """The patch features of the first images of a run at one site and their PCA basis (for
+    PCA colours and centre-patch similarity)."""
 
-    site: str
-    where: str  # "residual stream" or "after the final norm"
     features: torch.Tensor  # [n, h, w, C] of the kept images
     basis: PCABasis
+    summary: SitePicture
 
     @property
     def query(self) -> tuple[int, int]:
@@ -146,14 +151,22 @@ class FeaturePictures:
         """``[n, h, w]`` cosine similarity of each kept image's centre patch to every patch."""
         return similarity_maps(self.features)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "site": self.site,
-            "where": self.where,
-            "n_images_shown": int(self.features.shape[0]),
-            "query_patch": list(self.query),
-            "pca": self.basis.to_dict(),
-        }
+
+def site_features(site: str, stats: dict[str, torch.Tensor | int]) -> SiteFeatures:
+    """The kept features of ``site`` with the PCA basis of all its patches (``stats``: a
+    :class:`PatchFeatures` result)."""
+    features = stats["features"]
+    assert isinstance(features, torch.Tensor)
+    basis = pca_basis(stats).fit_colours(features)
+    where = "after the final norm" if site.startswith("ln_final") else "residual stream"
+    summary = SitePicture(
+        site=site,
+        where=where,
+        n_images_shown=int(features.shape[0]),
+        query_patch=list(query_patch(*features.shape[1:3])),
+        pca=basis.pca,
+    )
+    return SiteFeatures(features, basis, summary)
 
 
 class FeaturePictureAnalysis(Analysis):
@@ -180,7 +193,7 @@ class FeaturePictureAnalysis(Analysis):
         return [PatchFeatures(site, self.keep) for site in self.sites(model)]
 
     def finish(
-        self, model: Model, trace: TraceResult, done: dict[str, Any]
+        self, model: Model, trace: TraceResult, done: dict[str, Finished]
     ) -> FeaturePicturesResult:
         out, skipped = {}, {}
         for reducer in trace.reducers:
@@ -189,19 +202,17 @@ class FeaturePictureAnalysis(Analysis):
             except HookError as e:
                 skipped[reducer.site] = str(e)
                 continue
-            final = reducer.site.startswith("ln_final")
-            where = "after the final norm" if final else "residual stream"
-            basis = pca_basis(stats).fit_colours(stats["features"])
-            out[reducer.site] = FeaturePictures(reducer.site, where, stats["features"], basis)
-        return FeaturePicturesResult(out, skipped)
+            out[reducer.site] = site_features(reducer.site, stats)
+        summary = typed.FeaturePictures(sites=[p.summary for p in out.values()], skipped=skipped)
+        return FeaturePicturesResult(out, summary)
 
 
 @dataclass
-class FeaturePicturesResult:
-    """Feature pictures by site, in forward order."""
+class FeaturePicturesResult(Traced):
+    """Feature pictures by site, in forward order, and their summary (with the sites left out)."""
 
-    by_site: dict[str, FeaturePictures]
-    skipped: dict[str, str] = field(default_factory=dict)  # site -> why it has no picture
+    by_site: dict[str, SiteFeatures]
+    summary: typed.FeaturePictures
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"sites": [p.to_dict() for p in self.by_site.values()], "skipped": self.skipped}
+
+__getattr__ = renamed(__name__, {"FeaturePictures": "SiteFeatures"}, globals())

@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 
-from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.analysis.base import Analysis, Finished, Traced, run_analyses
 from vitreg.core.layout import TokenLayout
 from vitreg.errors import UnsupportedModelError
 from vitreg.hooks.reducers import Mean, Reducer, as_tokens
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
 from vitreg.progress import Update
+from vitreg.results.diagnose import LNSeparation, Similarity
 
 PAIRS = ("cls_patch", "patch_patch", "register_patch", "register_cls")
 POINTS = {
@@ -82,39 +83,23 @@ class PairSimilarity(Reducer):
             self.count[k] = self.count.get(k, 0) + other.count[k]
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> dict[str, Similarity]:
         out = {}
         for k, s in self.sum.items():
             n = self.count[k]
             mean = s / n
-            out[k] = {
-                "mean": mean,
-                "std": math.sqrt(max(self.sumsq[k] / n - mean * mean, 0.0)),
-                "n": n,
-            }
+            std = math.sqrt(max(self.sumsq[k] / n - mean * mean, 0.0))
+            out[k] = Similarity(mean=mean, std=std, n=n)
         return out
 
 
 @dataclass
-class LNSeparation:
-    """Per block: similarities at each probe point and channel ownership at the block input."""
+class LNResult(Traced):
+    """Channel ownership ``r[k]`` at each block's input (None: no [CLS] or patch there), and
+    the summary of the separation."""
 
-    similarity: list[dict[str, dict[str, dict[str, float]]]]  # [block][point][pair] -> mean/std/n
-    owned_fraction: list[float | None]
-    gain_on_owned: list[float | None]  # mean |gamma1| on owned / on other channels
-    ownership: list[torch.Tensor | None]  # r[k] per block
-    has_cls: bool
-    has_registers: bool
-
-    def to_dict(self) -> dict:
-        return {
-            "similarity": self.similarity,
-            "owned_channel_fraction": self.owned_fraction,
-            "ln1_gain_owned_over_other": self.gain_on_owned,
-            "owned_threshold": "|log(m_cls/m_patch)| > log 4",
-            "has_cls": self.has_cls,
-            "has_registers": self.has_registers,
-        }
+    ownership: list[torch.Tensor | None]
+    summary: LNSeparation
 
 
 def ln_separation(
@@ -123,12 +108,14 @@ def ln_separation(
     batch_size: int = 32,
     limit: int | None = None,
     progress: Update | None = None,
-) -> LNSeparation:
+) -> LNResult:
     """Measure [CLS]/register/patch similarity around each LayerNorm and channel ownership."""
     results, skipped, _ = run_analyses(model, data, [LNAnalysis()], batch_size, limit, progress)
     if "ln_separation" in skipped:
         raise UnsupportedModelError(skipped["ln_separation"])
-    return results["ln_separation"]
+    found = results["ln_separation"]
+    assert isinstance(found, LNResult)
+    return found
 
 
 def _blocks(model: Model) -> list[str]:
@@ -158,11 +145,14 @@ class LNAnalysis(Analysis):
             out.append(Mean(f"{b}.ln1.hook_in", of="abs"))
         return out
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> LNSeparation:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> LNResult:
         by_site = {r.site: r.result() for r in trace.reducers if isinstance(r, PairSimilarity)}
         mags = {r.site: r.result() for r in trace.reducers if isinstance(r, Mean)}
         layout = model.layout
-        similarity, owned, gain, ownership = [], [], [], []
+        similarity: list[dict[str, dict[str, Similarity]]] = []
+        owned: list[float | None] = []
+        gain: list[float | None] = []
+        ownership: list[torch.Tensor | None] = []
         for b in _blocks(model):
             similarity.append({p: by_site.get(f"{b}.{s}", {}) for p, s in POINTS.items()})
             m = mags[f"{b}.ln1.hook_in"]
@@ -183,7 +173,15 @@ class LNAnalysis(Analysis):
             else:
                 gain.append(None)
             ownership.append(r)
-        return LNSeparation(similarity, owned, gain, ownership, layout.n_cls > 0, layout.n_reg > 0)
+        summary = LNSeparation(
+            similarity=similarity,
+            owned_channel_fraction=owned,
+            ln1_gain_owned_over_other=gain,
+            owned_threshold="|log(m_cls/m_patch)| > log 4",
+            has_cls=layout.n_cls > 0,
+            has_registers=layout.n_reg > 0,
+        )
+        return LNResult(ownership, summary)
 
 
 def _ln_gain(model: Model, site: str) -> torch.Tensor | None:

@@ -12,17 +12,18 @@ and whether those tokens are the high-norm tokens.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from vitreg.analysis.base import Analysis
-from vitreg.analysis.norms import norm_sites
+from vitreg.analysis.base import Analysis, Finished
+from vitreg.analysis.norms import NormsResult, norm_sites
 from vitreg.core.layout import TokenLayout
+from vitreg.core.renamed import renamed
 from vitreg.hooks.reducers import Reducer, as_tokens
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.results.kinds import Massive, MassiveBlock, MassiveChannelRow
 
 ABSOLUTE = 100.0
 RELATIVE = 1000.0
@@ -72,65 +73,19 @@ class MassiveEntries(Reducer):
         return {"layer": self.layer, "medians": self.medians, "entries": entries}
 
 
-@dataclass
-class MassiveChannel:
-    """One channel carrying massive activations."""
-
-    channel: int
-    blocks: list[int]
-    hits_per_image: float  # massive (token) entries per image, summed over blocks
-    max_value: float
-    max_over_median: float
-    token_types: dict[str, int]
-    top_tokens: list[int]  # most frequent token indices
-    high_norm_share: float  # share of its entries on high-norm tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class MassiveResult:
-    """Massive activations per block and per channel, and their overlap with high-norm tokens."""
-
-    n_images: int
-    blocks: list[dict[str, Any]]
-    channels: list[MassiveChannel]
-    first_block: int | None
-    on_high_norm: float | None  # share of massive entries on high-norm tokens
-    outliers_with_massive: float | None  # share of auto-rule patch outliers with a massive entry
-    rule: str = RULE
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def present(self) -> bool:
-        return bool(self.channels)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "present": self.present,
-            "rule": self.rule,
-            "n_images": self.n_images,
-            "first_block": self.first_block,
-            "blocks": self.blocks,
-            "channels": [c.to_dict() for c in self.channels],
-            "on_high_norm_tokens": self.on_high_norm,
-            "auto_outliers_with_massive": self.outliers_with_massive,
-            "high_norm_rule": f"token norm >= {HIGH_NORM:g} x the median patch norm at that block",
-            "notes": list(self.notes),
-        }
-
-
 def _high_norm(norms: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     """Bool ``[n_images, N]``: tokens at >= :data:`HIGH_NORM` x the image's median patch norm."""
     med = layout.take(norms, "patches").median(dim=1).values
     return norms >= HIGH_NORM * med[:, None]
 
 
-def summarise(per_block: list[dict[str, Any]], n_images: int, norms: Any = None) -> MassiveResult:
-    """Turn each block's kept entries into a :class:`MassiveResult` (``norms``: the
+def summarise(
+    per_block: list[dict[str, Any]], n_images: int, norms: NormsResult | None = None
+) -> Massive:
+    """Turn each block's kept entries into the :class:`Massive` results (``norms``: the
     :class:`~vitreg.analysis.norms.NormsResult`, for the overlap with high-norm tokens)."""
-    blocks, by_channel = [], {}
+    blocks: list[MassiveBlock] = []
+    by_channel: dict[int, dict[str, Any]] = {}
     on_high = total = 0
     outliers_hit = outliers_all = 0
     layout = None
@@ -144,18 +99,18 @@ def summarise(per_block: list[dict[str, Any]], n_images: int, norms: Any = None)
             tn = norms.trace.norms[b["site"]]
             lay = norms.trace.layouts[b["site"]]
             high = _high_norm(tn, lay)
-            mask = norms.report.masks(norms.trace, b["site"], "auto").flatten(1)
+            mask = norms.masks(b["site"], "auto").flatten(1)
             hit_tokens = torch.zeros_like(high)
             hit_tokens[images, tokens] = True
             outliers_all += int(mask.sum())
             outliers_hit += int((mask & lay.take(hit_tokens, "patches")).sum())
         blocks.append(
-            {
-                "block": layer,
-                "median_abs": float(med.median()) if len(med) else 0.0,
-                "entries_per_image": len(e) / max(n_images, 1),
-                "channels": sorted(set(chans.tolist())),
-            }
+            MassiveBlock(
+                block=layer,
+                median_abs=float(med.median()) if len(med) else 0.0,
+                entries_per_image=len(e) / max(n_images, 1),
+                channels=sorted(set(chans.tolist())),
+            )
         )
         for c in set(chans.tolist()):
             sel = chans == c
@@ -176,7 +131,7 @@ def summarise(per_block: list[dict[str, Any]], n_images: int, norms: Any = None)
         tokens = rows[:, 1].long().tolist()
         highs = torch.cat(entry["high"]) if entry["high"] else None
         channels.append(
-            MassiveChannel(
+            MassiveChannelRow(
                 channel=c,
                 blocks=entry["blocks"],
                 hits_per_image=len(rows) / max(n_images, 1),
@@ -188,14 +143,17 @@ def summarise(per_block: list[dict[str, Any]], n_images: int, norms: Any = None)
             )
         )
     channels.sort(key=lambda ch: -ch.max_value)
-    first = min((b["block"] for b in blocks if b["entries_per_image"] > 0), default=None)
-    return MassiveResult(
+    first = min((b.block for b in blocks if b.entries_per_image > 0), default=None)
+    return Massive(
+        present=bool(channels),
+        rule=RULE,
         n_images=n_images,
+        first_block=first,
         blocks=blocks,
         channels=channels[:TOP_CHANNELS],
-        first_block=first,
-        on_high_norm=on_high / total if total else None,
-        outliers_with_massive=outliers_hit / outliers_all if outliers_all else None,
+        on_high_norm_tokens=on_high / total if total else None,
+        auto_outliers_with_massive=outliers_hit / outliers_all if outliers_all else None,
+        high_norm_rule=f"token norm >= {HIGH_NORM:g} x the median patch norm at that block",
         notes=[]
         if norms is not None
         else ["no norm results: overlap with high-norm tokens unknown"],
@@ -211,10 +169,18 @@ class MassiveAnalysis(Analysis):
         sites, _ = norm_sites(model)
         return [MassiveEntries(s, i) for i, s in enumerate(sites)]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> MassiveResult:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> Massive:
         per_block = [
             {**r.result(), "site": r.site, "layout": r.layout}
             for r in trace.reducers
             if isinstance(r, MassiveEntries)
         ]
-        return summarise(per_block, trace.n_images, done.get("norms"))
+        norms = done.get("norms")
+        return summarise(
+            per_block, trace.n_images, norms if isinstance(norms, NormsResult) else None
+        )
+
+
+__getattr__ = renamed(
+    __name__, {"MassiveChannel": "MassiveChannelRow", "MassiveResult": "Massive"}, globals()
+)

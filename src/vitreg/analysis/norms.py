@@ -8,20 +8,22 @@ run on patch tokens; [CLS], registers and inserted tokens are summarised on thei
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.analysis.base import Analysis, Finished, Traced, run_analyses
 from vitreg.analysis.rules import SET_RULES as METHODS
 from vitreg.analysis.rules import threshold
-from vitreg.analysis.thresholds import BimodalFit, bimodal_fit
+from vitreg.analysis.thresholds import bimodal_fit
 from vitreg.core.layout import TokenLayout
+from vitreg.core.renamed import renamed
 from vitreg.hooks.reducers import Reducer, TokenNorms
 from vitreg.models.model import Model, TraceResult
 from vitreg.progress import Update
+from vitreg.results.diagnose import Evidence, Norms, Quantiles, SiteNorms
 
 QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.98, 0.99, 1.0)
 DEFAULT_RULES: dict[str, dict[str, float]] = {
@@ -70,47 +72,17 @@ def norm_report(
     return results["norms"]
 
 
-@dataclass
-class LayerOutliers:
-    """Outlier statistics of patch tokens at one site, by every rule."""
-
-    site: str
-    layer: int | None
-    quantiles: dict[str, float]
-    by_type: dict[str, float]  # mean norm of cls / register / extra / patch tokens
-    bimodal: BimodalFit
-    thresholds: dict[str, float]
-    rates: dict[str, float]
-
-    @property
-    def present(self) -> bool:
-        return self.bimodal.present
-
-    def to_dict(self) -> dict:
-        return {
-            "site": self.site,
-            "layer": self.layer,
-            "quantiles": self.quantiles,
-            "mean_norm_by_type": self.by_type,
-            "bimodal": self.bimodal.to_dict(),
-            "thresholds": {k: _finite(v) for k, v in self.thresholds.items()},
-            "outlier_rate": self.rates,
-            "artifacts_present": self.present,
-            "p98_over_median": self.quantiles["p98"] / max(self.quantiles["p50"], 1e-12),
-            "max_over_median": self.quantiles["max"] / max(self.quantiles["p50"], 1e-12),
-        }
-
-
 def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
 def layer_outliers(
     trace: NormTrace, site: str, rules: dict[str, dict[str, float]], layer: int | None
-) -> LayerOutliers:
+) -> SiteNorms:
+    """Outlier statistics of the patch tokens at ``site`` by every rule."""
     patch = trace.patch_norms(site).numpy().ravel()
     qs = np.quantile(patch, QUANTILES) if patch.size else np.zeros(len(QUANTILES))
-    names = ["p1", "p25", "p50", "p75", "p98", "p99", "max"]
+    quantiles = Quantiles(**dict(zip(Quantiles.model_fields, map(float, qs), strict=True)))
     lay = trace.layouts[site]
     by_type = {}
     for kind, sl in (
@@ -122,48 +94,27 @@ def layer_outliers(
         if sl.stop > sl.start:
             by_type[kind] = float(trace.norms[site][:, sl].mean())
     fit = bimodal_fit(patch)
-    thresholds = {}
-    for method, params in rules.items():
-        thresholds[method] = (
-            fit.threshold if method == "auto" else threshold(patch, method, **params)
-        )
+    thresholds = {
+        method: fit.cut if method == "auto" else threshold(patch, method, **params)
+        for method, params in rules.items()
+    }
     rates = {m: float((patch > t).mean()) if patch.size else 0.0 for m, t in thresholds.items()}
-    return LayerOutliers(
-        site, layer, dict(zip(names, map(float, qs), strict=True)), by_type, fit, thresholds, rates
+    median = max(quantiles.p50, 1e-12)
+    return SiteNorms(
+        site=site,
+        layer=layer,
+        quantiles=quantiles,
+        mean_norm_by_type=by_type,
+        bimodal=fit,
+        thresholds={k: _finite(v) for k, v in thresholds.items()},
+        outlier_rate=rates,
+        artifacts_present=fit.present,
+        p98_over_median=quantiles.p98 / median,
+        max_over_median=quantiles.max / median,
     )
 
 
-@dataclass
-class OutlierReport:
-    """Per-layer outlier statistics, the post-final-norm view, the emergence layer and the verdict."""
-
-    layers: list[LayerOutliers]
-    final_norm: LayerOutliers | None
-    rules: dict[str, dict[str, float]]
-    emergence_layer: int | None
-    verdict: bool
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def masks(self, trace: NormTrace, site: str, method: str = "auto") -> torch.Tensor:
-        """``[n_images, h, w]`` bool outlier maps at ``site`` under ``method``."""
-        layer = next(
-            lo for lo in self.layers + [self.final_norm] if lo is not None and lo.site == site
-        )
-        return trace.patch_maps(site) > layer.thresholds[method]
-
-    def to_dict(self) -> dict:
-        return {
-            "verdict": "artifacts" if self.verdict else "no artifacts",
-            "artifacts_present": self.verdict,
-            "emergence_layer": self.emergence_layer,
-            "evidence": self.evidence,
-            "rules": self.rules,
-            "layers": [lo.to_dict() for lo in self.layers],
-            "after_final_norm": self.final_norm.to_dict() if self.final_norm else None,
-        }
-
-
-def outliers(trace: NormTrace, rules: dict[str, dict[str, float]] | None = None) -> OutlierReport:
+def outliers(trace: NormTrace, rules: dict[str, dict[str, float]] | None = None) -> Norms:
     """Apply every rule at every block output; decide presence from the bimodal fit alone.
 
     The verdict is positive when some layer's patch norms split into a minority mode at least
@@ -178,34 +129,51 @@ def outliers(trace: NormTrace, rules: dict[str, dict[str, float]] | None = None)
     rules.setdefault("auto", {})
     layers = [layer_outliers(trace, s, rules, i) for i, s in enumerate(trace.sites)]
     final = layer_outliers(trace, trace.final_site, rules, None) if trace.final_site else None
-    present = [lo.present for lo in layers]
+    present = [lo.artifacts_present for lo in layers]
     emergence = next(
         (i for i, p in enumerate(present) if p and (i + 1 == len(present) or present[i + 1])), None
     )
     verdict = emergence is not None
-    strongest = max(layers, key=lambda lo: lo.bimodal.ashman_d if lo.present else -1.0)
-    evidence: dict[str, Any] = {
-        "layers_with_outlier_mode": [i for i, p in enumerate(present) if p],
-        "strongest_layer": strongest.layer if verdict else None,
-        "mode_ratio": strongest.bimodal.mode_ratio if verdict else None,
-        "ashman_d": strongest.bimodal.ashman_d if verdict else None,
-        "outlier_rate": strongest.rates["auto"] if verdict else 0.0,
-        "after_final_norm_present": final.present if final else None,
-        "criteria": "two-Gaussian fit of log10 patch norms: BIC gain > 10, Ashman D > 2, "
+    strongest = max(
+        layers, key=lambda lo: (lo.bimodal.ashman_d or 0.0) if lo.artifacts_present else -1.0
+    )
+    evidence = Evidence(
+        layers_with_outlier_mode=[i for i, p in enumerate(present) if p],
+        strongest_layer=strongest.layer if verdict else None,
+        mode_ratio=strongest.bimodal.mode_ratio if verdict else None,
+        ashman_d=strongest.bimodal.ashman_d if verdict else None,
+        outlier_rate=strongest.outlier_rate["auto"] if verdict else 0.0,
+        after_final_norm_present=final.artifacts_present if final else None,
+        criteria="two-Gaussian fit of log10 patch norms: BIC gain > 10, Ashman D > 2, "
         "upper weight <= 0.3, upper/lower median ratio >= 3",
-    }
-    return OutlierReport(layers, final, rules, emergence, verdict, evidence)
+    )
+    return Norms(
+        n_images=trace.n_images,
+        verdict="artifacts" if verdict else "no artifacts",
+        artifacts_present=verdict,
+        emergence_layer=emergence,
+        evidence=evidence,
+        rules=rules,
+        layers=layers,
+        after_final_norm=final,
+    )
 
 
 @dataclass
-class NormsResult:
-    """The per-token norm trace (for maps and figures) and the outlier report."""
+class NormsResult(Traced):
+    """The per-token norm trace (for maps and figures) and its outlier summary."""
 
     trace: NormTrace
-    report: OutlierReport
+    summary: Norms
 
-    def to_dict(self) -> dict:
-        return {"n_images": self.trace.n_images, **self.report.to_dict()}
+    def site(self, site: str) -> SiteNorms:
+        """The outlier statistics at ``site`` (a block output or the final norm)."""
+        found = [*self.summary.layers, self.summary.after_final_norm]
+        return next(lo for lo in found if lo is not None and lo.site == site)
+
+    def masks(self, site: str, method: str = "auto") -> torch.Tensor:
+        """``[n_images, h, w]`` bool outlier maps at ``site`` under ``method``."""
+        return self.trace.patch_maps(site) > self.site(site).cut(method)
 
 
 class NormAnalysis(Analysis):
@@ -220,9 +188,12 @@ class NormAnalysis(Analysis):
         sites, final = norm_sites(model)
         return [TokenNorms(s) for s in sites + ([final] if final else [])]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> NormsResult:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> NormsResult:
         sites, final = norm_sites(model)
         norms = {r.site: r.result()["norms"] for r in trace.reducers}
         layouts = {s: trace.layouts[s] for s in norms}
         nt = NormTrace(sites, norms, layouts, final, trace.n_images)
         return NormsResult(nt, outliers(nt, self.rules))
+
+
+__getattr__ = renamed(__name__, {"LayerOutliers": "SiteNorms", "OutlierReport": "Norms"}, globals())

@@ -20,16 +20,16 @@ with a score >= 0.5 that the constant images reproduce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
-from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.analysis.attention import AttentionResult
+from vitreg.analysis.base import Analysis, Finished, run_analyses
 from vitreg.analysis.massive import HIGH_NORM
 from vitreg.analysis.norms import NormAnalysis, NormsResult
+from vitreg.core.renamed import renamed
 from vitreg.hooks.reducers import Reducer
 from vitreg.models.model import Model, TraceResult
+from vitreg.results.kinds import PositionEmbedding, Positions
 
 CONSISTENT = 0.9  # share of images in which a position must be an outlier
 MIN_SCORE = 0.5
@@ -42,44 +42,12 @@ RULE = (
 )
 
 
-@dataclass
-class PositionResult:
-    """Per-position statistics, position-embedding norms and constant-image responses."""
-
-    n_images: int
-    block: int | None  # the block with the most outlier hits on consistent positions (or at all)
-    positions: list[list[int]]  # consistent [row, col] at that block
-    score: float
-    rate_map: list[list[float]]  # share of images with an outlier at each position (that block)
-    constant_positions: dict[str, list[list[int]]]  # grey / zero: high positions at that block
-    pos_embed: dict[str, Any] | None
-    attention_positions: list[list[int]]  # attention artifacts in >= 90% of the kept maps
-    rule: str = RULE
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def present(self) -> bool:
-        if not self.positions or self.score < MIN_SCORE:
-            return False
-        return any(
-            set(map(tuple, self.positions)) & set(map(tuple, p))
-            for p in self.constant_positions.values()
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "present": self.present,
-            "rule": self.rule,
-            "n_images": self.n_images,
-            "block": self.block,
-            "positions": self.positions,
-            "consistency_score": self.score,
-            "rate_map": self.rate_map,
-            "constant_images": self.constant_positions,
-            "position_embedding": self.pos_embed,
-            "attention_consistent_positions": self.attention_positions,
-            "notes": list(self.notes),
-        }
+def tied(positions: list[list[int]], score: float, constant: dict[str, list[list[int]]]) -> bool:
+    """Whether consistent ``positions`` with this ``score`` are position-tied artifacts: the
+    constant images put some of them high too."""
+    if not positions or score < MIN_SCORE:
+        return False
+    return any(set(map(tuple, positions)) & set(map(tuple, p)) for p in constant.values())
 
 
 def consistency(hits: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -95,7 +63,7 @@ def _cells(mask: torch.Tensor, w: int) -> list[list[int]]:
     return [[int(i) // w, int(i) % w] for i in mask.nonzero().flatten().tolist()]
 
 
-def pos_embed_stats(model: Model, grid: tuple[int, int]) -> dict[str, Any] | None:
+def pos_embed_stats(model: Model, grid: tuple[int, int]) -> PositionEmbedding | None:
     """Norm per patch position of the learned position embedding (None: the model has none,
     e.g. RoPE, or its grid differs from the traced one)."""
     module = model.module
@@ -120,13 +88,13 @@ def pos_embed_stats(model: Model, grid: tuple[int, int]) -> dict[str, Any] | Non
     if high.any():
         energy = (patches[high] ** 2).sum(0)
         share = float(energy.max() / energy.sum().clamp_min(1e-12))
-    return {
-        "norm_map": norms.reshape(grid).tolist(),
-        "median": med,
-        "max_over_median": float(norms.max()) / max(med, 1e-12),
-        "high_positions": _cells(high, grid[1]),
-        "top_channel_share_of_high": share,
-    }
+    return PositionEmbedding(
+        norm_map=norms.reshape(grid).tolist(),
+        median=med,
+        max_over_median=float(norms.max()) / max(med, 1e-12),
+        high_positions=_cells(high, grid[1]),
+        top_channel_share_of_high=share,
+    )
 
 
 def constant_images(
@@ -139,7 +107,9 @@ def constant_images(
     grey = (0.5 - mean) / std * torch.ones(1, 3, *size)
     x = torch.cat([grey, torch.zeros(1, 3, *size)]).to(model.device, model.dtype)
     res, _, _ = run_analyses(model, x, [NormAnalysis()])
-    trace = res["norms"].trace
+    found = res["norms"]
+    assert isinstance(found, NormsResult)
+    trace = found.trace
     site = sites[block]
     norms = trace.patch_norms(site)
     high = norms >= HIGH_NORM * norms.median(dim=1, keepdim=True).values
@@ -147,13 +117,15 @@ def constant_images(
     return {"grey": _cells(high[0], w), "zero": _cells(high[1], w)}
 
 
-def analyse_positions(model: Model, norms: NormsResult, attention: Any = None) -> PositionResult:
+def analyse_positions(
+    model: Model, norms: NormsResult, attention: AttentionResult | None = None
+) -> Positions:
     """Per-position statistics from the norm results (and attention maps, if any)."""
-    trace, report = norms.trace, norms.report
+    trace = norms.trace
     notes: list[str] = []
     best: tuple[int, tuple[int, int], torch.Tensor, float] | None = None
     for i, site in enumerate(trace.sites):
-        hits = report.masks(trace, site, "auto").flatten(1)
+        hits = norms.masks(site, "auto").flatten(1)
         rate, score = consistency(hits)
         key = (int(hits[:, rate >= CONSISTENT].sum()), int(hits.sum()))
         if key[1] and (best is None or key > best[1]):
@@ -174,20 +146,22 @@ def analyse_positions(model: Model, norms: NormsResult, attention: Any = None) -
     pos = pos_embed_stats(model, (h, w))
     if pos is None:
         notes.append("no learned position embedding at the traced grid (RoPE or resized)")
-    return PositionResult(
+    return Positions(
+        present=tied(positions, score, constant),
+        rule=RULE,
         n_images=trace.n_images,
         block=block,
         positions=positions,
-        score=score,
+        consistency_score=score,
         rate_map=rate.reshape(h, w).tolist(),
-        constant_positions=constant,
-        pos_embed=pos,
-        attention_positions=_attention_positions(attention),
+        constant_images=constant,
+        position_embedding=pos,
+        attention_consistent_positions=_attention_positions(attention),
         notes=notes,
     )
 
 
-def _attention_positions(attention: Any) -> list[list[int]]:
+def _attention_positions(attention: AttentionResult | None) -> list[list[int]]:
     """Positions that are attention artifacts in >= 90% of the kept maps of the last layer."""
     if attention is None or not attention.artifact_maps:
         return []
@@ -206,8 +180,13 @@ class PositionAnalysis(Analysis):
     def reducers(self, model: Model) -> list[Reducer]:
         return []
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> PositionResult:
-        norms = done.get("norms")
-        if norms is None:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> Positions:
+        norms, attention = done.get("norms"), done.get("attention")
+        if not isinstance(norms, NormsResult):
             raise ValueError("PositionAnalysis needs the norm results: put NormAnalysis first")
-        return analyse_positions(model, norms, done.get("attention"))
+        return analyse_positions(
+            model, norms, attention if isinstance(attention, AttentionResult) else None
+        )
+
+
+__getattr__ = renamed(__name__, {"PositionResult": "Positions"}, globals())

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import rankdata
 
-from vitreg.analysis.base import Analysis
+from vitreg.analysis.base import Analysis, Finished, Traced
 from vitreg.analysis.norms import NormsResult, norm_sites
 from vitreg.analysis.rules import SET_RULES as METHODS
 from vitreg.analysis.rules import threshold
@@ -29,6 +29,15 @@ from vitreg.errors import HookError, VitregError
 from vitreg.hooks.reducers import Reducer, TokenNorms
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.results.diagnose import (
+    Background,
+    Border,
+    Placement,
+    RateBin,
+    RateCurve,
+    Redundancy,
+    Spread,
+)
 
 EMBED_SITE = "hook_embed"
 SUMMARY_QUANTILES = (0.1, 0.25, 0.75, 0.9)
@@ -93,13 +102,12 @@ class NeighbourSimilarity(TokenNorms):
         return {"n4": maps[:, 0], "n8": maps[:, 1], "grid": (h, w)}
 
 
-def _summary(x: np.ndarray) -> dict[str, float] | None:
+def _summary(x: np.ndarray) -> Spread | None:
     if not x.size:
         return None
     qs = np.quantile(x, SUMMARY_QUANTILES)
-    out = {"n": int(x.size), "mean": float(x.mean()), "median": float(np.median(x))}
-    out.update({f"p{round(q * 100)}": float(v) for q, v in zip(SUMMARY_QUANTILES, qs, strict=True)})
-    return out
+    out = {f"p{round(q * 100)}": float(v) for q, v in zip(SUMMARY_QUANTILES, qs, strict=True)}
+    return Spread(n=int(x.size), mean=float(x.mean()), median=float(np.median(x)), **out)
 
 
 def _auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
@@ -114,7 +122,7 @@ def _rate(mask: np.ndarray, where: np.ndarray) -> float | None:
     return float(mask[where].mean()) if where.any() else None
 
 
-def rate_by_redundancy(r: np.ndarray, mask: np.ndarray, n_bins: int = N_BINS) -> dict[str, Any]:
+def rate_by_redundancy(r: np.ndarray, mask: np.ndarray, n_bins: int = N_BINS) -> RateCurve:
     """Outlier rate per quantile bin of redundancy ``r`` (tied edges merge bins)."""
     edges = np.unique(np.quantile(r, np.linspace(0, 1, n_bins + 1))) if r.size else np.zeros(1)
     if edges.size < 2:
@@ -124,34 +132,27 @@ def rate_by_redundancy(r: np.ndarray, mask: np.ndarray, n_bins: int = N_BINS) ->
     for i in range(edges.size - 1):
         sel = idx == i
         bins.append(
-            {
-                "lo": float(edges[i]),
-                "hi": float(edges[i + 1]),
-                "n": int(sel.sum()),
-                "mean_redundancy": float(r[sel].mean()) if sel.any() else None,
-                "outlier_rate": _rate(mask, sel),
-            }
+            RateBin(
+                lo=float(edges[i]),
+                hi=float(edges[i + 1]),
+                n=int(sel.sum()),
+                mean_redundancy=float(r[sel].mean()) if sel.any() else None,
+                outlier_rate=_rate(mask, sel),
+            )
         )
-    return {"measure": "embed_n4", "binning": f"{n_bins} quantile bins", "bins": bins}
+    return RateCurve(measure="embed_n4", binning=f"{n_bins} quantile bins", bins=bins)
 
 
 @dataclass
-class RedundancyResult:
-    """Redundancy maps at the embedding and the analysed layer, and where outliers sit."""
+class RedundancyResult(Traced):
+    """Redundancy maps at the embedding and the analysed layer, the outlier mask there, and the
+    summary of where outliers sit."""
 
-    layer_site: str
-    layer: int  # index of layer_site among block outputs
-    method: str  # outlier rule used for the comparisons
-    method_reason: str
     embed: dict[str, torch.Tensor]  # "n4"/"n8" -> [n_images, H0, W0] at hook_embed
-    at_layer: dict[str, torch.Tensor]  # "n4"/"n8" -> [n_images, h, w] at layer_site
-    outliers: torch.Tensor  # bool [n_images, h, w] at layer_site under ``method``
+    at_layer: dict[str, torch.Tensor]  # "n4"/"n8" -> [n_images, h, w] at the analysed layer
+    outliers: torch.Tensor  # bool [n_images, h, w] at the analysed layer under its rule
     max_maps: int
-    outlier_vs_normal: dict[str, dict[str, Any]]
-    rate_by_redundancy: dict[str, Any]
-    border: dict[str, Any]
-    background: dict[str, Any]
-    note: str | None
+    summary: Redundancy
 
     @property
     def embed_maps(self) -> torch.Tensor:
@@ -162,29 +163,6 @@ class RedundancyResult:
     def layer_maps(self) -> torch.Tensor:
         """``[n_maps, h, w]`` 4-neighbour redundancy at the analysed layer."""
         return self.at_layer["n4"][: self.max_maps]
-
-    @property
-    def n_outliers(self) -> int:
-        return int(self.outliers.sum())
-
-    def to_dict(self) -> dict:
-        return {
-            "embed_site": EMBED_SITE,
-            "layer_site": self.layer_site,
-            "layer": self.layer,
-            "embed_grid": list(self.embed["n4"].shape[1:]),
-            "layer_grid": list(self.at_layer["n4"].shape[1:]),
-            "measure": "mean cosine similarity to the valid 4- (n4) and 8-neighbours (n8)",
-            "outlier_method": self.method,
-            "outlier_method_reason": self.method_reason,
-            "n_outliers": self.n_outliers,
-            "outlier_rate": float(self.outliers.float().mean()) if self.outliers.numel() else 0.0,
-            "note": self.note,
-            "outlier_vs_normal": self.outlier_vs_normal,
-            "rate_by_redundancy": self.rate_by_redundancy,
-            "border": self.border,
-            "background": self.background,
-        }
 
 
 def _on_grid(maps: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -204,7 +182,7 @@ def _border_mask(n: int, h: int, w: int) -> np.ndarray:
 
 def placement(
     embed_n4: torch.Tensor, measures: dict[str, torch.Tensor], mask: torch.Tensor
-) -> tuple[dict, dict, dict, dict]:
+) -> tuple[dict[str, Placement], RateCurve, Border, Background]:
     """(outlier vs normal per measure, rate-by-redundancy curve, border, background) statistics.
 
     ``embed_n4`` and every measure are ``[n, h, w]`` on the grid of the bool outlier ``mask``.
@@ -217,30 +195,30 @@ def placement(
         v = values.numpy().ravel()
         fin = np.isfinite(v)
         pos, neg = v[fin & m], v[fin & ~m]
-        vs[name] = {"outlier": _summary(pos), "normal": _summary(neg), "auc": _auc(pos, neg)}
+        vs[name] = Placement(outlier=_summary(pos), normal=_summary(neg), auc=_auc(pos, neg))
     curve = rate_by_redundancy(r[ok], m[ok])
     n, h, w = mask.shape
     ring = _border_mask(n, h, w)
     rb, ri = _rate(m, ring), _rate(m, ~ring)
-    border = {
-        "definition": "outermost ring of patches at the analysed layer",
-        "n_border": int(ring.sum()),
-        "n_interior": int((~ring).sum()),
-        "outlier_rate_border": rb,
-        "outlier_rate_interior": ri,
-        "border_over_interior": rb / ri if rb is not None and ri else None,
-    }
+    border = Border(
+        definition="outermost ring of patches at the analysed layer",
+        n_border=int(ring.sum()),
+        n_interior=int((~ring).sum()),
+        outlier_rate_border=rb,
+        outlier_rate_interior=ri,
+        border_over_interior=rb / ri if rb is not None and ri else None,
+    )
     cut = float(np.quantile(r[ok], BACKGROUND_QUANTILE)) if ok.any() else math.nan
     bg = ok & (r >= cut)
-    background = {
-        "definition": f"embed n4 redundancy >= its p{round(BACKGROUND_QUANTILE * 100)} "
+    background = Background(
+        definition=f"embed n4 redundancy >= its p{round(BACKGROUND_QUANTILE * 100)} "
         "over all images",
-        "threshold": cut if math.isfinite(cut) else None,
-        "fraction": float(bg[ok].mean()) if ok.any() else 0.0,
-        "outlier_rate_background": _rate(m, bg),
-        "outlier_rate_foreground": _rate(m, ok & ~bg),
-        "outlier_share_in_background": float(bg[m].mean()) if m.any() else 0.0,
-    }
+        threshold=cut if math.isfinite(cut) else None,
+        fraction=float(bg[ok].mean()) if ok.any() else 0.0,
+        outlier_rate_background=_rate(m, bg),
+        outlier_rate_foreground=_rate(m, ok & ~bg),
+        outlier_share_in_background=float(bg[m].mean()) if m.any() else 0.0,
+    )
     return vs, curve, border, background
 
 
@@ -293,7 +271,9 @@ class RedundancyAnalysis(Analysis):
     def reducers(self, model: Model) -> list[Reducer]:
         return [NeighbourSimilarity(EMBED_SITE), NeighbourSimilarity(self.site(model)[0])]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> RedundancyResult:
+    def finish(
+        self, model: Model, trace: TraceResult, done: dict[str, Finished]
+    ) -> RedundancyResult:
         norms = done.get("norms")
         if not isinstance(norms, NormsResult):
             raise VitregError(
@@ -325,26 +305,36 @@ class RedundancyAnalysis(Analysis):
                 f"no outliers at {site} under {method!r}: there is nothing to place, so outlier "
                 "rates are zero and outlier summaries are empty"
             )
+        summary = Redundancy(
+            embed_site=EMBED_SITE,
+            layer_site=site,
+            layer=index,
+            embed_grid=list(embed["n4"].shape[1:]),
+            layer_grid=list(at_layer["n4"].shape[1:]),
+            measure="mean cosine similarity to the valid 4- (n4) and 8-neighbours (n8)",
+            outlier_method=method,
+            outlier_method_reason=reason,
+            n_outliers=int(mask.sum()),
+            outlier_rate=float(mask.float().mean()) if mask.numel() else 0.0,
+            note="; ".join(notes) or None,
+            outlier_vs_normal=vs,
+            rate_by_redundancy=curve,
+            border=border,
+            background=background,
+        )
+        pair = ("n4", "n8")
         return RedundancyResult(
-            site,
-            index,
-            method,
-            reason,
-            {k: embed[k] for k in ("n4", "n8")},
-            {k: at_layer[k] for k in ("n4", "n8")},
+            {k: embed[k] for k in pair},
+            {k: at_layer[k] for k in pair},
             mask,
             self.max_maps,
-            vs,
-            curve,
-            border,
-            background,
-            "; ".join(notes) or None,
+            summary,
         )
 
     def _method(self, norms: NormsResult) -> tuple[str, str]:
         if self.method is not None:
             return self.method, "chosen by the caller"
-        if norms.report.verdict:
+        if norms.summary.artifacts_present:
             return "auto", "artifact verdict positive: the bimodal (auto) outlier split"
         return "top_p", (
             "artifact verdict negative, so 'auto' flags nothing; comparing the top-p% norm "
@@ -352,8 +342,8 @@ class RedundancyAnalysis(Analysis):
         )
 
     def _mask(self, norms: NormsResult, site: str, method: str) -> torch.Tensor:
-        layer = next(lo for lo in norms.report.layers if lo.site == site)
-        cut = layer.thresholds.get(method)
+        layer = norms.site(site)
+        cut = layer.cut(method) if method in layer.thresholds else None
         if cut is None:
             cut = threshold(norms.trace.patch_norms(site).numpy(), method)
         return norms.trace.patch_maps(site) > cut

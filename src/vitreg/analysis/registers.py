@@ -12,16 +12,19 @@ register); **did not** when patches still carry outliers or most sinks land on p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from vitreg.analysis.base import Analysis
+from vitreg.analysis.base import Analysis, Finished
 from vitreg.analysis.massive import HIGH_NORM
+from vitreg.analysis.norms import NormsResult
+from vitreg.core.layout import TokenLayout
+from vitreg.core.renamed import renamed
 from vitreg.hooks.reducers import Reducer, type_index
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.results.kinds import Massive, Positions, RegisterBlock, Registers, Sinks
 
 GROUPS = ("cls", "register", "extra", "patch")
 
@@ -52,39 +55,14 @@ class ReceivedAttention(Reducer):
         return {k: v / max(self.count, 1) for k, v in self.sums.items()}
 
 
-@dataclass
-class RegisterResult:
-    """Register tokens (trained and inserted) summarised per block, and the absorption verdict."""
-
-    n_registers: int
-    n_extra: int
-    blocks: list[dict[str, Any]]  # per block: median norms per group, attention share per group
-    sink_share: float | None
-    massive_share: float | None  # share of massive entries on register tokens
-    absorbed: bool | None  # None: the model has no register tokens
-    why: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "n_registers": self.n_registers,
-            "n_extra": self.n_extra,
-            "absorbed": self.absorbed,
-            "why": self.why,
-            "sink_share": self.sink_share,
-            "massive_share": self.massive_share,
-            "register_over_patch_norm_max": max(
-                (b["register_over_patch"] for b in self.blocks if b["register_over_patch"]),
-                default=None,
-            ),
-            "rule": f"absorbed: no patch outlier mode, no position-tied outliers, and registers "
-            f"at >= {HIGH_NORM:g}x the median patch norm in some block or holding most sink "
-            "events",
-            "blocks": self.blocks,
-        }
+RULE = (
+    f"absorbed: no patch outlier mode, no position-tied outliers, and registers at >= "
+    f"{HIGH_NORM:g}x the median patch norm in some block or holding most sink events"
+)
 
 
-def _group_norms(norms: Any) -> list[dict[str, Any]]:
-    """Median token norm of each group at every block output."""
+def _group_norms(norms: NormsResult, received: dict[int, dict[str, float]]) -> list[RegisterBlock]:
+    """Median token norm of each group at every block output, and the attention it receives."""
     out = []
     for i, site in enumerate(norms.trace.sites):
         lay, tn = norms.trace.layouts[site], norms.trace.norms[site]
@@ -101,34 +79,33 @@ def _group_norms(norms: Any) -> list[dict[str, Any]]:
         regs = [row.get("register_norm"), row.get("extra_norm")]
         top = max((r for r in regs if r is not None), default=None)
         row["register_over_patch"] = top / max(row["patch_norm"], 1e-12) if top else None
-        out.append(row)
+        out.append(RegisterBlock(**row, attention_share=received.get(i, {})))
     return out
 
 
 def summarise(
-    layout: Any, done: dict[str, Any], received: dict[int, dict[str, float]]
-) -> RegisterResult:
+    layout: TokenLayout, done: dict[str, Finished], received: dict[int, dict[str, float]]
+) -> Registers:
     """The register group and the verdict, from the earlier analyses' results."""
     n_reg, n_extra = layout.n_reg, layout.n_extra
     norms, sinks = done.get("norms"), done.get("sinks")
     massive, positions = done.get("massive"), done.get("positions")
-    blocks = _group_norms(norms) if norms is not None else []
-    for b in blocks:
-        b["attention_share"] = received.get(b["block"], {})
+    norms = norms if isinstance(norms, NormsResult) else None
+    blocks = _group_norms(norms, received) if norms is not None else []
     sink_share = None
-    if sinks is not None and sinks.per_image.get("total"):
-        on = sinks.per_image.get("on_register", 0.0) + sinks.per_image.get("on_extra", 0.0)
-        sink_share = on / sinks.per_image["total"]
+    if isinstance(sinks, Sinks) and sinks.per_image.total:
+        on = sinks.per_image.on_register + sinks.per_image.on_extra
+        sink_share = on / sinks.per_image.total
     massive_share = None
-    if massive is not None and massive.channels:
+    if isinstance(massive, Massive) and massive.channels:
         types = [ch.token_types for ch in massive.channels]
         total = sum(sum(t.values()) for t in types)
         massive_share = sum(t.get("register", 0) + t.get("extra", 0) for t in types) / total
     if n_reg + n_extra == 0:
-        return RegisterResult(0, 0, blocks, None, None, None, "the model has no register tokens")
-    patch_outliers = bool(norms is not None and norms.report.verdict)
-    positional = bool(positions is not None and positions.present)
-    high = any((b["register_over_patch"] or 0) >= HIGH_NORM for b in blocks)
+        return _registers(0, 0, blocks, None, None, None, "the model has no register tokens")
+    patch_outliers = bool(norms is not None and norms.summary.artifacts_present)
+    positional = bool(isinstance(positions, Positions) and positions.present)
+    high = any((b.register_over_patch or 0) >= HIGH_NORM for b in blocks)
     most_sinks = sink_share is not None and sink_share >= 0.5
     if patch_outliers or positional:
         absorbed, why = (
@@ -144,7 +121,30 @@ def summarise(
         absorbed, why = True, "patches are clean; " + " and ".join(parts)
     else:
         absorbed, why = False, "no artifacts anywhere: registers carry nothing to absorb"
-    return RegisterResult(n_reg, n_extra, blocks, sink_share, massive_share, absorbed, why)
+    return _registers(n_reg, n_extra, blocks, sink_share, massive_share, absorbed, why)
+
+
+def _registers(
+    n_registers: int,
+    n_extra: int,
+    blocks: list[RegisterBlock],
+    sink_share: float | None,
+    massive_share: float | None,
+    absorbed: bool | None,
+    why: str,
+) -> Registers:
+    top = max((b.register_over_patch for b in blocks if b.register_over_patch), default=None)
+    return Registers(
+        n_registers=n_registers,
+        n_extra=n_extra,
+        absorbed=absorbed,
+        why=why,
+        sink_share=sink_share,
+        massive_share=massive_share,
+        register_over_patch_norm_max=top,
+        rule=RULE,
+        blocks=blocks,
+    )
 
 
 class RegisterAnalysis(Analysis):
@@ -156,8 +156,13 @@ class RegisterAnalysis(Analysis):
         names = [n for n in model.hook_names() if n.endswith("attn.hook_pattern")]
         return [ReceivedAttention(n, model.site(n).layer) for n in names]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> RegisterResult:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> Registers:
         received = {r.layer: r.result() for r in trace.reducers if isinstance(r, ReceivedAttention)}
         norms = done.get("norms")
-        layout = norms.trace.layouts[norms.trace.sites[-1]] if norms is not None else None
+        layout = (
+            norms.trace.layouts[norms.trace.sites[-1]] if isinstance(norms, NormsResult) else None
+        )
         return summarise(layout or model.layout, done, received)
+
+
+__getattr__ = renamed(__name__, {"RegisterResult": "Registers"}, globals())

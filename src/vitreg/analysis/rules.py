@@ -150,7 +150,7 @@ def threshold(norms: Any, method: str, **params: float) -> float:
     if method == "robust_z":
         return robust_threshold(x, float(params.get("z", Z_CUT)))
     if method == "auto":
-        return bimodal_fit(x).threshold
+        return bimodal_fit(x).cut
     raise ValueError(f"unknown outlier method {method!r}; choose from {SET_RULES}")
 
 

@@ -11,19 +11,20 @@ often each patch position is the sink.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from vitreg.analysis.base import Analysis
+from vitreg.analysis.base import Analysis, Finished
 from vitreg.analysis.head_writes import head_writes
 from vitreg.analysis.sink_rules import CLASSES, RULE, HeadStats, head_stats, sink_class, sqrt_psd
 from vitreg.core.layout import TokenLayout
+from vitreg.core.renamed import renamed
 from vitreg.errors import UnsupportedModelError
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
+from vitreg.results.kinds import SinkBlock, SinkCounts, SinkHeadRow, Sinks
 
 HEAD_RATE = 0.5  # a head is a sink head when it has an event in at least this share of images
 KEY_TYPES = ("cls", "register", "extra", "patch")
@@ -98,63 +99,11 @@ class SinkPatterns(Reducer):
         return {"layer": self.layer, "stats": stats, "layout": self.pair.layout}
 
 
-@dataclass
-class SinkHead:
-    """A head with sink events in at least :data:`HEAD_RATE` of the images."""
-
-    block: int
-    head: int
-    rate: float
-    kind: str  # majority class of its events
-    key_type: str  # majority key type
-    key_position: list[int] | None  # [row, col] of the majority key when it is a patch
-    ratio: float  # median value-norm ratio over its events
-    stable_rank: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class SinkResult:
-    """Sink events of every block and head, summarised per image, per block and per head."""
-
-    n_images: int
-    n_heads: int
-    per_image: dict[str, float]  # mean events per image: total, per class, per key type
-    per_image_from_block1: dict[str, float]  # the paper's tables count blocks >= 1
-    blocks: list[dict[str, Any]]
-    heads: list[SinkHead]
-    transition_block: int | None
-    register_share: float | None  # share of events whose key is a register (None: no registers)
-    patch_map: list[list[float]]  # events per image whose key is each patch position
-    rule: str = RULE
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def present(self) -> bool:
-        return bool(self.heads)
-
-    def kinds_present(self) -> dict[str, list[SinkHead]]:
-        """Sink heads by class ("nop", "broadcast", "other")."""
-        return {c: [h for h in self.heads if h.kind == c] for c in CLASSES}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "present": self.present,
-            "rule": self.rule,
-            "n_images": self.n_images,
-            "n_heads": self.n_heads,
-            "head_rate_threshold": HEAD_RATE,
-            "per_image": self.per_image,
-            "per_image_from_block1": self.per_image_from_block1,
-            "blocks": self.blocks,
-            "heads": [h.to_dict() for h in self.heads],
-            "transition_block": self.transition_block,
-            "register_share": self.register_share,
-            "patch_map": self.patch_map,
-            "notes": list(self.notes),
-        }
+def sink_heads(sinks: Sinks, kind: str) -> list[SinkHeadRow]:
+    """The sink heads whose events are mostly of class ``kind`` ("nop", "broadcast", "other")."""
+    if kind not in CLASSES:
+        raise ValueError(f"unknown sink class {kind!r}; choose from {CLASSES}")
+    return [h for h in sinks.heads if h.kind == kind]
 
 
 def _key_types(key: torch.Tensor, layout: TokenLayout) -> list[str]:
@@ -171,8 +120,8 @@ def _counts(kinds: list[str], types: list[str], n_images: int) -> dict[str, floa
     return {k: float(v) for k, v in sorted(out.items())}
 
 
-def summarise(per_block: list[dict[str, Any]], n_images: int) -> SinkResult:
-    """Turn each block's ``[n_images, H]`` statistics into a :class:`SinkResult`."""
+def summarise(per_block: list[dict[str, Any]], n_images: int) -> Sinks:
+    """Turn each block's ``[n_images, H]`` statistics into the :class:`Sinks` results."""
     layout: TokenLayout = next(b["layout"] for b in per_block if b["layout"] is not None)
     h, w = layout.grid
     patch_map = torch.zeros(h * w)
@@ -180,7 +129,8 @@ def summarise(per_block: list[dict[str, Any]], n_images: int) -> SinkResult:
     all_types: list[str] = []
     from1_kinds: list[str] = []
     from1_types: list[str] = []
-    blocks, heads = [], []
+    blocks: list[SinkBlock] = []
+    heads: list[SinkHeadRow] = []
     n_heads = 0
     for b in per_block:
         st, layer = b["stats"], b["layer"]
@@ -200,7 +150,7 @@ def summarise(per_block: list[dict[str, Any]], n_images: int) -> SinkResult:
         for k, t in zip(keys.tolist(), types, strict=True):
             if t == "patch":
                 patch_map[k - layout.patches.start] += 1
-        blocks.append({"block": layer, **_counts(kinds, types, n_images)})
+        blocks.append(SinkBlock(block=layer, **_counts(kinds, types, n_images)))
         for head in range(n_heads):
             mine = (hi == head).nonzero(as_tuple=True)[0].tolist()
             rate = len(mine) / max(n_images, 1)
@@ -213,23 +163,26 @@ def summarise(per_block: list[dict[str, Any]], n_images: int) -> SinkResult:
             pos = [cell // w, cell % w] if key_type == "patch" else None
             sel = (ki[mine], hi[mine])
             heads.append(
-                SinkHead(
-                    layer,
-                    head,
-                    rate,
-                    kind,
-                    key_type,
-                    pos,
-                    float(st["ratio"][sel].median()),
-                    float(st["stable_rank"][sel].median()),
+                SinkHeadRow(
+                    block=layer,
+                    head=head,
+                    rate=rate,
+                    kind=kind,
+                    key_type=key_type,
+                    key_position=pos,
+                    ratio=float(st["ratio"][sel].median()),
+                    stable_rank=float(st["stable_rank"][sel].median()),
                 )
             )
     n_reg_events = sum(t == "register" for t in all_types)
-    return SinkResult(
+    return Sinks(
+        present=bool(heads),
+        rule=RULE,
         n_images=n_images,
         n_heads=n_heads,
-        per_image=_counts(all_kinds, all_types, n_images),
-        per_image_from_block1=_counts(from1_kinds, from1_types, n_images),
+        head_rate_threshold=HEAD_RATE,
+        per_image=SinkCounts(**_counts(all_kinds, all_types, n_images)),
+        per_image_from_block1=SinkCounts(**_counts(from1_kinds, from1_types, n_images)),
         blocks=blocks,
         heads=heads,
         transition_block=transition_block(blocks),
@@ -237,20 +190,21 @@ def summarise(per_block: list[dict[str, Any]], n_images: int) -> SinkResult:
         if layout.n_reg
         else None,
         patch_map=(patch_map / max(n_images, 1)).reshape(h, w).tolist(),
+        notes=[],
     )
 
 
-def transition_block(blocks: list[dict[str, Any]]) -> int | None:
+def transition_block(blocks: list[SinkBlock]) -> int | None:
     """The first block after one with [CLS] sinks from which patch sinks outnumber [CLS] sinks
     in every later block with sinks (None: sinks never move from [CLS] to patches)."""
     seen_cls = False
     candidate = None
     for b in blocks:
-        on_cls, on_patch = b.get("on_cls", 0.0), b.get("on_patch", 0.0)
+        on_cls, on_patch = b.on_cls, b.on_patch
         if on_cls + on_patch == 0:
             continue
         if on_patch > on_cls and seen_cls:
-            candidate = b["block"] if candidate is None else candidate
+            candidate = b.block if candidate is None else candidate
         else:
             candidate = None
         seen_cls = seen_cls or on_cls > 0
@@ -281,6 +235,9 @@ class SinkAnalysis(Analysis):
             out += [SinkValues(f"{p}.hook_v", pair), SinkPatterns(f"{p}.hook_pattern", pair, i)]
         return out
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> SinkResult:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> Sinks:
         per_block = [r.result() for r in trace.reducers if isinstance(r, SinkPatterns)]
         return summarise(per_block, trace.n_images)
+
+
+__getattr__ = renamed(__name__, {"SinkHead": "SinkHeadRow", "SinkResult": "Sinks"}, globals())

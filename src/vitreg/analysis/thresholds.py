@@ -16,11 +16,13 @@ with attention artifacts and register neurons), which calls :func:`bimodal_fit` 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["BimodalFit", "bimodal_fit"]
+from vitreg.core.renamed import renamed
+from vitreg.results.diagnose import Bimodal
+
+__all__ = ["Bimodal", "bimodal_fit"]
 
 # presence criteria for a bimodal split of log10 norms (documented in the report)
 MIN_BIC_GAIN = 10.0  # two Gaussians must beat one by this much BIC
@@ -29,26 +31,13 @@ MAX_UPPER_WEIGHT = 0.3  # outliers are a minority of tokens
 MIN_MODE_RATIO = 3.0  # outlier mode's median norm over the bulk's median norm
 
 
-@dataclass(frozen=True)
-class BimodalFit:
-    """Two-Gaussian fit of log10 norms and whether it shows a real outlier mode."""
-
-    present: bool
-    threshold: float  # in norm units; inf when not present
-    low_mean: float
-    high_mean: float
-    low_std: float
-    high_std: float
-    high_weight: float
-    ashman_d: float
-    bic_gain: float
-    mode_ratio: float
-
-    def to_dict(self) -> dict:
-        return {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in asdict(self).items()
-        }
+def _fit(present: bool, threshold: float, *values: float) -> Bimodal:
+    """The fit as its results model: an infinite or undefined number is ``None``."""
+    names = [n for n in Bimodal.model_fields if n not in ("present", "threshold")]
+    finite = {n: (v if math.isfinite(v) else None) for n, v in zip(names, values, strict=True)}
+    return Bimodal(
+        present=present, threshold=threshold if math.isfinite(threshold) else None, **finite
+    )
 
 
 def _gauss_loglik(
@@ -74,7 +63,7 @@ def _otsu_split(x: np.ndarray) -> float:
     return best_t
 
 
-def bimodal_fit(norms: np.ndarray, max_samples: int = 200_000, seed: int = 0) -> BimodalFit:
+def bimodal_fit(norms: np.ndarray, max_samples: int = 200_000, seed: int = 0) -> Bimodal:
     """Fit 1 vs 2 Gaussians to log10 norms by EM; ``present`` when the criteria above all hold."""
     x = np.log10(np.clip(np.asarray(norms, dtype=np.float64).ravel(), 1e-12, None))
     if x.size > max_samples:
@@ -82,7 +71,7 @@ def bimodal_fit(norms: np.ndarray, max_samples: int = 200_000, seed: int = 0) ->
     n = x.size
     if n < 8 or np.ptp(x) < 1e-9:
         m = float(x.mean()) if n else 0.0
-        return BimodalFit(False, math.inf, m, m, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+        return _fit(False, math.inf, m, m, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
     t = _otsu_split(x)
     hi = x > t
     mean = np.array([x[~hi].mean(), x[hi].mean()])
@@ -114,7 +103,7 @@ def bimodal_fit(norms: np.ndarray, max_samples: int = 200_000, seed: int = 0) ->
         and ratio >= MIN_MODE_RATIO
     )
     threshold = _valley(mean[[lo, up]], std[[lo, up]], weight[[lo, up]]) if present else math.inf
-    return BimodalFit(
+    return _fit(
         present,
         threshold,
         float(mean[lo]),
@@ -136,3 +125,6 @@ def _valley(mean: np.ndarray, std: np.ndarray, weight: np.ndarray) -> float:
     above = np.nonzero(ll[:, 1] > ll[:, 0])[0]
     log_t = grid[above[0]] if above.size else (mean[0] + mean[1]) / 2
     return float(10**log_t)
+
+
+__getattr__ = renamed(__name__, {"BimodalFit": "Bimodal"}, globals())

@@ -14,41 +14,42 @@ from vitreg.cli.output import console, show_path
 
 def _layer_shown(norms: Any) -> int:
     """The layer the summary reports: the strongest outlier layer, or the last block."""
-    strongest = norms.report.evidence.get("strongest_layer")
-    return strongest if strongest is not None else len(norms.report.layers) - 1
+    strongest = norms.evidence.strongest_layer
+    return strongest if strongest is not None else len(norms.layers) - 1
 
 
-def _agreement(result: Any, site: str) -> str:
+def _agreement(results: Any, site: str) -> str:
     """IoU of attention artifacts and norm outliers at block output ``site``, and the best layer."""
-    attn = result.results.get("attention")
+    attn = results.attention
     if attn is None:
-        return "n/a (" + result.not_applicable.get("attention", "not run") + ")"
-    scored = [(a["iou"], layer) for a, layer in zip(attn.agreement, attn.layers, strict=True)]
+        return "n/a (" + results.not_applicable.get("attention", "not run") + ")"
+    scored = [(a.iou, layer) for a, layer in zip(attn.agreement, attn.layers, strict=True)]
     scored = [(iou, layer) for iou, layer in scored if iou is not None]
-    entry = next((a for a in attn.agreement if a.get("norm_site") == site), None)
-    if entry is None or entry.get("iou") is None or not scored:
+    entry = next((a for a in attn.agreement if a.norm_site == site), None)
+    if entry is None or entry.iou is None or not scored:
         return "n/a"
     best, layer = max(scored, key=lambda x: x[0])
     where = f" at block {layer}" if best > 0 else ""
-    return f"{entry['iou']:.2f} (best {best:.2f}{where}; vs {entry['norm_method']} outliers)"
+    return f"{entry.iou:.2f} (best {best:.2f}{where}; vs {entry.norm_method} outliers)"
 
 
 def summary_rows(result: Any) -> dict[str, str]:
     """The console summary of one diagnose result (strings, in column order)."""
-    norms = result.results["norms"]
-    report = norms.report
-    layer = _layer_shown(norms)
-    rates = report.layers[layer].rates
-    final = report.final_norm
+    report = result.results.norms
+    layer = _layer_shown(report)
+    rates = report.layers[layer].outlier_rate
+    final = report.after_final_norm
     skipped = len(result.data.get("skipped", {}))
     converted = len(result.data.get("converted", {}))
     return {
-        "verdict": "[red]artifacts[/red]" if report.verdict else "[green]no artifacts[/green]",
+        "verdict": "[red]artifacts[/red]"
+        if report.artifacts_present
+        else "[green]no artifacts[/green]",
         "emerges at": "-" if report.emergence_layer is None else f"block {report.emergence_layer}",
         "rates at": f"block {layer}",
         **{f"{m} rate": f"{rate:.1%}" for m, rate in rates.items()},
-        "after final norm (auto)": f"{final.rates['auto']:.1%}" if final else "n/a",
-        "attention-norm IoU": _agreement(result, report.layers[layer].site),
+        "after final norm (auto)": f"{final.outlier_rate['auto']:.1%}" if final else "n/a",
+        "attention-norm IoU": _agreement(result.results, report.layers[layer].site),
         "images": f"{result.data.get('n_images', 0)} ({converted} converted, {skipped} skipped)",
     }
 

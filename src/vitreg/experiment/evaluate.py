@@ -2,7 +2,7 @@
 
 Each number kept in the compact result names where it came from: probe scores are
 ``ProbeScores`` means (the full runs are written beside them), the diagnosis numbers are read from
-``DiagnoseResult.to_dict()`` (norms verdict and outlier rate, [CLS]/patch cosine per block
+the typed ``DiagnoseResult.results`` (norms verdict and outlier rate, [CLS]/patch cosine per block
 before and after ``norm1``), parameters from ``param_report`` and FLOPs from ``flop_report``.
 """
 
@@ -100,24 +100,25 @@ def run_diagnosis(model: Any, images: torch.Tensor, batch_size: int) -> dict[str
     """Outlier verdict and rate, and per-block token-pair cosines around ``norm1``."""
     from vitreg.analysis.diagnose import diagnose
 
-    doc = diagnose(model, images, batch_size=batch_size).to_dict()
-    norms = doc["norms"]
+    results = diagnose(model, images, batch_size=batch_size).results
+    norms = results.norms
     out: dict[str, Any] = {
-        "verdict": norms["verdict"],
-        "artifacts_present": norms["artifacts_present"],
-        "outlier_rate": norms["evidence"]["outlier_rate"],
-        "emergence_layer": norms["emergence_layer"],
+        "verdict": norms.verdict,
+        "artifacts_present": norms.artifacts_present,
+        "outlier_rate": norms.evidence.outlier_rate,
+        "emergence_layer": norms.emergence_layer,
         "n_images": int(images.shape[0]),
-        "not_applicable": doc["not_applicable"],
+        "not_applicable": dict(results.not_applicable),
     }
-    ln = doc.get("ln_separation")
+    ln = results.ln_separation
     if ln is not None:
         for point in ("pre_ln1", "post_ln1"):
             for pair in ("cls_patch", "patch_patch", "register_patch"):
-                values = [b.get(point, {}).get(pair, {}).get("mean") for b in ln["similarity"]]
+                found = [b.get(point, {}).get(pair) for b in ln.similarity]
+                values = [v.mean if v is not None else None for v in found]
                 if any(v is not None for v in values):
                     out[f"{pair}_{point}"] = values
-        out["owned_channel_fraction"] = ln["owned_channel_fraction"]
+        out["owned_channel_fraction"] = ln.owned_channel_fraction
     return out
 
 

@@ -58,8 +58,8 @@ def _max_over_median(model: Model, x: torch.Tensor, layer: int) -> float:
 
 
 def _blocks_with_mode(model: Model, x: torch.Tensor, batch_size: int) -> list[int]:
-    report = norm_report(model, x, batch_size=batch_size).report
-    return [i for i, layer in enumerate(report.layers) if layer.present]
+    report = norm_report(model, x, batch_size=batch_size).summary
+    return [i for i, layer in enumerate(report.layers) if layer.artifacts_present]
 
 
 def score_circuit(

@@ -123,14 +123,14 @@ class FixComparison:
     def residual(self) -> dict[str, Any]:
         """What the fix leaves, judged by a criterion it was not tuned on: the presence test at
         every block and the max/median patch norm against the ordinary patches' level."""
-        layers_b, layers_a = self.before.report.layers, self.after.report.layers
+        layers_b, layers_a = self.before.summary.layers, self.after.summary.layers
         d = self.detect_layer
-        after = [i for i, lo in enumerate(layers_a) if lo.present]
-        before = [i for i, lo in enumerate(layers_b) if lo.present]
+        after = [i for i, lo in enumerate(layers_a) if lo.artifacts_present]
+        before = [i for i, lo in enumerate(layers_b) if lo.artifacts_present]
         clean = fix_is_clean(
             after, _ratio(layers_a[d]), self.ordinary_max_over_median, self.tolerance
         )
-        nothing = not before and not self.before.report.verdict
+        nothing = not before and not self.before.summary.artifacts_present
         verdict = (
             "no artifacts before the fix: nothing to remove"
             if nothing
@@ -138,7 +138,7 @@ class FixComparison:
             if clean
             else "artifacts remain after the fix"
         )
-        largest = layers_b[d].quantiles["max"]
+        largest = layers_b[d].quantiles.max
         value = self.threshold_value
         foreign = value is not None and self.rule in ("auto", "absolute") and value > largest
         return {
@@ -166,11 +166,11 @@ class FixComparison:
             "outlier_rate_after": self.outlier_rate_after,
             "max_patch_norm_before": self.max_norm_before,
             "max_patch_norm_after": self.max_norm_after,
-            "median_patch_norm_before": [lo.quantiles["p50"] for lo in self.before.report.layers],
-            "median_patch_norm_after": [lo.quantiles["p50"] for lo in self.after.report.layers],
+            "median_patch_norm_before": [lo.quantiles.p50 for lo in self.before.summary.layers],
+            "median_patch_norm_after": [lo.quantiles.p50 for lo in self.after.summary.layers],
             "register_norm_after": self.register_norm,
-            "verdict_before": self.before.report.verdict,
-            "verdict_after": self.after.report.verdict,
+            "verdict_before": self.before.summary.artifacts_present,
+            "verdict_after": self.after.summary.artifacts_present,
             "pooled_cosine": cosine_stats(cos),
             "patch_cosine": cosine_stats(self.dense_cosine),
             "cls_attention_max_before": _attn_max(self.attention_before),
@@ -181,7 +181,7 @@ class FixComparison:
 
 
 def _ratio(layer: Any) -> float:
-    return layer.quantiles["max"] / max(layer.quantiles["p50"], 1e-12)
+    return layer.quantiles.max / max(layer.quantiles.p50, 1e-12)
 
 
 def cosine_stats(cos: torch.Tensor | None) -> dict[str, Any] | None:
@@ -193,7 +193,7 @@ def cosine_stats(cos: torch.Tensor | None) -> dict[str, Any] | None:
 
 def _attn_max(attn: AttentionResult | None) -> list[float] | None:
     """Per layer, the largest head-mean attention a patch receives ([CLS] row or mean query)."""
-    return None if attn is None else list(attn.cls_to_patch_max)
+    return None if attn is None else list(attn.summary.cls_to_patch_max)
 
 
 def _flagged(result: NormsResult, layer: int, rule: str, value: float | None) -> torch.Tensor:
@@ -262,8 +262,8 @@ def compare_fix(
         _rate(nb, detect, rule, value),
         _rate(na, detect, rule, value),
         _register_norms(na),
-        [lo.quantiles["max"] for lo in nb.report.layers],
-        [lo.quantiles["max"] for lo in na.report.layers],
+        [lo.quantiles.max for lo in nb.summary.layers],
+        [lo.quantiles.max for lo in na.summary.layers],
         _cosine(before, after),
         ttr.describe(),
         before.get("attention"),
@@ -290,13 +290,13 @@ def _analyses(settings: dict[str, Any], max_maps: int) -> list[Analysis]:
 
 def _detection(nb: NormsResult, settings: dict[str, Any]) -> tuple[int, str, float | None]:
     """The detection layer, outlier rule and threshold of the neurons (or of the run before)."""
-    detect = settings.get("detect_layer", nb.report.evidence.get("strongest_layer"))
+    detect = settings.get("detect_layer", nb.summary.evidence.strongest_layer)
     if detect is None:
         detect = len(nb.trace.sites) - 1
     rule = settings.get("threshold", "auto")
     value = settings.get("threshold_value")
     if rule == "auto" and value is None:
-        value = nb.report.layers[detect].thresholds["auto"]
+        value = nb.summary.layers[detect].cut("auto")
     return detect, rule, value
 
 

@@ -120,9 +120,9 @@ def _measure(
     ran, _, _ = run_analyses(
         model, data, [NormAnalysis(), PooledAnalysis(), DenseAnalysis()], batch_size, limit
     )
-    layers = ran["norms"].report.layers
-    modes = [i for i, lo in enumerate(layers) if lo.present]
-    ratios = [lo.quantiles["max"] / max(lo.quantiles["p50"], 1e-12) for lo in layers]
+    layers = ran["norms"].summary.layers
+    modes = [i for i, lo in enumerate(layers) if lo.artifacts_present]
+    ratios = [lo.quantiles.max / max(lo.quantiles.p50, 1e-12) for lo in layers]
     return modes, ratios, ran
 
 

@@ -94,7 +94,7 @@ def check_fix(
     )
     with fix.applied(model):
         found = norm_report(model, batches, batch_size=batch_size)
-    trace, report = found.trace, found.report
+    trace, report = found.trace, found.summary
     site = trace.sites[detect_layer]
     lay = trace.layouts[site]
     patches = trace.patch_norms(site)
@@ -103,12 +103,12 @@ def check_fix(
     ratio = float(patches.max()) / max(median, 1e-12)
     if ordinary is None:
         ordinary = ordinary_level(patches, flagged)
-    modes = [i for i, lo in enumerate(report.layers) if lo.present]
+    modes = [i for i, lo in enumerate(report.layers) if lo.artifacts_present]
     if before is None:
         blocks = [
-            {"layer": i, "threshold": report.layers[i].thresholds["auto"]}
+            {"layer": i, "threshold": report.layers[i].cut("auto")}
             for i in modes
-            if math.isfinite(report.layers[i].thresholds["auto"])
+            if math.isfinite(report.layers[i].cut("auto"))
         ]
     else:
         blocks = [{k: b[k] for k in ("layer", "threshold", "ordinary")} for b in before.blocks]

@@ -80,7 +80,7 @@ def choose_detection(
     if rule not in RULES:
         raise InputError(f"threshold must be one of {RULES} or a number, got {search.threshold!r}")
     found = norm_report(model, data, batch_size=batch_size, limit=n_images)
-    trace, report = found.trace, found.report
+    trace, report = found.trace, found.summary
     emergence = report.emergence_layer
     if emergence is None and (
         search.detect_layer is None or search.highest_layer is None or rule == "auto"
@@ -120,10 +120,10 @@ def _survey_rows(report: Any) -> list[dict[str, Any]]:
     return [
         {
             "layer": lo.layer,
-            "outlier_mode": lo.present,
+            "outlier_mode": lo.artifacts_present,
             "ashman_d": lo.bimodal.ashman_d,
             "mode_ratio": lo.bimodal.mode_ratio,
-            "max_over_median": lo.quantiles["max"] / max(lo.quantiles["p50"], 1e-12),
+            "max_over_median": lo.quantiles.max / max(lo.quantiles.p50, 1e-12),
         }
         for lo in report.layers
     ]
@@ -151,7 +151,7 @@ def _detection_layer(
     if (
         search.detect_layer is None
         and late
-        and any(lo.present for lo in report.layers[max(late) :])
+        and any(lo.artifacts_present for lo in report.layers[max(late) :])
     ):
         # the outliers are still written after the chosen block: detect where they are whole
         detect, why = _detect(report.layers, max(late), n)
@@ -188,7 +188,7 @@ def _threshold(
 ) -> tuple[float | None, str]:
     """The detection threshold at block ``detect`` (``None`` for per-image rules), and why."""
     if rule == "auto":
-        value = report.layers[detect].thresholds["auto"]
+        value = report.layers[detect].cut("auto")
         if value == float("inf"):
             raise VitregError(
                 f"block {detect} shows no outlier mode on these images, so the 'auto' threshold "
@@ -235,12 +235,12 @@ def _range(
 
 
 def _with_mode(layers: list[Any]) -> list[int]:
-    return [lo.layer for lo in layers if lo.present]
+    return [lo.layer for lo in layers if lo.artifacts_present]
 
 
 def _detect(layers: list[Any], emergence: int, n: int) -> tuple[int, str]:
     """The cleanest outlier split from the emergence layer on, the last block only if alone."""
-    candidates = [lo for lo in layers[emergence:] if lo.present]
+    candidates = [lo for lo in layers[emergence:] if lo.artifacts_present]
     passed_over = len(candidates) > 1 and candidates[-1].layer == n - 1
     if passed_over:
         candidates = candidates[:-1]

@@ -1,10 +1,12 @@
 """``vitreg diagnose`` results: one model per analysis (norms, attention, redundancy,
-LayerNorm separation, feature pictures), mirroring their ``to_dict``. Every statistic that has
+LayerNorm separation, feature pictures), as the analyses of :mod:`vitreg.analysis` build them.
+Every statistic that has
 nothing to summarise (no outlier patch, no interval, a block without a pattern) is ``None`` here,
 so a renderer sees it in the type, not in a crash."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -39,6 +41,11 @@ class Bimodal(ResultsModel):
     bic_gain: float | None
     mode_ratio: float | None
 
+    @property
+    def cut(self) -> float:
+        """The threshold as a number: infinite (flags nothing) when there is no outlier mode."""
+        return self.threshold if self.threshold is not None else math.inf
+
 
 class SiteNorms(ResultsModel):
     """Outlier statistics of patch tokens at one site, by every rule."""
@@ -53,6 +60,11 @@ class SiteNorms(ResultsModel):
     artifacts_present: bool
     p98_over_median: float
     max_over_median: float
+
+    def cut(self, rule: str) -> float:
+        """The threshold of ``rule`` as a number: infinite (flags nothing) where there is none."""
+        value = self.thresholds[rule]
+        return value if value is not None else math.inf
 
 
 class Evidence(ResultsModel):

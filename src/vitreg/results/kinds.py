@@ -1,7 +1,7 @@
 """``vitreg diagnose`` results of the per-kind analyses: the per-kind verdict, attention sinks,
-massive activations, LOF anomaly tokens, position-tied artifacts and register tokens, mirroring
-the ``to_dict`` of :mod:`vitreg.analysis.kinds`, ``sinks``, ``massive``, ``anomaly_lof``,
-``positions`` and ``registers``. Event counts a run did not see are 0, statistics of nothing
+massive activations, LOF anomaly tokens, position-tied artifacts and register tokens, as
+:mod:`vitreg.analysis.kinds`, ``sinks``, ``massive``, ``anomaly_lof``, ``positions`` and
+``registers`` build them. Event counts a run did not see are 0, statistics of nothing
 ``None``."""
 
 from __future__ import annotations
@@ -301,3 +301,10 @@ class Kinds(ResultsModel):
 
     present: list[KindName]
     kinds: list[KindRow]
+
+    def row(self, kind: str) -> KindRow:
+        """The row of ``kind`` (a :data:`KindName`)."""
+        found = next((k for k in self.kinds if k.kind == kind), None)
+        if found is None:
+            raise KeyError(f"no kind {kind!r}; the kinds are {[k.kind for k in self.kinds]}")
+        return found

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitreg.configs import DiagnoseConfig
 from vitreg.core.run_dir import session
@@ -24,6 +24,9 @@ from vitreg.verbs.common import (
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.result import DiagnoseRun, Interrupted, Listener, Notice, Notices
 from vitreg.verbs.resume import checkpointed, finished
+
+if TYPE_CHECKING:
+    from vitreg.analysis.diagnose import DiagnoseResult
 
 
 def _writer() -> Callable[..., dict[str, Any] | None]:
@@ -60,7 +63,7 @@ def diagnose_one(
     device: str | None,
     progress: Progress,
     notices: Notices,
-) -> tuple[Any, dict[str, Any] | None]:
+) -> tuple[DiagnoseResult, dict[str, Any] | None]:
     """Load ``spec``, diagnose it on the chosen images, write its run directory; the result and
     the metrics.json document written (None on another torchrun rank, which writes nothing)."""
     from vitreg.analysis.diagnose import diagnose
@@ -120,7 +123,7 @@ def run_diagnose(
     check_out(run_dir, "diagnose", ",".join(specs), cfg.overwrite)  # before any model loads
     device = join_torchrun(cfg.device)
     check_images(cfg.images)
-    labelled: list[tuple[str, Any]] = []
+    labelled: list[tuple[str, DiagnoseResult]] = []
     dirs: list[Path] = []
     documents: list[dict[str, Any] | None] = []
     for spec in specs:

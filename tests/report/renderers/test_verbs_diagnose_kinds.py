@@ -4,15 +4,13 @@ LOF, position-tied and register sections, on a plant and on the real architectur
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import pytest
 import torch
 
 import vitreg
 from vitreg.analysis.anomaly_lof import LOFAnalysis
-from vitreg.analysis.base import run_analyses
-from vitreg.analysis.kinds import verdicts
+from vitreg.analysis.diagnose import diagnose
 from vitreg.analysis.massive import MassiveAnalysis
 from vitreg.analysis.norms import NormAnalysis
 from vitreg.analysis.positions import PositionAnalysis
@@ -22,17 +20,14 @@ from vitreg.report.render.markdown import Report, Table, render_markdown
 from vitreg.report.renderers.diagnose_figures import kinds_figures
 from vitreg.report.renderers.diagnose_kinds import detail_sections, kinds_section
 from vitreg.results.diagnose import DiagnoseResults
-from vitreg.results.schema import plain
 
 
-def _run(model: vitreg.Model, size: int) -> tuple[dict[str, Any], DiagnoseResults]:
-    """The analyses' results and their typed form, as metrics.json holds them."""
+def _run(model: vitreg.Model, size: int) -> DiagnoseResults:
+    """The typed results of the per-kind analyses, as metrics.json holds them."""
     x = torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(0))
     chosen = [NormAnalysis(), SinkAnalysis(), MassiveAnalysis(), LOFAnalysis()]
-    res, skipped, _ = run_analyses(model, x, chosen + [PositionAnalysis(), RegisterAnalysis()])
-    res["kinds"] = verdicts(res, skipped)
-    results = {k: v.to_dict() for k, v in res.items()}
-    return res, DiagnoseResults.model_validate(plain({**results, "not_applicable": skipped}))
+    chosen += [PositionAnalysis(), RegisterAnalysis()]
+    return diagnose(model, x, analyses=chosen).results
 
 
 def _markdown(r: DiagnoseResults) -> str:
@@ -43,7 +38,7 @@ def test_plant_sections_name_the_broadcast_head() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = vitreg.load("planted:kinds_broadcast_sink")
-    res, r = _run(model, 64)
+    r = _run(model, 64)
     first = kinds_section(r)
     assert first.key == "kinds" and "broadcast sinks" in first.blocks[0]
     table = next(b for b in first.blocks if isinstance(b, Table))
@@ -51,7 +46,7 @@ def test_plant_sections_name_the_broadcast_head() -> None:
     sinks = detail_sections(r)[0]
     heads = next(b for b in sinks.blocks if isinstance(b, Table))
     assert heads.rows[0][:4] == ["3", "2", "broadcast", "cls"]
-    figs = {f.name: f for f in kinds_figures(res)}
+    figs = {f.name: f for f in kinds_figures(r)}
     assert set(figs) == {"sink_map", "position_maps"} and figs["sink_map"].png
 
 
@@ -70,7 +65,7 @@ ARCHS = {  # timm architectures, random weights, tiny depth and images
 def test_real_architectures_show_register_and_position_sections(arch: str) -> None:
     name, kwargs, size = ARCHS[arch]
     model = vitreg.load(f"timm:{name}", pretrained=False, **kwargs)
-    text = _markdown(_run(model, size)[1])
+    text = _markdown(_run(model, size))
     assert "## Register tokens" in text and "## Position-tied artifacts" in text
     if model.layout.n_reg:
         assert "4 registers, 0 inserted" in text and "register norm" in text

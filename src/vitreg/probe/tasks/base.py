@@ -21,7 +21,6 @@ from vitreg.probe.linear import FitResult, FitSettings, fit_seeds
 from vitreg.probe.metrics import mean_ci
 from vitreg.results.diagnose import Bimodal
 from vitreg.results.probe import ProbeLayer, ProbeScore, ProbeYardstick, TaskInfo
-from vitreg.results.schema import plain
 
 
 def score_over_seeds(
@@ -145,7 +144,7 @@ def outlier_threshold(train_norms: Tensor) -> tuple[float, Bimodal]:
     from vitreg.analysis.thresholds import bimodal_fit
 
     fit = bimodal_fit(train_norms.reshape(-1).double().numpy())
-    return float(fit.threshold), Bimodal.model_validate(plain(fit.to_dict()))
+    return fit.cut, fit
 
 
 def seeded_rows(n: int, k: int | None, seed: int) -> Tensor:

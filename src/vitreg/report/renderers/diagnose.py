@@ -11,7 +11,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitreg.report.document import Headline, build_document, headline_values, typed_results
+from vitreg.analysis.attention import AttentionResult
+from vitreg.analysis.diagnose import DiagnoseResult
+from vitreg.analysis.feature_pictures import FeaturePicturesResult
+from vitreg.analysis.norms import NormsResult
+from vitreg.analysis.redundancy import RedundancyResult
+from vitreg.report.document import Headline, build_document, headline_values
 from vitreg.report.render.envelope import (
     data_section,
     model_section,
@@ -591,22 +596,23 @@ def _attention_headlines(r: DiagnoseResults) -> list[Headline]:
     ]
 
 
-def diagnose_document(result: Any, config: dict[str, Any], command: str) -> Envelope:
-    """The typed metrics.json document of a :class:`DiagnoseResult` (validated once)."""
+def diagnose_document(result: DiagnoseResult, config: dict[str, Any], command: str) -> Envelope:
+    """The typed metrics.json document of a :class:`DiagnoseResult` (its results as typed)."""
     return build_document(
         "diagnose",
-        result.to_dict(),
+        result.results.model_dump(),
         headlines,
         command=command,
         described=result.model,
         data=result.data,
         config=config,
+        typed=result.results,
     )
 
 
 def write_diagnose_run(
     out_dir: str | Path,
-    result: Any,
+    result: DiagnoseResult,
     *,
     images: torch.Tensor | None = None,
     config: dict[str, Any],
@@ -640,12 +646,12 @@ COMPARE_COLUMNS = (
 )
 
 
-def model_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+def model_rows(results: list[tuple[str, DiagnoseResult]]) -> list[dict[str, Any]]:
     """One row of headline numbers per model, from diagnose results labelled by model."""
     rows = []
     for label, result in results:
-        found = plain(result.to_dict())
-        marks = headlines(typed_results("diagnose", found))
+        found = plain(result.results.model_dump())
+        marks = headlines(result.results)
         values = headline_values(found, marks)
         row: dict[str, Any] = {"model": label}
         row |= {key: values.get(key) for key, _ in COMPARE_COLUMNS}
@@ -675,32 +681,32 @@ def rows_table(rows: list[dict[str, Any]]) -> Table:
     )
 
 
-def figures(result: Any, images: np.ndarray | None) -> list[Figure]:
+def figures(result: DiagnoseResult, images: np.ndarray | None) -> list[Figure]:
     """Every figure of a :class:`DiagnoseResult` its analyses support (a missing analysis
     gives no figure)."""
-    res = result.results
-    norms = res.get("norms")
+    res, traced = result.results, result.traced
+    norms = traced.get("norms")
     figs: list[Figure] = []
-    if norms is not None:
+    if isinstance(norms, NormsResult):
+        figs += [norm_maps(norms, images), norm_quantiles(norms.summary), norm_histograms(norms)]
+    attn = traced.get("attention")
+    if isinstance(attn, AttentionResult):
+        source = res.attention_source
+        sources = [source] if isinstance(source, str) else list(source or [])
         figs += [
-            norm_maps(norms, images),
-            norm_quantiles(norms.report),
-            norm_histograms(norms.trace, norms.report),
-        ]
-    emergence = norms.report.emergence_layer if norms is not None else None
-    if res.get("attention") is not None:
-        sources = sorted(set(result.attn_source.values())) or ["captured"]
-        attn = res["attention"]
-        figs += [
-            attention_maps(attn, images, emergence, "/".join(sources)),
-            attention_agreement(attn),
+            attention_maps(
+                attn, images, res.norms.emergence_layer, "/".join(sources or ["captured"])
+            ),
+            attention_agreement(attn.summary),
         ]
         if attn.last_layer_heads.numel():
             figs.insert(-1, attention_heads(attn, images))
-    if res.get("redundancy") is not None:
-        figs.append(redundancy_maps(res["redundancy"], images))
-    if res.get("feature_pictures") is not None and res["feature_pictures"].by_site:
-        figs.append(feature_pictures(res["feature_pictures"], images))
-    if res.get("ln_separation") is not None:
-        figs += [ln_similarity(res["ln_separation"]), channel_ownership(res["ln_separation"])]
+    redundancy = traced.get("redundancy")
+    if isinstance(redundancy, RedundancyResult):
+        figs.append(redundancy_maps(redundancy, images))
+    pictures = traced.get("feature_pictures")
+    if isinstance(pictures, FeaturePicturesResult) and pictures.by_site:
+        figs.append(feature_pictures(pictures, images))
+    if res.ln_separation is not None:
+        figs += [ln_similarity(res.ln_separation), channel_ownership(res.ln_separation)]
     return figs + kinds_figures(res)

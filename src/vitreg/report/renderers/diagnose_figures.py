@@ -10,6 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from vitreg.analysis.attention import AttentionResult
+from vitreg.analysis.diagnose import DiagnoseResult
+from vitreg.analysis.feature_pictures import FeaturePicturesResult
+from vitreg.analysis.norms import NormsResult
+from vitreg.analysis.redundancy import RedundancyResult
 from vitreg.report.render.images import image_uri
 from vitreg.report.render.plots import (
     CLIP_TEXT,
@@ -25,6 +30,8 @@ from vitreg.report.render.plots import (
     overlay_grid,
     similarity_column,
 )
+from vitreg.results.diagnose import Attention, DiagnoseResults, LNSeparation, Norms
+from vitreg.results.kinds import Positions, Sinks
 
 SLIDER_IMAGES = 4
 
@@ -37,10 +44,10 @@ def map_layers(n_layers: int, emergence: int | None) -> list[int]:
     return sorted(p for p in picks if 0 <= p < n_layers)
 
 
-def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
+def norm_maps(norms: NormsResult, images: np.ndarray | None) -> Figure:
     """Patch-token norm maps over the input images at a few layers and after the final norm."""
-    trace, report = norms.trace, norms.report
-    layers = map_layers(len(trace.sites), report.emergence_layer)
+    trace = norms.trace
+    layers = map_layers(len(trace.sites), norms.summary.emergence_layer)
     sites = [trace.sites[i] for i in layers]
     titles = [f"block {i}" for i in layers]
     if trace.final_site:
@@ -63,18 +70,18 @@ def norm_maps(norms: Any, images: np.ndarray | None) -> Figure:
     return figure("norm_maps", caption, fig)
 
 
-def norm_quantiles(report: Any) -> Figure:
+def norm_quantiles(report: Norms) -> Figure:
     """Per-layer patch-norm quantile curves (p1..max) on a log axis, emergence layer marked."""
     fig = new_canvas(6.5, 3.6)
     ax = fig.subplots()
     x = [lo.layer for lo in report.layers]
     for name in ("p1", "p25", "p50", "p75", "p98", "p99", "max"):
-        ax.plot(x, [lo.quantiles[name] for lo in report.layers], marker=".", label=name)
-    if report.final_norm is not None:
-        q = report.final_norm.quantiles
+        ax.plot(x, [getattr(lo.quantiles, name) for lo in report.layers], marker=".", label=name)
+    if report.after_final_norm is not None:
+        q = report.after_final_norm.quantiles
         ax.scatter(
             [x[-1] + 1] * 2,
-            [q["p50"], q["max"]],
+            [q.p50, q.max],
             marker="x",
             color="k",
             label="after final norm (p50, max)",
@@ -94,13 +101,14 @@ def norm_quantiles(report: Any) -> Figure:
     return figure("norm_quantiles", caption, fig)
 
 
-def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
+def norm_histograms(norms: NormsResult, bins: int = 60) -> Figure:
     """Histograms of log10 patch-token norms, one row per layer (log counts), thresholds marked."""
     from matplotlib.colors import LogNorm
 
+    trace, report = norms.trace, norms.summary
     entries = list(zip(trace.sites, report.layers, strict=True))
-    if trace.final_site and report.final_norm is not None:
-        entries.append((trace.final_site, report.final_norm))
+    if trace.final_site and report.after_final_norm is not None:
+        entries.append((trace.final_site, report.after_final_norm))
     logs = [
         np.log10(np.clip(trace.patch_norms(s).numpy().ravel(), 1e-12, None)) for s, _ in entries
     ]
@@ -118,12 +126,12 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
         norm=LogNorm(vmin=0.5, vmax=max(counts.max(), 1)),
     )
     for row, (_, lo_) in enumerate(entries):
-        auto = lo_.thresholds.get("auto", float("inf"))
+        auto = lo_.cut("auto") if "auto" in lo_.thresholds else float("inf")
         if np.isfinite(auto):
             ax.plot([np.log10(auto)] * 2, [row - 0.45, row + 0.45], color="r", lw=1.5)
         if "top_p" in lo_.thresholds:
             ax.plot(
-                [np.log10(lo_.thresholds["top_p"])] * 2,
+                [np.log10(lo_.cut("top_p"))] * 2,
                 [row - 0.45, row + 0.45],
                 color="deepskyblue",
                 ls=":",
@@ -131,7 +139,7 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
             )
     labels = [
         ("final norm" if lo_.layer is None else f"block {lo_.layer}")
-        + (" *" if lo_.present else "")
+        + (" *" if lo_.artifacts_present else "")
         for _, lo_ in entries
     ]
     ax.set_yticks(range(len(entries)), labels, fontsize=7)
@@ -149,46 +157,49 @@ def norm_histograms(trace: Any, report: Any, bins: int = 60) -> Figure:
 
 
 def attention_maps(
-    attn: Any, images: np.ndarray | None, emergence: int | None, source: str
+    attn: AttentionResult, images: np.ndarray | None, emergence: int | None, source: str
 ) -> Figure:
     """Head-mean attention maps over the input images at a few layers."""
     picks = map_layers(len(attn.layer_maps), emergence)
     maps = [attn.layer_maps[i].detach().float().cpu().numpy() for i in picks]
-    titles = [f"block {attn.layers[i] if attn.layers[i] is not None else i}" for i in picks]
+    layers = attn.summary.layers
+    titles = [f"block {layers[i] if layers[i] is not None else i}" for i in picks]
     fig = overlay_grid(maps, titles, images, "attention")
     caption = (
-        f"{_attention_what(attn)}, averaged over heads ({source} attention), over the input "
+        f"{_attention_what(attn.summary)}, averaged over heads ({source} attention), over the input "
         f"images. Colour: each column from its {CLIP_TEXT} (clipped)."
     )
     return figure("attention_maps", caption, fig)
 
 
-def attention_heads(attn: Any, images: np.ndarray | None, max_heads: int = 12) -> Figure:
+def attention_heads(
+    attn: AttentionResult, images: np.ndarray | None, max_heads: int = 12
+) -> Figure:
     """Per-head attention maps of the last layer over the input images."""
     # layout: axis 1 is heads, not tokens
     heads = attn.last_layer_heads.detach().float().cpu().numpy()[:, :max_heads]
     maps = [heads[:, h] for h in range(heads.shape[1])]
     fig = overlay_grid(maps, [f"head {h}" for h in range(len(maps))], images, "attention")
     caption = (
-        f"{_attention_what(attn)} per head in the last block (first {len(maps)} heads). "
+        f"{_attention_what(attn.summary)} per head in the last block (first {len(maps)} heads). "
         f"Colour: each column from its {CLIP_TEXT} (clipped)."
     )
     return figure("attention_heads", caption, fig)
 
 
-def _attention_what(attn: Any) -> str:
+def _attention_what(attn: Attention) -> str:
     if attn.query == "cls":
         return "[CLS]→patch attention"
     return "Mean attention received by each patch (the model has no [CLS])"
 
 
-def attention_agreement(attn: Any) -> Figure:
+def attention_agreement(attn: Attention) -> Figure:
     """Precision, recall and IoU of attention-map artifacts against norm outliers per layer."""
     fig = new_canvas(6.0, 3.2)
     ax = fig.subplots()
     x = [layer if layer is not None else i for i, layer in enumerate(attn.layers)]
     for key in ("precision", "recall", "iou", "top_p_iou"):
-        y = [a.get(key) if a and a.get(key) is not None else np.nan for a in attn.agreement]
+        y = [getattr(a, key) if getattr(a, key) is not None else np.nan for a in attn.agreement]
         if not np.isnan(y).all():
             ax.plot(x, y, marker="o", label=key)  # NaN (0/0) leaves a gap
     ax.set_ylim(-0.02, 1.02)
@@ -204,7 +215,7 @@ def attention_agreement(attn: Any) -> Figure:
     return figure("attention_agreement", caption, fig)
 
 
-def ln_similarity(ln: Any) -> Figure:
+def ln_similarity(ln: LNSeparation) -> Figure:
     """Mean cosine similarity per token pair before/after norm1 and norm2, per block."""
     fig = new_canvas(9.0, 3.4)
     axes = fig.subplots(1, 2, sharey=True)
@@ -215,7 +226,8 @@ def ln_similarity(ln: Any) -> Figure:
     ):
         for pair, colour in colours.items():
             for point, style in ((pre, "--"), (post, "-")):
-                vals = [ln.similarity[b].get(point, {}).get(pair, {}).get("mean") for b in blocks]
+                found = [ln.similarity[b].get(point, {}).get(pair) for b in blocks]
+                vals = [v.mean if v is not None else None for v in found]
                 pts = [(b, v) for b, v in zip(blocks, vals, strict=True) if v is not None]
                 if pts:
                     lbl = f"{pair} {'before' if style == '--' else 'after'}"
@@ -232,15 +244,16 @@ def ln_similarity(ln: Any) -> Figure:
     return figure("ln_similarity", caption, fig)
 
 
-def channel_ownership(ln: Any) -> Figure:
+def channel_ownership(ln: LNSeparation) -> Figure:
     """Fraction of channels owned by [CLS] or patches per block, and norm1's gain on them."""
     fig = new_canvas(6.5, 3.2)
     ax = fig.subplots()
-    x = list(range(len(ln.owned_fraction)))
-    ax.bar(x, [v if v is not None else 0.0 for v in ln.owned_fraction], color="C0")
+    owned = ln.owned_channel_fraction
+    x = list(range(len(owned)))
+    ax.bar(x, [v if v is not None else 0.0 for v in owned], color="C0")
     ax.set_xlabel("block")
     ax.set_ylabel("owned channel fraction", color="C0")
-    gains = [(b, g) for b, g in enumerate(ln.gain_on_owned) if g is not None]
+    gains = [(b, g) for b, g in enumerate(ln.ln1_gain_owned_over_other) if g is not None]
     if gains:
         ax2 = ax.twinx()
         ax2.plot(*zip(*gains, strict=True), color="C3", marker="o")
@@ -253,33 +266,34 @@ def channel_ownership(ln: Any) -> Figure:
     return figure("channel_ownership", caption, fig)
 
 
-def redundancy_maps(red: Any, images: np.ndarray | None) -> Figure:
+def redundancy_maps(red: RedundancyResult, images: np.ndarray | None) -> Figure:
     """Local redundancy (cosine similarity to 4 neighbours) at the patch embedding and a layer."""
     maps = [
         red.embed_maps.detach().float().cpu().numpy(),
         red.layer_maps.detach().float().cpu().numpy(),
     ]
-    titles = ["patch embedding", f"block {red.layer}"]
+    titles = ["patch embedding", f"block {red.summary.layer}"]
     fig = overlay_grid(maps, titles, images, "neighbour cosine")
     caption = (
         "Local redundancy: mean cosine similarity of each patch to its 4 neighbours at the patch "
-        f"embedding (`hook_embed`) and at `{red.layer_site}`. Colour: each column from its "
+        f"embedding (`hook_embed`) and at `{red.summary.layer_site}`. Colour: each column from its "
         f"{CLIP_TEXT} (clipped)."
     )
     return figure("redundancy_maps", caption, fig)
 
 
-def feature_pictures(pictures: Any, images: np.ndarray | None) -> Figure:
+def feature_pictures(pictures: FeaturePicturesResult, images: np.ndarray | None) -> Figure:
     """PCA colours and centre-patch similarity at the analysed layer and after the final norm."""
     columns = []
-    for p in pictures.by_site.values():
-        label = "final norm" if p.where == "after the final norm" else p.site.split(".hook")[0]
+    for site, p in pictures.by_site.items():
+        final = p.summary.where == "after the final norm"
+        label = "final norm" if final else site.split(".hook")[0]
         columns.append(GridColumn(f"PCA, {label}", p.basis.rgb(p.features)))
         columns.append(similarity_column(f"similarity, {label}", p))
     first = next(iter(pictures.by_site.values()))
     caption = (
         "The patch features themselves, at "
-        + " and ".join(f"`{p.site}` ({p.where})" for p in pictures.by_site.values())
+        + " and ".join(f"`{s.site}` ({s.where})" for s in pictures.summary.sites)
         + ": the first three principal components as red, green and blue (PCA fitted on all "
         f"{first.basis.n_patches} patch tokens of the run, each component's colour from its "
         f"{CLIP_TEXT}; explained variance "
@@ -302,7 +316,7 @@ def _panel(fig: Any, ax: Any, values: Any, title: str, label: str) -> None:
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=label)
 
 
-def sink_map(sinks: Any) -> Figure:
+def sink_map(sinks: Sinks) -> Figure:
     """Sink events per image whose dominant key is each patch position (all blocks, heads)."""
     fig = new_canvas(3.6, 3.2)
     ax = fig.subplots()
@@ -315,11 +329,11 @@ def sink_map(sinks: Any) -> Figure:
     return figure("sink_map", caption, fig)
 
 
-def position_maps(pos: Any) -> Figure:
+def position_maps(pos: Positions) -> Figure:
     """Per-position outlier rate across images, and the position embedding's norm."""
     panels = [(pos.rate_map, f"outlier rate (block {pos.block})", "share of images")]
-    if pos.pos_embed is not None:
-        panels.append((pos.pos_embed["norm_map"], "position embedding", "norm"))
+    if pos.position_embedding is not None:
+        panels.append((pos.position_embedding.norm_map, "position embedding", "norm"))
     fig = new_canvas(3.4 * len(panels), 3.2)
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
     for ax, (values, title, label) in zip(axes, panels, strict=True):
@@ -327,20 +341,20 @@ def position_maps(pos: Any) -> Figure:
     caption = (
         "Position-tied artifacts: share of images in which each patch position is an auto norm "
         "outlier (position-consistency score "
-        f"{pos.score:.2f})"
+        f"{pos.consistency_score:.2f})"
         + (", and the learned position embedding's norm" if len(panels) > 1 else "")
         + "."
     )
     return figure("position_maps", caption, fig)
 
 
-def kinds_figures(results: dict[str, Any]) -> list[Figure]:
+def kinds_figures(results: DiagnoseResults) -> list[Figure]:
     """The figures the sink and position results support."""
     figs = []
-    if results.get("sinks") is not None:
-        figs.append(sink_map(results["sinks"]))
-    if results.get("positions") is not None:
-        figs.append(position_maps(results["positions"]))
+    if results.sinks is not None:
+        figs.append(sink_map(results.sinks))
+    if results.positions is not None:
+        figs.append(position_maps(results.positions))
     return figs
 
 
@@ -354,10 +368,12 @@ def _rounded(x: np.ndarray) -> list[float]:
     return [float(f"{v:.4g}") for v in np.asarray(x, dtype=np.float64).ravel()]
 
 
-def slider_data(result: Any, images: np.ndarray | None, n: int = SLIDER_IMAGES) -> dict | None:
+def slider_data(
+    result: DiagnoseResult, images: np.ndarray | None, n: int = SLIDER_IMAGES
+) -> dict[str, Any] | None:
     """Per-layer norm (and attention) maps of the first ``n`` images, with clipped colour ranges."""
-    norms = result.results.get("norms")
-    if norms is None:
+    norms = result.traced.get("norms")
+    if not isinstance(norms, NormsResult):
         return None
     trace = norms.trace
     n = min(n, trace.n_images, *([len(images)] if images is not None else []))
@@ -378,11 +394,11 @@ def slider_data(result: Any, images: np.ndarray | None, n: int = SLIDER_IMAGES) 
                 "attention": None,
             }
         )
-    attn = result.results.get("attention")
-    if attn is not None:
+    attn = result.traced.get("attention")
+    if isinstance(attn, AttentionResult):
         by_site = {
             site.removesuffix("attn.hook_pattern") + "hook_resid_post": m
-            for site, m in zip(attn.sites, attn.layer_maps, strict=True)
+            for site, m in zip(attn.summary.sites, attn.layer_maps, strict=True)
         }
         for entry in layers:
             m = by_site.get(entry["site"])
@@ -397,8 +413,8 @@ def slider_data(result: Any, images: np.ndarray | None, n: int = SLIDER_IMAGES) 
         "cmap": colormap_lut().tolist(),
         "images": [_image_uri(img) for img in images[:n]] if images is not None else [],
         "layers": layers,
-        "attention": None if attn is None else attn.query,
-        "start": norms.report.emergence_layer
-        if norms.report.emergence_layer is not None
+        "attention": attn.summary.query if isinstance(attn, AttentionResult) else None,
+        "start": norms.summary.emergence_layer
+        if norms.summary.emergence_layer is not None
         else len(trace.sites) - 1,
     }

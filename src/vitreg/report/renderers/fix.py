@@ -78,9 +78,11 @@ def fix_attention_maps(comparison: Any, images: np.ndarray | None) -> Figure | N
     ab, aa = comparison.attention_before, comparison.attention_after
     if ab is None or aa is None:
         return None
-    what = "[CLS] attention to each patch" if ab.query == "cls" else "mean attention received"
+    what = (
+        "[CLS] attention to each patch" if ab.summary.query == "cls" else "mean attention received"
+    )
     caption = (
-        f"{what} in the last block (`{ab.sites[-1]}`, head mean) over the first {{n}} images, "
+        f"{what} in the last block (`{ab.summary.sites[-1]}`, head mean) over the first {{n}} images, "
         "without and with test-time registers (the register's own column is not shown)."
     )
     before, after = ab.layer_maps[-1].numpy(), aa.layer_maps[-1].numpy()
@@ -99,17 +101,18 @@ def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure |
         a = after.by_site.get(site)
         if a is None:
             continue
-        label = "final norm" if b.where == "after the final norm" else site.split(".hook")[0]
+        final = b.summary.where == "after the final norm"
+        label = "final norm" if final else site.split(".hook")[0]
         columns += [
             GridColumn(f"PCA before, {label}", b.basis.rgb(b.features)),
             GridColumn(f"PCA after, {label}", b.basis.rgb(a.features)),
         ]
-        if b.where != "after the final norm":
+        if not final:
             columns += [
                 similarity_column(f"similarity before, {label}", b),
                 similarity_column(f"similarity after, {label}", a),
             ]
-        where.append(f"`{site}` ({b.where})")
+        where.append(f"`{site}` ({b.summary.where})")
     first = next(iter(before.by_site.values()))
     caption = (
         f"The patch features before and after the fix, at {' and '.join(where)}: the first "
