@@ -218,14 +218,15 @@ def extract(
             path = folder / shard_name(i)
             if path.is_symlink():  # one containment rule: no link leads out
                 check_inside(folder, path, "feature cache shard")
-            problem = shard_problem(path, key, i)
+            span = (i * shard_size, min(len(dataset), (i + 1) * shard_size))
+            problem = shard_problem(path, key, i, span)
             if problem is None:
                 continue
             if problem in REPLACED:  # a damaged shard is never read: it is extracted again
                 replaced[REPLACED.index(problem)] += 1
             for stale in folder.glob(f".{path.name}.*.tmp"):  # left by a killed writer
                 stale.unlink(missing_ok=True)
-            writer.write(path, i, i * shard_size, min(len(dataset), (i + 1) * shard_size))
+            writer.write(path, i, *span)
     replaced = distributed.all_reduce_sum(replaced)
     counts = {r: int(n) for r, n in zip(REPLACED, replaced, strict=True) if n}
     distributed.barrier()  # every shard is written
