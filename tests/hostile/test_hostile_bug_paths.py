@@ -3,10 +3,16 @@ class: each is exit 2 with one paragraph naming the cause, or a counted, reporte
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+import torch
 from typer.testing import CliRunner
 
+import vitreg
 from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
+from vitreg.errors import WeightsError
 
 runner = CliRunner()
 
@@ -33,3 +39,49 @@ def test_a_folder_of_non_images_says_no_image_could_be_read(tmp_path) -> None:
     result = runner.invoke(app, [*args, "--out", str(out)])
     err = assert_clean_failure(result, "no readable image", "f0.jpg: could not be decoded")
     assert "holds out" not in err and not out.exists()
+
+
+class Marker:
+    """Unpickling this creates a file: proof that a pickle was (not) executed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickled_bin_in_a_hugging_face_folder_is_named_and_never_run(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import Dinov2Config, Dinov2Model
+
+    folder, marker = tmp_path / "hf", tmp_path / "PWNED"
+    config = Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, image_size=28, patch_size=14)  # fmt: skip
+    model = Dinov2Model(config)
+    model.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "evil": Marker(marker)}, folder / "pytorch_model.bin")
+    for spec in (f"hf:{folder}", f"local:{folder}"):
+        result = runner.invoke(app, ["inspect", spec])
+        err = assert_clean_failure(result, "pytorch_model.bin", "pickled Python objects")
+        assert "weights_only` set to `False" not in err and "False" not in err
+    assert not marker.exists()
+
+
+def test_a_vlm_folder_of_pickled_weights_is_named_without_torch_advice(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from vitreg.testing.planted import save_tiny_llava
+
+    folder, marker = save_tiny_llava(tmp_path / "llava"), tmp_path / "PWNED"
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save({**state, "evil": Marker(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(WeightsError, match="no readable model.safetensors: it holds pytorch_"):
+        vitreg.load(f"hf-vlm:{folder}")
+    for spec in (f"hf-vlm:{folder}", f"hf:{folder}"):
+        err = assert_clean_failure(runner.invoke(app, ["inspect", spec]), "pytorch_model.bin")
+        assert "weights_only" not in err.replace("weights_only=True", "")
+    assert not marker.exists()

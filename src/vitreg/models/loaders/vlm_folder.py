@@ -122,6 +122,19 @@ def _weights(folder: Path) -> None:
             ) from None
 
 
+def no_safetensors(folder: Path) -> WeightsError:
+    """The error of a VLM folder whose weights transformers found no safetensors file of: its
+    pickled files are named and never read."""
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+    held = f"it holds {', '.join(pickled[:3])} (pickled torch files, " if pickled else "("
+    return WeightsError(
+        f"the VLM folder {str(folder)!r} has no readable model.safetensors: {held}which "
+        "vitreg never unpickles, since unpickling can run any code). Convert the weights once "
+        "to safetensors on a machine you trust (save_pretrained writes model.safetensors) or "
+        "pass --random-init to build the architecture with random weights"
+    )
+
+
 def _templates(folder: Path, files: dict[str, Any]) -> None:
     """Every chat template of the folder compiles in the sandbox (rendering is budgeted later)."""
     found: list[tuple[str, Any]] = []
