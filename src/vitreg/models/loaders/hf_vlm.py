@@ -185,6 +185,12 @@ def load_hf_vlm(
             )
         else:
             module = LlavaForConditionalGeneration._from_config(config, attn_implementation=attn)
+    except (RuntimeError, ValueError) as e:  # e.g. a projector of another size
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise WeightsError(
+            f"the weights of {source!r} do not fit the model its config.json describes ({first}); "
+            "re-save the folder with save_pretrained"
+        ) from None
     except OSError as e:
         if is_local:
             raise no_safetensors(Path(source)) from None
