@@ -3,6 +3,7 @@ class: each is exit 2 with one paragraph naming the cause, or a counted, reporte
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 import vitreg
-from _support.cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure, flat
 from vitreg.cli.app import app
 from vitreg.errors import WeightsError
 
@@ -85,3 +86,56 @@ def test_a_vlm_folder_of_pickled_weights_is_named_without_torch_advice(tmp_path)
         err = assert_clean_failure(runner.invoke(app, ["inspect", spec]), "pytorch_model.bin")
         assert "weights_only" not in err.replace("weights_only=True", "")
     assert not marker.exists()
+
+
+GOLDEN = Path(__file__).parents[1] / "report" / "_golden"
+
+
+def golden_run(folder: Path, name: str, edit=None) -> Path:
+    """A copy of a golden run's metrics.json (``edit``ed) with its companion files."""
+    doc = json.loads((GOLDEN / name / "metrics.json").read_text())
+    if edit is not None:
+        edit(doc)
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(doc))
+    for companion in ("config.yaml", "report.md", "report.html"):
+        (folder / companion).write_text("x")
+    return folder
+
+
+def test_validate_refuses_a_headline_whose_source_is_its_own_value(tmp_path) -> None:
+    good = golden_run(tmp_path / "good", "train")
+    ok = runner.invoke(app, ["validate", str(good)])
+    assert ok.exit_code == 0, ok.output
+
+    def self_pointer(doc: dict) -> None:
+        doc["metrics"][0]["value"] = 123.0
+        doc["metrics"][0]["source"] = "/metrics/0/value"
+
+    bad = golden_run(tmp_path / "bad", "train", self_pointer)
+    result = runner.invoke(app, ["validate", str(bad)])
+    assert result.exit_code == 2 and "bug" not in result.output
+    assert "which is not in results" in flat(result.stdout)
+
+
+def test_compare_notes_a_run_off_the_schema_and_a_nan_headline(tmp_path) -> None:
+    good = golden_run(tmp_path / "good", "schema_1_1_diagnose")
+    off = golden_run(
+        tmp_path / "off", "schema_1_1_diagnose", lambda d: d["results"].update(norms=5)
+    )
+
+    def nan(doc: dict) -> None:
+        doc["metrics"][1]["value"] = float("nan")
+
+    missing = golden_run(tmp_path / "bad_value", "schema_1_1_diagnose", nan)
+    name = json.loads((good / "metrics.json").read_text())["metrics"][1]["name"]
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", str(good), str(off), str(missing), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = flat(result.stdout)
+    assert f"note: {off}: its metrics.json does not follow the result schema (results.norms" in text
+    assert f"note: {missing}: the headline {name!r} is nan" in text
+    assert text.lower().count("nan") == 1  # in the note, never as a value in the table
+    merged = json.loads((out / "comparison.json").read_text())
+    assert len(merged["notes"]) == 2 and merged["rows"][1]["values"][2] is None
+    assert "is nan in its metrics.json" in (out / "comparison.md").read_text()
