@@ -139,3 +139,30 @@ def test_compare_notes_a_run_off_the_schema_and_a_nan_headline(tmp_path) -> None
     merged = json.loads((out / "comparison.json").read_text())
     assert len(merged["notes"]) == 2 and merged["rows"][1]["values"][2] is None
     assert "is nan in its metrics.json" in (out / "comparison.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        ("planted:nope", "unknown planted model 'nope'"),
+        ("timm:vit_nonexistent_xyz", "timm has no model named"),
+        ("local:/no/such/folder", "local model directory"),
+        ("nosource:x", "unknown model source"),
+        ("hf:../x", "neither a local directory nor a hub id"),
+    ],
+)
+def test_every_models_spec_is_resolved_before_the_first_model_loads(
+    tmp_path, monkeypatch, bad, needle
+) -> None:
+    import vitreg.models.load as loading
+
+    loaded: list[str] = []
+    real = loading.load
+    monkeypatch.setattr(
+        loading, "load", lambda spec, *a, **k: loaded.append(spec) or real(spec, *a, **k)
+    )
+    out = tmp_path / "run"
+    models = f"planted:dinov2_s14,{bad}"
+    result = runner.invoke(app, ["diagnose", "--models", models, "--out", str(out)])
+    assert_clean_failure(result, "--models:", needle, "no model was loaded")
+    assert loaded == [] and not out.exists()
