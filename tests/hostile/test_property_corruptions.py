@@ -8,7 +8,8 @@ A file kind is one entry of :data:`KINDS`: how to write a valid instance, which 
 damage, how vitreg reads it and which folder that read may write. The corruptions are bytes
 (truncation, flipped bytes, inserted garbage, an empty file, another encoding) and, for JSON and
 YAML, values (wrong types, huge numbers, deep nesting, removed keys). Every case is named by its
-kind and seed, so a failure reruns alone (``-k 'metrics.json-17'``).
+kind and seed, so a failure reruns alone (``-k 'metrics.json-17'``); a case that still finds a
+bug whose fix is under way is listed in :data:`KNOWN` and expected to fail until it lands.
 """
 
 from __future__ import annotations
@@ -237,6 +238,16 @@ def read_comparison(folder: Path) -> None:
     cli("compare", str(folder / "compare"))
 
 
+def make_manifest(folder: Path) -> list[Path]:
+    good = _golden_run(folder, "train")
+    cli("compare", str(good), "--out", str(folder / "out"))
+    return [folder / "out" / ".vitreg-manifest.json"]
+
+
+def read_manifest(folder: Path) -> None:
+    cli("compare", str(folder / "train"), "--out", str(folder / "out"), "--overwrite")
+
+
 def make_config(folder: Path) -> list[Path]:
     path = folder / "config.yaml"
     doc = json.loads((GOLDEN / "diagnose" / "metrics.json").read_text())["config"]
@@ -383,6 +394,7 @@ def read_images(folder: Path) -> None:
 KINDS: dict[str, Kind] = {
     "config.yaml": Kind(make_config, read_config, structured="yaml", cases=40),
     "metrics.json": Kind(make_metrics, read_metrics, structured="json", cases=40),
+    "run-manifest": Kind(make_manifest, read_manifest, structured="json", cases=30),
     "comparison.json": Kind(make_comparison, read_comparison, structured="json", cases=20),
     "neuron-set": Kind(make_neurons, read_neurons, structured="json", cases=40),
     "feature-cache": Kind(make_cache, read_cache, writes="cache", cases=12),
@@ -393,7 +405,18 @@ KINDS: dict[str, Kind] = {
 }
 SWEEP = 5  # the slow sweep runs this many times the default cases of each kind
 DEFAULT = [(k, s) for k, kind in KINDS.items() for s in range(kind.cases)]
-SLOW = [(k, s) for k, kind in KINDS.items() for s in range(kind.cases, SWEEP * kind.cases)]
+# cases that still find a bug, each failing until its fix lands (strict: then this entry goes)
+KNOWN = {
+    ("run-manifest", 103): "a run manifest without its 'model' field ends in a KeyError in "
+    "core/run_dir.py, whose manifest reader is being rewritten to prove ownership",
+}
+SLOW = [
+    pytest.param(k, s, id=f"{k}-{s}", marks=[pytest.mark.xfail(strict=True, reason=KNOWN[k, s])])
+    if (k, s) in KNOWN
+    else pytest.param(k, s, id=f"{k}-{s}")
+    for k, kind in KINDS.items()
+    for s in range(kind.cases, SWEEP * kind.cases)
+]
 
 
 @pytest.fixture(scope="module")
@@ -438,7 +461,7 @@ def test_a_corrupted_file_is_a_result_or_one_paragraph(name, seed, tmp_path, pri
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "seed"), SLOW, ids=[f"{k}-{s}" for k, s in SLOW])
+@pytest.mark.parametrize(("name", "seed"), SLOW)
 def test_the_wider_sweep_of_corruptions(name, seed, tmp_path, pristine) -> None:
     run_case(name, seed, tmp_path, pristine)
 
