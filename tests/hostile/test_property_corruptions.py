@@ -8,8 +8,7 @@ A file kind is one entry of :data:`KINDS`: how to write a valid instance, which 
 damage, how vitreg reads it and which folder that read may write. The corruptions are bytes
 (truncation, flipped bytes, inserted garbage, an empty file, another encoding) and, for JSON and
 YAML, values (wrong types, huge numbers, deep nesting, removed keys). Every case is named by its
-kind and seed, so a failure reruns alone (``-k 'metrics.json-17'``); a case that still finds a
-bug whose fix is under way is listed in :data:`KNOWN` and expected to fail until it lands.
+kind and seed, so a failure reruns alone (``-k 'metrics.json-17'``).
 """
 
 from __future__ import annotations
@@ -405,18 +404,7 @@ KINDS: dict[str, Kind] = {
 }
 SWEEP = 5  # the slow sweep runs this many times the default cases of each kind
 DEFAULT = [(k, s) for k, kind in KINDS.items() for s in range(kind.cases)]
-# cases that still find a bug, each failing until its fix lands (strict: then this entry goes)
-KNOWN = {
-    ("run-manifest", 103): "a run manifest without its 'model' field ends in a KeyError in "
-    "core/run_dir.py, whose manifest reader is being rewritten to prove ownership",
-}
-SLOW = [
-    pytest.param(k, s, id=f"{k}-{s}", marks=[pytest.mark.xfail(strict=True, reason=KNOWN[k, s])])
-    if (k, s) in KNOWN
-    else pytest.param(k, s, id=f"{k}-{s}")
-    for k, kind in KINDS.items()
-    for s in range(kind.cases, SWEEP * kind.cases)
-]
+SLOW = [(k, s) for k, kind in KINDS.items() for s in range(kind.cases, SWEEP * kind.cases)]
 
 
 @pytest.fixture(scope="module")
@@ -461,7 +449,7 @@ def test_a_corrupted_file_is_a_result_or_one_paragraph(name, seed, tmp_path, pri
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "seed"), SLOW)
+@pytest.mark.parametrize(("name", "seed"), SLOW, ids=[f"{k}-{s}" for k, s in SLOW])
 def test_the_wider_sweep_of_corruptions(name, seed, tmp_path, pristine) -> None:
     run_case(name, seed, tmp_path, pristine)
 

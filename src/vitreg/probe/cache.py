@@ -226,7 +226,7 @@ def extract(
                 replaced[REPLACED.index(problem)] += 1
             for stale in folder.glob(f".{path.name}.*.tmp"):  # left by a killed writer
                 stale.unlink(missing_ok=True)
-            writer.write(path, i, *span)
+            writer.write(path, i, i * shard_size, min(len(dataset), (i + 1) * shard_size))
     replaced = distributed.all_reduce_sum(replaced)
     counts = {r: int(n) for r, n in zip(REPLACED, replaced, strict=True) if n}
     distributed.barrier()  # every shard is written
