@@ -588,13 +588,19 @@ def read_config(path: str | Path, verb: str) -> dict[str, Any]:
     """The settings of ``verb`` in a config.yaml written by a run (checked, not yet validated),
     read by the one YAML reader with its size, depth and alias budgets."""
     from vitreg.core.readers import read_yaml
+    from vitreg.core.verb import VERBS
+    from vitreg.core.yaml_strict import refuse_bool_numbers, refuse_duplicate_keys
 
     p = Path(path)
     if not p.is_file():
         raise InputError(f"--config {p}: no such file (pass the config.yaml of a run)")
     raw = read_yaml(p, "--config")
+    refuse_duplicate_keys(p, "--config")
     if not isinstance(raw, dict):
         raise InputError(f"--config {p} holds a {type(raw).__name__}, not a mapping of settings")
+    if verb in VERBS:
+        flags = {str(k): v for k, v in raw.items() if isinstance(v, bool)}
+        refuse_bool_numbers(flags, VERBS[verb].config.model_fields, f"--config {p}")
     if "overwrite" in raw:  # replacing a run is asked on the command line only
         raise InputError(
             f"--config {p} sets overwrite; vitreg never reads overwrite from a file, so that a "

@@ -183,3 +183,48 @@ def test_the_check_pass_replays_the_one_process_listing(tmp_path: Path, model: A
     assert source.split_note(1) is None and source.split_note(3) is None
     assert "3 shard(s) for 4 torchrun ranks" in source.split_note(4)
     assert source.rank_parts(0, 4) is None  # fewer shards than ranks: the per-batch split
+
+
+def test_a_pattern_is_counted_before_it_is_expanded(tmp_path: Path) -> None:
+    from braceexpand import braceexpand
+
+    for pattern in ("{a,b{1..3},{x..z}}", "{0..10..2}", "{-3..3}", "{00..10}", "{a..e..2}",
+                    "{1..a}", "a{}b", "{x,}", "{{1,2}}", "{1..3}{a,b}", "{9..0..3}", "plain"):  # fmt: skip
+        assert wds.expansion_size(pattern) == len(list(braceexpand(pattern))), pattern
+    assert wds.expansion_size("{0..9}" * 8) == 10**8
+    for huge in ("{0..99999999}", "{0..9}" * 8):
+        with pytest.raises(InputError, match="100,000,000 shard names"):
+            wds.shard_paths(f"wds:{tmp_path}/{huge}.tar")
+    with pytest.raises(InputError, match="balance its braces"):
+        wds.shard_paths(f"wds:{tmp_path}/\\{{1,2}}.tar")
+    with pytest.raises(InputError, match="brace groups"):
+        wds.shard_paths("wds:" + "{a,b}" * 2000)
+
+
+def test_remote_shards_are_named_even_with_the_slashes_collapsed() -> None:
+    for pattern in ("http://h/a.tar", "http:/h/a.tar", "s3://b/a.tar", "pipe:cat a.tar"):
+        with pytest.raises(InputError, match="remote shards are not read"):
+            wds.shard_paths(f"wds:{pattern}")
+
+
+def test_links_devices_and_fifos_in_a_shard_are_counted_as_skipped(tmp_path: Path) -> None:
+    import torch
+
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tar:
+        add(tar, "000.png", png(synthetic_pil(1, 32, seed=1)[0]))
+        for name, kind in (("001.png", tarfile.SYMTYPE), ("002.png", tarfile.LNKTYPE),
+                           ("003.png", tarfile.CHRTYPE), ("004.png", tarfile.FIFOTYPE)):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, "000.png" if name < "003" else ""
+            tar.addfile(info)
+    log = wds.FolderLog()
+    batches = list(wds.iter_wds(f"wds:{shard}", lambda im: torch.zeros(1), 4, log=log))
+    assert len(batches) == 1 and log.used == ["s.tar/000.png"]
+    assert log.skipped == {
+        "s.tar/001.png": "a symbolic link in the shard; only regular files are read",
+        "s.tar/002.png": "a hard link in the shard; only regular files are read",
+        "s.tar/003.png": "a character device in the shard; only regular files are read",
+        "s.tar/004.png": "a FIFO in the shard; only regular files are read",
+    }
+    assert wds.plan_of({0: wds.check_shard(shard)}, None).log == log  # the torchrun check too

@@ -94,3 +94,31 @@ def test_neurons_console_split_is_the_one_in_metrics_json(tmp_path: Path) -> Non
     assert (split["n_discovery"], split["n_held_out"]) == (6, 2)
     console = " ".join(result.stdout.split())
     assert "split: 6 images for discovery, 2 held out" in console
+
+
+HOSTILE_TEXT = "<script>alert(1)</script><img src=x onerror=alert(2)> [go](javascript:alert(3)) `x"
+
+
+@pytest.mark.parametrize("verb", ["diagnose", "fix", "neurons", "train", "probe"])
+def test_report_md_escapes_the_user_supplied_strings(tmp_path: Path, verb: str) -> None:
+    import json
+    import shutil
+
+    golden = Path(__file__).parents[1] / "report" / "_golden" / verb
+    run = tmp_path / verb
+    shutil.copytree(golden, run)
+    doc = json.loads((run / "metrics.json").read_text())
+    doc["model"]["spec"] = f"planted:{HOSTILE_TEXT}"
+    doc["model"]["notes"] = [HOSTILE_TEXT]
+    doc["data"]["description"] = HOSTILE_TEXT
+    doc["config"]["spec"] = doc["model"]["spec"]
+    (run / "metrics.json").write_text(json.dumps(doc))
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    md = (run / "report.md").read_text()
+    html = MarkdownIt("commonmark", {"html": True}).render(md)  # as a permissive viewer shows it
+    for raw in ("<script", "<img src=x", 'href="javascript'):  # figures are <img src="figures/
+        assert raw not in html, (raw, verb)
+    assert "&lt;script&gt;" in md
+    page = (run / "report.html").read_text()
+    assert "<script>alert" not in page and "<img src=x" not in page

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import vitreg
 from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
-from vitreg.errors import InputError, SpecError, WeightsError
+from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.models.loaders.chat_template import render_chat_template
 from vitreg.models.loaders.hf_vlm import VLM
 from vitreg.vlm.inputs import prompt_text
@@ -64,6 +64,10 @@ def hostile(folder: Path, case: str) -> None:
         edit_config(folder, text_config__num_hidden_layers="2")
     elif case == "image_token_out_of_range":
         edit_config(folder, image_token_index=10**6)
+    elif case == "feature_layer_list":
+        edit_config(folder, vision_feature_layer=[-2, -1])
+    elif case == "feature_layer_string":
+        edit_config(folder, vision_feature_layer="-2")
     elif case == "pickle_weights":
         torch.save({"w": torch.zeros(2)}, folder / "model.safetensors")
     elif case == "truncated_weights":
@@ -85,6 +89,8 @@ CASES = {
     "huge_text": (InputError, "billion parameters"),
     "text_size_string": (InputError, "text_config.num_hidden_layers is '2'"),
     "image_token_out_of_range": (InputError, "image_token_index 1000000 is outside the vocabulary"),
+    "feature_layer_list": (UnsupportedModelError, "vision_feature_layer is [-2, -1] (several"),
+    "feature_layer_string": (InputError, "vision_feature_layer is '-2', not a layer index"),
     "pickle_weights": (WeightsError, "model.safetensors is not a readable safetensors file"),
     "truncated_weights": (WeightsError, "model.safetensors is not a readable safetensors file"),
     "template_syntax": (InputError, "chat_template.jinja: the chat template is not valid Jinja"),
@@ -113,7 +119,7 @@ def test_hostile_vlm_folder_is_named_before_transformers_reads_it(
         assert needle in str(err.value) and len(str(err.value)) < 600, str(err.value)
 
 
-@pytest.mark.parametrize("case", ["auto_map", "huge_text", "template_syntax"])
+@pytest.mark.parametrize("case", ["auto_map", "huge_text", "template_syntax", "feature_layer_list"])
 def test_hostile_vlm_folder_on_the_cli_is_one_paragraph(saved: Path, tmp_path: Path, case) -> None:
     folder = Path(shutil.copytree(saved, tmp_path / "llava"))
     hostile(folder, case)

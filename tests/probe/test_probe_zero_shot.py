@@ -343,3 +343,34 @@ def test_hf_clip_zero_shot_runs_bare_and_fixed(tmp_path: Path) -> None:
     for c in ("base", "fixed"):
         (layer,) = result.results.conditions[c]
         assert layer.info.clip.startswith("hf:") and layer.scores[0].n_test == 6
+
+
+def test_20000_templates_are_refused_and_class_prompts_report_progress(
+    clip_model, tmp_path: Path
+) -> None:
+    from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
+
+    many = tmp_path / "many.txt"
+    many.write_text("".join(f"photo {i} of a {{}}.\n" for i in range(20_000)))
+    with pytest.raises(InputError, match="holds 20,000 templates; vitreg averages at most 1,000"):
+        read_templates(many)
+    towers = clip_towers(clip_model)
+    with pytest.raises(InputError, match="prompts, above the 2,000,000"):
+        class_embeddings(towers, ["x"] * 3000, ["a {}"] * 1000)
+    phases: list[tuple[int | None, str, list[int]]] = []
+
+    class Recorder:
+        def __call__(self, total, label):
+            import contextlib
+
+            seen: list[int] = []
+            phases.append((total, label, seen))
+            return contextlib.nullcontext(lambda done, **_: seen.append(done))
+
+        def note(self, message: str) -> None:
+            pass
+
+    templates = [f"photo {i} of a {{}}." for i in range(300)]
+    cached_class_embeddings(towers, ["cat", "dog"], templates, tmp_path / "cache", Recorder())
+    [(total, label, seen)] = phases
+    assert total == 600 and "2 class names × 300 templates" in label and seen == [256, 512, 600]

@@ -17,6 +17,8 @@ def show_run(run: Any, cfg: Any) -> None:
 
     for path, why in run.merged["skipped"].items():
         console.print(f"[yellow]skipped {escape(path)}: {escape(why)}[/yellow]")
+    for note in run.merged.get("notes", []):
+        console.print(f"[yellow]note: {escape(note)}[/yellow]")
     table = Table(title="vitreg compare")
     table.add_column("run", overflow="fold", max_width=28)
     table.add_column("metric", overflow="fold")

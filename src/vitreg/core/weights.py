@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from vitreg.errors import WeightsError
+from vitreg.errors import WeightsError, brief
 
 WeightKind = Literal["trained", "random", "planted", "user"]
 
@@ -23,16 +23,23 @@ WEIGHT_KINDS: dict[str, str] = {
 def check_weights_file(path: str | os.PathLike) -> Path:
     """A weights file must exist and be a safetensors file or a torch state dict."""
     p = Path(path).expanduser()
-    if p.is_dir():
+    shown = brief(str(p), 200)
+    try:
+        is_dir, is_file = p.is_dir(), p.is_file()
+    except OSError as e:  # a name too long for the file system, a component not a folder
         raise WeightsError(
-            f"weights file {str(p)!r} is a folder, not a file; pass the weights file itself "
+            f"weights file {shown} cannot be examined ({e.strerror}); check the path"
+        ) from None
+    if is_dir:
+        raise WeightsError(
+            f"weights file {shown} is a folder, not a file; pass the weights file itself "
             "(e.g. model.safetensors), or load a saved folder as 'local:DIR'"
         )
-    if not p.is_file():
-        raise WeightsError(f"weights file {str(p)!r} does not exist; check the path")
+    if not is_file:
+        raise WeightsError(f"weights file {shown} does not exist; check the path")
     if p.suffix not in WEIGHT_SUFFIXES:
         raise WeightsError(
-            f"weights file {str(p)!r} has suffix {p.suffix!r}; vitreg reads .safetensors "
+            f"weights file {shown} has suffix {brief(p.suffix, 40)}; vitreg reads .safetensors "
             "(preferred) or torch state dicts (.pth/.pt/.bin, loaded with weights_only=True)"
         )
     return p

@@ -41,6 +41,8 @@ command, which a data argument must never do).
 from __future__ import annotations
 
 import io
+import re
+import tarfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,7 +64,7 @@ from vitreg.data.folder import (
     to_rgb,
 )
 from vitreg.data.images import ImageSource
-from vitreg.errors import InputError
+from vitreg.errors import InputError, brief
 
 PREFIX = "wds:"
 
@@ -72,8 +74,81 @@ def is_wds(images: str | Path | None) -> bool:
     return images is not None and str(images).startswith(PREFIX)
 
 
+MAX_SHARDS = 1_000_000  # names one pattern may expand to; the largest public sets hold ~10^5
+MAX_PATTERN = 4096  # characters of a pattern (its nesting bounded with it)
+REMOTE = re.compile(r"^(pipe:|[A-Za-z][A-Za-z0-9+.-]+:/)")  # a URL with its // collapsed too
+RANGE = re.compile(r"^(-?\d+|[^\d])\.\.(-?\d+|[^\d])(?:\.\.(-?\d+))?$")
+
+
+def _close(pattern: str, start: int) -> int | None:
+    """Index of the ``}`` matching the ``{`` at ``start`` (backslash escapes skipped), or None."""
+    depth, i = 0, start
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        depth += (c == "{") - (c == "}")
+        if depth == 0:
+            return i
+        i += 1
+    return None
+
+
+def _split_top(inner: str) -> list[str]:
+    """``inner`` split at its commas outside nested braces (backslash escapes kept)."""
+    parts, depth, i, last = [], 0, 0, 0
+    while i < len(inner):
+        c = inner[i]
+        if c == "\\":
+            i += 2
+            continue
+        depth += (c == "{") - (c == "}")
+        if c == "," and depth == 0:
+            parts.append(inner[last:i])
+            last = i + 1
+        i += 1
+    return [*parts, inner[last:]]
+
+
+def _range_size(inner: str) -> int | None:
+    """How many names a ``{a..b}`` or ``{a..b..step}`` range gives, or None if it is not one."""
+    m = RANGE.match(inner)
+    if m is None:
+        return None
+    a, b, step = m.group(1), m.group(2), abs(int(m.group(3) or 1)) or 1
+    if a.lstrip("-").isdigit() != b.lstrip("-").isdigit():
+        return None
+    lo, hi = (int(a), int(b)) if a.lstrip("-").isdigit() else (ord(a), ord(b))
+    return abs(hi - lo) // step + 1
+
+
+def expansion_size(pattern: str) -> int:
+    """How many names the brace pattern expands to, counted without expanding it (an upper
+    bound where braceexpand keeps a brace group literal)."""
+    total, i = 1, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        end = _close(pattern, i) if c == "{" else None
+        if end is None:
+            i += 1
+            continue
+        inner = pattern[i + 1 : end]
+        parts = _split_top(inner)
+        if len(parts) > 1:
+            total *= sum(expansion_size(part) for part in parts)
+        else:
+            total *= _range_size(inner) or expansion_size(inner)
+        i = end + 1
+    return total
+
+
 def shard_paths(images: str | Path) -> list[Path]:
-    """The shard files ``wds:PATTERN`` names, brace-expanded in order; each must be a local file."""
+    """The shard files ``wds:PATTERN`` names, brace-expanded in order; each must be a local file.
+    The expansion is counted before it is built: at most :data:`MAX_SHARDS` names."""
     try:
         import webdataset  # noqa: F401
         from braceexpand import braceexpand  # installed with webdataset
@@ -86,19 +161,62 @@ def shard_paths(images: str | Path) -> list[Path]:
         raise InputError(
             "--images wds: needs a shard pattern, e.g. wds:/data/train-{0000..0099}.tar"
         )
-    if pattern.startswith("pipe:") or "://" in pattern:
+    if REMOTE.match(pattern) or "://" in pattern:
         raise InputError(
-            f"--images {images}: only local shard files are read (no pipe: commands or URLs); "
-            "download the shards first"
+            f"--images {brief(str(images))}: remote shards are not read (no pipe: commands or "
+            "URLs, which would run a command or reach the network); download the shards and "
+            "pass their local pattern"
         )
-    paths = [Path(p).expanduser() for p in braceexpand(pattern)]
+    if len(pattern) > MAX_PATTERN or pattern.count("{") > MAX_PATTERN // 64:
+        raise InputError(
+            f"--images wds: the pattern is {len(pattern):,} characters with "
+            f"{pattern.count('{'):,} brace groups; a shard pattern is far shorter"
+        )
+    n = expansion_size(pattern)
+    if n > MAX_SHARDS:
+        raise InputError(
+            f"--images {brief(str(images))} expands to {n:,} shard names, more than the "
+            f"{MAX_SHARDS:,} vitreg reads from one pattern; check the ranges in its braces"
+        )
+    try:
+        paths = [Path(p).expanduser() for p in braceexpand(pattern)]
+    except ValueError as e:  # unbalanced braces
+        raise InputError(f"--images {brief(str(images))}: {e}; balance its braces") from None
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         shown = ", ".join(missing[:3]) + (
             f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         )
-        raise InputError(f"--images {images}: shard file(s) not found: {shown}")
+        raise InputError(f"--images {brief(str(images))}: shard file(s) not found: {shown}")
     return paths
+
+
+# tar members that are not regular files: never read, counted as skipped with the reason
+SPECIAL_MEMBERS = (
+    (tarfile.TarInfo.issym, "a symbolic link"),
+    (tarfile.TarInfo.islnk, "a hard link"),
+    (tarfile.TarInfo.ischr, "a character device"),
+    (tarfile.TarInfo.isblk, "a block device"),
+    (tarfile.TarInfo.isfifo, "a FIFO"),
+)
+
+
+def special_members(path: Path) -> list[tuple[str, str]]:
+    """``(SHARD/MEMBER, reason)`` for every member of the shard that is a link, a device or a
+    FIFO (folders are structure, not members)."""
+    try:
+        with tarfile.open(path) as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, OSError) as e:
+        raise InputError(f"shard {str(path)!r} is not a readable tar file ({e})") from None
+    out = []
+    for m in members:
+        kind = next((what for test, what in SPECIAL_MEMBERS if test(m)), None)
+        if kind is not None:
+            out.append(
+                (f"{path.name}/{m.name}", f"{kind} in the shard; only regular files are read")
+            )
+    return out
 
 
 def _suffix(key: str) -> str:
@@ -176,14 +294,18 @@ def iter_wds(
     log = log if log is not None else FolderLog()
 
     def entries() -> Iterator[tuple[str, Decode]]:
-        for sample in iter_samples(shard_paths(images)):
+        for path in shard_paths(images):
             if limit is not None and len(log.used) >= limit:
                 return
-            name, decode, why = sample_entry(sample, max_pixels)
-            if decode is None:
-                log.skipped[name] = why
-                continue
-            yield name, decode
+            log.skipped.update(special_members(path))
+            for sample in iter_samples([path]):
+                if limit is not None and len(log.used) >= limit:
+                    return
+                name, decode, why = sample_entry(sample, max_pixels)
+                if decode is None:
+                    log.skipped[name] = why
+                    continue
+                yield name, decode
 
     yield from decoded_batches(entries(), transform, batch_size, log, str(images))
 
@@ -201,6 +323,7 @@ class ShardCheck:
 def check_shard(path: Path, max_pixels: int = MAX_PIXELS) -> ShardCheck:
     """Decode every image of one shard (none is kept in memory) to learn which are used."""
     check = ShardCheck()
+    check.events.extend((name, why, None) for name, why in special_members(path))
     for position, sample in enumerate(iter_samples([path])):
         name, decode, why = sample_entry(sample, max_pixels)
         if decode is None:
@@ -404,8 +527,6 @@ class ShardSource(ImageSource):
 
 def count_samples(paths: list[Path]) -> int:
     """How many samples the shards hold, from their tar headers (no image is decoded)."""
-    import tarfile
-
     from webdataset.tariterators import base_plus_ext
 
     keys = 0

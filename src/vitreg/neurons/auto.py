@@ -227,6 +227,9 @@ def _discovery_split(images: Any, n_images: int | None) -> tuple[HeldOutSplit, i
     total = n_images if n_images is not None else len(images)
     n_disc, n_held = split_sizes(total)
     if n_held < MIN_HELD_OUT:
+        if not isinstance(images, torch.Tensor):
+            for _ in images:  # a source none of whose files is an image says so while read
+                pass
         raise InputError(
             f"discovery holds out every {HOLD_OUT}th image to check the neurons it finds, and "
             f"the check needs at least {MIN_HELD_OUT} of them, so that the patches of one image "

@@ -219,7 +219,8 @@ def extract(
             path = folder / shard_name(i)
             if path.is_symlink():  # one containment rule: no link leads out
                 check_inside(folder, path, "feature cache shard")
-            problem = shard_problem(path, key, i)
+            span = (i * shard_size, min(len(dataset), (i + 1) * shard_size))
+            problem = shard_problem(path, key, i, span)
             if problem is None:
                 continue
             if problem in REPLACED:  # a damaged shard is never read: it is extracted again

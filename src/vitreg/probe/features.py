@@ -124,12 +124,26 @@ class CachedFeatures:
         parts = []
         for shard in self.manifest["shards"]:
             if shard["n"]:
-                with safe_open(str(self._shard(shard)), framework="pt") as f:
-                    parts.append(f.get_tensor(tensor))
+                path = self._shard(shard)
+                try:
+                    with safe_open(str(path), framework="pt") as f:
+                        parts.append(f.get_tensor(tensor))
+                except Exception as e:  # a shard made by hand may lack any tensor
+                    raise self._damaged(f"{path.name} cannot give {tensor!r} ({e})") from None
         if not parts:
             raise InputError(f"{self.folder} holds no samples (all were skipped)")
-        t = torch.cat(parts)
+        try:
+            t = torch.cat(parts)
+        except RuntimeError as e:
+            raise self._damaged(f"the shards' {tensor!r} do not fit together ({e})") from None
         return t.float() if t.is_floating_point() else t
+
+    def _damaged(self, what: str) -> VitregError:
+        """The error of a cache whose shards are not what vitreg wrote."""
+        return VitregError(
+            f"the feature cache {self.folder} is damaged or was not written by vitreg: {what}; "
+            "delete that folder and vitreg extracts the features again"
+        )
 
     def __repr__(self) -> str:
         views = self.manifest["views"]

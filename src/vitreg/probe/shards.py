@@ -27,6 +27,7 @@ from vitreg.data.datasets import DataLog, LabeledDataset, SkipSample
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
 from vitreg.models.model import Model
+from vitreg.probe.shard_check import MALFORMED, MISMATCHED, meta_problem
 from vitreg.probe.views import NORMS, TOP_INDEX, patch_pixels, reducer, unpack
 from vitreg.progress import Update
 
@@ -58,6 +59,8 @@ REPLACED = (
     "unreadable",
     "not this cache's shard",
     "no checksum (older cache)",
+    MALFORMED,
+    MISMATCHED,
 )
 
 
@@ -67,10 +70,20 @@ def _data_digest(blob: bytes) -> str:
     return hashlib.sha256(memoryview(blob)[8 + size :]).hexdigest()
 
 
-def shard_problem(path: Path, key: str, index: int) -> str | None:
-    """Why ``path`` is not an intact shard ``index`` of the cache ``key``: ``"missing"``, one of
-    :data:`REPLACED`, or None when it is (its tensor bytes match the checksum it was saved
-    with)."""
+def tensor_shapes(path: Path) -> dict[str, list[int]] | None:
+    """Shape of every tensor in a shard file (read from its header), or None if unreadable."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    except Exception:  # a damaged file is extracted again, never read
+        return None
+
+
+def shard_problem(path: Path, key: str, index: int, span: tuple[int, int]) -> str | None:
+    """Why ``path`` is not an intact shard ``index`` (samples ``span``) of the cache ``key``:
+    ``"missing"``, one of :data:`REPLACED`, or None when it is (its tensor bytes match the
+    checksum it was saved with, its metadata has the writer's types and agrees with its
+    tensors)."""
     if not path.exists():
         return "missing"
     meta = shard_meta(path)
@@ -84,7 +97,10 @@ def shard_problem(path: Path, key: str, index: int) -> str | None:
         blob = path.read_bytes()
     except OSError:
         return "unreadable"
-    return None if _data_digest(blob) == meta["sha256"] else "checksum mismatch"
+    if _data_digest(blob) != meta["sha256"]:
+        return "checksum mismatch"
+    shapes = tensor_shapes(path)
+    return "unreadable" if shapes is None else meta_problem(meta, shapes, *span)
 
 
 def with_checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes:

@@ -18,13 +18,23 @@ from pydantic import ValidationError
 
 from vitreg.core.intervals import interval_verdict
 from vitreg.errors import InputError
+from vitreg.report.compare_notes import not_finite, schema_notes, value_note
 from vitreg.report.documents import RunDir, comparison_members, read_comparison
-from vitreg.report.render.markdown import FigureRef, Report, Section, Table, code, finite, num
+from vitreg.report.render.markdown import (
+    FigureRef,
+    Report,
+    Section,
+    Table,
+    code,
+    escape_text,
+    finite,
+    num,
+)
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.renderers.diagnose import model_rows, rows_table
 from vitreg.report.writer import COMPARE, MODELS, Layout, render_again, write_run
 from vitreg.results.diagnose import DiagnoseResults, SiteNorms
-from vitreg.results.schema import resolve
+from vitreg.results.schema import resolve, validate_metrics
 from vitreg.results.upgrade import upgrade
 
 Draw = Callable[[], tuple[Report, list[Figure]]]  # a comparison's report and its figures
@@ -124,7 +134,13 @@ def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str,
     order: dict[tuple, bool | None] = {}
     values: list[dict[tuple, Any]] = []
     intervals: list[dict[tuple, float | None]] = []
-    for _, doc in found:
+    notes: list[str] = []
+    for run, doc in found:
+        try:
+            validate_metrics(doc)
+        except ValueError as e:  # a pydantic ValidationError too
+            notes += schema_notes(run, e)
+    for run, doc in found:
         here, cis = {}, {}
         for m in doc["metrics"]:
             key = row_key(doc, m["name"])
@@ -132,6 +148,9 @@ def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str,
                 order.setdefault(key, m.get("higher_is_better"))
                 here[key] = m.get("value")
                 cis[key] = interval(doc, m)
+                if not_finite(here[key]):
+                    notes.append(value_note(run, m["name"], here[key]))
+                    here[key] = None
         values.append(here)
         intervals.append(cis)
     verbs = {key[0] for key in order}
@@ -167,6 +186,7 @@ def compare_runs(runs: Sequence[Path], contains: str | None = None) -> dict[str,
         "sources": meta,
         "rows": rows,
         "skipped": skipped,
+        **({"notes": notes} if notes else {}),
         "documents": [d for _, d in found],
     }
 
@@ -342,6 +362,7 @@ def compare_report(
         runs,
         figures,
         data["skipped"],
+        notes=[escape_text(n) for n in data.get("notes") or [] if isinstance(n, str)],
         banner=comparison_banner(documents),
         made=_made(data),
     )

@@ -49,6 +49,43 @@ def specs_of(cfg: DiagnoseConfig) -> list[str]:
     return specs
 
 
+def check_specs(specs: list[str]) -> None:
+    """Every spec of ``--models`` resolved before the first model loads: its source known and,
+    where that is cheap, its name (a planted model, a timm architecture, a folder that exists),
+    so a bad last spec is not found after the first model ran."""
+    from vitreg.errors import SpecError
+    from vitreg.models.load import parse_spec
+
+    for spec in specs:
+        try:
+            source, name = parse_spec(spec)
+            _check_name(source, name)
+        except SpecError as e:
+            raise SpecError(f"--models: {e}; no model was loaded") from None
+
+
+def _check_name(source: str, name: str) -> None:
+    """The loader's own refusal of an unknown ``name``, made without building anything."""
+    from vitreg.errors import SpecError
+
+    if source == "planted":
+        from vitreg.testing.planted.planted import SPECS
+
+        if name not in SPECS:
+            raise SpecError(f"unknown planted model {name!r}; known: {sorted(SPECS)}")
+    elif source == "timm":
+        import timm
+
+        if not timm.is_model(name):
+            raise SpecError(f"timm has no model named {name!r}")
+    elif source == "local" and not Path(name).expanduser().is_dir():
+        raise SpecError(f"local model directory {name!r} does not exist")
+    elif source in ("hf", "hf-vlm"):
+        from vitreg.models.loaders.hf_source import hub_or_folder
+
+        hub_or_folder(name)
+
+
 def _options(cfg: DiagnoseConfig, device: str | None) -> dict[str, Any]:
     """The settings the reproducing command line shows, in the order it has always had."""
     names = ("images", "samples", "limit", "batch_size", "device", "max_maps", "random_init")
@@ -117,6 +154,8 @@ def run_diagnose(
     if cfg.spec is None and cfg.models is None:
         notices.append(demo_notice("planted artifacts"))
     specs = specs_of(cfg)
+    if cfg.models is not None:
+        check_specs(specs)
     cfg = same_images(cfg, specs, notices)
     name = slug(specs[0]) if len(specs) == 1 else f"compare-{len(specs)}-models"
     run_dir = cfg.out if cfg.out is not None else default_run_dir(name)

@@ -9,6 +9,7 @@ from pathlib import Path
 from vitreg.configs import ValidateConfig
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
+from vitreg.results.schema import Metric
 from vitreg.verbs.result import Checked, Listener, ValidateRun
 
 # files every verb's run directory holds beside metrics.json
@@ -66,6 +67,20 @@ def check_board(folder: Path) -> str:
     return f"fix leaderboard of {len(doc.board.rows)} entries on {doc.board.n_images} images"
 
 
+def _traced_into_results(path: Path, metrics: list[Metric]) -> None:
+    """Every headline's source points into ``results``: one pointing at itself (or anywhere
+    else in the envelope) repeats no number of the results, so it traces nothing."""
+    from vitreg.errors import brief
+
+    for i, m in enumerate(metrics):
+        if m.source != "/results" and not m.source.startswith("/results/"):
+            raise ValueError(
+                f"{path}: metrics[{i}] ({brief(m.name, 60)}) has the source "
+                f"{brief(m.source, 80)}, which is not in results: a headline repeats a number "
+                "of the results, so its source must point into /results"
+            )
+
+
 def check_run(run: Path, nested: bool = False) -> str:
     """What ``run`` (a run directory, its metrics.json, or a comparison or leaderboard folder
     vitreg wrote) holds; raises ValueError if invalid (an ``InputError`` for a file that is not
@@ -95,6 +110,7 @@ def check_run(run: Path, nested: bool = False) -> str:
         valid = validate_metrics(doc)
     except ValidationError as e:
         raise ValueError(describe_errors(e, f"{path} does not follow the schema")) from None
+    _traced_into_results(path, valid.metrics)
     _companions(path.parent, COMPANIONS, "metrics.json")
     version = doc.get("schema_version")
     read = "" if version == valid.schema_version else f" (read as {valid.schema_version})"

@@ -13,6 +13,7 @@ only when a zero-shot probe asks for them.
 from __future__ import annotations
 
 import os
+import pickle
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from torch import nn
 
 from vitreg.core.containment import check_folder
 from vitreg.errors import InputError, SpecError, WeightsError
-from vitreg.models.load import Loaded, offline_hint, read_state_dict
+from vitreg.models.load import Loaded, offline_hint, read_state_dict, weights_read_error
 from vitreg.models.text_tower import TextTower, attach
 
 _DINOV2 = dict(mlp_ratio=4, patch_size=14, image_size=518, layer_norm_eps=1e-6, hidden_act="gelu")
@@ -191,6 +192,9 @@ def _pretrained(source: str, is_local: bool, attn: str | None, overrides: dict) 
     kwargs = {"attn_implementation": attn} if attn else {}
     try:
         return _class(config).from_pretrained(source, config=config, **kwargs)
+    except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met a pickled object
+        pickled = sorted(Path(source).glob("*.bin")) if is_local else []
+        raise weights_read_error(pickled[0] if pickled else source, e) from None
     except OSError as e:
         if is_local:
             raise WeightsError(

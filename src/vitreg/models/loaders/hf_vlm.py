@@ -26,7 +26,7 @@ from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsE
 from vitreg.models.adapters.hf import first_attr
 from vitreg.models.load import Loaded, offline_hint
 from vitreg.models.loaders.hf_source import ProcessorTransform, hub_or_folder
-from vitreg.models.loaders.vlm_folder import MODEL_TYPES, check_vlm_folder
+from vitreg.models.loaders.vlm_folder import MODEL_TYPES, check_vlm_folder, no_safetensors
 from vitreg.models.model import Model
 
 SPEC_EXAMPLE = "hf-vlm:llava-hf/llava-1.5-7b-hf"
@@ -185,7 +185,15 @@ def load_hf_vlm(
             )
         else:
             module = LlavaForConditionalGeneration._from_config(config, attn_implementation=attn)
+    except (RuntimeError, ValueError) as e:  # e.g. a projector of another size
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise WeightsError(
+            f"the weights of {source!r} do not fit the model its config.json describes ({first}); "
+            "re-save the folder with save_pretrained"
+        ) from None
     except OSError as e:
+        if is_local:
+            raise no_safetensors(Path(source)) from None
         raise WeightsError(offline_hint(f"the weights of {source!r}", e)) from e
     processor = _processor(source)
     notes = _planted_note(source, is_local) if pretrained else []

@@ -120,7 +120,7 @@ def _numbers(value: Any, n: int, positive: bool = False) -> list[float]:
         isinstance(value, list)
         and len(value) == n
         and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-        and all(math.isfinite(v) and (v > 0 or not positive) for v in value)
+        and all(abs(v) < 1e300 and math.isfinite(v) and (v > 0 or not positive) for v in value)
     )
     if not ok:
         kind = "positive finite numbers" if positive else "finite numbers"

@@ -1,6 +1,6 @@
 """An ``hf-vlm:DIR`` folder checked before transformers sees it: every JSON file read by the one
 reader (size, depth, UTF-8), no custom code (``auto_map``), a LLaVA ``model_type``, sizes a
-machine can build, an image-token id inside the vocabulary, weights files that are safetensors,
+machine can build, an image-token id inside the vocabulary, one vision feature layer, weights files that are safetensors,
 and chat templates that compile in the sandbox. Each problem is an :class:`InputError` (or
 :class:`WeightsError`) naming the file and the field."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vitreg.core.readers import read_json
-from vitreg.errors import InputError, SpecError, WeightsError, brief
+from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError, brief
 from vitreg.models.loaders.chat_template import compile_template
 
 MODEL_TYPES = ("llava",)
@@ -106,6 +106,22 @@ def _image_token(path: Path, config: dict[str, Any]) -> None:
         )
 
 
+def _feature_layer(path: Path, config: dict[str, Any]) -> None:
+    """``vision_feature_layer`` is one whole number: vitreg maps one layer's tokens to the image
+    tokens (a list concatenates several layers, and changes the projector's input size)."""
+    layer = config.get("vision_feature_layer")
+    if layer is None:
+        return  # transformers' default applies
+    if isinstance(layer, list):
+        raise UnsupportedModelError(
+            f"{path}: vision_feature_layer is {brief(layer, 40)} (several layers concatenated), "
+            "which vitreg does not support: it maps one feature layer's tokens to the image "
+            "tokens; use a LLaVA model that reads one layer"
+        )
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -4096 <= layer <= 4096:
+        raise InputError(f"{path}: vision_feature_layer is {brief(layer, 40)}, not a layer index")
+
+
 def _weights(folder: Path) -> None:
     """Every ``*.safetensors`` file opens as safetensors (its header covers the whole file)."""
     from safetensors import safe_open
@@ -120,6 +136,19 @@ def _weights(folder: Path) -> None:
                 f"{path} is not a readable safetensors file ({first}); it is truncated, "
                 "corrupt or another format under this name: re-save the model"
             ) from None
+
+
+def no_safetensors(folder: Path) -> WeightsError:
+    """The error of a VLM folder whose weights transformers found no safetensors file of: its
+    pickled files are named and never read."""
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+    held = f"it holds {', '.join(pickled[:3])} (pickled torch files, " if pickled else "("
+    return WeightsError(
+        f"the VLM folder {str(folder)!r} has no readable model.safetensors: {held}which "
+        "vitreg never unpickles, since unpickling can run any code). Convert the weights once "
+        "to safetensors on a machine you trust (save_pretrained writes model.safetensors) or "
+        "pass --random-init to build the architecture with random weights"
+    )
 
 
 def _templates(folder: Path, files: dict[str, Any]) -> None:
@@ -157,5 +186,6 @@ def check_vlm_folder(folder: Path) -> None:
         )
     _sizes(path, config)
     _image_token(path, config)
+    _feature_layer(path, config)
     _weights(folder)
     _templates(folder, files)

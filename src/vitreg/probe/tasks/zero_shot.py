@@ -18,6 +18,7 @@ from vitreg.probe.yardsticks import yardstick
 from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
 from vitreg.probe.zero_shot.prompts import class_names, openai_templates, read_templates
 from vitreg.probe.zero_shot.text import ClipTowers, clip_towers, zero_shot_logits
+from vitreg.progress import SILENT
 from vitreg.results.probe import TaskInfo
 
 FEATURE = "clip image embedding"
@@ -45,7 +46,9 @@ class ZeroShot(ModelTask):
         path = options.get("templates")
         templates = read_templates(path) if path is not None else openai_templates()
         root = options.get("cache_dir")
-        self.classes, path, reused = cached_class_embeddings(self.towers, names, templates, root)
+        self.classes, path, reused = cached_class_embeddings(
+            self.towers, names, templates, root, options.get("progress", SILENT)
+        )
         if reused:
             notes.append(f"class embeddings read from {path} (no text-tower pass)")
         self.info = TaskInfo(

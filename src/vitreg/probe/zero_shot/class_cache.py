@@ -16,6 +16,7 @@ from torch import Tensor
 from vitreg.core.containment import check_inside
 from vitreg.core.io import write_bytes_atomic
 from vitreg.probe.zero_shot.text import ClipTowers, class_embeddings
+from vitreg.progress import SILENT, Progress
 
 FOLDER = "zero-shot-classes"
 
@@ -28,12 +29,23 @@ def class_key(towers: ClipTowers, names: list[str], templates: list[str]) -> str
 
 
 def cached_class_embeddings(
-    towers: ClipTowers, names: list[str], templates: list[str], root: str | Path | None
+    towers: ClipTowers,
+    names: list[str],
+    templates: list[str],
+    root: str | Path | None,
+    progress: Progress = SILENT,
 ) -> tuple[Tensor, Path | None, bool]:
     """:func:`class_embeddings`, read from ``root`` when an earlier run stored them (else
-    computed and stored there); returns ``(embeddings, file or None, reused?)``."""
+    computed, in a phase of ``progress``, and stored there); returns ``(embeddings, file or
+    None, reused?)``."""
+
+    def compute() -> Tensor:
+        label = f"embedding {len(names)} class names × {len(templates)} templates (prompts)"
+        with progress(len(names) * len(templates), label) as update:
+            return class_embeddings(towers, names, templates, update)
+
     if root is None:
-        return class_embeddings(towers, names, templates), None, False
+        return compute(), None, False
     path = Path(root) / FOLDER / f"{class_key(towers, names, templates)}.safetensors"
     if (
         path.is_symlink() or (Path(root) / FOLDER).is_symlink()
@@ -44,7 +56,7 @@ def cached_class_embeddings(
             return f.get_tensor("classes"), path, True
     except Exception:  # missing or damaged: computed again and rewritten
         pass
-    classes = class_embeddings(towers, names, templates)
+    classes = compute()
     meta = {"clip": towers.name, "classes": str(len(names)), "templates": str(len(templates))}
     write_bytes_atomic(path, save_tensors({"classes": classes.contiguous()}, metadata=meta))
     return classes, path, False

@@ -23,10 +23,20 @@ def openai_templates() -> list[str]:
     return [template("{}") for template in OPENAI_IMAGENET_TEMPLATES]
 
 
+MAX_TEMPLATES = 1000  # a prompt ensemble; OpenAI's ImageNet one has 80
+MAX_TEMPLATES_BYTES = 2**20
+
+
 def read_templates(path: str | Path) -> list[str]:
-    """Templates from a text file, one per line with exactly one ``{}`` (blank lines skipped)."""
+    """Templates from a text file, one per line with exactly one ``{}`` (blank lines skipped);
+    at most :data:`MAX_TEMPLATES` of them in at most 1 MiB."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_TEMPLATES_BYTES:
+            raise InputError(
+                f"the templates file {str(path)!r} is {path.stat().st_size / 2**20:.1f} MiB; a "
+                f"prompt ensemble is at most {MAX_TEMPLATES} short lines (1 MiB)"
+            )
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read the templates file {str(path)!r}: {e}") from None
@@ -37,6 +47,12 @@ def read_templates(path: str | Path) -> list[str]:
         raise InputError(
             f"the templates file {str(path)!r} needs one template per line with exactly one "
             f"{{}} where the class name goes (e.g. 'a photo of a {{}}.'); found {problem}"
+        )
+    if len(templates) > MAX_TEMPLATES:
+        raise InputError(
+            f"the templates file {str(path)!r} holds {len(templates):,} templates; vitreg "
+            f"averages at most {MAX_TEMPLATES:,} (OpenAI's ImageNet ensemble has 80), since each "
+            "is one text-tower pass per class: keep the templates that matter"
         )
     return templates
 

@@ -48,7 +48,7 @@ def run_model_task(
     test = open_dataset(data, "val") if isinstance(data, str) else data[1]
     probe.check(tuple(test.targets), test.describe().get("spec", test.name))
     model.eval()
-    options = {**options, "image_size": image_size}
+    options = {**options, "image_size": image_size, "progress": progress}
     notes = probe.setup(model, test, options) if distributed.is_main() else []
     results: dict[str, list[TaskResult]] = {}
     passes: dict[str, dict[str, Any]] = {}

@@ -15,8 +15,10 @@ from vitreg.errors import InputError
 from vitreg.fix.neuron_set import weights_fingerprint
 from vitreg.models.model import Model
 from vitreg.models.text_tower import text_tower
+from vitreg.progress import Update
 
 TEXT_BATCH = 256  # prompts per text-tower forward
+MAX_PROMPTS = 2_000_000  # ImageNet-21k's classes with OpenAI's 80 templates stay below
 
 
 @dataclass
@@ -91,14 +93,24 @@ def _hf(name: str, clip: torch.nn.Module, tokenizer, model: Model, device) -> Cl
 
 
 @torch.no_grad()
-def class_embeddings(towers: ClipTowers, names: list[str], templates: list[str]) -> Tensor:
+def class_embeddings(
+    towers: ClipTowers, names: list[str], templates: list[str], progress: Update | None = None
+) -> Tensor:
     """One unit vector per class: the mean of its L2-normalised prompt embeddings (one prompt
-    per template), normalised again (CLIP's prompt ensembling), ``[K, D]`` float32."""
+    per template), normalised again (CLIP's prompt ensembling), ``[K, D]`` float32;
+    ``progress(n)`` gets the prompts embedded so far. At most :data:`MAX_PROMPTS` prompts."""
+    if len(names) * len(templates) > MAX_PROMPTS:
+        raise InputError(
+            f"{len(names):,} classes × {len(templates):,} templates make "
+            f"{len(names) * len(templates):,} prompts, above the {MAX_PROMPTS:,} vitreg runs "
+            "through the text tower; use fewer templates"
+        )
     prompts = [t.format(n) for n in names for t in templates]
-    chunks = [
-        F.normalize(towers.texts(prompts[i : i + TEXT_BATCH]).float(), dim=-1)
-        for i in range(0, len(prompts), TEXT_BATCH)
-    ]
+    chunks = []
+    for i in range(0, len(prompts), TEXT_BATCH):
+        chunks.append(F.normalize(towers.texts(prompts[i : i + TEXT_BATCH]).float(), dim=-1))
+        if progress is not None:
+            progress(min(len(prompts), i + TEXT_BATCH))
     per_prompt = torch.cat(chunks).reshape(len(names), len(templates), -1)
     return F.normalize(per_prompt.mean(1), dim=-1).cpu()
 

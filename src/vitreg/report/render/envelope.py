@@ -7,7 +7,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitreg.core.weights import WEIGHT_KINDS
-from vitreg.report.render.markdown import Section, Table, code, code_span, escape_text, num, text
+from vitreg.report.render.markdown import (
+    Section,
+    Table,
+    code,
+    code_span,
+    escape_text,
+    inline_text,
+    num,
+    text,
+)
 from vitreg.results.schema import Envelope, is_synthetic, synthetic_weights
 
 #: the versions a document records, in the order the provenance shows them
@@ -31,7 +40,7 @@ def random_init_banner(name: str) -> str:
     """The banner of a report on a model with random weights (``--random-init``,
     ``pretrained=False``)."""
     return (
-        f"**RANDOM WEIGHTS:** `{name}` has random, untrained weights (`--random-init` or "
+        f"**RANDOM WEIGHTS:** {code_span(name)} has random, untrained weights (`--random-init` or "
         "`pretrained=False`); no trained weights were loaded. Artifacts found here, or their absence, say nothing about the trained model; "
         "use this report to check the tool, not to draw conclusions about the model."
     )
@@ -43,7 +52,7 @@ def model_banner(name: str, synthetic: bool, random_init: bool, planted: str) ->
     if not synthetic:
         return random_init_banner(name) if random_init else None
     return (
-        f"**SYNTHETIC MODEL:** `{name}` has random weights with {planted}; it is not a trained "
+        f"**SYNTHETIC MODEL:** {code_span(name)} has random weights with {planted}; it is not a trained "
         "ViT. Use this report to check the tool, not to draw conclusions about real models."
     )
 
@@ -88,14 +97,14 @@ def model_section(doc: Envelope) -> Section:
         ["attention path", text(m.attention)],
     ]
     s = Section("model", "Model", [Table(["", ""], rows)])
-    s.blocks += [f"Note: {n}" for n in m.notes]
+    s.blocks += [f"Note: {inline_text(n)}" for n in m.notes]
     return s
 
 
 def data_section(doc: Envelope) -> Section:
     d = doc.data
     s = Section("data", "Images")
-    desc = f" (source: {d.description})" if d.description else ""
+    desc = f" (source: {inline_text(d.description)})" if d.description else ""
     s.blocks.append(f"{d.n_images} images{desc} were analysed.")
     if getattr(d, "synthetic", None):  # a field of the images' own description
         s.blocks.append(

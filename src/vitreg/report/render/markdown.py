@@ -129,6 +129,18 @@ def escape_text(x: Any) -> str:
     return re.sub(r"([\\`*_\[\]<>~&#!])", r"\\\1", " ".join(str(x).splitlines()))
 
 
+def inline_text(x: Any) -> str:
+    """User-supplied text (a model spec, a note, a data description) for one Markdown line:
+    line breaks as spaces, ``<``, ``>`` and ``&`` as HTML entities, and the markers that would
+    make a code span or a link (backticks, brackets, backslashes) escaped; anything else as
+    written, so that plain text comes out unchanged."""
+    import re
+
+    line = " ".join(str(x).splitlines())
+    line = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"([`\[\]\\])", r"\\\1", line)
+
+
 def _md_block(b: Block) -> list[str]:
     if isinstance(b, Table):
         return markdown_table(b).splitlines()

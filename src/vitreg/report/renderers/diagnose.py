@@ -30,6 +30,7 @@ from vitreg.report.render.markdown import (
     Table,
     code,
     finite,
+    inline_text,
     num,
     pct,
     text,
@@ -95,7 +96,11 @@ def report(doc: Envelope, figures: Iterable[Any] = ()) -> Report:
     for fig in figures:
         key = FIGURE_SECTION.get(fig.name, "norms")
         by_key[key].blocks.append(FigureRef(f"figures/{fig.filename}", fig.caption))
-    return Report(synthetic_banner(doc, "planted artifacts"), f"vitreg diagnose: {name}", sections)
+    return Report(
+        synthetic_banner(doc, "planted artifacts"),
+        f"vitreg diagnose: {inline_text(name)}",
+        sections,
+    )
 
 
 def _unavailable(r: DiagnoseResults, name: str, label: str) -> str:

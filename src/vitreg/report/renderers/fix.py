@@ -18,6 +18,7 @@ from vitreg.report.render.markdown import (
     Table,
     code,
     figure_section,
+    inline_text,
     num,
     pct,
     text,
@@ -228,7 +229,7 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
     r: FixResults = doc.results
     return Report(
         synthetic_banner(doc),
-        f"vitreg fix: {doc.model.spec}",
+        f"vitreg fix: {inline_text(doc.model.spec)}",
         [
             verdict_section(r.comparison),
             _summary_section(r.comparison),

@@ -23,6 +23,7 @@ from vitreg.report.render.markdown import (
     Table,
     code,
     figure_section,
+    inline_text,
     num,
     pct,
     text,
@@ -160,7 +161,7 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
         )
     return Report(
         synthetic_banner(doc),
-        f"vitreg neurons: {doc.model.spec}",
+        f"vitreg neurons: {inline_text(doc.model.spec)}",
         [
             summary,
             _decisions(r),

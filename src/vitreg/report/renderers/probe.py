@@ -9,7 +9,16 @@ from typing import Any
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
-from vitreg.report.render.markdown import Report, Section, Table, code, figure_section, num, text
+from vitreg.report.render.markdown import (
+    Report,
+    Section,
+    Table,
+    code,
+    figure_section,
+    inline_text,
+    num,
+    text,
+)
 from vitreg.report.render.plots import Figure
 from vitreg.report.writer import write_run
 from vitreg.results.fix import ComposedDescription, NamedFix
@@ -277,7 +286,7 @@ def report(doc: Envelope, figures: Sequence[Figure] = ()) -> Report:
     sections += [layer_section(results, li) for li in range(n_layers)]
     data = Section("data", "Data")
     rows = [[k, v] for k, v in doc.data.skipped.items()]
-    data.blocks.append(text(doc.data.description))
+    data.blocks.append(inline_text(text(doc.data.description)))
     for warning in getattr(doc.data, "warnings", None) or []:
         data.blocks.append(f"**Warning** — {warning}")
     data.blocks.append(

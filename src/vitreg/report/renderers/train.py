@@ -10,7 +10,7 @@ from typing import Any
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
-from vitreg.report.render.markdown import Report, Section, figure_section, num, text
+from vitreg.report.render.markdown import Report, Section, figure_section, inline_text, num, text
 from vitreg.report.render.plots import Figure, figure, new_canvas
 from vitreg.report.writer import write_run
 from vitreg.results.schema import Envelope
@@ -92,7 +92,7 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
     resumed = f", resumed from step {r.resumed_from}" if r.resumed_from is not None else ""
     summary.blocks.append(
         f"Recipe **{r.recipe}**: {done}{resumed}; loss {num(r.loss_first)} at the first "
-        f"step, {num(r.final_loss)} at the last. Data: {doc.data.description}. "
+        f"step, {num(r.final_loss)} at the last. Data: {inline_text(doc.data.description)}. "
         f"Weights: {r.weights or 'not exported'}; every step's record: {r.log}."
     )
     if r.dino_terms is not None:
