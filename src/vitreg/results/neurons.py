@@ -122,6 +122,14 @@ class Causal(ResultsModel):
     steps: list[SelectionStep]
     dropped: list[UnitEffect]
 
+    def units(self) -> list[tuple[int, int]]:
+        """The chosen units as ``(layer, unit)`` pairs, in selection order."""
+        return [(u[0], u[1]) for u in self.chosen]
+
+    def effect(self, layer: int, unit: int) -> UnitEffect | None:
+        """The measured effect of a chosen unit (``None`` for any other)."""
+        return next((e for e in self.effects if (e.layer, e.unit) == (layer, unit)), None)
+
 
 class BlockCheck(ResultsModel):
     """One block that had an outlier mode before the fix, after the fix at one k."""
