@@ -81,17 +81,17 @@ def test_neurons_writes_the_set_and_a_report_equal_to_the_library(neurons_run, c
     # the library's automatic path on the same images gives the same numbers
     found = find_neurons(model(cached_models), the_images(model(cached_models)), batch_size=4)
     assert saved.pairs() == found.chosen.pairs() == [(n["layer"], n["unit"]) for n in r["neurons"]]
-    assert r["chosen_k"] == found.curve.chosen_k == len(saved) > 0
-    assert [(n["layer"], n["unit"]) for n in r["ranking"]] == found.ranking.pairs()
+    assert r["chosen_k"] == found.chosen_k == len(saved) > 0
+    assert [(n["layer"], n["unit"]) for n in r["ranking"]] == found.ranked.pairs()
     assert r["detect_layer"] == found.detection.detect_layer == saved.settings["detect_layer"]
     assert r["threshold_value"] == pytest.approx(found.detection.threshold_value, rel=1e-5)
     assert r["held_out"]["n_images"] == 2 and m["data"]["split"]["n_discovery"] == 6
     for key in ("outlier_rate_before", "outlier_rate_after", "max_over_median_after"):
-        assert r["held_out"][key] == pytest.approx(found.held_out[key])
+        assert r["held_out"][key] == pytest.approx(getattr(found.held_out, key))
     # judged by what the fix leaves: no outlier mode at any block on the held-out images
     assert r["status"] == "clean" and r["held_out"]["blocks_with_outlier_mode_after"] == []
     assert r["held_out"]["blocks_with_outlier_mode_before"]
-    assert r["calibration"]["ks"] == found.curve.ks
+    assert found.calibration is not None and r["calibration"]["ks"] == found.calibration.ks
     truth = model(cached_models).module.vitreg_planted
     causes = {u for u in truth.units if u[0] == truth.first_outlier_layer}
     assert set(saved.pairs()) == causes  # the units that write the outliers, no reader
@@ -248,6 +248,13 @@ def test_bad_options_exit_2_before_any_work(tmp_path: Path) -> None:
     ]
     for args, needle in cases:
         assert_clean_failure(runner.invoke(app, args), needle)
+
+
+def test_a_top_k_beyond_the_candidates_exits_2_naming_their_number(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["neurons", *SMALL, "--top-k", "100000", "--out", str(out)])
+    assert_clean_failure(result, "--top-k 100000", "12288 MLP units", "--top-k 12288 or fewer")
+    assert not (out / "metrics.json").exists()
 
 
 @pytest.mark.parametrize("limit", ["3", "7"])

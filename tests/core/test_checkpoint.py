@@ -150,14 +150,14 @@ def test_a_killed_neuron_search_resumes_to_the_same_set(tmp_path: Path) -> None:
         images = synthetic_source(planted, n=16, batch_size=4)
         return find_neurons(planted, images, n_images=16, batch_size=4, progress=progress)
 
-    whole = run(KillIn()).results()
+    whole = run(KillIn()).model_dump()
     folder = tmp_path / "resume"
     with resumable(folder, every=4), pytest.raises(Killed):  # the survey done, discovery not
         run(KillIn("discovering", after=8))
     assert any(p.name.startswith("pass-0.") for p in folder.iterdir())  # the survey's trace
     last = KillIn()
     with resumable(folder, every=4):
-        again = run(last).results()
+        again = run(last).model_dump()
     assert json.dumps(again, sort_keys=True, default=str) == json.dumps(
         whole, sort_keys=True, default=str
     )

@@ -17,6 +17,8 @@ from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.neurons import hub
 from vitreg.neurons.builtin import builtin_folder, builtin_neurons
+from vitreg.results.fix import NeuronsUsed
+from vitreg.results.neurons import HeldOut, Stability
 from vitreg.testing.images import synthetic_images
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -41,8 +43,17 @@ def neurons(model: Any) -> NeuronSet:
 
 
 def metadata(ns: NeuronSet) -> dict[str, Any]:
-    held = {"n_images": 4, "outlier_rate_before": 0.05, "outlier_rate_after": 0.0}
-    stab = {"overlap_between_halves": 1.0}
+    held = HeldOut(
+        n_images=4, k=3, outlier_rate_before=0.05, max_patch_norm_before=80.0,
+        median_patch_norm_before=10.0, max_over_median_before=8.0,
+        blocks_with_outlier_mode_before=[6, 7], outlier_rate_after=0.0,
+        max_patch_norm_after=12.0, median_patch_norm_after=10.0, max_over_median_after=1.2,
+        blocks_with_outlier_mode_after=[], ordinary_max_over_median=1.3,
+    )  # fmt: skip
+    stab = Stability(
+        method="halves", halves=[[[6, 5]], [[6, 5]]], overlap_between_halves=1.0,
+        overlap_with_whole=[1.0, 1.0],
+    )  # fmt: skip
     return hub.card_metadata(
         ns, resolutions=[[56, 56]], images="synthetic", n_images=16, held_out=held,
         status="clean", stability=stab,
@@ -136,8 +147,8 @@ def test_verbs_take_hub_sets_with_the_fingerprint_check(
     notices = Notices(None)
     chosen, info, _ = load_neurons(model, SPEC, ref, None, None, SILENT, notices, pre)
     assert chosen.pairs() == neurons.pairs()
-    assert info["source"] == f"the hub set {ref} (commit {COMMIT})"
-    assert info["fingerprint_matches"] is True and not notices.items
+    assert isinstance(info, NeuronsUsed) and info.source == f"the hub set {ref} (commit {COMMIT})"
+    assert info.fingerprint_matches is True and not notices.items
 
 
 @pytest.mark.parametrize(

@@ -23,11 +23,10 @@ def show_run(run: Any, cfg: Any) -> None:
 def show(found: Any, spec: str, run_dir: Path) -> None:
     """The console summary: the verdict after the fix first, then what was chosen and why."""
     held = found.held_out
-    s = found.ranking.settings
     table = Table(title="vitreg neurons", show_header=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    left = held["blocks_with_outlier_mode_after"]
+    left = held.blocks_with_outlier_mode_after
     verdict = (
         "no artifacts after the fix (no outlier mode at any block)"
         if found.status == "clean"
@@ -35,19 +34,23 @@ def show(found: Any, spec: str, run_dir: Path) -> None:
         if left
         else "PARTIAL: max/median patch norm still above the ordinary level"
     )
-    layers = ", ".join(f"{r['layer']} ({r['n_neurons']})" for r in found.results()["layers"])
-    how = "causal selection + calibration" if found.causal is not None else f"top-k {found.mode}"
+    layers = ", ".join(f"{r.layer} ({r.n_neurons})" for r in found.layers)
+    how = (
+        "causal selection + calibration"
+        if found.causal is not None
+        else f"top-k {found.top_k_mode}"
+    )
     rows = {
         "held-out verdict": verdict,
-        "max/median patch norm": f"{held['max_over_median_before']:.3g} -> "
-        f"{held['max_over_median_after']:.3g} (ordinary patches: "
-        f"{held['ordinary_max_over_median']:.3g})",
+        "max/median patch norm": f"{held.max_over_median_before:.3g} -> "
+        f"{held.max_over_median_after:.3g} (ordinary patches: "
+        f"{held.ordinary_max_over_median:.3g})",
         "neurons": f"{len(found.chosen)} ({how})",
         "layers (count)": layers,
-        "searched": found.detection.reasons["highest_layer"],
+        "searched": found.reasons["highest_layer"],
         **(
             {
-                "stability (halves)": f"overlap {found.stability['overlap_between_halves']:.0%} "
+                "stability (halves)": f"overlap {found.stability.overlap_between_halves:.0%} "
                 "between the sets of two halves of the images"
             }
             if found.stability
@@ -56,26 +59,22 @@ def show(found: Any, spec: str, run_dir: Path) -> None:
         **(
             {
                 "other sizes": ", ".join(
-                    f"{r['img_size']} px: "
-                    + (
-                        "clean"
-                        if r["clean_after"]
-                        else f"NOT clean ({r['max_over_median_after']:.3g})"
-                    )
-                    for r in found.other_sizes["sizes"]
+                    f"{r.img_size} px: "
+                    + ("clean" if r.clean_after else f"NOT clean ({r.max_over_median_after:.3g})")
+                    for r in found.other_sizes.sizes
                 )
             }
             if found.other_sizes
             else {}
         ),
-        "detection": f"block {s['detect_layer']}, {s['threshold']} threshold",
-        "held-out outlier rate": f"{held['outlier_rate_before']:.2%} -> "
-        f"{held['outlier_rate_after']:.2%} ({held['n_images']} images)",
+        "detection": f"block {found.detect_layer}, {found.threshold} threshold",
+        "held-out outlier rate": f"{held.outlier_rate_before:.2%} -> "
+        f"{held.outlier_rate_after:.2%} ({held.n_images} images)",
     }
     for key, value in rows.items():
         table.add_row(key, escape(value))
     console.print(table)
-    for note in found.curve.notes:
+    for note in found.notes:
         console.print(f"[yellow]note: {escape(note)}[/yellow]")
     show_path("run directory", run_dir)
     neurons = shlex.quote(str(run_dir / "neurons.json"))

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vitreg.analysis.rules import MASK_RULES
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.errors import InputError
+from vitreg.results.neurons import NeuronSetSettings
 
 FORMAT = "vitreg.neuron_set/1"
 SUFFIXES = (".json", ".safetensors")
@@ -32,39 +32,6 @@ class _Row(BaseModel):
     score: float = Field(allow_inf_nan=False)
 
 
-class _Settings(BaseModel):
-    """The settings that made a set; the known keys are typed, others are kept as they are."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    detect_layer: int | None = Field(None, ge=0)
-    highest_layer: int | None = Field(None, ge=0)
-    lowest_layer: int | None = Field(None, ge=0)
-    threshold: str | float | None = None
-    threshold_value: float | None = Field(None, gt=0, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=0)
-    signed: bool | None = None
-    include_prefix: bool | None = None
-    sparsity: list[float] | None = None
-
-    @field_validator("threshold", mode="before")
-    @classmethod
-    def _threshold(cls, v: Any) -> Any:
-        number = isinstance(v, (int, float)) and not isinstance(v, bool)
-        if v is None or v in MASK_RULES or (number and math.isfinite(v) and v > 0):
-            return v
-        raise ValueError(f"expected one of {list(MASK_RULES)} or a positive norm (a number > 0)")
-
-    @field_validator("sparsity", mode="before")
-    @classmethod
-    def _sparsity(cls, v: Any) -> Any:
-        ok = isinstance(v, list) and len(v) == 2
-        ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-        if v is None or (ok and all(math.isfinite(x) for x in v)):
-            return v
-        raise ValueError("expected [activation, fraction], two finite numbers")
-
-
 class _SetFile(BaseModel):
     """``NAME.json`` of a :class:`NeuronSet`."""
 
@@ -77,7 +44,7 @@ class _SetFile(BaseModel):
     n_layers: int | None = Field(None, ge=1, le=100_000)
     d_mlp: int | None = Field(None, ge=1, le=100_000_000)
     fingerprint: str | None = None
-    settings: _Settings = Field(default_factory=_Settings)
+    settings: NeuronSetSettings = Field(default_factory=NeuronSetSettings)
     data: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -15,10 +15,10 @@ calibration, each decision recorded with its evidence.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import PrivateAttr
 
 from vitreg import distributed
 from vitreg.core.renamed import loose_settings, renamed
@@ -32,11 +32,21 @@ from vitreg.neurons.calibrate import (
     TopKCurve,
     calibrate_top_k,
 )
-from vitreg.neurons.causal import CausalSelection
-from vitreg.neurons.detection import Detection, choose_detection
+from vitreg.neurons.detection import choose_detection
 from vitreg.neurons.discover import discover
 from vitreg.neurons.held_out import HOLD_OUT, HeldOutSplit, causal_set
 from vitreg.progress import SILENT, Progress
+from vitreg.results.neurons import (
+    Causal,
+    DetectionRecord,
+    Discovered,
+    Discovery,
+    HeldOut,
+    LayerCount,
+    NeuronRow,
+    OtherSizes,
+    Stability,
+)
 from vitreg.settings.neurons import NeuronSearch
 
 MIN_HELD_OUT = 2  # held-out images the check needs: one image's content never stands for a model
@@ -64,77 +74,69 @@ def held_out_images(source: Any, cap: int = MAX_HELD_OUT) -> torch.Tensor:
     return torch.cat(out)
 
 
-@dataclass
-class NeuronSearchResult:
-    """Discovery, causal selection and top-k calibration on one image source."""
+class NeuronSearchResult(Discovered):
+    """Discovery, causal selection and top-k calibration on one image source: the typed
+    results (as metrics.json holds them), with what they describe riding along unserialised:
+    the chosen and the ranked NeuronSets and the survey that placed the search."""
 
-    ranking: NeuronSet  # every ranked candidate, best first
-    chosen: NeuronSet  # the set to apply, in selection order
-    detection: Detection
-    causal: CausalSelection | None  # None with a fixed top-k or causal=False
-    curve: TopKCurve
-    held_out: dict[str, Any]  # k = 0 vs the chosen k on held-out images
-    split: dict[str, Any]
-    mode: str  # "calibrated" or "fixed" (top-k given)
-    stability: dict[str, Any] | None = None  # the sets of two halves of the images (opt-in)
-    other_sizes: dict[str, Any] | None = None  # the fix checked at other resolutions (opt-in)
+    _chosen: NeuronSet = PrivateAttr()
+    _ranked: NeuronSet = PrivateAttr()
+    _detection: DetectionRecord = PrivateAttr()
+
+    def riding(
+        self, chosen: NeuronSet, ranked: NeuronSet, detection: DetectionRecord
+    ) -> NeuronSearchResult:
+        """These results with the sets and the survey they describe; ``self``."""
+        self._chosen, self._ranked, self._detection = chosen, ranked, detection
+        return self
 
     @property
-    def status(self) -> str:
-        return self.curve.status
+    def chosen(self) -> NeuronSet:
+        """The set to apply, in selection order."""
+        return self._chosen
 
-    def results(self) -> dict[str, Any]:
-        """The ``results`` block of a neurons run's metrics.json."""
-        d = self.detection
-        curve = self.curve.to_dict()
+    @property
+    def ranked(self) -> NeuronSet:
+        """Every ranked candidate, best first."""
+        return self._ranked
+
+    @property
+    def detection(self) -> DetectionRecord:
+        """The survey: detection layer, threshold, searched blocks and the growth curve."""
+        return self._detection
+
+    @property
+    def split(self) -> dict[str, str | int | None]:
+        """Which images discovery saw and which were held out, as the data block records it."""
         return {
-            "n_neurons": len(self.chosen),
-            "chosen_k": len(self.chosen),
-            "top_k_mode": self.mode,
-            "selection": "causal" if self.causal is not None else "score",
-            "status": self.status,
-            "target": self.curve.target,
-            "tolerance": self.curve.tolerance,
-            "detect_layer": d.detect_layer,
-            "highest_layer": d.highest_layer,
-            "lowest_layer": d.lowest_layer,
-            "threshold": d.threshold,
-            "threshold_value": d.threshold_value,
-            "emergence_layer": d.emergence_layer,
-            "reasons": d.reasons,
-            "survey": d.layers,
-            "layers": layer_counts(self.chosen),
-            "neurons": neuron_rows(self.chosen, self.causal),
-            "ranking": neuron_rows(self.ranking),
-            "causal": self.causal.to_dict() if self.causal is not None else None,
-            "held_out": self.held_out,
-            "calibration": curve if self.mode == "calibrated" else None,
-            "discovery": self.ranking.data,
-            "notes": list(self.curve.notes),
-            "stability": self.stability,
-            "other_sizes": self.other_sizes,
+            "rule": SPLIT_RULE,
+            "n_discovery": self.discovery.n_images,
+            "n_held_out": self.held_out.n_images,
         }
 
 
-def neuron_rows(neurons: NeuronSet, causal: CausalSelection | None = None) -> list[dict[str, Any]]:
+def neuron_rows(neurons: NeuronSet, causal: Causal | None = None) -> list[NeuronRow]:
     """One row per neuron: layer, unit, discovery score, and its causal effects when measured."""
     rows = []
     for layer, unit, score in zip(neurons.layers, neurons.units, neurons.scores, strict=True):
-        row: dict[str, Any] = {"layer": layer, "unit": unit, "score": score}
-        if causal is not None and (layer, unit) in causal.effects:
-            e = causal.effects[(layer, unit)]
-            row.update(
-                effect_alone=e["alone"],
-                effect_in_set=e["in_set"],
-                effect_alone_at_emergence=e["alone_at_emergence"],
-                persistence=e["persistence"],
-            )
-        rows.append(row)
+        e = causal.effect(layer, unit) if causal is not None else None
+        measured = (
+            {}
+            if e is None
+            else {
+                "effect_alone": e.alone,
+                "effect_in_set": e.in_set,
+                "effect_alone_at_emergence": e.alone_at_emergence,
+                "persistence": e.persistence,
+            }
+        )
+        rows.append(NeuronRow(layer=layer, unit=unit, score=score, **measured))
     return rows
 
 
-def layer_counts(neurons: NeuronSet) -> list[dict[str, int]]:
-    return [{"layer": k, "n_neurons": len(v)} for k, v in neurons.by_layer().items()]
+def layer_counts(neurons: NeuronSet) -> list[LayerCount]:
+    """How many neurons of ``neurons`` each block holds, in block order."""
+    return [LayerCount(layer=k, n_neurons=len(v)) for k, v in neurons.by_layer().items()]
 
 
 @loose_settings(
@@ -195,13 +197,10 @@ def find_neurons(
         )
     chosen.settings = {
         **chosen.settings,
-        "selection": selection.to_dict() if selection is not None else None,
+        "selection": selection.model_dump(exclude_unset=True) if selection is not None else None,
         "status": curve.status,
     }
-    split = {"rule": SPLIT_RULE, "n_discovery": ranking.data["n_images"], "n_held_out": len(held)}
-    mode = "fixed" if search.top_k != "auto" else "calibrated"
-    summary = _held_out_summary(held, chosen, before, after)
-    found = NeuronSearchResult(ranking, chosen, detection, selection, curve, summary, split, mode)
+    found = _results(chosen, ranking, detection, selection, curve, search, held, before, after)
     if stability and selection is not None:
         found.stability = _half_sets(
             model, disc, held[:causal_images], detection, selection, search, batch_size, progress
@@ -210,7 +209,47 @@ def find_neurons(
         found.other_sizes = _other_sizes(
             model, chosen, held, check_sizes, search, tolerance, batch_size, progress
         )
-    return found
+    return found.riding(chosen, ranking, detection)
+
+
+def _results(
+    chosen: NeuronSet,
+    ranking: NeuronSet,
+    detection: DetectionRecord,
+    selection: Causal | None,
+    curve: TopKCurve,
+    search: NeuronSearch,
+    held: torch.Tensor,
+    before: FixCheck,
+    after: FixCheck,
+) -> NeuronSearchResult:
+    """The results of the search: the chosen set, how it was chosen, what its fix leaves."""
+    d = detection
+    return NeuronSearchResult(
+        status=curve.status,
+        n_neurons=len(chosen),
+        chosen_k=len(chosen),
+        top_k_mode="fixed" if search.top_k != "auto" else "calibrated",
+        selection="causal" if selection is not None else "score",
+        target=curve.target,
+        tolerance=curve.tolerance,
+        detect_layer=d.detect_layer,
+        highest_layer=d.highest_layer,
+        lowest_layer=d.lowest_layer,
+        threshold=d.threshold,
+        threshold_value=d.threshold_value,
+        emergence_layer=d.emergence_layer,
+        reasons=d.reasons,
+        survey=d.layers,
+        layers=layer_counts(chosen),
+        neurons=neuron_rows(chosen, selection),
+        ranking=neuron_rows(ranking),
+        causal=selection,
+        held_out=_held_out(held, chosen, before, after),
+        calibration=curve.calibration() if search.top_k == "auto" else None,
+        discovery=Discovery.model_validate(ranking.data),
+        notes=list(curve.notes),
+    )
 
 
 def _check_sizes_taken(model: Model, sizes: Sequence[int]) -> None:
@@ -247,7 +286,7 @@ def _survey_and_rank(
     search: NeuronSearch,
     batch_size: int,
     progress: Progress,
-) -> tuple[Detection, NeuronSet]:
+) -> tuple[DetectionRecord, NeuronSet]:
     """The survey (detection layer, threshold, searched range) and discovery's ranking."""
     with progress(None, "surveying patch norms per block"):
         detection = choose_detection(model, disc, search, batch_size=batch_size)
@@ -262,10 +301,10 @@ def _causal_selection(
     model: Model,
     held: torch.Tensor,
     ranking: NeuronSet,
-    detection: Detection,
+    detection: DetectionRecord,
     batch_size: int,
     progress: Progress,
-) -> CausalSelection:
+) -> Causal:
     """The causal check on ``held``: the ranked units whose zeroing removes the outliers."""
     with (
         progress(
@@ -274,7 +313,7 @@ def _causal_selection(
         distributed.local(),
     ):
         selection = causal_set(model, held, ranking, detection, batch_size, progress=update)
-    if selection.baseline["n_outlier_patches"] == 0:
+    if selection.baseline.n_outlier_patches == 0:
         raise InputError(
             f"the {len(held)} held-out images checked have no outlier "
             f"patch at block {detection.detect_layer}, so the causal check has nothing to "
@@ -291,7 +330,7 @@ def _causal_selection(
 
 
 def _calibration_order(
-    ranking: NeuronSet, selection: CausalSelection | None, search: NeuronSearch
+    ranking: NeuronSet, selection: Causal | None, search: NeuronSearch
 ) -> tuple[NeuronSet, tuple[int, ...]]:
     """The candidates in the order calibration takes them, and the values of k to check: a
     fixed top-k's ranking whole, the causal set whole (the curve over k only if it fails), or
@@ -299,7 +338,7 @@ def _calibration_order(
     if search.top_k != "auto":
         order, ks = ranking, (0, len(ranking))
     elif selection is not None:
-        order = _ordered(ranking, selection.chosen)
+        order = _ordered(ranking, selection.units())
         ks = (0, len(order))
     else:
         order, ks = ranking, DEFAULT_KS
@@ -355,35 +394,35 @@ def _calibrate(
     return chosen, curve
 
 
-def _held_out_summary(
-    held: torch.Tensor, chosen: NeuronSet, before: FixCheck, after: FixCheck
-) -> dict[str, Any]:
-    """The held-out images with no fix (k = 0) and with the chosen one, as metrics.json has it."""
-    summary: dict[str, Any] = {"n_images": len(held), "k": len(chosen)}
-    for when, check in (("before", before), ("after", after)):
-        summary.update(
-            {
-                f"outlier_rate_{when}": check.outlier_rate,
-                f"max_patch_norm_{when}": check.max_norm,
-                f"median_patch_norm_{when}": check.median_norm,
-                f"max_over_median_{when}": check.max_over_median,
-                f"blocks_with_outlier_mode_{when}": check.blocks_with_mode,
-            }
-        )
-    summary["ordinary_max_over_median"] = before.ordinary_max_over_median
-    return summary
+def _held_out(held: torch.Tensor, chosen: NeuronSet, before: FixCheck, after: FixCheck) -> HeldOut:
+    """The held-out images with no fix (k = 0) and with the chosen one."""
+    return HeldOut(
+        n_images=len(held),
+        k=len(chosen),
+        outlier_rate_before=before.outlier_rate,
+        max_patch_norm_before=before.max_norm,
+        median_patch_norm_before=before.median_norm,
+        max_over_median_before=before.max_over_median,
+        blocks_with_outlier_mode_before=before.blocks_with_mode,
+        outlier_rate_after=after.outlier_rate,
+        max_patch_norm_after=after.max_norm,
+        median_patch_norm_after=after.median_norm,
+        max_over_median_after=after.max_over_median,
+        blocks_with_outlier_mode_after=after.blocks_with_mode,
+        ordinary_max_over_median=before.ordinary_max_over_median,
+    )
 
 
 def _half_sets(
     model: Model,
     disc: HeldOutSplit,
     held: torch.Tensor,
-    detection: Detection,
-    selection: CausalSelection,
+    detection: DetectionRecord,
+    selection: Causal,
     search: NeuronSearch,
     batch_size: int,
     progress: Progress,
-) -> dict[str, Any]:
+) -> Stability:
     """The stability check: the causal set of each half of the discovery images."""
     from vitreg.neurons.stability import half_sets
 
@@ -392,7 +431,7 @@ def _half_sets(
         distributed.local(),
     ):
         return half_sets(
-            model, disc, held, detection, selection.chosen, search, batch_size=batch_size
+            model, disc, held, detection, selection.units(), search, batch_size=batch_size
         )
 
 
@@ -405,7 +444,7 @@ def _other_sizes(
     tolerance: float,
     batch_size: int,
     progress: Progress,
-) -> dict[str, Any]:
+) -> OtherSizes:
     """The chosen set's fix checked on ``held`` resized to each of ``sizes``."""
     from vitreg.neurons.stability import other_sizes
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitreg.analysis.norms import norm_report
+from vitreg.analysis.norms import NormTrace, norm_report
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
 from vitreg.core.renamed import loose_settings
@@ -31,6 +31,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model, iter_batches
 from vitreg.progress import Update
+from vitreg.results.neurons import BlockCheck, Calibration
 from vitreg.settings.neurons import NeuronSearch
 from vitreg.settings.ttr import TtrSettings
 
@@ -49,10 +50,7 @@ class FixCheck:
     ordinary_max_over_median: float  # non-outlier patches before any fix
     blocks_with_mode: list[int]
     clean: bool  # no outlier mode anywhere and max/median at the ordinary level at every block
-    blocks: list[dict[str, Any]] = field(default_factory=list)  # blocks with a mode before
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    blocks: list[BlockCheck] = field(default_factory=list)  # blocks with a mode before
 
 
 def _resize(batch: torch.Tensor, size: int | None) -> torch.Tensor:
@@ -105,22 +103,15 @@ def check_fix(
         ordinary = ordinary_level(patches, flagged)
     modes = [i for i, lo in enumerate(report.layers) if lo.artifacts_present]
     if before is None:
-        blocks = [
-            {"layer": i, "threshold": report.layers[i].cut("auto")}
+        known = [
+            (i, report.layers[i].cut("auto"), None)
             for i in modes
             if math.isfinite(report.layers[i].cut("auto"))
         ]
     else:
-        blocks = [{k: b[k] for k in ("layer", "threshold", "ordinary")} for b in before.blocks]
-    for b in blocks:
-        norms = trace.patch_norms(trace.sites[b["layer"]])
-        above = norms > b["threshold"]
-        b.setdefault("ordinary", ordinary_level(norms, above))
-        b["max_over_median"] = float(norms.max()) / max(float(norms.median()), 1e-12)
-        b["n_above"] = int(above.sum())
-        b["rate_above"] = float(above.float().mean())
-        b["clean"] = b["max_over_median"] <= tolerance * b["ordinary"] and b["rate_above"] <= target
-    clean = fix_is_clean(modes, ratio, ordinary, tolerance) and all(b["clean"] for b in blocks)
+        known = [(b.layer, b.threshold, b.ordinary) for b in before.blocks]
+    blocks = [_block_check(trace, *b, tolerance=tolerance, target=target) for b in known]
+    clean = fix_is_clean(modes, ratio, ordinary, tolerance) and all(b.clean for b in blocks)
     return FixCheck(
         len(neurons),
         float(flagged.float().mean()),
@@ -131,6 +122,33 @@ def check_fix(
         modes,
         clean,
         blocks,
+    )
+
+
+def _block_check(
+    trace: NormTrace,
+    layer: int,
+    threshold: float,
+    ordinary: float | None,
+    *,
+    tolerance: float,
+    target: float,
+) -> BlockCheck:
+    """Block ``layer`` of ``trace`` against its threshold and ordinary level before the fix
+    (``ordinary`` measured here when ``None``: the check without the fix)."""
+    norms = trace.patch_norms(trace.sites[layer])
+    above = norms > threshold
+    ordinary = ordinary if ordinary is not None else ordinary_level(norms, above)
+    ratio = float(norms.max()) / max(float(norms.median()), 1e-12)
+    rate = float(above.float().mean())
+    return BlockCheck(
+        layer=layer,
+        threshold=threshold,
+        ordinary=ordinary,
+        max_over_median=ratio,
+        n_above=int(above.sum()),
+        rate_above=rate,
+        clean=ratio <= tolerance * ordinary and rate <= target,
     )
 
 
@@ -162,35 +180,42 @@ class TopKCurve:
     def median_norm(self) -> dict[int, list[float]]:
         return {z: self.series("median_norm", z) for z in self.checks}
 
+    def _by_size(self, name: str) -> dict[str, list[Any]]:
+        """One series per resolution, keyed by the resolution's text (0: native)."""
+        return {str(z): self.series(name, z) for z in self.checks}
+
     def passes(self, i: int) -> bool:
         """Whether the i-th k passes at every resolution."""
         return all(c[i].clean and c[i].outlier_rate <= self.target for c in self.checks.values())
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "tolerance": self.tolerance,
-            "detect_layer": self.detect_layer,
-            "ks": self.ks,
-            "chosen_k": self.chosen_k,
-            "status": self.status,
-            "criteria": "after the fix: no outlier mode at any block (diagnose presence test), "
+    def calibration(self) -> Calibration:
+        """The curve as metrics.json and the NeuronSet record it (resolutions as keys)."""
+        assert self.chosen_k is not None, "the curve is summed up once k is chosen"
+        by_size = self._by_size
+        return Calibration(
+            target=self.target,
+            tolerance=self.tolerance,
+            detect_layer=self.detect_layer,
+            ks=self.ks,
+            chosen_k=self.chosen_k,
+            status=self.status,
+            criteria="after the fix: no outlier mode at any block (diagnose presence test), "
             f"max/median patch norm at block {self.detect_layer} <= {self.tolerance:g} x the "
             "ordinary patches' level before the fix, patch outlier rate <= "
             f"{self.target:g} under the discovery threshold, and both at every block that had "
             "an outlier mode before the fix (its own ordinary level and threshold)",
-            "outlier_rate": self.outlier_rate,
-            "max_norm": self.max_norm,
-            "median_norm": self.median_norm,
-            "max_over_median": {z: self.series("max_over_median", z) for z in self.checks},
-            "ordinary_max_over_median": {
-                z: c[0].ordinary_max_over_median for z, c in self.checks.items()
+            outlier_rate=by_size("outlier_rate"),
+            max_norm=by_size("max_norm"),
+            median_norm=by_size("median_norm"),
+            max_over_median=by_size("max_over_median"),
+            ordinary_max_over_median={
+                str(z): c[0].ordinary_max_over_median for z, c in self.checks.items()
             },
-            "blocks_with_mode": {z: self.series("blocks_with_mode", z) for z in self.checks},
-            "blocks": {z: self.series("blocks", z) for z in self.checks},
-            "clean": {z: self.series("clean", z) for z in self.checks},
-            "notes": self.notes,
-        }
+            blocks_with_mode=by_size("blocks_with_mode"),
+            blocks=by_size("blocks"),
+            clean=by_size("clean"),
+            notes=self.notes,
+        )
 
 
 @loose_settings("search", NeuronSearch, ("target",))
@@ -254,7 +279,7 @@ def calibrate_top_k(
     _choose(curve, len(neurons), keep_all)
     assert curve.chosen_k is not None
     chosen = neurons.first(curve.chosen_k)
-    chosen.settings = {**chosen.settings, "calibration": curve.to_dict()}
+    chosen.settings = {**chosen.settings, "calibration": curve.calibration().model_dump()}
     return chosen, curve
 
 
@@ -298,13 +323,13 @@ def _choose(curve: TopKCurve, n: int, keep_all: bool) -> None:
 def _shortfall(check: FixCheck, target: float, tolerance: float, detect: int) -> str:
     """What keeps a check from passing, in words."""
     parts = []
-    left = [b for b in check.blocks if not b["clean"]]
+    left = [b for b in check.blocks if not b.clean]
     if left:
         parts.append(
             "outliers at blocks "
             + ", ".join(
-                f"{b['layer']} (max/median {b['max_over_median']:.3g}, ordinary "
-                f"{b['ordinary']:.3g}; {b['n_above']} patches above its threshold)"
+                f"{b.layer} (max/median {b.max_over_median:.3g}, ordinary "
+                f"{b.ordinary:.3g}; {b.n_above} patches above its threshold)"
                 for b in left
             )
         )

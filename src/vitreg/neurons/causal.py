@@ -38,12 +38,19 @@ from typing import Any
 import torch
 
 from vitreg.analysis.rules import image_mask
+from vitreg.core.renamed import renamed
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
 from vitreg.models.replay import PrefixReplay
-from vitreg.neurons.detection import Detection
 from vitreg.progress import Update
+from vitreg.results.neurons import (
+    Causal,
+    CausalBaseline,
+    DetectionRecord,
+    SelectionStep,
+    UnitEffect,
+)
 
 Unit = tuple[int, int]
 READER_PERSISTENCE = 0.3  # a unit below this share of its base activation on the outliers,
@@ -79,45 +86,6 @@ class Measure:
     excess: dict[int, float]
     grads: dict[int, torch.Tensor] | None
     acts: dict[int, torch.Tensor]
-
-
-@dataclass
-class CausalSelection:
-    """The chosen units in selection order, each with its measured effect, and the path there."""
-
-    detect_layer: int
-    chosen: list[Unit]
-    baseline: dict[str, Any]
-    residual: float  # excess left at the detection layer with the set zeroed (fraction of base)
-    effects: dict[Unit, dict[str, float]]  # alone / in_set (exact), estimated, persistence
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    dropped: list[dict[str, Any]] = field(default_factory=list)
-    candidates: int = 0
-    n_images: int = 0
-    passes: int = 0
-    first_layer: int = 0  # the first block measured (the first one writing the outliers)
-    emergence_layer: int = 0
-    residual_by_block: dict[int, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "method": "greedy forward selection on the outlier excess at every block from "
-            "emergence to the detection layer (gradient-estimated marginals, exact passes, exact "
-            "groups when the estimates under-read), then drop-one pruning with a reader test",
-            "detect_layer": self.detect_layer,
-            "first_layer": self.first_layer,
-            "emergence_layer": self.emergence_layer,
-            "n_candidates": self.candidates,
-            "n_images": self.n_images,
-            "passes": self.passes,
-            "baseline": self.baseline,
-            "residual_fraction": self.residual,
-            "residual_by_block": {str(b): v for b, v in self.residual_by_block.items()},
-            "chosen": [list(u) for u in self.chosen],
-            "effects": [{"layer": u[0], "unit": u[1], **self.effects[u]} for u in self.chosen],
-            "steps": self.steps,
-            "dropped": self.dropped,
-        }
 
 
 class CausalProbe:
@@ -290,14 +258,14 @@ def select_causal(
     model: Model,
     images: torch.Tensor,
     candidates: Sequence[Unit],
-    detection: Detection,
+    detection: DetectionRecord,
     *,
     min_gain: float = 0.01,
     clean_at: float = 0.02,
     max_units: int = 64,
     batch_size: int = 16,
     progress: Update | None = None,
-) -> CausalSelection:
+) -> Causal:
     """Greedy causal selection among ``candidates`` (ranked ``(layer, unit)`` pairs), with the
     layers and the outlier rule of ``detection`` (the survey's).
 
@@ -339,39 +307,46 @@ def select_causal(
     kept, effects, final = greedy.rounds(base, first, selection, progress)
     for u in kept:
         effects[u]["estimated"] = first.get(u, 0.0) / scale
-    selection.chosen = kept
-    selection.effects = effects
-    selection.residual = final.excess[detect] / scale
-    selection.residual_by_block = {b: v / scale for b, v in final.excess.items()}
+    selection.chosen = [list(u) for u in kept]
+    selection.effects = [UnitEffect(layer=u[0], unit=u[1], **effects[u]) for u in kept]
+    selection.residual_fraction = final.excess[detect] / scale
+    selection.residual_by_block = {str(b): v / scale for b, v in final.excess.items()}
     selection.passes = probe.passes
     return selection
 
 
 def _started(
-    probe: CausalProbe, base: Measure, detection: Detection, n_candidates: int, n_images: int
-) -> CausalSelection:
+    probe: CausalProbe, base: Measure, detection: DetectionRecord, n_candidates: int, n_images: int
+) -> Causal:
     """The selection before its first step: the base run's outlier patches and excess."""
     detect = detection.detect_layer
-    return CausalSelection(
-        detect,
-        [],
-        {
-            "threshold": detection.threshold,
-            "threshold_value": detection.threshold_value,
-            "median_patch_norm": probe.base.medians[detect],
-            "n_outlier_patches": probe.base.n_outliers,
-            "ordinary_excess": probe.base.ordinary[detect],
-            "excess": base.excess[detect],
-            "excess_by_block": {str(b): v for b, v in base.excess.items()},
-        },
-        1.0,
-        {},
-        candidates=n_candidates,
-        n_images=n_images,
+    return Causal(
+        method="greedy forward selection on the outlier excess at every block from "
+        "emergence to the detection layer (gradient-estimated marginals, exact passes, exact "
+        "groups when the estimates under-read), then drop-one pruning with a reader test",
+        detect_layer=detect,
         first_layer=probe.blocks[0],
         emergence_layer=(
             probe.blocks[0] if detection.emergence_layer is None else detection.emergence_layer
         ),
+        n_candidates=n_candidates,
+        n_images=n_images,
+        passes=0,
+        baseline=CausalBaseline(
+            threshold=detection.threshold,
+            threshold_value=detection.threshold_value,
+            median_patch_norm=probe.base.medians[detect],
+            n_outlier_patches=probe.base.n_outliers,
+            ordinary_excess=probe.base.ordinary[detect],
+            excess=base.excess[detect],
+            excess_by_block={str(b): v for b, v in base.excess.items()},
+        ),
+        residual_fraction=1.0,
+        residual_by_block={},
+        chosen=[],
+        effects=[],
+        steps=[],
+        dropped=[],
     )
 
 
@@ -400,7 +375,7 @@ class _Greedy:
         self,
         base: Measure,
         direct: dict[Unit, float],
-        selection: CausalSelection,
+        selection: Causal,
         progress: Update | None,
     ) -> tuple[list[Unit], dict[Unit, dict[str, float]], Measure]:
         """Grow and prune, again from what is kept while pruning drops a reader or a mediator
@@ -424,10 +399,10 @@ class _Greedy:
                 selection.dropped,
             )
             new = selection.dropped[n_dropped:]
-            excluded |= {(d["layer"], d["unit"]) for d in new if d["kind"] != "bystander"}
+            excluded |= {(d.layer, d.unit) for d in new if d.kind != "bystander"}
             if kept != chosen:
                 m = self.probe.measure(kept, grad=True)
-            if all(d["kind"] == "bystander" for d in new):
+            if all(d.kind == "bystander" for d in new):
                 break  # nothing took a writer's place: the selection stands
         return kept, effects, m
 
@@ -436,7 +411,7 @@ class _Greedy:
         chosen: list[Unit],
         m: Measure,
         excluded: set[Unit],
-        selection: CausalSelection,
+        selection: Causal,
         progress: Update | None,
     ) -> tuple[list[Unit], Measure]:
         """Add units step by step while excess is left at some block and there is room."""
@@ -447,12 +422,12 @@ class _Greedy:
             added, m, how = step
             chosen += added
             selection.steps.append(
-                {
-                    "added": [list(u) for u in added],
-                    "by": how,
-                    "residual_fraction": m.excess[self.probe.detect] / self.scale,
-                    "worst_block_fraction": self.left(m),
-                }
+                SelectionStep(
+                    added=[list(u) for u in added],
+                    by=how,
+                    residual_fraction=m.excess[self.probe.detect] / self.scale,
+                    worst_block_fraction=self.left(m),
+                )
             )
             if progress is not None:
                 progress(len(selection.steps))
@@ -556,7 +531,7 @@ def _prune(
     scale: float,
     min_gain: float,
     emergence: int,
-    dropped: list[dict[str, Any]],
+    dropped: list[UnitEffect],
 ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
     """Measure each chosen unit exactly, zeroed alone and restored alone (the others zeroed).
 
@@ -588,13 +563,13 @@ class _Pruning:
     scale: float
     min_gain: float
     emergence: int
-    dropped: list[dict[str, Any]]
+    dropped: list[UnitEffect]
     effects: dict[Unit, dict[str, float]] = field(default_factory=dict)
 
     def drop(self, u: Unit, kind: str, reason: str) -> None:
         """Move ``u`` from the effects to the dropped units, saying why."""
         self.dropped.append(
-            {"layer": u[0], "unit": u[1], **self.effects.pop(u), "kind": kind, "reason": reason}
+            UnitEffect(layer=u[0], unit=u[1], **self.effects.pop(u), kind=kind, reason=reason)
         )
 
     def most(self, high: Measure, low: Measure) -> float:
@@ -700,3 +675,6 @@ class _Pruning:
                         "without it"
                     ),
                 )
+
+
+__getattr__ = renamed(__name__, {"CausalSelection": "Causal"}, globals())

@@ -19,37 +19,18 @@ presence test of ``vitreg diagnose``. From it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from vitreg.analysis.norms import NormTrace, norm_report
 from vitreg.analysis.rules import MASK_RULES, image_mask
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, VitregError
 from vitreg.models.model import Model
+from vitreg.results.neurons import DetectionRecord, GrowthRow, SurveyRow
 from vitreg.settings.neurons import NeuronSearch
 
 RULES = MASK_RULES  # the rules of vitreg.analysis.rules that give a mask batch by batch
 GROWTH_SHARE = 0.05  # a block writes the outliers when their excess grows by this share there
-
-
-@dataclass
-class Detection:
-    """The detection layer, threshold and searched layers, each with why it was chosen."""
-
-    detect_layer: int
-    highest_layer: int
-    lowest_layer: int
-    threshold: str  # auto, absolute, mean3std or robust
-    threshold_value: float | None  # norm units for auto/absolute; None for per-image rules
-    emergence_layer: int | None = None
-    n_images: int = 0
-    layers: list[dict[str, Any]] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)
-    growth: list[dict[str, float]] = field(default_factory=list)  # per block: excess, growth
-    first_written: int | None = None  # the first block where the outliers' excess grows
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def layer_index(i: int, n: int, what: str = "layer") -> int:
@@ -68,7 +49,7 @@ def choose_detection(
     lowest_layer: int = 0,
     n_images: int = 32,
     batch_size: int = 32,
-) -> Detection:
+) -> DetectionRecord:
     """Survey ``n_images`` of ``data`` and choose what ``search`` leaves open (its detection
     layer, highest layer and threshold are kept when given; default: all chosen).
 
@@ -100,31 +81,31 @@ def choose_detection(
         highest, reasons["highest_layer"] = _range(growth, written, emergence, detect, lowest_layer)
     if not 0 <= lowest_layer <= highest:
         raise InputError(f"the lowest searched block {lowest_layer} is above the highest {highest}")
-    return Detection(
-        detect,
-        highest,
-        lowest_layer,
-        rule,
-        value,
-        emergence,
-        trace.n_images,
-        _survey_rows(report),
-        reasons,
-        growth,
-        min([emergence if emergence is not None else detect, *written]),
+    return DetectionRecord(
+        detect_layer=detect,
+        highest_layer=highest,
+        lowest_layer=lowest_layer,
+        threshold=rule,
+        threshold_value=value,
+        emergence_layer=emergence,
+        n_images=trace.n_images,
+        layers=_survey_rows(report),
+        reasons=reasons,
+        growth=growth,
+        first_written=min([emergence if emergence is not None else detect, *written]),
     )
 
 
-def _survey_rows(report: Any) -> list[dict[str, Any]]:
+def _survey_rows(report: Any) -> list[SurveyRow]:
     """One row per block of the survey: its outlier mode and how clean the split is."""
     return [
-        {
-            "layer": lo.layer,
-            "outlier_mode": lo.artifacts_present,
-            "ashman_d": lo.bimodal.ashman_d,
-            "mode_ratio": lo.bimodal.mode_ratio,
-            "max_over_median": lo.quantiles.max / max(lo.quantiles.p50, 1e-12),
-        }
+        SurveyRow(
+            layer=lo.layer,
+            outlier_mode=lo.artifacts_present,
+            ashman_d=lo.bimodal.ashman_d,
+            mode_ratio=lo.bimodal.mode_ratio,
+            max_over_median=lo.quantiles.max / max(lo.quantiles.p50, 1e-12),
+        )
         for lo in report.layers
     ]
 
@@ -136,7 +117,7 @@ def _detection_layer(
     rule: str,
     n: int,
     reasons: dict[str, str],
-) -> tuple[int, float | None, list[dict[str, float]]]:
+) -> tuple[int, float | None, list[GrowthRow]]:
     """The detection layer of an ``n``-block model (given, else the cleanest split where the
     writing is done), its threshold value and the growth curve there; why, into ``reasons``."""
     emergence = report.emergence_layer
@@ -147,7 +128,7 @@ def _detection_layer(
         detect, reasons["detect_layer"] = _detect(report.layers, emergence, n)
     value, reasons["threshold"] = _threshold(report, detect, rule, search.threshold)
     growth = growth_curve(trace, detect, rule, value)
-    late = [r["layer"] for r in growth[detect + 1 :] if _grows(r, growth[detect])]
+    late = [r.layer for r in growth[detect + 1 :] if _grows(r, growth[detect])]
     if (
         search.detect_layer is None
         and late
@@ -164,9 +145,7 @@ def _detection_layer(
     return detect, value, growth
 
 
-def growth_curve(
-    trace: NormTrace, detect: int, rule: str, value: float | None
-) -> list[dict[str, float]]:
+def growth_curve(trace: NormTrace, detect: int, rule: str, value: float | None) -> list[GrowthRow]:
     """Per block: the excess of the detection layer's outlier patches over the ordinary ones
     (mean ``log(norm / median)`` above 0, outliers minus the rest) and its growth there."""
     site = trace.sites[detect]
@@ -178,7 +157,7 @@ def growth_curve(
         logs = (patches / max(float(patches.median()), 1e-12)).log().clamp_min(0)
         out = float(logs[mask].mean()) if mask.any() else 0.0
         rest = float(logs[~mask].mean()) if (~mask).any() else 0.0
-        rows.append({"layer": i, "excess": out - rest, "growth": out - rest - before})
+        rows.append(GrowthRow(layer=i, excess=out - rest, growth=out - rest - before))
         before = out - rest
     return rows
 
@@ -205,25 +184,23 @@ def _threshold(
     return None, f"{rule}: given (per image)"
 
 
-def _grows(row: dict[str, float], at_detect: dict[str, float]) -> bool:
+def _grows(row: GrowthRow, at_detect: GrowthRow) -> bool:
     """Whether the outliers' excess grows at ``row``'s block by GROWTH_SHARE of its size."""
-    return row["growth"] >= GROWTH_SHARE * at_detect["excess"]
+    return row.growth >= GROWTH_SHARE * at_detect.excess
 
 
-def _written(growth: list[dict[str, float]], detect: int) -> list[int]:
+def _written(growth: list[GrowthRow], detect: int) -> list[int]:
     """The blocks up to ``detect`` where the outliers' excess grows by ``GROWTH_SHARE``."""
-    return [r["layer"] for r in growth[: detect + 1] if _grows(r, growth[detect])]
+    return [r.layer for r in growth[: detect + 1] if _grows(r, growth[detect])]
 
 
 def _range(
-    growth: list[dict[str, float]], grew: list[int], emergence: int, detect: int, lowest: int
+    growth: list[GrowthRow], grew: list[int], emergence: int, detect: int, lowest: int
 ) -> tuple[int, str]:
     """The last block up to ``detect`` where the outliers' excess grows, and why."""
-    size = growth[detect]["excess"]
+    size = growth[detect].excess
     highest = max([emergence, *grew])
-    shares = ", ".join(
-        f"{r['layer']} (+{r['growth'] / size:.0%})" for r in growth if r["layer"] in grew
-    )
+    shares = ", ".join(f"{r.layer} (+{r.growth / size:.0%})" for r in growth if r.layer in grew)
     why = (
         f"blocks {lowest}-{highest}: the outliers first appear at the output of block "
         f"{emergence}, and the excess of the block-{detect} outlier patches over ordinary ones "
@@ -256,3 +233,6 @@ def _detect(layers: list[Any], emergence: int, n: int) -> tuple[int, str]:
             "norm (as the paper does for DINOv2)"
         )
     return best.layer, why
+
+
+__getattr__ = renamed(__name__, {"Detection": "DetectionRecord"}, globals())

@@ -15,14 +15,15 @@ import torch
 
 from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.core.renamed import loose_settings
-from vitreg.errors import VitregError
+from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet, weights_fingerprint
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model
-from vitreg.neurons.detection import Detection, choose_detection, layer_index
+from vitreg.neurons.detection import choose_detection, layer_index
 from vitreg.progress import Update
+from vitreg.results.neurons import DetectionRecord
 from vitreg.settings.neurons import NeuronSearch
 
 THRESHOLDS = MASK_RULES
@@ -39,7 +40,7 @@ class Searched(NamedTuple):
     lowest: int
     rule: str
     value: float | None
-    detection: Detection | None
+    detection: DetectionRecord | None
 
     @property
     def layers(self) -> list[int]:
@@ -53,7 +54,7 @@ def discover(
     data: Any,
     search: NeuronSearch | None = None,
     *,
-    detection: Detection | None = None,
+    detection: DetectionRecord | None = None,
     lowest_layer: int = 0,
     signed: bool = False,
     sparsity: tuple[float, float] | None = None,
@@ -98,6 +99,7 @@ def discover(
         n_images=calibration_images,
         batch_size=batch_size,
     )
+    _check_top_k(search, where, model.d_mlp)
     stats = OutlierActivations(
         hook_name(where.detect, "hook_resid_post"),
         [hook_name(layer, "mlp.hook_post") for layer in where.layers],
@@ -120,6 +122,20 @@ def discover(
     return ranked_set(model, stats, where, ranked_count(search))
 
 
+def _check_top_k(search: NeuronSearch, where: Searched, d_mlp: int) -> None:
+    """Refuse a fixed top-k above the units of the searched blocks: the set would be every
+    candidate, which is no choice of register neurons."""
+    n = len(where.layers) * d_mlp
+    if search.top_k != "auto" and search.top_k > n:
+        raise InputError(
+            f"--top-k {search.top_k} asks for more neurons than there are candidates: the "
+            f"searched blocks {where.lowest}-{where.highest} hold {n} MLP units "
+            f"({len(where.layers)} x {d_mlp}); pass --top-k {n} or fewer (register neurons are "
+            "a few units, e.g. --top-k 20), raise --highest-layer to search more blocks, or "
+            "--top-k auto to let the causal check choose"
+        )
+
+
 def ranked_count(search: NeuronSearch) -> int:
     """How many candidates discovery ranks: the search's top-k, or :data:`DISCOVER_K`."""
     return DISCOVER_K if search.top_k == "auto" else search.top_k
@@ -129,7 +145,7 @@ def searched_layers(
     model: Model,
     data: Any,
     search: NeuronSearch,
-    detection: Detection | None,
+    detection: DetectionRecord | None,
     *,
     lowest_layer: int,
     n_images: int,
@@ -187,7 +203,7 @@ def ranked_set(model: Model, stats: OutlierActivations, where: Searched, top_k: 
         "sparsity": list(stats.sparsity) if stats.sparsity else None,
         "include_prefix": stats.include_prefix,
         "top_k": k,
-        "detection": where.detection.to_dict() if where.detection else None,
+        "detection": where.detection.model_dump() if where.detection else None,
     }
     data_desc = {"n_images": stats.images_seen, "n_images_with_outliers": stats.images_with}
     return NeuronSet(

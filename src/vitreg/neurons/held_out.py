@@ -11,9 +11,9 @@ import torch
 
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
-from vitreg.neurons.causal import CausalSelection, select_causal
-from vitreg.neurons.detection import Detection
+from vitreg.neurons.causal import select_causal
 from vitreg.progress import Update
+from vitreg.results.neurons import Causal, DetectionRecord
 
 HOLD_OUT = 4  # every 4th image (indices 3, 7, 11, ...) is held out
 
@@ -43,10 +43,10 @@ def causal_set(
     model: Model,
     held: torch.Tensor,
     ranking: NeuronSet,
-    detection: Detection,
+    detection: DetectionRecord,
     batch_size: int,
     progress: Update | None = None,
-) -> CausalSelection:
+) -> Causal:
     """The causal selection among ``ranking``'s units on ``held``, with ``detection``'s layers
     and threshold (the one call the automatic path and its stability check share)."""
     return select_causal(

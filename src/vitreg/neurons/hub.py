@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
+from vitreg.results.neurons import HeldOut, Stability
+
+if TYPE_CHECKING:
+    from vitreg.neurons.auto import NeuronSearchResult
 
 PREFIX = "hf:"
 SET_NAME = "neurons"  # neurons.json + neurons.safetensors
@@ -59,9 +63,9 @@ def card_metadata(
     resolutions: list[list[int]],
     images: str,
     n_images: int | None,
-    held_out: dict[str, Any] | None = None,
+    held_out: HeldOut | None = None,
     status: str | None = None,
-    stability: dict[str, Any] | None = None,
+    stability: Stability | None = None,
     base_revision: str | None = None,
     license: str = DEFAULT_LICENSE,
     origin: str | None = None,
@@ -89,8 +93,8 @@ def card_metadata(
             "resolutions": [list(map(int, r)) for r in resolutions],
             "images": images,
             "n_images": None if n_images is None else int(n_images),
-            "held_out": {"status": status, **(held_out or {})},
-            "stability": stability,
+            "held_out": {"status": status, **(held_out.model_dump() if held_out else {})},
+            "stability": stability.model_dump() if stability is not None else None,
         },
     }
     if base is not None:
@@ -261,7 +265,11 @@ def push(
 
 
 def run_metadata(
-    found: Any, model: Any, images: str, n_images: int, license: str = DEFAULT_LICENSE
+    found: NeuronSearchResult,
+    model: Any,
+    images: str,
+    n_images: int,
+    license: str = DEFAULT_LICENSE,
 ) -> dict[str, Any]:
     """The card metadata of a set ``vitreg neurons`` found (a
     :class:`~vitreg.neurons.auto.NeuronSearchResult`) on ``model`` with ``n_images`` images

@@ -17,9 +17,9 @@ import torch
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.models.model import Model
 from vitreg.neurons.calibrate import calibrate_top_k
-from vitreg.neurons.detection import Detection
 from vitreg.neurons.discover import discover
 from vitreg.neurons.held_out import HeldOutSplit, causal_set
+from vitreg.results.neurons import DetectionRecord, OtherSizes, SizeCheck, Stability
 from vitreg.settings.neurons import NeuronSearch
 
 
@@ -32,12 +32,12 @@ def half_sets(
     model: Model,
     discovery: Any,
     held: torch.Tensor,
-    detection: Detection,
+    detection: DetectionRecord,
     chosen: list[tuple[int, int]],
     search: NeuronSearch,
     *,
     batch_size: int = 32,
-) -> dict[str, Any]:
+) -> Stability:
     """The causal sets of the two halves of ``discovery`` (each ranked as ``search`` says,
     checked on ``held``) against each other and against ``chosen`` (the set from all of them)."""
     sets = []
@@ -50,15 +50,15 @@ def half_sets(
             batch_size=batch_size,
         )
         picked = causal_set(model, held, ranking, detection, batch_size)
-        sets.append(set(picked.chosen))
+        sets.append(set(picked.units()))
     a, b, whole = *sets, set(chosen)
-    return {
-        "method": "the causal set chosen from each half of the discovery images (every other "
+    return Stability(
+        method="the causal set chosen from each half of the discovery images (every other "
         "image), with the same detection and held-out images",
-        "halves": [sorted([list(u) for u in s]) for s in sets],
-        "overlap_between_halves": overlap(a, b),
-        "overlap_with_whole": [overlap(a, whole), overlap(b, whole)],
-    }
+        halves=[sorted([list(u) for u in s]) for s in sets],
+        overlap_between_halves=overlap(a, b),
+        overlap_with_whole=[overlap(a, whole), overlap(b, whole)],
+    )
 
 
 def other_sizes(
@@ -70,7 +70,7 @@ def other_sizes(
     *,
     tolerance: float,
     batch_size: int = 32,
-) -> dict[str, Any]:
+) -> OtherSizes:
     """The fix of ``chosen`` checked on ``held`` resized to each of ``sizes`` (every block, as
     on the native size, against ``search.target``): before and after, and whether it is clean
     at every size."""
@@ -85,24 +85,23 @@ def other_sizes(
         batch_size=batch_size,
         keep_all=True,
     )
-    rows = []
-    for size, (before, after) in zip(sizes, curve.checks.values(), strict=True):
-        rows.append(
-            {
-                "img_size": size,
-                "blocks_with_outlier_mode_before": before.blocks_with_mode,
-                "blocks_with_outlier_mode_after": after.blocks_with_mode,
-                "max_over_median_before": before.max_over_median,
-                "max_over_median_after": after.max_over_median,
-                "ordinary_max_over_median": before.ordinary_max_over_median,
-                "outlier_rate_before": before.outlier_rate,
-                "outlier_rate_after": after.outlier_rate,
-                "clean_after": after.clean,
-            }
+    rows = [
+        SizeCheck(
+            img_size=size,
+            blocks_with_outlier_mode_before=before.blocks_with_mode,
+            blocks_with_outlier_mode_after=after.blocks_with_mode,
+            max_over_median_before=before.max_over_median,
+            max_over_median_after=after.max_over_median,
+            ordinary_max_over_median=before.ordinary_max_over_median,
+            outlier_rate_before=before.outlier_rate,
+            outlier_rate_after=after.outlier_rate,
+            clean_after=after.clean,
         )
-    return {
-        "method": f"the chosen set's fix on the {len(held)} held-out images resized (bicubic) to "
+        for size, (before, after) in zip(sizes, curve.checks.values(), strict=True)
+    ]
+    return OtherSizes(
+        method=f"the chosen set's fix on the {len(held)} held-out images resized (bicubic) to "
         "each size, checked at every block as at the native size",
-        "sizes": rows,
-        "clean_at_every_size": all(r["clean_after"] for r in rows),
-    }
+        sizes=rows,
+        clean_at_every_size=all(r.clean_after for r in rows),
+    )

@@ -3,10 +3,12 @@ selection and the top-k calibration chose them, and what the fix leaves on held-
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from vitreg.core.choices import MASK_RULES
 from vitreg.results.base import OpenResults, ResultsModel, as_setting
 
 
@@ -122,6 +124,14 @@ class Causal(ResultsModel):
     steps: list[SelectionStep]
     dropped: list[UnitEffect]
 
+    def units(self) -> list[tuple[int, int]]:
+        """The chosen units as ``(layer, unit)`` pairs, in selection order."""
+        return [(u[0], u[1]) for u in self.chosen]
+
+    def effect(self, layer: int, unit: int) -> UnitEffect | None:
+        """The measured effect of a chosen unit (``None`` for any other)."""
+        return next((e for e in self.effects if (e.layer, e.unit) == (layer, unit)), None)
+
 
 class BlockCheck(ResultsModel):
     """One block that had an outlier mode before the fix, after the fix at one k."""
@@ -224,21 +234,38 @@ class NeuronSetSettings(OpenResults):
     the automatic path chose it (detection, causal selection, top-k calibration) or, for a
     published list, where it comes from; a field the set does not record is left out."""
 
-    detect_layer: int | None = None
-    highest_layer: int | None = None
-    lowest_layer: int | None = None
+    detect_layer: int | None = Field(None, ge=0, strict=True)
+    highest_layer: int | None = Field(None, ge=0, strict=True)
+    lowest_layer: int | None = Field(None, ge=0, strict=True)
     threshold: str | float | None = Field(None, description="a rule, or a norm (older files)")
-    threshold_value: float | None = None
-    signed: bool | None = None
+    threshold_value: float | None = Field(None, gt=0, allow_inf_nan=False, strict=True)
+    signed: bool | None = Field(None, strict=True)
     sparsity: list[float] | None = Field(None, description="[activation, fraction]")
-    include_prefix: bool | None = None
-    top_k: int | None = None
+    include_prefix: bool | None = Field(None, strict=True)
+    top_k: int | None = Field(None, ge=0, strict=True)
     detection: DetectionRecord | None = None
     selection: Causal | None = None
     status: str | None = None
     calibration: Calibration | None = None
     source: str | None = Field(None, description="where a published list comes from")
     scores: str | None = Field(None, description="what a published list's scores are")
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _threshold(cls, v: Any) -> Any:
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if v is None or v in MASK_RULES or (number and math.isfinite(v) and v > 0):
+            return v
+        raise ValueError(f"expected one of {list(MASK_RULES)} or a positive norm (a number > 0)")
+
+    @field_validator("sparsity", mode="before")
+    @classmethod
+    def _sparsity(cls, v: Any) -> Any:
+        ok = isinstance(v, list) and len(v) == 2
+        ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+        if v is None or (ok and all(math.isfinite(x) for x in v)):
+            return v
+        raise ValueError("expected [activation, fraction], two finite numbers")
 
     @model_validator(mode="before")
     @classmethod

@@ -244,7 +244,10 @@ def utc_now() -> str:
 
 
 def plain(obj: Any) -> Any:
-    """JSON/YAML-ready copy: tuples to lists, tensors/arrays to lists, paths to strings."""
+    """JSON/YAML-ready copy: results models to their fields, tuples to lists, tensors/arrays to
+    lists, paths to strings."""
+    if isinstance(obj, BaseModel):
+        return plain(obj.model_dump())
     if isinstance(obj, dict):
         return {str(k): plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple | set):

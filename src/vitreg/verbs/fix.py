@@ -99,7 +99,7 @@ def run_test_time_registers(
     ttr, comparison = compare(model, chosen, source, cfg, progress)
     results = {
         "neurons": info,
-        "discovery": found.results() if found is not None else None,
+        "discovery": found,
         "saved": None,
         "planted": planted_rows(model, chosen.pairs()),
     }

@@ -5,11 +5,17 @@ NeuronSet file, the built-in set, a set on the Hugging Face hub, or discovery on
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitreg.progress import Progress
+from vitreg.results.fix import NeuronsUsed
+from vitreg.results.neurons import PlantedRow
 from vitreg.settings.neurons import NeuronSearch, NeuronSource
 from vitreg.verbs.result import Notice, Notices
+
+if TYPE_CHECKING:
+    from vitreg.fix.neuron_set import NeuronSet
+    from vitreg.neurons.auto import NeuronSearchResult
 
 DISCOVERED = (
     "discovered on these images by this run (3 of every 4; the causal check and top-k on the 4th)"
@@ -61,7 +67,7 @@ def search_neurons(
     batch_size: int,
     stability: bool = False,
     check_sizes: list[int] | None = None,
-) -> Any:
+) -> NeuronSearchResult:
     """The library's automatic path on ``source`` with the settings of ``search`` (passed whole)
     and ``vitreg neurons``' own checks (``stability``, ``check_sizes``); the split as
     metrics.json records it (images used, after skips and the held-out cap) goes to
@@ -125,7 +131,7 @@ def load_neurons(
     progress: Progress,
     notices: Notices,
     preloaded: Any = None,
-) -> tuple[Any, dict[str, Any], Any]:
+) -> tuple[NeuronSet, NeuronsUsed, NeuronSearchResult | None]:
     """The NeuronSet ``neurons`` names (``preloaded`` if read already), or the one discovered
     first with ``cfg``'s search and batch size (a verb config: a NeuronSearch and an ImageSet);
     what it is; and the discovery."""
@@ -164,15 +170,17 @@ def load_neurons(
                     caution=True,
                 )
             )
-    info = {
-        "source": origin,
-        "model_spec": chosen.model_spec,
-        "n_neurons": len(chosen),
-        "layers": layer_counts(chosen),
-        "fingerprint": chosen.fingerprint,
-        "fingerprint_matches": matches,
-        "settings": chosen.settings,
-    }
+    info = NeuronsUsed.model_validate(
+        {
+            "source": origin,
+            "model_spec": chosen.model_spec,
+            "n_neurons": len(chosen),
+            "layers": layer_counts(chosen),
+            "fingerprint": chosen.fingerprint,
+            "fingerprint_matches": matches,
+            "settings": chosen.settings,
+        }
+    )
     return chosen, info, found
 
 
@@ -187,7 +195,7 @@ def _origin(neurons: NeuronSource, chosen: Any) -> str:
     return f"the {neurons.kind} {neurons}"
 
 
-def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any]] | None:
+def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[PlantedRow] | None:
     """A planted fixture's units with their role and whether ``pairs`` includes them."""
     truth = getattr(model.module, "vitreg_planted", None)
     if truth is None:
@@ -201,6 +209,6 @@ def planted_rows(model: Any, pairs: list[tuple[int, int]]) -> list[dict[str, Any
     ]
     chosen = set(pairs)
     return [
-        {"layer": lay, "unit": u, "role": role, "chosen": (lay, u) in chosen}
+        PlantedRow(layer=lay, unit=u, role=role, chosen=(lay, u) in chosen)
         for lay, u, role in roles
     ]

@@ -4,7 +4,7 @@ calibrated on held-out images) and save them with a report, as ``vitreg neurons`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitreg.configs import NeuronsConfig
 from vitreg.core.run_dir import session
@@ -16,6 +16,9 @@ from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import planted_rows, search_neurons
 from vitreg.verbs.result import Listener, NeuronsRun, Notices
 from vitreg.verbs.resume import checkpointed, finished
+
+if TYPE_CHECKING:
+    from vitreg.neurons.auto import NeuronSearchResult
 
 
 @session()  # the --out claimed inside is released when the verb ends
@@ -41,7 +44,7 @@ def run_neurons(
             stability=cfg.stability,
             check_sizes=cfg.check_sizes,
         )
-    document = on_main(write, cfg.out, model, source, found, cfg.to_file(), command, progress)
+    document = on_main(write, cfg.out, model, source, found, cfg, command, progress)
     finished(cfg.out, cfg.checkpoint_every)
     return NeuronsRun("neurons", cfg.out, document, notices.items, found=found, spec=cfg.spec)
 
@@ -50,8 +53,8 @@ def write(
     run_dir: Path,
     model: Any,
     source: Any,
-    found: Any,
-    config: dict[str, Any],
+    found: NeuronSearchResult,
+    cfg: NeuronsConfig,
     command: str,
     progress: Progress,
 ) -> dict[str, Any]:
@@ -63,22 +66,24 @@ def write(
     with progress(None, "writing the neuron set and the report"):
         (run_dir / "metrics.json").unlink(missing_ok=True)  # never beside a newer neuron set
         found.chosen.save(run_dir / "neurons")
-        results = found.results()
-        results["planted"] = planted_rows(model, found.chosen.pairs())
-        results["files"] = {"json": "neurons.json", "tensors": "neurons.safetensors"}
+        results = NeuronsResults(
+            **dict(found),
+            planted=planted_rows(model, found.chosen.pairs()),
+            files={"json": "neurons.json", "tensors": "neurons.safetensors"},
+        )
         document = write_neurons_run(
             run_dir,
             described=model.describe(),
             data=data,
-            config=config,
+            config=cfg.to_file(),
             results=results,
             command=command,
         )
-        if config.get("hub_dir"):
+        if cfg.hub_dir:
             from vitreg.neurons import hub
 
             meta = hub.run_metadata(found, model, source.label, data["n_images"])
-            hub.write_folder(found.chosen, config["hub_dir"], meta)
+            hub.write_folder(found.chosen, cfg.hub_dir, meta)
     return document
 
 

@@ -294,7 +294,7 @@ def write_neurons_run(
     described: dict[str, Any],
     data: dict[str, Any],
     config: dict[str, Any],
-    results: dict[str, Any],
+    results: NeuronsResults,
     command: str,
 ) -> dict[str, Any]:
     """Write the ``vitreg neurons`` run directory (the NeuronSet files are the caller's); the
@@ -307,6 +307,7 @@ def write_neurons_run(
         described=described,
         data=data,
         config=config,
+        typed=results,
     )
     return write_run(out_dir, doc, report, lambda: figures(doc))
 
