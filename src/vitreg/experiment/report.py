@@ -30,7 +30,7 @@ from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legen
 from vitreg.report.renderers.train import dino_reading
 from vitreg.report.writer import write_run
 from vitreg.results.experiment import ExperimentResults, VariantSummary
-from vitreg.results.schema import Envelope, plain
+from vitreg.results.schema import Envelope, data_info, model_info, plain
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),
@@ -532,8 +532,8 @@ def write_report(
         results,
         headlines,
         command=command,
-        described=described,
-        data=data,
+        described=model_info(described),
+        data=data_info(data),
         config=config or s,
         typed=typed,
     )

@@ -36,7 +36,7 @@ from vitreg.report.render.plots import (
 from vitreg.report.renderers.neurons import blocks_text, images_section, planted_section
 from vitreg.report.writer import write_run
 from vitreg.results.fix import Comparison, Control, FixResults
-from vitreg.results.schema import Envelope
+from vitreg.results.schema import Envelope, data_info, model_info
 
 MAX_ROWS = 4  # images shown in the before/after norm maps
 
@@ -421,8 +421,8 @@ def write_fix_run(
         results,
         headlines,
         command=command,
-        described=described,
-        data=data,
+        described=model_info(described),
+        data=data_info(data),
         config=config,
     )
     return write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))

@@ -21,7 +21,7 @@ from vitreg.results.probe import (
     ProbeResults,
     ProbeScore,
 )
-from vitreg.results.schema import Envelope, plain
+from vitreg.results.schema import Envelope, data_info, model_info, plain
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -308,8 +308,8 @@ def write_probe_run(
         results,
         headlines,
         command=command,
-        described=described,
-        data=data_block(typed),
+        described=model_info(described),
+        data=data_info(data_block(typed)),
         config=config,
         typed=typed,
     )

@@ -29,7 +29,7 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.writer import write_run
 from vitreg.results.fix import NamedFix, TtrDescription
-from vitreg.results.schema import Envelope
+from vitreg.results.schema import Envelope, data_info, model_info
 from vitreg.results.vlm import Condition, VlmImage, VlmResults
 
 SUMMARY = (
@@ -223,8 +223,8 @@ def write_vlm_run(
         results,
         headlines,
         command=command,
-        described=described,
-        data=data,
+        described=model_info(described),
+        data=data_info(data),
         config=config,
     )
 
