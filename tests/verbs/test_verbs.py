@@ -102,8 +102,8 @@ def test_neurons_then_fix(tmp, cli_models, capsys):
     neurons = str(run.run_dir / "neurons.json")
     fixed = same_as_cli(tmp, "fix", FixConfig, {**PLANTED, "limit": 4, "neurons": neurons}, capsys)
     assert isinstance(fixed, FixRun) and fixed.fix.neurons.pairs() == run.found.chosen.pairs()
-    residual = fixed.comparison.to_dict()["residual"]
-    assert fixed.document["results"]["comparison"]["residual"]["verdict"] == residual["verdict"]
+    residual = fixed.comparison.results.residual
+    assert fixed.document["results"]["comparison"]["residual"]["verdict"] == residual.verdict
 
 
 def test_probe(tmp, cli_models, capsys):
