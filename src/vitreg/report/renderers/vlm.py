@@ -29,7 +29,7 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.writer import write_run
 from vitreg.results.fix import NamedFix, TtrDescription
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import DataInfo, Envelope, ModelInfo
 from vitreg.results.vlm import Condition, VlmImage, VlmResults
 
 SUMMARY = (
@@ -207,9 +207,9 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
 
 def write_vlm_run(
     out_dir: str | Path,
-    results: dict[str, Any],
-    described: dict[str, Any],
-    data: dict[str, Any],
+    results: VlmResults,
+    described: ModelInfo,
+    data: DataInfo,
     config: dict[str, Any],
     command: str,
     images: np.ndarray | None = None,
@@ -220,12 +220,13 @@ def write_vlm_run(
     ``[L, h, w]`` of image 0) for the per-layer figure; the document written."""
     doc = build_document(
         "vlm",
-        results,
+        results.model_dump(mode="json"),
         headlines,
         command=command,
-        described=model_info(described),
-        data=data_info(data),
+        described=described,
+        data=data,
         config=config,
+        typed=results,
     )
 
     def draw() -> list[Figure]:
