@@ -42,7 +42,7 @@ class ExperimentResult:
     out_dir: Path
     results: ExperimentResults
     wall_time_s: float
-    document: dict[str, Any]
+    document: dict[str, Any] | None = None
 
 
 def data_spec(data: str) -> str:

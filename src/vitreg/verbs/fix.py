@@ -14,7 +14,7 @@ from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.results.fix import FixResults, NeuronsUsed
 from vitreg.results.neurons import Discovered
-from vitreg.results.schema import data_info, model_info, plain
+from vitreg.results.schema import Envelope, data_info, model_info, plain
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
@@ -88,6 +88,7 @@ def run_test_time_registers(
     from vitreg.core.out_dir import check_out
     from vitreg.distributed import is_main, on_main
     from vitreg.report.renderers.fix import MAX_ROWS
+    from vitreg.report.writer import as_json
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
@@ -119,7 +120,7 @@ def run_test_time_registers(
     return FixRun(
         "fix",
         run_dir,
-        document,
+        None if document is None else as_json(document),
         notices.items,
         comparison=comparison,
         fix=ttr,
@@ -136,8 +137,8 @@ def write(
     cfg: FixConfig,
     command: str,
     progress: Progress,
-) -> dict[str, Any]:
-    """config.yaml and metrics.json, then the report, of one fix; the document written."""
+) -> Envelope:
+    """config.yaml and metrics.json, then the report, of one fix; the typed document written."""
     from vitreg.report.renderers.fix import write_fix_run
 
     with progress(None, "writing the report"):

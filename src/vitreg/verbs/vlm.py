@@ -40,6 +40,7 @@ def run_vlm(
     from vitreg.fix import TestTimeRegisters
     from vitreg.report.render.plots import display_images
     from vitreg.report.renderers.vlm import write_vlm_run
+    from vitreg.report.writer import as_json
     from vitreg.vlm import run_vlm as answer
     from vitreg.vlm.run import SUPPRESSED
 
@@ -84,7 +85,8 @@ def run_vlm(
                 images=display_images(source.display_images()),
                 layer_maps=layer_maps,
             )
-    return VlmRun("vlm", run_dir, document, notices.items, results=results)
+    written = None if document is None else as_json(document)
+    return VlmRun("vlm", run_dir, written, notices.items, results=results)
 
 
 VERB = register(

@@ -416,10 +416,10 @@ def write_fix_run(
     results: FixResults,
     command: str,
     images: torch.Tensor | None = None,
-) -> dict[str, Any]:
+) -> Envelope:
     """Write the ``vitreg fix`` run directory: ``results`` (holding ``comparison.results``),
     and the figures of the traces ``comparison`` kept (``images``: display copies in [0, 1]);
-    the metrics.json document written."""
+    the typed metrics.json document written."""
     doc = build_document(
         "fix",
         results.model_dump(mode="json"),
@@ -430,7 +430,8 @@ def write_fix_run(
         config=config,
         typed=results,
     )
-    return write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
+    write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
+    return doc
 
 
 def figures(comparison: FixComparison, doc: Envelope, images: torch.Tensor | None) -> list[Figure]:

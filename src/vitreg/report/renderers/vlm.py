@@ -214,10 +214,10 @@ def write_vlm_run(
     command: str,
     images: np.ndarray | None = None,
     layer_maps: dict[str, np.ndarray] | None = None,
-) -> dict[str, Any]:
+) -> Envelope:
     """config.yaml and metrics.json, then figures, report.md and report.html of one vlm run;
     ``images`` ``[n, H, W, 3]`` in [0, 1] under the maps, ``layer_maps`` (``before``/``after``
-    ``[L, h, w]`` of image 0) for the per-layer figure; the document written."""
+    ``[L, h, w]`` of image 0) for the per-layer figure; the typed document written."""
     doc = build_document(
         "vlm",
         results.model_dump(mode="json"),
@@ -235,4 +235,5 @@ def write_vlm_run(
             figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
         return figures
 
-    return write_run(out_dir, doc, report, draw)
+    write_run(out_dir, doc, report, draw)
+    return doc
