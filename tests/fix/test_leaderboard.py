@@ -48,7 +48,8 @@ def test_board_rows_measure_each_fix_and_refuse_what_the_model_cannot_take(tmp_p
     assert rows["none"].patch_cosine is None and rows["naclip"].patch_cosine.n == 2 * 4
     assert rows["ttr"].pooled_cosine.mean > rows["naclip"].pooled_cosine.mean
     # the summary numbers are computed once, when the row is made
-    assert rows["sc-clip"].clean is None and rows["none"].clean is (not rows["none"].blocks_with_mode)
+    assert rows["sc-clip"].clean is None
+    assert rows["none"].clean is (not rows["none"].blocks_with_mode)
     assert rows["naclip"].residual_max_over_median == max(rows["naclip"].max_over_median)
     assert rows["naclip"].last_block_max_over_median == rows["naclip"].max_over_median[-1]
     assert all(r.relative_speed > 0 for r in board.rows if not r.refused)
