@@ -148,7 +148,8 @@ def test_fix_reports_before_and_after_equal_to_compare_fix(fix_run, neurons_run,
     assert c["outlier_rate_before"] > 0.01 >= c["outlier_rate_after"]  # the planted default
     m = model(cached_models)
     neurons = NeuronSet.load(neurons_run[0] / "neurons.json")
-    lib = compare_fix(m, TestTimeRegisters(neurons), the_images(m, 4), batch_size=4).to_dict()
+    lib = compare_fix(m, TestTimeRegisters(neurons), the_images(m, 4), batch_size=4).results
+    lib = lib.model_dump(mode="json")
     assert c["fix"] == lib["fix"] and c["detect_layer"] == lib["detect_layer"]
     for key in ("outlier_rate_before", "outlier_rate_after"):
         assert c[key] == pytest.approx(lib[key]), key

@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 from vitreg import configs
+from vitreg.fix import leaderboard
 from vitreg.probe import linear
 from vitreg.results import base
 
@@ -19,6 +20,8 @@ from vitreg.results import base
         (base, "Sparse", "SparseResults"),
         (base, "Open", "OpenResults"),
         (linear, "ProbeConfig", "FitSettings"),
+        (leaderboard, "Board", "BoardResults"),
+        (leaderboard, "BoardRow", "BoardEntry"),
     ],
 )
 def test_an_old_name_warns_and_gives_the_new_object(module, old, new) -> None:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from vitreg.errors import InputError, SpecError
 from vitreg.experiment import grid, preset, run_variants
 from vitreg.experiment.variants import open_splits
+from vitreg.results.experiment import ExperimentResults, VariantSummary
 from vitreg.results.schema import resolve
 
 DATA = "synthetic:n=8,size=32"
@@ -59,7 +60,8 @@ def test_grid_is_three_specialisations_by_three_handlings_plus_gap():
 
 def test_smoke_run_writes_report_with_traceable_headlines(smoke):
     result = smoke
-    assert result.complete
+    assert isinstance(result.results, ExperimentResults) and result.results.complete
+    assert result.document["results"] == result.results.model_dump(mode="json")
     out = result.out_dir
     for name in ("metrics.json", "report.md", "report.html", "experiment.json"):
         assert (out / name).exists(), name
@@ -82,14 +84,15 @@ def test_smoke_run_writes_report_with_traceable_headlines(smoke):
 
 def test_smoke_variants_differ_as_configured(smoke):
     result = smoke
-    base, qkv = result.variants
-    assert base["params"]["extra_total"] == 0
-    assert qkv["params"]["extra"]["qkv"] > 0 and qkv["params"]["extra"]["registers"] > 0
-    assert qkv["flops"]["delta"]["specialisation"] == 0
-    assert len(qkv["per_block"]["cls_patch_post_ln1"]) == TINIER["depth"]
-    assert "register_patch_post_ln1" in qkv["per_block"]
-    for v in result.variants:
-        run = json.loads((result.out_dir / v["folder"] / "seed-0" / "result.json").read_text())
+    base, qkv = result.results.variants
+    assert isinstance(qkv, VariantSummary)
+    assert base.params.extra_total == 0
+    assert qkv.params.extra["qkv"] > 0 and qkv.params.extra["registers"] > 0
+    assert qkv.flops.delta.specialisation == 0
+    assert len(qkv.per_block["cls_patch_post_ln1"]) == TINIER["depth"]
+    assert "register_patch_post_ln1" in qkv.per_block
+    for v in result.results.variants:
+        run = json.loads((result.out_dir / v.folder / "seed-0" / "result.json").read_text())
         assert run["train"]["steps"] == TINIER["steps"]
         assert set(run["probes"]) == {"classification", "segmentation", "depth"}
 
@@ -97,9 +100,9 @@ def test_smoke_variants_differ_as_configured(smoke):
 def test_rerun_reuses_complete_variants_and_rejects_other_settings(smoke):
     result = smoke
     again = run_variants(DATA, result.out_dir, smoke_settings(), variants=two_variants())
-    assert all(v["reused"] for v in again.variants)
-    assert [v["summary"]["seg_miou"] for v in again.variants] == [
-        v["summary"]["seg_miou"] for v in result.variants
+    assert all(v.reused for v in again.results.variants)
+    assert [v.summary["seg_miou"] for v in again.results.variants] == [
+        v.summary["seg_miou"] for v in result.results.variants
     ]
     with pytest.raises(InputError, match="other settings"):
         run_variants(DATA, result.out_dir, smoke_settings(steps=3), variants=two_variants())
@@ -125,7 +128,8 @@ def test_interrupted_experiment_continues_and_partial_report_says_so(tmp_path, m
     assert doc["results"]["n_done"] == 1 and not doc["results"]["complete"]
     assert "partial: 1 of 2" in (tmp_path / "report.md").read_text()
     again = run_variants(DATA, tmp_path, settings, variants=two_variants())
-    assert [v["reused"] for v in again.variants] == [True, False] and again.complete
+    assert [v.reused for v in again.results.variants] == [True, False]
+    assert again.results.complete
     assert len(calls) == 3  # the finished variant was not evaluated again
 
 
@@ -158,20 +162,20 @@ def test_bad_options_are_clear_errors(tmp_path):
 def test_finetune_pair_converts_a_timm_model(tmp_path):
     settings = smoke_settings(steps=1, probe_epochs=1)
     result = run_variants(DATA, tmp_path, settings, variants=[], finetune="vit_tiny_patch16_224")
-    names = [v["name"] for v in result.variants]
+    names = [v.name for v in result.results.variants]
     assert names == ["finetune-baseline", "finetune-qkv"]
-    base, qkv = result.variants
-    assert base["params"]["extra_total"] == 0 and qkv["params"]["extra"]["qkv"] > 0
-    assert any("random init" in n for n in qkv["notes"])
-    assert any("LayerScale" in n for n in qkv["notes"])  # vit_tiny has none: 'ls' dropped
+    base, qkv = result.results.variants
+    assert base.params.extra_total == 0 and qkv.params.extra["qkv"] > 0
+    assert any("random init" in n for n in qkv.notes)
+    assert any("LayerScale" in n for n in qkv.notes)  # vit_tiny has none: 'ls' dropped
 
 
 def test_every_grid_entry_trains_probes_and_diagnoses(tmp_path):
     """The whole grid end to end at the smallest settings (the tiny preset's wall time is
     measured by benchmarks/experiment_grid.py)."""
     result = run_variants(DATA, tmp_path, smoke_settings(steps=1, probe_epochs=1))
-    assert result.complete
-    assert [v["name"] for v in result.variants] == [v.name for v in grid()]
+    assert result.results.complete
+    assert [v.name for v in result.results.variants] == [v.name for v in grid()]
 
 
 def test_image_folder_gets_the_classification_probe_only(tmp_path):
@@ -189,5 +193,5 @@ def test_image_folder_gets_the_classification_probe_only(tmp_path):
     plan = json.loads((tmp_path / "out" / "experiment.json").read_text())
     assert plan["data"].startswith("imagefolder:") and plan["tasks"] == ["classification"]
     assert set(plan["skipped_tasks"]) == {"segmentation", "depth"}
-    assert result.variants[0]["summary"]["seg_miou"]["mean"] is None
+    assert result.results.variants[0].summary["seg_miou"].mean is None
     assert "Probe **segmentation** not run" in (tmp_path / "out" / "report.md").read_text()

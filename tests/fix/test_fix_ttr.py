@@ -131,56 +131,58 @@ def test_causal_controls(images):
 
 def test_compare_fix_before_after(images):
     from vitreg.fix.compare import compare_fix
+    from vitreg.results.fix import Comparison
 
     module, truth = build("dinov2_s14", img_size=SIZE)
     model = vitreg.wrap(module)
     found = discover(model, images[:16], NeuronSearch(top_k=len(truth.units)), batch_size=8)
     cmp = compare_fix(model, TestTimeRegisters(found), images[16:], batch_size=8)
-    d = cmp.to_dict()
-    assert d["outlier_rate_before"] > 0.03 and d["outlier_rate_after"] <= 0.01
-    assert d["verdict_before"] and not d["verdict_after"]
+    d = cmp.results  # the typed summary metrics.json holds, made by compare_fix itself
+    assert isinstance(d, Comparison) and not hasattr(cmp, "to_dict")
+    assert d.outlier_rate_before > 0.03 and d.outlier_rate_after <= 0.01
+    assert d.verdict_before and not d.verdict_after
     assert (
-        d["register_norm_after"][cmp.detect_layer]
-        > 10 * cmp.after.summary.layers[cmp.detect_layer].quantiles.p50
+        d.register_norm_after[d.detect_layer]
+        > 10 * cmp.after.summary.layers[d.detect_layer].quantiles.p50
     )
-    assert d["max_patch_norm_after"][-1] < d["max_patch_norm_before"][-1] / 5
-    assert 0 < d["pooled_cosine"]["mean"] <= 1 and d["pooled_cosine"]["n"] == 8
+    assert d.max_patch_norm_after[-1] < d.max_patch_norm_before[-1] / 5
+    assert d.pooled_cosine is not None
+    assert 0 < d.pooled_cosine.mean <= 1 and d.pooled_cosine.n == 8
     # controls: zeroing the register neurons also removes the outliers; random neurons do not
-    ctl = d["controls"]
-    assert ctl["ablate_register_neurons"]["outlier_rate"] <= 0.01
-    assert ctl["ablate_random_neurons"]["outlier_rate"] > 0.03
-    assert ctl["ablate_random_neurons"]["n_neurons"] == len(found)
-    assert ctl["shift_to_patch"]["share_of_images_with_top_norm_at_patch"] == 1.0
+    ctl = d.controls
+    assert ctl["ablate_register_neurons"].outlier_rate <= 0.01
+    assert ctl["ablate_random_neurons"].outlier_rate > 0.03
+    assert ctl["ablate_random_neurons"].n_neurons == len(found)
+    assert ctl["shift_to_patch"].share_of_images_with_top_norm_at_patch == 1.0
     # attention: after the fix no patch draws the [CLS] attention the outliers drew
     sink = truth.first_outlier_layer + 1
-    assert d["cls_attention_max_after"][sink] < d["cls_attention_max_before"][sink]
+    assert d.cls_attention_max_after is not None and d.cls_attention_max_before is not None
+    assert d.cls_attention_max_after[sink] < d.cls_attention_max_before[sink]
     assert cmp.attention_before.layer_maps[-1].shape[0] == 4
-    import json
-
-    json.dumps(d)
+    assert Comparison.model_validate_json(d.model_dump_json()) == d
 
 
 def test_a_set_applied_to_a_model_without_artifacts_says_nothing_to_fix(images):
     from vitreg.fix.compare import compare_fix
     from vitreg.report.renderers.fix import verdict_section
-    from vitreg.results.fix import Comparison
 
     module, truth = build("dinov2_s14", img_size=SIZE)
     search = NeuronSearch(top_k=len(truth.units))
     found = discover(vitreg.wrap(module), images[:16], search, batch_size=8)
     clean = vitreg.wrap(build_unplanted("dinov2_s14", img_size=SIZE))
-    d = compare_fix(clean, TestTimeRegisters(found), images[16:], batch_size=8).to_dict()
-    res = d["residual"]
-    assert res["nothing_to_fix"] and res["verdict"].startswith("no artifacts before the fix")
+    d = compare_fix(clean, TestTimeRegisters(found), images[16:], batch_size=8).results
+    res = d.residual
+    assert res.nothing_to_fix and res.verdict.startswith("no artifacts before the fix")
     # the planted model's threshold is above every patch norm of the model without a plant
-    assert res["threshold_from_another_model"]
-    assert res["largest_patch_norm_before"] < found.settings["threshold_value"]
-    text = "\n".join(map(str, verdict_section(Comparison.model_validate(d)).blocks))
+    assert res.threshold_from_another_model
+    assert res.largest_patch_norm_before < found.settings["threshold_value"]
+    text = "\n".join(map(str, verdict_section(d).blocks))
     assert text.startswith("**No artifacts before the fix: nothing to remove.**")
     assert "belongs to another model" in text
     # the dense change is measured on every patch, not only the pooled token
-    dense = d["patch_cosine"]
-    assert dense["n"] == 8 * (SIZE // 14) ** 2 and dense["min"] <= dense["mean"] <= 1
+    dense = d.patch_cosine
+    assert dense is not None
+    assert dense.n == 8 * (SIZE // 14) ** 2 and dense.min <= dense.mean <= 1
 
 
 def test_export_fixed_model_loads_back_fixed(tmp_path, images):

@@ -102,8 +102,8 @@ def test_neurons_then_fix(tmp, cli_models, capsys):
     neurons = str(run.run_dir / "neurons.json")
     fixed = same_as_cli(tmp, "fix", FixConfig, {**PLANTED, "limit": 4, "neurons": neurons}, capsys)
     assert isinstance(fixed, FixRun) and fixed.fix.neurons.pairs() == run.found.chosen.pairs()
-    residual = fixed.comparison.to_dict()["residual"]
-    assert fixed.document["results"]["comparison"]["residual"]["verdict"] == residual["verdict"]
+    residual = fixed.comparison.results.residual
+    assert fixed.document["results"]["comparison"]["residual"]["verdict"] == residual.verdict
 
 
 def test_probe(tmp, cli_models, capsys):
@@ -134,6 +134,7 @@ def test_experiment_calls_the_grid_as_the_command_does(tmp_path, monkeypatch, ca
     settings, variants, config and command (up to the folder)."""
     import vitreg.experiment
     from vitreg.experiment import ExperimentResult
+    from vitreg.results.experiment import ExperimentResults
 
     calls: list[dict] = []
 
@@ -144,7 +145,8 @@ def test_experiment_calls_the_grid_as_the_command_does(tmp_path, monkeypatch, ca
             {"data": data, **{k: v for k, v in kw.items() if k not in ("log", "progress")}}
         )
         kw["log"]("variant 1 of 1: training")
-        return ExperimentResult(Path(out), [], True, 0.0)
+        nothing = ExperimentResults.model_construct(complete=True, variants=[])
+        return ExperimentResult(Path(out), nothing, 0.0)
 
     monkeypatch.setattr(vitreg.experiment, "run_variants", fake)
     monkeypatch.setattr("torch.set_num_threads", lambda n: None)

@@ -17,6 +17,8 @@ from vitreg.cli.app import app
 from vitreg.configs import VlmConfig, load_config
 from vitreg.errors import InputError, SpecError
 from vitreg.results.schema import validate_metrics
+from vitreg.results.vlm import AnswerChange, FirstTokenChange
+from vitreg.results.vlm import Condition as ConditionResults
 from vitreg.testing import build
 from vitreg.testing.images import synthetic_pil
 from vitreg.testing.planted import save_tiny_llava
@@ -166,10 +168,13 @@ def test_answer_map_is_read_at_the_positions_asked(tiny, pixels) -> None:
     ids = inputs(model, pv)
     n_prompt = ids.shape[1]
     c = condition(model, ids, pv, query="answer", max_new_tokens=4)
-    n = len(c.answer_ids)
+    assert isinstance(c.results, ConditionResults) and c.results.n_generated == len(
+        c.results.answer_tokens
+    )
+    n = len(c.results.answer_tokens)
     assert 1 <= n <= 4
     assert c.reading.attention.positions == list(range(n_prompt - 1, n_prompt - 1 + n))
-    seq = torch.cat([ids[0], torch.tensor(c.answer_ids)])[None]
+    seq = torch.cat([ids[0], torch.tensor(c.results.answer_tokens)])[None]
     expected = hand_rows(model, seq, pv, c.reading.attention.positions)
     assert torch.allclose(c.reading.attention.rows, expected, atol=1e-6)
     assert c.attention_grid.shape == model.layout.grid
@@ -280,14 +285,15 @@ def test_answer_change_numbers() -> None:
     assert edit_distance([1, 2, 3], [1, 3]) == 1 and edit_distance([], [4, 5]) == 2
     assert edit_distance([1, 2, 3], [3, 2, 1]) == 2
     c = answer_change([1, 2, 3, 4], [1, 9, 3, 4])
-    assert c == {"identical": False, "edit_distance": 1, "edit_distance_normalized": 0.25}
+    assert c == AnswerChange(identical=False, edit_distance=1, edit_distance_normalized=0.25)
     logits = torch.tensor([2.0, 0.0, -1.0])
     same = first_token_change(logits, logits)
-    assert same["kl"] == 0 and same["same_top_token"] and same["max_abs_logit_change"] == 0
+    assert isinstance(same, FirstTokenChange)
+    assert same.kl == 0 and same.same_top_token and same.max_abs_logit_change == 0
     other = first_token_change(logits, torch.tensor([0.0, 2.0, -1.0]))
     p, q = torch.softmax(logits.double(), 0), torch.softmax(torch.tensor([0.0, 2, -1]).double(), 0)
-    assert other["kl"] == pytest.approx(float((p * (p / q).log()).sum()))
-    assert not other["same_top_token"] and other["max_abs_logit_change"] == 2
+    assert other.kl == pytest.approx(float((p * (p / q).log()).sum()))
+    assert not other.same_top_token and other.max_abs_logit_change == 2
 
 
 def test_cli_vlm_writes_a_report_with_both_maps(tiny, tmp_path: Path) -> None:
@@ -358,5 +364,5 @@ def test_a_generated_image_token_is_never_fed_back_as_a_placeholder(tiny, pixels
     finally:
         handle.remove()
     assert int(got.reading.logits[0].argmax()) == image  # unsuppressed, it would come first
-    assert len(got.answer_ids) == 4 and image not in got.answer_ids
+    assert len(got.results.answer_tokens) == 4 and image not in got.results.answer_tokens
     assert got.attention_grid.shape == (SIZE // 16, SIZE // 16)

@@ -11,7 +11,7 @@ from vitreg.cli.output import show_path
 def show_run(run: Any, cfg: Any) -> None:
     """How many variants ran, how long it took, and where the report is."""
     show_path(
-        f"{len(run.experiment.variants)} variants in {run.seconds:.0f} s; report",
+        f"{len(run.experiment.results.variants)} variants in {run.seconds:.0f} s; report",
         run.run_dir / "report.md",
         " (metrics.json, report.html, figures/)",
     )

@@ -40,52 +40,51 @@ def show(comparison: Any, run_dir: Path, save: Path | None) -> None:
     """The console summary: the verdict per block first, then the detection layer's numbers."""
     from vitreg.verbs.display import blocks_text
 
-    c = comparison.to_dict()
-    res = c["residual"]
-    layer = c["detect_layer"]
-    if res["nothing_to_fix"]:
+    c = comparison.results
+    res, layer = c.residual, c.detect_layer
+    if res.nothing_to_fix:
         show_line("no artifacts before the fix: nothing to remove (no block has an outlier mode)")
-    if res["threshold_from_another_model"]:
+    if res.threshold_from_another_model:
         show_line(
-            f"the neuron set's detection threshold ({c['threshold_value']:.4g}) is above every "
+            f"the neuron set's detection threshold ({c.threshold_value:.4g}) is above every "
             f"patch norm of this model at block {layer} (largest "
-            f"{res['largest_patch_norm_before']:.4g}): it was set on another model"
+            f"{res.largest_patch_norm_before:.4g}): it was set on another model"
         )
     table = Table(title="vitreg fix")
     for column in ("", "before", "after"):
         table.add_column(column, style="bold" if not column else None)
     table.add_row(
-        "verdict", "artifacts" if res["blocks_with_mode_before"] else "no artifacts", res["verdict"]
+        "verdict", "artifacts" if res.blocks_with_mode_before else "no artifacts", res.verdict
     )
     table.add_row(
         "blocks with an outlier mode",
-        blocks_text(res["blocks_with_mode_before"]),
-        blocks_text(res["blocks_with_mode_after"]),
+        blocks_text(res.blocks_with_mode_before),
+        blocks_text(res.blocks_with_mode_after),
     )
-    ordinary = res["ordinary_max_over_median"]
+    ordinary = res.ordinary_max_over_median
     table.add_row(
         f"max/median patch norm (block {layer})",
-        f"{res['max_over_median_before'][layer]:.3g}",
-        f"{res['max_over_median_after'][layer]:.3g}"
+        f"{res.max_over_median_before[layer]:.3g}",
+        f"{res.max_over_median_after[layer]:.3g}"
         + (f" (ordinary {ordinary:.3g})" if ordinary is not None else ""),
     )
     table.add_row(
         f"patch outlier rate (block {layer})",
-        f"{c['outlier_rate_before']:.2%}",
-        f"{c['outlier_rate_after']:.2%}",
+        f"{c.outlier_rate_before:.2%}",
+        f"{c.outlier_rate_after:.2%}",
     )
     table.add_row(
         f"max patch norm (block {layer})",
-        f"{c['max_patch_norm_before'][layer]:.4g}",
-        f"{c['max_patch_norm_after'][layer]:.4g}",
+        f"{c.max_patch_norm_before[layer]:.4g}",
+        f"{c.max_patch_norm_after[layer]:.4g}",
     )
-    table.add_row("register norm", "-", f"{c['register_norm_after'][layer]:.4g}")
-    cos = c["pooled_cosine"]
+    table.add_row("register norm", "-", f"{c.register_norm_after[layer]:.4g}")
+    cos = c.pooled_cosine
     if cos is not None:
-        table.add_row("pooled embedding cosine", "", f"{cos['mean']:.4f} (min {cos['min']:.4f})")
-    dense = c["patch_cosine"]
+        table.add_row("pooled embedding cosine", "", f"{cos.mean:.4f} (min {cos.min:.4f})")
+    dense = c.patch_cosine
     if dense is not None:
-        table.add_row("patch feature cosine", "", f"{dense['mean']:.4f} (min {dense['min']:.4f})")
+        table.add_row("patch feature cosine", "", f"{dense.mean:.4f} (min {dense.min:.4f})")
     console.print(table)
     show_path("run directory", run_dir)
     if save is not None:

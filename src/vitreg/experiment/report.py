@@ -14,7 +14,7 @@ from typing import Any
 
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
 from vitreg.experiment.summary import SUMMARY
-from vitreg.report.document import Headline, build_document, typed_results
+from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import provenance_section
 from vitreg.report.render.markdown import (
     Report,
@@ -29,8 +29,8 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.renderers.train import dino_reading
 from vitreg.report.writer import write_run
-from vitreg.results.experiment import ExperimentResults, VariantSummary
-from vitreg.results.schema import Envelope, plain
+from vitreg.results.experiment import ExperimentResults, ExperimentSettings, Timing, VariantSummary
+from vitreg.results.schema import Envelope, data_info, model_info
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),
@@ -476,38 +476,35 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
 def write_report(
     out: Path,
     plan: dict[str, Any],
-    variants: list[dict[str, Any]],
+    variants: list[VariantSummary],
     total: int,
     wall_s: float,
     command: str,
     splits: tuple[Any, Any],
     config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Envelope:
     """Write the comparison report of the variants done so far (all files atomically); the
-    document's ``config`` (and config.yaml) is ``config``, by default the settings; the
-    metrics.json document written."""
+    document's ``config`` (and config.yaml) is ``config``, by default the settings; the typed
+    metrics.json document written (its ``results``: :class:`ExperimentResults`)."""
     s = plan["settings"]
-    results = {
-        "complete": len(variants) == total,
-        "n_done": len(variants),
-        "n_total": total,
-        "settings": s,
-        "data": plan["data"],
-        "tasks": plan["tasks"],
-        "skipped_tasks": plan["skipped_tasks"],
-        "variants": variants,
-        "timing": {
-            "wall_s": wall_s,
-            "compute_s": sum(v["time_s"]["train"] + v["time_s"]["evaluate"] for v in variants),
-            "reused": sum(v["reused"] for v in variants),
-        },
-    }
-    results["majority_rate"] = plan.get("majority_rate")
-    results = plain(results)
-    typed = typed_results("experiment", {**results, "conclusions": []})  # the one validation
-    said = conclusions(typed)
-    results["conclusions"] = said
-    typed = typed.model_copy(update={"conclusions": said})
+    made = ExperimentResults(
+        complete=len(variants) == total,
+        n_done=len(variants),
+        n_total=total,
+        settings=ExperimentSettings.model_validate(s),
+        data=plan["data"],
+        tasks=plan["tasks"],
+        skipped_tasks=plan["skipped_tasks"],
+        variants=variants,
+        timing=Timing(
+            wall_s=wall_s,
+            compute_s=sum(v.time_s.train + v.time_s.evaluate for v in variants),
+            reused=sum(v.reused for v in variants),
+        ),
+        majority_rate=plan.get("majority_rate"),
+        conclusions=[],
+    )
+    typed = made.model_copy(update={"conclusions": conclusions(made)})
     described = {
         "spec": f"vitreg.arch variants of a {s['depth']}-block ViT (width {s['embed_dim']})",
         "family": "vit",
@@ -529,15 +526,16 @@ def write_report(
     }
     doc = build_document(
         "experiment",
-        results,
+        typed.model_dump(mode="json"),
         headlines,
         command=command,
-        described=described,
-        data=data,
+        described=model_info(described),
+        data=data_info(data),
         config=config or s,
         typed=typed,
     )
-    return write_run(out, doc, report, lambda: experiment_figures(doc.results.variants))
+    write_run(out, doc, report, lambda: experiment_figures(typed.variants))
+    return doc
 
 
 def experiment_figures(variants: list[VariantSummary]) -> list[Figure]:

@@ -26,6 +26,8 @@ from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
 from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
 from vitreg.experiment.summary import SUMMARY
 from vitreg.progress import SILENT, Progress
+from vitreg.report.writer import as_json
+from vitreg.results.experiment import ExperimentResults, SeedStats, VariantSummary, VariantTime
 from vitreg.results.schema import plain
 from vitreg.train.dino import DinoOptions, loss_terms
 
@@ -34,13 +36,13 @@ Log = Callable[[str], None]
 
 @dataclass
 class ExperimentResult:
-    """Per-variant summaries (means over training seeds) and where the report is."""
+    """Where the report is, its typed results (each variant over its training seeds, whether
+    every variant is done) and the metrics.json written last."""
 
     out_dir: Path
-    variants: list[dict[str, Any]]
-    complete: bool
+    results: ExperimentResults
     wall_time_s: float
-    document: dict[str, Any] | None = None  # the metrics.json written last
+    document: dict[str, Any] | None = None
 
 
 def data_spec(data: str) -> str:
@@ -210,43 +212,44 @@ def run_one(
 PER_BLOCK = ("cls_patch_pre_ln1", "cls_patch_post_ln1", "register_patch_post_ln1")
 
 
-def _stats(values: list[Any]) -> dict[str, Any]:
+def _stats(values: list[Any]) -> SeedStats:
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not vals:
-        return {"mean": None, "std": None, "values": []}
+        return SeedStats(mean=None, std=None, values=[])
     mean = sum(vals) / len(vals)
     std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
-    return {"mean": mean, "std": std, "values": vals}
+    return SeedStats(mean=mean, std=std, values=vals)
 
 
-def summarise(v: Variant, runs: list[dict[str, Any]], folder: str) -> dict[str, Any]:
-    """One variant's numbers over its training seeds (mean, sample std, values)."""
+def summarise(v: Variant, runs: list[dict[str, Any]], folder: str) -> VariantSummary:
+    """One variant's numbers over its training seeds (mean, sample std, values), from each
+    seed's ``result.json`` record."""
     summary = {key: _stats([get(r) for r in runs]) for key, (get, _) in SUMMARY.items()}
     blocks: dict[str, list[float | None]] = {}
     for key in PER_BLOCK:
         per_seed = [r["diagnose"].get(key) for r in runs if r["diagnose"].get(key)]
         if per_seed:
-            blocks[key] = [_stats(list(col))["mean"] for col in zip(*per_seed, strict=True)]
+            blocks[key] = [_stats(list(col)).mean for col in zip(*per_seed, strict=True)]
     notes = sorted({n for r in runs for n in r["train"]["notes"]})
     first = runs[0]
-    return {
-        **v.as_dict(),
-        "folder": folder,
-        "seeds": [r["config"]["seed"] for r in runs],
-        "summary": summary,
-        "per_block": blocks,
-        "params": first["params"],
-        "flops": first["flops"],
-        "verdicts": [r["diagnose"]["verdict"] for r in runs],
-        "losses": [r["train"]["losses"] for r in runs],
-        "dino_terms": first["train"].get("dino_terms"),
-        "time_s": {
-            "train": sum(r["time_s"]["train"] for r in runs),
-            "evaluate": sum(r["time_s"]["evaluate"] for r in runs),
-        },
-        "reused": all(r.get("reused") for r in runs),
-        "notes": notes,
-    }
+    return VariantSummary(
+        **plain(v.as_dict()),
+        folder=folder,
+        seeds=[r["config"]["seed"] for r in runs],
+        summary=summary,
+        per_block=blocks,
+        params=first["params"],
+        flops=first["flops"],
+        verdicts=[r["diagnose"]["verdict"] for r in runs],
+        losses=[r["train"]["losses"] for r in runs],
+        dino_terms=first["train"].get("dino_terms"),
+        time_s=VariantTime(
+            train=sum(r["time_s"]["train"] for r in runs),
+            evaluate=sum(r["time_s"]["evaluate"] for r in runs),
+        ),
+        reused=all(r.get("reused") for r in runs),
+        notes=notes,
+    )
 
 
 def check_plan(out: Path, plan: dict[str, Any]) -> None:
@@ -315,7 +318,7 @@ def run_variants(
         }
     )
     check_plan(out, plan)
-    done: list[dict[str, Any]] = []
+    done: list[VariantSummary] = []
     document = None
     with progress(
         len(chosen) * settings.seeds, "experiment: every variant x seed (models)"
@@ -334,5 +337,6 @@ def run_variants(
             done.append(summarise(v, runs, f"variants/{v.name}"))
             wall = time.perf_counter() - t0  # the report so far, after every entry
             document = write_report(out, plan, done, len(chosen), wall, command, splits, config)
+    assert document is not None  # at least one variant, each followed by its report
     wall = time.perf_counter() - t0
-    return ExperimentResult(out, done, len(done) == len(chosen), wall, document)
+    return ExperimentResult(out, document.results, wall, as_json(document))

@@ -21,6 +21,7 @@ from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
 from vitreg.progress import SILENT, Progress
+from vitreg.results.fix import Comparison, Control, Cosine, FixSettings, Residual
 
 
 class Pooled(Reducer):
@@ -97,98 +98,68 @@ class DenseAnalysis(PooledAnalysis):
 
 @dataclass
 class FixComparison:
-    """Norm statistics without and with the fix, on the same images."""
+    """A fix compared before and after on the same images: ``results``, the typed summary that
+    metrics.json holds, and the traces its figures read (norms, attention maps, feature
+    pictures, each without and with the fix)."""
 
+    results: Comparison
     before: NormsResult
     after: NormsResult
-    detect_layer: int
-    rule: str
-    threshold_value: float | None
-    outlier_rate_before: float
-    outlier_rate_after: float
-    register_norm: list[float]  # mean norm of the test-time registers per layer
-    max_norm_before: list[float]
-    max_norm_after: list[float]
-    pooled_cosine: torch.Tensor | None  # per image
-    fix: dict[str, Any]
     attention_before: AttentionResult | None = None
     attention_after: AttentionResult | None = None
-    controls: dict[str, dict[str, Any]] | None = None
-    ordinary_max_over_median: float | None = None  # non-outlier patches before, detection layer
-    tolerance: float = TOLERANCE
-    pictures_before: FeaturePicturesResult | None = None  # features at the detection layer
+    pictures_before: FeaturePicturesResult | None = None
     pictures_after: FeaturePicturesResult | None = None
-    dense_cosine: torch.Tensor | None = None  # per patch of the first DENSE_IMAGES images
 
-    def residual(self) -> dict[str, Any]:
-        """What the fix leaves, judged by a criterion it was not tuned on: the presence test at
-        every block and the max/median patch norm against the ordinary patches' level."""
-        layers_b, layers_a = self.before.summary.layers, self.after.summary.layers
-        d = self.detect_layer
-        after = [i for i, lo in enumerate(layers_a) if lo.artifacts_present]
-        before = [i for i, lo in enumerate(layers_b) if lo.artifacts_present]
-        clean = fix_is_clean(
-            after, _ratio(layers_a[d]), self.ordinary_max_over_median, self.tolerance
-        )
-        nothing = not before and not self.before.summary.artifacts_present
-        verdict = (
-            "no artifacts before the fix: nothing to remove"
-            if nothing
-            else "no artifacts after the fix"
-            if clean
-            else "artifacts remain after the fix"
-        )
-        largest = layers_b[d].quantiles.max
-        value = self.threshold_value
-        foreign = value is not None and self.rule in ("auto", "absolute") and value > largest
-        return {
-            "clean": clean,
-            "nothing_to_fix": nothing,
-            "verdict": verdict,
-            "threshold_from_another_model": foreign,
-            "largest_patch_norm_before": largest,
-            "blocks_with_mode_before": before,
-            "blocks_with_mode_after": after,
-            "max_over_median_before": [_ratio(lo) for lo in layers_b],
-            "max_over_median_after": [_ratio(lo) for lo in layers_a],
-            "ordinary_max_over_median": self.ordinary_max_over_median,
-            "tolerance": self.tolerance,
-        }
 
-    def to_dict(self) -> dict[str, Any]:
-        cos = self.pooled_cosine
-        return {
-            "fix": self.fix,
-            "detect_layer": self.detect_layer,
-            "rule": self.rule,
-            "threshold_value": self.threshold_value,
-            "outlier_rate_before": self.outlier_rate_before,
-            "outlier_rate_after": self.outlier_rate_after,
-            "max_patch_norm_before": self.max_norm_before,
-            "max_patch_norm_after": self.max_norm_after,
-            "median_patch_norm_before": [lo.quantiles.p50 for lo in self.before.summary.layers],
-            "median_patch_norm_after": [lo.quantiles.p50 for lo in self.after.summary.layers],
-            "register_norm_after": self.register_norm,
-            "verdict_before": self.before.summary.artifacts_present,
-            "verdict_after": self.after.summary.artifacts_present,
-            "pooled_cosine": cosine_stats(cos),
-            "patch_cosine": cosine_stats(self.dense_cosine),
-            "cls_attention_max_before": _attn_max(self.attention_before),
-            "cls_attention_max_after": _attn_max(self.attention_after),
-            "controls": self.controls,
-            "residual": self.residual(),
-        }
+def residual(
+    before: NormsResult,
+    after: NormsResult,
+    detection: tuple[int, str, float | None],
+    ordinary: float | None,
+    tolerance: float = TOLERANCE,
+) -> Residual:
+    """What the fix leaves, judged by a criterion it was not tuned on: the presence test at
+    every block and the max/median patch norm against the ordinary patches' level."""
+    layers_b, layers_a = before.summary.layers, after.summary.layers
+    d, rule, value = detection
+    modes_after = [i for i, lo in enumerate(layers_a) if lo.artifacts_present]
+    modes_before = [i for i, lo in enumerate(layers_b) if lo.artifacts_present]
+    clean = fix_is_clean(modes_after, _ratio(layers_a[d]), ordinary, tolerance)
+    nothing = not modes_before and not before.summary.artifacts_present
+    verdict = (
+        "no artifacts before the fix: nothing to remove"
+        if nothing
+        else "no artifacts after the fix"
+        if clean
+        else "artifacts remain after the fix"
+    )
+    largest = layers_b[d].quantiles.max
+    return Residual(
+        clean=clean,
+        nothing_to_fix=nothing,
+        verdict=verdict,
+        threshold_from_another_model=value is not None
+        and rule in ("auto", "absolute")
+        and value > largest,
+        largest_patch_norm_before=largest,
+        blocks_with_mode_before=modes_before,
+        blocks_with_mode_after=modes_after,
+        max_over_median_before=[_ratio(lo) for lo in layers_b],
+        max_over_median_after=[_ratio(lo) for lo in layers_a],
+        ordinary_max_over_median=ordinary,
+        tolerance=tolerance,
+    )
 
 
 def _ratio(layer: Any) -> float:
     return layer.quantiles.max / max(layer.quantiles.p50, 1e-12)
 
 
-def cosine_stats(cos: torch.Tensor | None) -> dict[str, Any] | None:
+def cosine_stats(cos: torch.Tensor | None) -> Cosine | None:
     """Mean, minimum and count of per-image cosines (None when there are none)."""
     if cos is None:
         return None
-    return {"mean": float(cos.mean()), "min": float(cos.min()), "n": int(cos.numel())}
+    return Cosine(mean=float(cos.mean()), min=float(cos.min()), n=int(cos.numel()))
 
 
 def _attn_max(attn: AttentionResult | None) -> list[float] | None:
@@ -250,29 +221,39 @@ def compare_fix(
         )
     nb, na = before["norms"], after["norms"]
     detect, rule, value = _detection(nb, settings)
-    checks = None
+    checks: dict[str, Control] = {}
     if controls:
         checks = _controls(model, ttr, data, before, (detect, rule, value), batch_size, limit)
+    ordinary = _ordinary(nb, detect, rule, value)
+    results = Comparison(
+        fix=FixSettings(**ttr.describe()),
+        detect_layer=detect,
+        rule=rule,
+        threshold_value=value,
+        outlier_rate_before=_rate(nb, detect, rule, value),
+        outlier_rate_after=_rate(na, detect, rule, value),
+        max_patch_norm_before=[lo.quantiles.max for lo in nb.summary.layers],
+        max_patch_norm_after=[lo.quantiles.max for lo in na.summary.layers],
+        median_patch_norm_before=[lo.quantiles.p50 for lo in nb.summary.layers],
+        median_patch_norm_after=[lo.quantiles.p50 for lo in na.summary.layers],
+        register_norm_after=_register_norms(na),
+        verdict_before=nb.summary.artifacts_present,
+        verdict_after=na.summary.artifacts_present,
+        pooled_cosine=cosine_stats(_cosine(before, after)),
+        patch_cosine=cosine_stats(_dense_cosine(before, after)),
+        cls_attention_max_before=_attn_max(before.get("attention")),
+        cls_attention_max_after=_attn_max(after.get("attention")),
+        controls=checks,
+        residual=residual(nb, na, (detect, rule, value), ordinary),
+    )
     return FixComparison(
+        results,
         nb,
         na,
-        detect,
-        rule,
-        value,
-        _rate(nb, detect, rule, value),
-        _rate(na, detect, rule, value),
-        _register_norms(na),
-        [lo.quantiles.max for lo in nb.summary.layers],
-        [lo.quantiles.max for lo in na.summary.layers],
-        _cosine(before, after),
-        ttr.describe(),
         before.get("attention"),
         after.get("attention"),
-        checks,
-        _ordinary(nb, detect, rule, value),
-        pictures_before=before.get("feature_pictures"),
-        pictures_after=after.get("feature_pictures"),
-        dense_cosine=_dense_cosine(before, after),
+        before.get("feature_pictures"),
+        after.get("feature_pictures"),
     )
 
 
@@ -319,7 +300,7 @@ def _controls(
     detection: tuple[int, str, float | None],
     batch_size: int,
     limit: int | None,
-) -> dict[str, Any]:
+) -> dict[str, Control]:
     """The causal controls: the register neurons or as many random ones zeroed with no
     register, and the outlier moved to the first patch; each pass's outliers and cosine."""
     detect, rule, value = detection
@@ -333,22 +314,22 @@ def _controls(
             ran, _, _ = run_analyses(
                 model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit
             )
-        checks[name] = {
-            "n_neurons": len(neurons),
-            "outlier_rate": _rate(ran["norms"], detect, rule, value),
-            "pooled_cosine": cosine_stats(_cosine(before, ran)),
-        }
+        checks[name] = Control(
+            n_neurons=len(neurons),
+            outlier_rate=_rate(ran["norms"], detect, rule, value),
+            pooled_cosine=cosine_stats(_cosine(before, ran)),
+        )
     with shift_to_patch(model, ttr.neurons, 0):
         ran, _, _ = run_analyses(model, data, [NormAnalysis(), PooledAnalysis()], batch_size, limit)
     site = ran["norms"].trace.sites[detect]
     top = ran["norms"].trace.patch_norms(site).argmax(dim=1)
-    checks["shift_to_patch"] = {
-        "n_neurons": len(ttr.neurons),
-        "patch": 0,
-        "share_of_images_with_top_norm_at_patch": float((top == 0).float().mean()),
-        "outlier_rate": _rate(ran["norms"], detect, rule, value),
-        "pooled_cosine": cosine_stats(_cosine(before, ran)),
-    }
+    checks["shift_to_patch"] = Control(
+        n_neurons=len(ttr.neurons),
+        patch=0,
+        share_of_images_with_top_norm_at_patch=float((top == 0).float().mean()),
+        outlier_rate=_rate(ran["norms"], detect, rule, value),
+        pooled_cosine=cosine_stats(_cosine(before, ran)),
+    )
     return checks
 
 

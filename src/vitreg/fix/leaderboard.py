@@ -12,68 +12,58 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from vitreg.analysis.base import run_analyses
 from vitreg.analysis.norms import NormAnalysis
+from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, UnsupportedModelError
 from vitreg.fix.base import Fix, fix_description
 from vitreg.fix.compare import DenseAnalysis, PooledAnalysis, cosine_stats
 from vitreg.fix.methods import FIXES, NONE, FixInputs
 from vitreg.models.model import Model, iter_batches
+from vitreg.results.fix import Cosine
+from vitreg.results.leaderboard import BoardEntry, BoardResults
+from vitreg.results.probe import ProbeScore
+from vitreg.results.schema import plain
 
-# name -> fn(model, fix or None) -> {metric: {"mean": .., "ci95": .., "higher_is_better": ..}}
-Scorer = Callable[[Model, Fix | None], dict[str, dict[str, Any]]]
-
-
-@dataclass
-class BoardRow:
-    """One entry's measurements (``refused`` holds the reason when the model cannot take it)."""
-
-    entry: str
-    fix: dict[str, Any] | None = None  # as the fix describes itself; None: unfixed or refused
-    part_of: list[str] = field(default_factory=list)
-    refused: str | None = None
-    blocks_with_mode: list[int] = field(default_factory=list)
-    max_over_median: list[float] = field(default_factory=list)
-    pooled_cosine: dict[str, Any] | None = None
-    patch_cosine: dict[str, Any] | None = None
-    images_per_s: float | None = None
-    relative_speed: float | None = None
-    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        ratios = self.max_over_median
-        return {
-            "entry": self.entry,
-            "fix": self.fix,
-            "part_of": self.part_of,
-            "refused": self.refused,
-            "blocks_with_mode": self.blocks_with_mode,
-            "clean": None if self.refused else not self.blocks_with_mode,
-            "max_over_median": ratios,
-            "residual_max_over_median": max(ratios) if ratios else None,
-            "last_block_max_over_median": ratios[-1] if ratios else None,
-            "pooled_cosine": self.pooled_cosine,
-            "patch_cosine": self.patch_cosine,
-            "images_per_s": self.images_per_s,
-            "relative_speed": self.relative_speed,
-            "scores": self.scores,
-        }
+# name -> fn(model, fix or None) -> {metric: its score over seeds}
+Scorer = Callable[[Model, Fix | None], dict[str, ProbeScore]]
 
 
-@dataclass
-class Board:
-    """The leaderboard: the unfixed model first, then every entry (parts before compositions)."""
-
-    rows: list[BoardRow]
-    n_images: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"n_images": self.n_images, "rows": [r.to_dict() for r in self.rows]}
+def board_entry(
+    entry: str,
+    *,
+    part_of: list[str] | None = None,
+    refused: str | None = None,
+    measured: tuple[list[int], list[float]] = ([], []),
+    fix: Fix | None = None,
+    cosines: tuple[Cosine | None, Cosine | None] = (None, None),
+    speed: tuple[float | None, float | None] = (None, None),
+    scores: dict[str, ProbeScore] | None = None,
+) -> BoardEntry:
+    """One entry's row: ``measured`` its blocks with an outlier mode and max/median per block,
+    ``cosines`` pooled and per patch to the unfixed model, ``speed`` images/s and relative
+    to the unfixed model; the summary numbers computed from them once, here."""
+    modes, ratios = measured
+    return BoardEntry(
+        entry=entry,
+        fix=None if fix is None else plain(fix_description(fix)),
+        part_of=part_of or [],
+        refused=refused,
+        blocks_with_mode=modes,
+        clean=None if refused else not modes,
+        max_over_median=ratios,
+        residual_max_over_median=max(ratios) if ratios else None,
+        last_block_max_over_median=ratios[-1] if ratios else None,
+        pooled_cosine=cosines[0],
+        patch_cosine=cosines[1],
+        images_per_s=speed[0],
+        relative_speed=speed[1],
+        scores=scores or {},
+    )
 
 
 def expand(entries: list[str]) -> dict[str, list[str]]:
@@ -137,7 +127,7 @@ def bench_fixes(
     scorers: Mapping[str, Scorer] | None = None,
     progress: Callable[[str], None] | None = None,
     rounds: int = 3,
-) -> Board:
+) -> BoardResults:
     """Run the unfixed model and every entry on ``data`` and measure each (see module doc);
     ``rounds`` timed bare/fixed rounds give each throughput ratio."""
     scorers = scorers or {}
@@ -147,36 +137,51 @@ def bench_fixes(
     modes, ratios, base = _measure(model, batches, batch_size, None)
     speed, _ = throughput(model, batches, rounds=rounds)
     rows = [
-        BoardRow(
+        board_entry(
             NONE,
-            None,
-            blocks_with_mode=modes,
-            max_over_median=ratios,
-            images_per_s=speed,
-            relative_speed=1.0,
+            measured=(modes, ratios),
+            speed=(speed, 1.0),
             scores={m: v for s in scorers.values() for m, v in s(model, None).items()},
         )
     ]
     for entry, part_of in expand(entries).items():
         if progress is not None:
             progress(entry)
-        row = BoardRow(entry, part_of=part_of)
-        rows.append(row)
-        try:
-            fix = FIXES.build(entry, inputs)
-            with fix.applied(model):
-                row.blocks_with_mode, row.max_over_median, ran = _measure(
-                    model, batches, batch_size, None
-                )
-        except (UnsupportedModelError, InputError) as e:
-            row.refused = str(e)
-            continue
-        row.images_per_s, row.relative_speed = throughput(model, batches, fix, rounds)
-        row.fix = fix_description(fix)
-        row.pooled_cosine = cosine_stats(_pair(base, ran, "pooled"))
-        row.patch_cosine = cosine_stats(_pair(base, ran, "dense"))
-        row.scores = {m: v for s in scorers.values() for m, v in s(model, fix).items()}
-    return Board(rows, sum(len(b) for b in batches))
+        measure = (batches, batch_size, base)
+        rows.append(_bench_one(model, entry, part_of, inputs, measure, scorers, rounds))
+    return BoardResults(n_images=sum(len(b) for b in batches), rows=rows)
+
+
+def _bench_one(
+    model: Model,
+    entry: str,
+    part_of: list[str],
+    inputs: FixInputs,
+    measure: tuple[list[torch.Tensor], int, dict[str, Any]],
+    scorers: Mapping[str, Scorer],
+    rounds: int,
+) -> BoardEntry:
+    """One entry measured on ``measure`` (the batches, the batch size and the unfixed run)
+    against the unfixed run; refused with the reason when the model cannot take it."""
+    batches, batch_size, base = measure
+    try:
+        fix = FIXES.build(entry, inputs)
+        with fix.applied(model):
+            modes, ratios, ran = _measure(model, batches, batch_size, None)
+    except (UnsupportedModelError, InputError) as e:
+        return board_entry(entry, part_of=part_of, refused=str(e))
+    return board_entry(
+        entry,
+        part_of=part_of,
+        measured=(modes, ratios),
+        fix=fix,
+        cosines=(
+            cosine_stats(_pair(base, ran, "pooled")),
+            cosine_stats(_pair(base, ran, "dense")),
+        ),
+        speed=throughput(model, batches, fix, rounds),
+        scores={m: v for s in scorers.values() for m, v in s(model, fix).items()},
+    )
 
 
 def _pair(a: dict[str, Any], b: dict[str, Any], key: str) -> torch.Tensor | None:
@@ -184,3 +189,6 @@ def _pair(a: dict[str, Any], b: dict[str, Any], key: str) -> torch.Tensor | None
     if key not in a or key not in b:
         return None
     return torch.nn.functional.cosine_similarity(a[key], b[key], dim=-1).flatten()
+
+
+__getattr__ = renamed(__name__, {"Board": "BoardResults", "BoardRow": "BoardEntry"}, globals())

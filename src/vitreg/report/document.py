@@ -14,13 +14,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from vitreg.results.schema import (
     SCHEMA_VERSION,
+    DataInfo,
     Envelope,
-    data_info,
-    model_info,
+    Metric,
+    ModelInfo,
+    Number,
     plain,
     resolve,
     results_model,
@@ -43,26 +45,26 @@ class Headline:
     layer: int | None = None
     aggregate: Literal["mean"] | None = None
 
-    def metric(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """The metrics.json entry of this headline, its value read from ``doc``."""
-        entry: dict[str, Any] = {
-            "name": self.name,
-            "value": resolve(doc, self.pointer, self.aggregate),
-            "higher_is_better": self.higher_is_better,
-            "source": self.pointer,
-        }
-        extra = {"unit": self.unit, "layer": self.layer, "aggregate": self.aggregate}
-        entry |= {k: v for k, v in extra.items() if v is not None}
-        if self.description:
-            entry["description"] = self.description
-        return entry
+    def metric(self, results: JsonValue) -> Metric:
+        """The metrics.json entry of this headline, its value read from ``results`` (a
+        document's results block, JSON-ready)."""
+        return Metric(
+            name=self.name,
+            value=resolve({"results": results}, self.pointer, self.aggregate),
+            higher_is_better=self.higher_is_better,
+            unit=self.unit,
+            layer=self.layer,
+            description=self.description,
+            source=self.pointer,
+            aggregate=self.aggregate,
+        )
 
 
 #: a verb's headlines: given, or read off its typed results
 Headlines = Sequence[Headline] | Callable[[Any], Sequence[Headline]]
 
 
-def headline_values(results: dict[str, Any], headlines: list[Headline]) -> dict[str, Any]:
+def headline_values(results: JsonValue, headlines: list[Headline]) -> dict[str, Number]:
     """Each headline's value read from ``results`` (a document's results block), by name."""
     doc = {"results": results}
     return {h.name: resolve(doc, h.pointer, h.aggregate) for h in headlines}
@@ -80,29 +82,31 @@ def build_document(
     headlines: Headlines,
     *,
     command: str,
-    described: dict[str, Any],
-    data: dict[str, Any],
+    described: ModelInfo,
+    data: DataInfo,
     config: dict[str, Any],
     typed: BaseModel | None = None,
 ) -> Envelope:
     """The metrics.json document of one ``verb`` run, validated once: the verb's document model.
     ``results`` are made JSON-ready and typed by the verb's results model (``typed``: the same
     results already typed, by :func:`typed_results`); ``headlines`` are given or
-    ``headlines(typed results)``, each value read from ``results``; ``described`` as
-    ``Model.describe()`` gives it, ``data`` the images' description."""
+    ``headlines(typed results)``, each value read from ``results``; ``described`` the model
+    block (:func:`~vitreg.results.schema.model_info` of ``Model.describe()``), ``data`` the
+    images' (:func:`~vitreg.results.schema.data_info`)."""
     results = plain(results)
     typed = typed if typed is not None else typed_results(verb, results)
     marks = headlines(typed) if callable(headlines) else headlines
-    doc: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "verb": verb,
-        **versions(),
-        "created": utc_now(),
-        "command": command,
-        "model": model_info(described),
-        "data": data_info(data),
-        "config": plain(config),
-        "results": results,
-    }
-    doc["metrics"] = [h.metric(doc) for h in marks]
-    return validate_metrics({**doc, "results": typed})  # the typed results are taken as they are
+    return validate_metrics(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "verb": verb,
+            **versions(),
+            "created": utc_now(),
+            "command": command,
+            "model": described,
+            "data": data,
+            "config": plain(config),
+            "results": typed,  # the typed results are taken as they are
+            "metrics": [h.metric(results) for h in marks],
+        }
+    )

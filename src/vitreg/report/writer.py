@@ -129,7 +129,7 @@ def write_run(
     document = out / layout.document
     try:
         drawn = list(figures()) if figures is not None else []
-        save_figures(out, drawn, figure_formats(data.get("config")))
+        save_figures(out, drawn, figure_formats((data.get("config") or {}).get("figure_format")))
         slider = extras(drawn) if extras is not None else None
         if slider is not None:
             write_json_atomic(out / "figures" / SLIDER, slider)

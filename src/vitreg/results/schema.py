@@ -276,35 +276,40 @@ def synthetic_weights(spec: str | None, weights: str | None, notes: Sequence[str
     return weights == "planted" or (spec or "").startswith("planted:") or "synthetic" in said
 
 
-def model_info(described: dict[str, Any]) -> dict[str, Any]:
-    """``Model.describe()`` regrouped for metrics.json (dimensions together, synthetic flag)."""
+def model_info(described: dict[str, Any]) -> ModelInfo:
+    """``Model.describe()`` regrouped as metrics.json's model block (dimensions together,
+    synthetic flag); what it does not name kept after the named fields."""
     dims = ("n_layers", "d_model", "d_mlp", "n_heads", "n_params")
     known = {"spec", "family", "source", "class", "layout", "image_size", "attention", "notes"}
     known.add("weights")
-    return {
-        "spec": described.get("spec"),
-        "family": described.get("family", "unknown"),
-        "source": described.get("source"),
-        "class_name": described.get("class"),
-        "synthetic": is_synthetic(described),
-        "weights": described.get("weights"),
-        "layout": plain(described.get("layout", {})),
-        "dims": {k: described.get(k) for k in dims},
-        "image_size": plain(described.get("image_size")),
-        "attention": described.get("attention"),
-        "notes": list(described.get("notes") or []),
-        **{k: plain(v) for k, v in described.items() if k not in known and k not in dims},
-    }
+    return ModelInfo(
+        **{
+            "spec": described.get("spec"),
+            "family": described.get("family", "unknown"),
+            "source": described.get("source"),
+            "class_name": described.get("class"),
+            "synthetic": is_synthetic(described),
+            "weights": described.get("weights"),
+            "layout": plain(described.get("layout", {})),
+            "dims": {k: described.get(k) for k in dims},
+            "image_size": plain(described.get("image_size")),
+            "attention": described.get("attention"),
+            "notes": list(described.get("notes") or []),
+            **{k: plain(v) for k, v in described.items() if k not in known and k not in dims},
+        }
+    )
 
 
-def data_info(data: dict[str, Any]) -> dict[str, Any]:
-    """The diagnose ``data`` block: description, counts, skipped/converted files, the rest as is."""
-    rest = {k: plain(v) for k, v in data.items() if k not in ("description", "n_images")}
+def data_info(data: dict[str, Any]) -> DataInfo:
+    """The ``data`` block of metrics.json from an image source's description: description,
+    counts, skipped/converted files, the rest as is."""
+    named = ("description", "n_images", "skipped", "converted")
+    rest = {k: plain(v) for k, v in data.items() if k not in named}
     desc = data.get("description") or data.get("source") or data.get("images")
-    return {
+    return DataInfo(
         **rest,
-        "description": None if desc is None else str(desc),
-        "n_images": int(data.get("n_images", 0)),
-        "skipped": {str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
-        "converted": {str(k): str(v) for k, v in (data.get("converted") or {}).items()},
-    }
+        description=None if desc is None else str(desc),
+        n_images=int(data.get("n_images", 0)),
+        skipped={str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
+        converted={str(k): str(v) for k, v in (data.get("converted") or {}).items()},
+    )

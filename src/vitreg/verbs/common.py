@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,11 @@ def default_run_dir(name: str, root: Path = Path("runs"), verb: str = "diagnose"
     return path
 
 
-def command_line(spec: str | None, options: dict[str, Any], verb: str = "diagnose") -> str:
+#: a command-line option's value: a flag, a value, or numbers joined by commas (None: left out)
+OptionValue = str | int | float | bool | Path | Sequence[str | int | float] | None
+
+
+def command_line(spec: str | None, options: dict[str, OptionValue], verb: str = "diagnose") -> str:
     """The command line that reproduces the run of ``spec`` (none: the models are among the
     options; options left unset are omitted)."""
     parts = ["vitreg", verb, *([spec] if spec is not None else [])]

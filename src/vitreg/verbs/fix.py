@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitreg.configs import FixConfig
 from vitreg.core.readers import read_json
@@ -13,10 +13,15 @@ from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.results.fix import FixResults
+from vitreg.results.schema import Envelope, data_info, model_info
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
 from vitreg.verbs.result import BoardRun, FixRun, Listener, Notices
+
+if TYPE_CHECKING:
+    from vitreg.fix.compare import FixComparison
+    from vitreg.fix.test_time_registers import TestTimeRegisters
 
 
 def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
@@ -37,7 +42,7 @@ def save_args(model: Any, spec: str, img_size: int | None) -> dict[str, Any]:
 
 def compare(
     model: Any, neurons: Any, source: Any, cfg: FixConfig, progress: Progress
-) -> tuple[Any, Any]:
+) -> tuple[TestTimeRegisters, FixComparison]:
     """The TestTimeRegisters of ``cfg`` and its before/after comparison on ``source``."""
     from vitreg.fix import TestTimeRegisters, compare_fix
 
@@ -82,6 +87,7 @@ def run_test_time_registers(
     from vitreg.core.out_dir import check_out
     from vitreg.distributed import is_main, on_main
     from vitreg.report.renderers.fix import MAX_ROWS
+    from vitreg.report.writer import as_json
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
@@ -97,24 +103,23 @@ def run_test_time_registers(
         model, spec, cfg.neurons, source, cfg, progress, notices, preloaded
     )
     ttr, comparison = compare(model, chosen, source, cfg, progress)
-    results = {
-        "neurons": info,
-        "discovery": found,
-        "saved": None,
-        "planted": planted_rows(model, chosen.pairs()),
-    }
-    if cfg.save is not None:
+    if cfg.save is not None and is_main():
         from vitreg.fix.saved import save_fixed
 
-        if is_main():
-            with progress(None, f"saving the fixed model to {cfg.save}"):
-                save_fixed(model, ttr, cfg.save, **save_args(model, spec, cfg.img_size))
-        results["saved"] = str(cfg.save)
+        with progress(None, f"saving the fixed model to {cfg.save}"):
+            save_fixed(model, ttr, cfg.save, **save_args(model, spec, cfg.img_size))
+    results = FixResults(
+        comparison=comparison.results,
+        neurons=info,
+        discovery=found,
+        saved=None if cfg.save is None else str(cfg.save),
+        planted=planted_rows(model, chosen.pairs()),
+    )
     document = on_main(write, run_dir, model, source, comparison, results, cfg, command, progress)
     return FixRun(
         "fix",
         run_dir,
-        document,
+        None if document is None else as_json(document),
         notices.items,
         comparison=comparison,
         fix=ttr,
@@ -126,21 +131,21 @@ def write(
     run_dir: Path,
     model: Any,
     source: Any,
-    comparison: Any,
-    results: dict[str, Any],
+    comparison: FixComparison,
+    results: FixResults,
     cfg: FixConfig,
     command: str,
     progress: Progress,
-) -> dict[str, Any]:
-    """config.yaml and metrics.json, then the report, of one fix; the document written."""
+) -> Envelope:
+    """config.yaml and metrics.json, then the report, of one fix; the typed document written."""
     from vitreg.report.renderers.fix import write_fix_run
 
     with progress(None, "writing the report"):
         return write_fix_run(
             run_dir,
             comparison,
-            described=model.describe(),
-            data=source.description(),
+            described=model_info(model.describe()),
+            data=data_info(source.description()),
             config=cfg.to_file(),
             results=results,
             command=command,

@@ -4,33 +4,41 @@ and one image set, measured side by side into one leaderboard (table, JSON, figu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitreg.configs import FixConfig
 from vitreg.core.renamed import renamed
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
+from vitreg.results.probe import ProbeScore
+from vitreg.results.schema import plain
 from vitreg.verbs.common import images_named, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons
 from vitreg.verbs.result import BoardRun, Listener, Notices
 
+if TYPE_CHECKING:
+    from vitreg.fix.leaderboard import Scorer
+
 CACHE = Path(".vitreg-cache") / "features"  # the probe verb's default feature cache
 
 
-def probe_scorer(spec: str, cache: Path, batch_size: int) -> Any:
+def probe_scorer(spec: str, cache: Path, batch_size: int) -> Scorer:
     """A leaderboard scorer running probe ``TASK:DATA`` on the model, bare or under a fix."""
     from vitreg.probe.run import run
 
     task, _, data = spec.partition(":")
 
-    def score(model: Any, fix: Any) -> dict[str, dict[str, Any]]:
+    def score(model: Any, fix: Any) -> dict[str, ProbeScore]:
         # ov-seg takes each benchmark's short side (336, 448, 560) from the protocol itself
         result = run(model, task, data, fix=fix, base=fix is None, cache_dir=cache,
                      batch_size=batch_size)  # fmt: skip
         layer = result.results.conditions["fixed" if fix is not None else "base"][-1]
         # a board scores against the other fixes, not the yardsticks
-        return {f"{task} {s.metric}": s.model_dump(exclude={"vs_yardsticks"}) for s in layer.scores}
+        return {
+            f"{task} {s.metric}": ProbeScore.model_validate(s.model_dump(exclude={"vs_yardsticks"}))
+            for s in layer.scores
+        }
 
     return score
 
@@ -43,7 +51,8 @@ def run_leaderboard(
     from vitreg.fix.leaderboard import bench_fixes, expand
     from vitreg.fix.methods import FIXES, FixInputs, parse_entries
     from vitreg.report.renderers.leaderboard import write_leaderboard
-    from vitreg.results.schema import is_synthetic, model_info
+    from vitreg.results.leaderboard import BoardDocument
+    from vitreg.results.schema import DataInfo, is_synthetic, model_info, utc_now, versions
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
@@ -77,15 +86,18 @@ def run_leaderboard(
         )
         update(len(rows))
     described = model.describe()
-    meta = {
-        "model": cfg.spec,
-        "synthetic": is_synthetic(described),
-        "data": source.description(),
-        "command": command,
-        "config": cfg.to_file(),
-        "model_info": model_info(described),
-    }
-    written = write_leaderboard(Path(cfg.out), board.to_dict(), meta)
+    doc = BoardDocument(
+        **versions(),
+        created=utc_now(),
+        model=cfg.spec,
+        synthetic=is_synthetic(described),
+        data=DataInfo.model_validate(plain(source.description())),
+        command=command,
+        config=cfg.to_file(),
+        model_info=model_info(described),
+        board=board,
+    )
+    written = write_leaderboard(Path(cfg.out), doc)
     return BoardRun(Path(cfg.out), board, notices.items, written)
 
 

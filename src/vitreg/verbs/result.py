@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from vitreg.results.vlm import VlmResults
 
 NoticeKind = Literal[
     "demo",  # no model given: the synthetic demo runs
@@ -116,9 +119,10 @@ class ExperimentRun(VerbResult):
 
 @dataclass
 class VlmRun(VerbResult):
-    """``results``: answers, attention and norms per image, and their summary."""
+    """``results``: answers, attention and norms per image, and their summary (the typed
+    results block of its metrics.json)."""
 
-    results: dict[str, Any] = field(default_factory=dict)
+    results: VlmResults | None = None
 
 
 @dataclass

@@ -9,6 +9,8 @@ from vitreg.configs import VlmConfig
 from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
+from vitreg.results.fix import NeuronsUsed
+from vitreg.results.schema import data_info, model_info, plain
 from vitreg.results.vlm import VlmResults
 from vitreg.verbs.common import prepare
 from vitreg.verbs.loading import model_and_images
@@ -38,6 +40,7 @@ def run_vlm(
     from vitreg.fix import TestTimeRegisters
     from vitreg.report.render.plots import display_images
     from vitreg.report.renderers.vlm import write_vlm_run
+    from vitreg.report.writer import as_json
     from vitreg.vlm import run_vlm as answer
     from vitreg.vlm.run import SUPPRESSED
 
@@ -62,7 +65,8 @@ def run_vlm(
             batch_size=cfg.batch_size,
             progress=update,
         )
-    results = {**result.to_dict(), "neurons": info}
+    neurons = NeuronsUsed.model_validate(plain(info))
+    results = result.results.model_copy(update={"neurons": neurons})
     first = result.images[0]
     layer_maps = {
         "before": first.before.layer_grids.numpy(),
@@ -74,14 +78,15 @@ def run_vlm(
             document = write_vlm_run(
                 run_dir,
                 results,
-                {**model.describe(), "vlm": describe_vlm(model)},
-                source.description(),
+                model_info({**model.describe(), "vlm": describe_vlm(model)}),
+                data_info(source.description()),
                 cfg.to_file(),
                 command,
                 images=display_images(source.display_images()),
                 layer_maps=layer_maps,
             )
-    return VlmRun("vlm", run_dir, document, notices.items, results=results)
+    written = None if document is None else as_json(document)
+    return VlmRun("vlm", run_dir, written, notices.items, results=results)
 
 
 VERB = register(

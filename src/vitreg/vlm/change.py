@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
+
+from vitreg.results.vlm import AnswerChange, FirstTokenChange
 
 
 def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
@@ -19,26 +20,26 @@ def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
     return prev[-1]
 
 
-def first_token_change(before: torch.Tensor, after: torch.Tensor) -> dict[str, Any]:
+def first_token_change(before: torch.Tensor, after: torch.Tensor) -> FirstTokenChange:
     """KL(before || after) of the next-token distributions, the largest logit change, and
     whether the most likely token stays the same (logits ``[vocab]`` each)."""
     lp_b = torch.log_softmax(before.double(), -1)
     lp_a = torch.log_softmax(after.double(), -1)
     top_b, top_a = int(before.argmax()), int(after.argmax())
-    return {
-        "kl": float((lp_b.exp() * (lp_b - lp_a)).sum()),
-        "max_abs_logit_change": float((after.double() - before.double()).abs().max()),
-        "same_top_token": top_b == top_a,
-        "top_prob_before": float(lp_b[top_b].exp()),
-        "top_prob_after_of_before_token": float(lp_a[top_b].exp()),
-    }
+    return FirstTokenChange(
+        kl=float((lp_b.exp() * (lp_b - lp_a)).sum()),
+        max_abs_logit_change=float((after.double() - before.double()).abs().max()),
+        same_top_token=top_b == top_a,
+        top_prob_before=float(lp_b[top_b].exp()),
+        top_prob_after_of_before_token=float(lp_a[top_b].exp()),
+    )
 
 
-def answer_change(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
+def answer_change(a: Sequence[int], b: Sequence[int]) -> AnswerChange:
     """Identical or not, the token edit distance and its share of the longer answer."""
     d = edit_distance(a, b)
-    return {
-        "identical": list(a) == list(b),
-        "edit_distance": d,
-        "edit_distance_normalized": d / max(len(a), len(b), 1),
-    }
+    return AnswerChange(
+        identical=list(a) == list(b),
+        edit_distance=d,
+        edit_distance_normalized=d / max(len(a), len(b), 1),
+    )

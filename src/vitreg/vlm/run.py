@@ -14,6 +14,16 @@ from vitreg.fix.base import Fix, fix_description
 from vitreg.models.loaders.hf_vlm import vlm_of
 from vitreg.models.model import Model, iter_batches
 from vitreg.progress import Update
+from vitreg.results.schema import plain
+from vitreg.results.vlm import Condition as ConditionResults
+from vitreg.results.vlm import (
+    FirstToken,
+    Generation,
+    OutlierAttention,
+    VlmImage,
+    VlmResults,
+    VlmSummary,
+)
 from vitreg.vlm.attention import Reading, read, to_grid
 from vitreg.vlm.change import answer_change, first_token_change
 from vitreg.vlm.inputs import prompt_text, query_positions, token_ids
@@ -27,38 +37,42 @@ SUPPRESSED = (
 
 @dataclass
 class Condition:
-    """One image under one condition: the answer and what the forward pass over it showed."""
+    """One image under one condition: ``results``, its typed summary (the answer and the
+    numbers metrics.json holds), and the forward pass and maps the figures read."""
 
-    answer_ids: list[int]
-    answer: str
+    results: ConditionResults
     reading: Reading
     attention_grid: torch.Tensor  # [h, w], mean over layers, heads and rows
     layer_grids: torch.Tensor  # [L, h, w], mean over heads and rows
 
-    def to_dict(self, tokenizer: Any) -> dict[str, Any]:
-        att = self.reading.attention
-        mass = att.mass.mean(dim=(1, 2))  # per layer
-        norms = self.reading.norm_grid
-        top = int(self.reading.logits[0].argmax())
-        extra = self.reading.extra_norms
-        return {
-            "answer": self.answer,
-            "answer_tokens": self.answer_ids,
-            "n_generated": len(self.answer_ids),
-            "positions": att.positions,
-            "image_attention_mass": mass.tolist(),
-            "image_attention_mass_mean": float(mass.mean()),
-            "attention_map": self.attention_grid.tolist(),
-            "norm_map": norms.tolist(),
-            "max_patch_norm": float(norms.max()),
-            "max_over_median": float(norms.max() / norms.median()),
-            "register_norm": float(extra.max()) if extra.numel() else None,
-            "first_token": {
-                "id": top,
-                "token": tokenizer.convert_ids_to_tokens(top),
-                "prob": float(torch.softmax(self.reading.logits[0], -1)[top]),
-            },
-        }
+
+def condition_results(
+    answer_ids: list[int], answer: str, reading: Reading, grid: torch.Tensor, tokenizer: Any
+) -> ConditionResults:
+    """The typed summary of one condition: the answer, the image attention mass per layer, the
+    maps and the tower's norms, and the most likely first answer token."""
+    mass = reading.attention.mass.mean(dim=(1, 2))  # per layer
+    norms = reading.norm_grid
+    top = int(reading.logits[0].argmax())
+    extra = reading.extra_norms
+    return ConditionResults(
+        answer=answer,
+        answer_tokens=answer_ids,
+        n_generated=len(answer_ids),
+        positions=reading.attention.positions,
+        image_attention_mass=mass.tolist(),
+        image_attention_mass_mean=float(mass.mean()),
+        attention_map=grid.tolist(),
+        norm_map=norms.tolist(),
+        max_patch_norm=float(norms.max()),
+        max_over_median=float(norms.max() / norms.median()),
+        register_norm=float(extra.max()) if extra.numel() else None,
+        first_token=FirstToken(
+            id=top,
+            token=tokenizer.convert_ids_to_tokens(top),
+            prob=float(torch.softmax(reading.logits[0], -1)[top]),
+        ),
+    )
 
 
 def condition(
@@ -95,101 +109,79 @@ def condition(
     layers = reading.attention.layer_maps()
     grids = torch.stack([to_grid(model, m, size) for m in layers])
     text = vlm.tokenizer.decode(generated, skip_special_tokens=True)
-    return Condition(generated.tolist(), text, reading, grids.mean(0), grids)
+    grid = grids.mean(0)
+    summary = condition_results(generated.tolist(), text, reading, grid, vlm.tokenizer)
+    return Condition(summary, reading, grid, grids)
+
+
+def outlier_mask(before: Condition) -> torch.Tensor:
+    """``[h, w]`` patches whose feature-layer norm is an outlier before the fix (robust z)."""
+    norms = before.reading.norm_grid
+    return robust_mask(norms.flatten()[None])[0].reshape(norms.shape)
 
 
 @dataclass
 class ImageResult:
-    """One image: without (``before``) and with (``after``) the fix, and the change."""
+    """One image: without (``before``) and with (``after``) the fix, and ``results``, the
+    typed summary of both and of what changed."""
 
     before: Condition
     after: Condition
+    results: VlmImage
 
-    def outlier_mask(self) -> torch.Tensor:
-        """``[h, w]`` patches whose feature-layer norm is an outlier before the fix (robust z)."""
-        norms = self.before.reading.norm_grid
-        return robust_mask(norms.flatten()[None])[0].reshape(norms.shape)
-
-    def to_dict(self, tokenizer: Any) -> dict[str, Any]:
-        mask = self.outlier_mask()
+    @classmethod
+    def compare(cls, before: Condition, after: Condition) -> ImageResult:
+        """The two conditions of one image and what changed between them."""
+        mask = outlier_mask(before)
 
         def share(c: Condition) -> float | None:
             total = float(c.attention_grid.sum())
             return float(c.attention_grid[mask].sum()) / total if mask.any() and total else None
 
-        return {
-            "before": self.before.to_dict(tokenizer),
-            "after": self.after.to_dict(tokenizer),
-            "answer_change": answer_change(self.before.answer_ids, self.after.answer_ids),
-            "first_token": first_token_change(
-                self.before.reading.logits[0], self.after.reading.logits[0]
+        results = VlmImage(
+            before=before.results,
+            after=after.results,
+            answer_change=answer_change(before.results.answer_tokens, after.results.answer_tokens),
+            first_token=first_token_change(before.reading.logits[0], after.reading.logits[0]),
+            attention_on_outliers=OutlierAttention(
+                n_outlier_patches=int(mask.sum()),
+                rule=f"robust z > {Z_CUT} on log patch norms (before the fix)",
+                before=share(before),
+                after=share(after),
             ),
-            "attention_on_outliers": {
-                "n_outlier_patches": int(mask.sum()),
-                "rule": f"robust z > {Z_CUT} on log patch norms (before the fix)",
-                "before": share(self.before),
-                "after": share(self.after),
-            },
-        }
+        )
+        return cls(before, after, results)
 
 
 @dataclass
 class VlmResult:
-    """Every image's comparison plus the settings; ``to_dict`` is the results block."""
+    """Every image's comparison: ``results``, the typed results block, and each image's
+    conditions with the maps the figures read."""
 
-    prompt: str
-    text: str
-    query: str | list[int]
-    feature_site: str
-    fix: dict[str, Any]
+    results: VlmResults
     images: list[ImageResult] = field(default_factory=list)
-    tokenizer: Any = None
-    image_token_id: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        rows = [r.to_dict(self.tokenizer) for r in self.images]
-        return {
-            "prompt": self.prompt,
-            "prompt_text": self.text,
-            "query": self.query,
-            "feature_site": self.feature_site,
-            "fix": self.fix,
-            "generation": {
-                "greedy": True,
-                "suppressed_tokens": {
-                    self.tokenizer.convert_ids_to_tokens(self.image_token_id): self.image_token_id
-                },
-                "why": SUPPRESSED,
-            },
-            "summary": summary(rows),
-            "images": rows,
-        }
 
 
-def _mean(values: Iterable[Any]) -> float | None:
+def _mean(values: Iterable[float | bool | None]) -> float | None:
     kept = [float(v) for v in values if v is not None]
     return sum(kept) / len(kept) if kept else None
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(rows: list[VlmImage]) -> VlmSummary:
     """Means over images of the per-image numbers (``None`` where no image has the number)."""
-    return {
-        "n_images": len(rows),
-        "identical_rate": _mean(r["answer_change"]["identical"] for r in rows),
-        "edit_distance_normalized": _mean(
-            r["answer_change"]["edit_distance_normalized"] for r in rows
-        ),
-        "first_token_kl": _mean(r["first_token"]["kl"] for r in rows),
-        "same_first_token_rate": _mean(r["first_token"]["same_top_token"] for r in rows),
-        "attention_on_outliers_before": _mean(r["attention_on_outliers"]["before"] for r in rows),
-        "attention_on_outliers_after": _mean(r["attention_on_outliers"]["after"] for r in rows),
-        "max_over_median_before": _mean(r["before"]["max_over_median"] for r in rows),
-        "max_over_median_after": _mean(r["after"]["max_over_median"] for r in rows),
-        "image_attention_mass_before": _mean(
-            r["before"]["image_attention_mass_mean"] for r in rows
-        ),
-        "image_attention_mass_after": _mean(r["after"]["image_attention_mass_mean"] for r in rows),
-    }
+    return VlmSummary(
+        n_images=len(rows),
+        identical_rate=_mean(r.answer_change.identical for r in rows),
+        edit_distance_normalized=_mean(r.answer_change.edit_distance_normalized for r in rows),
+        first_token_kl=_mean(r.first_token.kl for r in rows),
+        same_first_token_rate=_mean(r.first_token.same_top_token for r in rows),
+        attention_on_outliers_before=_mean(r.attention_on_outliers.before for r in rows),
+        attention_on_outliers_after=_mean(r.attention_on_outliers.after for r in rows),
+        max_over_median_before=_mean(r.before.max_over_median for r in rows),
+        max_over_median_after=_mean(r.after.max_over_median for r in rows),
+        image_attention_mass_before=_mean(r.before.image_attention_mass_mean for r in rows),
+        image_attention_mass_after=_mean(r.after.image_attention_mass_mean for r in rows),
+    )
 
 
 def run_vlm(
@@ -211,16 +203,7 @@ def run_vlm(
     vlm = vlm_of(model)
     vlm.module.to(device=model.device)  # the tower may have been moved alone (Model.to)
     text = prompt_text(vlm, prompt)
-    result = VlmResult(
-        prompt,
-        text,
-        query if isinstance(query, str) else list(query),
-        feature_site(model, vlm),
-        fix_description(fix),
-        tokenizer=vlm.tokenizer,
-        image_token_id=vlm.image_token_id,
-    )
-    done = 0
+    compared: list[ImageResult] = []
     for batch in iter_batches(images, batch_size):
         for x in batch:
             pv = x[None]
@@ -228,8 +211,21 @@ def run_vlm(
             before = condition(model, ids, pv, query, max_new_tokens)
             with fix.applied(model):
                 after = condition(model, ids, pv, query, max_new_tokens)
-            result.images.append(ImageResult(before, after))
-            done += 1
+            compared.append(ImageResult.compare(before, after))
             if progress is not None:
-                progress(done)
-    return result
+                progress(len(compared))
+    rows = [r.results for r in compared]
+    token = vlm.tokenizer.convert_ids_to_tokens(vlm.image_token_id)
+    results = VlmResults(
+        prompt=prompt,
+        prompt_text=text,
+        query=query if isinstance(query, str) else list(query),
+        feature_site=feature_site(model, vlm),
+        fix=plain(fix_description(fix)),
+        generation=Generation(
+            greedy=True, suppressed_tokens={token: vlm.image_token_id}, why=SUPPRESSED
+        ),
+        summary=summary(rows),
+        images=rows,
+    )
+    return VlmResult(results, compared)

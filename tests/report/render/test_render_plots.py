@@ -40,12 +40,12 @@ def test_maps_near_a_large_constant_have_plain_ticks_at_200_dpi() -> None:
 
 def test_vector_copies_next_to_the_png(tmp_path: Path) -> None:
     fig = before_after_maps("maps", np.ones((1, 2, 2)), np.zeros((1, 2, 2)), None, "{n}")
-    paths = fig.save(tmp_path, figure_formats({"figure_format": "pdf"}))
+    paths = fig.save(tmp_path, figure_formats("pdf"))
     assert [p.name for p in paths] == ["maps.png", "maps.pdf"]
     assert (tmp_path / "maps.pdf").read_bytes().startswith(b"%PDF")
-    assert figure_formats({}) == ()
+    assert figure_formats(None) == ()
     with pytest.raises(ValueError, match="svg, pdf"):
-        figure_formats({"figure_format": "eps"})
+        figure_formats("eps")
 
 
 def test_figure_format_svg_writes_svgs_next_to_pngs(tmp_path: Path) -> None:

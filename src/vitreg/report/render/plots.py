@@ -61,9 +61,9 @@ class Figure:
         return paths
 
 
-def figure_formats(config: dict[str, Any] | None) -> tuple[str, ...]:
-    """The vector formats a run's config asks for (its ``figure_format``), checked."""
-    fmt = (config or {}).get("figure_format")
+def figure_formats(fmt: str | None) -> tuple[str, ...]:
+    """The vector formats a run's config asks for (its ``figure_format``: None for PNG only),
+    checked."""
     if fmt is None:
         return ()
     if fmt not in VECTOR_FORMATS:

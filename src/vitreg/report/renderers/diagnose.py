@@ -52,7 +52,7 @@ from vitreg.report.renderers.diagnose_figures import (
 from vitreg.report.renderers.diagnose_kinds import detail_sections, kinds_section
 from vitreg.report.writer import write_run
 from vitreg.results.diagnose import DiagnoseResults, SiteNorms
-from vitreg.results.schema import Envelope, plain
+from vitreg.results.schema import Envelope, data_info, model_info, plain
 
 FIGURE_SECTION = {
     "norm_maps": "norms",
@@ -608,8 +608,8 @@ def diagnose_document(result: DiagnoseResult, config: dict[str, Any], command: s
         result.results.model_dump(),
         headlines,
         command=command,
-        described=result.model,
-        data=result.data,
+        described=model_info(result.model),
+        data=data_info(result.data),
         config=config,
         typed=result.results,
     )

@@ -6,9 +6,10 @@ writer."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
@@ -37,7 +38,10 @@ from vitreg.report.render.plots import (
 from vitreg.report.renderers.neurons import blocks_text, images_section, planted_section
 from vitreg.report.writer import write_run
 from vitreg.results.fix import Comparison, Control, FixResults
-from vitreg.results.schema import Envelope
+from vitreg.results.schema import DataInfo, Envelope, ModelInfo
+
+if TYPE_CHECKING:
+    from vitreg.fix.compare import FixComparison
 
 MAX_ROWS = 4  # images shown in the before/after norm maps
 
@@ -61,10 +65,10 @@ def before_after_maps(
     return map_grid(name, columns, images, caption + scale, cell=1.9)
 
 
-def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
+def fix_norm_maps(comparison: FixComparison, images: np.ndarray | None) -> Figure:
     """Patch norm maps at the detection layer before and after the fix, side by side."""
     trace_b, trace_a = comparison.before.trace, comparison.after.trace
-    layer = comparison.detect_layer
+    layer = comparison.results.detect_layer
     before = trace_b.patch_maps(trace_b.sites[layer]).numpy()
     after = trace_a.patch_maps(trace_a.sites[layer]).numpy()
     caption = (
@@ -74,7 +78,7 @@ def fix_norm_maps(comparison: Any, images: np.ndarray | None) -> Figure:
     return before_after_maps("fix_norm_maps", before, after, images, caption)
 
 
-def fix_attention_maps(comparison: Any, images: np.ndarray | None) -> Figure | None:
+def fix_attention_maps(comparison: FixComparison, images: np.ndarray | None) -> Figure | None:
     """Last-layer head-mean attention maps before and after the fix, side by side."""
     ab, aa = comparison.attention_before, comparison.attention_after
     if ab is None or aa is None:
@@ -90,7 +94,7 @@ def fix_attention_maps(comparison: Any, images: np.ndarray | None) -> Figure | N
     return before_after_maps("fix_attention_maps", before, after, images, caption)
 
 
-def fix_feature_pictures(comparison: Any, images: np.ndarray | None) -> Figure | None:
+def fix_feature_pictures(comparison: FixComparison, images: np.ndarray | None) -> Figure | None:
     """PCA colours and centre-patch similarity before and after the fix, on one PCA basis: the
     base model's, fitted on all its patch tokens, so colours mean the same on both sides."""
 
@@ -408,31 +412,33 @@ def headlines(results: FixResults) -> list[Headline]:
 
 def write_fix_run(
     out_dir: str | Path,
-    comparison: Any,
+    comparison: FixComparison,
     *,
-    described: dict[str, Any],
-    data: dict[str, Any],
+    described: ModelInfo,
+    data: DataInfo,
     config: dict[str, Any],
-    results: dict[str, Any],
+    results: FixResults,
     command: str,
-    images: Any = None,
-) -> dict[str, Any]:
-    """Write the ``vitreg fix`` run directory (``images``: display copies in [0, 1]); the
-    metrics.json document written."""
-    results = {"comparison": comparison.to_dict(), **results}
+    images: torch.Tensor | None = None,
+) -> Envelope:
+    """Write the ``vitreg fix`` run directory: ``results`` (holding ``comparison.results``),
+    and the figures of the traces ``comparison`` kept (``images``: display copies in [0, 1]);
+    the typed metrics.json document written."""
     doc = build_document(
         "fix",
-        results,
+        results.model_dump(mode="json"),
         headlines,
         command=command,
         described=described,
         data=data,
         config=config,
+        typed=results,
     )
-    return write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
+    write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))
+    return doc
 
 
-def figures(comparison: Any, doc: Envelope, images: Any) -> list[Figure]:
+def figures(comparison: FixComparison, doc: Envelope, images: torch.Tensor | None) -> list[Figure]:
     """Norm maps, feature pictures and attention maps before/after (from the ``comparison``
     measured), and the norm curves (from the typed document)."""
     shown = display_images(images)

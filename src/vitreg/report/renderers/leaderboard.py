@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from vitreg.core.renamed import renamed
 from vitreg.report.render.markdown import (
@@ -24,7 +23,6 @@ from vitreg.report.writer import BOARD, write_run
 from vitreg.results.fix import ComposedDescription, Cosine, FixDescription
 from vitreg.results.leaderboard import BoardDocument, BoardResults
 from vitreg.results.probe import ProbeScore
-from vitreg.results.schema import plain, utc_now, versions
 
 COLUMNS = (
     ("fix", "the entry (`a+b`: a composition; its parts get rows of their own)"),
@@ -147,11 +145,9 @@ def board_figure(board: BoardResults) -> Figure:
     return figure("fix_leaderboard", caption, fig)
 
 
-def write_leaderboard(out: Path, board: dict[str, Any], meta: dict[str, Any]) -> BoardDocument:
-    """Write the leaderboard folder through the one writer; ``meta``: model, data, command,
-    config, synthetic, model_info; the document is validated once, here, and returned."""
-    made = {**versions(), "created": utc_now(), **plain(meta), "board": plain(board)}
-    doc = BoardDocument.model_validate(made)
+def write_leaderboard(out: Path, doc: BoardDocument) -> BoardDocument:
+    """Write the leaderboard folder of ``doc`` (typed once, where it was made) through the one
+    writer; ``doc`` returned."""
     write_run(out, doc, report, lambda: [board_figure(doc.board)], layout=BOARD)
     return doc
 

@@ -31,7 +31,7 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.writer import write_run
 from vitreg.results.neurons import Calibration, NeuronRow, NeuronsResults, PlantedRow
-from vitreg.results.schema import Envelope
+from vitreg.results.schema import Envelope, data_info, model_info
 
 
 def neuron_scores(ranking: list[NeuronRow], chosen_k: int) -> Figure:
@@ -304,8 +304,8 @@ def write_neurons_run(
         results,
         headlines,
         command=command,
-        described=described,
-        data=data,
+        described=model_info(described),
+        data=data_info(data),
         config=config,
         typed=results,
     )

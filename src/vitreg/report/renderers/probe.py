@@ -30,7 +30,7 @@ from vitreg.results.probe import (
     ProbeResults,
     ProbeScore,
 )
-from vitreg.results.schema import Envelope
+from vitreg.results.schema import Envelope, data_info, model_info
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -313,8 +313,8 @@ def write_probe_run(
         results.model_dump(mode="json"),
         headlines,
         command=command,
-        described=described,
-        data=data_block(results),
+        described=model_info(described),
+        data=data_info(data_block(results)),
         config=config,
         typed=results,
     )

@@ -13,7 +13,7 @@ from vitreg.report.render.envelope import model_section, provenance_section, syn
 from vitreg.report.render.markdown import Report, Section, figure_section, inline_text, num, text
 from vitreg.report.render.plots import Figure, figure, new_canvas
 from vitreg.report.writer import write_run
-from vitreg.results.schema import Envelope
+from vitreg.results.schema import Envelope, data_info, model_info
 from vitreg.results.train import DinoTerms, TrainResults
 
 PARTS = ("loss_dino", "loss_ibot")  # the terms a DINO run's loss is the sum of
@@ -133,8 +133,8 @@ def write_train_run(
         results.model_dump(mode="json"),
         headlines,
         command=command,
-        described=described,
-        data=dict(data),
+        described=model_info(described),
+        data=data_info(dict(data)),
         config=config,
         typed=results,
     )

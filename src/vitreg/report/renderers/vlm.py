@@ -29,7 +29,7 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
 from vitreg.report.writer import write_run
 from vitreg.results.fix import NamedFix, TtrDescription
-from vitreg.results.schema import Envelope
+from vitreg.results.schema import DataInfo, Envelope, ModelInfo
 from vitreg.results.vlm import Condition, VlmImage, VlmResults
 
 SUMMARY = (
@@ -207,25 +207,26 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
 
 def write_vlm_run(
     out_dir: str | Path,
-    results: dict[str, Any],
-    described: dict[str, Any],
-    data: dict[str, Any],
+    results: VlmResults,
+    described: ModelInfo,
+    data: DataInfo,
     config: dict[str, Any],
     command: str,
     images: np.ndarray | None = None,
     layer_maps: dict[str, np.ndarray] | None = None,
-) -> dict[str, Any]:
+) -> Envelope:
     """config.yaml and metrics.json, then figures, report.md and report.html of one vlm run;
     ``images`` ``[n, H, W, 3]`` in [0, 1] under the maps, ``layer_maps`` (``before``/``after``
-    ``[L, h, w]`` of image 0) for the per-layer figure; the document written."""
+    ``[L, h, w]`` of image 0) for the per-layer figure; the typed document written."""
     doc = build_document(
         "vlm",
-        results,
+        results.model_dump(mode="json"),
         headlines,
         command=command,
         described=described,
         data=data,
         config=config,
+        typed=results,
     )
 
     def draw() -> list[Figure]:
@@ -234,4 +235,5 @@ def write_vlm_run(
             figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
         return figures
 
-    return write_run(out_dir, doc, report, draw)
+    write_run(out_dir, doc, report, draw)
+    return doc
