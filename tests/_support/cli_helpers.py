@@ -63,3 +63,18 @@ def run_on_pty(
         chunks.append(chunk)
     os.close(leader)
     return proc.wait(timeout=HANG_GUARD_S), b"".join(chunks).decode(errors="replace")
+
+
+def refuse_model_loading(monkeypatch) -> None:
+    """Make any command that starts loading a model fail the test (``--out`` is checked first)."""
+    from vitreg.verbs import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before --out was checked")
+
+    monkeypatch.setattr(loading, "load_spec", refuse)
+
+
+def files_of(out) -> dict[str, bytes]:
+    """Every file under ``out``, its bytes by name."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}

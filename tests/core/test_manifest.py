@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from _support.cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure, files_of, refuse_model_loading
 from vitreg.cli.app import app
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.core.manifest import MAX_FILES, Manifest, Record, document, read_manifest
 from vitreg.core.run_dir import LOCK, MANIFEST, claim, session
 from vitreg.errors import InputError
-from vitreg.verbs import loading
 
 SPEC = "planted:dinov2_s14"
 THESIS = b"\\documentclass{article}\n\\begin{document}My thesis.\\end{document}\n"
@@ -27,15 +26,7 @@ THESIS = b"\\documentclass{article}\n\\begin{document}My thesis.\\end{document}\
 @pytest.fixture(autouse=True)
 def no_model(monkeypatch):
     """Fail the test if any command starts loading a model."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before --out was checked")
-
-    monkeypatch.setattr(loading, "load_spec", refuse)
-
-
-def files_of(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    refuse_model_loading(monkeypatch)
 
 
 def run_into(out: Path, names: tuple[str, ...] = ("metrics.json",)) -> Path:

@@ -11,13 +11,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from _support.cli_helpers import assert_clean_failure
+from _support.cli_helpers import assert_clean_failure, files_of, refuse_model_loading
 from vitreg.cli.app import app
 from vitreg.core.io import write_bytes_atomic, write_text_atomic
 from vitreg.core.out_dir import check_out
 from vitreg.core.run_dir import session
 from vitreg.train.log import append_record
-from vitreg.verbs import loading
 
 runner = CliRunner()
 TRAIN = ["train", "vit_tiny_patch16_224", "--model-arg", "depth=1", "--model-arg", "embed_dim=64",
@@ -28,16 +27,7 @@ TRAIN = ["train", "vit_tiny_patch16_224", "--model-arg", "depth=1", "--model-arg
 @pytest.fixture(autouse=True)
 def no_model(monkeypatch):
     """Fail the test if any command starts loading a model."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before --out was checked")
-
-    monkeypatch.setattr(loading, "load_spec", refuse)
-
-
-def files_of(out: Path) -> dict[str, bytes]:
-    """Every file under ``out``, its bytes by name."""
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    refuse_model_loading(monkeypatch)
 
 
 def train_run(out: Path) -> dict[str, bytes]:
