@@ -293,6 +293,7 @@ def score_trained(
         n_distractors=len(roles["distractors"]),
         target_ratio=truth.target_ratio,
         cluster_share=truth.cluster_share,
+        blocks_with_mode_before=_blocks_with_mode(model, fresh, batch_size),  # judges a refusal
     )
     with _counted_forwards(module) as forwards:
         t0 = time.perf_counter()
@@ -317,7 +318,6 @@ def score_trained(
             status=found.status,
             detect_layer=detect,
             searched=[found.detection.lowest_layer, found.detection.highest_layer],
-            blocks_with_mode_before=_blocks_with_mode(model, fresh, batch_size),
             max_over_median_before=_max_over_median(model, fresh, detect),
             **after,
             ideal_max_over_median=ideal,
