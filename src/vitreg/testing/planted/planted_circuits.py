@@ -92,7 +92,7 @@ def emergence_layer(groups: tuple[Group, ...]) -> int:
     return min(strong)
 
 
-def _direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> torch.Tensor:
+def unit_direction(x: torch.Tensor, reserved: list[int], *others: torch.Tensor) -> torch.Tensor:
     """Unit vector from ``x``: zero on reserved channels, zero mean, orthogonal to ``others``."""
     x = x.clone()
     keep = torch.ones_like(x, dtype=torch.bool)
@@ -124,9 +124,9 @@ def _circuit_plan(
         drawn[gr.layer] = drawn[gr.layer][gr.n :]
     position = chans[4 + N_FILTERS] if options.tied else None
     reserved = chans if options.tied else chans[: 4 + N_FILTERS]
-    dirs = [_direction(torch.randn(d, generator=g), reserved)]
+    dirs = [unit_direction(torch.randn(d, generator=g), reserved)]
     for _ in range(options.directions - 1):
-        dirs.append(_direction(torch.randn(d, generator=g), reserved, *dirs))
+        dirs.append(unit_direction(torch.randn(d, generator=g), reserved, *dirs))
     v = dirs[0]
     units = {0: sorted(drawn[0]), 1: sorted(drawn[1])}
     plan = PlantPlan(*chans[:4], chans[4 : 4 + N_FILTERS], units, v, tuple(dirs[1:]), position)
@@ -142,19 +142,19 @@ def _calibration_images(n: int, size: int) -> torch.Tensor:
     return synthetic_images(n, size, seed=12345)
 
 
-def _hat(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+def ln_hat(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     """LayerNorm without its affine part: every token has norm ``sqrt(d)``."""
     c = x - x.mean(-1, keepdim=True)
     return c * (c.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
 
 
-def _mid(blk: nn.Module, h: torch.Tensor) -> torch.Tensor:
+def after_attention(blk: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """The residual stream after ``blk``'s attention (the MLP's input before norm2)."""
     return h + blk.drop_path1(blk.ls1(blk.attn(blk.norm1(h))))
 
 
-def _out(blk: nn.Module, mid: torch.Tensor) -> torch.Tensor:
-    """The block's output from ``_mid``."""
+def after_mlp(blk: nn.Module, mid: torch.Tensor) -> torch.Tensor:
+    """The block's output from :func:`after_attention`'s."""
     return mid + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(mid))))
 
 
@@ -175,7 +175,7 @@ def _bisect(f, target: float, hi: float) -> float:
     return hi
 
 
-class _Planter:
+class Planter:
     """Plants the groups of one spec, stepping calibration images through the blocks."""
 
     def __init__(
@@ -249,7 +249,7 @@ class _Planter:
         v = self.plan.direction
         eps = 0.01
         less = mid - eps * (mid @ v)[..., None] * v  # each token's v component 1% smaller
-        a, b = _hat(norm, mid)[rows], _hat(norm, less)[rows]
+        a, b = ln_hat(norm, mid)[rows], ln_hat(norm, less)[rows]
         flag = self._feature("flag", a) - self._feature("flag", b)
         cos = self._feature("v", a) - self._feature("v", b)
         return float(-flag.mean() / cos.mean())
@@ -271,13 +271,15 @@ class _Planter:
         p, n = self.plan, gr.n
         if gr.writes == "random":
             base = torch.randn(self.d, generator=self.g)
-            base = _direction(base, p.reserved, p.direction, *p.others)
+            base = unit_direction(base, p.reserved, p.direction, *p.others)
         elif gr.writes == "v":
             base = p.direction
         else:  # "v1", "v2"
             base = p.others[int(gr.writes[1:]) - 1]
         noise = torch.randn(n, self.d, generator=self.g)
-        dirs = torch.stack([_direction(base + 0.25 * _direction(z, p.reserved), []) for z in noise])
+        dirs = torch.stack(
+            [unit_direction(base + 0.25 * unit_direction(z, p.reserved), []) for z in noise]
+        )
         return dirs * (0.7 + 0.6 * torch.rand(n, generator=self.g))[:, None]
 
     def group(
@@ -286,7 +288,7 @@ class _Planter:
         """Plant one group (thresholds and gains from the block's input, write size to target)
         into a block whose output is ``out`` without it; return the output with it."""
         rows = self._where(gr.role)
-        hat = _hat(blk.norm2, mid)
+        hat = ln_hat(blk.norm2, mid)
         if gr.reads == "flag/v":
             c = self._balance(blk.norm2, mid, rows)
             feature = self._feature("flag", hat) + c * self._feature("v", hat)
@@ -355,32 +357,38 @@ class _Planter:
         first = min(gr.layer for gr in groups if gr.reads in ("flag", "flag/v"))
         h, inv = self.h0, {}
         for i in range(first + 1):  # LayerNorm scales before planting (as planted._calibrate)
-            mid = _mid(blocks[i], h)
-            hat = _hat(blocks[i].norm2, mid)[:, self.patches]
+            mid = after_attention(blocks[i], h)
+            hat = ln_hat(blocks[i].norm2, mid)[:, self.patches]
             c = mid[:, self.patches] - mid[:, self.patches].mean(-1, keepdim=True)
             inv[i] = float((c.pow(2).mean(-1) + blocks[i].norm2.eps).rsqrt().median())
             if i == 0:
                 s0 = float((hat[..., p.ref] - hat[..., p.zero]).median())
-            h = _out(blocks[i], mid)
+            h = after_mlp(blocks[i], mid)
         helpers = []
         if isinstance(self.rule, FlatRule):  # a position rule's flag comes from the embedding
             helpers = plant_flag(self.module, p, Scales(s0, inv[1], inv[first], 0.0))
+        self.plant_groups()
+        return helpers
+
+    def plant_groups(self) -> None:
+        """Plant every group in block order, calibrating on the tokens as they pass the blocks;
+        attention sinks (when asked) in the blocks after emergence."""
+        blocks, p, groups = self.module.blocks, self.plan, self.spec.groups
         emergence = emergence_layer(groups)
         h = self.h0
         for i in range(max(gr.layer for gr in groups) + 1):
             blk = blocks[i]
             if i == emergence + 1 and self.sinks:  # later blocks see outliers: attention sinks
                 plant_sinks(self.module, p.direction, range(i, len(blocks)), self.g)
-            mid = _mid(blk, h)
+            mid = after_attention(blk, h)
             here = [k for k, gr in enumerate(groups) if gr.layer == i]
             for k in here:  # silence the units first: the block's output without any group
                 blk.mlp.fc2.weight[:, self.units[k]] = 0
-            h = _out(blk, mid)
+            h = after_mlp(blk, mid)
             for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
                 h = self.group(blk, mid, h, groups[k], self.units[k])
         if max(gr.layer for gr in groups) <= emergence and self.sinks:
             plant_sinks(self.module, p.direction, range(emergence + 1, len(blocks)), self.g)
-        return helpers
 
 
 def _rule(module: nn.Module, seed: int, options: Options) -> FlatRule | PositionRule:
@@ -418,7 +426,7 @@ def build_circuit(
         random_init(module, g)
         reserve(module, plan, protect, rule)
         _embed_tied(module, plan, options.tied)
-        planter = _Planter(module, spec, plan, units, rule, img_size, g, options.sinks)
+        planter = Planter(module, spec, plan, units, rule, img_size, g, options.sinks)
         helpers = planter.run()
 
     def pairs(role: str) -> tuple[tuple[int, int], ...]:
