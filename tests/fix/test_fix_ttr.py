@@ -240,3 +240,19 @@ def test_attention_bias_substitute_removes_outliers_without_a_register(images):
     # the substitute stays closer to the test-time-register output than plain ablation
     assert (out - ttr_out).norm() < (ablated - ttr_out).norm()
     assert model.layout.n_extra == 0
+
+
+def test_settings_make_the_same_fix_as_their_keywords():
+    from vitreg.settings.ttr import TtrSettings
+
+    neurons = NeuronSet([3, 3, 5], [1, 7, 2], [1.0, 1.0, 1.0])
+    settings = TtrSettings(registers=2, cls="keep", patches="mean", mode="paper")
+    made = TestTimeRegisters.from_settings(neurons, settings, seed=4, scale=0.5)
+    assert (
+        made.describe()
+        == TestTimeRegisters(
+            neurons, n_registers=2, cls="keep", patches="mean", mode="paper", seed=4, scale=0.5
+        ).describe()
+    )
+    assert (made.n_registers, made.cls, made.patches, made.seed) == (2, "keep", "mean", 4)
+    assert made.assignment == TestTimeRegisters(neurons, n_registers=2, seed=4).assignment

@@ -23,6 +23,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
+from vitreg.settings.ttr import TtrSettings
 
 MODES = ("paper", "reference")
 PATCH_STRATEGIES = ("zero", "mean", "keep")
@@ -67,6 +68,21 @@ class TestTimeRegisters(Fix):
         self.seed = seed
         self.scale = scale
         self.assignment = self._assign()
+
+    @classmethod
+    def from_settings(
+        cls, neurons: NeuronSet, settings: TtrSettings, seed: int = 0, scale: float = 1.0
+    ) -> TestTimeRegisters:
+        """The edit ``settings`` describe (registers, [CLS], patches, mode) on ``neurons``."""
+        return cls(
+            neurons,
+            n_registers=settings.registers,
+            cls=settings.cls,
+            patches=settings.patches,
+            mode=settings.mode,
+            seed=seed,
+            scale=scale,
+        )
 
     def _assign(self) -> dict[tuple[int, int], int]:
         """Neuron -> register index, a seeded shuffle dealt round-robin (all to 0 with one register)."""
