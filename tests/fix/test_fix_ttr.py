@@ -10,6 +10,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters, signed_abs_max
 from vitreg.hooks.sites import HookContext
 from vitreg.neurons.discover import discover
+from vitreg.results.fix import TtrDescription
 from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
@@ -256,3 +257,7 @@ def test_settings_make_the_same_fix_as_their_keywords():
     )
     assert (made.n_registers, made.cls, made.patches, made.seed) == (2, "keep", "mean", 4)
     assert made.assignment == TestTimeRegisters(neurons, n_registers=2, seed=4).assignment
+    described = made.describe()
+    assert isinstance(described, TtrDescription) and described.name == "TestTimeRegisters"
+    assert (described.layers, described.n_neurons, described.scale) == ([3, 5], 3, 0.5)
+    assert described.model_dump(exclude={"name"}) == made.settings().model_dump()

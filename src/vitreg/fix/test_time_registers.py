@@ -23,6 +23,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
+from vitreg.results.fix import FixSettings, TtrDescription
 from vitreg.settings.ttr import TtrSettings
 
 MODES = ("paper", "reference")
@@ -91,17 +92,21 @@ class TestTimeRegisters(Fix):
         random.Random(self.seed).shuffle(order)
         return {pairs[i]: rank % self.n_registers for rank, i in enumerate(order)}
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "n_neurons": len(self.neurons),
-            "layers": sorted(self.neurons.by_layer()),
-            "n_registers": self.n_registers,
-            "cls": self.cls,
-            "patches": self.patches,
-            "mode": self.mode,
-            "seed": self.seed,
-            "scale": self.scale,
-        }
+    def settings(self) -> FixSettings:
+        """The edit: how many neurons in which blocks, registers, what [CLS] and patches get."""
+        return FixSettings(
+            n_neurons=len(self.neurons),
+            layers=sorted(self.neurons.by_layer()),
+            n_registers=self.n_registers,
+            cls=self.cls,
+            patches=self.patches,
+            mode=self.mode,
+            seed=self.seed,
+            scale=self.scale,
+        )
+
+    def describe(self) -> TtrDescription:
+        return TtrDescription(name=type(self).__name__, **dict(self.settings()))
 
     # the edit -----------------------------------------------------------------------------
     def _edit(self, layer: int, units: list[int]) -> Any:
