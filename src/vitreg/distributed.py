@@ -289,9 +289,9 @@ def gather_rows(rows: dict[int, T]) -> dict[int, T]:
     return dict(sorted(merged.items()))
 
 
-def merge_dicts(d: dict[str, Any]) -> dict[str, Any]:
+def merge_dicts(d: dict[str, T]) -> dict[str, T]:
     """Union of every rank's dict; the lowest rank's non-``None`` value wins per key."""
-    merged: dict[str, Any] = {}
+    merged: dict[str, T] = {}
     for part in all_gather(d):
         for k, v in part.items():
             if merged.get(k) is None:

@@ -8,6 +8,7 @@ import vitreg
 from vitreg.errors import InputError
 from vitreg.fix.methods import FIXES, FixInputs, parse_entries
 from vitreg.fix.neuron_set import NeuronSet
+from vitreg.results.fix import ComposedDescription, LastBlockDescription, TtrDescription
 
 
 def test_the_family_is_registered_and_entries_parse():
@@ -34,7 +35,10 @@ def test_ttr_plus_naclip_applies_both_and_removes_both():
     with pytest.raises(InputError, match="pass a neuron set"):
         FIXES.build("ttr+naclip", FixInputs(m))
     fix = FIXES.build("ttr+naclip", FixInputs(m, neurons))
-    assert [p["name"] for p in fix.describe()["parts"]] == ["ttr", "naclip"]
+    described = fix.describe()
+    assert isinstance(described, ComposedDescription)
+    assert [p.name for p in described.parts] == ["ttr", "naclip"]
+    assert [type(p) for p in described.parts] == [TtrDescription, LastBlockDescription]
     bare = m.features(x)
     naclip_only = FIXES.build("naclip", FixInputs(m))
     with torch.no_grad():

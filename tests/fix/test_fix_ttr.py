@@ -10,6 +10,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters, signed_abs_max
 from vitreg.hooks.sites import HookContext
 from vitreg.neurons.discover import discover
+from vitreg.results.fix import TtrDescription
 from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build, build_unplanted
@@ -240,3 +241,23 @@ def test_attention_bias_substitute_removes_outliers_without_a_register(images):
     # the substitute stays closer to the test-time-register output than plain ablation
     assert (out - ttr_out).norm() < (ablated - ttr_out).norm()
     assert model.layout.n_extra == 0
+
+
+def test_settings_make_the_same_fix_as_their_keywords():
+    from vitreg.settings.ttr import TtrSettings
+
+    neurons = NeuronSet([3, 3, 5], [1, 7, 2], [1.0, 1.0, 1.0])
+    settings = TtrSettings(registers=2, cls="keep", patches="mean", mode="paper")
+    made = TestTimeRegisters.from_settings(neurons, settings, seed=4, scale=0.5)
+    assert (
+        made.describe()
+        == TestTimeRegisters(
+            neurons, n_registers=2, cls="keep", patches="mean", mode="paper", seed=4, scale=0.5
+        ).describe()
+    )
+    assert (made.n_registers, made.cls, made.patches, made.seed) == (2, "keep", "mean", 4)
+    assert made.assignment == TestTimeRegisters(neurons, n_registers=2, seed=4).assignment
+    described = made.describe()
+    assert isinstance(described, TtrDescription) and described.name == "TestTimeRegisters"
+    assert (described.layers, described.n_neurons, described.scale) == ([3, 5], 3, 0.5)
+    assert described.model_dump(exclude={"name"}) == made.settings().model_dump()

@@ -130,3 +130,20 @@ def test_run_with_cache_norm_reduction_and_filters(setup):
     assert small.stack("blocks.*.hook_resid_post").shape == (3, 2, model.layout.n_tokens)
     with pytest.raises(HookError):
         model.run_with_cache(x[:1], names=[SITE], reduce="mean")
+
+
+def test_each_reducer_returns_the_statistics_its_type_declares(setup):
+    from typing import get_args, get_type_hints
+
+    from vitreg.hooks.reducers import Reducer
+
+    model, x, _ = setup
+    res = model.trace(x, reducers(), batch_size=3)
+    for r in res.reducers:
+        declared = get_type_hints(type(r).result)["return"]
+        (base,) = (b for b in type(r).__orig_bases__ if getattr(b, "__origin__", None) is Reducer)
+        assert get_args(base) == (declared,), type(r).__name__
+        out = r.result()
+        if getattr(declared, "__origin__", None) is dict:  # per token type
+            (_, declared), out = get_args(declared), next(iter(out.values()))
+        assert list(out) == list(get_type_hints(declared)), type(r).__name__

@@ -39,7 +39,7 @@ def split_unit(label: str) -> tuple[str, str]:
     return (m.group(1), m.group(2)) if m else (label, "")
 
 
-def status_text(status: dict[str, object]) -> str:
+def status_text(status: dict[str, float | str]) -> str:
     """``{"loss": 0.31234, "lr": "1.0e-03"}`` -> ``loss=0.3123 lr=1.0e-03``."""
     shown = (f"{v:.4g}" if isinstance(v, float) else str(v) for v in status.values())
     return " ".join(f"{k}={v}" for k, v in zip(status, shown, strict=True))
@@ -144,7 +144,7 @@ class ConsoleProgress:
         bars = self._bars
         task = bars.add_task(escape(phase.label), total=phase.total, status="", unit=phase.unit)
 
-        def update(done: int, **status: object) -> None:
+        def update(done: int, **status: float | str) -> None:
             phase.done, phase.status = done, status_text(status) if status else phase.status
             now = time.monotonic()
             redraw = now - phase.last_line >= self.redraw
@@ -165,7 +165,7 @@ class ConsoleProgress:
 
     @contextmanager
     def _lines(self, phase: _Phase) -> Iterator[Update]:
-        def update(done: int, **status: object) -> None:
+        def update(done: int, **status: float | str) -> None:
             phase.done, phase.status = done, status_text(status) if status else phase.status
             now = time.monotonic()
             if now - phase.last_line >= self.every:

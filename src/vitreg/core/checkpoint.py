@@ -27,16 +27,38 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
+from pydantic import JsonValue
 
 from vitreg.core.disk import writing
 from vitreg.core.io import write_bytes_atomic, write_text_atomic
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError
 
 KEEP = 2  # saved states kept per pass and rank
+#: one value of a pass's state: a tensor, a dtype, a JSON scalar, a token layout (one of vitreg's
+#: objects, saved as its attributes), or a list, tuple or dict of such values
+Saved: TypeAlias = (
+    torch.Tensor
+    | torch.dtype
+    | TokenLayout
+    | str
+    | int
+    | float
+    | bool
+    | None
+    | list["Saved"]
+    | tuple["Saved", ...]
+    | dict[str, "Saved"]
+    | dict[int, "Saved"]
+)
+#: a pass's state (or one object's statistics): name -> value
+PassState: TypeAlias = dict[str, Saved]
+#: what identifies a pass (its kind, sites, batch size, image limit, world size), as JSON
+PassKey: TypeAlias = dict[str, JsonValue]
 _active: list[Resume] = []
 
 
@@ -95,12 +117,12 @@ def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return {k: decode(v, tensors) for k, v in obj.items()}
 
 
-def restore_into(target: Any, state: dict[str, Any]) -> None:
+def restore_into(target: Any, state: PassState) -> None:
     """Set ``target``'s attributes from a decoded state (its callables stay as they are)."""
     vars(target).update(state)
 
 
-def state_of(obj: Any) -> dict[str, Any]:
+def state_of(obj: Any) -> PassState:
     """``obj``'s attributes that are statistics (callables -- readers, modules -- left out)."""
     return {k: v for k, v in vars(obj).items() if not callable(v)}
 
@@ -116,7 +138,7 @@ class Resume:
         self.every = every
         self.passes = 0
 
-    def next_pass(self, key: dict[str, Any]) -> Pass:
+    def next_pass(self, key: PassKey) -> Pass:
         p = Pass(self, self.passes, key)
         self.passes += 1
         return p
@@ -156,7 +178,7 @@ def check_identity(path: Path, identity: dict[str, Any]) -> None:
         write_text_atomic(path, json.dumps(wanted, indent=2))
 
 
-def next_pass(key: dict[str, Any]) -> Pass | None:
+def next_pass(key: PassKey) -> Pass | None:
     """The checkpoint of the next streaming pass of the active :func:`resumable` block (``None``
     outside one: nothing is saved)."""
     return _active[-1].next_pass(key) if _active else None
@@ -171,11 +193,11 @@ def _rank_world() -> tuple[int, int]:
 class Pass:
     """Checkpoints of one streaming pass on this rank."""
 
-    def __init__(self, scope: Resume, index: int, key: dict[str, Any]) -> None:
+    def __init__(self, scope: Resume, index: int, key: PassKey) -> None:
         self.rank, self.world = _rank_world()
         self.scope = scope
         self.index = index
-        self.key = {**key, "world": self.world}
+        self.key: PassKey = {**key, "world": self.world}
         self.stem = f"pass-{index}.rank{self.rank}"
         self.saved_at = 0
 
@@ -187,7 +209,7 @@ class Pass:
                 found[int(m.group(1))] = p
         return dict(sorted(found.items()))
 
-    def resume(self, together: bool = True) -> tuple[int, bool, dict[str, Any] | None]:
+    def resume(self, together: bool = True) -> tuple[int, bool, PassState | None]:
         """``(images covered, finished, state)`` of the latest state every rank has saved, or
         ``(0, False, None)`` when there is none. ``together=False`` (ranks that each read their
         own images, e.g. webdataset shards split by rank): this rank's latest state, whatever
@@ -218,12 +240,12 @@ class Pass:
         self.saved_at = seen
         return seen, bool(meta["done"]), decode(meta["state"], tensors)
 
-    def step(self, seen: int, state: Callable[[], dict[str, Any]]) -> None:
+    def step(self, seen: int, state: Callable[[], PassState]) -> None:
         """Save ``state()`` when ``seen`` images have passed another ``every`` since the last."""
         if seen - self.saved_at >= self.scope.every:
             self.save(seen, state(), done=False)
 
-    def save(self, seen: int, state: dict[str, Any], done: bool) -> None:
+    def save(self, seen: int, state: PassState, done: bool) -> None:
         """Write the state covering ``seen`` images (tensors first, then the JSON that names
         them), then drop all but the last :data:`KEEP` states."""
         from safetensors.torch import save

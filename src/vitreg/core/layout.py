@@ -155,7 +155,8 @@ class TokenLayout:
             f"{h}x{w} patches = {self.n_tokens} tokens"
         )
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
+    def to_dict(self) -> dict[str, int | tuple[int, int]]:
+        """The fields with the prefix, patch and token counts (metrics.json's layout block)."""
+        d: dict[str, int | tuple[int, int]] = asdict(self)
         d.update(n_prefix=self.n_prefix, n_patches=self.n_patches, n_tokens=self.n_tokens)
         return d

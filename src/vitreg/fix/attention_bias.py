@@ -21,6 +21,7 @@ from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
+from vitreg.results.fix import AttentionBiasDescription
 
 
 def estimate_register_kv(
@@ -80,13 +81,14 @@ class AttentionBiasSubstitute(Fix):
         )
         return cls(neurons, keys, values)
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "method": "attention-bias",
-            "n_neurons": len(self.neurons),
-            "layers": int(self.keys.shape[0]),
-            "heads": int(self.keys.shape[1]),
-        }
+    def describe(self) -> AttentionBiasDescription:
+        return AttentionBiasDescription(
+            name=type(self).__name__,
+            method="attention-bias",
+            n_neurons=len(self.neurons),
+            layers=int(self.keys.shape[0]),
+            heads=int(self.keys.shape[1]),
+        )
 
     def apply(self, model: Model) -> Handle:
         for name in (hook_name(0, "attn.hook_k"), hook_name(0, "attn.hook_v")):

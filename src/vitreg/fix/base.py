@@ -5,10 +5,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+
+from pydantic import TypeAdapter
 
 from vitreg.hooks.sites import Handle
 from vitreg.models.model import Model
+from vitreg.results.fix import FixDescription, NamedFix
+from vitreg.results.schema import plain
 
 
 class Fix(ABC):
@@ -26,7 +29,16 @@ class Fix(ABC):
             handle.remove()
 
 
-def fix_description(fix: object) -> dict[str, Any]:
+def fix_description(fix: object) -> FixDescription:
     """A fix as runs record it: its class name first, then what its ``describe()`` says."""
+    return named(fix, type(fix).__name__)
+
+
+def named(fix: object, name: str) -> FixDescription:
+    """``fix``'s description under ``name``: vitreg's fixes describe themselves typed; a user's
+    fix's ``describe()`` mapping (or none) is read as a description."""
     describe = getattr(fix, "describe", None)
-    return {"name": type(fix).__name__, **(describe() if describe is not None else {})}
+    said = describe() if describe is not None else {}
+    if isinstance(said, NamedFix):
+        return said.model_copy(update={"name": name})
+    return TypeAdapter(FixDescription).validate_python(plain({"name": name, **said}))

@@ -21,7 +21,7 @@ from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
 from vitreg.progress import SILENT, Progress
-from vitreg.results.fix import Comparison, Control, Cosine, FixSettings, Residual
+from vitreg.results.fix import Comparison, Control, Cosine, Residual
 
 
 class Pooled(Reducer):
@@ -226,7 +226,7 @@ def compare_fix(
         checks = _controls(model, ttr, data, before, (detect, rule, value), batch_size, limit)
     ordinary = _ordinary(nb, detect, rule, value)
     results = Comparison(
-        fix=FixSettings(**ttr.describe()),
+        fix=ttr.settings(),
         detect_layer=detect,
         rule=rule,
         threshold_value=value,

@@ -3,12 +3,11 @@ removed in reverse; ``describe`` lists what each part is."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from vitreg.errors import InputError
-from vitreg.fix.base import Fix
+from vitreg.fix.base import Fix, named
 from vitreg.hooks.sites import Handle
 from vitreg.models.model import Model
+from vitreg.results.fix import ComposedDescription
 
 
 class ComposedFix(Fix):
@@ -21,14 +20,12 @@ class ComposedFix(Fix):
         # the neuron set of the part that edits one (the feature cache keys on it)
         self.neurons = next((p.neurons for p in parts if hasattr(p, "neurons")), None)
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "method": "+".join(self.names),
-            "parts": [
-                {"name": n, **(p.describe() if hasattr(p, "describe") else {})}
-                for n, p in zip(self.names, self.parts, strict=True)
-            ],
-        }
+    def describe(self) -> ComposedDescription:
+        return ComposedDescription(
+            name=type(self).__name__,
+            method="+".join(self.names),
+            parts=[named(p, n) for n, p in zip(self.names, self.parts, strict=True)],
+        )
 
     def apply(self, model: Model) -> Handle:
         handle = Handle()

@@ -4,7 +4,7 @@ its own weights with another attention, and with or without its residual and FFN
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -13,6 +13,7 @@ from vitreg.fix.base import Fix
 from vitreg.fix.blocks import BlockParts, block_parts, mix, replace_block
 from vitreg.hooks.sites import Handle
 from vitreg.models.model import Model
+from vitreg.results.fix import LastBlockDescription
 
 
 class LastBlockFix(Fix):
@@ -29,19 +30,20 @@ class LastBlockFix(Fix):
     ) -> torch.Tensor:
         """Attention weights ``[B, H, N, N]`` from q and k ``[B, H, N, D]``."""
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, float]:
         """The method's own parameters (for the report)."""
         return {}
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "method": self.name,
-            "source": self.source,
-            "block": "last",
-            "residual": self.residual,
-            "ffn": self.ffn,
+    def describe(self) -> LastBlockDescription:
+        return LastBlockDescription(
+            name=type(self).__name__,
+            method=self.name,
+            source=self.source,
+            block="last",
+            residual=self.residual,
+            ffn=self.ffn,
             **self.settings(),
-        }
+        )
 
     def block(self, x: torch.Tensor, parts: BlockParts, layout: TokenLayout) -> torch.Tensor:
         """The rebuilt block on its input ``x`` ``[B, N, C]``."""

@@ -7,8 +7,6 @@ post-process, not part of the model edit."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from vitreg.core.layout import TokenLayout
@@ -46,7 +44,7 @@ class NACLIP(LastBlockFix):
         self.gaussian_std = float(gaussian_std)
         self._cache: dict[TokenLayout, torch.Tensor] = {}
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, float]:
         return {"gaussian_std": self.gaussian_std}
 
     def weights(

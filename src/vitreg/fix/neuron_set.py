@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.errors import InputError
@@ -215,7 +215,8 @@ class NeuronSet:
             )
 
     # persistence -----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
+        """``NAME.json``: the format, the neurons and what made them."""
         return {
             "format": FORMAT,
             "neurons": [

@@ -83,8 +83,9 @@ def save_fixed(
     """
     out = save_local(model.module, directory, **model_args)
     ttr.neurons.save(out / "neurons")
+    settings = ttr.settings()
     options = {
-        k: ttr.describe()[k] for k in ("n_registers", "cls", "patches", "mode", "seed", "scale")
+        k: getattr(settings, k) for k in ("n_registers", "cls", "patches", "mode", "seed", "scale")
     }
     config = json.loads((out / "config.json").read_text())
     config["vitreg_fix"] = {

@@ -18,8 +18,6 @@ through unchanged, so pooled outputs under this fix are not SC-CLIP's.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -30,6 +28,7 @@ from vitreg.fix.blocks import BlockParts, block_parts, mix, replace_block
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
+from vitreg.results.fix import ScClipDescription
 
 PUBLISHED_DEPTH = 12  # the indices below are the paper's for 12-block towers (ViT-B/16)
 
@@ -110,18 +109,19 @@ class SCCLIP(Fix):
         self.pre_adjust, self.post_adjust, self.multi = pre_adjust, post_adjust, tuple(multi)
         self.res_cls = res_cls
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "method": self.name,
-            "source": self.source,
-            "n_neighbors": self.n_neighbors,
-            "contamination": self.contamination,
-            "beta": self.beta,
-            "pre_adjust": self.pre_adjust,
-            "post_adjust": self.post_adjust,
-            "multi": list(self.multi),
-            "res_cls": self.res_cls,
-        }
+    def describe(self) -> ScClipDescription:
+        return ScClipDescription(
+            name=type(self).__name__,
+            method=self.name,
+            source=self.source,
+            n_neighbors=self.n_neighbors,
+            contamination=self.contamination,
+            beta=self.beta,
+            pre_adjust=self.pre_adjust,
+            post_adjust=self.post_adjust,
+            multi=list(self.multi),
+            res_cls=self.res_cls,
+        )
 
     def _layers(self) -> list[int]:
         return sorted({self.pre_adjust, self.post_adjust, *range(*self.multi)})

@@ -23,6 +23,8 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.model import Model
+from vitreg.results.fix import FixSettings, TtrDescription
+from vitreg.settings.ttr import TtrSettings
 
 MODES = ("paper", "reference")
 PATCH_STRATEGIES = ("zero", "mean", "keep")
@@ -68,6 +70,21 @@ class TestTimeRegisters(Fix):
         self.scale = scale
         self.assignment = self._assign()
 
+    @classmethod
+    def from_settings(
+        cls, neurons: NeuronSet, settings: TtrSettings, seed: int = 0, scale: float = 1.0
+    ) -> TestTimeRegisters:
+        """The edit ``settings`` describe (registers, [CLS], patches, mode) on ``neurons``."""
+        return cls(
+            neurons,
+            n_registers=settings.registers,
+            cls=settings.cls,
+            patches=settings.patches,
+            mode=settings.mode,
+            seed=seed,
+            scale=scale,
+        )
+
     def _assign(self) -> dict[tuple[int, int], int]:
         """Neuron -> register index, a seeded shuffle dealt round-robin (all to 0 with one register)."""
         pairs = self.neurons.pairs()
@@ -75,17 +92,21 @@ class TestTimeRegisters(Fix):
         random.Random(self.seed).shuffle(order)
         return {pairs[i]: rank % self.n_registers for rank, i in enumerate(order)}
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "n_neurons": len(self.neurons),
-            "layers": sorted(self.neurons.by_layer()),
-            "n_registers": self.n_registers,
-            "cls": self.cls,
-            "patches": self.patches,
-            "mode": self.mode,
-            "seed": self.seed,
-            "scale": self.scale,
-        }
+    def settings(self) -> FixSettings:
+        """The edit: how many neurons in which blocks, registers, what [CLS] and patches get."""
+        return FixSettings(
+            n_neurons=len(self.neurons),
+            layers=sorted(self.neurons.by_layer()),
+            n_registers=self.n_registers,
+            cls=self.cls,
+            patches=self.patches,
+            mode=self.mode,
+            seed=self.seed,
+            scale=self.scale,
+        )
+
+    def describe(self) -> TtrDescription:
+        return TtrDescription(name=type(self).__name__, **dict(self.settings()))
 
     # the edit -----------------------------------------------------------------------------
     def _edit(self, layer: int, units: list[int]) -> Any:

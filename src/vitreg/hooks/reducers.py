@@ -10,12 +10,16 @@ per-token-type statistics use the site's :class:`TokenLayout`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Generic, TypedDict, TypeVar
 
 import torch
 
+from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError
 from vitreg.hooks.sites import HookContext
+
+#: what a reducer's :meth:`Reducer.result` returns
+R = TypeVar("R")
 
 TOKEN_TYPES = ("cls", "register", "extra", "patch")
 
@@ -50,10 +54,10 @@ def type_index(ctx: HookContext, n_tokens: int) -> dict[str, slice]:
     return {k: v for k, v in parts.items() if v.stop > v.start}
 
 
-class Reducer(ABC):
+class Reducer(ABC, Generic[R]):
     """Accumulates one statistic of the hook site ``site`` (a statistic that combines several
     sites of one forward pass lists them all in :attr:`sites`; ``update`` tells them apart by
-    ``ctx.name``)."""
+    ``ctx.name``); :meth:`result` returns its statistics as an ``R``."""
 
     def __init__(self, site: str) -> None:
         self.site = site
@@ -76,10 +80,18 @@ class Reducer(ABC):
         """Fold in a reducer of the same kind fed with other images (offsets already disjoint)."""
 
     @abstractmethod
-    def result(self) -> dict[str, Any]: ...
+    def result(self) -> R: ...
 
 
-class TokenNorms(Reducer):
+class TokenNormsResult(TypedDict):
+    """Norms ``[n_images, N]`` of the images kept, their global indices and the site's layout."""
+
+    norms: torch.Tensor
+    image_index: torch.Tensor
+    layout: TokenLayout | None
+
+
+class TokenNorms(Reducer[TokenNormsResult]):
     """Per-image, per-token L2 norms ``[n_images, N]`` (float32, on CPU).
 
     Memory is ``4 * N`` bytes per image, independent of the width: 200 images of ViT-S/14 at
@@ -94,7 +106,7 @@ class TokenNorms(Reducer):
         self.max_images = max_images
         self._norms = torch.empty(0, 0)
         self._filled = torch.empty(0, dtype=torch.bool)
-        self.layout = None
+        self.layout: TokenLayout | None = None
 
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
         self.layout = ctx.layout
@@ -129,13 +141,22 @@ class TokenNorms(Reducer):
         self._put(index, other._norms[index])
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> TokenNormsResult:
         index = self._filled.nonzero().squeeze(1)
         norms = self._norms[index] if len(index) else torch.empty(0)
         return {"norms": norms, "image_index": index, "layout": self.layout}
 
 
-class Mean(Reducer):
+class MeanStats(TypedDict):
+    """Mean and standard deviation of one token type (``[C]``, or scalars for norms), over
+    ``count`` tokens."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    count: int
+
+
+class Mean(Reducer[dict[str, MeanStats]]):
     """Running mean and standard deviation of a site, per token type.
 
     ``of='value'`` averages the activation vectors (result per type: ``[C]``); ``of='abs'``
@@ -175,8 +196,8 @@ class Mean(Reducer):
             self._add(kind, other.sum[kind], other.sumsq[kind], other.count[kind])
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def result(self) -> dict[str, MeanStats]:
+        out: dict[str, MeanStats] = {}
         for kind, s in self.sum.items():
             n = self.count[kind]
             mean = s / n
@@ -190,7 +211,15 @@ class Mean(Reducer):
         return out
 
 
-class Max(Reducer):
+class MaxResult(TypedDict):
+    """The maxima and the (global image, token) where each occurred; ``None`` before any data."""
+
+    value: torch.Tensor | None
+    image: torch.Tensor | None
+    token: torch.Tensor | None
+
+
+class Max(Reducer[MaxResult]):
     """Per-channel maximum over all tokens and images, with where it occurred.
 
     Result: ``value [C]``, ``image [C]`` (global image index) and ``token [C]``; with
@@ -231,7 +260,7 @@ class Max(Reducer):
             self._fold(other.value, other.image, other.token)
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> MaxResult:
         squeeze = self.of == "norm"
 
         def fix(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -240,7 +269,15 @@ class Max(Reducer):
         return {"value": fix(self.value), "image": fix(self.image), "token": fix(self.token)}
 
 
-class Histogram(Reducer):
+class HistogramResult(TypedDict):
+    """Bin edges (log10 of the norm when ``log10``) and the counts per token type."""
+
+    edges: torch.Tensor
+    log10: bool
+    counts: dict[str, torch.Tensor]
+
+
+class Histogram(Reducer[HistogramResult]):
     """Fixed-bin histogram of per-token norms, per token type.
 
     Bins are fixed up front (``lo``..``hi``, on a log10 scale when ``log``) so histograms from
@@ -272,11 +309,19 @@ class Histogram(Reducer):
             self.counts[kind] = self.counts.get(kind, torch.zeros_like(h)) + h
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> HistogramResult:
         return {"edges": self.edges(), "log10": self.log, "counts": dict(self.counts)}
 
 
-class TopK(Reducer):
+class TopKResult(TypedDict):
+    """The largest norms, largest first, with their global image and token positions."""
+
+    values: torch.Tensor
+    image: torch.Tensor
+    token: torch.Tensor
+
+
+class TopK(Reducer[TopKResult]):
     """The ``k`` largest token norms seen, with (image, token) positions."""
 
     def __init__(self, site: str, k: int = 16) -> None:
@@ -304,5 +349,5 @@ class TopK(Reducer):
         self._fold(other.values, other.image, other.token)
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> TopKResult:
         return {"values": self.values, "image": self.image, "token": self.token}

@@ -88,7 +88,7 @@ def check_fix(
     if not batches:
         raise VitregError("calibration got no images")
     fix = (
-        TestTimeRegisters(neurons) if ttr is None else TestTimeRegisters(neurons, **ttr.ttr_args())
+        TestTimeRegisters(neurons) if ttr is None else TestTimeRegisters.from_settings(neurons, ttr)
     )
     with fix.applied(model):
         found = norm_report(model, batches, batch_size=batch_size)

@@ -42,6 +42,7 @@ from vitreg.probe.shards import (
 )
 from vitreg.probe.views import absent_views, check_views
 from vitreg.progress import Update
+from vitreg.results.fix import NamedFix
 
 FORMAT = 1
 FINAL = "ln_final.hook_out"
@@ -107,7 +108,8 @@ def describe_fix(fix: Fix | None) -> dict[str, Any] | None:
     if fix is None:
         return None
     desc: dict[str, Any] = {"class": f"{type(fix).__module__}.{type(fix).__qualname__}"}
-    desc.update(fix.describe() if hasattr(fix, "describe") else {})
+    said = fix.describe() if hasattr(fix, "describe") else {}
+    desc.update(said.model_dump(exclude={"name"}) if isinstance(said, NamedFix) else said)
     neurons = getattr(fix, "neurons", None)
     if neurons is not None and hasattr(neurons, "pairs"):
         desc["neurons"] = [list(p) for p in neurons.pairs()]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -26,8 +26,9 @@ class TtrSettings(SettingsPart):
         description="paper (per-neuron max, Algorithm 2) or reference (the official code's edit).",
     )
 
-    def ttr_args(self) -> dict[str, Any]:
-        """The keyword arguments of ``TestTimeRegisters`` after the neurons."""
+    def ttr_args(self) -> dict[str, int | str]:
+        """The keyword arguments of ``TestTimeRegisters`` after the neurons (a fix built from
+        settings takes them whole: ``TestTimeRegisters.from_settings``)."""
         return {
             "n_registers": self.registers,
             "cls": self.cls,

@@ -46,7 +46,7 @@ def compare(
     """The TestTimeRegisters of ``cfg`` and its before/after comparison on ``source``."""
     from vitreg.fix import TestTimeRegisters, compare_fix
 
-    ttr = TestTimeRegisters(neurons, **cfg.ttr_args())
+    ttr = TestTimeRegisters.from_settings(neurons, cfg)
     comparison = compare_fix(model, ttr, source, batch_size=cfg.batch_size, progress=progress)
     return ttr, comparison
 

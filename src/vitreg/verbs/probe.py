@@ -82,7 +82,7 @@ def probe_fix(
             model, spec, neurons, source, search, progress, notices, preloaded
         )
     if method is None:
-        return TestTimeRegisters(chosen, **cfg.ttr_args())
+        return TestTimeRegisters.from_settings(chosen, cfg)
     inputs = FixInputs(model, chosen, source, cfg.batch_size, cfg.ttr_args())
     return FIXES.build(method, inputs)
 

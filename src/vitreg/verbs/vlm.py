@@ -52,7 +52,7 @@ def run_vlm(
     chosen, info, _ = load_neurons(
         model, spec, cfg.neurons, source, cfg, progress, notices, preloaded
     )
-    ttr = TestTimeRegisters(chosen, **cfg.ttr_args())
+    ttr = TestTimeRegisters.from_settings(chosen, cfg)
     notices.append(Notice("generation", f"answers: greedy; {SUPPRESSED}."))
     with progress(source.total, "answering without, then with the fix (images)") as update:
         result = answer(

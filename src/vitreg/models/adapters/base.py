@@ -37,7 +37,8 @@ class Family:
     extra: str | None = None  # pip extra that installs ``library`` (None: a core dependency)
     adapter: str = ""  # the ``family`` of the adapter that wraps it (filled by the listing)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | tuple[str, ...] | None]:
+        """The fields, as ``vitreg models`` lists them."""
         return asdict(self)
 
 
