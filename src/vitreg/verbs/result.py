@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from vitreg.results.probe import ProbeResults
     from vitreg.results.vlm import VlmResults
 
 NoticeKind = Literal[
@@ -95,10 +96,10 @@ class FixRun(VerbResult):
 
 @dataclass
 class ProbeRun(VerbResult):
-    """``probe``: the probe result's own dict (conditions, deltas, yardsticks); ``verdict`` the
-    run in one sentence, as its report says it."""
+    """``probe``: the typed probe results (conditions, deltas, yardsticks), as metrics.json holds
+    them; ``verdict`` the run in one sentence, as its report says it."""
 
-    probe: dict[str, Any] = field(default_factory=dict)
+    probe: ProbeResults | None = None
     verdict: str = ""
 
 
