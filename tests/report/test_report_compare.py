@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from vitreg.cli.app import app
 from vitreg.cli.output import console
 from vitreg.report.compare import compare_runs, long_rows, write_compare
+from vitreg.results.comparison import Comparison
+from vitreg.results.schema import RunDocument
 
 OLD_RUN = Path(__file__).parent / "schema_1_1_diagnose.json"
 LONG = "base/blocks.11.hook_resid_post/test_time_registers/all/top1"
@@ -56,13 +58,15 @@ def runs(tmp_path: Path) -> list[Path]:
 
 def test_not_runs_are_skipped_with_the_reason(runs: list[Path]) -> None:
     merged = compare_runs(runs)
-    assert merged["runs"] == [runs[0].name, runs[2].name]
-    assert set(merged["skipped"]) == {str(runs[1]), str(runs[3])}
-    assert "no metrics.json" in merged["skipped"][str(runs[1])]
-    assert "not valid JSON" in merged["skipped"][str(runs[3])]
+    assert isinstance(merged, Comparison) and len(merged.documents) == 2
+    assert all(isinstance(d, RunDocument) for d in merged.documents)
+    assert merged.runs == [runs[0].name, runs[2].name]
+    assert set(merged.skipped) == {str(runs[1]), str(runs[3])}
+    assert "no metrics.json" in merged.skipped[str(runs[1])]
+    assert "not valid JSON" in merged.skipped[str(runs[3])]
     rows = long_rows(merged)
-    assert len(rows) == 6 and rows[0]["run"] == runs[0].name
-    assert {r["direction"] for r in rows} == {"higher is better", "lower is better"}
+    assert len(rows) == 6 and rows[0].run == runs[0].name
+    assert {r.direction for r in rows} == {"higher is better", "lower is better"}
 
 
 def test_files_hold_the_wide_table_and_the_curves(runs: list[Path], tmp_path: Path) -> None:

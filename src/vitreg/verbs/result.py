@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from vitreg.results.comparison import Comparison, LongRow
     from vitreg.results.probe import ProbeResults
     from vitreg.results.vlm import VlmResults
 
@@ -159,11 +160,11 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclass
 class CompareRun:
-    """``vitreg compare``: the merged table (``rows``, ``skipped``, ...), its long form (one row
-    per run and metric) and the folder written with ``--out``."""
+    """``vitreg compare``: the merged table (typed: ``merged.rows``, ``merged.skipped``, ...),
+    its long form (one row per run and metric) and the folder written with ``--out``."""
 
-    merged: dict[str, Any]
-    rows: list[dict[str, Any]]
+    merged: Comparison
+    rows: list[LongRow]
     out: Path | None
 
 
