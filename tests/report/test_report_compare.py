@@ -96,3 +96,23 @@ def test_console_long_format_fits_100_columns(
     assert LONG.split("/")[-1] in result.stdout and "lower is better" in result.stdout
     none = CliRunner().invoke(app, ["compare", str(runs[1])])
     assert none.exit_code == 2 and "none of the 1 paths is a run" in " ".join(none.output.split())
+
+
+def test_comparison_json_is_read_back_typed(runs: list[Path], tmp_path: Path) -> None:
+    from vitreg.errors import InputError
+    from vitreg.report.documents import read_comparison
+
+    out = tmp_path / "cmp"
+    merged = compare_runs(runs)
+    write_compare(out, merged, command="vitreg compare a b")
+    saved = json.loads((out / "comparison.json").read_text())
+    read = read_comparison(out)
+    assert isinstance(read, Comparison) and read.has_provenance
+    assert read.rows == merged.rows and read.command == "vitreg compare a b"
+    again = read.model_dump(mode="json")
+    assert again == saved and list(again) == list(saved)  # the fields and their order as written
+    assert merged.notes and list(saved)[-2:] == ["skipped", "notes"]
+    saved["rows"][0]["values"] = "not a list"
+    (out / "comparison.json").write_text(json.dumps(saved))
+    with pytest.raises(InputError, match=r"comparison.json: rows\.0\.values"):
+        read_comparison(out)

@@ -203,7 +203,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> dict[str, JsonValue]:
     """The JSON Schema of metrics.json (for consumers in other languages): one document type
     per verb, told apart by ``verb``, with every results field described."""
     schema = _file().json_schema()
