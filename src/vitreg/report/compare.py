@@ -33,7 +33,13 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.renderers.diagnose import model_rows, rows_table
 from vitreg.report.writer import COMPARE, MODELS, Layout, render_again, write_run
-from vitreg.results.comparison import Comparison, ComparisonRow, LongRow, ModelComparison
+from vitreg.results.comparison import (
+    DIRECTION,  # noqa: F401  (importable from here too)
+    Comparison,
+    ComparisonRow,
+    LongRow,
+    ModelComparison,
+)
 from vitreg.results.diagnose import DiagnoseResults, SiteNorms
 from vitreg.results.schema import Headline, RunDocument, resolve, validate_metrics
 from vitreg.results.upgrade import upgrade

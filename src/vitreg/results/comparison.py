@@ -14,6 +14,9 @@ from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, TypeAdapter
 from vitreg.results.base import SparseResults
 from vitreg.results.schema import Number, RunDocument
 
+#: which way a metric is better, in words (the long format's ``direction``)
+DIRECTION = {True: "higher is better", False: "lower is better", None: ""}
+
 
 class ComparisonFile(SparseResults):
     """What made a comparison: the verb, the versions, time (UTC), command line and settings."""
@@ -98,13 +101,12 @@ class Comparison(ComparisonFile):
 
     def long_rows(self) -> list[LongRow]:
         """One row per (run, metric) that has a value, runs in order."""
-        direction = {True: "higher is better", False: "lower is better", None: ""}
         return [
             LongRow(
                 run=run,
                 metric=row.metric,
                 value=row.values[i],
-                direction=direction[row.higher_is_better],
+                direction=DIRECTION[row.higher_is_better],
             )
             for i, run in enumerate(self.runs)
             for row in self.rows
