@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
     from vitreg.results.comparison import Comparison, LongRow
     from vitreg.results.probe import ProbeResults
     from vitreg.results.vlm import VlmResults
@@ -209,7 +211,7 @@ class InspectRun:
     """``vitreg inspect``: ``Model.describe()`` with the layout and (if asked) hook names, and
     the :class:`~vitreg.core.layout.TokenLayout` at the size asked."""
 
-    info: dict[str, Any]
+    info: dict[str, JsonValue]
     layout: Any
 
 
