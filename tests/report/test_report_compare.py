@@ -116,3 +116,14 @@ def test_comparison_json_is_read_back_typed(runs: list[Path], tmp_path: Path) ->
     (out / "comparison.json").write_text(json.dumps(saved))
     with pytest.raises(InputError, match=r"comparison.json: rows\.0\.values"):
         read_comparison(out)
+
+
+def test_a_compared_run_is_read_as_written(tmp_path: Path) -> None:
+    from vitreg.report.documents import read_metrics
+
+    doc = {"verb": "probe", "extra": [1, {"a": None}], "metrics": [{"name": "m", "value": True}]}
+    (tmp_path / "metrics.json").write_text(json.dumps(doc))
+    read = read_metrics(tmp_path)
+    assert isinstance(read, RunDocument) and read.metrics[0].value is True
+    assert read.metrics[0].higher_is_better is None and read.model is None
+    assert read.read == doc  # no field added (a missing direction stays missing for the schema)
