@@ -221,7 +221,7 @@ def test_probe_library_call_gives_the_cli_numbers(runs, tmp_path):
         batch_size=cfg.batch_size,
         image_size=cfg.img_size,
     )
-    doc = {"results": json.loads(json.dumps(plain(result.to_dict())))}
+    doc = {"results": json.loads(json.dumps(plain(result.results)))}
     metrics = json.loads((runs["probe"] / "metrics.json").read_text())["metrics"]
     assert metrics
     for m in metrics:

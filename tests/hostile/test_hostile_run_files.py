@@ -123,9 +123,9 @@ def test_forged_metrics_are_invalid_in_validate_and_skipped_in_compare(
     assert f"valid {good}: train run" in text and len(text) < 2000
     merged = compare_runs([bad, good])
     if case.startswith("source_"):  # shaped like a run: compared, its pointer never followed
-        assert len(merged["runs"]) == 2
+        assert len(merged.runs) == 2
     else:
-        assert list(merged["skipped"]) == [str(bad)] and CASES[case] in merged["skipped"][str(bad)]
+        assert list(merged.skipped) == [str(bad)] and CASES[case] in merged.skipped[str(bad)]
         cli = runner.invoke(app, ["compare", str(bad), str(good)])
         assert cli.exit_code == 0 and "skipped" in cli.stdout, cli.output
 
@@ -165,12 +165,12 @@ def test_scores_of_other_tasks_or_data_never_share_a_row(tmp_path: Path) -> None
     cls = fake_probe(tmp_path / "cls", "classification", 200, 0.9)
     tokens = fake_probe(tmp_path / "tokens", "token-type", 64, 0.4)
     again = fake_probe(tmp_path / "again", "classification", 200, 0.8)
-    rows = compare_runs([cls, tokens, again])["rows"]
-    assert [r["metric"] for r in rows] == [
+    rows = compare_runs([cls, tokens, again]).rows
+    assert [r.metric for r in rows] == [
         "classification/synthetic-cls:n=200/base/l/cls/all/top1",
         "token-type/synthetic-cls:n=64/base/l/cls/all/top1",
     ]
-    assert rows[0]["values"] == [0.9, None, 0.8] and rows[1]["values"] == [None, 0.4, None]
+    assert rows[0].values == [0.9, None, 0.8] and rows[1].values == [None, 0.4, None]
     # the names probe writes now carry the task and the data themselves
     results = json.loads((cls / "metrics.json").read_text())["results"]
     score = {"feature": "cls", "group": "all", "metric": "top1", "mean": 0.9, "ci95": None,
@@ -221,7 +221,7 @@ def test_comparison_folders_are_validated_and_compared(tmp_path: Path) -> None:
     (folder / "comparison.json").write_text(json.dumps({"verb": "diagnose", "runs": [{"run_dir": "../x"}], "rows": []}))  # fmt: skip
     forged_dir = runner.invoke(app, ["validate", str(folder)])
     assert "runs[0].run_dir is a str ('../x')" in flat(forged_dir.stdout)
-    assert str(folder) in compare_runs([folder, folder / "a"])["skipped"]
+    assert str(folder) in compare_runs([folder, folder / "a"]).skipped
 
 
 # -- --config YAML: one reader with size, depth and alias budgets --------------------------------

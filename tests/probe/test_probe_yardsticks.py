@@ -173,12 +173,12 @@ def test_compare_between_runs_calls_a_delta_only_when_the_intervals_separate(tmp
     first = run_dir("a", [(0.30, 0.05), (0.30, 0.01), (0.30, None), (0.30, None)])
     second = run_dir("b", [(0.39, 0.08), (0.45, 0.01), (0.90, 0.01), (0.90, None)])
     merged = compare_runs([first, second])
-    assert [r["vs_first"] for r in merged["rows"]] == [
+    assert [r.vs_first for r in merged.rows] == [
         [None, "within noise"],
         [None, "better"],
         [None, "no interval"],
         [None, None],  # plain numbers on both sides: no verdict
     ]
-    assert merged["rows"][0]["ci95"] == [0.05, 0.08]
+    assert merged.rows[0].ci95 == [0.05, 0.08]
     table = markdown_table(wide_table(merged))
     assert "0.39 ± 0.08 (within noise vs the first run)" in table

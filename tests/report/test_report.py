@@ -277,13 +277,23 @@ def test_a_model_comparison_renders_again_as_written(
     tmp_path: Path, planted_run: Path, planted: DiagnoseResult
 ) -> None:
     from vitreg.report.compare import write_model_comparison
+    from vitreg.report.documents import read_metrics
+    from vitreg.results.comparison import ModelComparison
     from vitreg.verbs.report import render_again
 
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         shutil.copytree(planted_run, d)
-    documents = [json.loads((d / "metrics.json").read_text()) for d in dirs]
-    write_model_comparison(tmp_path, [("a", planted), ("b", planted)], dirs, documents)
+    documents = [read_metrics(d) for d in dirs]
+    written_doc = write_model_comparison(
+        tmp_path, [("a", planted), ("b", planted)], dirs, documents
+    )
+    assert isinstance(written_doc, ModelComparison) and written_doc.runs[1].run_dir == "b"
+    saved = json.loads((tmp_path / "comparison.json").read_text())
+    assert saved == written_doc.model_dump(mode="json") and list(saved)[:2] == [
+        "verb",
+        "vitreg_version",
+    ]
     written = (tmp_path / "comparison.md").read_text()
     (tmp_path / "comparison.md").unlink()
     assert render_again(tmp_path) == [tmp_path / "comparison.md", tmp_path / "report.html"]

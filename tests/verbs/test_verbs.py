@@ -22,6 +22,7 @@ from vitreg.configs import (
     TrainRunConfig,
 )
 from vitreg.errors import InputError
+from vitreg.results.probe import ProbeResults
 from vitreg.verbs import DiagnoseRun, FixRun, NeuronsRun, Notice, ProbeRun, TrainRun
 
 runner = CliRunner()
@@ -109,7 +110,8 @@ def test_neurons_then_fix(tmp, cli_models, capsys):
 def test_probe(tmp, cli_models, capsys):
     values = {**RANDOM, "data": "synthetic-cls:n=16,size=32", "epochs": 2, "seeds": 1}
     run = same_as_cli(tmp, "probe", ProbeRunConfig, {**values, "cache": tmp / "cache"}, capsys)
-    assert isinstance(run, ProbeRun) and run.probe["task"] == "classification"
+    assert isinstance(run, ProbeRun) and isinstance(run.probe, ProbeResults)
+    assert run.probe.task == "classification"
     notice = next(n for n in run.notices if n.kind == "random_init")
     assert notice.text.startswith("RANDOM WEIGHTS: timm:vit_tiny_patch16_224") and notice.caution
 

@@ -84,7 +84,7 @@ def build_document(
     command: str,
     described: ModelInfo,
     data: DataInfo,
-    config: dict[str, Any],
+    config: dict[str, JsonValue],
     typed: BaseModel | None = None,
 ) -> Envelope:
     """The metrics.json document of one ``verb`` run, validated once: the verb's document model.

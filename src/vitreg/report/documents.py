@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from vitreg.core.containment import check_inside
 from vitreg.core.readers import read_json
 from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, brief
+from vitreg.results.schema import RunDocument
+
+if TYPE_CHECKING:
+    from vitreg.results.comparison import Comparison, ModelComparison
 
 MAX_RUN_FILE = 256 * 2**20  # bytes; a diagnose of a 40-block model writes a few MiB
 NUMBER = (bool, int, float, type(None))
@@ -46,10 +50,10 @@ def _what(value: Any) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({brief(value, 40)})"
 
 
-def check_metrics_document(doc: Any, path: Path) -> dict[str, Any]:
-    """``doc`` if it has the shape of a metrics.json (an object with a ``metrics`` list of
-    objects, each field of the type readers expect); an :class:`InputError` naming ``path`` and
-    the first wrong field otherwise."""
+def check_metrics_document(doc: Any, path: Path) -> RunDocument:
+    """``doc`` typed as a run's document if it has the shape of a metrics.json (an object with
+    a ``metrics`` list of objects, each field of the type readers expect); an
+    :class:`InputError` naming ``path`` and the first wrong field otherwise."""
     where = f"{path}"
     if not isinstance(doc, dict):
         raise InputError(f"{where} holds {_what(doc)}, not a result document (not a vitreg run)")
@@ -70,7 +74,7 @@ def check_metrics_document(doc: Any, path: Path) -> dict[str, Any]:
                     f"{where}: metrics[{i}].{key} is {_what(m[key])}, not "
                     + " or ".join("null" if t is type(None) else t.__name__ for t in types)
                 )
-    return doc
+    return RunDocument.model_validate(doc)
 
 
 # the document of each kind of folder, found in this order
@@ -109,7 +113,7 @@ class RunDir:
             "folder written by vitreg"
         )
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> RunDocument:
         """The checked metrics.json of a run folder; InputError for a comparison or a
         leaderboard (their runs hold one each) and for a file that is not shaped like a run's."""
         if self.kind != "run":
@@ -137,7 +141,7 @@ def metrics_file(run: Path) -> Path:
     return check_inside(run, run / "metrics.json", "metrics.json")
 
 
-def read_metrics(run: Path) -> dict[str, Any]:
+def read_metrics(run: Path) -> RunDocument:
     """The checked metrics.json of a run directory (or the file itself)."""
     path = metrics_file(Path(run))
     if not path.is_file():
@@ -146,9 +150,14 @@ def read_metrics(run: Path) -> dict[str, Any]:
     return check_metrics_document(doc, path)
 
 
-def read_comparison(folder: Path) -> dict[str, Any]:
-    """The checked comparison.json of a ``diagnose --models`` or ``compare --out`` folder: its
-    verb, and the runs it lists (``runs``: per-model folders of diagnose, labels of compare)."""
+def read_comparison(folder: Path) -> Comparison | ModelComparison:
+    """The checked comparison.json of a ``diagnose --models`` or ``compare --out`` folder,
+    typed: its verb, and the runs it lists (``runs``: per-model folders of diagnose, labels of
+    compare)."""
+    from pydantic import ValidationError
+
+    from vitreg.results.comparison import COMPARISON
+
     path = check_inside(folder, folder / "comparison.json", "comparison.json")  # contained
     doc = read_json(path, "comparison file", max_bytes=MAX_RUN_FILE, allow_nan=True)
     if not isinstance(doc, dict):
@@ -176,15 +185,20 @@ def read_comparison(folder: Path) -> dict[str, Any]:
             isinstance(s, dict) and isinstance(s.get("run"), str) for s in sources
         ):
             raise InputError(f"{path}: sources is not a list of objects with a run path")
-    return doc
+    try:
+        return COMPARISON.validate_python(doc)  # type: ignore[no-any-return]
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][1:])
+        raise InputError(f"{path}: {where or 'the file'} {brief(first['msg'], 120)}") from None
 
 
-def comparison_members(folder: Path, doc: dict[str, Any]) -> list[Path]:
+def comparison_members(folder: Path, doc: Comparison | ModelComparison) -> list[Path]:
     """The run directories a comparison lists: the per-model folders of ``diagnose --models``,
     the runs ``compare`` read (where they were when it ran)."""
-    if doc["verb"] == "diagnose":  # each folder resolves inside the comparison's
-        return [check_inside(folder, folder / run["run_dir"], "run_dir") for run in doc["runs"]]
-    return [Path(s.get("path") or s["run"]) for s in doc["sources"]]
+    if doc.verb == "diagnose":  # each folder resolves inside the comparison's
+        return [check_inside(folder, folder / run.run_dir, "run_dir") for run in doc.runs]
+    return [Path(s.path or s.run) for s in doc.sources]
 
 
 __getattr__ = renamed(__name__, {"read_board": "read_leaderboard"}, globals())

@@ -23,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     TypeAdapter,
     create_model,
     field_validator,
@@ -124,6 +125,45 @@ class Envelope(Stamp):
         return self
 
 
+class Headline(BaseModel):
+    """A headline metric as read back from a run's metrics.json, whether or not the run
+    follows the schema: the fields a reader uses, typed; the rest kept as read."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=True)
+
+    name: str
+    value: Number = None
+    higher_is_better: bool | None = None
+    source: str | None = None
+    aggregate: str | None = None
+    layer: int | None = None
+
+
+class RunDocument(BaseModel):
+    """A run's metrics.json as read back (compared, validated): the envelope fields a reader
+    uses, typed, and every other field kept as read; :attr:`read` is the file's JSON object."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=True)
+
+    verb: str | None = None
+    command: str | None = None
+    model: dict[str, JsonValue] | None = None
+    data: dict[str, JsonValue] | None = None
+    config: dict[str, JsonValue] | None = None
+    results: dict[str, JsonValue] | None = None
+    metrics: list[Headline]
+
+    @functools.cached_property
+    def read(self) -> dict[str, JsonValue]:
+        """The document's JSON object as read (the fields it holds, none added)."""
+        return self.model_dump(exclude_unset=True)
+
+    @property
+    def spec(self) -> JsonValue:
+        """The model spec the run names (None where its model block names none)."""
+        return (self.model or {}).get("spec")
+
+
 def _document(verb: str, results: type[BaseModel]) -> type[Envelope]:
     """The metrics.json model of one verb: the envelope with ``verb`` and its results type."""
     name = f"{verb.capitalize()}Document"
@@ -163,7 +203,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> dict[str, JsonValue]:
     """The JSON Schema of metrics.json (for consumers in other languages): one document type
     per verb, told apart by ``verb``, with every results field described."""
     schema = _file().json_schema()

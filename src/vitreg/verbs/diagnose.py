@@ -179,17 +179,19 @@ def run_diagnose(
     if len(specs) > 1 and is_main():
         from vitreg.report.compare import write_model_comparison
         from vitreg.report.writer import MODELS
+        from vitreg.results.schema import RunDocument
 
         whole = cfg.model_copy(update={"out": run_dir})
         options = {**_options(cfg, device), "models": cfg.models, "out": run_dir}
-        document = write_model_comparison(
+        written = write_model_comparison(
             run_dir,
             labelled,
             dirs,
-            [d for d in documents if d is not None],
+            [RunDocument.model_validate(d) for d in documents if d is not None],
             config=whole.to_file(),
             command=command_line(None, options),
         )
+        document = written.model_dump(mode="json")
         comparison = run_dir / MODELS.markdown
     return DiagnoseRun(
         "diagnose",

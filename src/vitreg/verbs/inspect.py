@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import JsonValue
+
 from vitreg.configs import InspectConfig
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
 from vitreg.verbs.result import InspectRun, Listener
 
 
-def describe(model: Any, layout: Any, img_size: int | None, hooks: bool) -> dict[str, Any]:
-    """``Model.describe()`` with the layout at ``img_size`` and, if asked, the hook names."""
-    info = {**model.describe(), "layout": layout.to_dict()}
+def describe(model: Any, layout: Any, img_size: int | None, hooks: bool) -> dict[str, JsonValue]:
+    """``Model.describe()`` (JSON-ready) with the layout at ``img_size`` and, if asked, the hook
+    names."""
+    info: dict[str, JsonValue] = {**model.describe(), "layout": layout.to_dict()}
     if img_size:
         info["image_size"] = [img_size, img_size]
     if hooks:

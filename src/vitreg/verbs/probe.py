@@ -131,8 +131,9 @@ def run_probe(
         with progress(None, "writing the report"):
             draw = lambda: probe_figures(result)  # noqa: E731  (after metrics.json)
             document = write_probe_run(run_dir, typed, result.model, cfg.to_file(), command, draw)
-    doc = typed.model_dump(mode="json")
-    return ProbeRun("probe", run_dir, document, notices.items, probe=doc, verdict=verdict_of(typed))
+    return ProbeRun(
+        "probe", run_dir, document, notices.items, probe=typed, verdict=verdict_of(typed)
+    )
 
 
 def verdict_of(results: ProbeResults) -> str:

@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from pydantic import JsonValue
+
+    from vitreg.results.comparison import Comparison, LongRow
+    from vitreg.results.probe import ProbeResults
     from vitreg.results.vlm import VlmResults
 
 NoticeKind = Literal[
@@ -95,10 +99,10 @@ class FixRun(VerbResult):
 
 @dataclass
 class ProbeRun(VerbResult):
-    """``probe``: the probe result's own dict (conditions, deltas, yardsticks); ``verdict`` the
-    run in one sentence, as its report says it."""
+    """``probe``: the typed probe results (conditions, deltas, yardsticks), as metrics.json holds
+    them; ``verdict`` the run in one sentence, as its report says it."""
 
-    probe: dict[str, Any] = field(default_factory=dict)
+    probe: ProbeResults | None = None
     verdict: str = ""
 
 
@@ -158,11 +162,11 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclass
 class CompareRun:
-    """``vitreg compare``: the merged table (``rows``, ``skipped``, ...), its long form (one row
-    per run and metric) and the folder written with ``--out``."""
+    """``vitreg compare``: the merged table (typed: ``merged.rows``, ``merged.skipped``, ...),
+    its long form (one row per run and metric) and the folder written with ``--out``."""
 
-    merged: dict[str, Any]
-    rows: list[dict[str, Any]]
+    merged: Comparison
+    rows: list[LongRow]
     out: Path | None
 
 
@@ -207,7 +211,7 @@ class InspectRun:
     """``vitreg inspect``: ``Model.describe()`` with the layout and (if asked) hook names, and
     the :class:`~vitreg.core.layout.TokenLayout` at the size asked."""
 
-    info: dict[str, Any]
+    info: dict[str, JsonValue]
     layout: Any
 
 

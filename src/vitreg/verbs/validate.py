@@ -34,9 +34,9 @@ def check_comparison(folder: Path) -> str:
     from vitreg.report.documents import comparison_members, read_comparison
 
     doc = read_comparison(folder)
-    _companions(folder, COMPARISON_COMPANIONS[doc["verb"]], "comparison.json")
-    if doc["verb"] == "compare":
-        return f"compare output, {len(doc['runs'])} runs, {len(doc['rows'])} metric rows"
+    _companions(folder, COMPARISON_COMPANIONS[doc.verb], "comparison.json")
+    if doc.verb == "compare":
+        return f"compare output, {len(doc.runs)} runs, {len(doc.rows)} metric rows"
     bad = []
     for run in comparison_members(folder, doc):
         try:
@@ -45,9 +45,9 @@ def check_comparison(folder: Path) -> str:
             bad.append(f"{run.name}: {e}")
     if bad:
         raise ValueError(
-            f"{len(bad)} of its {len(doc['runs'])} model runs are invalid: " + "; ".join(bad)
+            f"{len(bad)} of its {len(doc.runs)} model runs are invalid: " + "; ".join(bad)
         )
-    return f"diagnose --models comparison of {len(doc['runs'])} valid model runs"
+    return f"diagnose --models comparison of {len(doc.runs)} valid model runs"
 
 
 def check_board(folder: Path) -> str:
@@ -107,12 +107,12 @@ def check_run(run: Path, nested: bool = False) -> str:
         raise ValueError(f"{run} has no metrics.json (not a folder vitreg wrote)")
     doc = folder.metrics()
     try:
-        valid = validate_metrics(doc)
+        valid = validate_metrics(doc.read)
     except ValidationError as e:
         raise ValueError(describe_errors(e, f"{path} does not follow the schema")) from None
     _traced_into_results(path, valid.metrics)
     _companions(path.parent, COMPANIONS, "metrics.json")
-    version = doc.get("schema_version")
+    version = doc.read.get("schema_version")
     read = "" if version == valid.schema_version else f" (read as {valid.schema_version})"
     return f"{valid.verb} run, schema {version}{read}, {len(valid.metrics)} headline metrics"
 

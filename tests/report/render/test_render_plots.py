@@ -65,6 +65,7 @@ def test_figure_format_svg_writes_svgs_next_to_pngs(tmp_path: Path) -> None:
 def test_log_axes_read_plain_numbers() -> None:
     """A log axis spanning less than a decade labelled 2, 3, 4, not 2 x 10^0."""
     from vitreg.report.compare import layer_curves
+    from vitreg.results.schema import RunDocument
 
     doc = json.loads((Path(__file__).parents[1] / "schema_1_1_diagnose.json").read_text())
     first = doc["results"]["norms"]["layers"][0]
@@ -72,7 +73,7 @@ def test_log_axes_read_plain_numbers() -> None:
         {**first, "layer": i, "outlier_rate": {"auto": 0.0}, "max_over_median": 2 + i}
         for i in range(3)
     ]
-    fig = layer_curves([("m", doc)])
+    fig = layer_curves([("m", RunDocument.model_validate(doc))])
     fig.source.canvas.draw()
     ratio = fig.source.axes[1]
     labels = [t.get_text() for t in ratio.get_yticklabels(which="both") if t.get_text()]

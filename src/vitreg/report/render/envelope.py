@@ -4,7 +4,8 @@ a report on a model that is not a trained ViT (synthetic, random weights)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+from pydantic import JsonValue
 
 from vitreg.core.weights import WEIGHT_KINDS
 from vitreg.report.render.markdown import (
@@ -17,7 +18,7 @@ from vitreg.report.render.markdown import (
     num,
     text,
 )
-from vitreg.results.schema import Envelope, is_synthetic, synthetic_weights
+from vitreg.results.schema import Envelope, RunDocument, synthetic_weights
 
 #: the versions a document records, in the order the provenance shows them
 VERSIONS = (
@@ -66,16 +67,22 @@ def synthetic_banner(doc: Envelope, planted: str = "planted register neurons") -
     return model_banner(m.spec or m.class_name or "model", synthetic, is_random_init(doc), planted)
 
 
-def read_banner(doc: Mapping[str, Any], planted: str = "planted register neurons") -> str | None:
-    """:func:`synthetic_banner` of a document as read, not typed (a compared run's, which may
-    not follow the schema): its model block is a mapping (KeyError, TypeError or
+def read_banner(doc: RunDocument, planted: str = "planted register neurons") -> str | None:
+    """:func:`synthetic_banner` of a document as read, not validated (a compared run's, which
+    may not follow the schema): its model block as read (KeyError, TypeError or
     AttributeError where it is not one that can be read)."""
-    model, config = doc["model"], doc.get("config")
+    model, config = doc.model, doc.config
+    if model is None:
+        raise KeyError("model")
     name = model.get("spec") or model.get("class_name") or "model"
-    random_init = model.get("weights") == "random" or (
-        isinstance(config, dict) and bool(config.get("random_init"))
+    random_init = model.get("weights") == "random" or bool((config or {}).get("random_init"))
+    notes = model.get("notes")
+    synthetic = synthetic_weights(
+        model.get("spec"),  # type: ignore[arg-type]
+        model.get("weights"),  # type: ignore[arg-type]
+        notes,  # type: ignore[arg-type]
     )
-    return model_banner(name, is_synthetic(model), random_init, planted)
+    return model_banner(name, synthetic, random_init, planted)  # type: ignore[arg-type]
 
 
 def model_section(doc: Envelope) -> Section:
@@ -134,7 +141,10 @@ def provenance_section(doc: Envelope) -> Section:
 
 
 def provenance_of(
-    versions: Mapping[str, Any], created: str, command: str, config: Mapping[str, Any]
+    versions: Mapping[str, str | None],
+    created: str,
+    command: str,
+    config: Mapping[str, JsonValue],
 ) -> Section:
     """The provenance section of what made a file: each of :data:`VERSIONS` (``None``: not
     installed), the creation time, the command and its config."""

@@ -15,6 +15,8 @@ import re
 from functools import cache
 from typing import Any
 
+from pydantic import JsonValue
+
 from vitreg.report.render.images import display_uri
 from vitreg.report.render.markdown import FigureRef, Report, Table
 from vitreg.report.render.plots import CLIP_TEXT
@@ -50,7 +52,7 @@ def markdown(text: Any) -> Any:
     return Markup(_markdown().render(str(text)))
 
 
-def render_html(report: Report, figures: list[Any], slider: dict | None) -> str:
+def render_html(report: Report, figures: list[Any], slider: dict[str, JsonValue] | None) -> str:
     """The whole report as one HTML page with every figure embedded."""
     import jinja2
 
