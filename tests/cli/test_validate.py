@@ -250,6 +250,7 @@ def test_experiment_config_round_trips_and_reruns_the_same_call(tmp_path, monkey
     import vitreg.experiment
     from vitreg.configs import ExperimentConfig, load_config
     from vitreg.experiment import ExperimentResult
+    from vitreg.results.experiment import ExperimentResults
 
     cfg = ExperimentConfig(data="synthetic:n=8,size=32", out=tmp_path / "exp", steps=1)
     path = write_yaml(tmp_path / "config.yaml", cfg.to_file())
@@ -260,7 +261,8 @@ def test_experiment_config_round_trips_and_reruns_the_same_call(tmp_path, monkey
     def fake(data, out, **kw):
         calls.append({"data": data, "out": out, **{k: v for k, v in kw.items() if k != "log"}})
         write_yaml(tmp_path / f"config-{len(calls)}.yaml", kw["config"])
-        return ExperimentResult(Path(out), [], True, 0.0)
+        done = ExperimentResults.model_construct(complete=True, variants=[])
+        return ExperimentResult(Path(out), done, 0.0)
 
     monkeypatch.setattr(vitreg.experiment, "run_variants", fake)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append({"threads": n}))
