@@ -146,7 +146,7 @@ def write(
             comparison,
             described=model_info(model.describe()),
             data=data_info(source.description()),
-            config=cfg.to_file(),
+            config=cfg,
             results=results,
             command=command,
             images=source.display_images(),

@@ -80,7 +80,7 @@ def run_vlm(
                 results,
                 model_info({**model.describe(), "vlm": describe_vlm(model)}),
                 data_info(source.description()),
-                cfg.to_file(),
+                cfg,
                 command,
                 images=display_images(source.display_images()),
                 layer_maps=layer_maps,

@@ -53,6 +53,7 @@ from vitreg.report.renderers.diagnose_kinds import detail_sections, kinds_sectio
 from vitreg.report.writer import write_run
 from vitreg.results.diagnose import DiagnoseResults, SiteNorms
 from vitreg.results.schema import Envelope, data_info, model_info, plain
+from vitreg.settings.base import ConfigFile
 
 FIGURE_SECTION = {
     "norm_maps": "norms",
@@ -601,8 +602,9 @@ def _attention_headlines(r: DiagnoseResults) -> list[Headline]:
     ]
 
 
-def diagnose_document(result: DiagnoseResult, config: dict[str, Any], command: str) -> Envelope:
-    """The typed metrics.json document of a :class:`DiagnoseResult` (its results as typed)."""
+def diagnose_document(result: DiagnoseResult, config: ConfigFile, command: str) -> Envelope:
+    """The typed metrics.json document of a :class:`DiagnoseResult` (its results as typed),
+    made with ``config``."""
     return build_document(
         "diagnose",
         result.results.model_dump(),
@@ -610,7 +612,7 @@ def diagnose_document(result: DiagnoseResult, config: dict[str, Any], command: s
         command=command,
         described=model_info(result.model),
         data=data_info(result.data),
-        config=config,
+        config=config.to_file(),
         typed=result.results,
     )
 
@@ -620,13 +622,14 @@ def write_diagnose_run(
     result: DiagnoseResult,
     *,
     images: torch.Tensor | None = None,
-    config: dict[str, Any],
+    config: ConfigFile,
     command: str,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     max_maps: int = 8,
-) -> dict[str, Any]:
-    """Write the run directory of a :class:`DiagnoseResult`; the metrics.json document written.
+) -> Envelope:
+    """Write the run directory of a :class:`DiagnoseResult`; the typed metrics.json document
+    written.
     ``images`` (model input space) feed the overlays. ``mean``/``std`` (the model's data
     config) de-normalise ``images`` for display; without them images are taken as [0, 1] (or
     rescaled per image when outside)."""
@@ -634,13 +637,14 @@ def write_diagnose_run(
 
     doc = diagnose_document(result, config, command)
     shown = display_images(images[:max_maps] if images is not None else None, mean, std)
-    return write_run(
+    write_run(
         out_dir,
         doc,
         report,
         lambda: figures(result, shown),
         lambda _: slider_data(result, shown),
     )
+    return doc
 
 
 COMPARE_COLUMNS = (

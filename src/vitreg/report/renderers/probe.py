@@ -30,7 +30,8 @@ from vitreg.results.probe import (
     ProbeResults,
     ProbeScore,
 )
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import Envelope, ModelInfo, data_info
+from vitreg.settings.base import ConfigFile
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -300,23 +301,24 @@ def report(doc: Envelope, figures: Sequence[Figure] = ()) -> Report:
 def write_probe_run(
     out_dir: str | Path,
     results: ProbeResults,
-    described: dict[str, Any],
-    config: dict[str, Any],
+    described: ModelInfo,
+    config: ConfigFile,
     command: str,
     figures: Sequence[Figure] | Callable[[], Sequence[Figure]] = (),
-) -> dict[str, Any]:
+) -> Envelope:
     """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
     results are saved), report.md and report.html of one probe run's ``results``; the
-    document written."""
+    typed document written."""
     doc = build_document(
         "probe",
         results.model_dump(mode="json"),
         headlines,
         command=command,
-        described=model_info(described),
+        described=described,
         data=data_info(data_block(results)),
-        config=config,
+        config=config.to_file(),
         typed=results,
     )
     draw = figures if callable(figures) else lambda: figures
-    return write_run(out_dir, doc, report, draw)
+    write_run(out_dir, doc, report, draw)
+    return doc
