@@ -11,7 +11,7 @@ from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
 from vitreg.results.neurons import NeuronsResults
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import Envelope, model_info
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import planted_rows, search_neurons
@@ -64,7 +64,7 @@ def write(
     """The NeuronSet files, then metrics.json and the report; the typed document written."""
     from vitreg.report.renderers.neurons import write_neurons_run
 
-    data = data_info({**source.description(), "split": found.split})
+    data = source.description().model_copy(update={"split": found.split})
     found.chosen.data = {**found.chosen.data, "images": source.label, "split": found.split}
     with progress(None, "writing the neuron set and the report"):
         (run_dir / "metrics.json").unlink(missing_ok=True)  # never beside a newer neuron set

@@ -10,7 +10,7 @@ from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
 from vitreg.results.fix import NeuronsUsed
-from vitreg.results.schema import data_info, model_info, plain
+from vitreg.results.schema import model_info, plain
 from vitreg.results.vlm import VlmResults
 from vitreg.verbs.common import prepare
 from vitreg.verbs.loading import model_and_images
@@ -79,7 +79,7 @@ def run_vlm(
                 run_dir,
                 results,
                 model_info({**model.describe(), "vlm": describe_vlm(model)}),
-                data_info(source.description()),
+                source.description(),
                 cfg,
                 command,
                 images=display_images(source.display_images()),
