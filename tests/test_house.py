@@ -144,6 +144,8 @@ USERS_OWN = {
     "models/loaders/local.py:check_size(args)",
     "models/loaders/timm_source.py:size_from_weights(kwargs)",
     "models/loaders/timm_source.py:timm_notes(kwargs)",
+    # the constructor arguments of the user's timm model, read from its own config.json
+    "verbs/fix.py:save_args(return)",
 }
 #: the public signatures still to type (one per line: file:function(parameter or return)); an
 #: entry that is typed now fails the test, so the list only shrinks

@@ -21,11 +21,13 @@ from vitreg.analysis.diagnose import DiagnoseResult, diagnose
 from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormAnalysis
 from vitreg.configs import DiagnoseConfig
-from vitreg.errors import RenderError
+from vitreg.errors import InputError, RenderError
 from vitreg.report.render import plots
 from vitreg.report.render.markdown import markdown_table
 from vitreg.report.renderers import diagnose as diagnose_renderer
 from vitreg.report.renderers.diagnose import model_rows, rows_table, write_diagnose_run
+from vitreg.report.slider import Slider
+from vitreg.report.writer import saved_slider
 from vitreg.results.diagnose import DiagnoseResults
 from vitreg.results.schema import Envelope, json_schema, resolve, validate_metrics
 from vitreg.testing.images import synthetic_images
@@ -152,6 +154,20 @@ def test_the_writer_takes_the_typed_config_and_returns_the_typed_document(
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved == cfg.to_file() == doc.config and saved["verb"] == "diagnose"
     assert load_metrics(tmp_path / "run") == doc.model_dump(mode="json")
+
+
+def test_the_block_slider_is_typed_and_saved_as_built(planted_run: Path, tmp_path: Path) -> None:
+    slider = saved_slider(planted_run)
+    assert isinstance(slider, Slider) and slider.layers[slider.start].site.startswith("blocks.")
+    saved = json.loads((planted_run / "figures" / "slider.json").read_text())
+    assert slider.model_dump() == saved
+    keys = ["label", "site", "where", "grid", "range", "maps", "attention"]
+    assert list(saved) == ["cmap", "images", "layers", "attention", "start"]
+    assert list(saved["layers"][0]) == keys  # the order the page's script was written for
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "slider.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="holds no slider object"):
+        saved_slider(tmp_path)
 
 
 def test_metrics_json_validates_and_traces_to_the_result(
