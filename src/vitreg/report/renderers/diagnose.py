@@ -655,14 +655,17 @@ COMPARE_COLUMNS = (
 )
 
 
-def model_rows(results: list[tuple[str, DiagnoseResult]]) -> list[dict[str, Any]]:
-    """One row of headline numbers per model, from diagnose results labelled by model."""
+def model_rows(
+    results: list[tuple[str, DiagnoseResult]],
+) -> list[dict[str, str | int | float | None]]:
+    """One row of headline numbers per model (its label, the numbers by headline name, the
+    block of the norm-ratio peak, the verdict), from diagnose results labelled by model."""
     rows = []
     for label, result in results:
         found = plain(result.results.model_dump())
         marks = headlines(result.results)
         values = headline_values(found, marks)
-        row: dict[str, Any] = {"model": label}
+        row: dict[str, str | int | float | None] = {"model": label}
         row |= {key: values.get(key) for key, _ in COMPARE_COLUMNS}
         peak = next((h for h in marks if h.name == "norm_ratio.max_over_median.peak"), None)
         row["max_over_median_layer"] = peak.layer if peak is not None else None
@@ -671,7 +674,7 @@ def model_rows(results: list[tuple[str, DiagnoseResult]]) -> list[dict[str, Any]
     return rows
 
 
-def rows_table(rows: list[dict[str, Any]]) -> Table:
+def rows_table(rows: list[dict[str, str | int | float | None]]) -> Table:
     """The cross-model table of :func:`model_rows` (as comparison.json keeps them)."""
     return Table(
         ["model", *(title for _, title in COMPARE_COLUMNS), "verdict"],
