@@ -74,7 +74,7 @@ torch.save(
         "indices": indices,
         "progress": seen,
         "forwarded": forwarded,
-        "description": shards.description(),
+        "description": shards.description().model_dump(),
         "note": single.split_note(distributed.world()),
         "discovered": [(f.pairs(), f.scores) for f in (found, found_whole)],
         "pictures": (shards.display_images(), pictures.display_images()),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import vitreg
+from _support.saved_config import SavedConfig
 from vitreg.analysis.diagnose import DiagnoseResult, diagnose
 from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormsResult
@@ -73,7 +74,7 @@ def test_holders_keep_tensors_and_the_same_summary(result: DiagnoseResult) -> No
 
 
 def test_the_document_holds_the_results_as_returned(result: DiagnoseResult) -> None:
-    doc = diagnose_document(result, {}, "vitreg diagnose (test)")
+    doc = diagnose_document(result, SavedConfig(), "vitreg diagnose (test)")
     assert doc.results == result.results
     names = {m.name for m in doc.metrics}
     assert {"artifacts_present", "emergence_layer", "outlier_rate"} <= names

@@ -216,7 +216,8 @@ def test_weights_file_gives_the_numbers_of_the_same_local_folder(tmp_path, monke
     results, configs, docs, consoles = {}, {}, {}, {}
 
     def keep(out, result, config, **kwargs):  # the numbers, without drawing the figures
-        results[out.name], configs[out.name] = result.results.model_dump(mode="json"), config
+        results[out.name] = result.results.model_dump(mode="json")
+        configs[out.name] = config.to_file()
         docs[out.name] = diagnose_document(result, config, "vitreg diagnose (test)")
 
     monkeypatch.setattr(verb_diagnose, "_writer", lambda: keep)

@@ -41,7 +41,7 @@ def test_bad_files_are_skipped_and_non_rgb_converted(messy):
     # transparent pixels composite on white; 16-bit white stays white
     assert batches[0][2].mean() == pytest.approx(255.0)
     assert batches[1][0].mean() == pytest.approx(255.0)
-    assert log.to_dict()["n_used"] == 4
+    assert len(log.used) == 4
 
 
 def test_limit_and_empty_or_unreadable_folders(messy, tmp_path_factory):

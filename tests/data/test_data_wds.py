@@ -17,6 +17,7 @@ from conftest import TESTS
 from vitreg.cli.app import app
 from vitreg.data import wds
 from vitreg.errors import InputError
+from vitreg.results.schema import DataInfo
 from vitreg.testing.images import synthetic_pil
 
 runner = CliRunner()
@@ -96,15 +97,15 @@ def test_shards_give_the_folder_results_and_accounting(tmp_path: Path, model: An
     for ra, rb in zip(a.reducers, b.reducers, strict=True):
         assert equal(ra.result(), rb.result())  # the same images in order: the same numbers
     da, db = a_src.description(), b_src.description()
-    assert da["n_images"] == db["n_images"] == 7  # the exact count of images used
-    assert db["source"] == "webdataset" and db["n_shards"] == 3
-    assert list(db["converted"]) == ["shard-1.tar/004.png"]
-    assert list(da["converted"].values()) == list(db["converted"].values()) == ["L"]
-    skipped = db["skipped"]
+    assert isinstance(db, DataInfo) and da.n_images == db.n_images == 7  # images used
+    assert db.model_extra == {**db.model_extra, "source": "webdataset", "n_shards": 3}
+    assert list(db.converted) == ["shard-1.tar/004.png"]
+    assert list(da.converted.values()) == list(db.converted.values()) == ["L"]
+    skipped = db.skipped
     assert set(skipped) == {"shard-0.tar/002b.png", "shard-1.tar/zzz"}
     assert "'shard-0.tar/002b.png'" in skipped["shard-0.tar/002b.png"]
     assert "no image member" in skipped["shard-1.tar/zzz"]
-    assert [v.split(":")[:2] for v in da["skipped"].values()] == [
+    assert [v.split(":")[:2] for v in da.skipped.values()] == [
         skipped["shard-0.tar/002b.png"].split(":")[:2]
     ]
 
@@ -179,7 +180,7 @@ def test_the_check_pass_replays_the_one_process_listing(tmp_path: Path, model: A
     assert [(i, b.shape[0]) for i, b in parts] == [(0, 2), (2, 2), (4, 1), (5, 2)]
     whole = torch.cat(list(wds.iter_wds(pattern, model.transform, 3)))
     assert torch.equal(torch.cat([b for _, b in parts]), whole)
-    assert source.description()["n_images"] == 7 and source.display_images().shape[0] == 7
+    assert source.description().n_images == 7 and source.display_images().shape[0] == 7
     assert source.split_note(1) is None and source.split_note(3) is None
     assert "3 shard(s) for 4 torchrun ranks" in source.split_note(4)
     assert source.rank_parts(0, 4) is None  # fewer shards than ranks: the per-batch split

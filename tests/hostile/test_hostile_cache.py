@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from _support.cache_worker import ToyDataset, small_vit
+from _support.saved_config import SavedConfig
 from vitreg.errors import VitregError
 from vitreg.probe import extract
 from vitreg.probe.shards import REPLACED, shard_name
+from vitreg.results.schema import model_info
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VIEWS = ("cls", "patch_mean")
@@ -66,7 +68,7 @@ def test_probe_report_names_the_re_extracted_shards(tmp_path) -> None:
     assert second.results.caches["base/test"].replaced == {"checksum mismatch": 1}
     assert second.results.caches["base/train"].replaced == {}
     out = tmp_path / "run"
-    write_probe_run(out, second.results, second.model, {}, "vitreg probe")
+    write_probe_run(out, second.results, model_info(second.model), SavedConfig(), "vitreg probe")
     text = (out / "report.md").read_text()
     assert "extracted again: base/test: 1 (checksum mismatch)" in text
 

@@ -20,6 +20,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 import vitreg
+from _support.saved_config import SavedConfig
 from vitreg.cli.app import app
 from vitreg.data.datasets import (
     BaseDataset,
@@ -42,6 +43,7 @@ from vitreg.errors import InputError
 from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run as probe_run
 from vitreg.report.renderers.probe import write_probe_run
+from vitreg.results.schema import data_info, model_info
 from vitreg.testing.images import synthetic_pil
 from vitreg.train.data import describe_training_data, open_data
 
@@ -394,7 +396,10 @@ def test_a_single_class_is_a_recorded_warning(tmp_path: Path) -> None:
     assert "only 1 class (cat)" in open_dataset(spec).describe()["warnings"][0]
     result = probe_run(tiny_vit(), "classification", spec, layers=(0,),
                        cache_dir=tmp_path / "cache", config=CFG)  # fmt: skip
-    write_probe_run(tmp_path / "run", result.results, result.model, {}, "vitreg probe (test)")
+    described = model_info(result.model)
+    write_probe_run(
+        tmp_path / "run", result.results, described, SavedConfig(), "vitreg probe (test)"
+    )
     data = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]
     assert [w.split(":")[0] for w in data["warnings"]] == ["train", "test"]
     assert "top-1 = 1.0 says nothing" in data["warnings"][0]
@@ -441,9 +446,9 @@ def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path)
     with pytest.warns(DataWarning) as warned:  # the recipe uses the labels: one class warns
         result = train("vit_tiny_patch16_224", data, settings, tmp_path / "run", model_kwargs=tiny)
     assert [str(w.message).split(" in ")[0] for w in warned] == ["only 1 class (a)"]
-    config = {"command": "train"}
+    config = SavedConfig({"command": "train"})
     write_train_run(tmp_path / "run", train_results(result, tmp_path / "run"), result.history,
-                    data=described, config=config,
+                    data=data_info(described), config=config,
                     described=describe_trained(result.model, "vit_tiny_patch16_224"),
                     command="vitreg train (test)")  # fmt: skip
     block = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]

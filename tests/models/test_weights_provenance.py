@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import vitreg
+from _support.saved_config import SavedConfig
 from conftest import images
 from vitreg.analysis.diagnose import diagnose
 from vitreg.models.loaders.local import save_local
@@ -33,7 +34,9 @@ def test_python_api_run_on_random_weights_says_so_in_metrics_and_report(tmp_path
     model = vitreg.load(ARCH, pretrained=False, **TINY)
     assert model.weights == "random"
     x = images(4, 56)
-    out = write_run(tmp_path / "run", diagnose(model, x), images=x, config={}, command="script")
+    out = write_run(
+        tmp_path / "run", diagnose(model, x), images=x, config=SavedConfig(), command="script"
+    )
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["model"]["weights"] == "random"
     assert "random_init" not in doc["config"]  # the flag comes from the model, not an option
@@ -45,7 +48,7 @@ def test_python_api_run_on_random_weights_says_so_in_metrics_and_report(tmp_path
 def test_runs_written_before_the_field_still_validate(tmp_path):
     model = vitreg.load(ARCH, pretrained=False, **TINY)
     x = images(4, 56)
-    out = write_run(tmp_path / "run", diagnose(model, x), config={}, command="script")
+    out = write_run(tmp_path / "run", diagnose(model, x), config=SavedConfig(), command="script")
     doc = json.loads((out / "metrics.json").read_text())
     del doc["model"]["weights"]
     validate_metrics(doc)

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import vitreg
+from _support.saved_config import SavedConfig
 from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
@@ -20,7 +21,7 @@ from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run
 from vitreg.report.renderers.probe import task_and_data, write_probe_run
-from vitreg.results.schema import resolve
+from vitreg.results.schema import model_info, resolve
 
 CFG = FitSettings(seeds=(0, 1), epochs=3)
 
@@ -45,7 +46,9 @@ def tiny_vit() -> vitreg.Model:
 
 def write_run(result, out: Path) -> dict:
     config = {"command": "probe", "task": result.results.task}
-    write_probe_run(out, result.results, result.model, config, "vitreg probe (test)")
+    write_probe_run(
+        out, result.results, model_info(result.model), SavedConfig(config), "vitreg probe (test)"
+    )
     return json.loads((out / "metrics.json").read_text())
 
 

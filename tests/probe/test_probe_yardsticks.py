@@ -13,6 +13,7 @@ import timm
 import torch
 
 import vitreg
+from _support.saved_config import SavedConfig
 from vitreg.core.intervals import interval_verdict
 from vitreg.probe import yardsticks
 from vitreg.probe.linear import FitSettings
@@ -22,6 +23,7 @@ from vitreg.report.render.markdown import Report, render_markdown
 from vitreg.report.renderers.probe import layer_section, write_probe_run
 from vitreg.report.renderers.probe_figures import probe_figures
 from vitreg.results.probe import ProbeLayer, ProbeResults, ProbeYardstick
+from vitreg.results.schema import model_info
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,7 +135,12 @@ def test_segmentation_run_carries_yardsticks_per_class_iou_and_figures(tmp_path:
     assert [f.name for f in figures] == ["probe_scores", "probe_segmentation"]  # one layer
     out = tmp_path / "run"
     write_probe_run(
-        out, result.results, result.model, {"task": "segmentation"}, "vitreg probe", figures
+        out,
+        result.results,
+        model_info(result.model),
+        SavedConfig({"task": "segmentation"}),
+        "vitreg probe",
+        figures,
     )
     saved = json.loads((out / "metrics.json").read_text())["results"]
     for condition in ("base", "fixed"):

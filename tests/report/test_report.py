@@ -16,16 +16,20 @@ import torch
 import yaml
 
 import vitreg
+from _support.saved_config import SavedConfig
 from vitreg.analysis.diagnose import DiagnoseResult, diagnose
 from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormAnalysis
-from vitreg.errors import RenderError
+from vitreg.configs import DiagnoseConfig
+from vitreg.errors import InputError, RenderError
 from vitreg.report.render import plots
 from vitreg.report.render.markdown import markdown_table
 from vitreg.report.renderers import diagnose as diagnose_renderer
 from vitreg.report.renderers.diagnose import model_rows, rows_table, write_diagnose_run
+from vitreg.report.slider import Slider
+from vitreg.report.writer import saved_slider
 from vitreg.results.diagnose import DiagnoseResults
-from vitreg.results.schema import json_schema, resolve, validate_metrics
+from vitreg.results.schema import Envelope, json_schema, resolve, validate_metrics
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build_unplanted
 
@@ -68,7 +72,7 @@ def planted_run(
     tmp_path_factory: pytest.TempPathFactory, planted: DiagnoseResult, images: torch.Tensor
 ) -> Path:
     out = tmp_path_factory.mktemp("planted") / "run"
-    return write_run(out, planted, images=images[:8], config=CONFIG, command=COMMAND)
+    return write_run(out, planted, images=images[:8], config=SavedConfig(CONFIG), command=COMMAND)
 
 
 def load_metrics(run: Path) -> dict:
@@ -141,6 +145,31 @@ def test_write_run_writes_every_file(planted_run: Path) -> None:
     assert pyplot is None or not pyplot.get_fignums()  # figures never go through pyplot
 
 
+def test_the_writer_takes_the_typed_config_and_returns_the_typed_document(
+    tmp_path: Path, unplanted: DiagnoseResult
+) -> None:
+    cfg = DiagnoseConfig(spec="planted:dinov2_s14", img_size=SIZE, limit=16)
+    doc = write_diagnose_run(tmp_path / "run", unplanted, config=cfg, command="x")
+    assert isinstance(doc, Envelope) and doc.results == unplanted.results
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved == cfg.to_file() == doc.config and saved["verb"] == "diagnose"
+    assert load_metrics(tmp_path / "run") == doc.model_dump(mode="json")
+
+
+def test_the_block_slider_is_typed_and_saved_as_built(planted_run: Path, tmp_path: Path) -> None:
+    slider = saved_slider(planted_run)
+    assert isinstance(slider, Slider) and slider.layers[slider.start].site.startswith("blocks.")
+    saved = json.loads((planted_run / "figures" / "slider.json").read_text())
+    assert slider.model_dump() == saved
+    keys = ["label", "site", "where", "grid", "range", "maps", "attention"]
+    assert list(saved) == ["cmap", "images", "layers", "attention", "start"]
+    assert list(saved["layers"][0]) == keys  # the order the page's script was written for
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "slider.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="holds no slider object"):
+        saved_slider(tmp_path)
+
+
 def test_metrics_json_validates_and_traces_to_the_result(
     planted_run: Path, planted: DiagnoseResult
 ) -> None:
@@ -197,7 +226,9 @@ def test_planted_report_says_synthetic_first_and_shows_the_evidence(planted_run:
 def test_unplanted_report_says_no_artifacts(
     tmp_path: Path, unplanted: DiagnoseResult, images: torch.Tensor
 ) -> None:
-    run = write_run(tmp_path / "run", unplanted, images=images[:4], config={}, command="x")
+    run = write_run(
+        tmp_path / "run", unplanted, images=images[:4], config=SavedConfig(), command="x"
+    )
     md = (run / "report.md").read_text()
     # the unplanted control has random weights: no synthetic banner, the random-weights one
     assert md.startswith("**RANDOM WEIGHTS:**") and "SYNTHETIC" not in md.splitlines()[0]
@@ -220,7 +251,7 @@ def test_missing_analyses_degrade_to_one_line(tmp_path: Path, planted: DiagnoseR
         ),
         traced={"norms": planted.traced["norms"]},
     )
-    run = write_run(tmp_path / "run", only_norms, images=None, config={}, command="x")
+    run = write_run(tmp_path / "run", only_norms, images=None, config=SavedConfig(), command="x")
     md = (run / "report.md").read_text()
     assert "Not available: the model has no [CLS] (test reason)." in md
     assert "Not available: the redundancy analysis was not run." in md
@@ -245,7 +276,7 @@ def test_failed_rendering_keeps_the_new_results(
 
     monkeypatch.setattr(diagnose_renderer, "norm_histograms", broken)
     with pytest.raises(RenderError, match="figure failed") as failed:
-        write_run(run, planted, config={}, command="rendering fails")
+        write_run(run, planted, config=SavedConfig(), command="rendering fails")
     assert failed.value.saved == str(run / "metrics.json")
     assert failed.value.again == f"vitreg report {run}"
     doc = validate_metrics(load_metrics(run))
@@ -336,7 +367,7 @@ def test_all_analyses_render_and_trace(tmp_path: Path, images: torch.Tensor) -> 
     with pytest.warns(UserWarning, match="synthetic"):
         model = vitreg.load("planted:dinov2_s14", img_size=SIZE)
     result = diagnose(model, images, batch_size=8, max_maps=2)
-    run = write_run(tmp_path / "run", result, images=images[:2], config={}, command="x")
+    run = write_run(tmp_path / "run", result, images=images[:2], config=SavedConfig(), command="x")
     doc = load_metrics(run)
     assert_traceable(doc, result)
     md = (run / "report.md").read_text()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import vitreg
+from _support.saved_config import SavedConfig
 from vitreg.analysis.diagnose import diagnose
 from vitreg.report.renderers.diagnose import write_diagnose_run
 from vitreg.testing.images import synthetic_images
@@ -50,7 +51,7 @@ def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     x = synthetic_images(4, 56, seed=0)
     result = diagnose(model, x, max_maps=4)
     out = tmp_path_factory.mktemp("browser") / "run"
-    return write_run(out, result, images=x, config={}, command="test") / "report.html"
+    return write_run(out, result, images=x, config=SavedConfig(), command="test") / "report.html"
 
 
 @pytest.fixture(scope="module")

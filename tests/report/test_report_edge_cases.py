@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import vitreg
+from _support.saved_config import SavedConfig
 from vitreg.analysis.diagnose import diagnose
 from vitreg.configs import FixConfig, NeuronsConfig, ProbeRunConfig, VlmConfig
 from vitreg.fix.neuron_set import NeuronSet
@@ -153,7 +154,7 @@ def diagnosed(spec: str, size: int, n: int, **kwargs: Any) -> dict[str, Any]:
             model = vitreg.load(spec, img_size=size, **kwargs)
     images = synthetic_images(n, size, seed=0, flat_fraction=0.3)
     result = diagnose(model, images, batch_size=4, max_maps=1)
-    doc = diagnose_document(result, {"img_size": size}, f"vitreg diagnose {spec}")
+    doc = diagnose_document(result, SavedConfig({"img_size": size}), f"vitreg diagnose {spec}")
     return doc.model_dump(mode="json")  # as its metrics.json holds it, to mutate
 
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from PIL import Image
+from pydantic import JsonValue
 
 from vitreg.core.registry import Registry
 from vitreg.errors import InputError, SpecError, VitregError
@@ -105,7 +106,7 @@ class LabeledDataset(Protocol):
 
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> Sample: ...
-    def describe(self) -> dict: ...
+    def describe(self) -> dict[str, JsonValue]: ...
 
 
 class BaseDataset:
@@ -121,7 +122,7 @@ class BaseDataset:
         self.targets = targets
         self.log = DataLog()
         self._fingerprint: str | None = None
-        self._scan: tuple[int | None, dict[str, Any]] | None = None
+        self._scan: tuple[int | None, dict[str, int | dict[str, int] | None]] | None = None
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -168,10 +169,10 @@ class BaseDataset:
             ]
         return []
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, JsonValue]:
         """JSON-ready identity of the data: spec, split, size, targets, content fingerprint, and
         ``warnings`` (only when there are any; see :meth:`warnings`)."""
-        out = {
+        out: dict[str, JsonValue] = {
             "spec": self.spec,
             "name": self.name,
             "split": self.split,
@@ -183,7 +184,7 @@ class BaseDataset:
         warned = self.warnings()
         return out | ({"warnings": warned} if warned else {})
 
-    def scan(self, limit: int | None = SCAN_LIMIT) -> dict[str, Any]:
+    def scan(self, limit: int | None = SCAN_LIMIT) -> dict[str, int | dict[str, int] | None]:
         """Read the samples (all, or ``limit`` evenly spaced ones) and count what is usable:
         ``{"n", "scanned", "n_usable", "skipped": {reason: samples}, "classes_seen"}``.
         Skips are counted in :attr:`log` as on any read; the result is kept (a second call with
@@ -208,7 +209,7 @@ class BaseDataset:
             usable += 1
             if sample.label is not None:
                 labels.add(int(sample.label))
-        result = {
+        result: dict[str, int | dict[str, int] | None] = {
             "n": n,
             "scanned": scanned,
             "n_usable": usable,

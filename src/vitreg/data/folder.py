@@ -82,13 +82,6 @@ class FolderLog:
     converted: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return {
-            "n_used": len(self.used),
-            "converted": dict(self.converted),
-            "skipped": dict(sorted(self.skipped.items())),
-        }
-
 
 # ---------------------------------------------------------------- the walk
 @dataclass(frozen=True)

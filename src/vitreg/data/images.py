@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from PIL import Image
+from pydantic import JsonValue
 
 from vitreg.data.folder import MAX_PIXELS, FolderLog, iter_folder, list_images
 from vitreg.errors import InputError
 from vitreg.models.model import Model
+from vitreg.results.schema import DataInfo, data_info
 
 SYNTHETIC_SEED = 0
 SYNTHETIC_FLAT_FRACTION = 0.1  # flat background on ~10% of each image: a few % outliers
@@ -32,7 +33,7 @@ class ImageSource:
         self,
         model: Model,
         batches: Callable[[], Iterable[torch.Tensor]],
-        description: dict[str, Any],
+        description: dict[str, JsonValue],
         total: int,
         keep: int = 8,
         log: FolderLog | None = None,
@@ -70,15 +71,18 @@ class ImageSource:
             return None
         return to_display(torch.stack(self._shown), self.model)
 
-    def description(self) -> dict[str, Any]:
-        """JSON-ready: source, n_images, converted and skipped files, plus source details."""
-        log = self.log.to_dict() if self.log is not None else {"converted": {}, "skipped": {}}
-        return {
-            **self._description,
-            "n_images": self.n_images,
-            "converted": log["converted"],
-            "skipped": log["skipped"],
-        }
+    def description(self) -> DataInfo:
+        """metrics.json's data block: what the images are, how many were used, which files were
+        converted or skipped (sorted), plus the source's details."""
+        log = self.log if self.log is not None else FolderLog()
+        return data_info(
+            {
+                **self._description,
+                "n_images": self.n_images,
+                "converted": dict(log.converted),
+                "skipped": dict(sorted(log.skipped.items())),
+            }
+        )
 
 
 def to_display(x: torch.Tensor, model: Model) -> torch.Tensor:

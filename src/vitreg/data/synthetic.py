@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from pydantic import JsonValue
 
 from vitreg.data.datasets import TARGETS, BaseDataset, Sample, register_dataset
 from vitreg.errors import SpecError
@@ -154,7 +155,7 @@ class SyntheticShapes(BaseDataset):
         if self.hue:  # the plain scenes keep the cache keys they always had
             yield ["hue", self.hue]
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, JsonValue]:
         params = {"n": self.n, "size": self.size, "seed": self.seed, "hue": self.hue}
         return {**super().describe(), "params": params}
 

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from vitreg.core.io import write_json_atomic, write_text_atomic
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, RenderError, WriteError
 from vitreg.report.render.markdown import Report, render_markdown
 from vitreg.report.render.plots import Figure, figure_formats
+from vitreg.report.slider import Slider
 
 CAPTIONS = "figures.json"  # in figures/: each figure's name and caption, read by `vitreg report`
 SLIDER = "slider.json"  # in figures/: the maps of report.html's block slider
@@ -85,25 +86,29 @@ def saved_figures(out: Path) -> list[Figure]:
     ]
 
 
-def saved_slider(out: Path) -> dict[str, Any] | None:
+def saved_slider(out: Path) -> Slider | None:
     """The block slider a run saved (None: a verb without one, or a run written before it was)."""
     path = out / "figures" / SLIDER
     if not path.is_file():
         return None
     slider = read_json(path, "slider file", allow_nan=True)
-    if not isinstance(slider, dict):
-        raise InputError(f"{path} holds no slider object; delete it to render without the slider")
-    return slider
+    try:
+        return Slider.model_validate(slider)
+    except ValidationError:
+        raise InputError(
+            f"{path} holds no slider object; delete it to render without the slider"
+        ) from None
 
 
 def pages(
-    report: Report, figures: Sequence[Figure], slider: dict[str, Any] | None, layout: Layout = RUN
+    report: Report, figures: Sequence[Figure], slider: Slider | None, layout: Layout = RUN
 ) -> dict[str, str]:
     """The Markdown and HTML pages of ``report``, by file name."""
     from vitreg.report.render.html import render_html
 
     markdown, html = layout.pages
-    return {markdown: render_markdown(report), html: render_html(report, list(figures), slider)}
+    shown = None if slider is None else slider.model_dump()  # non-finite numbers kept as saved
+    return {markdown: render_markdown(report), html: render_html(report, list(figures), shown)}
 
 
 def write_run(
@@ -111,9 +116,9 @@ def write_run(
     doc: Document,
     sections: Sections | None = None,
     figures: Callable[[], Sequence[Figure]] | None = None,
-    extras: Callable[[Sequence[Figure]], dict[str, Any] | None] | None = None,
+    extras: Callable[[Sequence[Figure]], Slider | None] | None = None,
     layout: Layout = RUN,
-) -> dict[str, Any]:
+) -> dict[str, JsonValue]:
     """Write the folder of ``doc``: config.yaml, ``figures()`` in figures/, ``extras(figures)``
     (the block slider, saved as figures/slider.json and shown in the HTML), the report
     ``sections(doc, figures)`` (``doc`` as given: typed) as Markdown and HTML, and the document
@@ -129,10 +134,12 @@ def write_run(
     document = out / layout.document
     try:
         drawn = list(figures()) if figures is not None else []
-        save_figures(out, drawn, figure_formats((data.get("config") or {}).get("figure_format")))
+        config = data.get("config")
+        chosen = config.get("figure_format") if isinstance(config, dict) else None
+        save_figures(out, drawn, figure_formats(chosen))
         slider = extras(drawn) if extras is not None else None
         if slider is not None:
-            write_json_atomic(out / "figures" / SLIDER, slider)
+            write_json_atomic(out / "figures" / SLIDER, slider.model_dump())
         texts = pages(sections(doc, drawn), drawn, slider, layout) if sections else {}
     except WriteError:
         raise  # a failing disk is named as such, not as a rendering bug
@@ -146,7 +153,7 @@ def write_run(
     return data
 
 
-def as_json(doc: Document) -> dict[str, Any]:
+def as_json(doc: Document) -> dict[str, JsonValue]:
     """``doc`` as the JSON object its file holds (a typed document dumped, a plain one as is)."""
     return doc.model_dump(mode="json") if isinstance(doc, BaseModel) else doc
 

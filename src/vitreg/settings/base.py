@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from vitreg.core.choices import MAX_IMG_SIZE, NAMED_THRESHOLDS
 
@@ -68,6 +68,13 @@ class SettingsPart(BaseModel):
     """A group of settings that several verbs share, composed into their configs."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class ConfigFile(Protocol):
+    """A verb's typed config as the report writers take it: ``to_file()`` is what config.yaml
+    holds, JSON-typed (the document's ``config``)."""
+
+    def to_file(self) -> dict[str, JsonValue]: ...
 
 
 class Figures(SettingsPart):

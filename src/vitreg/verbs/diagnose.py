@@ -13,6 +13,7 @@ from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.results.diagnose import DiagnoseResults
+from vitreg.results.schema import Envelope
 from vitreg.verbs.common import (
     DEFAULT_SPEC,
     command_line,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from vitreg.analysis.diagnose import DiagnoseResult
 
 
-def _writer() -> Callable[..., dict[str, Any] | None]:
+def _writer() -> Callable[..., Envelope | None]:
     """The report layer's diagnose writer (imported when first needed; tests swap it)."""
     from vitreg.report.renderers.diagnose import write_diagnose_run
 
@@ -100,9 +101,9 @@ def diagnose_one(
     device: str | None,
     progress: Progress,
     notices: Notices,
-) -> tuple[DiagnoseResult, dict[str, Any] | None]:
+) -> tuple[DiagnoseResult, Envelope | None]:
     """Load ``spec``, diagnose it on the chosen images, write its run directory; the result and
-    the metrics.json document written (None on another torchrun rank, which writes nothing)."""
+    the typed metrics.json document written (None on another torchrun rank, which writes nothing)."""
     from vitreg.analysis.diagnose import diagnose
     from vitreg.distributed import barrier, is_main
 
@@ -121,7 +122,7 @@ def diagnose_one(
             max_maps=cfg.max_maps,
             progress=update,
         )
-    result.data.update(source.description())
+    result.data.update(source.description().model_dump())
     write_run = _writer()
     document = None
     if is_main():  # under torchrun every rank has the result; rank 0 writes it
@@ -130,9 +131,7 @@ def diagnose_one(
                 out_dir,
                 result,
                 images=source.display_images(),
-                config=cfg.model_copy(
-                    update={"spec": spec, "models": None, "out": out_dir}
-                ).to_file(),
+                config=cfg.model_copy(update={"spec": spec, "models": None, "out": out_dir}),
                 command=command_line(spec, {**_options(cfg, device), "out": out_dir}),
                 max_maps=cfg.max_maps,
             )
@@ -149,6 +148,7 @@ def run_diagnose(
     sub-directory each plus comparison.md, report.html and comparison.json)."""
     from vitreg.core.out_dir import check_out
     from vitreg.distributed import is_main
+    from vitreg.report.writer import as_json
 
     notices = Notices(on_notice)
     if cfg.spec is None and cfg.models is None:
@@ -164,7 +164,7 @@ def run_diagnose(
     check_images(cfg.images)
     labelled: list[tuple[str, DiagnoseResult]] = []
     dirs: list[Path] = []
-    documents: list[dict[str, Any] | None] = []
+    documents: list[Envelope | None] = []
     for spec in specs:
         target = run_dir if len(specs) == 1 else _unique(run_dir / slug(spec), dirs)
         try:
@@ -175,7 +175,8 @@ def run_diagnose(
         labelled.append((spec, result))
         documents.append(document)
         dirs.append(target)
-    comparison, document = None, documents[0] if len(specs) == 1 else None
+    written = [as_json(d) for d in documents if d is not None]
+    comparison, document = None, written[0] if len(specs) == 1 and written else None
     if len(specs) > 1 and is_main():
         from vitreg.report.compare import write_model_comparison
         from vitreg.report.writer import MODELS
@@ -183,15 +184,15 @@ def run_diagnose(
 
         whole = cfg.model_copy(update={"out": run_dir})
         options = {**_options(cfg, device), "models": cfg.models, "out": run_dir}
-        written = write_model_comparison(
+        merged = write_model_comparison(
             run_dir,
             labelled,
             dirs,
-            [RunDocument.model_validate(d) for d in documents if d is not None],
+            [RunDocument.model_validate(d) for d in written],
             config=whole.to_file(),
             command=command_line(None, options),
         )
-        document = written.model_dump(mode="json")
+        document = merged.model_dump(mode="json")
         comparison = run_dir / MODELS.markdown
     return DiagnoseRun(
         "diagnose",

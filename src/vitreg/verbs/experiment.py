@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shlex
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from vitreg.configs import ExperimentConfig
 from vitreg.core.run_dir import session
@@ -14,6 +15,18 @@ from vitreg.progress import SILENT, Progress
 from vitreg.results.experiment import ExperimentResults
 from vitreg.verbs.common import default_run_dir
 from vitreg.verbs.result import ExperimentRun, Listener, Notice, Notices
+
+if TYPE_CHECKING:
+    from vitreg.experiment import Settings, Variant
+
+
+class ExperimentArgs(TypedDict):
+    """The keyword arguments of :func:`vitreg.experiment.run_variants` that a config sets."""
+
+    settings: Settings
+    variants: Sequence[Variant]
+    finetune: str | None
+    pretrained: bool
 
 
 def _threads(threads: int | None, size: str, device_is_cpu: bool) -> int | None:
@@ -37,7 +50,7 @@ def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
     )
 
 
-def experiment_args(cfg: ExperimentConfig) -> dict[str, Any]:
+def experiment_args(cfg: ExperimentConfig) -> ExperimentArgs:
     """The arguments of :func:`vitreg.experiment.run_variants` (after data and out) that a
     resolved :class:`~vitreg.configs.ExperimentConfig` sets."""
     from vitreg.experiment import grid, preset

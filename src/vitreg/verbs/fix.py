@@ -13,7 +13,7 @@ from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
 from vitreg.results.fix import FixResults
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import Envelope, model_info
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file, planted_rows
@@ -145,8 +145,8 @@ def write(
             run_dir,
             comparison,
             described=model_info(model.describe()),
-            data=data_info(source.description()),
-            config=cfg.to_file(),
+            data=source.description(),
+            config=cfg,
             results=results,
             command=command,
             images=source.display_images(),

@@ -11,6 +11,7 @@ from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
 from vitreg.results.neurons import NeuronsResults
+from vitreg.results.schema import Envelope, model_info
 from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.neuron_sources import planted_rows, search_neurons
@@ -28,6 +29,7 @@ def run_neurons(
     """Discover the register neurons of ``cfg``'s model and write the run directory
     (neurons.json + neurons.safetensors, metrics.json, then the report)."""
     from vitreg.distributed import on_main
+    from vitreg.report.writer import as_json
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
@@ -46,7 +48,8 @@ def run_neurons(
         )
     document = on_main(write, cfg.out, model, source, found, cfg, command, progress)
     finished(cfg.out, cfg.checkpoint_every)
-    return NeuronsRun("neurons", cfg.out, document, notices.items, found=found, spec=cfg.spec)
+    written = None if document is None else as_json(document)
+    return NeuronsRun("neurons", cfg.out, written, notices.items, found=found, spec=cfg.spec)
 
 
 def write(
@@ -57,11 +60,11 @@ def write(
     cfg: NeuronsConfig,
     command: str,
     progress: Progress,
-) -> dict[str, Any]:
-    """The NeuronSet files, then metrics.json and the report; the document written."""
+) -> Envelope:
+    """The NeuronSet files, then metrics.json and the report; the typed document written."""
     from vitreg.report.renderers.neurons import write_neurons_run
 
-    data = {**source.description(), "split": found.split}
+    data = source.description().model_copy(update={"split": found.split})
     found.chosen.data = {**found.chosen.data, "images": source.label, "split": found.split}
     with progress(None, "writing the neuron set and the report"):
         (run_dir / "metrics.json").unlink(missing_ok=True)  # never beside a newer neuron set
@@ -73,16 +76,16 @@ def write(
         )
         document = write_neurons_run(
             run_dir,
-            described=model.describe(),
+            described=model_info(model.describe()),
             data=data,
-            config=cfg.to_file(),
+            config=cfg,
             results=results,
             command=command,
         )
         if cfg.hub_dir:
             from vitreg.neurons import hub
 
-            meta = hub.run_metadata(found, model, source.label, data["n_images"])
+            meta = hub.run_metadata(found, model, source.label, data.n_images)
             hub.write_folder(found.chosen, cfg.hub_dir, meta)
     return document
 

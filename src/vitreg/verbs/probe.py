@@ -11,6 +11,7 @@ from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
 from vitreg.results.probe import ProbeResults
+from vitreg.results.schema import model_info
 from vitreg.verbs.common import join_torchrun, prepare
 from vitreg.verbs.loading import image_source, load_model
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
@@ -127,10 +128,12 @@ def run_probe(
     if is_main():
         from vitreg.report.renderers.probe import write_probe_run
         from vitreg.report.renderers.probe_figures import probe_figures
+        from vitreg.report.writer import as_json
 
         with progress(None, "writing the report"):
             draw = lambda: probe_figures(result)  # noqa: E731  (after metrics.json)
-            document = write_probe_run(run_dir, typed, result.model, cfg.to_file(), command, draw)
+            described = model_info(result.model)
+            document = as_json(write_probe_run(run_dir, typed, described, cfg, command, draw))
     return ProbeRun(
         "probe", run_dir, document, notices.items, probe=typed, verdict=verdict_of(typed)
     )

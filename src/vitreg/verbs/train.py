@@ -16,6 +16,7 @@ from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
+from vitreg.results.schema import ModelInfo, data_info, model_info
 from vitreg.results.train import TrainResults
 from vitreg.verbs.common import command_line, default_run_dir, slug
 from vitreg.verbs.result import Listener, Notice, Notices, TrainRun
@@ -63,6 +64,7 @@ def run_train(
     model.safetensors, config.yaml, metrics.json)."""
     from vitreg.core.out_dir import check_out
     from vitreg.report.renderers.train import write_train_run
+    from vitreg.report.writer import as_json
     from vitreg.train import train
     from vitreg.train.data import describe_training_data
 
@@ -94,11 +96,11 @@ def run_train(
         train_results(result, run_dir),
         result.history,
         described=describe_trained(result.model, cfg.variant),
-        data=describe_training_data(cfg.data, recipe=cfg.recipe),
-        config=cfg.to_file(),
+        data=data_info(describe_training_data(cfg.data, recipe=cfg.recipe)),
+        config=cfg,
         command=train_command_line(cfg),
     )
-    return TrainRun("train", run_dir, document, notices.items, training=result)
+    return TrainRun("train", run_dir, as_json(document), notices.items, training=result)
 
 
 def train_results(result: TrainResult, run_dir: Path) -> TrainResults:
@@ -125,23 +127,19 @@ def train_results(result: TrainResult, run_dir: Path) -> TrainResults:
     )
 
 
-def describe_trained(module: Any, spec: str) -> dict[str, Any]:
+def describe_trained(module: Any, spec: str) -> ModelInfo:
     """The model block of a training run's document: vitreg's description of the trained
     module when vitreg can wrap it, else what is known without it."""
     from vitreg.errors import VitregError
     from vitreg.models.wrapping import wrap
 
     try:
-        return wrap(module, spec=spec, weights="trained").describe()  # trained by this run
+        described = wrap(module, spec=spec, weights="trained").describe()  # trained by this run
     except VitregError:
-        return {
-            "spec": spec,
-            "family": "unknown",
-            "synthetic": False,
-            "weights": "trained",
-            "layout": {},
-            "dims": {},
-        }
+        return ModelInfo(
+            spec=spec, family="unknown", synthetic=False, weights="trained", layout={}, dims={}
+        )
+    return model_info(described)
 
 
 VERB = register(

@@ -3,22 +3,35 @@ test-time registers on its vision tower, written as ``vitreg vlm`` does."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from vitreg.configs import VlmConfig
 from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.progress import SILENT, Progress
 from vitreg.results.fix import NeuronsUsed
-from vitreg.results.schema import data_info, model_info, plain
+from vitreg.results.schema import model_info, plain
 from vitreg.results.vlm import VlmResults
 from vitreg.verbs.common import prepare
 from vitreg.verbs.loading import model_and_images
 from vitreg.verbs.neuron_sources import load_neurons, neuron_file
 from vitreg.verbs.result import Listener, Notice, Notices, VlmRun
 
+#: the VLM around the tower, as the model block's ``vlm`` entry holds it
+VlmTower = TypedDict(
+    "VlmTower",
+    {
+        "class": str,
+        "language_model_layers": int,
+        "language_model_attention": str,
+        "vision_feature_layer": int,
+        "vision_feature_select_strategy": str,
+        "n_params": int,
+    },
+)
 
-def describe_vlm(model: Any) -> dict[str, Any]:
+
+def describe_vlm(model: Any) -> VlmTower:
     """The VLM around the tower: class, language-model depth, feature layer and strategy."""
     vlm = model.vlm
     return {
@@ -79,8 +92,8 @@ def run_vlm(
                 run_dir,
                 results,
                 model_info({**model.describe(), "vlm": describe_vlm(model)}),
-                data_info(source.description()),
-                cfg.to_file(),
+                source.description(),
+                cfg,
                 command,
                 images=display_images(source.display_images()),
                 layer_maps=layer_maps,

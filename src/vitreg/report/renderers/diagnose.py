@@ -53,6 +53,7 @@ from vitreg.report.renderers.diagnose_kinds import detail_sections, kinds_sectio
 from vitreg.report.writer import write_run
 from vitreg.results.diagnose import DiagnoseResults, SiteNorms
 from vitreg.results.schema import Envelope, data_info, model_info, plain
+from vitreg.settings.base import ConfigFile
 
 FIGURE_SECTION = {
     "norm_maps": "norms",
@@ -601,8 +602,9 @@ def _attention_headlines(r: DiagnoseResults) -> list[Headline]:
     ]
 
 
-def diagnose_document(result: DiagnoseResult, config: dict[str, Any], command: str) -> Envelope:
-    """The typed metrics.json document of a :class:`DiagnoseResult` (its results as typed)."""
+def diagnose_document(result: DiagnoseResult, config: ConfigFile, command: str) -> Envelope:
+    """The typed metrics.json document of a :class:`DiagnoseResult` (its results as typed),
+    made with ``config``."""
     return build_document(
         "diagnose",
         result.results.model_dump(),
@@ -610,7 +612,7 @@ def diagnose_document(result: DiagnoseResult, config: dict[str, Any], command: s
         command=command,
         described=model_info(result.model),
         data=data_info(result.data),
-        config=config,
+        config=config.to_file(),
         typed=result.results,
     )
 
@@ -620,13 +622,14 @@ def write_diagnose_run(
     result: DiagnoseResult,
     *,
     images: torch.Tensor | None = None,
-    config: dict[str, Any],
+    config: ConfigFile,
     command: str,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     max_maps: int = 8,
-) -> dict[str, Any]:
-    """Write the run directory of a :class:`DiagnoseResult`; the metrics.json document written.
+) -> Envelope:
+    """Write the run directory of a :class:`DiagnoseResult`; the typed metrics.json document
+    written.
     ``images`` (model input space) feed the overlays. ``mean``/``std`` (the model's data
     config) de-normalise ``images`` for display; without them images are taken as [0, 1] (or
     rescaled per image when outside)."""
@@ -634,13 +637,14 @@ def write_diagnose_run(
 
     doc = diagnose_document(result, config, command)
     shown = display_images(images[:max_maps] if images is not None else None, mean, std)
-    return write_run(
+    write_run(
         out_dir,
         doc,
         report,
         lambda: figures(result, shown),
         lambda _: slider_data(result, shown),
     )
+    return doc
 
 
 COMPARE_COLUMNS = (
@@ -651,14 +655,17 @@ COMPARE_COLUMNS = (
 )
 
 
-def model_rows(results: list[tuple[str, DiagnoseResult]]) -> list[dict[str, Any]]:
-    """One row of headline numbers per model, from diagnose results labelled by model."""
+def model_rows(
+    results: list[tuple[str, DiagnoseResult]],
+) -> list[dict[str, str | int | float | None]]:
+    """One row of headline numbers per model (its label, the numbers by headline name, the
+    block of the norm-ratio peak, the verdict), from diagnose results labelled by model."""
     rows = []
     for label, result in results:
         found = plain(result.results.model_dump())
         marks = headlines(result.results)
         values = headline_values(found, marks)
-        row: dict[str, Any] = {"model": label}
+        row: dict[str, str | int | float | None] = {"model": label}
         row |= {key: values.get(key) for key, _ in COMPARE_COLUMNS}
         peak = next((h for h in marks if h.name == "norm_ratio.max_over_median.peak"), None)
         row["max_over_median_layer"] = peak.layer if peak is not None else None
@@ -667,7 +674,7 @@ def model_rows(results: list[tuple[str, DiagnoseResult]]) -> list[dict[str, Any]
     return rows
 
 
-def rows_table(rows: list[dict[str, Any]]) -> Table:
+def rows_table(rows: list[dict[str, str | int | float | None]]) -> Table:
     """The cross-model table of :func:`model_rows` (as comparison.json keeps them)."""
     return Table(
         ["model", *(title for _, title in COMPARE_COLUMNS), "verdict"],

@@ -30,6 +30,7 @@ from vitreg.report.render.plots import (
     overlay_grid,
     similarity_column,
 )
+from vitreg.report.slider import Slider
 from vitreg.results.diagnose import Attention, DiagnoseResults, LNSeparation, Norms
 from vitreg.results.kinds import Positions, Sinks
 
@@ -370,8 +371,9 @@ def _rounded(x: np.ndarray) -> list[float]:
 
 def slider_data(
     result: DiagnoseResult, images: np.ndarray | None, n: int = SLIDER_IMAGES
-) -> dict[str, Any] | None:
-    """Per-layer norm (and attention) maps of the first ``n`` images, with clipped colour ranges."""
+) -> Slider | None:
+    """Per-layer norm (and attention) maps of the first ``n`` images, with clipped colour ranges:
+    the block slider of report.html."""
     norms = result.traced.get("norms")
     if not isinstance(norms, NormsResult):
         return None
@@ -409,7 +411,7 @@ def slider_data(
                     "range": list(clip_range(m)),
                     "maps": [_rounded(x) for x in m[:n]],
                 }
-    return {
+    slider = {
         "cmap": colormap_lut().tolist(),
         "images": [_image_uri(img) for img in images[:n]] if images is not None else [],
         "layers": layers,
@@ -418,3 +420,4 @@ def slider_data(
         if norms.summary.emergence_layer is not None
         else len(trace.sites) - 1,
     }
+    return Slider.model_validate(slider)

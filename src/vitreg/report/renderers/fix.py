@@ -39,6 +39,7 @@ from vitreg.report.renderers.neurons import blocks_text, images_section, planted
 from vitreg.report.writer import write_run
 from vitreg.results.fix import Comparison, Control, FixResults
 from vitreg.results.schema import DataInfo, Envelope, ModelInfo
+from vitreg.settings.base import ConfigFile
 
 if TYPE_CHECKING:
     from vitreg.fix.compare import FixComparison
@@ -416,7 +417,7 @@ def write_fix_run(
     *,
     described: ModelInfo,
     data: DataInfo,
-    config: dict[str, Any],
+    config: ConfigFile,
     results: FixResults,
     command: str,
     images: torch.Tensor | None = None,
@@ -431,7 +432,7 @@ def write_fix_run(
         command=command,
         described=described,
         data=data,
-        config=config,
+        config=config.to_file(),
         typed=results,
     )
     write_run(out_dir, doc, report, lambda: figures(comparison, doc, images))

@@ -31,7 +31,8 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.writer import write_run
 from vitreg.results.neurons import Calibration, NeuronRow, NeuronsResults, PlantedRow
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import DataInfo, Envelope, ModelInfo
+from vitreg.settings.base import ConfigFile
 
 
 def neuron_scores(ranking: list[NeuronRow], chosen_k: int) -> Figure:
@@ -291,25 +292,26 @@ def headlines(results: NeuronsResults) -> list[Headline]:
 def write_neurons_run(
     out_dir: str | Path,
     *,
-    described: dict[str, Any],
-    data: dict[str, Any],
-    config: dict[str, Any],
+    described: ModelInfo,
+    data: DataInfo,
+    config: ConfigFile,
     results: NeuronsResults,
     command: str,
-) -> dict[str, Any]:
+) -> Envelope:
     """Write the ``vitreg neurons`` run directory (the NeuronSet files are the caller's); the
-    metrics.json document written."""
+    typed metrics.json document written."""
     doc = build_document(
         "neurons",
         results,
         headlines,
         command=command,
-        described=model_info(described),
-        data=data_info(data),
-        config=config,
+        described=described,
+        data=data,
+        config=config.to_file(),
         typed=results,
     )
-    return write_run(out_dir, doc, report, lambda: figures(doc))
+    write_run(out_dir, doc, report, lambda: figures(doc))
+    return doc
 
 
 def figures(doc: Envelope) -> list[Figure]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
@@ -30,7 +31,8 @@ from vitreg.results.probe import (
     ProbeResults,
     ProbeScore,
 )
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import DataInfo, Envelope, ModelInfo
+from vitreg.settings.base import ConfigFile
 
 CONDITION_TITLES = {"base": "base", "fixed": "fixed"}
 # a score's verdict against a yardstick, as read in the table
@@ -42,11 +44,12 @@ READ = {
 }
 
 
-def task_and_data(results: dict[str, Any]) -> str:
+def task_and_data(results: dict[str, JsonValue]) -> str:
     """``task/data`` of a probe run (``classification/synthetic-cls:n=200``) from its results
     as read (a compared run's, which may not follow the schema): the start of its metric names,
     so that scores of other tasks or datasets never share a row in a comparison."""
-    data = results.get("data") if isinstance(results.get("data"), dict) else {}
+    data = results.get("data")
+    data = data if isinstance(data, dict) else {}
     specs = [
         str(split.get("spec"))
         for split in (data.get("train"), data.get("test"))
@@ -115,7 +118,7 @@ def verdict(results: ProbeResults) -> str:
     return text
 
 
-def data_block(results: ProbeResults) -> dict[str, Any]:
+def data_block(results: ProbeResults) -> DataInfo:
     """The metrics.json ``data`` block of the typed results: both splits, samples used, skips
     and repairs by reason, and the datasets' warnings (e.g. one class only), each prefixed with
     its split."""
@@ -132,13 +135,13 @@ def data_block(results: ProbeResults) -> dict[str, Any]:
             skipped[f"{split} listing: {reason}"] = f"{n} files not read"
     condition = next(iter(caches), "base").split("/")[0]
     train, test = splits["train"], splits["test"]
-    return {
-        "description": f"train: {train.spec} ({train.split}), test: {test.spec} ({test.split})",
-        "n_images": sum(c.n for s, c in caches.items() if s.split("/")[0] == condition),
-        "skipped": skipped,
-        "warnings": [f"{s}: {w}" for s, d in splits.items() for w in d.warnings or []],
+    return DataInfo(
+        description=f"train: {train.spec} ({train.split}), test: {test.spec} ({test.split})",
+        n_images=sum(c.n for s, c in caches.items() if s.split("/")[0] == condition),
+        skipped=skipped,
+        warnings=[f"{s}: {w}" for s, d in splits.items() for w in d.warnings or []],
         **{s: d.model_dump(mode="json") for s, d in splits.items()},
-    }
+    )
 
 
 def _cell(score: ProbeScore | None) -> str:
@@ -300,23 +303,24 @@ def report(doc: Envelope, figures: Sequence[Figure] = ()) -> Report:
 def write_probe_run(
     out_dir: str | Path,
     results: ProbeResults,
-    described: dict[str, Any],
-    config: dict[str, Any],
+    described: ModelInfo,
+    config: ConfigFile,
     command: str,
     figures: Sequence[Figure] | Callable[[], Sequence[Figure]] = (),
-) -> dict[str, Any]:
+) -> Envelope:
     """Write config.yaml and metrics.json, then the figures (or ``figures()``, drawn after the
     results are saved), report.md and report.html of one probe run's ``results``; the
-    document written."""
+    typed document written."""
     doc = build_document(
         "probe",
         results.model_dump(mode="json"),
         headlines,
         command=command,
-        described=model_info(described),
-        data=data_info(data_block(results)),
-        config=config,
+        described=described,
+        data=data_block(results),
+        config=config.to_file(),
         typed=results,
     )
     draw = figures if callable(figures) else lambda: figures
-    return write_run(out_dir, doc, report, draw)
+    write_run(out_dir, doc, report, draw)
+    return doc

@@ -3,9 +3,10 @@ as dashed lines) and, for segmentation, the predictions on a few test images."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from vitreg.probe.scores import ProbeScores
 from vitreg.probe.tasks import TaskResult
@@ -109,7 +110,9 @@ def scores_at_layer(results: ProbeResults) -> Figure:
 
 
 def segmentation_examples(
-    results: list[tuple[str, TaskResult]], images: dict[str, Any], layer: str
+    results: list[tuple[str, TaskResult]],
+    images: dict[str, torch.Tensor | Sequence[float]],
+    layer: str,
 ) -> Figure:
     """Rows = test images; columns = the image, its ground truth and each condition's
     prediction (first seed) at ``layer``; ignored pixels white."""

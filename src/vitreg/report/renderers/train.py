@@ -4,17 +4,16 @@ loss curve; the step log is log.jsonl). A DINO run's report reads its [CLS] loss
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import model_section, provenance_section, synthetic_banner
 from vitreg.report.render.markdown import Report, Section, figure_section, inline_text, num, text
 from vitreg.report.render.plots import Figure, figure, new_canvas
 from vitreg.report.writer import write_run
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import DataInfo, Envelope, ModelInfo
 from vitreg.results.train import DinoTerms, TrainResults
+from vitreg.settings.base import ConfigFile
 
 PARTS = ("loss_dino", "loss_ibot")  # the terms a DINO run's loss is the sum of
 
@@ -116,13 +115,13 @@ def write_train_run(
     results: TrainResults,
     history: list[dict[str, float]],
     *,
-    described: dict[str, Any],
-    data: Mapping[str, Any],
-    config: dict[str, Any],
+    described: ModelInfo,
+    data: DataInfo,
+    config: ConfigFile,
     command: str,
-) -> dict[str, Any]:
+) -> Envelope:
     """config.yaml, report.md/html with the loss curve of ``history`` (the step log) and
-    (last) metrics.json of a finished training run in ``out_dir``; the document written.
+    (last) metrics.json of a finished training run in ``out_dir``; the typed document written.
 
     ``results`` are the run's (:func:`vitreg.verbs.train.train_results`), ``described`` the
     model block (``vitreg.verbs.train.describe_trained``), ``data`` the data block
@@ -133,10 +132,11 @@ def write_train_run(
         results.model_dump(mode="json"),
         headlines,
         command=command,
-        described=model_info(described),
-        data=data_info(dict(data)),
-        config=config,
+        described=described,
+        data=data,
+        config=config.to_file(),
         typed=results,
     )
     terms = doc.results.dino_terms
-    return write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])
+    write_run(out_dir, doc, report, lambda: [loss_figure(history, terms)] if history else [])
+    return doc

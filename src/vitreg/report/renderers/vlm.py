@@ -31,6 +31,7 @@ from vitreg.report.writer import write_run
 from vitreg.results.fix import NamedFix, TtrDescription
 from vitreg.results.schema import DataInfo, Envelope, ModelInfo
 from vitreg.results.vlm import Condition, VlmImage, VlmResults
+from vitreg.settings.base import ConfigFile
 
 SUMMARY = (
     ("identical_rate", "answers identical", True, "fraction"),
@@ -210,7 +211,7 @@ def write_vlm_run(
     results: VlmResults,
     described: ModelInfo,
     data: DataInfo,
-    config: dict[str, Any],
+    config: ConfigFile,
     command: str,
     images: np.ndarray | None = None,
     layer_maps: dict[str, np.ndarray] | None = None,
@@ -225,7 +226,7 @@ def write_vlm_run(
         command=command,
         described=described,
         data=data,
-        config=config,
+        config=config.to_file(),
         typed=results,
     )
 
