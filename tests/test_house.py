@@ -139,6 +139,11 @@ USERS_OWN = {
     "train/model.py:build_model(kwargs)",
     "train/model.py:describe(kwargs)",
     "train/model.py:refuse_file_args(kwargs)",
+    "train/model.py:check_build(build)",
+    # torch's own optimizer state_dict, rebuilt for ``Optimizer.load_state_dict``
+    "train/checkpoint.py:optimizer_state(return)",
+    # a hub model card's own YAML metadata, as huggingface_hub's ModelCardData reads it
+    "neurons/hub.py:read_metadata(return)",
     "models/loaders/local.py:check_size(kwargs)",
     "models/loaders/local.py:check_size(model_args)",
     "models/loaders/local.py:check_size(args)",

@@ -11,8 +11,11 @@ from typer.testing import CliRunner
 
 from vitreg.errors import InputError, SpecError
 from vitreg.experiment import grid, preset, run_variants
+from vitreg.experiment.evaluate import probe_scores
+from vitreg.experiment.record import ScoreSummary, SeedDiagnosis, SeedEvaluation
 from vitreg.experiment.variants import open_splits
 from vitreg.results.experiment import ExperimentResults, VariantSummary
+from vitreg.results.probe import ProbeResults
 from vitreg.results.schema import resolve
 
 DATA = "synthetic:n=8,size=32"
@@ -95,6 +98,23 @@ def test_smoke_variants_differ_as_configured(smoke):
         run = json.loads((result.out_dir / v.folder / "seed-0" / "result.json").read_text())
         assert run["train"]["steps"] == TINIER["steps"]
         assert set(run["probes"]) == {"classification", "segmentation", "depth"}
+
+
+def test_each_seed_record_holds_the_typed_evaluation(smoke):
+    """result.json's probes, diagnosis and costs are the SeedEvaluation model, key for key;
+    the probe scores are the last layer's base-condition scores of the full probe run."""
+    for v in smoke.results.variants:
+        folder = smoke.out_dir / v.folder / "seed-0"
+        run = json.loads((folder / "result.json").read_text())
+        part = {k: run[k] for k in ("probes", "diagnose", "params", "flops")}
+        evaluation = SeedEvaluation.model_validate(part)
+        assert evaluation.model_dump() == part and list(evaluation.model_dump()) == list(part)
+        assert isinstance(evaluation.diagnose, SeedDiagnosis)
+        assert evaluation.diagnose.verdict in ("artifacts", "no artifacts")
+        full = ProbeResults.model_validate_json((folder / "probes" / "depth.json").read_text())
+        scores = probe_scores(full)
+        assert scores and all(isinstance(x, ScoreSummary) for x in scores.values())
+        assert evaluation.probes["depth"].scores == scores
 
 
 def test_rerun_reuses_complete_variants_and_rejects_other_settings(smoke):

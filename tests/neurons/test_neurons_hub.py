@@ -4,6 +4,7 @@ numbers), ``hf:ORG/REPO[@REVISION]`` resolves from a pre-filled cache with HF_HU
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def neurons(model: Any) -> NeuronSet:
     return ns
 
 
-def metadata(ns: NeuronSet) -> dict[str, Any]:
+def metadata(ns: NeuronSet) -> hub.CardMetadata:
     held = HeldOut(
         n_images=4, k=3, outlier_rate_before=0.05, max_patch_norm_before=80.0,
         median_patch_norm_before=10.0, max_over_median_before=8.0,
@@ -89,6 +90,21 @@ def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # were it online: refused at once
     return cache
+
+
+def test_the_card_metadata_is_typed_and_names_a_hub_base_only_where_there_is_one(
+    neurons: NeuronSet,
+) -> None:
+    meta = metadata(neurons)
+    assert isinstance(meta, hub.CardMetadata) and isinstance(meta.vitreg, hub.CardInfo)
+    assert meta.vitreg.held_out["status"] == "clean" and meta.vitreg.held_out["k"] == 3
+    assert meta.vitreg.stability is not None and meta.vitreg.stability.method == "halves"
+    assert "base_model" not in meta.model_dump()  # a local spec has no hub repository
+    on_hub = copy.copy(neurons)
+    on_hub.model_spec = "timm:vit_small_patch14_dinov2.lvd142m"
+    dumped = metadata(on_hub).model_dump()
+    assert list(dumped) == ["license", "library_name", "tags", "vitreg", "base_model"]
+    assert dumped["base_model"] == "timm/vit_small_patch14_dinov2.lvd142m"
 
 
 def test_hub_folder_round_trips_and_fixes_the_same(

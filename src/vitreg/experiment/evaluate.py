@@ -16,6 +16,9 @@ from torch import nn
 
 from vitreg.core.io import write_json_atomic
 from vitreg.experiment.grid import Settings
+from vitreg.experiment.record import ScoreSummary, SeedDiagnosis, SeedEvaluation, TaskProbes
+from vitreg.results.experiment import FlopCounts, ParamCounts
+from vitreg.results.probe import ProbeResults
 
 # probe task -> the dataset target it needs
 TASK_TARGETS = {"classification": "label", "segmentation": "mask", "depth": "depth"}
@@ -44,19 +47,19 @@ def majority_rate(val: Any) -> float | None:
     return max(labels.values()) / sum(labels.values()) if labels else None
 
 
-def probe_scores(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"feature/metric": {mean, ci95, values}}`` of the last layer's base condition."""
-    layer = run["conditions"]["base"][-1]
+def probe_scores(run: ProbeResults) -> dict[str, ScoreSummary]:
+    """``{"feature/metric": (mean, ci95, values)}`` of the last layer's base condition."""
+    layer = run.conditions["base"][-1]
     return {
-        f"{s['feature']}/{s['metric']}": {k: s[k] for k in ("mean", "ci95", "values")}
-        for s in layer["scores"]
-        if s["group"] == "all"
+        f"{s.feature}/{s.metric}": ScoreSummary(mean=s.mean, ci95=s.ci95, values=s.values)
+        for s in layer.scores
+        if s.group == "all"
     }
 
 
 def run_probes(
     model: Any, data: tuple[Any, Any], tasks: list[str], folder: Path, settings: Settings
-) -> dict[str, Any]:
+) -> dict[str, TaskProbes]:
     """Every applicable probe on the last block; full runs go to ``folder/probes/<task>.json``."""
     from vitreg.probe.linear import FitSettings
     from vitreg.probe.run import run
@@ -75,10 +78,10 @@ def run_probes(
             cache_dir=folder / "cache",
             config=config,
             batch_size=settings.batch_eval,
-        ).results.model_dump(mode="json")
-        write_json_atomic(folder / "probes" / f"{task}.json", result)
-        notes = result["conditions"]["base"][-1]["notes"]
-        out[task] = {"scores": probe_scores(result), "notes": notes}
+        ).results
+        write_json_atomic(folder / "probes" / f"{task}.json", result.model_dump(mode="json"))
+        notes = result.conditions["base"][-1].notes
+        out[task] = TaskProbes(scores=probe_scores(result), notes=list(notes))
     return out
 
 
@@ -96,7 +99,7 @@ def diagnosis_images(dataset: Any, model: Any, n: int) -> torch.Tensor:
     return torch.stack(images)
 
 
-def run_diagnosis(model: Any, images: torch.Tensor, batch_size: int) -> dict[str, Any]:
+def run_diagnosis(model: Any, images: torch.Tensor, batch_size: int) -> SeedDiagnosis:
     """Outlier verdict and rate, and per-block token-pair cosines around ``norm1``."""
     from vitreg.analysis.diagnose import diagnose
 
@@ -119,14 +122,14 @@ def run_diagnosis(model: Any, images: torch.Tensor, batch_size: int) -> dict[str
                 if any(v is not None for v in values):
                     out[f"{pair}_{point}"] = values
         out["owned_channel_fraction"] = ln.owned_channel_fraction
-    return out
+    return SeedDiagnosis.model_validate(out)
 
 
-def costs(model: nn.Module) -> dict[str, Any]:
+def costs(model: nn.Module) -> tuple[ParamCounts, FlopCounts]:
     """``param_report`` and ``flop_report`` of the trained backbone."""
     from vitreg.arch import flop_report, param_report
 
-    return {"params": param_report(model).model_dump(), "flops": flop_report(model).model_dump()}
+    return param_report(model), flop_report(model)
 
 
 def evaluate(
@@ -135,15 +138,17 @@ def evaluate(
     tasks: list[str],
     folder: Path,
     settings: Settings,
-) -> dict[str, Any]:
+) -> SeedEvaluation:
     """Probes, diagnosis and costs of one trained backbone (evaluated in eval mode)."""
     from vitreg.models.wrapping import wrap
 
     trained.eval()
     model = wrap(trained, weights="trained")  # trained by this experiment
     images = diagnosis_images(data[1], model, settings.diagnose_images)
-    return {
-        "probes": run_probes(model, data, tasks, folder, settings),
-        "diagnose": run_diagnosis(model, images, settings.batch_eval),
-        **costs(trained),
-    }
+    params, flops = costs(trained)
+    return SeedEvaluation(
+        probes=run_probes(model, data, tasks, folder, settings),
+        diagnose=run_diagnosis(model, images, settings.batch_eval),
+        params=params,
+        flops=flops,
+    )

@@ -99,7 +99,7 @@ class Settings:
     diagnose_images: int = 32
     batch_eval: int = 32
 
-    def model_kwargs(self) -> dict[str, Any]:
+    def model_kwargs(self) -> dict[str, int | float]:
         """timm constructor arguments of the shared base architecture."""
         return {
             "depth": self.depth,

@@ -202,7 +202,7 @@ def run_one(
             "resumed_from": result.resumed_from,
             "notes": notes,
         },
-        **evaluated,
+        **evaluated.model_dump(),
         "time_s": {"train": t_train, "evaluate": time.perf_counter() - t0 - t_train},
     }
     write_json_atomic(done, plain(record))

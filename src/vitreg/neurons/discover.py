@@ -298,7 +298,7 @@ class OutlierActivations(Reducer):
         self.images_with += other.images_with
         self.images_seen += other.images_seen
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> dict[str, torch.Tensor | int]:
         return {
             "score_sum": self.score_sum,
             "images_with": self.images_with,

@@ -17,8 +17,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
 from vitreg.errors import InputError
 from vitreg.fix.neuron_set import NeuronSet
+from vitreg.results.base import ResultsModel, Setting, SparseResults
 from vitreg.results.neurons import HeldOut, Stability
 
 if TYPE_CHECKING:
@@ -57,6 +60,36 @@ def hub_model_id(spec: str | None) -> str | None:
     return None
 
 
+class CardInfo(ResultsModel):
+    """The card's ``vitreg`` block: what the set is for and how it was found."""
+
+    kind: str
+    origin: str
+    vitreg_version: str
+    base_model_spec: str | None
+    base_model_revision: str | None
+    model_family: str | None
+    weights_fingerprint: str | None
+    n_neurons: int
+    layers: list[int]
+    resolutions: list[list[int]] = Field(description="[[h, w], ...] the set was found at")
+    images: str
+    n_images: int | None
+    held_out: dict[str, Setting] = Field(description="the verdict and the held-out check")
+    stability: Stability | None
+
+
+class CardMetadata(SparseResults):
+    """A hub folder's model card metadata (its YAML header); ``base_model`` only where the
+    model has a hub repository."""
+
+    license: str
+    library_name: str
+    tags: list[str]
+    vitreg: CardInfo
+    base_model: str | None = None
+
+
 def card_metadata(
     neurons: NeuronSet,
     *,
@@ -69,42 +102,42 @@ def card_metadata(
     base_revision: str | None = None,
     license: str = DEFAULT_LICENSE,
     origin: str | None = None,
-) -> dict[str, Any]:
+) -> CardMetadata:
     """The card's YAML metadata for ``neurons`` found on ``n_images`` images (``images`` says
     which) at ``resolutions`` (``[[h, w], ...]``), with the run's held-out check and stability;
     ``origin`` names where a set not found by a vitreg run comes from."""
     from vitreg.core.version import __version__
 
     base = hub_model_id(neurons.model_spec)
-    meta: dict[str, Any] = {
-        "license": license,
-        "library_name": "vitreg",
-        "tags": ["vitreg", "register-neurons", "test-time-registers"],
-        "vitreg": {
-            "kind": "neuron_set",
-            "origin": origin or "found by `vitreg neurons`",
-            "vitreg_version": __version__,
-            "base_model_spec": neurons.model_spec,
-            "base_model_revision": base_revision,
-            "model_family": neurons.model_family,
-            "weights_fingerprint": neurons.fingerprint,
-            "n_neurons": len(neurons),
-            "layers": sorted(set(neurons.layers)),
-            "resolutions": [list(map(int, r)) for r in resolutions],
-            "images": images,
-            "n_images": None if n_images is None else int(n_images),
-            "held_out": {"status": status, **(held_out.model_dump() if held_out else {})},
-            "stability": stability.model_dump() if stability is not None else None,
-        },
-    }
-    if base is not None:
-        meta["base_model"] = base
-    return meta
+    info = CardInfo(
+        kind="neuron_set",
+        origin=origin or "found by `vitreg neurons`",
+        vitreg_version=__version__,
+        base_model_spec=neurons.model_spec,
+        base_model_revision=base_revision,
+        model_family=neurons.model_family,
+        weights_fingerprint=neurons.fingerprint,
+        n_neurons=len(neurons),
+        layers=sorted(set(neurons.layers)),
+        resolutions=[list(map(int, r)) for r in resolutions],
+        images=images,
+        n_images=None if n_images is None else int(n_images),
+        held_out={"status": status, **(held_out.model_dump() if held_out else {})},
+        stability=stability,
+    )
+    return CardMetadata(
+        license=license,
+        library_name="vitreg",
+        tags=["vitreg", "register-neurons", "test-time-registers"],
+        vitreg=info,
+        **({"base_model": base} if base is not None else {}),
+    )
 
 
-def _card_text(meta: dict[str, Any]) -> str:
+def _card_text(metadata: CardMetadata) -> str:
     from huggingface_hub import ModelCardData
 
+    meta = metadata.model_dump(mode="json")
     v = meta["vitreg"]
     held = v["held_out"]
     verdict = held.get("status") or "not checked"
@@ -141,7 +174,7 @@ def _card_text(meta: dict[str, Any]) -> str:
     return f"---\n{data.to_yaml()}\n---\n{body}"
 
 
-def write_folder(neurons: NeuronSet, directory: str | Path, meta: dict[str, Any]) -> Path:
+def write_folder(neurons: NeuronSet, directory: str | Path, meta: CardMetadata) -> Path:
     """Write a hub-ready folder: the set (``neurons.json`` + ``.safetensors``) and the model
     card ``README.md`` with ``meta`` (see :func:`card_metadata`); returns the folder."""
     from vitreg.core.disk import writing
@@ -270,7 +303,7 @@ def run_metadata(
     images: str,
     n_images: int,
     license: str = DEFAULT_LICENSE,
-) -> dict[str, Any]:
+) -> CardMetadata:
     """The card metadata of a set ``vitreg neurons`` found (a
     :class:`~vitreg.neurons.auto.NeuronSearchResult`) on ``model`` with ``n_images`` images
     (``images`` says which): its resolution, the held-out check and stability."""

@@ -116,7 +116,7 @@ def describe_fix(fix: Fix | None) -> dict[str, Any] | None:
     return desc
 
 
-def input_config(model: Model, image_size: int | None = None) -> dict[str, Any]:
+def input_config(model: Model, image_size: int | None = None) -> dict[str, int | list[float]]:
     """Input size (the model's default unless given) and normalisation of the samples."""
     size, mean, std = model_input(model)
     return {"size": image_size or size, "mean": list(mean), "std": list(std)}

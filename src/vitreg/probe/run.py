@@ -245,8 +245,8 @@ def _train_probes(
 
 
 def example_images(
-    ds: LabeledDataset, input: dict[str, Any], shown: list[TaskResult]
-) -> dict[str, Any]:
+    ds: LabeledDataset, input: dict[str, int | list[float]], shown: list[TaskResult]
+) -> dict[str, torch.Tensor | list[float]]:
     """The first test samples the extraction kept (skipped ones left out, as in the cache), as
     the model saw them: ``images [n, 3, S, S]`` normalised with ``mean``/``std``."""
     n = max(len(r.examples["target"]) for r in shown)

@@ -120,7 +120,7 @@ class ShardWriter:
     names: Sequence[str]
     views: Sequence[str]
     key: str
-    input: dict[str, Any]  # {"size", "mean", "std"} for :func:`prepare`
+    input: dict[str, int | list[float]]  # {"size", "mean", "std"} for :func:`prepare`
     batch_size: int
     dtype: torch.dtype
     pixels: bool

@@ -77,7 +77,7 @@ def test_every_sampled_circuit_does_what_its_truth_says(seed: int) -> None:
     assert truth.sink_layers == (
         tuple(range(truth.emergence_layer + 1, s.depth)) if s.options.sinks else ()
     )
-    d = json.loads(json.dumps(truth.to_dict()))
+    d = json.loads(json.dumps(truth.model_dump(mode="json")))
     assert d["writer_layers"] == list(truth.writer_layers) and d["rule"]["text"]
 
 
@@ -95,12 +95,11 @@ def test_build_is_deterministic_and_the_unplanted_twin_shares_the_weights() -> N
 
 def test_the_check_catches_a_circuit_that_breaks_its_truth() -> None:
     """A causal unit relabelled as a reader: zeroing the 'causal' units leaves outliers."""
-    import dataclasses
 
     module, truth = random_circuit(seed=7)
     s = sample(7)
     images = truth.normalize(make_synthetic(12, s.img_size, seed=7, flat_fraction=0.4).images)
-    wrong = dataclasses.replace(truth, causal_units=truth.causal_units[:1])
+    wrong = truth.model_copy(update={"causal_units": truth.causal_units[:1]})
     check = check_circuit(module, wrong, images, random_unplanted(seed=7))
     assert not check.ok and any("causal units zeroed" in f for f in check.failures)
 

@@ -12,6 +12,7 @@ import vitreg
 from vitreg.errors import InputError, SpecError
 from vitreg.models.loaders.local import save_local
 from vitreg.testing import build, list_planted, make_synthetic
+from vitreg.testing.planted import FlatRule, GroundTruth
 
 # 6x6 patch grids: small enough to be fast, large enough for whole flat patches
 SIZES = {"dinov2_s14": 84, "dinov2_s14_reg4": 84, "dinov2_s14_swiglu": 84}
@@ -170,7 +171,14 @@ def test_build_is_deterministic() -> None:
 
 def test_ground_truth_is_json(fixtures) -> None:
     _, truth, x = fixtures("dinov2_s14")
-    d = json.loads(json.dumps(truth.to_dict()))
+    assert isinstance(truth, GroundTruth) and isinstance(truth.rule, FlatRule)
+    d = json.loads(json.dumps(truth.model_dump(mode="json")))
+    assert list(d)[:4] == ["name", "architecture", "model_args", "seed"]
+    assert list(d["rule"]) == [
+        "patch_size", "threshold", "n_filters", "filter_seed", "approx_std", "text"
+    ]  # fmt: skip
+    assert d["rule"]["approx_std"] == truth.rule.approx_std
+    assert d["writer_layers"] == list(truth.writer_layers) and truth.writer_layers
     assert d["units"] == [list(u) for u in truth.units]
     assert d["first_outlier_layer"] == truth.first_outlier_layer
     assert d["rule"]["threshold"] == truth.rule.threshold and "flat" in d["rule"]["text"]
@@ -205,3 +213,11 @@ def test_unknown_planted_name_lists_names() -> None:
         vitreg.load("planted:nope")
     with pytest.raises(SpecError, match="img_size and seed"):
         vitreg.load("planted:dinov2_s14", depth=2)
+
+
+def test_a_rule_given_by_position_still_builds_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="by keyword"):
+        rule = FlatRule(14, 0.05, 16, filter_seed=0)
+    assert rule == FlatRule(patch_size=14, threshold=0.05, n_filters=16, filter_seed=0)
+    with pytest.raises(TypeError, match="at most 4"):
+        FlatRule(14, 0.05, 16, 0, 5)

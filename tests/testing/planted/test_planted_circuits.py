@@ -83,7 +83,7 @@ def test_listed_with_roles_and_json() -> None:
     assert truth.causal_units == tuple((6, u) for u in truth.units_by_layer()[6])
     assert truth.reader_units == tuple((7, u) for u in truth.units_by_layer()[7])
     assert truth.distractor_units == () and truth.emergence_layer == truth.first_outlier_layer
-    d = json.loads(json.dumps(truth.to_dict()))
+    d = json.loads(json.dumps(truth.model_dump(mode="json")))
     assert d["causal_units"] == [list(u) for u in truth.causal_units]
 
 
@@ -104,7 +104,7 @@ def test_ground_truth_roles(fixtures, name: str) -> None:
         kinds = [k for *_, k in truth.distractor_units]
         assert sorted(kinds) == ["cls", "cls", "texture", "texture"]
         assert all(2 <= layer <= 4 for layer, *_ in truth.distractor_units)
-    d = json.loads(json.dumps(truth.to_dict()))
+    d = json.loads(json.dumps(truth.model_dump(mode="json")))
     assert d["emergence_layer"] == truth.emergence_layer
     assert d["distractor_units"] == [list(u) for u in truth.distractor_units]
     assert truth.units_by_layer("reader") == {layer: [u] for layer, u in truth.reader_units}

@@ -33,7 +33,7 @@ def test_every_kind_loads_by_spec_and_lists() -> None:
     assert isinstance(truth, KindTruth) and truth.registers_absorb
     assert model.layout.n_reg == 4 and model.layout.grid == (8, 8)
     assert model.weights == "planted"
-    assert truth.to_dict()["sinks"][0]["key_type"] == "register"
+    assert truth.model_dump(mode="json")["sinks"][0]["key_type"] == "register"
 
 
 def test_reserved_channels_hold_their_planted_values() -> None:

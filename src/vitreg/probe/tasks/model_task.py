@@ -48,7 +48,9 @@ class ModelTask(Task):
         """What is kept of one batch of targets until scoring (all of it, unless overridden)."""
         return targets
 
-    def prepare(self, sample: Sample, config: dict[str, Any]) -> dict[str, Any]:
+    def prepare(
+        self, sample: Sample, config: dict[str, int | list[float]]
+    ) -> dict[str, Tensor | str]:
         """One sample as model input and targets (``config``: ``size``, ``mean``, ``std``): the
         short side resized and centre-cropped square, unless a task keeps the aspect. Samples
         are batched while their image and target shapes agree."""

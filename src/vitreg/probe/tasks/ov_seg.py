@@ -74,7 +74,7 @@ class Protocol:
     prob_thd: float = 0.0
     area_thd: float | None = None
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, float | None]:
         return {
             "logit_scale": self.logit_scale,
             "prob_thd": self.prob_thd,
@@ -225,7 +225,9 @@ class OvSeg(ModelTask):
     def layer(self, model: Model) -> str:
         return "patch embedding"
 
-    def prepare(self, sample: Sample, config: dict[str, Any]) -> dict[str, Any]:
+    def prepare(
+        self, sample: Sample, config: dict[str, int | list[float]]
+    ) -> dict[str, Tensor | str]:
         """The image resized keeping its aspect (short side :attr:`short_side`, bilinear on the
         8-bit pixels as mmseg's resize, rounded back to 8 bits) and normalised; the mask at its
         own size."""

@@ -272,7 +272,7 @@ def build_timm(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module
         return build_circuit(name, spec, img_size, seed)
     module = create(spec, img_size)
     patch = int(module.patch_embed.patch_size[0])
-    rule = FlatRule(patch, THRESHOLD, N_FILTERS, filter_seed=seed)
+    rule = FlatRule(patch_size=patch, threshold=THRESHOLD, n_filters=N_FILTERS, filter_seed=seed)
     # the plan (channels, units, direction) depends on the seed only, not on the image size
     plan = _plan(module, spec, torch.Generator().manual_seed(seed))
     g = torch.Generator().manual_seed(seed + 7919)

@@ -396,8 +396,13 @@ def _rule(module: nn.Module, seed: int, options: Options) -> FlatRule | Position
     patch = int(module.patch_embed.patch_size[0])
     if options.positions:
         grid = token_layout(module).grid
-        return PositionRule(patch, grid, tuple(sorted(options.positions)), options.rule_kind)
-    return FlatRule(patch, options.threshold, N_FILTERS, filter_seed=seed)
+        positions = tuple(sorted(options.positions))
+        return PositionRule(
+            patch_size=patch, grid=grid, positions=positions, kind=options.rule_kind
+        )
+    return FlatRule(
+        patch_size=patch, threshold=options.threshold, n_filters=N_FILTERS, filter_seed=seed
+    )
 
 
 def _embed_tied(module: nn.Module, plan: PlantPlan, tied: tuple[int, ...]) -> None:

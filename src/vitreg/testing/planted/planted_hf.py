@@ -10,7 +10,7 @@ split into HF's ``q_proj``/``k_proj``/``v_proj``. timm's final ``norm`` becomes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -96,6 +96,5 @@ def build_hf(name: str, img_size: int = 224, seed: int = 0) -> tuple[nn.Module, 
     module, truth = build_timm(fixture.twin, img_size=img_size, seed=seed)
     hf = clip_vision_from_timm(module)
     config = {k: v for k, v in hf.config.to_dict().items() if isinstance(v, int | float | str)}
-    return hf, replace(
-        truth, name=name, architecture="transformers.CLIPVisionModel", model_args=config
-    )
+    named = {"name": name, "architecture": "transformers.CLIPVisionModel", "model_args": config}
+    return hf, truth.model_copy(update=named)

@@ -21,7 +21,7 @@ stays exact in every block; :class:`KindTruth` says what was planted and where.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from torch import nn
 
 from vitreg.errors import SpecError
 from vitreg.testing.planted._weights import Spec, create, random_init
+from vitreg.testing.planted.truth import TruthModel
 
 ARGS = dict(embed_dim=64, depth=6, num_heads=4, patch_size=8)
 IMG_SIZE = 64  # 8 x 8 patches
@@ -41,8 +42,7 @@ MASSIVE_VALUE = 1000.0  # planted massive activation (~3000x the median |activat
 REGISTER_MARK = 20.0  # reserved register channel value (~3x the median patch norm)
 
 
-@dataclass(frozen=True)
-class PlantedSink:
+class PlantedSink(TruthModel):
     """A planted sink head: ``block``, ``head``, class ("nop"/"broadcast") and key token."""
 
     block: int
@@ -52,8 +52,7 @@ class PlantedSink:
     key_index: int  # index within its token type
 
 
-@dataclass(frozen=True)
-class KindTruth:
+class KindTruth(TruthModel):
     """What a kinds fixture plants; empty fields mean "none of this kind".
 
     ``massive``: ``(first_block, token_type, token_index, channel)``; ``positions``: the
@@ -63,7 +62,7 @@ class KindTruth:
 
     name: str
     architecture: str
-    model_args: dict
+    model_args: dict[str, Any]
     seed: int
     description: str
     sinks: tuple[PlantedSink, ...] = ()
@@ -72,14 +71,6 @@ class KindTruth:
     position_channel: int | None = None
     registers_absorb: bool = False
     reserved: tuple[int, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["sinks"] = [asdict(s) for s in self.sinks]
-        d["massive"] = [list(m) for m in self.massive]
-        d["positions"] = list(self.positions)
-        d["reserved"] = list(self.reserved)
-        return d
 
 
 @dataclass(frozen=True)
@@ -191,10 +182,10 @@ def build_kind(name: str, img_size: int = IMG_SIZE, seed: int = 0) -> tuple[nn.M
             module.pos_embed[:, _patch_positions(module), c_patch] = PATCH_MARK
         if name == "kinds_nop_sink":
             _sink_head(module, 2, 1, c_cls, c_patch, g)
-            truth["sinks"] = (PlantedSink(2, 1, "nop", "cls", 0),)
+            truth["sinks"] = (_sink(2, 1, "nop", "cls"),)
         elif name == "kinds_broadcast_sink":
             _sink_head(module, 3, 2, c_cls, c_cls, g)
-            truth["sinks"] = (PlantedSink(3, 2, "broadcast", "cls", 0),)
+            truth["sinks"] = (_sink(3, 2, "broadcast", "cls"),)
         elif name == "kinds_position":
             h, w = module.patch_embed.grid_size
             cells = sorted({(r % h) * w + (c % w) for r, c in POSITION_PATCHES})
@@ -210,7 +201,7 @@ def build_kind(name: str, img_size: int = IMG_SIZE, seed: int = 0) -> tuple[nn.M
             for block in (2, 4):
                 _sink_head(module, block, 0, c_key, c_patch, g)
             truth.update(
-                sinks=tuple(PlantedSink(b, 0, "nop", "register", 0) for b in (2, 4)),
+                sinks=tuple(_sink(b, 0, "nop", "register") for b in (2, 4)),
                 registers_absorb=True,
             )
     module.eval()
@@ -223,6 +214,11 @@ def build_kind(name: str, img_size: int = IMG_SIZE, seed: int = 0) -> tuple[nn.M
         reserved=tuple(reserved) if name not in ("kinds_clean", "kinds_clean_reg4") else (),
         **truth,
     )
+
+
+def _sink(block: int, head: int, kind: str, key_type: str) -> PlantedSink:
+    """A planted sink head whose key is the first token of ``key_type``."""
+    return PlantedSink(block=block, head=head, kind=kind, key_type=key_type, key_index=0)
 
 
 def _massive_unit(module: nn.Module, block: int, read: int, write: int) -> None:

@@ -115,7 +115,7 @@ def save_tiny_llava(folder: str | Path, img_size: int = 112, seed: int = 0) -> P
         "description": f"planted {TOWER} tower at {img_size} px, 2-layer Llama of width 32, "
         f"seed {seed}",
         "tower": TOWER,
-        "ground_truth": truth.to_dict(),
+        "ground_truth": truth.model_dump(mode="json"),
     }
     (out / PLANTED_FILE).write_text(json.dumps(info, indent=1))
     return out

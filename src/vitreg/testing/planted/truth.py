@@ -8,13 +8,38 @@ were planted, in which roles, and how strong the outliers are.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import ConfigDict, computed_field, model_validator
 
 from vitreg.errors import InputError
+from vitreg.results.base import ResultsModel
+
+
+class TruthModel(ResultsModel):
+    """A planted fixture's ground truth: frozen, and its JSON (``model_dump(mode="json")``) is
+    what the fixture writes beside its weights."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        """Fields by keyword; given by position (in declaration order), they still work for
+        one release, with a ``DeprecationWarning``."""
+        if args:
+            names = list(type(self).model_fields)
+            if len(args) > len(names):
+                raise TypeError(f"{type(self).__name__} takes at most {len(names)} fields")
+            warnings.warn(
+                f"{type(self).__name__} takes its fields by keyword; positional ones go in the "
+                "next release",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            fields = {**dict(zip(names, args, strict=False)), **fields}
+        super().__init__(**fields)
 
 
 def texture_filters(patch_size: int, n_filters: int, seed: int) -> torch.Tensor:
@@ -25,8 +50,7 @@ def texture_filters(patch_size: int, n_filters: int, seed: int) -> torch.Tensor:
     return w / w.flatten(1).norm(dim=1)[:, None, None, None]
 
 
-@dataclass(frozen=True)
-class FlatRule:
+class FlatRule(TruthModel):
     """Which patches the planted neurons fire on: texture energy below ``threshold``.
 
     Texture energy of a preprocessed patch is the mean absolute response of ``n_filters``
@@ -40,10 +64,12 @@ class FlatRule:
     n_filters: int
     filter_seed: int
 
+    @computed_field(repr=False)  # type: ignore[prop-decorator]
     @property
     def approx_std(self) -> float:
         return self.threshold / math.sqrt(2 / math.pi)
 
+    @computed_field(repr=False)  # type: ignore[prop-decorator]
     @property
     def text(self) -> str:
         return (
@@ -76,12 +102,8 @@ class FlatRule:
         ratio = self.texture_energy(images) / self.threshold
         return (ratio > 1 - band) & (ratio < 1 + band)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "approx_std": self.approx_std, "text": self.text}
 
-
-@dataclass(frozen=True)
-class PositionRule:
+class PositionRule(TruthModel):
     """Which patches the planted neurons fire on: fixed grid positions, whatever the image.
 
     ``positions`` index the row-major patch grid ``grid``; ``kind`` says how they were drawn
@@ -94,6 +116,7 @@ class PositionRule:
     positions: tuple[int, ...]
     kind: str = "positions"
 
+    @computed_field(repr=False)  # type: ignore[prop-decorator]
     @property
     def text(self) -> str:
         return f"{self.kind}: patches at grid positions {list(self.positions)} of {self.grid}"
@@ -117,17 +140,8 @@ class PositionRule:
         """No patch is near a threshold: an empty mask."""
         return torch.zeros_like(self.mask(images))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "grid": list(self.grid),
-            "positions": list(self.positions),
-            "text": self.text,
-        }
 
-
-@dataclass(frozen=True)
-class GroundTruth:
+class GroundTruth(TruthModel):
     """What was planted in a fixture: where, which units, on which tokens, how strongly.
 
     ``units`` are ``(layer, unit)`` pairs indexing ``blocks.{layer}.mlp.hook_post``. From
@@ -152,7 +166,7 @@ class GroundTruth:
 
     name: str
     architecture: str
-    model_args: dict
+    model_args: dict[str, Any]
     seed: int
     layers: tuple[int, ...]
     units: tuple[tuple[int, int], ...]
@@ -170,14 +184,22 @@ class GroundTruth:
     writer_layers: tuple[int, ...] = ()  # (): the causal units' blocks
     target_ratio: float | None = None  # None: expected_norm_ratio
 
-    def __post_init__(self) -> None:
-        if self.emergence_layer is None:
-            object.__setattr__(self, "emergence_layer", self.first_outlier_layer)
-        if not self.writer_layers:
-            layers = tuple(sorted({layer for layer, _ in self.causal_units}))
-            object.__setattr__(self, "writer_layers", layers)
-        if self.target_ratio is None:
-            object.__setattr__(self, "target_ratio", self.expected_norm_ratio)
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        """The emergence layer, writer layers and target ratio left out: their documented
+        defaults."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        if out.get("emergence_layer") is None:
+            out["emergence_layer"] = out.get("first_outlier_layer")
+        if not out.get("writer_layers"):
+            causal = out.get("causal_units") or ()
+            out["writer_layers"] = tuple(sorted({unit[0] for unit in causal}))
+        if out.get("target_ratio") is None:
+            out["target_ratio"] = out.get("expected_norm_ratio")
+        return out
 
     def units_by_layer(self, role: str = "all") -> dict[int, list[int]]:
         """Units per layer; ``role``: "all" (causal + readers), "causal" or "reader"."""
@@ -207,20 +229,3 @@ class GroundTruth:
     def ambiguous_mask(self, images: torch.Tensor, band: float = 0.05) -> torch.Tensor:
         """Patches within ``band`` (relative) of the threshold, where the model's ramp is partial."""
         return self.rule.ambiguous(images, band)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(
-            rule=self.rule.to_dict(),
-            layers=list(self.layers),
-            units=[list(u) for u in self.units],
-            sink_layers=list(self.sink_layers),
-            helper_units=[list(u) for u in self.helper_units],
-            causal_units=[list(u) for u in self.causal_units],
-            reader_units=[list(u) for u in self.reader_units],
-            distractor_units=[list(u) for u in self.distractor_units],
-            writer_layers=list(self.writer_layers),
-            mean=list(self.mean),
-            std=list(self.std),
-        )
-        return d
