@@ -214,6 +214,6 @@ def test_wrapped_variant_hooks_cache_and_analyses():
     from vitreg.analysis.norms import norm_report
 
     sep = ln_separation(model, images(4, 32), batch_size=2)
-    assert len(sep.similarity) == 3 and "cls_patch" in sep.similarity[0]["post_ln1"]
+    assert len(sep.summary.similarity) == 3 and "cls_patch" in sep.summary.similarity[0]["post_ln1"]
     trace = norm_report(model, images(4, 32), batch_size=2).trace
     assert trace.norms["blocks.2.hook_resid_post"].shape == (4, 7)
