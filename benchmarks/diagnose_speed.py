@@ -41,6 +41,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from vitreg.analysis.diagnose import diagnose
+    from vitreg.configs import DiagnoseConfig
     from vitreg.data.images import to_display
     from vitreg.report.renderers.diagnose import write_diagnose_run as write_run
     from vitreg.testing.images import synthetic_pil
@@ -59,7 +60,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     def report(result: Any) -> None:
         shown = to_display(x[: args.max_maps], model)
-        config = {"command": "diagnose", "benchmark": "diagnose_speed", **vars(args)}
+        config = DiagnoseConfig(max_maps=args.max_maps, batch_size=args.batch_size)
         with tempfile.TemporaryDirectory() as out:
             write_run(out, result, images=shown, config=config, command="diagnose_speed.py")
 

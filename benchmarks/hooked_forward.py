@@ -170,7 +170,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min
         "kinds_found": {
-            "sink_events_per_image": done["sinks"].per_image.get("total", 0.0),
+            "sink_events_per_image": done["sinks"].per_image.total,
             "lof_images": done["lof"].n_images,
         },
         "rss_mb_after_build": rss_built,
