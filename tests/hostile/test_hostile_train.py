@@ -129,7 +129,16 @@ def test_corrupt_checkpoint_sidecar_is_named(tmp_path, change, needle) -> None:
     sidecar = tmp_path / "checkpoints" / "step-00000002.json"
     meta = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps([1, 2] if change is None else {**meta, **change}))
-    assert_clean_failure(train(tmp_path, *data), "step-00000002.json", needle, "--no-resume")
+    # the command refuses first: the run's manifest no longer vouches for the edited file
+    failed = train(tmp_path, *data)
+    assert_clean_failure(failed, "step-00000002.json", "cannot prove it wrote")
+    assert json.loads(sidecar.read_text()) == ([1, 2] if change is None else {**meta, **change})
+    # the checkpoint reader itself names what is wrong with the sidecar
+    (tmp_path / ".vitreg-manifest.json").unlink()
+    with pytest.raises(WeightsError) as err:
+        run("supervised", tmp_path, steps=2, checkpoint_every=2)
+    assert "step-00000002.json" in str(err.value) and needle in str(err.value)
+    assert "--no-resume" in str(err.value)
 
 
 @pytest.mark.parametrize(
