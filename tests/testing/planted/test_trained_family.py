@@ -48,8 +48,8 @@ def test_seeds_cover_the_family() -> None:
 
 
 def _modes(module: torch.nn.Module, x: torch.Tensor) -> list[int]:
-    report = norm_report(wrap(module), x, batch_size=16).report
-    return [i for i, layer in enumerate(report.layers) if layer.present]
+    summary = norm_report(wrap(module), x, batch_size=16).summary
+    return [i for i, layer in enumerate(summary.layers) if layer.artifacts_present]
 
 
 def _members_norm(module: torch.nn.Module, x: torch.Tensor, layer: int) -> torch.Tensor:
