@@ -255,13 +255,13 @@ def found_summary(found: Any) -> dict[str, Any]:
     return {
         "chosen_pairs": [list(p) for p in found.chosen.pairs()],
         "status": found.status,
-        "n_held_out": found.held_out["n_images"],
-        "n_discovery": found.split["n_discovery"],
+        "n_held_out": found.held_out.n_images,
+        "n_discovery": found.discovery.n_images,
         "detect_layer": found.detection.detect_layer,
         "searched_layers": [found.detection.lowest_layer, found.detection.highest_layer],
         "causal_passes": found.causal.passes if found.causal is not None else None,
         "causal_images": found.causal.n_images if found.causal is not None else None,
-        "calibration_ks": list(found.curve.ks),
+        "calibration_ks": list(found.calibration.ks) if found.calibration is not None else [],
     }
 
 

@@ -42,9 +42,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result = run_variants(args.data, Path(tmp) / "run", settings, variants=entries)
         seconds = time.perf_counter() - t0
     return {
-        "complete": bool(result.complete),
-        "n_variants": len(result.variants),
-        "variants": [v["name"] for v in result.variants],
+        "complete": bool(result.results.complete),
+        "n_variants": len(result.results.variants),
+        "variants": [v.name for v in result.results.variants],
         "seconds": seconds,
         "peak_rss_mb": peak_rss_mb(),
     }

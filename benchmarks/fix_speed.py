@@ -43,6 +43,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from vitreg.fix.methods import FIXES, FixInputs, parse_entries
+    from vitreg.results.schema import plain
 
     torch.manual_seed(0)
     clock = time.perf_counter
@@ -71,7 +72,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         times, med = interleaved({"bare": bare, "fixed": fixed}, args.repeats, clock)
         ratio = med["bare"] / med["fixed"]
         rows[entry] = {
-            "fix": fix.describe() if hasattr(fix, "describe") else {},
+            "fix": plain(fix.describe()) if hasattr(fix, "describe") else {},
             "seconds": times,
             "median_s": med,
             "images_per_s": {arm: args.batch_size / s for arm, s in med.items()},

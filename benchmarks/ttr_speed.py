@@ -62,6 +62,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from vitreg.fix.test_time_registers import TestTimeRegisters
+    from vitreg.results.schema import plain
 
     torch.manual_seed(0)
     model = build(args.model, args.img_size, args.depth)
@@ -103,7 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model,
         "n_tokens": {"bare": ref.shape[1], "ttr_returned": out.shape[1]},
-        "fix": ttr.describe(),
+        "fix": plain(ttr.describe()),
         "neurons": [{"layer": layer, "unit": unit} for layer, unit in neurons.pairs()],
         "outputs_differ": bool(not torch.equal(out, ref)),
         **speed(times, args.batch_size, "ratio_ttr_over_bare", over="bare", under="ttr"),

@@ -37,7 +37,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import vitreg  # noqa: F401  (registers the vitreg timm names)
-    from vitreg.arch import create_variant, flop_report, param_report
+    from vitreg.arch import create_variant, flop_report, param_lines, param_report
 
     kwargs: dict[str, Any] = {"img_size": args.img_size}
     if args.depth is not None:
@@ -63,9 +63,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model,
         "variant": arms["variant"].variant_config.as_dict(),
-        "params": report.as_dict(),
-        "params_lines": report.lines(),
-        "flops": flops,
+        "params": report.model_dump(),
+        "params_lines": param_lines(report),
+        "flops": flops.model_dump(),
         **speed(
             times, args.batch_size, "ratio_variant_over_baseline", over="baseline", under="variant"
         ),
