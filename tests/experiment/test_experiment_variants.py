@@ -12,9 +12,22 @@ from typer.testing import CliRunner
 from vitreg.errors import InputError, SpecError
 from vitreg.experiment import grid, preset, run_variants
 from vitreg.experiment.evaluate import probe_scores
-from vitreg.experiment.record import ScoreSummary, SeedDiagnosis, SeedEvaluation
+from vitreg.experiment.record import (
+    ExperimentPlan,
+    ScoreSummary,
+    SeedDiagnosis,
+    SeedEvaluation,
+    SeedRecord,
+)
 from vitreg.experiment.variants import open_splits
-from vitreg.results.experiment import ExperimentResults, VariantSummary
+from vitreg.results.experiment import (
+    DinoPresetOptions,
+    ExperimentResults,
+    ExperimentSettings,
+    Variant,
+    VariantOptions,
+    VariantSummary,
+)
 from vitreg.results.probe import ProbeResults
 from vitreg.results.schema import resolve
 
@@ -53,12 +66,13 @@ def test_grid_is_three_specialisations_by_three_handlings_plus_gap():
     entries = grid()
     assert len(entries) == 10 and len({v.name for v in entries}) == 10
     qkv_reg = next(v for v in entries if v.name == "qkv-registers")
-    assert qkv_reg.options == {"specialize": ("norm", "ls", "qkv"), "registers": 4}
+    assert isinstance(qkv_reg, Variant) and isinstance(qkv_reg.options, VariantOptions)
+    assert qkv_reg.options == VariantOptions(specialize=["norm", "ls", "qkv"], registers=4)
     gap = entries[-1]
-    assert gap.options == {"specialize": (), "pool": "avg"} and gap.specialisation == "gap"
+    assert gap.options == VariantOptions(specialize=[], pool="avg") and gap.specialisation == "gap"
     assert len(grid(include_gap=False)) == 9
     bias = [v for v in entries if v.handling == "attn_bias"]
-    assert len(bias) == 3 and all(v.options["attn_bias"] is True for v in bias)
+    assert len(bias) == 3 and all(v.options.attn_bias is True for v in bias)
 
 
 def test_smoke_run_writes_report_with_traceable_headlines(smoke):
@@ -215,3 +229,43 @@ def test_image_folder_gets_the_classification_probe_only(tmp_path):
     assert set(plan["skipped_tasks"]) == {"segmentation", "depth"}
     assert result.results.variants[0].summary["seg_miou"].mean is None
     assert "Probe **segmentation** not run" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_settings_are_one_typed_model_from_preset_to_metrics(smoke):
+    """The preset's settings are the results' settings: experiment.json and result.json keep the
+    DINO options in the order the preset gave them, metrics.json in the schema's order."""
+    settings = smoke_settings()
+    assert isinstance(settings, ExperimentSettings)
+    assert smoke.results.settings == settings
+    given = list(TINIER["dino"])
+    plan = json.loads((smoke.out_dir / "experiment.json").read_text())
+    assert ExperimentPlan.model_validate(plan).settings == settings
+    assert list(plan["settings"]["dino"]) == given
+    assert [v["name"] for v in plan["variants"]] == ["baseline-none", "qkv-registers"]
+    folder = smoke.out_dir / smoke.results.variants[1].folder / "seed-0"
+    record = SeedRecord.model_validate_json((folder / "result.json").read_text())
+    assert record.config.settings == settings and record.config.variant == two_variants()[1]
+    assert list(json.loads((folder / "result.json").read_text())["config"]["settings"]["dino"]) == (
+        given
+    )
+    doc = json.loads((smoke.out_dir / "metrics.json").read_text())
+    schema = [k for k in DinoPresetOptions.model_fields if k in given]
+    assert list(doc["results"]["settings"]["dino"]) == schema != given
+
+
+def test_old_names_still_work_with_a_warning():
+    import vitreg.experiment as experiment
+
+    with pytest.warns(DeprecationWarning, match="ExperimentSettings"):
+        assert experiment.Settings is ExperimentSettings
+    with pytest.warns(DeprecationWarning, match="model_dump"):
+        assert preset("small").as_dict()["dino"] == {
+            "out_dim": 1024,
+            "hidden_dim": 512,
+            "bottleneck_dim": 128,
+            "n_local_crops": 4,
+        }
+    with pytest.warns(DeprecationWarning, match="model_dump"):
+        assert grid()[1].as_dict()["options"] == {"specialize": [], "registers": 4}
+    positional = Variant("v", {"specialize": ("norm",)}, "norm_ls", "none")
+    assert positional.options.specialize == ["norm"] and positional.finetune is None

@@ -1,15 +1,19 @@
 """Controlled experiments: the [CLS]/patch-specialisation variant grid, trained, probed, compared."""
 
-from vitreg.experiment.grid import SIZES, Settings, Variant, finetune_variants, grid, preset
+from vitreg.core.renamed import renamed
+from vitreg.experiment.grid import SIZES, finetune_variants, grid, preset
 from vitreg.experiment.variants import ExperimentResult, run_variants
+from vitreg.results.experiment import ExperimentSettings, Variant
 
 __all__ = [
     "SIZES",
     "ExperimentResult",
-    "Settings",
+    "ExperimentSettings",
     "Variant",
     "finetune_variants",
     "grid",
     "preset",
     "run_variants",
 ]
+
+__getattr__ = renamed(__name__, {"Settings": "ExperimentSettings"}, globals())

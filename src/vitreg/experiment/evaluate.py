@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from vitreg.core.io import write_json_atomic
-from vitreg.experiment.grid import Settings
 from vitreg.experiment.record import ScoreSummary, SeedDiagnosis, SeedEvaluation, TaskProbes
-from vitreg.results.experiment import FlopCounts, ParamCounts
+from vitreg.results.experiment import ExperimentSettings, FlopCounts, ParamCounts
 from vitreg.results.probe import ProbeResults
 
 # probe task -> the dataset target it needs
@@ -58,7 +57,7 @@ def probe_scores(run: ProbeResults) -> dict[str, ScoreSummary]:
 
 
 def run_probes(
-    model: Any, data: tuple[Any, Any], tasks: list[str], folder: Path, settings: Settings
+    model: Any, data: tuple[Any, Any], tasks: list[str], folder: Path, settings: ExperimentSettings
 ) -> dict[str, TaskProbes]:
     """Every applicable probe on the last block; full runs go to ``folder/probes/<task>.json``."""
     from vitreg.probe.linear import FitSettings
@@ -137,7 +136,7 @@ def evaluate(
     data: tuple[Any, Any],
     tasks: list[str],
     folder: Path,
-    settings: Settings,
+    settings: ExperimentSettings,
 ) -> SeedEvaluation:
     """Probes, diagnosis and costs of one trained backbone (evaluated in eval mode)."""
     from vitreg.models.wrapping import wrap

@@ -1,12 +1,20 @@
-"""What one trained (variant, seed) is evaluated to: its probe scores, diagnosis and costs, as
-``result.json`` records them."""
+"""The experiment's own records: its plan (``experiment.json``) and what one trained (variant,
+seed) depends on and is evaluated to: its training, probe scores, diagnosis and costs
+(``result.json``)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, JsonValue, field_serializer
 
 from vitreg.results.base import ResultsModel, SparseResults
-from vitreg.results.experiment import FlopCounts, ParamCounts
+from vitreg.results.experiment import (
+    ExperimentSettings,
+    FlopCounts,
+    ParamCounts,
+    Variant,
+    VariantTime,
+)
+from vitreg.results.train import DinoTerms
 
 
 class ScoreSummary(ResultsModel):
@@ -50,3 +58,60 @@ class SeedEvaluation(ResultsModel):
     diagnose: SeedDiagnosis
     params: ParamCounts
     flops: FlopCounts
+
+
+class ExperimentPlan(ResultsModel):
+    """What an experiment folder runs (``experiment.json``): a rerun continues it only with the
+    same settings and data."""
+
+    settings: ExperimentSettings
+    data: str
+    variants: list[Variant]
+    tasks: list[str]
+    skipped_tasks: dict[str, str] = Field(description="probe task -> why it was not run")
+    majority_rate: float | None
+    pretrained: bool
+
+
+class SeedRunConfig(ResultsModel):
+    """What a (variant, seed) result depends on; a saved result is reused only if it matches."""
+
+    variant: Variant
+    seed: int
+    settings: ExperimentSettings
+    data: str
+    pretrained: bool
+
+
+class SeedTraining(ResultsModel):
+    """How one (variant, seed) trained: steps, losses, the [CLS] DINO term, resume, notes."""
+
+    steps: int
+    first_loss: float | None
+    final_loss: float | None
+    losses: list[float]
+    dino_terms: DinoTerms | None = Field(
+        description="the [CLS] DINO term against the teacher's entropy (None: supervised)"
+    )
+    resumed_from: int | None
+    notes: list[str]
+
+    @field_serializer("dino_terms")
+    def _terms_as_measured(self, terms: DinoTerms | None) -> dict[str, JsonValue] | None:
+        """The terms without the fields :func:`~vitreg.train.dino.loss_terms` left unset."""
+        return terms.model_dump(exclude_unset=True) if terms is not None else None
+
+
+class SeedOrigin(ResultsModel):
+    """What a (variant, seed) result was made with, and how it trained."""
+
+    config: SeedRunConfig
+    train: SeedTraining
+
+
+class SeedRecord(SeedEvaluation, SeedOrigin):
+    """One (variant, seed) as ``result.json`` holds it; ``reused`` (not written) says whether
+    this run read it from an earlier one."""
+
+    time_s: VariantTime
+    reused: bool = Field(False, exclude=True)

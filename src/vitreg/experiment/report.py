@@ -12,7 +12,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 from vitreg.experiment.grid import HANDLING_TITLES, SPECIALISATION_TITLES
+from vitreg.experiment.record import ExperimentPlan
 from vitreg.experiment.summary import SUMMARY
 from vitreg.report.document import Headline, build_document
 from vitreg.report.render.envelope import provenance_section
@@ -29,7 +32,7 @@ from vitreg.report.render.markdown import (
 from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legend
 from vitreg.report.renderers.train import dino_reading
 from vitreg.report.writer import write_run
-from vitreg.results.experiment import ExperimentResults, ExperimentSettings, Timing, VariantSummary
+from vitreg.results.experiment import AS_GIVEN, ExperimentResults, Timing, VariantSummary
 from vitreg.results.schema import Envelope, data_info, model_info
 
 COLUMNS = (  # summary key, column title
@@ -475,51 +478,51 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
 
 def write_report(
     out: Path,
-    plan: dict[str, Any],
+    plan: ExperimentPlan,
     variants: list[VariantSummary],
     total: int,
     wall_s: float,
     command: str,
     splits: tuple[Any, Any],
-    config: dict[str, Any] | None = None,
+    config: dict[str, JsonValue] | None = None,
 ) -> Envelope:
     """Write the comparison report of the variants done so far (all files atomically); the
     document's ``config`` (and config.yaml) is ``config``, by default the settings; the typed
     metrics.json document written (its ``results``: :class:`ExperimentResults`)."""
-    s = plan["settings"]
+    s = plan.settings
     made = ExperimentResults(
         complete=len(variants) == total,
         n_done=len(variants),
         n_total=total,
-        settings=ExperimentSettings.model_validate(s),
-        data=plan["data"],
-        tasks=plan["tasks"],
-        skipped_tasks=plan["skipped_tasks"],
+        settings=s,
+        data=plan.data,
+        tasks=plan.tasks,
+        skipped_tasks=plan.skipped_tasks,
         variants=variants,
         timing=Timing(
             wall_s=wall_s,
             compute_s=sum(v.time_s.train + v.time_s.evaluate for v in variants),
             reused=sum(v.reused for v in variants),
         ),
-        majority_rate=plan.get("majority_rate"),
+        majority_rate=plan.majority_rate,
         conclusions=[],
     )
     typed = made.model_copy(update={"conclusions": conclusions(made)})
     described = {
-        "spec": f"vitreg.arch variants of a {s['depth']}-block ViT (width {s['embed_dim']})",
+        "spec": f"vitreg.arch variants of a {s.depth}-block ViT (width {s.embed_dim})",
         "family": "vit",
         "source": "timm",
         "class": "VisionTransformer",
-        "n_layers": s["depth"],
-        "d_model": s["embed_dim"],
-        "n_heads": s["num_heads"],
-        "image_size": [s["img_size"], s["img_size"]],
+        "n_layers": s.depth,
+        "d_model": s.embed_dim,
+        "n_heads": s.num_heads,
+        "image_size": [s.img_size, s.img_size],
         "weights": "trained",  # by this experiment, from scratch
         "notes": ["trained from scratch by this experiment; see results.variants for each one"],
     }
     train, val = splits
     data = {
-        "description": plan["data"],
+        "description": plan.data,
         "n_images": len(train) + len(val),
         "train": train.describe(),
         "val": val.describe(),
@@ -531,7 +534,7 @@ def write_report(
         command=command,
         described=model_info(described),
         data=data_info(data),
-        config=config or s,
+        config=config or s.model_dump(mode="json", context=AS_GIVEN),
         typed=typed,
     )
     write_run(out, doc, report, lambda: experiment_figures(typed.variants))

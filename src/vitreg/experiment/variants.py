@@ -18,16 +18,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, JsonValue, ValidationError
 from torch import nn
 
 from vitreg.core.io import write_json_atomic
 from vitreg.errors import InputError, SpecError, UnsupportedModelError, WeightsError
 from vitreg.experiment.evaluate import applicable_tasks, evaluate, majority_rate
-from vitreg.experiment.grid import BASE, Settings, Variant, finetune_variants, grid, preset
+from vitreg.experiment.grid import BASE, finetune_variants, grid, preset
+from vitreg.experiment.record import ExperimentPlan, SeedRecord, SeedRunConfig, SeedTraining
 from vitreg.experiment.summary import SUMMARY
 from vitreg.progress import SILENT, Progress
 from vitreg.report.writer import as_json
-from vitreg.results.experiment import ExperimentResults, SeedStats, VariantSummary, VariantTime
+from vitreg.results.experiment import (
+    AS_GIVEN,
+    ExperimentResults,
+    ExperimentSettings,
+    SeedStats,
+    Variant,
+    VariantSummary,
+    VariantTime,
+)
 from vitreg.results.schema import plain
 from vitreg.train.dino import DinoOptions, loss_terms
 
@@ -63,7 +73,7 @@ def open_splits(spec: str) -> tuple[Any, Any]:
     return train, val
 
 
-def check_finetune(name: str, settings: Settings) -> None:
+def check_finetune(name: str, settings: ExperimentSettings) -> None:
     """Fail before any training if ``name`` is not a timm ViT the variants can convert."""
     import timm
 
@@ -79,7 +89,7 @@ def check_finetune(name: str, settings: Settings) -> None:
 
 
 def source_model(
-    v: Variant, settings: Settings, seed: int, pretrained: bool
+    v: Variant, settings: ExperimentSettings, seed: int, pretrained: bool
 ) -> tuple[nn.Module, list[str]]:
     """The fine-tuning entry's model: the timm model, converted when the entry specialises."""
     import timm
@@ -97,7 +107,7 @@ def source_model(
             raise
         raise WeightsError(offline_hint(f"timm weights of {v.finetune}", err)) from None
     notes = [] if pretrained else ["random init (pretrained=False): no weights were loaded"]
-    comps = tuple(v.options["specialize"])
+    comps = tuple(v.options.specialize)
     if "ls" in comps and not all(hasattr(b.ls1, "gamma") for b in model.blocks):
         comps = tuple(c for c in comps if c != "ls")
         notes.append(f"{v.finetune} has no LayerScale, so 'ls' was not specialised")
@@ -110,7 +120,7 @@ def train_variant(
     v: Variant,
     seed: int,
     out: Path,
-    settings: Settings,
+    settings: ExperimentSettings,
     data: Any,
     pretrained: bool,
     progress: Progress = SILENT,
@@ -129,11 +139,11 @@ def train_variant(
         img_size=settings.img_size,
         checkpoint_every=max(1, settings.steps // 4),
     )
-    options = settings.dino if settings.recipe == "dino" else None
+    options = settings.dino.model_dump() if settings.recipe == "dino" else None
     if v.finetune is not None:
         model, notes = source_model(v, settings, seed, pretrained)
         return train(model, data, run, out, options=options, progress=progress, label=label), notes
-    spec = {"base": BASE, **{k: plain(x) for k, x in v.options.items()}}
+    spec = {"base": BASE, **v.options.model_dump()}
     kwargs = settings.model_kwargs()
     result = train(
         spec, data, run, out, model_kwargs=kwargs, options=options, progress=progress, label=label
@@ -141,16 +151,35 @@ def train_variant(
     return result, []
 
 
-def run_config(v: Variant, seed: int, settings: Settings, spec: str, pretrained: bool) -> dict:
+def run_config(
+    v: Variant, seed: int, settings: ExperimentSettings, spec: str, pretrained: bool
+) -> SeedRunConfig:
     """What a (variant, seed) result depends on; a saved result is reused only if it matches."""
-    return plain(
-        {
-            "variant": v.as_dict(),
-            "seed": seed,
-            "settings": settings.as_dict(),
-            "data": spec,
-            "pretrained": pretrained and v.finetune is not None,
-        }
+    return SeedRunConfig(
+        variant=v,
+        seed=seed,
+        settings=settings,
+        data=spec,
+        pretrained=pretrained and v.finetune is not None,
+    )
+
+
+def write_record(path: Path, record: BaseModel) -> None:
+    """Write one of the experiment's own records (DINO options in the order given)."""
+    write_json_atomic(path, plain(record.model_dump(context=AS_GIVEN)))
+
+
+def saved_record(done: Path, config: SeedRunConfig) -> SeedRecord:
+    """The complete ``result.json`` at ``done``, if it was made with ``config``."""
+    saved = json.loads(done.read_text())
+    if saved.get("config") == config.model_dump(mode="json"):
+        try:
+            return SeedRecord.model_validate(saved)
+        except ValidationError:
+            pass
+    raise InputError(
+        f"{done} was made with other settings; use the same settings, another --out, "
+        "or delete that folder to recompute it"
     )
 
 
@@ -158,27 +187,22 @@ def run_one(
     v: Variant,
     seed: int,
     out: Path,
-    settings: Settings,
+    settings: ExperimentSettings,
     spec: str,
     data: tuple[Any, Any],
     tasks: list[str],
     pretrained: bool,
     log: Log,
     progress: Progress = SILENT,
-) -> dict[str, Any]:
+) -> SeedRecord:
     """Train and evaluate one (variant, seed), or reuse its complete ``result.json``."""
     folder = out / "variants" / v.name / f"seed-{seed}"
     config = run_config(v, seed, settings, spec, pretrained)
     done = folder / "result.json"
     if done.exists():
-        saved = json.loads(done.read_text())
-        if saved.get("config") != config:
-            raise InputError(
-                f"{done} was made with other settings; use the same settings, another --out, "
-                "or delete that folder to recompute it"
-            )
+        saved = saved_record(done, config)
         log(f"{v.name} seed {seed}: complete, reused")
-        return saved | {"reused": True}
+        return saved.model_copy(update={"reused": True})
     log(f"{v.name} seed {seed}: training {settings.steps} steps ({settings.recipe})")
     t0 = time.perf_counter()
     result, notes = train_variant(
@@ -190,23 +214,22 @@ def run_one(
     losses = result.losses
     opts = result.config.options  # the [CLS] DINO term: a DINO run's only
     terms = loss_terms(result.history, opts) if isinstance(opts, DinoOptions) else None
-    record = {
-        "config": config,
-        "train": {
-            "steps": result.steps,
-            "first_loss": losses[0] if losses else None,
-            "final_loss": losses[-1] if losses else None,
-            "losses": losses,
-            # the [CLS] DINO term against the teacher's entropy (None for supervised runs)
-            "dino_terms": terms.model_dump(exclude_unset=True) if terms is not None else None,
-            "resumed_from": result.resumed_from,
-            "notes": notes,
-        },
-        **evaluated.model_dump(),
-        "time_s": {"train": t_train, "evaluate": time.perf_counter() - t0 - t_train},
-    }
-    write_json_atomic(done, plain(record))
-    return plain(record) | {"reused": False}
+    record = SeedRecord(
+        config=config,
+        train=SeedTraining(
+            steps=result.steps,
+            first_loss=losses[0] if losses else None,
+            final_loss=losses[-1] if losses else None,
+            losses=losses,
+            dino_terms=terms,
+            resumed_from=result.resumed_from,
+            notes=notes,
+        ),
+        **dict(evaluated),
+        time_s=VariantTime(train=t_train, evaluate=time.perf_counter() - t0 - t_train),
+    )
+    write_record(done, record)
+    return record
 
 
 PER_BLOCK = ("cls_patch_pre_ln1", "cls_patch_post_ln1", "register_patch_post_ln1")
@@ -221,62 +244,63 @@ def _stats(values: list[Any]) -> SeedStats:
     return SeedStats(mean=mean, std=std, values=vals)
 
 
-def summarise(v: Variant, runs: list[dict[str, Any]], folder: str) -> VariantSummary:
+def summarise(v: Variant, runs: list[SeedRecord], folder: str) -> VariantSummary:
     """One variant's numbers over its training seeds (mean, sample std, values), from each
     seed's ``result.json`` record."""
     summary = {key: _stats([get(r) for r in runs]) for key, (get, _) in SUMMARY.items()}
     blocks: dict[str, list[float | None]] = {}
     for key in PER_BLOCK:
-        per_seed = [r["diagnose"].get(key) for r in runs if r["diagnose"].get(key)]
+        per_seed = [col for r in runs if (col := getattr(r.diagnose, key))]
         if per_seed:
             blocks[key] = [_stats(list(col)).mean for col in zip(*per_seed, strict=True)]
-    notes = sorted({n for r in runs for n in r["train"]["notes"]})
+    notes = sorted({n for r in runs for n in r.train.notes})
     first = runs[0]
     return VariantSummary(
-        **plain(v.as_dict()),
+        **dict(v),
         folder=folder,
-        seeds=[r["config"]["seed"] for r in runs],
+        seeds=[r.config.seed for r in runs],
         summary=summary,
         per_block=blocks,
-        params=first["params"],
-        flops=first["flops"],
-        verdicts=[r["diagnose"]["verdict"] for r in runs],
-        losses=[r["train"]["losses"] for r in runs],
-        dino_terms=first["train"].get("dino_terms"),
+        params=first.params,
+        flops=first.flops,
+        verdicts=[r.diagnose.verdict for r in runs],
+        losses=[r.train.losses for r in runs],
+        dino_terms=first.train.dino_terms,
         time_s=VariantTime(
-            train=sum(r["time_s"]["train"] for r in runs),
-            evaluate=sum(r["time_s"]["evaluate"] for r in runs),
+            train=sum(r.time_s.train for r in runs),
+            evaluate=sum(r.time_s.evaluate for r in runs),
         ),
-        reused=all(r.get("reused") for r in runs),
+        reused=all(r.reused for r in runs),
         notes=notes,
     )
 
 
-def check_plan(out: Path, plan: dict[str, Any]) -> None:
+def check_plan(out: Path, plan: ExperimentPlan) -> None:
     """Write ``experiment.json``, or check that an existing one has the same settings and data."""
     path = out / "experiment.json"
     if path.exists():
         saved = json.loads(path.read_text())
-        diff = [k for k in ("settings", "data") if saved.get(k) != plan[k]]
+        now = plan.model_dump(mode="json")
+        diff = [k for k in ("settings", "data") if saved.get(k) != now[k]]
         if diff:
             raise InputError(
                 f"{out} holds an experiment with other {' and '.join(diff)}; rerun with the "
                 "same settings to continue it, or pass another --out"
             )
-    write_json_atomic(path, plan)
+    write_record(path, plan)
 
 
 def run_variants(
     data: str,
     out_dir: str | Path,
-    settings: Settings | None = None,
+    settings: ExperimentSettings | None = None,
     *,
     variants: Sequence[Variant] | None = None,
     finetune: str | None = None,
     pretrained: bool = False,
     log: Log | None = None,
     command: str = "",
-    config: dict[str, Any] | None = None,
+    config: dict[str, JsonValue] | None = None,
     progress: Progress = SILENT,
 ) -> ExperimentResult:
     """Train, probe and diagnose each entry of the grid on ``data``; write the comparison report.
@@ -306,16 +330,14 @@ def run_variants(
     if len(set(names)) != len(names) or not names:
         raise SpecError(f"variant names must be unique and at least one given, got {names}")
     out = Path(out_dir)
-    plan = plain(
-        {
-            "settings": settings.as_dict(),
-            "data": spec,
-            "variants": [v.as_dict() for v in chosen],
-            "tasks": tasks,
-            "skipped_tasks": skipped,
-            "majority_rate": majority_rate(splits[1]),
-            "pretrained": pretrained,
-        }
+    plan = ExperimentPlan(
+        settings=settings,
+        data=spec,
+        variants=chosen,
+        tasks=tasks,
+        skipped_tasks=skipped,
+        majority_rate=majority_rate(splits[1]),
+        pretrained=pretrained,
     )
     check_plan(out, plan)
     done: list[VariantSummary] = []

@@ -3,10 +3,40 @@ the settings and the conclusions the numbers allow."""
 
 from __future__ import annotations
 
-from pydantic import Field
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    FieldSerializationInfo,
+    JsonValue,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidatorFunctionWrapHandler,
+    field_serializer,
+    model_validator,
+)
 
 from vitreg.results.base import ResultsModel, SparseResults
 from vitreg.results.train import DinoTerms
+
+#: serialization context of the experiment's own records (experiment.json, result.json): the
+#: DINO preset options in the order they were given, not the schema's
+AS_GIVEN = {"dino_order": "as_given"}
+
+
+def _as_dict(self: ResultsModel) -> dict[str, JsonValue]:
+    """Deprecated: the fields as the experiment's records hold them."""
+    warnings.warn(
+        f"{type(self).__name__}.as_dict() is now .model_dump(mode='json'); the old name goes "
+        "in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return self.model_dump(mode="json", context=AS_GIVEN)
+
 
 #: blocks a component is specialised in: "all", the first N, or their indices
 BlockSelection = str | int | list[int] | None
@@ -25,6 +55,27 @@ class VariantOptions(SparseResults):
     final_norm: str | None = None
     attn_bias: bool | None = None
     pool: str | None = None
+
+
+class Variant(ResultsModel):
+    """One grid entry: a name, its ``create_variant`` options, and how it is grouped; fields
+    by keyword, or name, options, specialisation, handling and finetune in this order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    options: VariantOptions
+    specialisation: str  # a key of vitreg.experiment.grid.SPECIALISATION_TITLES
+    handling: str  # a key of vitreg.experiment.grid.HANDLING_TITLES
+    finetune: str | None = None  # timm model name, for the fine-tuning entries
+
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        super().__init__(**dict(zip(VARIANT_ORDER, args, strict=False)), **fields)
+
+    as_dict = _as_dict
+
+
+VARIANT_ORDER = ("name", "options", "specialisation", "handling", "finetune")
 
 
 class ParamCounts(ResultsModel):
@@ -77,28 +128,87 @@ class DinoPresetOptions(SparseResults):
     dino_weight: float | None = None
     ibot_weight: float | None = None
 
+    _given: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """The options as validated, knowing the order they were given in."""
+        made = handler(data)
+        if isinstance(data, Mapping) and not made._given:
+            made._given = tuple(str(k) for k in data)
+        return made
+
+    def given_order(self) -> tuple[str, ...]:
+        """The options' names in the order they were given (schema order if built otherwise)."""
+        return self._given or tuple(self.model_fields_set)
+
 
 class ExperimentSettings(ResultsModel):
-    """The size preset: the shared architecture, training, probes and diagnosis."""
+    """The size preset: the shared architecture, training, probes and diagnosis (defaults: the
+    ``tiny`` preset)."""
 
-    size: str
-    img_size: int
-    patch_size: int
-    depth: int
-    embed_dim: int
-    num_heads: int
-    init_values: float
-    recipe: str
-    steps: int
-    batch_size: int
-    lr: float | None
-    seeds: int = Field(description="training seeds per variant")
-    dino: DinoPresetOptions
-    probe_epochs: int
-    probe_seeds: int
-    probe_lrs: list[float]
-    diagnose_images: int
-    batch_eval: int
+    model_config = ConfigDict(frozen=True)
+
+    size: str = "tiny"
+    img_size: int = 48
+    patch_size: int = 8
+    depth: int = 6
+    embed_dim: int = 96
+    num_heads: int = 3
+    init_values: float = 1e-5
+    recipe: str = "dino"
+    steps: int = 50
+    batch_size: int = 32
+    lr: float | None = 2e-3
+    seeds: int = Field(1, description="training seeds per variant (0..seeds-1)")
+    dino: DinoPresetOptions = Field(
+        default_factory=lambda: DinoPresetOptions.model_validate(
+            {
+                "out_dim": 256,
+                "hidden_dim": 256,
+                "bottleneck_dim": 64,
+                "n_local_crops": 2,
+                "momentum": 0.9,  # a fast EMA teacher: the exported teacher reflects 50 steps
+            }
+        )
+    )
+    probe_epochs: int = 20
+    probe_seeds: int = 1
+    probe_lrs: tuple[float, ...] = (1e-3, 3e-3, 1e-2)
+    diagnose_images: int = 32
+    batch_eval: int = 32
+
+    @field_serializer("dino", mode="wrap")
+    def _dino(
+        self,
+        dino: DinoPresetOptions,
+        handler: SerializerFunctionWrapHandler,
+        info: FieldSerializationInfo,
+    ) -> Any:
+        """Schema order, or the order given under the :data:`AS_GIVEN` context."""
+        out = handler(dino)
+        if info.context != AS_GIVEN:
+            return out
+        return {k: out[k] for k in (*dino.given_order(), *out) if k in out}
+
+    def model_kwargs(self) -> dict[str, int | float]:
+        """timm constructor arguments of the shared base architecture."""
+        return {
+            "depth": self.depth,
+            "embed_dim": self.embed_dim,
+            "num_heads": self.num_heads,
+            "patch_size": self.patch_size,
+            "init_values": self.init_values,
+        }
+
+    def with_(self, **changes: Any) -> ExperimentSettings:
+        """A copy with ``changes`` validated (``None`` values are ignored, so CLI defaults pass
+        through)."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        return type(self).model_validate({**dict(self), **given})
+
+    as_dict = _as_dict
 
 
 class SeedStats(ResultsModel):
@@ -116,14 +226,9 @@ class VariantTime(ResultsModel):
     evaluate: float
 
 
-class VariantSummary(ResultsModel):
+class VariantSummary(Variant):
     """One variant over its training seeds."""
 
-    name: str
-    options: VariantOptions
-    specialisation: str
-    handling: str
-    finetune: str | None = None
     folder: str
     seeds: list[int]
     summary: dict[str, SeedStats] = Field(description="headline number -> over seeds")

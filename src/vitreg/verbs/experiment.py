@@ -17,13 +17,13 @@ from vitreg.verbs.common import default_run_dir
 from vitreg.verbs.result import ExperimentRun, Listener, Notice, Notices
 
 if TYPE_CHECKING:
-    from vitreg.experiment import Settings, Variant
+    from vitreg.experiment import ExperimentSettings, Variant
 
 
 class ExperimentArgs(TypedDict):
     """The keyword arguments of :func:`vitreg.experiment.run_variants` that a config sets."""
 
-    settings: Settings
+    settings: ExperimentSettings
     variants: Sequence[Variant]
     finetune: str | None
     pretrained: bool
