@@ -269,3 +269,16 @@ def test_old_names_still_work_with_a_warning():
         assert grid()[1].as_dict()["options"] == {"specialize": [], "registers": 4}
     positional = Variant("v", {"specialize": ("norm",)}, "norm_ls", "none")
     assert positional.options.specialize == ["norm"] and positional.finetune is None
+
+
+def test_a_damaged_seed_record_is_a_clear_error(smoke, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(smoke.out_dir, out)
+    path = out / smoke.results.variants[1].folder / "seed-0" / "result.json"
+    damaged = json.loads(path.read_text())
+    del damaged["train"]["losses"]
+    path.write_text(json.dumps(damaged))
+    with pytest.raises(InputError, match="not a complete result"):
+        run_variants(DATA, out, smoke_settings(), variants=two_variants())

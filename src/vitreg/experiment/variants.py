@@ -172,15 +172,18 @@ def write_record(path: Path, record: BaseModel) -> None:
 def saved_record(done: Path, config: SeedRunConfig) -> SeedRecord:
     """The complete ``result.json`` at ``done``, if it was made with ``config``."""
     saved = json.loads(done.read_text())
-    if saved.get("config") == config.model_dump(mode="json"):
-        try:
-            return SeedRecord.model_validate(saved)
-        except ValidationError:
-            pass
-    raise InputError(
-        f"{done} was made with other settings; use the same settings, another --out, "
-        "or delete that folder to recompute it"
-    )
+    if saved.get("config") != config.model_dump(mode="json"):
+        raise InputError(
+            f"{done} was made with other settings; use the same settings, another --out, "
+            "or delete that folder to recompute it"
+        )
+    try:
+        return SeedRecord.model_validate(saved)
+    except ValidationError as err:
+        raise InputError(
+            f"{done} is not a complete result ({err.error_count()} fields wrong); delete that "
+            "folder to recompute it"
+        ) from None
 
 
 def run_one(

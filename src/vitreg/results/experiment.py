@@ -70,6 +70,7 @@ class Variant(ResultsModel):
     finetune: str | None = None  # timm model name, for the fine-tuning entries
 
     def __init__(self, *args: Any, **fields: Any) -> None:
+        """Validate ``fields``, the first of them possibly given by position."""
         super().__init__(**dict(zip(VARIANT_ORDER, args, strict=False)), **fields)
 
     as_dict = _as_dict
@@ -141,7 +142,8 @@ class DinoPresetOptions(SparseResults):
 
     def given_order(self) -> tuple[str, ...]:
         """The options' names in the order they were given (schema order if built otherwise)."""
-        return self._given or tuple(self.model_fields_set)
+        given = self.model_fields_set
+        return self._given or tuple(k for k in type(self).model_fields if k in given)
 
 
 class ExperimentSettings(ResultsModel):
@@ -161,7 +163,7 @@ class ExperimentSettings(ResultsModel):
     steps: int = 50
     batch_size: int = 32
     lr: float | None = 2e-3
-    seeds: int = Field(1, description="training seeds per variant (0..seeds-1)")
+    seeds: int = Field(1, description="training seeds per variant")
     dino: DinoPresetOptions = Field(
         default_factory=lambda: DinoPresetOptions.model_validate(
             {
