@@ -10,7 +10,7 @@ patch (row ``h // 2``, column ``w // 2``), the same in every image.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -30,7 +30,17 @@ N_COMPONENTS = 3
 RGB_CLIP = (1.0, 99.0)  # percentiles of each component mapped to 0 and 1
 
 
-class PatchFeatures(Reducer):
+class FeatureStats(TypedDict):
+    """Mean ``[C]`` and covariance ``[C, C]`` (float64) of the ``count`` patches of a run, and
+    the features ``[n, h, w, C]`` of the first images."""
+
+    mean: torch.Tensor
+    cov: torch.Tensor
+    count: int
+    features: torch.Tensor
+
+
+class PatchFeatures(Reducer[FeatureStats]):
     """Running mean and Gram matrix of all patch features at one site, and the features
     ``[n, h, w, C]`` of the first ``keep`` images."""
 
@@ -64,13 +74,13 @@ class PatchFeatures(Reducer):
         self.kept = {k: self.kept[k] for k in sorted(self.kept)[: self.keep]}
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> FeatureStats:
         if self.total is None:
             raise HookError(f"{self.site!r} gave no patch grid (no token layout there)")
         mean = self.total / self.count
         cov = self.gram / self.count - torch.outer(mean, mean)
         kept = torch.stack([self.kept[k] for k in sorted(self.kept)])
-        return {"mean": mean, "cov": cov, "count": self.count, "features": kept}
+        return FeatureStats(mean=mean, cov=cov, count=self.count, features=kept)
 
 
 @dataclass
@@ -108,7 +118,7 @@ class PCABasis:
         return PCA(explained_variance=self.explained, n_patches=self.n_patches)
 
 
-def pca_basis(stats: dict[str, Any], k: int = N_COMPONENTS) -> PCABasis:
+def pca_basis(stats: FeatureStats, k: int = N_COMPONENTS) -> PCABasis:
     """The top-``k`` eigenvectors of the streamed covariance (signs fixed: largest loading > 0)."""
     values, vectors = torch.linalg.eigh(stats["cov"])
     order = values.flip(0)[:k].clamp_min(0)
@@ -152,11 +162,10 @@ class SiteFeatures(Traced):
         return similarity_maps(self.features)
 
 
-def site_features(site: str, stats: dict[str, torch.Tensor | int]) -> SiteFeatures:
+def site_features(site: str, stats: FeatureStats) -> SiteFeatures:
     """The kept features of ``site`` with the PCA basis of all its patches (``stats``: a
     :class:`PatchFeatures` result)."""
     features = stats["features"]
-    assert isinstance(features, torch.Tensor)
     basis = pca_basis(stats).fit_colours(features)
     where = "after the final norm" if site.startswith("ln_final") else "residual stream"
     summary = SitePicture(

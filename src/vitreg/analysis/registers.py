@@ -29,8 +29,9 @@ from vitreg.results.kinds import Massive, Positions, RegisterBlock, Registers, S
 GROUPS = ("cls", "register", "extra", "patch")
 
 
-class ReceivedAttention(Reducer):
-    """Attention mass each token type receives (mean over queries, heads and images)."""
+class ReceivedAttention(Reducer[dict[str, float]]):
+    """Attention mass each token type receives (mean over queries, heads and images), by type
+    ("cls", "register", "extra", "patch")."""
 
     def __init__(self, site: str, layer: int) -> None:
         super().__init__(site)
@@ -51,7 +52,7 @@ class ReceivedAttention(Reducer):
         self.count += other.count
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> dict[str, float]:
         return {k: v / max(self.count, 1) for k, v in self.sums.items()}
 
 
