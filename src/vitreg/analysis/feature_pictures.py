@@ -85,12 +85,12 @@ class PatchFeatures(Reducer[FeatureStats]):
 
 @dataclass
 class PCABasis:
-    """The first principal axes of the patch features of a run (rows of ``components``)."""
+    """The first principal axes of the patch features of a run (rows of ``components``), and
+    ``pca``: the share of the variance each explains and how many patches they were fitted on."""
 
     mean: torch.Tensor  # [C] float64
     components: torch.Tensor  # [k, C] float64, unit rows
-    explained: list[float]  # share of the total variance per component
-    n_patches: int
+    pca: PCA
     lo: torch.Tensor | None = None  # [k] colour range of each component (set by fit_colours)
     hi: torch.Tensor | None = None
 
@@ -113,9 +113,14 @@ class PCABasis:
         return p.clamp(0, 1).float().numpy()
 
     @property
-    def pca(self) -> PCA:
-        """The share of variance of the components and how many patches they were fitted on."""
-        return PCA(explained_variance=self.explained, n_patches=self.n_patches)
+    def explained(self) -> list[float]:
+        """The share of the total variance of each component."""
+        return self.pca.explained_variance
+
+    @property
+    def n_patches(self) -> int:
+        """How many patch tokens the components were fitted on."""
+        return self.pca.n_patches
 
 
 def pca_basis(stats: FeatureStats, k: int = N_COMPONENTS) -> PCABasis:
@@ -127,7 +132,8 @@ def pca_basis(stats: FeatureStats, k: int = N_COMPONENTS) -> PCABasis:
     signs = torch.sign(comps.gather(1, comps.abs().argmax(1, keepdim=True)))
     comps = comps * torch.where(signs == 0, 1.0, signs)
     total = float(values.clamp_min(0).sum()) or 1.0
-    return PCABasis(stats["mean"], comps, [float(v) / total for v in order], stats["count"])
+    pca = PCA(explained_variance=[float(v) / total for v in order], n_patches=stats["count"])
+    return PCABasis(stats["mean"], comps, pca)
 
 
 def query_patch(h: int, w: int) -> tuple[int, int]:
