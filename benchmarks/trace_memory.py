@@ -58,7 +58,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
         found = diagnose(model, images, batch_size=args.batch_size)
         seconds = time.perf_counter() - t0
-        shape, n_done = [], found.data["n_images"]
+        shape, n_done = [], found.data.n_images
     else:
         reducers = [TokenNorms(f"blocks.{i}.hook_resid_post") for i in range(model.n_layers)]
         reducers += [Max(f"blocks.{i}.mlp.hook_post") for i in range(model.n_layers)]

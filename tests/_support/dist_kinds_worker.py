@@ -39,7 +39,7 @@ def analyses() -> list:
 
 def run(model: vitreg.Model, images: torch.Tensor) -> dict:
     res = diagnose(model, images, analyses=analyses(), batch_size=BATCH)
-    return {"results": res.results.model_dump(), "n_images": res.data["n_images"]}
+    return {"results": res.results.model_dump(), "n_images": res.data.n_images}
 
 
 torch.set_num_threads(1)

@@ -61,9 +61,9 @@ def test_hand_made_cls_row_topk_entropy_and_map():
     p[0, 0, 0] = torch.tensor([0.1, 0.6, 0.1, 0.1, 0.1])  # head 0: a sink on patch 0
     reader = lambda t, lay: read_global(t, lay, "cls")  # noqa: E731
     res = _feed(AttentionMaps("s", reader, ks=(1, 2, 5), keep_heads=1), p, layout).result()
-    assert res["top1"].item() == pytest.approx((0.6 + 0.2) / 2)
-    assert res["top2"].item() == pytest.approx((0.7 + 0.4) / 2)
-    assert res["top5"].item() == pytest.approx(1.0)  # k = every key
+    assert res["top"][1].item() == pytest.approx((0.6 + 0.2) / 2)
+    assert res["top"][2].item() == pytest.approx((0.7 + 0.4) / 2)
+    assert res["top"][5].item() == pytest.approx(1.0)  # k = every key
     h0 = -(0.6 * math.log(0.6) + 4 * 0.1 * math.log(0.1))
     assert res["entropy"].item() == pytest.approx((h0 + math.log(5)) / 2, rel=1e-6)
     assert torch.allclose(res["map"], torch.tensor([[0.4, 0.15, 0.15, 0.15]]))
@@ -81,7 +81,7 @@ def test_hand_made_mean_received_and_streaming_merge():
     res = _feed(AttentionMaps("s", reader, ks=(1,)), p, layout).result()
     want = rows.mean(0)
     assert torch.allclose(res["map"][0], want) and torch.allclose(res["map"][1], want.flip(-1))
-    assert res["top1"][0].item() == pytest.approx((0.5 + 1.0 + 0.5) / 3)  # every query, averaged
+    assert res["top"][1][0].item() == pytest.approx((0.5 + 1.0 + 0.5) / 3)  # every query, averaged
     ent = (-(0.5 * math.log(0.5) + 0.5 * math.log(0.25)) + 0.0 + math.log(2)) / 3
     assert res["entropy"][0].item() == pytest.approx(ent, rel=1e-6)
     # two reducers on disjoint images (one far past the initial buffer) merge into one answer

@@ -10,13 +10,14 @@ import torch
 
 import vitreg
 from _support.saved_config import SavedConfig
-from vitreg.analysis.diagnose import DiagnoseResult, diagnose
+from vitreg.analysis.diagnose import DiagnoseResult, data_block, diagnose
 from vitreg.analysis.ln_separation import LNAnalysis
 from vitreg.analysis.norms import NormsResult
 from vitreg.errors import InputError
 from vitreg.report.renderers.diagnose import diagnose_document
 from vitreg.results import diagnose as typed
 from vitreg.results import kinds
+from vitreg.results.schema import DataInfo
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build
 
@@ -51,8 +52,25 @@ def test_every_block_is_its_results_model(result: DiagnoseResult) -> None:
     for name, model_type in BLOCKS.items():
         assert isinstance(getattr(result.results, name), model_type), name
     assert result.verdict is result.results.norms.artifacts_present
-    assert result.data["n_images"] == 4 and result.results.not_applicable == {}
+    assert isinstance(result.data, DataInfo)
+    assert result.data.n_images == 4 and result.results.not_applicable == {}
     assert not hasattr(result, "to_dict")
+
+
+def test_the_images_are_described_by_data_info() -> None:
+    assert data_block(4, None) == DataInfo(n_images=4)
+    given = DataInfo(description="the folder /data", n_images=3, skipped={"a.txt": "no image"})
+    assert data_block(4, given) is given
+    with pytest.warns(DeprecationWarning, match="DataInfo"):
+        old = data_block(4, {"description": "the folder /data", "source": "folder"})  # type: ignore[arg-type]
+    assert isinstance(old, DataInfo) and old.n_images == 4
+    assert old.model_dump() == {
+        "description": "the folder /data",
+        "n_images": 4,
+        "skipped": {},
+        "converted": {},
+        "source": "folder",
+    }
 
 
 def test_holders_keep_tensors_and_the_same_summary(result: DiagnoseResult) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from vitreg.analysis.feature_pictures import PatchFeatures, pca_basis, similarity_maps
+from vitreg.results.diagnose import PCA
 
 
 def streamed(x: torch.Tensor, keep: int, batch: int = 3) -> PatchFeatures:
@@ -31,6 +32,8 @@ def test_streamed_pca_is_the_pca_of_every_patch() -> None:
         assert abs(abs(float(basis.components[i] @ torch.from_numpy(top))) - 1) < 1e-8
     assert basis.explained == sorted(basis.explained, reverse=True)
     assert abs(basis.explained[0] - values[-1] / values.sum()) < 1e-8
+    assert isinstance(basis.pca, PCA) and basis.pca.n_patches == basis.n_patches == 7 * 20
+    assert basis.explained is basis.pca.explained_variance  # held once, by the results model
     rgb = basis.fit_colours(stats["features"]).rgb(stats["features"])
     assert rgb.shape == (2, 4, 5, 3) and rgb.min() >= 0 and rgb.max() <= 1
     assert rgb.max() == 1 and rgb.min() == 0  # the 1st/99th percentiles span the colours

@@ -23,7 +23,8 @@ def test_criterion_matches_a_hand_computation() -> None:
     res = reducer.result()
     assert res["entries"][:, :3].tolist() == [[0.0, 0.0, 3.0]]
     assert res["medians"][0] == pytest.approx(0.05) and res["medians"][1] == pytest.approx(0.2)
-    out = summarise([{**res, "site": reducer.site, "layout": layout}], n_images=2)
+    assert res["site"] == reducer.site and res["layout"] is layout and res["layer"] == 0
+    out = summarise([res], n_images=2)
     (channel,) = out.channels
     assert (channel.channel, channel.token_types, channel.top_tokens) == (3, {"cls": 1}, [0])
     assert channel.max_value == 120.0 and channel.max_over_median == pytest.approx(2400.0)
@@ -35,5 +36,7 @@ def test_nothing_massive_in_an_ordinary_state() -> None:
     reducer = MassiveEntries("s", 0)
     x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(0))
     reducer(x, HookContext("s", 0, None), 0)
-    out = summarise([{**reducer.result(), "site": "s", "layout": None}], n_images=3)
+    res = reducer.result()
+    assert res["site"] == "s" and res["layout"] is None
+    out = summarise([res], n_images=3)
     assert not out.present and out.first_block is None

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitreg.analysis.sink_rules import head_stats, sink_class, sqrt_psd
-from vitreg.analysis.sinks import transition_block
+from vitreg.analysis.sink_rules import HeadStats, head_stats, sink_class, sqrt_psd
+from vitreg.analysis.sinks import SinkPatterns, SinkValues, _Pair, summarise, transition_block
+from vitreg.core.layout import TokenLayout
+from vitreg.hooks.sites import HookContext
 from vitreg.results.kinds import SinkBlock
 
 
@@ -61,3 +63,33 @@ def test_transition_from_cls_to_patches() -> None:
     assert transition_block(blocks) == 2
     assert transition_block([SinkBlock(block=0, on_patch=1.0)]) is None  # never on [CLS] first
     assert transition_block([*blocks, SinkBlock(block=5, on_cls=3.0)]) is None
+
+
+def test_the_pair_keeps_head_stats_in_image_order() -> None:
+    g = torch.Generator().manual_seed(1)
+    layout = TokenLayout(1, 0, (2, 3), (14, 14))  # [CLS] + 6 patches
+    b, h, n, d, c = 3, 2, layout.n_tokens, 4, 6
+    logits = torch.randn(b, h, n, n, generator=g)
+    logits[:, 0, :, 3] += 8.0  # head 0 sinks on token 3 (a patch) in every image
+    a = logits.softmax(-1)
+    v = torch.randn(b, n, h, d, generator=g)
+    w = torch.randn(c, h, d, generator=g)
+    metric = torch.einsum("chd,che->hde", w, w)
+    pair = _Pair(metric)
+    values = SinkValues("blocks.0.attn.hook_v", pair)
+    patterns = SinkPatterns("blocks.0.attn.hook_pattern", pair, 0)
+    for lo, hi in ((1, 3), (0, 1)):  # the later images first
+        patterns(a[lo:hi], HookContext(patterns.site, 0, layout), lo)
+        values(v[lo:hi], HookContext(values.site, 0, layout), lo)
+    res = patterns.result()
+    want = head_stats(a, v, metric, lambda: sqrt_psd(metric))
+    assert isinstance(res["stats"], HeadStats) and res["layer"] == 0 and res["layout"] is layout
+    for field in ("key", "routed", "ratio", "stable_rank"):
+        got = getattr(res["stats"], field)
+        torch.testing.assert_close(got, getattr(want, field), equal_nan=True)
+    assert values.result() is None  # the statistics are the pattern half's
+    sinks = summarise([res], n_images=b)
+    assert [(x.head, x.key_type, x.key_position) for x in sinks.heads] == [(0, "patch", [0, 2])]
+    empty = SinkPatterns("blocks.1.attn.hook_pattern", _Pair(metric), 1).result()
+    assert empty["stats"] is None
+    assert summarise([res, empty], n_images=b) == sinks  # a block no image reached adds nothing

@@ -80,7 +80,7 @@ def test_a_killed_diagnose_resumes_to_the_same_numbers(tmp_path: Path, model: An
     assert summary(again) == whole
     with resumable(folder, every=4):  # finished: restored, nothing runs
         third = diagnose(model, source(model), batch_size=4, max_maps=2, progress=done.append)
-    assert done == [12] and third.data["n_images"] == 12
+    assert done == [12] and third.data.n_images == 12
     assert summary(third) == whole
 
 

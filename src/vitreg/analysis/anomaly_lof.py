@@ -12,7 +12,7 @@ every image, strong ones only where some tokens really sit apart.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -46,7 +46,13 @@ def lof_flags(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return flagged, -lof.negative_outlier_factor_
 
 
-class PatchSample(Reducer):
+class KeptPatches(TypedDict):
+    """The sampled patch tokens by image, in image order: (patch index ``[n]``, tokens ``[n, C]``)."""
+
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+class PatchSample(Reducer[KeptPatches]):
     """The patch tokens ``[n, C]`` of the first ``max_images`` images, ``max_tokens`` at most."""
 
     def __init__(self, site: str, max_images: int, max_tokens: int, seed: int = 0) -> None:
@@ -70,8 +76,8 @@ class PatchSample(Reducer):
         self.kept.update(other.kept)
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
-        return {"kept": dict(sorted(self.kept.items()))}
+    def result(self) -> KeptPatches:
+        return KeptPatches(kept=dict(sorted(self.kept.items())))
 
 
 def agreement(flagged: torch.Tensor, auto: torch.Tensor) -> LOFAgreement:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -104,7 +104,22 @@ class _Rows:
         return {k: v[index] for k, v in self.data.items()}
 
 
-class AttentionMaps(Reducer):
+class MapStats(TypedDict):
+    """Per image ``[n]`` of one pattern site: the head-mean map ``[n, h * w]``, its largest
+    value, row entropy and top-k key mass by k; per-head maps ``[n_kept, H, h, w]`` of the first
+    images (``None``: none kept); the map's grid, the token grid and the number of keys."""
+
+    map: torch.Tensor
+    max: torch.Tensor
+    entropy: torch.Tensor
+    top: dict[int, torch.Tensor]
+    heads: torch.Tensor | None
+    grid: Grid | None
+    token_grid: Grid | None
+    n_keys: int
+
+
+class AttentionMaps(Reducer[MapStats]):
     """One pattern site: per-image head-mean maps and sink statistics; per-head maps for the
     first ``keep_heads`` images."""
 
@@ -138,14 +153,18 @@ class AttentionMaps(Reducer):
         self.n_keys = self.n_keys or other.n_keys
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
-        return {
-            **self.rows.get(),
-            **self.heads.get(),
-            "grid": self.grid,
-            "token_grid": self.token_grid,
-            "n_keys": self.n_keys,
-        }
+    def result(self) -> MapStats:
+        rows, none = self.rows.get(), torch.empty(0)
+        return MapStats(
+            map=rows.get("map", none),
+            max=rows.get("max", none),
+            entropy=rows.get("entropy", none),
+            top={k: rows.get(f"top{k}", none) for k in self.ks},
+            heads=self.heads.get().get("heads"),
+            grid=self.grid,
+            token_grid=self.token_grid,
+            n_keys=self.n_keys,
+        )
 
 
 def artifact_masks(maps: torch.Tensor, z: float = Z_CUT) -> torch.Tensor:
@@ -302,9 +321,11 @@ class AttentionAnalysis(Analysis):
             art = artifact_masks(amap, self.z)
             maps.append(amap[: self.max_maps])
             arts.append(art[: self.max_maps])
-            heads = res.get("heads", heads)
-            for name in ["max", "entropy", *(f"top{k}" for k in self.ks)]:
-                stats.setdefault(name, []).append(float(res[name].mean()))
+            heads = res["heads"] if res["heads"] is not None else heads
+            stats.setdefault("max", []).append(float(res["max"].mean()))
+            stats.setdefault("entropy", []).append(float(res["entropy"].mean()))
+            for k in self.ks:
+                stats.setdefault(f"top{k}", []).append(float(res["top"][k].mean()))
             stats.setdefault("rate", []).append(float(art.float().mean()))
             agree.append(self._agree(r, amap, art, norms, method))
         reasons = sorted({a.reason for a in agree if a.reason is not None})

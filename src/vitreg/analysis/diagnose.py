@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.progress import Update
 from vitreg.results.diagnose import DiagnoseResults
+from vitreg.results.schema import DataInfo, data_info
 
 
 def default_analyses(
@@ -51,7 +53,7 @@ class DiagnoseResult:
     (the norm trace, attention and redundancy maps, patch features) by analysis."""
 
     model: dict[str, Any]  # Model.describe()
-    data: dict[str, Any]  # the images' description, with n_images
+    data: DataInfo  # the images' description, with n_images: metrics.json's data block
     results: DiagnoseResults
     traced: dict[str, Traced] = field(default_factory=dict)
 
@@ -73,11 +75,28 @@ def typed_results(
     )
 
 
+def data_block(n_images: int, description: DataInfo | None) -> DataInfo:
+    """The images of a run: ``description`` as given, or only the ``n_images`` traced. A plain
+    dict still works for one release (with a ``DeprecationWarning``), its count by default
+    ``n_images``."""
+    if description is None:
+        return DataInfo(n_images=n_images)
+    if isinstance(description, DataInfo):
+        return description
+    warnings.warn(
+        "diagnose(data_description=...) takes a vitreg.results.schema.DataInfo; a dict goes in "
+        "the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return data_info({"n_images": n_images, **description})
+
+
 def diagnose(
     model: Model,
     data: Any,
     *,
-    data_description: dict[str, Any] | None = None,
+    data_description: DataInfo | None = None,
     rules: dict[str, dict[str, float]] | None = None,
     analyses: list[Analysis] | None = None,
     batch_size: int = 32,
@@ -89,7 +108,8 @@ def diagnose(
 
     ``max_maps`` bounds how many images keep full per-layer maps for figures; statistics use
     every image. ``analyses`` must include the norms (:class:`NormAnalysis`): the verdict and
-    the per-kind verdict are read from them.
+    the per-kind verdict are read from them. ``data_description``: what the images are (by
+    default only how many were traced).
     """
     chosen = analyses if analyses is not None else default_analyses(rules, max_maps)
     if not any(a.name == "norms" for a in chosen):
@@ -103,7 +123,7 @@ def diagnose(
     from vitreg.analysis.kinds import verdicts
 
     found["kinds"] = verdicts(found, skipped)  # reads what ran and why the rest did not
-    desc = {"n_images": trace.n_images, **(data_description or {})}
+    desc = data_block(trace.n_images, data_description)
     traced = {name: r for name, r in found.items() if isinstance(r, Traced)}
     results = typed_results(found, skipped, trace.attn_source)
     return DiagnoseResult(model.describe(), desc, results, traced)

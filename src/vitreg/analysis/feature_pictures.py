@@ -10,7 +10,7 @@ patch (row ``h // 2``, column ``w // 2``), the same in every image.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -30,7 +30,17 @@ N_COMPONENTS = 3
 RGB_CLIP = (1.0, 99.0)  # percentiles of each component mapped to 0 and 1
 
 
-class PatchFeatures(Reducer):
+class FeatureStats(TypedDict):
+    """Mean ``[C]`` and covariance ``[C, C]`` (float64) of the ``count`` patches of a run, and
+    the features ``[n, h, w, C]`` of the first images."""
+
+    mean: torch.Tensor
+    cov: torch.Tensor
+    count: int
+    features: torch.Tensor
+
+
+class PatchFeatures(Reducer[FeatureStats]):
     """Running mean and Gram matrix of all patch features at one site, and the features
     ``[n, h, w, C]`` of the first ``keep`` images."""
 
@@ -64,23 +74,23 @@ class PatchFeatures(Reducer):
         self.kept = {k: self.kept[k] for k in sorted(self.kept)[: self.keep]}
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> FeatureStats:
         if self.total is None:
             raise HookError(f"{self.site!r} gave no patch grid (no token layout there)")
         mean = self.total / self.count
         cov = self.gram / self.count - torch.outer(mean, mean)
         kept = torch.stack([self.kept[k] for k in sorted(self.kept)])
-        return {"mean": mean, "cov": cov, "count": self.count, "features": kept}
+        return FeatureStats(mean=mean, cov=cov, count=self.count, features=kept)
 
 
 @dataclass
 class PCABasis:
-    """The first principal axes of the patch features of a run (rows of ``components``)."""
+    """The first principal axes of the patch features of a run (rows of ``components``), and
+    ``pca``: the share of the variance each explains and how many patches they were fitted on."""
 
     mean: torch.Tensor  # [C] float64
     components: torch.Tensor  # [k, C] float64, unit rows
-    explained: list[float]  # share of the total variance per component
-    n_patches: int
+    pca: PCA
     lo: torch.Tensor | None = None  # [k] colour range of each component (set by fit_colours)
     hi: torch.Tensor | None = None
 
@@ -103,12 +113,17 @@ class PCABasis:
         return p.clamp(0, 1).float().numpy()
 
     @property
-    def pca(self) -> PCA:
-        """The share of variance of the components and how many patches they were fitted on."""
-        return PCA(explained_variance=self.explained, n_patches=self.n_patches)
+    def explained(self) -> list[float]:
+        """The share of the total variance of each component."""
+        return self.pca.explained_variance
+
+    @property
+    def n_patches(self) -> int:
+        """How many patch tokens the components were fitted on."""
+        return self.pca.n_patches
 
 
-def pca_basis(stats: dict[str, Any], k: int = N_COMPONENTS) -> PCABasis:
+def pca_basis(stats: FeatureStats, k: int = N_COMPONENTS) -> PCABasis:
     """The top-``k`` eigenvectors of the streamed covariance (signs fixed: largest loading > 0)."""
     values, vectors = torch.linalg.eigh(stats["cov"])
     order = values.flip(0)[:k].clamp_min(0)
@@ -117,7 +132,8 @@ def pca_basis(stats: dict[str, Any], k: int = N_COMPONENTS) -> PCABasis:
     signs = torch.sign(comps.gather(1, comps.abs().argmax(1, keepdim=True)))
     comps = comps * torch.where(signs == 0, 1.0, signs)
     total = float(values.clamp_min(0).sum()) or 1.0
-    return PCABasis(stats["mean"], comps, [float(v) / total for v in order], stats["count"])
+    pca = PCA(explained_variance=[float(v) / total for v in order], n_patches=stats["count"])
+    return PCABasis(stats["mean"], comps, pca)
 
 
 def query_patch(h: int, w: int) -> tuple[int, int]:
@@ -152,11 +168,10 @@ class SiteFeatures(Traced):
         return similarity_maps(self.features)
 
 
-def site_features(site: str, stats: dict[str, torch.Tensor | int]) -> SiteFeatures:
+def site_features(site: str, stats: FeatureStats) -> SiteFeatures:
     """The kept features of ``site`` with the PCA basis of all its patches (``stats``: a
     :class:`PatchFeatures` result)."""
     features = stats["features"]
-    assert isinstance(features, torch.Tensor)
     basis = pca_basis(stats).fit_colours(features)
     where = "after the final norm" if site.startswith("ln_final") else "residual stream"
     summary = SitePicture(

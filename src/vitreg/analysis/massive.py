@@ -12,7 +12,7 @@ and whether those tokens are the high-norm tokens.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -36,7 +36,27 @@ RULE = (
 )
 
 
-class MassiveEntries(Reducer):
+class MassiveStats(TypedDict):
+    """One block output's kept entries: rows ``[k, 4]`` (image, token, channel, |value|), the
+    median ``|x|`` of each image, the site and its token layout."""
+
+    layer: int
+    site: str
+    medians: dict[int, float]
+    entries: torch.Tensor
+    layout: TokenLayout | None
+
+
+class _ChannelHits(TypedDict):
+    """Where one channel is massive, gathered over blocks while summarising."""
+
+    blocks: list[int]
+    rows: list[torch.Tensor]
+    ratio: float
+    high: list[torch.Tensor]
+
+
+class MassiveEntries(Reducer[MassiveStats]):
     """Per image: the median ``|x|``; every entry passing the criterion (image, token, channel,
     value), up to :data:`MAX_ENTRIES`."""
 
@@ -68,9 +88,15 @@ class MassiveEntries(Reducer):
         self.layout = self.layout or other.layout
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> MassiveStats:
         entries = torch.cat(self.entries)[:MAX_ENTRIES] if self.entries else torch.empty(0, 4)
-        return {"layer": self.layer, "medians": self.medians, "entries": entries}
+        return MassiveStats(
+            layer=self.layer,
+            site=self.site,
+            medians=self.medians,
+            entries=entries,
+            layout=self.layout,
+        )
 
 
 def _high_norm(norms: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
@@ -80,18 +106,18 @@ def _high_norm(norms: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
 
 
 def summarise(
-    per_block: list[dict[str, Any]], n_images: int, norms: NormsResult | None = None
+    per_block: list[MassiveStats], n_images: int, norms: NormsResult | None = None
 ) -> Massive:
     """Turn each block's kept entries into the :class:`Massive` results (``norms``: the
     :class:`~vitreg.analysis.norms.NormsResult`, for the overlap with high-norm tokens)."""
     blocks: list[MassiveBlock] = []
-    by_channel: dict[int, dict[str, Any]] = {}
+    by_channel: dict[int, _ChannelHits] = {}
     on_high = total = 0
     outliers_hit = outliers_all = 0
     layout = None
     for b in per_block:
         e, layer = b["entries"], b["layer"]
-        layout = b.get("layout") or layout
+        layout = b["layout"] or layout
         med = torch.tensor([b["medians"][i] for i in sorted(b["medians"])])
         images, tokens, chans = (e[:, k].long() for k in range(3))
         high = None
@@ -114,7 +140,7 @@ def summarise(
         )
         for c in set(chans.tolist()):
             sel = chans == c
-            entry = by_channel.setdefault(c, {"blocks": [], "rows": [], "ratio": 0.0, "high": []})
+            entry = by_channel.setdefault(c, _ChannelHits(blocks=[], rows=[], ratio=0.0, high=[]))
             entry["blocks"].append(layer)
             entry["rows"].append(e[sel])
             ratio = e[sel, 3] / med[images[sel]].clamp_min(1e-12).double()
@@ -170,11 +196,7 @@ class MassiveAnalysis(Analysis):
         return [MassiveEntries(s, i) for i, s in enumerate(sites)]
 
     def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> Massive:
-        per_block = [
-            {**r.result(), "site": r.site, "layout": r.layout}
-            for r in trace.reducers
-            if isinstance(r, MassiveEntries)
-        ]
+        per_block = [r.result() for r in trace.reducers if isinstance(r, MassiveEntries)]
         norms = done.get("norms")
         return summarise(
             per_block, trace.n_images, norms if isinstance(norms, NormsResult) else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -69,6 +69,14 @@ def neighbour_similarity(grid: torch.Tensor) -> dict[str, torch.Tensor]:
     return {k: sums[k] / counts[k].where(counts[k] > 0, torch.nan) for k in sums}
 
 
+class NeighbourMaps(TypedDict):
+    """4- and 8-neighbour redundancy maps ``[n_images, h, w]`` of one site and its grid."""
+
+    n4: torch.Tensor
+    n8: torch.Tensor
+    grid: tuple[int, int]
+
+
 class NeighbourSimilarity(TokenNorms):
     """Per-image 4- and 8-neighbour redundancy maps of one site's patch grid.
 
@@ -94,12 +102,12 @@ class NeighbourSimilarity(TokenNorms):
         super().merge(other)
         self.grid = self.grid or other.grid
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> NeighbourMaps:  # type: ignore[override]
         rows = super().result()["norms"]
         h, w = self.grid or (0, 0)
         maps = rows.reshape(rows.shape[0], 2, h, w)
         # layout: axis 1 holds the two neighbourhoods (4, 8), not tokens
-        return {"n4": maps[:, 0], "n8": maps[:, 1], "grid": (h, w)}
+        return NeighbourMaps(n4=maps[:, 0], n8=maps[:, 1], grid=(h, w))
 
 
 def _summary(x: np.ndarray) -> Spread | None:

@@ -12,8 +12,6 @@ register); **did not** when patches still carry outliers or most sinks land on p
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from vitreg.analysis.base import Analysis, Finished
@@ -29,8 +27,9 @@ from vitreg.results.kinds import Massive, Positions, RegisterBlock, Registers, S
 GROUPS = ("cls", "register", "extra", "patch")
 
 
-class ReceivedAttention(Reducer):
-    """Attention mass each token type receives (mean over queries, heads and images)."""
+class ReceivedAttention(Reducer[dict[str, float]]):
+    """Attention mass each token type receives (mean over queries, heads and images), by type
+    ("cls", "register", "extra", "patch")."""
 
     def __init__(self, site: str, layer: int) -> None:
         super().__init__(site)
@@ -51,7 +50,7 @@ class ReceivedAttention(Reducer):
         self.count += other.count
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> dict[str, float]:
         return {k: v / max(self.count, 1) for k, v in self.sums.items()}
 
 
@@ -66,20 +65,25 @@ def _group_norms(norms: NormsResult, received: dict[int, dict[str, float]]) -> l
     out = []
     for i, site in enumerate(norms.trace.sites):
         lay, tn = norms.trace.layouts[site], norms.trace.norms[site]
-        row: dict[str, Any] = {"block": i}
         parts = {
             "cls": lay.cls,
             "register": lay.registers,
             "extra": lay.extra,
             "patch": lay.patches,
         }
-        for kind, sl in parts.items():
-            if sl.stop > sl.start:
-                row[f"{kind}_norm"] = float(tn[:, sl].median())
-        regs = [row.get("register_norm"), row.get("extra_norm")]
-        top = max((r for r in regs if r is not None), default=None)
-        row["register_over_patch"] = top / max(row["patch_norm"], 1e-12) if top else None
-        out.append(RegisterBlock(**row, attention_share=received.get(i, {})))
+        med = {k: float(tn[:, sl].median()) for k, sl in parts.items() if sl.stop > sl.start}
+        top = max((med[k] for k in ("register", "extra") if k in med), default=None)
+        out.append(
+            RegisterBlock(
+                block=i,
+                cls_norm=med.get("cls"),
+                register_norm=med.get("register"),
+                extra_norm=med.get("extra"),
+                patch_norm=med["patch"],
+                register_over_patch=top / max(med["patch"], 1e-12) if top else None,
+                attention_share=received.get(i, {}),
+            )
+        )
     return out
 
 

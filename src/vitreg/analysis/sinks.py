@@ -11,7 +11,7 @@ often each patch position is the sink.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -58,8 +58,18 @@ class _Pair:
             self.rows.append((offset, cpu))
 
 
-class SinkValues(Reducer):
-    """The ``hook_v`` half of a block's pair (keeps nothing itself)."""
+class SinkBlockStats(TypedDict):
+    """One block's sink statistics over the images, each ``[n_images, H]`` (``None``: no image
+    reached the block), and the layout of its keys."""
+
+    layer: int
+    stats: HeadStats | None
+    layout: TokenLayout | None
+
+
+class SinkValues(Reducer[None]):
+    """The ``hook_v`` half of a block's pair (keeps nothing itself: its statistics are the
+    :class:`SinkPatterns` half's)."""
 
     def __init__(self, site: str, pair: _Pair) -> None:
         super().__init__(site)
@@ -71,11 +81,11 @@ class SinkValues(Reducer):
     def merge(self, other: Reducer) -> None:
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
-        return {}
+    def result(self) -> None:
+        return None
 
 
-class SinkPatterns(Reducer):
+class SinkPatterns(Reducer[SinkBlockStats]):
     """The ``hook_pattern`` half of a block's pair: holds the block's statistics."""
 
     def __init__(self, site: str, pair: _Pair, layer: int) -> None:
@@ -92,11 +102,13 @@ class SinkPatterns(Reducer):
         self.pair.layout = self.pair.layout or other.pair.layout
         self.n_images = max(self.n_images, other.n_images)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> SinkBlockStats:
         rows = sorted(self.pair.rows, key=lambda r: r[0])
         fields = HeadStats.__dataclass_fields__
-        stats = {f: torch.cat([getattr(s, f) for _, s in rows]) for f in fields} if rows else {}
-        return {"layer": self.layer, "stats": stats, "layout": self.pair.layout}
+        if not rows:
+            return SinkBlockStats(layer=self.layer, stats=None, layout=self.pair.layout)
+        stats = HeadStats(*(torch.cat([getattr(s, f) for _, s in rows]) for f in fields))
+        return SinkBlockStats(layer=self.layer, stats=stats, layout=self.pair.layout)
 
 
 def sink_heads(sinks: Sinks, kind: str) -> list[SinkHeadRow]:
@@ -120,7 +132,7 @@ def _counts(kinds: list[str], types: list[str], n_images: int) -> dict[str, floa
     return {k: float(v) for k, v in sorted(out.items())}
 
 
-def summarise(per_block: list[dict[str, Any]], n_images: int) -> Sinks:
+def summarise(per_block: list[SinkBlockStats], n_images: int) -> Sinks:
     """Turn each block's ``[n_images, H]`` statistics into the :class:`Sinks` results."""
     layout: TokenLayout = next(b["layout"] for b in per_block if b["layout"] is not None)
     h, w = layout.grid
@@ -134,13 +146,13 @@ def summarise(per_block: list[dict[str, Any]], n_images: int) -> Sinks:
     n_heads = 0
     for b in per_block:
         st, layer = b["stats"], b["layer"]
-        if not st:
+        if st is None:
             continue
-        event = st["routed"] >= 0.9
+        event = st.routed >= 0.9
         n_heads = event.shape[1]
         ki, hi = event.nonzero(as_tuple=True)
-        kinds = sink_class(st["ratio"][ki, hi], st["stable_rank"][ki, hi])
-        keys = st["key"][ki, hi]
+        kinds = sink_class(st.ratio[ki, hi], st.stable_rank[ki, hi])
+        keys = st.key[ki, hi]
         types = _key_types(keys, layout)
         all_kinds += kinds
         all_types += types
@@ -170,8 +182,8 @@ def summarise(per_block: list[dict[str, Any]], n_images: int) -> Sinks:
                     kind=kind,
                     key_type=key_type,
                     key_position=pos,
-                    ratio=float(st["ratio"][sel].median()),
-                    stable_rank=float(st["stable_rank"][sel].median()),
+                    ratio=float(st.ratio[sel].median()),
+                    stable_rank=float(st.stable_rank[sel].median()),
                 )
             )
     n_reg_events = sum(t == "register" for t in all_types)

@@ -39,8 +39,7 @@ def summary_rows(result: Any) -> dict[str, str]:
     layer = _layer_shown(report)
     rates = report.layers[layer].outlier_rate
     final = report.after_final_norm
-    skipped = len(result.data.get("skipped", {}))
-    converted = len(result.data.get("converted", {}))
+    skipped, converted = len(result.data.skipped), len(result.data.converted)
     return {
         "verdict": "[red]artifacts[/red]"
         if report.artifacts_present
@@ -50,7 +49,7 @@ def summary_rows(result: Any) -> dict[str, str]:
         **{f"{m} rate": f"{rate:.1%}" for m, rate in rates.items()},
         "after final norm (auto)": f"{final.outlier_rate['auto']:.1%}" if final else "n/a",
         "attention-norm IoU": _agreement(result.results, report.layers[layer].site),
-        "images": f"{result.data.get('n_images', 0)} ({converted} converted, {skipped} skipped)",
+        "images": f"{result.data.n_images} ({converted} converted, {skipped} skipped)",
     }
 
 

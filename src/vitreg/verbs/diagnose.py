@@ -122,7 +122,7 @@ def diagnose_one(
             max_maps=cfg.max_maps,
             progress=update,
         )
-    result.data.update(source.description().model_dump())
+    result.data = source.description()
     write_run = _writer()
     document = None
     if is_main():  # under torchrun every rank has the result; rank 0 writes it

@@ -52,7 +52,7 @@ from vitreg.report.renderers.diagnose_figures import (
 from vitreg.report.renderers.diagnose_kinds import detail_sections, kinds_section
 from vitreg.report.writer import write_run
 from vitreg.results.diagnose import DiagnoseResults, SiteNorms
-from vitreg.results.schema import Envelope, data_info, model_info, plain
+from vitreg.results.schema import Envelope, model_info, plain
 from vitreg.settings.base import ConfigFile
 
 FIGURE_SECTION = {
@@ -611,7 +611,7 @@ def diagnose_document(result: DiagnoseResult, config: ConfigFile, command: str) 
         headlines,
         command=command,
         described=model_info(result.model),
-        data=data_info(result.data),
+        data=result.data,
         config=config.to_file(),
         typed=result.results,
     )
