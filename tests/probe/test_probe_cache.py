@@ -3,6 +3,7 @@ keys, test-time registers, hierarchical models, torchrun."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -235,3 +236,19 @@ def test_torchrun_two_ranks_equal_one_process(vit, tmp_path):
     assert dist.n == 8 and dist.keys == single.keys
     for view in ("cls", "reg", "patch_mean"):
         torch.testing.assert_close(dist.get(view), single.get(view), atol=1e-3, rtol=0)
+
+
+def test_the_key_and_manifest_of_a_known_cache_stay_the_same(vit, tmp_path):
+    """Old caches are found again: the folder name (the identity's hash) and the manifest's
+    bytes (shard list aside) of a known extraction, pinned as vitreg wrote them."""
+    ttr = TestTimeRegisters(NeuronSet([0, 0], [5, 10], [1.0, 1.0]), n_registers=2)
+    pinned = {
+        None: ("26155ae55b5a239c", "a9906a2b6ef627f6"),
+        ttr: ("c7581367a86285de", "fbafa6602ca74f57"),
+    }
+    for fix, (key, manifest) in pinned.items():
+        feats = extract(vit, ToyDataset(n=2), root=tmp_path, fix=fix, views=("cls", "patch_mean"))
+        written = json.loads((feats.folder / "manifest.json").read_text(encoding="utf-8"))
+        written.pop("shards")
+        text = json.dumps(written, indent=2).encode()
+        assert (feats.folder.name, hashlib.sha256(text).hexdigest()[:16]) == (key, manifest)
