@@ -252,3 +252,24 @@ def test_the_key_and_manifest_of_a_known_cache_stay_the_same(vit, tmp_path):
         written.pop("shards")
         text = json.dumps(written, indent=2).encode()
         assert (feats.folder.name, hashlib.sha256(text).hexdigest()[:16]) == (key, manifest)
+
+
+def test_the_identity_and_manifest_are_typed_and_list_shards_in_file_order(vit, tmp_path):
+    from vitreg.probe.cache import (
+        CacheIdentity,
+        CacheManifest,
+        cache_identity,
+        make_plan,
+        write_manifest,
+    )
+
+    data = ToyDataset(n=3, bad=(1,))
+    feats = extract(vit, data, root=tmp_path, views=("cls",))
+    plan = make_plan(vit, (-1,), ("cls",))
+    identity = cache_identity(vit, data, plan, None, torch.float16, False, 256)
+    assert isinstance(identity, CacheIdentity) and identity.model.n_layers == 2
+    manifest = write_manifest(feats.folder, identity, plan, feats.folder.name, 1)
+    assert isinstance(manifest, CacheManifest) and manifest.shards[0].skipped[0].index == 1
+    shard = json.loads((feats.folder / "manifest.json").read_text(encoding="utf-8"))["shards"][0]
+    assert list(shard) == ["file", "start", "stop", "n", "skipped", "sha256"]
+    assert shard["skipped"] == [{"index": 1, "key": "toy/0001", "reason": "unreadable_image"}]

@@ -10,6 +10,7 @@ from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.progress import Update
 from vitreg.results.diagnose import DiagnoseResults
+from vitreg.results.schema import ModelDescription
 
 
 def default_analyses(
@@ -50,7 +51,7 @@ class DiagnoseResult:
     holds (what did not apply and why included), and ``traced``, the tensors behind the figures
     (the norm trace, attention and redundancy maps, patch features) by analysis."""
 
-    model: dict[str, Any]  # Model.describe()
+    model: ModelDescription
     data: dict[str, Any]  # the images' description, with n_images
     results: DiagnoseResults
     traced: dict[str, Traced] = field(default_factory=dict)

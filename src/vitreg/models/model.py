@@ -20,6 +20,7 @@ from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import Handle, HookContext, HookFn, Site
 from vitreg.models.adapters.base import Adapter, adapter_for
 from vitreg.progress import Update
+from vitreg.results.schema import ModelDescription
 
 if TYPE_CHECKING:
     from vitreg.core.checkpoint import Pass, PassState
@@ -261,26 +262,25 @@ class Model:
         self.module.eval()
         return self
 
-    def describe(self) -> dict[str, Any]:
-        """A JSON-ready summary: spec, family, dims, layout, attention path, notes."""
-        n_params = sum(p.numel() for p in self.module.parameters())
-        return {
-            "spec": self.spec,
-            "weights": self.weights,
-            "family": self.family,
-            "source": self.adapter.source,
-            "class": f"{type(self.module).__module__}.{type(self.module).__name__}",
-            "n_layers": self.n_layers,
-            "d_model": self.d_model,
-            "d_mlp": self.d_mlp,
-            "n_heads": self.n_heads,
-            "n_params": n_params,
-            "image_size": list(self.adapter.default_image_size()),
-            "layout": self.adapter.base_layout().to_dict(),
-            "attention": self.adapter.attention_path(),
-            "supports_insertion": self.adapter.supports_insertion,
-            "notes": list(self.notes),
-        }
+    def describe(self) -> ModelDescription:
+        """What this model is: spec, weights, family, dims, layout, attention path, notes."""
+        return ModelDescription(
+            spec=self.spec,
+            weights=self.weights,
+            family=self.family,
+            source=self.adapter.source,
+            class_name=f"{type(self.module).__module__}.{type(self.module).__name__}",
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            d_mlp=self.d_mlp,
+            n_heads=self.n_heads,
+            n_params=sum(p.numel() for p in self.module.parameters()),
+            image_size=list(self.adapter.default_image_size()),
+            layout=self.adapter.base_layout().to_dict(),
+            attention=self.adapter.attention_path(),
+            supports_insertion=self.adapter.supports_insertion,
+            notes=list(self.notes),
+        )
 
     # hooks ------------------------------------------------------------------------
     def hook_names(self) -> list[str]:
