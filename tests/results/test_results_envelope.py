@@ -102,3 +102,9 @@ def test_a_model_describes_itself_typed_in_the_order_its_files_hold():
         and info.class_name == described.class_name
     )
     assert list(info.model_dump())[-2:] == ["supports_insertion", "vlm"]
+
+
+def test_item_access_to_a_description_still_works_with_a_warning():
+    described = ModelDescription.model_validate(DESCRIBED)
+    with pytest.warns(DeprecationWarning, match="describe\\(\\).spec"):
+        assert described["class"] == "VisionTransformer"

@@ -15,6 +15,7 @@ import functools
 import importlib.metadata
 import math
 import platform
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -108,6 +109,17 @@ class ModelDescription(BaseModel):
     attention: str | None = None
     supports_insertion: bool | None = None
     notes: list[str] = Field(default_factory=list)
+
+    def __getitem__(self, key: str) -> JsonValue:
+        """``describe()["spec"]``, as when ``describe()`` returned a mapping: works for one
+        release, with a ``DeprecationWarning``."""
+        warnings.warn(
+            "Model.describe() returns a ModelDescription: read its fields (describe().spec); "
+            "item access goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.model_dump(mode="json", by_alias=True)[key]  # type: ignore[no-any-return]
 
 
 class DataInfo(BaseModel):
