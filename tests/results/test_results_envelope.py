@@ -104,7 +104,11 @@ def test_a_model_describes_itself_typed_in_the_order_its_files_hold():
     assert list(info.model_dump())[-2:] == ["supports_insertion", "vlm"]
 
 
-def test_item_access_to_a_description_still_works_with_a_warning():
+def test_the_mapping_forms_of_a_description_still_work_with_a_warning():
     described = ModelDescription.model_validate(DESCRIBED)
     with pytest.warns(DeprecationWarning, match="describe\\(\\).spec"):
         assert described["class"] == "VisionTransformer"
+    with pytest.warns(DeprecationWarning, match="rather than a mapping"):
+        assert model_info(DESCRIBED) == model_info(described)  # a mapping, as describe() gave
+    with pytest.warns(DeprecationWarning, match="rather than a mapping"):
+        assert is_synthetic({"spec": "planted:clip_t16"})

@@ -344,9 +344,24 @@ def plain(obj: Any) -> Any:
     return str(obj)
 
 
+def _typed(described: ModelDescription | ModelInfo) -> ModelDescription | ModelInfo:
+    """``described`` as given; a mapping (what ``describe()`` returned before it was typed) read
+    as a :class:`ModelDescription` for one more release, with a ``DeprecationWarning``."""
+    if isinstance(described, ModelDescription | ModelInfo):
+        return described
+    warnings.warn(
+        "pass Model.describe() (a ModelDescription) rather than a mapping; mappings go in the "
+        "next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return ModelDescription.model_validate(described)
+
+
 def is_synthetic(model: ModelDescription | ModelInfo) -> bool:
     """Planted weights, a ``planted:`` spec or a note saying so: the report must say it in its
     first line (``model``: ``Model.describe()``, or a document's model block)."""
+    model = _typed(model)
     return synthetic_weights(model.spec, model.weights, model.notes)
 
 
@@ -361,7 +376,7 @@ def model_info(described: ModelDescription, **more: JsonValue) -> ModelInfo:
     """``Model.describe()`` regrouped as metrics.json's model block (dimensions together,
     synthetic flag); what it does not name (``supports_insertion``, fields of an older file,
     ``more``: a block such as a VLM's) kept after the named fields."""
-    d = described
+    d = _typed(described)
     rest = {} if d.supports_insertion is None else {"supports_insertion": d.supports_insertion}
     rest |= {k: plain(v) for k, v in {**(d.model_extra or {}), **more}.items()}
     return ModelInfo(
