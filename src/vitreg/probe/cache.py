@@ -105,7 +105,7 @@ def make_plan(model: Model, layers: Sequence[int | str], views: Sequence[str]) -
     return Plan(names, list(layers), chosen, absent, layouts)
 
 
-def as_hashed(value: Any) -> JsonValue:
+def _as_hashed(value: Any) -> JsonValue:
     """``value`` as the cache key's JSON reads it (anything JSON does not hold as its text)."""
     return json.loads(json.dumps(value, default=str))  # type: ignore[no-any-return]
 
@@ -136,7 +136,7 @@ def describe_fix(fix: Fix | None) -> FixIdentity | None:
     pairs = neurons.pairs() if neurons is not None and hasattr(neurons, "pairs") else None
     return FixIdentity(
         class_name=f"{type(fix).__module__}.{type(fix).__qualname__}",
-        said=as_hashed(settings),
+        said=_as_hashed(settings),
         neurons=None if pairs is None else [list(p) for p in pairs],
     )
 
@@ -187,7 +187,7 @@ def cache_identity(
         model=model.describe(),
         weights=weights_fingerprint(model.module),
         fix=describe_fix(fix),
-        dataset=as_hashed(dataset.describe()),
+        dataset=_as_hashed(dataset.describe()),
         targets=list(dataset.targets),
         layers=plan.names,
         views=plan.views,
