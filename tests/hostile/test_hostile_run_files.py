@@ -18,7 +18,7 @@ from vitreg.core.readers import read_json, read_yaml
 from vitreg.errors import InputError
 from vitreg.report.compare import compare_runs
 from vitreg.report.document import Headline, build_document
-from vitreg.results.schema import data_info, model_info
+from vitreg.results.schema import ModelDescription, data_info, model_info
 
 runner = CliRunner()
 COMPANIONS = ("config.yaml", "report.md", "report.html")
@@ -57,7 +57,7 @@ def train_doc() -> dict:
     }
     headlines = [Headline("final_loss", "/results/final_loss", False)]
     doc = build_document("train", results, headlines, command="vitreg train",
-                         described=model_info(described), data=data_info({"n_images": 8}),
+                         described=model_info(ModelDescription.model_validate(described)), data=data_info({"n_images": 8}),
                          config={})  # fmt: skip
     return doc.model_dump(mode="json")
 

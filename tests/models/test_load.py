@@ -24,7 +24,7 @@ def test_timm_spec_builds_the_architecture_and_transform():
 
     t = m.transform(Image.new("RGB", (80, 60), (10, 200, 30)))
     assert t.shape == (3, 56, 56)
-    assert m.describe()["layout"]["n_tokens"] == 21
+    assert m.describe().layout["n_tokens"] == 21
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def test_without_img_size_the_file_decides_the_size(saved):
     path, x, ref = saved
     with pytest.warns(UserWarning, match="56x56 px taken from the weights file"):
         model = vitreg.load(ARCH, weights=path, depth=2)
-    assert model.layout.grid == (4, 4) and model.describe()["image_size"] == [56, 56]
+    assert model.layout.grid == (4, 4) and model.describe().image_size == [56, 56]
     assert torch.allclose(model.features(x), ref, atol=1e-6)  # loaded as saved
     notes = " ".join(model.notes)
     assert "4x4 grid of 14 px patches" in notes and "--img-size" in notes

@@ -66,7 +66,7 @@ def test_each_way_of_loading_records_its_kind(tmp_path):
     plain = vitreg.load(ARCH, pretrained=False, **TINY).module
     plain.vitreg_weights = None  # as timm built it, unknown to vitreg
     assert vitreg.wrap(plain).weights == "user"
-    assert vitreg.wrap(plain, weights="trained").describe()["weights"] == "trained"
+    assert vitreg.wrap(plain, weights="trained").describe().weights == "trained"
     with pytest.raises(vitreg.errors.InputError, match="weights must be one of"):
         vitreg.wrap(plain, weights="pretrained")
     save_local(plain, tmp_path / "mine", **TINY)

@@ -3,6 +3,7 @@ keys, test-time registers, hierarchical models, torchrun."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -235,3 +236,40 @@ def test_torchrun_two_ranks_equal_one_process(vit, tmp_path):
     assert dist.n == 8 and dist.keys == single.keys
     for view in ("cls", "reg", "patch_mean"):
         torch.testing.assert_close(dist.get(view), single.get(view), atol=1e-3, rtol=0)
+
+
+def test_the_key_and_manifest_of_a_known_cache_stay_the_same(vit, tmp_path):
+    """Old caches are found again: the folder name (the identity's hash) and the manifest's
+    bytes (shard list aside) of a known extraction, pinned as vitreg wrote them."""
+    ttr = TestTimeRegisters(NeuronSet([0, 0], [5, 10], [1.0, 1.0]), n_registers=2)
+    pinned = {
+        None: ("26155ae55b5a239c", "a9906a2b6ef627f6"),
+        ttr: ("c7581367a86285de", "fbafa6602ca74f57"),
+    }
+    for fix, (key, manifest) in pinned.items():
+        feats = extract(vit, ToyDataset(n=2), root=tmp_path, fix=fix, views=("cls", "patch_mean"))
+        written = json.loads((feats.folder / "manifest.json").read_text(encoding="utf-8"))
+        written.pop("shards")
+        text = json.dumps(written, indent=2).encode()
+        assert (feats.folder.name, hashlib.sha256(text).hexdigest()[:16]) == (key, manifest)
+
+
+def test_the_identity_and_manifest_are_typed_and_list_shards_in_file_order(vit, tmp_path):
+    from vitreg.probe.cache import (
+        CacheIdentity,
+        CacheManifest,
+        cache_identity,
+        make_plan,
+        write_manifest,
+    )
+
+    data = ToyDataset(n=3, bad=(1,))
+    feats = extract(vit, data, root=tmp_path, views=("cls",))
+    plan = make_plan(vit, (-1,), ("cls",))
+    identity = cache_identity(vit, data, plan, None, torch.float16, False, 256)
+    assert isinstance(identity, CacheIdentity) and identity.model.n_layers == 2
+    manifest = write_manifest(feats.folder, identity, plan, feats.folder.name, 1)
+    assert isinstance(manifest, CacheManifest) and manifest.shards[0].skipped[0].index == 1
+    shard = json.loads((feats.folder / "manifest.json").read_text(encoding="utf-8"))["shards"][0]
+    assert list(shard) == ["file", "start", "stop", "n", "skipped", "sha256"]
+    assert shard["skipped"] == [{"index": 1, "key": "toy/0001", "reason": "unreadable_image"}]

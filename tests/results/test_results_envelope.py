@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from vitreg.report.document import Headline, build_document, headline_values
-from vitreg.results.schema import DataInfo, Metric, ModelInfo, data_info, model_info
+from vitreg.results.schema import (
+    DataInfo,
+    Metric,
+    ModelDescription,
+    ModelInfo,
+    data_info,
+    is_synthetic,
+    model_info,
+)
 
 GOLDEN = Path(__file__).parents[1] / "report" / "_golden"
 DESCRIBED = {
@@ -29,7 +37,9 @@ DESCRIBED = {
 
 
 def test_model_info_is_the_typed_model_block():
-    info = model_info(DESCRIBED)
+    described = ModelDescription.model_validate(DESCRIBED)
+    assert described.class_name == "VisionTransformer" and is_synthetic(described)
+    info = model_info(described)
     assert isinstance(info, ModelInfo)
     assert info.synthetic and info.class_name == "VisionTransformer"
     assert info.dims == {"n_layers": 12, "d_model": 192, "d_mlp": 768, "n_heads": 3,
@@ -72,3 +82,33 @@ def test_build_document_takes_the_typed_blocks_as_they_are():
     again = doc.model_dump(mode="json")
     for key in ("model", "data", "config", "results", "metrics"):
         assert json.dumps(again[key]) == json.dumps(golden[key])
+
+
+def test_a_model_describes_itself_typed_in_the_order_its_files_hold():
+    import vitreg
+
+    model = vitreg.load("timm:vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2)
+    described = model.describe()
+    assert isinstance(described, ModelDescription)
+    assert (described.n_layers, described.supports_insertion) == (2, True)
+    assert list(described.model_dump(by_alias=True)) == [
+        "spec", "weights", "family", "source", "class", "n_layers", "d_model", "d_mlp",
+        "n_heads", "n_params", "image_size", "layout", "attention", "supports_insertion", "notes",
+    ]  # fmt: skip
+    info = model_info(described, vlm={"class": "Llava"})
+    assert (
+        not info.synthetic
+        and info.dims["n_layers"] == 2
+        and info.class_name == described.class_name
+    )
+    assert list(info.model_dump())[-2:] == ["supports_insertion", "vlm"]
+
+
+def test_the_mapping_forms_of_a_description_still_work_with_a_warning():
+    described = ModelDescription.model_validate(DESCRIBED)
+    with pytest.warns(DeprecationWarning, match="describe\\(\\).spec"):
+        assert described["class"] == "VisionTransformer"
+    with pytest.warns(DeprecationWarning, match="rather than a mapping"):
+        assert model_info(DESCRIBED) == model_info(described)  # a mapping, as describe() gave
+    with pytest.warns(DeprecationWarning, match="rather than a mapping"):
+        assert is_synthetic({"spec": "planted:clip_t16"})

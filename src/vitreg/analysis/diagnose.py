@@ -11,7 +11,7 @@ from vitreg.errors import InputError
 from vitreg.models.model import Model
 from vitreg.progress import Update
 from vitreg.results.diagnose import DiagnoseResults
-from vitreg.results.schema import DataInfo, data_info
+from vitreg.results.schema import DataInfo, ModelDescription, data_info
 
 
 def default_analyses(
@@ -52,7 +52,7 @@ class DiagnoseResult:
     holds (what did not apply and why included), and ``traced``, the tensors behind the figures
     (the norm trace, attention and redundancy maps, patch features) by analysis."""
 
-    model: dict[str, Any]  # Model.describe()
+    model: ModelDescription
     data: DataInfo  # the images' description, with n_images: metrics.json's data block
     results: DiagnoseResults
     traced: dict[str, Traced] = field(default_factory=dict)

@@ -33,7 +33,7 @@ from vitreg.report.render.plots import Figure, figure, new_canvas, outside_legen
 from vitreg.report.renderers.train import dino_reading
 from vitreg.report.writer import write_run
 from vitreg.results.experiment import AS_GIVEN, ExperimentResults, Timing, VariantSummary
-from vitreg.results.schema import Envelope, data_info, model_info
+from vitreg.results.schema import Envelope, ModelDescription, data_info, model_info
 
 COLUMNS = (  # summary key, column title
     ("params", "params"),
@@ -532,7 +532,7 @@ def write_report(
         typed.model_dump(mode="json"),
         headlines,
         command=command,
-        described=model_info(described),
+        described=model_info(ModelDescription.model_validate(described)),
         data=data_info(data),
         config=config or s.model_dump(mode="json", context=AS_GIVEN),
         typed=typed,

@@ -4,12 +4,12 @@ whether the global embedding is kept (cosine of the pooled token before vs after
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
 from vitreg.analysis.attention import AttentionAnalysis, AttentionResult
-from vitreg.analysis.base import Analysis, run_analyses
+from vitreg.analysis.base import Analysis, Finished, run_analyses
 from vitreg.analysis.feature_pictures import FeaturePictureAnalysis, FeaturePicturesResult
 from vitreg.analysis.norms import NormAnalysis, NormsResult
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
@@ -24,7 +24,19 @@ from vitreg.progress import SILENT, Progress
 from vitreg.results.fix import Comparison, Control, Cosine, Residual
 
 
-class Pooled(Reducer):
+class PooledRows(TypedDict):
+    """The global embedding ``[n_images, C]`` of every image, in image order."""
+
+    pooled: torch.Tensor
+
+
+class PatchRows(TypedDict):
+    """The patch features ``[n_images, n_patches, C]`` of the images kept, in image order."""
+
+    patches: torch.Tensor
+
+
+class Pooled(Reducer[PooledRows]):
     """Per-image global embedding at the final norm: [CLS], or the patch mean without one."""
 
     def __init__(self, site: str) -> None:
@@ -42,14 +54,14 @@ class Pooled(Reducer):
         assert isinstance(other, Pooled)
         self.rows.update(other.rows)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> PooledRows:
         return {"pooled": torch.stack([self.rows[i] for i in sorted(self.rows)])}
 
 
 DENSE_IMAGES = 64  # images whose every patch feature is compared before vs after (memory bound)
 
 
-class PatchFeatures(Reducer):
+class PatchFeatures(Reducer[PatchRows]):
     """The patch tokens at the final norm of the first ``keep`` images (the dense output)."""
 
     def __init__(self, site: str, keep: int = DENSE_IMAGES) -> None:
@@ -67,7 +79,7 @@ class PatchFeatures(Reducer):
         assert isinstance(other, PatchFeatures)
         self.rows.update(other.rows)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> PatchRows:
         return {"patches": torch.stack([self.rows[i] for i in sorted(self.rows)])}
 
 
@@ -80,7 +92,7 @@ class PooledAnalysis(Analysis):
     def reducers(self, model: Model) -> list[Reducer]:
         return [Pooled("ln_final.hook_out")]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> torch.Tensor:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> torch.Tensor:
         return trace.reducers[0].result()["pooled"]
 
 
@@ -92,7 +104,7 @@ class DenseAnalysis(PooledAnalysis):
     def reducers(self, model: Model) -> list[Reducer]:
         return [PatchFeatures("ln_final.hook_out")]
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Any]) -> torch.Tensor:
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> torch.Tensor:
         return trace.reducers[0].result()["patches"]
 
 

@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
@@ -20,6 +20,10 @@ from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import Handle, HookContext, HookFn, Site
 from vitreg.models.adapters.base import Adapter, adapter_for
 from vitreg.progress import Update
+from vitreg.results.schema import ModelDescription
+
+if TYPE_CHECKING:
+    from vitreg.core.checkpoint import Pass, PassState
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
@@ -82,9 +86,20 @@ def _raw_batches(data: Any, batch_size: int) -> Iterable[torch.Tensor]:
             )
 
 
+class TraceState(TypedDict):
+    """A checkpoint of ``Model.trace``: each reducer's statistics, and by site the layout and
+    attention source seen so far."""
+
+    reducers: list[PassState]
+    layouts: dict[str, TokenLayout | None]
+    sources: dict[str, str]
+
+
 def trace_state(
-    reducers: Sequence[Reducer], layouts: dict[str, Any], sources: dict[str, str]
-) -> dict[str, Any]:
+    reducers: Sequence[Reducer],
+    layouts: dict[str, TokenLayout | None],
+    sources: dict[str, str],
+) -> TraceState:
     """What a checkpoint of ``Model.trace`` keeps: every reducer's statistics (this rank's, not
     merged) and the layouts and attention sources seen so far."""
     from vitreg.core.checkpoint import state_of
@@ -98,10 +113,10 @@ def resume_trace(
     limit: int | None,
     attention: str,
     stop: int | None,
-    layouts: dict[str, Any],
+    layouts: dict[str, TokenLayout | None],
     sources: dict[str, str],
     independent: bool = False,
-) -> tuple[Any, int, bool]:
+) -> tuple[Pass | None, int, bool]:
     """The checkpoint of this trace inside ``vitreg.core.checkpoint.resumable`` (else ``None``),
     the images its saved state covers (restored into ``reducers``, ``layouts`` and ``sources``)
     and whether the pass had finished. ``independent``: the ranks read their own images
@@ -247,26 +262,25 @@ class Model:
         self.module.eval()
         return self
 
-    def describe(self) -> dict[str, Any]:
-        """A JSON-ready summary: spec, family, dims, layout, attention path, notes."""
-        n_params = sum(p.numel() for p in self.module.parameters())
-        return {
-            "spec": self.spec,
-            "weights": self.weights,
-            "family": self.family,
-            "source": self.adapter.source,
-            "class": f"{type(self.module).__module__}.{type(self.module).__name__}",
-            "n_layers": self.n_layers,
-            "d_model": self.d_model,
-            "d_mlp": self.d_mlp,
-            "n_heads": self.n_heads,
-            "n_params": n_params,
-            "image_size": list(self.adapter.default_image_size()),
-            "layout": self.adapter.base_layout().to_dict(),
-            "attention": self.adapter.attention_path(),
-            "supports_insertion": self.adapter.supports_insertion,
-            "notes": list(self.notes),
-        }
+    def describe(self) -> ModelDescription:
+        """What this model is: spec, weights, family, dims, layout, attention path, notes."""
+        return ModelDescription(
+            spec=self.spec,
+            weights=self.weights,
+            family=self.family,
+            source=self.adapter.source,
+            class_name=f"{type(self.module).__module__}.{type(self.module).__name__}",
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            d_mlp=self.d_mlp,
+            n_heads=self.n_heads,
+            n_params=sum(p.numel() for p in self.module.parameters()),
+            image_size=list(self.adapter.default_image_size()),
+            layout=self.adapter.base_layout().to_dict(),
+            attention=self.adapter.attention_path(),
+            supports_insertion=self.adapter.supports_insertion,
+            notes=list(self.notes),
+        )
 
     # hooks ------------------------------------------------------------------------
     def hook_names(self) -> list[str]:
@@ -568,7 +582,7 @@ class Model:
             reducers, batch_size, limit, attention, k, layouts, sources, stream.independent
         )
 
-        def state() -> dict[str, Any]:
+        def state() -> TraceState:
             return trace_state(reducers, layouts, sources)
 
         with torch.no_grad(), self.hooks(feeds, attention):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, JsonValue, model_serializer
 
 from vitreg import distributed
 from vitreg.core.containment import check_inside
@@ -43,6 +44,7 @@ from vitreg.probe.shards import (
 from vitreg.probe.views import absent_views, check_views
 from vitreg.progress import Update
 from vitreg.results.fix import NamedFix
+from vitreg.results.schema import ModelDescription
 
 FORMAT = 1
 FINAL = "ln_final.hook_out"
@@ -103,23 +105,70 @@ def make_plan(model: Model, layers: Sequence[int | str], views: Sequence[str]) -
     return Plan(names, list(layers), chosen, absent, layouts)
 
 
-def describe_fix(fix: Fix | None) -> dict[str, Any] | None:
+def _as_hashed(value: Any) -> JsonValue:
+    """``value`` as the cache key's JSON reads it (anything JSON does not hold as its text)."""
+    return json.loads(json.dumps(value, default=str))  # type: ignore[no-any-return]
+
+
+class FixIdentity(BaseModel):
+    """A fix as the cache key names it: its class, what its ``describe()`` says (the name
+    aside) and, if it has them, its exact neurons; written flat, in that order."""
+
+    class_name: str
+    said: dict[str, JsonValue]
+    neurons: list[list[int]] | None = None
+
+    @model_serializer
+    def _flat(self) -> dict[str, JsonValue]:
+        flat: dict[str, JsonValue] = {"class": self.class_name, **self.said}
+        if self.neurons is not None:
+            flat["neurons"] = list(self.neurons)
+        return flat
+
+
+def describe_fix(fix: Fix | None) -> FixIdentity | None:
     """The fix's identity for the cache key: class, settings and, if any, its exact neurons."""
     if fix is None:
         return None
-    desc: dict[str, Any] = {"class": f"{type(fix).__module__}.{type(fix).__qualname__}"}
     said = fix.describe() if hasattr(fix, "describe") else {}
-    desc.update(said.model_dump(exclude={"name"}) if isinstance(said, NamedFix) else said)
+    settings = said.model_dump(exclude={"name"}) if isinstance(said, NamedFix) else said
     neurons = getattr(fix, "neurons", None)
-    if neurons is not None and hasattr(neurons, "pairs"):
-        desc["neurons"] = [list(p) for p in neurons.pairs()]
-    return desc
+    pairs = neurons.pairs() if neurons is not None and hasattr(neurons, "pairs") else None
+    return FixIdentity(
+        class_name=f"{type(fix).__module__}.{type(fix).__qualname__}",
+        said=_as_hashed(settings),
+        neurons=None if pairs is None else [list(p) for p in pairs],
+    )
 
 
 def input_config(model: Model, image_size: int | None = None) -> dict[str, int | list[float]]:
     """Input size (the model's default unless given) and normalisation of the samples."""
     size, mean, std = model_input(model)
     return {"size": image_size or size, "mean": list(mean), "std": list(std)}
+
+
+class CacheIdentity(BaseModel):
+    """Everything the cached tensors depend on: hashed into the folder name
+    (:func:`cache_key`) and written first in the manifest, in this order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int
+    model: ModelDescription
+    weights: str
+    fix: FixIdentity | None
+    dataset: dict[str, JsonValue]
+    targets: list[str]
+    layers: list[str]
+    views: list[str]
+    dtype: str
+    pixels: bool
+    input: dict[str, int | list[float]]
+    shard_size: int
+
+    def written(self) -> dict[str, JsonValue]:
+        """The identity as the key hashes it and the manifest writes it."""
+        return self.model_dump(by_alias=True)
 
 
 def cache_identity(
@@ -131,26 +180,27 @@ def cache_identity(
     pixels: bool,
     shard_size: int,
     image_size: int | None = None,
-) -> dict[str, Any]:
+) -> CacheIdentity:
     """Everything the cached tensors depend on (hashed into the folder name)."""
-    return {
-        "format": FORMAT,
-        "model": model.describe(),
-        "weights": weights_fingerprint(model.module),
-        "fix": describe_fix(fix),
-        "dataset": dataset.describe(),
-        "targets": list(dataset.targets),
-        "layers": plan.names,
-        "views": plan.views,
-        "dtype": str(dtype).removeprefix("torch."),
-        "pixels": pixels,
-        "input": input_config(model, image_size),
-        "shard_size": shard_size,
-    }
+    return CacheIdentity(
+        format=FORMAT,
+        model=model.describe(),
+        weights=weights_fingerprint(model.module),
+        fix=describe_fix(fix),
+        dataset=_as_hashed(dataset.describe()),
+        targets=list(dataset.targets),
+        layers=plan.names,
+        views=plan.views,
+        dtype=str(dtype).removeprefix("torch."),
+        pixels=pixels,
+        input=input_config(model, image_size),
+        shard_size=shard_size,
+    )
 
 
-def cache_key(identity: dict[str, Any]) -> str:
-    blob = json.dumps(identity, sort_keys=True, default=str).encode()
+def cache_key(identity: CacheIdentity) -> str:
+    """The folder name of a cache: a hash of its identity's JSON."""
+    blob = json.dumps(identity.written(), sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -210,7 +260,7 @@ def extract(
             plan.names,
             plan.views,
             key=key,
-            input=identity["input"],
+            input=identity.input,
             batch_size=batch_size,
             dtype=dtype,
             pixels=pixels,
@@ -237,18 +287,53 @@ def extract(
     return CachedFeatures(folder, forward_passes=writer.forward_passes)
 
 
+class SkippedSample(BaseModel):
+    """A sample a shard left out: its index, key and why."""
+
+    index: int
+    key: str
+    reason: str
+
+
+class ShardEntry(BaseModel):
+    """One shard as the manifest lists it: file, sample span, samples kept and skipped, hash."""
+
+    file: str
+    start: int
+    stop: int
+    n: int
+    skipped: list[SkippedSample]
+    sha256: str | None
+
+
+class CacheManifest(CacheIdentity):
+    """``manifest.json`` of a cache folder: its identity, then the key, the layers asked
+    for, the views a site cannot give, the layouts seen, sample counts and the shards."""
+
+    key: str
+    requests: list[int | str]
+    absent: dict[str, dict[str, str]]
+    layouts: dict[str, dict[str, int | list[int] | None]]
+    n: int
+    n_skipped: int
+    skipped: dict[str, int]
+    repairs: dict[str, int]
+    replaced: dict[str, int]
+    shards: list[ShardEntry]
+
+
 def write_manifest(
     folder: Path,
-    identity: dict[str, Any],
+    identity: CacheIdentity,
     plan: Plan,
     key: str,
     n_shards: int,
     replaced: dict[str, int] | None = None,
-) -> dict[str, Any]:
+) -> CacheManifest:
     """Gather every shard's metadata into ``manifest.json`` (fails if a shard is missing);
     ``replaced``: shards this extraction wrote again because the file on disk was damaged, by
     reason."""
-    shards: list[dict[str, Any]] = []
+    shards: list[ShardEntry] = []
     skipped: dict[str, int] = {}
     repairs: dict[str, int] = {}  # pixels set to ignore / invalid, by reason
     layouts = {n: lay.to_dict() for n, lay in plan.layouts.items()}
@@ -265,27 +350,27 @@ def write_manifest(
         if int(meta["n"]) and not seen_layouts:
             layouts, seen_layouts = json.loads(meta["layouts"]), True
         shards.append(
-            {
-                "file": shard_name(i),
-                "start": int(meta["start"]),
-                "stop": int(meta["stop"]),
-                "n": int(meta["n"]),
-                "skipped": dropped,
-                "sha256": meta.get("sha256"),
-            }
+            ShardEntry(
+                file=shard_name(i),
+                start=int(meta["start"]),
+                stop=int(meta["stop"]),
+                n=int(meta["n"]),
+                skipped=dropped,
+                sha256=meta.get("sha256"),
+            )
         )
-    manifest = {
-        **identity,
-        "key": key,
-        "requests": plan.requests,
-        "absent": plan.absent,
-        "layouts": layouts,
-        "n": sum(s["n"] for s in shards),
-        "n_skipped": sum(skipped.values()),
-        "skipped": skipped,
-        "repairs": repairs,
-        "replaced": replaced or {},
-        "shards": shards,
-    }
-    write_json_atomic(folder / MANIFEST, manifest)
+    manifest = CacheManifest(
+        **dict(identity),
+        key=key,
+        requests=plan.requests,
+        absent=plan.absent,
+        layouts=layouts,
+        n=sum(s.n for s in shards),
+        n_skipped=sum(skipped.values()),
+        skipped=skipped,
+        repairs=repairs,
+        replaced=replaced or {},
+        shards=shards,
+    )
+    write_json_atomic(folder / MANIFEST, manifest.written())
     return manifest

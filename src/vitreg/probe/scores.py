@@ -18,7 +18,7 @@ from vitreg.probe.tasks import TaskResult
 from vitreg.probe.verdicts import deltas, yardstick_verdicts
 from vitreg.results.fix import FixDescription
 from vitreg.results.probe import DataSetRecord, FeatureCache, ProbeData, ProbeResults
-from vitreg.results.schema import plain
+from vitreg.results.schema import ModelDescription, plain
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ProbeScores:
     model's description, and a few test images for the figures."""
 
     results: ProbeResults
-    model: dict[str, Any]
+    model: ModelDescription
     images: dict[str, Any] = field(default_factory=dict, repr=False)  # for figures only
 
 

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from vitreg.results.base import ResultsModel, Stamp
 from vitreg.results.fix import Cosine, FixDescription
 from vitreg.results.probe import ProbeScore
-from vitreg.results.schema import DataInfo, ModelInfo, model_info
+from vitreg.results.schema import DataInfo, ModelDescription, ModelInfo, model_info
 
 
 class BoardEntry(ResultsModel):
@@ -70,5 +70,5 @@ class BoardDocument(Stamp):
         """Boards written before the model was recorded hold ``{}``; before it was regrouped as
         metrics.json's, ``Model.describe()`` as it is."""
         if isinstance(v, dict) and v and "dims" not in v:
-            return model_info(v)
+            return model_info(ModelDescription.model_validate(v))
         return v or None

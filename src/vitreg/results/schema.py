@@ -15,6 +15,7 @@ import functools
 import importlib.metadata
 import math
 import platform
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -79,6 +80,46 @@ class ModelInfo(BaseModel):
     image_size: list[int] | None = None
     attention: str | None = None
     notes: list[str] = Field(default_factory=list)
+
+
+#: the dimensions metrics.json's model block groups under ``dims``
+DIMS = ("n_layers", "d_model", "d_mlp", "n_heads", "n_params")
+
+
+class ModelDescription(BaseModel):
+    """What ``Model.describe()`` says of a wrapped model, in the order the feature cache's
+    manifest (and its hashed identity) and ``vitreg inspect`` write it; :func:`model_info`
+    regroups it as metrics.json's model block. A description read from an older file may lack
+    fields (None) and hold others (kept as extras)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    spec: str | None = None
+    weights: WeightKind | None = None
+    family: str = "unknown"
+    source: str | None = None
+    class_name: str | None = Field(None, alias="class", description="the module's class")
+    n_layers: int | None = None
+    d_model: int | None = None
+    d_mlp: int | None = None
+    n_heads: int | None = None
+    n_params: int | None = None
+    image_size: list[int] | None = None
+    layout: dict[str, int | list[int] | None] = Field(default_factory=dict)
+    attention: str | None = None
+    supports_insertion: bool | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    def __getitem__(self, key: str) -> JsonValue:
+        """``describe()["spec"]``, as when ``describe()`` returned a mapping: works for one
+        release, with a ``DeprecationWarning``."""
+        warnings.warn(
+            "Model.describe() returns a ModelDescription: read its fields (describe().spec); "
+            "item access goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.model_dump(mode="json", by_alias=True)[key]  # type: ignore[no-any-return]
 
 
 class DataInfo(BaseModel):
@@ -303,10 +344,25 @@ def plain(obj: Any) -> Any:
     return str(obj)
 
 
-def is_synthetic(model: dict[str, Any]) -> bool:
+def _typed(described: ModelDescription | ModelInfo) -> ModelDescription | ModelInfo:
+    """``described`` as given; a mapping (what ``describe()`` returned before it was typed) read
+    as a :class:`ModelDescription` for one more release, with a ``DeprecationWarning``."""
+    if isinstance(described, ModelDescription | ModelInfo):
+        return described
+    warnings.warn(
+        "pass Model.describe() (a ModelDescription) rather than a mapping; mappings go in the "
+        "next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return ModelDescription.model_validate(described)
+
+
+def is_synthetic(model: ModelDescription | ModelInfo) -> bool:
     """Planted weights, a ``planted:`` spec or a note saying so: the report must say it in its
-    first line (``model``: ``Model.describe()``, or a document's model block as read)."""
-    return synthetic_weights(model.get("spec"), model.get("weights"), model.get("notes"))
+    first line (``model``: ``Model.describe()``, or a document's model block)."""
+    model = _typed(model)
+    return synthetic_weights(model.spec, model.weights, model.notes)
 
 
 def synthetic_weights(spec: str | None, weights: str | None, notes: Sequence[str] | None) -> bool:
@@ -316,26 +372,27 @@ def synthetic_weights(spec: str | None, weights: str | None, notes: Sequence[str
     return weights == "planted" or (spec or "").startswith("planted:") or "synthetic" in said
 
 
-def model_info(described: dict[str, Any]) -> ModelInfo:
+def model_info(described: ModelDescription, **more: JsonValue) -> ModelInfo:
     """``Model.describe()`` regrouped as metrics.json's model block (dimensions together,
-    synthetic flag); what it does not name kept after the named fields."""
-    dims = ("n_layers", "d_model", "d_mlp", "n_heads", "n_params")
-    known = {"spec", "family", "source", "class", "layout", "image_size", "attention", "notes"}
-    known.add("weights")
+    synthetic flag); what it does not name (``supports_insertion``, fields of an older file,
+    ``more``: a block such as a VLM's) kept after the named fields."""
+    d = _typed(described)
+    rest = {} if d.supports_insertion is None else {"supports_insertion": d.supports_insertion}
+    rest |= {k: plain(v) for k, v in {**(d.model_extra or {}), **more}.items()}
     return ModelInfo(
         **{
-            "spec": described.get("spec"),
-            "family": described.get("family", "unknown"),
-            "source": described.get("source"),
-            "class_name": described.get("class"),
-            "synthetic": is_synthetic(described),
-            "weights": described.get("weights"),
-            "layout": plain(described.get("layout", {})),
-            "dims": {k: described.get(k) for k in dims},
-            "image_size": plain(described.get("image_size")),
-            "attention": described.get("attention"),
-            "notes": list(described.get("notes") or []),
-            **{k: plain(v) for k, v in described.items() if k not in known and k not in dims},
+            "spec": d.spec,
+            "family": d.family,
+            "source": d.source,
+            "class_name": d.class_name,
+            "synthetic": is_synthetic(d),
+            "weights": d.weights,
+            "layout": plain(d.layout),
+            "dims": {k: getattr(d, k) for k in DIMS},
+            "image_size": d.image_size,
+            "attention": d.attention,
+            "notes": list(d.notes),
+            **rest,
         }
     )
 

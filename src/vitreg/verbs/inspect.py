@@ -16,7 +16,10 @@ from vitreg.verbs.result import InspectRun, Listener
 def describe(model: Any, layout: Any, img_size: int | None, hooks: bool) -> dict[str, JsonValue]:
     """``Model.describe()`` (JSON-ready) with the layout at ``img_size`` and, if asked, the hook
     names."""
-    info: dict[str, JsonValue] = {**model.describe(), "layout": layout.to_dict()}
+    info: dict[str, JsonValue] = {
+        **model.describe().model_dump(mode="json", by_alias=True),
+        "layout": layout.to_dict(),
+    }
     if img_size:
         info["image_size"] = [img_size, img_size]
     if hooks:

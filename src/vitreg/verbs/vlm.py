@@ -91,7 +91,7 @@ def run_vlm(
             document = write_vlm_run(
                 run_dir,
                 results,
-                model_info({**model.describe(), "vlm": describe_vlm(model)}),
+                model_info(model.describe(), vlm=describe_vlm(model)),
                 source.description(),
                 cfg,
                 command,
