@@ -1,6 +1,6 @@
 """Build the gallery, docs/gallery.md and docs/gallery/*.png, from fresh runs of the offline demo.
 
-    python docs/build_gallery.py [--work DIR]
+    python docs/build_gallery.py [--work DIR [--reuse]]
 
 Runs each command of :data:`SECTIONS` as written, in a work folder (the planted demo: synthetic
 models and images, nothing downloaded), takes a headless-Chromium screenshot of each run's
@@ -137,7 +137,8 @@ def neurons_numbers(run: Path) -> str:
         f"**{found.status}** with {found.n_neurons} neurons ({units}, block:unit) chosen by the "
         f"causal check; on {held.n_images} held-out images max/median patch norm at block "
         f"{found.detect_layer} goes from {held.max_over_median_before:.1f} to "
-        f"{held.max_over_median_after:.2f} (ordinary patches: {held.ordinary_max_over_median:.2f}), "
+        f"{held.max_over_median_after:.2f} (ordinary patches: "
+        f"{held.ordinary_max_over_median:.2f}), "
         f"blocks with an outlier mode {blocks(held.blocks_with_outlier_mode_before)} → "
         f"{blocks(held.blocks_with_outlier_mode_after)}."
     )
@@ -207,6 +208,26 @@ def leaderboard_numbers(run: Path) -> str:
     return f"On {board.n_images} images, after each fix: " + "; ".join(parts) + "."
 
 
+def probe_numbers(run: Path) -> str:
+    """Each condition's top-1 of [CLS] and the mean patch, over seeds with the 95% half-width."""
+    from vitreg.results.probe import ProbeResults
+
+    found = results(run, ProbeResults)
+    seeds = f"{len(found.seeds)} probe seed" + ("s" if len(found.seeds) != 1 else "")
+    parts = []
+    for condition, layers in found.conditions.items():
+        scores = [
+            f"{score.feature} {score.mean:.2f}"
+            + (f" ± {score.ci95:.2f}" if score.ci95 is not None else "")
+            for score in layers[-1].scores
+            if (score.feature, score.group, score.metric) in PROBED and score.mean is not None
+        ]
+        parts.append(f"{condition}: " + ", ".join(scores))
+    return f"{found.task} top-1 over {seeds} at `{found.layers[-1]}`: " + "; ".join(parts) + "."
+
+
+#: the scores the probe's sentence gives: (feature, token group, metric)
+PROBED = (("cls", "all", "top1"), ("patch_mean", "all", "top1"))
 LEADERBOARD = "ttr,naclip,sclip,clearclip,sc-clip,ttr+naclip"
 SECTIONS = (
     Section(
@@ -260,6 +281,20 @@ SECTIONS = (
         "images. Last-block methods rewrite the final block only, so the outliers of the blocks "
         "before it stay; throughput columns depend on the machine.",
         leaderboard_numbers,
+    ),
+    Section(
+        "probe",
+        "Probe: what the tokens know, without and with the fix",
+        (
+            (
+                *("probe", "--img-size", "112", "--task", "classification"),
+                *("--data", "synthetic-cls:n=200,hue=1", "--fix", "both"),
+                *("--out", "runs/demo_probe"),
+            ),
+        ),
+        "`vitreg probe --fix both` trains linear probes on the frozen tokens of the demo model "
+        "without (`base`) and with test-time registers, on shapes painted in their class's hue.",
+        probe_numbers,
     ),
 )
 
@@ -337,7 +372,10 @@ def section_pictures(
         file = f"{section.key}_report.png"
         (pictures / file).write_bytes(shrink(screenshot(run / "report.html", browser), SHOT_WIDTH))
         width, height = SHOT_WINDOW
-        caption = f"The top of the run's report.html, drawn by headless Chromium at {width} x {height} px."
+        caption = (
+            f"The top of the run's report.html, drawn by headless Chromium at {width} x {height} "
+            "px."
+        )
         found.append(Picture(file, "report.html", caption))
     renamed = dict(section.rename)
     for fig in saved_figures(run):
@@ -413,14 +451,23 @@ def build(work: Path, docs: Path, browser: str | None, sections: Sequence[Sectio
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, help="folder for the runs (default: a temporary one)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take the runs already in --work instead of running the commands (pictures and "
+        "page only: for changes to this script, not to vitreg)",
+    )
     args = ap.parse_args(argv)
+    if args.reuse and args.work is None:
+        ap.error("--reuse needs --work, the folder that holds the runs")
     browser = find_browser()
     if browser is None:
         raise SystemExit("the gallery's screenshots need Chromium: apt-get install chromium")
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        run_commands(SECTIONS, work)
+        if not args.reuse:
+            run_commands(SECTIONS, work)
         total = build(work, DOCS, browser, SECTIONS)
     print(f"wrote {DOCS / PAGE} and {DOCS / PICTURES}/ ({total:,} bytes of images)")
 

@@ -26,6 +26,7 @@ STAND_INS = {
     "fix": "fix",
     "compare": "compare",
     "leaderboard": "fix_board",
+    "probe": "probe",
 }
 
 
@@ -93,6 +94,10 @@ def test_the_numbers_are_read_from_each_run(built) -> None:
         assert f"`{row['entry']}`: " in text
         if not row["refused"]:
             assert f"worst max/median {row['residual_max_over_median']:.2f}" in text
+    probe = json.loads((work / "runs/demo_probe/metrics.json").read_text())["results"]
+    for condition, layers in probe["conditions"].items():
+        cls = next(s for s in layers[-1]["scores"] if s["feature"] == "cls")
+        assert f"{condition}: cls {cls['mean']:.2f}" in text
 
 
 def test_block_lists_read_as_words() -> None:
@@ -124,6 +129,7 @@ def test_the_budget_refuses_images_over_it(tmp_path: Path) -> None:
         gallery.check_budget(tmp_path, budget=1000)
 
 
+@pytest.mark.slow  # two interpreters that import vitreg
 def test_commands_run_as_typed_in_the_work_folder_and_a_failure_stops(tmp_path: Path) -> None:
     schema = gallery.Section("s", "S", (("schema", "--out", "schema.json"),), "", str)
     gallery.run_commands([schema], tmp_path)
@@ -140,3 +146,9 @@ def test_screenshot_draws_a_report_in_chromium(tmp_path: Path) -> None:
     shot = Image.open(io.BytesIO(gallery.screenshot(run / "report.html", browser, (800, 600))))
     assert shot.size == (800, 600)
     assert len(shot.convert("RGB").getcolors(maxcolors=1 << 20) or ()) > 50  # a drawn page
+
+
+def test_reuse_needs_the_work_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        gallery.main(["--reuse"])
+    assert stop.value.code == 2 and "--reuse needs --work" in capsys.readouterr().err
