@@ -6,7 +6,7 @@ Runs each command of :data:`SECTIONS` as written, in a work folder (the planted 
 models and images, nothing downloaded), takes a headless-Chromium screenshot of each run's
 report.html, copies each run's figures downscaled, and writes docs/gallery.md: every picture with
 its caption, the figures read from the run's results, and the commands that made it. Needs
-vitreg, Pillow and Chromium (``chromium`` or ``chromium-browser`` on PATH). About 10 minutes of
+vitreg, Pillow and Chromium (``chromium`` or ``chromium-browser`` on PATH). About 8 minutes of
 CPU time, most of it the leaderboard.
 """
 
@@ -223,7 +223,11 @@ def probe_numbers(run: Path) -> str:
             if (score.feature, score.group, score.metric) in PROBED and score.mean is not None
         ]
         parts.append(f"{condition}: " + ", ".join(scores))
-    return f"{found.task} top-1 over {seeds} at `{found.layers[-1]}`: " + "; ".join(parts) + "."
+    return (
+        f"{found.task.capitalize()} top-1 over {seeds} at `{found.layers[-1]}`: "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 #: the scores the probe's sentence gives: (feature, token group, metric)

@@ -72,6 +72,8 @@ def test_the_page_shows_every_run_with_its_commands_and_figures(built) -> None:
     assert gallery.README_PICTURE in files  # the README's picture at its fixed path
     assert "fix_fix_norm_maps.png" not in files and "fix_norm_curves.png" in files
     assert total == sum((docs / gallery.PICTURES / f).stat().st_size for f in files)
+    widths = [Image.open(docs / gallery.PICTURES / f).width for f in files]
+    assert max(widths) == gallery.FIGURE_WIDTH  # golden figures are wider: all downscaled
 
 
 def test_the_numbers_are_read_from_each_run(built) -> None:
