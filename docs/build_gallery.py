@@ -361,7 +361,7 @@ def shrink(png: bytes, width: int) -> bytes:
             (width, round(flat.height * width / flat.width)), Image.Resampling.LANCZOS
         )
     out = io.BytesIO()
-    flat.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(out, "PNG", optimize=True)
+    flat.quantize(colors=256, method=Image.Quantize.MAXCOVERAGE).save(out, "PNG", optimize=True)
     return out.getvalue()
 
 
