@@ -1,8 +1,8 @@
 """The tests mirror the package: every folder under tests/ names a package or module of
-src/vitreg (tests/models/adapters for vitreg.models.adapters), except the two that test across
-packages: hostile (every hostile input, by class), benchmarks (the scripts in benchmarks/) and gpu
-(the CUDA parity checks of benchmarks/gpu.sh). A folder whose name starts with ``_`` or ``.``
-holds no tests (helpers, fixture files), and nor does anything inside it."""
+src/vitreg (tests/models/adapters for vitreg.models.adapters), except those that test across
+packages: hostile (every hostile input, by class), benchmarks (the scripts in benchmarks/), docs
+(the scripts in docs/) and gpu (the CUDA parity checks of benchmarks/gpu.sh). A folder whose
+name starts with ``_`` or ``.`` holds no tests (helpers, fixture files), nor anything inside it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ ACROSS = {
     "hostile": "hostile inputs of every verb",
     "benchmarks": "smoke runs of benchmarks/",
     "gpu": "CUDA against CPU across packages (hooks, attention, the fix), run by gpu.sh",
+    "docs": "the scripts in docs/ that build the site's pages",
 }
 
 
@@ -27,7 +28,7 @@ def test_every_test_folder_names_a_package_or_module():
         if any(part.startswith((".", "_")) for part in parts):
             continue  # helpers and fixture files (tests/report/_golden/<run>/figures)
         if parts[0] in ACROSS:
-            assert parts[0] != "benchmarks" or (ROOT / "benchmarks").is_dir()
+            assert parts[0] not in ("benchmarks", "docs") or (ROOT / parts[0]).is_dir()
             continue
         target = SRC.joinpath(*parts)
         assert target.is_dir() or target.with_suffix(".py").is_file(), folder
