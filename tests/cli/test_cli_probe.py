@@ -157,16 +157,16 @@ def test_errors_exit_2_with_one_paragraph(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_readme_probe_demo_beats_its_yardsticks_and_says_so(tmp_path: Path) -> None:
-    """The README's offline probe demo as written there: a score above every yardstick, base
+def test_the_documented_probe_demo_beats_its_yardsticks_and_says_so(tmp_path: Path) -> None:
+    """The offline probe demo as docs/probe.md writes it: a score above every yardstick, base
     and fixed compared, each console row whole, and a one-sentence verdict in the console and
     the report (that the progress lines name each fit's feature: test_cli_progress)."""
     import shlex
 
     from conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    line = next(x for x in readme.splitlines() if x.startswith("vitreg probe") and "demo" in x)
+    page = (ROOT / "docs" / "probe.md").read_text()
+    line = next(x for x in page.splitlines() if x.startswith("vitreg probe") and "demo" in x)
     args = shlex.split(line.split("#")[0])[1:]
     assert "hue=1" in " ".join(args) and "--fix" in args
     out = tmp_path / "demo"

@@ -23,8 +23,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_runs import DOCUMENTS, RUNS, make_runs  # noqa: E402
 
-#: fields that record when a run was made or how long it took, not what it found
-VOLATILE = {"created", "seconds", "time_s", "wall_s", "compute_s", "images_per_s", "relative_speed"}
+#: fields that record when a run was made, by which release, or how long it took, not what it found
+VOLATILE = {
+    "created",
+    "vitreg_version",
+    "seconds",
+    "time_s",
+    "wall_s",
+    "compute_s",
+    "images_per_s",
+    "relative_speed",
+}
 
 
 def volatile(key: str, value: Any) -> bool:
