@@ -168,6 +168,10 @@ USERS_OWN = {
     "models/loaders/local.py:read_config(return)",
     # typer's parameter values of the command line
     "cli/options.py:resolve_config(params)",
+    # a user's config.yaml values (and the command line's) before validation: PyYAML's safe
+    # loader may give any key, dates, sets or bytes, which the config model then refuses
+    "configs.py:read_config(return)",
+    "configs.py:build_config(values)",
     # the constructor arguments of the user's timm model, read from its own config.json
     "verbs/fix.py:save_args(return)",
     # a model's variant config with timm.create_model's own keyword arguments as given (any value)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import (
     Field,
+    JsonValue,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -103,7 +104,7 @@ class RunConfig(SettingsPart):
     )
     overwrite: bool = OVERWRITE
 
-    def to_file(self) -> dict[str, Any]:
+    def to_file(self) -> dict[str, JsonValue]:
         """What config.yaml holds: ``verb`` and every field (not ``overwrite``), JSON-typed."""
         return {"verb": self.verb, **self.model_dump(mode="json")}
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 from vitreg.data.datasets import Sample, open_dataset
 from vitreg.data.synthetic import CLASS_NAMES, render
-from vitreg.data.transforms import crop_geometry, model_input, prepare
+from vitreg.data.transforms import Prepared, crop_geometry, model_input, prepare
 from vitreg.errors import SpecError
 from vitreg.models.wrapping import wrap
 
@@ -106,6 +106,10 @@ def test_prepare_geometry_on_a_hand_made_case() -> None:
     assert d[0, [0, 1, 3]].tolist() == [6.0, 8.0, 12.0]
     # scaled by 1/2, shifted by -2, clipped to [0, 4]; the box left of the crop is dropped
     assert out["boxes"].tolist() == [[0, 0, 4, 4], [3, 1, 4, 2]]
+    # every key is one that Prepared names; a sample without targets gives the required ones only
+    assert list(out) == list(Prepared.__annotations__)
+    bare = prepare(Sample(img, "b"), 4, mean=(0.5, 0.5, 0.2), std=(0.5, 0.5, 0.5))
+    assert set(bare) == Prepared.__required_keys__ == {"key", "image"}
 
 
 def test_model_input_reads_the_models_data_config() -> None:

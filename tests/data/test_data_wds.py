@@ -229,3 +229,18 @@ def test_links_devices_and_fifos_in_a_shard_are_counted_as_skipped(tmp_path: Pat
         "s.tar/004.png": "a FIFO in the shard; only regular files are read",
     }
     assert wds.plan_of({0: wds.check_shard(shard)}, None).log == log  # the torchrun check too
+
+
+def test_a_sample_is_its_key_and_url_as_text_and_each_member_as_bytes(tmp_path: Path) -> None:
+    make_data(tmp_path)
+    shard = tmp_path / "shard-1.tar"
+    samples = list(wds.iter_samples([shard]))
+    assert [s["__key__"] for s in samples] == ["002", "003", "004", "zzz"]
+    for sample in samples:
+        assert {k for k, v in sample.items() if isinstance(v, str)} >= {"__key__", "__url__"}
+        assert all(isinstance(v, bytes) for k, v in sample.items() if not k.startswith("__"))
+    name, decode, why = wds.sample_entry(samples[0])
+    assert (name, why) == ("shard-1.tar/002.png", "") and decode is not None
+    assert decode()[0].size == (56, 56)
+    name, decode, why = wds.sample_entry(samples[-1])
+    assert (name, decode) == ("shard-1.tar/zzz", None) and why.endswith("(has txt)")

@@ -43,7 +43,7 @@ from vitreg.errors import InputError
 from vitreg.probe.linear import FitSettings
 from vitreg.probe.run import run as probe_run
 from vitreg.report.renderers.probe import write_probe_run
-from vitreg.results.schema import data_info, model_info
+from vitreg.results.schema import DataInfo, model_info
 from vitreg.testing.images import synthetic_pil
 from vitreg.train.data import describe_training_data, open_data
 
@@ -348,8 +348,9 @@ def test_voc_without_labels_is_a_clear_train_error_and_a_missing_mask_a_count(tm
         train("vit_tiny_patch16_224", spec, TrainSettings(**kw), tmp_path / "sup", **tiny)
     data = open_data(spec)
     described = describe_training_data(data)
-    assert described["n_images"] == 4 and described["n_listed"] == 5
-    assert described["skipped"] == {"missing_mask": "1 samples skipped"}
+    assert isinstance(described, DataInfo)
+    assert described.n_images == 4 and described.n_listed == 5
+    assert described.skipped == {"missing_mask": "1 samples skipped"}
     options = {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16, "n_local_crops": 0}
     dino = TrainSettings(recipe="dino", **kw)
     result = train("vit_tiny_patch16_224", data, dino, tmp_path / "dino", options=options, **tiny)
@@ -429,18 +430,18 @@ def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path)
         data = open_data(spec)
     assert [str(w.message).split(" in ")[0] for w in warned] == ["only 1 usable sample"]
     described = describe_training_data(data)
-    assert described["n_images"] == 1 and described["n_usable"] == 1
-    assert described["skipped"] == {
+    assert described.n_images == 1 and described.n_usable == 1
+    assert described.skipped == {
         "image_over_pixel_budget": "1 samples skipped",
         "unreadable_image": "1 samples skipped",
     }
-    assert described["log"]["hidden"] == 1
-    assert [w.split(" in ")[0] for w in described["warnings"]] == [
+    assert described.log["hidden"] == 1
+    assert [w.split(" in ")[0] for w in described.warnings] == [
         "only 1 usable sample",
         "only 1 class (a)",
     ]
     dino = describe_training_data(data, recipe="dino")  # labels unused: no class warning
-    assert [w.split(" in ")[0] for w in dino["warnings"]] == ["only 1 usable sample"]
+    assert [w.split(" in ")[0] for w in dino.warnings] == ["only 1 usable sample"]
     settings = TrainSettings(steps=1, batch_size=2, img_size=32, lr=1e-3)
     tiny = {"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}
     with pytest.warns(DataWarning) as warned:  # the recipe uses the labels: one class warns
@@ -448,12 +449,12 @@ def test_training_on_one_usable_image_warns_and_records_its_data(tmp_path: Path)
     assert [str(w.message).split(" in ")[0] for w in warned] == ["only 1 class (a)"]
     config = SavedConfig({"command": "train"})
     write_train_run(tmp_path / "run", train_results(result, tmp_path / "run"), result.history,
-                    data=data_info(described), config=config,
+                    data=described, config=config,
                     described=describe_trained(result.model, "vit_tiny_patch16_224"),
                     command="vitreg train (test)")  # fmt: skip
     block = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]
-    assert block["n_images"] == 1 and block["skipped"] == described["skipped"]
-    assert block["warnings"] == described["warnings"]
+    assert block["n_images"] == 1 and block["skipped"] == described.skipped
+    assert block["warnings"] == described.warnings
     broken = tmp_path / "broken"
     for c in "ab":
         (broken / c).mkdir(parents=True)

@@ -13,6 +13,7 @@ from unittest import mock
 import pytest
 import timm
 import torch
+from pydantic import BaseModel
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
@@ -20,6 +21,7 @@ import vitreg
 from _support.cli_helpers import assert_clean_failure
 from vitreg.cli.app import app
 from vitreg.errors import InputError, SpecError, WeightsError
+from vitreg.fix.neuron_set import FORMAT
 from vitreg.models.loaders.local import save_local
 from vitreg.neurons import NeuronSet
 
@@ -422,10 +424,25 @@ def test_dotted_neuron_file_names_keep_their_stem(tmp_path: Path) -> None:
     assert (tmp_path / "plain.json").is_file() and (tmp_path / "plain.safetensors").is_file()
 
 
+def test_a_neuron_set_is_its_files_model_and_to_dict_warns(tmp_path: Path) -> None:
+    ns = NeuronSet([0, 1], [5, 9], [2.0, 1.0], "timm:x", settings={"top_k": 2})
+    path = ns.save(tmp_path / "set")
+    written = json.loads(path.read_text())
+    assert isinstance(ns, BaseModel) and written == ns.model_dump()
+    assert list(written) == [*NeuronSet.model_fields] and written["format"] == FORMAT
+    assert written["neurons"][1] == {"layer": 1, "unit": 9, "score": 1.0}
+    back = NeuronSet.load(path)
+    assert back == ns and (back.layers, back.units, back.scores) == ([0, 1], [5, 9], [2.0, 1.0])
+    with pytest.warns(DeprecationWarning, match="model_dump"):
+        assert ns.to_dict() == written
+    with pytest.raises(InputError, match="as many layers as units"):
+        NeuronSet([0, 1], [5], [1.0])
+
+
 def neuron_json(**changes) -> dict:
     meta = NeuronSet(
         [0, 1], [5, 9], [2.0, 1.0], "timm:x", "vit", 2, 768, None, {"detect_layer": 1}
-    ).to_dict()
+    ).model_dump()
     meta.update(changes)
     return meta
 
@@ -551,12 +568,12 @@ def test_check_applicable(two_blocks) -> None:
 BAD_FOR_PLANTED = {
     "json": (neuron_json(neurons=[{"layer": 0, "unit": "five", "score": 1.0}]), "neurons.0.unit"),
     "detect_layer": (
-        NeuronSet([0], [5], [1.0], settings={"detect_layer": 40}).to_dict(),
+        NeuronSet([0], [5], [1.0], settings={"detect_layer": 40}).model_dump(),
         "settings.detect_layer",
     ),
-    "empty": (NeuronSet([], [], []).to_dict(), "names no neurons"),
+    "empty": (NeuronSet([], [], []).model_dump(), "names no neurons"),
     "every_unit": (
-        NeuronSet([0] * 1536, list(range(1536)), [1.0] * 1536).to_dict(),
+        NeuronSet([0] * 1536, list(range(1536)), [1.0] * 1536).model_dump(),
         "1536 of the 1536",
     ),
 }

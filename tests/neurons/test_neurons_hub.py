@@ -113,7 +113,7 @@ def test_hub_folder_round_trips_and_fixes_the_same(
     folder = hub.write_folder(neurons, tmp_path / "set", metadata(neurons))
     assert sorted(p.name for p in folder.iterdir()) == sorted(hub.FILES)
     back = hub.read_folder(folder)
-    assert back.to_dict() == neurons.to_dict()
+    assert back.model_dump() == neurons.model_dump()
     assert torch.equal(fixed_output(model, back), fixed_output(model, neurons))
     meta = hub.read_metadata(folder)
     assert meta["license"] == "apache-2.0" and meta["library_name"] == "vitreg"

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 from _support.train_helpers import DINO, TINY, AtStep, TinyData, run
 from vitreg.errors import InputError, SpecError, WeightsError
 from vitreg.models.load import read_state_dict
+from vitreg.results.schema import DataInfo
 from vitreg.train.augment import dino_view, three_augment
-from vitreg.train.data import dataset_index, generator
+from vitreg.train.data import dataset_index, describe_training_data, generator
 from vitreg.train.dino import DinoOptions, DinoRecipe
 from vitreg.train.recipe import BatchSpec
 
@@ -33,6 +34,39 @@ def test_data_order_is_a_seeded_permutation_per_epoch():
     assert sorted(first) == list(range(16))
     assert first == [dataset_index(3, step, i, 8, 16) for step in (0, 1) for i in range(8)]
     assert first != [dataset_index(4, step, i, 8, 16) for step in (0, 1) for i in range(8)]
+
+
+def test_the_training_data_block_is_the_typed_data_info_in_its_written_order():
+    described = describe_training_data("synthetic-cls:n=16,size=32")
+    assert isinstance(described, DataInfo)
+    assert (described.n_images, described.n_listed, described.n_usable, described.scanned) == (
+        16,
+        16,
+        16,
+        16,
+    )
+    assert list(described.model_dump(mode="json")) == [
+        "description",
+        "n_images",
+        "skipped",
+        "converted",
+        "n_listed",
+        "n_usable",
+        "scanned",
+        "log",
+        "warnings",
+        "dataset",
+    ]
+    bare = describe_training_data(TinyData(4))  # no scan: counts from its length only
+    assert list(bare.model_dump(mode="json")) == [
+        "description",
+        "n_images",
+        "skipped",
+        "converted",
+        "n_listed",
+        "warnings",
+    ]
+    assert (bare.description, bare.n_images, bare.n_listed) == ("TinyData", 4, 4)
 
 
 @pytest.mark.parametrize("recipe", ["supervised", "dino"])

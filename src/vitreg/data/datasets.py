@@ -29,7 +29,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 from PIL import Image
@@ -43,6 +43,17 @@ SPLITS = ("train", "val")
 TARGETS = ("label", "mask", "depth", "boxes")
 EXAMPLES_PER_REASON = 5
 SCAN_LIMIT = 10_000  # samples :meth:`BaseDataset.scan` reads at most (evenly spaced beyond it)
+
+
+class ScanSummary(TypedDict):
+    """What :meth:`BaseDataset.scan` counted: samples listed, read and usable, skips by reason,
+    and the classes among the usable samples (``None`` for a dataset without labels)."""
+
+    n: int
+    scanned: int
+    n_usable: int
+    skipped: dict[str, int]
+    classes_seen: int | None
 
 
 @dataclass
@@ -122,7 +133,7 @@ class BaseDataset:
         self.targets = targets
         self.log = DataLog()
         self._fingerprint: str | None = None
-        self._scan: tuple[int | None, dict[str, int | dict[str, int] | None]] | None = None
+        self._scan: tuple[int | None, ScanSummary] | None = None
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -184,13 +195,13 @@ class BaseDataset:
         warned = self.warnings()
         return out | ({"warnings": warned} if warned else {})
 
-    def scan(self, limit: int | None = SCAN_LIMIT) -> dict[str, int | dict[str, int] | None]:
-        """Read the samples (all, or ``limit`` evenly spaced ones) and count what is usable:
-        ``{"n", "scanned", "n_usable", "skipped": {reason: samples}, "classes_seen"}``.
+    def scan(self, limit: int | None = SCAN_LIMIT) -> ScanSummary:
+        """Read the samples (all, or ``limit`` evenly spaced ones) and count what is usable
+        (:class:`ScanSummary`).
         Skips are counted in :attr:`log` as on any read; the result is kept (a second call with
         the same ``limit`` reads nothing)."""
         if self._scan is not None and self._scan[0] == limit:
-            return dict(self._scan[1])
+            return self._scan[1].copy()
         n = len(self)
         if limit is None or n <= limit:
             indices: Iterable[int] = range(n)
@@ -209,7 +220,7 @@ class BaseDataset:
             usable += 1
             if sample.label is not None:
                 labels.add(int(sample.label))
-        result: dict[str, int | dict[str, int] | None] = {
+        result: ScanSummary = {
             "n": n,
             "scanned": scanned,
             "n_usable": usable,
@@ -217,7 +228,7 @@ class BaseDataset:
             "classes_seen": len(labels) if "label" in self.targets else None,
         }
         self._scan = (limit, result)
-        return dict(result)
+        return result.copy()
 
 
 Builder = Callable[[str, str, str, str], LabeledDataset]  # (name, arg, split, spec) -> dataset

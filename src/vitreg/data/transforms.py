@@ -8,6 +8,7 @@ scale and shift, are clipped to the crop and dropped when nothing of them is lef
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -16,6 +17,20 @@ from PIL import Image
 from vitreg.data.datasets import Sample
 from vitreg.data.images import input_size
 from vitreg.models.model import Model
+
+
+class _Input(TypedDict):
+    key: str
+    image: torch.Tensor  # float32 [3,S,S], normalised
+
+
+class Prepared(_Input, total=False):
+    """One sample as model input: its key, the normalised image and the targets it has."""
+
+    label: torch.Tensor  # int64 scalar
+    mask: torch.Tensor  # int64 [S,S]
+    depth: torch.Tensor  # float32 [S,S], NaN holes kept
+    boxes: torch.Tensor  # float32 [K,4], xyxy in crop pixels
 
 
 def crop_geometry(width: int, height: int, size: int) -> tuple[int, int, int, int]:
@@ -32,9 +47,7 @@ def _resize_crop(arr: np.ndarray, geo: tuple[int, int, int, int], size: int):
     return np.asarray(img)[top : top + size, left : left + size]
 
 
-def prepare(
-    sample: Sample, size: int, mean: Sequence[float], std: Sequence[float]
-) -> dict[str, object]:
+def prepare(sample: Sample, size: int, mean: Sequence[float], std: Sequence[float]) -> Prepared:
     """Model-ready tensors: ``image`` [3,S,S] normalised, and the sample's targets at S x S.
 
     ``label`` -> int64 scalar, ``mask`` -> int64 [S,S], ``depth`` -> float32 [S,S] (NaN kept),
@@ -48,7 +61,7 @@ def prepare(
     x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
     m = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
-    out: dict[str, object] = {"key": sample.key, "image": (x - m) / s}
+    out: Prepared = {"key": sample.key, "image": (x - m) / s}
     if sample.label is not None:
         out["label"] = torch.tensor(int(sample.label), dtype=torch.int64)
     if sample.mask is not None:

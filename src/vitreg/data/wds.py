@@ -250,9 +250,10 @@ def decode_bytes(
             return to_rgb(img)
 
 
-def iter_samples(paths: list[Path]) -> Iterator[dict]:
-    """Webdataset samples (``__key__``, ``__url__`` and one entry per member) of ``paths``, in
-    order, not shuffled; the caller chooses the shards (see the module docstring)."""
+def iter_samples(paths: list[Path]) -> Iterator[dict[str, str | bytes]]:
+    """Webdataset samples of ``paths``, undecoded: ``__key__`` and ``__url__`` (text) and the
+    bytes of each member of that key, by suffix; in order, not shuffled (the caller chooses the
+    shards, see the module docstring)."""
     import webdataset as wds
 
     dataset = wds.WebDataset(
@@ -268,10 +269,12 @@ def iter_samples(paths: list[Path]) -> Iterator[dict]:
 Decode = Callable[[], tuple[Image.Image, str | None]]
 
 
-def sample_entry(sample: dict, max_pixels: int = MAX_PIXELS) -> tuple[str, Decode | None, str]:
+def sample_entry(
+    sample: dict[str, str | bytes], max_pixels: int = MAX_PIXELS
+) -> tuple[str, Decode | None, str]:
     """``(name, decode, "")`` for a sample with an image member, ``(name, None, why)`` for one
     without (its name is then ``SHARD/KEY``)."""
-    base = f"{Path(sample['__url__']).name}/{sample['__key__']}"
+    base = f"{Path(str(sample['__url__'])).name}/{sample['__key__']}"
     members = [k for k in sample if not k.startswith("__")]
     image_keys = [k for k in members if _suffix(k) in IMAGE_SUFFIXES]
     if not image_keys:

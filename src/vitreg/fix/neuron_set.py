@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
@@ -22,7 +22,7 @@ FORMAT = "vitreg.neuron_set/1"
 SUFFIXES = (".json", ".safetensors")
 
 
-class _Row(BaseModel):
+class NeuronRow(BaseModel):
     """One neuron of ``NAME.json``: block index, MLP unit, finite score."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -32,23 +32,13 @@ class _Row(BaseModel):
     score: float = Field(allow_inf_nan=False)
 
 
-class _SetFile(BaseModel):
-    """``NAME.json`` of a :class:`NeuronSet`."""
+class _Recorded(BaseModel):
+    """What each setting a NeuronSet file records may hold (checked when a file is read)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    format: str
-    neurons: list[_Row]
-    model_spec: str | None = None
-    model_family: str | None = None
-    n_layers: int | None = Field(None, ge=1, le=100_000)
-    d_mlp: int | None = Field(None, ge=1, le=100_000_000)
-    fingerprint: str | None = None
-    settings: NeuronSetSettings = Field(default_factory=NeuronSetSettings)
-    data: dict[str, Any] = Field(default_factory=dict)
+    settings: NeuronSetSettings
 
 
-def _settings(raw: dict[str, Any], meta_path: Path) -> dict[str, Any]:
+def _settings(raw: dict[str, JsonValue], meta_path: Path) -> dict[str, JsonValue]:
     """The settings with a numeric threshold written as the ``absolute`` rule and its value."""
     out = dict(raw)
     rule, value = out.get("threshold"), out.get("threshold_value")
@@ -68,6 +58,35 @@ def _settings(raw: dict[str, Any], meta_path: Path) -> dict[str, Any]:
     return out
 
 
+COLUMNS = ("layers", "units", "scores")
+#: the arguments of ``NeuronSet(...)`` in their positional order
+ARGUMENTS = (*COLUMNS, "model_spec", "model_family", "n_layers", "d_mlp", "fingerprint")
+ARGUMENTS += ("settings", "data")
+
+
+def _from_columns(args: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
+    """The model's fields from the constructor's arguments: the neurons from the ``layers``,
+    ``units`` and ``scores`` columns (taken as given: a file's rows are checked when it is
+    read), no settings or data as empty ones."""
+    if len(args) > len(ARGUMENTS):
+        raise TypeError(f"NeuronSet takes at most {len(ARGUMENTS)} arguments ({len(args)} given)")
+    fields = dict(zip(ARGUMENTS, args, strict=False))
+    twice = sorted(set(fields) & set(named))
+    if twice:
+        raise TypeError(f"NeuronSet got {', '.join(twice)} twice")
+    fields.update(named)
+    layers, units, scores = (list(fields.pop(k, None) or []) for k in COLUMNS)
+    if not (len(layers) == len(units) == len(scores)):
+        raise InputError("a NeuronSet needs as many layers as units and scores")
+    fields["neurons"] = [
+        NeuronRow.model_construct(layer=int(l_), unit=int(u), score=float(s))
+        for l_, u, s in zip(layers, units, scores, strict=True)
+    ]
+    for key in ("settings", "data"):
+        fields[key] = fields.get(key) or {}
+    return fields
+
+
 def weights_fingerprint(module: torch.nn.Module) -> str:
     """A short hash of every parameter's name, shape and a strided sample of its values."""
     h = hashlib.sha256()
@@ -80,27 +99,47 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-@dataclass
-class NeuronSet:
-    """Register neurons ranked by score (highest first)."""
+class NeuronSet(BaseModel):
+    """Register neurons ranked by score (highest first), with the model, settings and data that
+    made them: the fields are ``NAME.json``'s (its schema), ``settings`` and ``data`` the
+    record as written (JSON, kept as read, checked against
+    :class:`~vitreg.results.neurons.NeuronSetSettings` when a file is read).
 
-    layers: list[int]
-    units: list[int]
-    scores: list[float]
+    Built as ``NeuronSet(layers, units, scores, model_spec, ..., settings, data)``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=())
+
+    format: Literal["vitreg.neuron_set/1"] = FORMAT
+    neurons: list[NeuronRow]
     model_spec: str | None = None
     model_family: str | None = None
-    n_layers: int | None = None
-    d_mlp: int | None = None
+    n_layers: int | None = Field(None, ge=1, le=100_000)
+    d_mlp: int | None = Field(None, ge=1, le=100_000_000)
     fingerprint: str | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, JsonValue] = Field(default_factory=dict)
+    data: dict[str, JsonValue] = Field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if not (len(self.layers) == len(self.units) == len(self.scores)):
-            raise InputError("a NeuronSet needs as many layers as units and scores")
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        """``NeuronSet(layers, units, scores, model_spec, ..., settings, data)``, positional or
+        by name; or ``NAME.json``'s fields by name (as :meth:`load` validates them)."""
+        if args or any(k in fields for k in COLUMNS):
+            fields = _from_columns(args, fields)
+        super().__init__(**fields)
+
+    @property
+    def layers(self) -> list[int]:
+        return [r.layer for r in self.neurons]
+
+    @property
+    def units(self) -> list[int]:
+        return [r.unit for r in self.neurons]
+
+    @property
+    def scores(self) -> list[float]:
+        return [r.score for r in self.neurons]
 
     def __len__(self) -> int:
-        return len(self.units)
+        return len(self.neurons)
 
     @classmethod
     def from_pairs(cls, pairs: Any, model: Any = None, score: float = 1.0) -> NeuronSet:
@@ -127,7 +166,8 @@ class NeuronSet:
 
     def top(self, k: int) -> NeuronSet:
         """The ``k`` highest-scoring neurons."""
-        return self.pick(sorted(range(len(self)), key=lambda i: -self.scores[i])[:k])
+        scores = self.scores
+        return self.pick(sorted(range(len(self)), key=lambda i: -scores[i])[:k])
 
     def first(self, k: int) -> NeuronSet:
         """The first ``k`` neurons in stored order (a ranking's best; a causal set's first chosen)."""
@@ -135,10 +175,11 @@ class NeuronSet:
 
     def pick(self, order: list[int]) -> NeuronSet:
         """The neurons at positions ``order``, in that order."""
+        rows = [self.neurons[i] for i in order]
         return NeuronSet(
-            [self.layers[i] for i in order],
-            [self.units[i] for i in order],
-            [self.scores[i] for i in order],
+            [r.layer for r in rows],
+            [r.unit for r in rows],
+            [r.score for r in rows],
             self.model_spec,
             self.model_family,
             self.n_layers,
@@ -216,21 +257,14 @@ class NeuronSet:
 
     # persistence -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, JsonValue]:
-        """``NAME.json``: the format, the neurons and what made them."""
-        return {
-            "format": FORMAT,
-            "neurons": [
-                {"layer": l_, "unit": u, "score": s}
-                for l_, u, s in zip(self.layers, self.units, self.scores, strict=True)
-            ],
-            "model_spec": self.model_spec,
-            "model_family": self.model_family,
-            "n_layers": self.n_layers,
-            "d_mlp": self.d_mlp,
-            "fingerprint": self.fingerprint,
-            "settings": self.settings,
-            "data": self.data,
-        }
+        """Deprecated: ``NAME.json`` is :meth:`model_dump`."""
+        warnings.warn(
+            "NeuronSet.to_dict() is now NeuronSet.model_dump() (the set is its file's model); "
+            "the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.model_dump()
 
     @staticmethod
     def files(path: str | Path) -> tuple[Path, Path]:
@@ -253,7 +287,7 @@ class NeuronSet:
             "scores": torch.tensor(self.scores, dtype=torch.float64),
         }
         write_bytes_atomic(tensor_path, save(tensors, metadata={"format": FORMAT}))
-        return write_json_atomic(meta_path, self.to_dict())
+        return write_json_atomic(meta_path, self.model_dump())
 
     @classmethod
     def load(cls, path: str | Path) -> NeuronSet:
@@ -277,26 +311,14 @@ class NeuronSet:
                 f"{str(meta_path)!r} is not a vitreg NeuronSet (its 'format' must be {FORMAT!r})"
             )
         try:
-            parsed = _SetFile.model_validate(meta)
+            found = cls.model_validate(meta, strict=True)
+            _Recorded.model_validate({"settings": found.settings})
         except ValidationError as e:
             raise InputError(describe_invalid(e, meta_path, "NeuronSet file")) from None
-        rows = parsed.neurons
-        layers, units = [r.layer for r in rows], [r.unit for r in rows]
-        scores = [r.score for r in rows]
         if tensor_path.is_file():
-            _check_tensors(tensor_path, layers, units, scores)
-        return cls(
-            layers,
-            units,
-            scores,
-            parsed.model_spec,
-            parsed.model_family,
-            parsed.n_layers,
-            parsed.d_mlp,
-            parsed.fingerprint,
-            _settings(meta.get("settings") or {}, meta_path),
-            meta.get("data") or {},
-        )
+            _check_tensors(tensor_path, found.layers, found.units, found.scores)
+        found.settings = _settings(found.settings, meta_path)
+        return found
 
 
 def _check_tensors(path: Path, layers: list[int], units: list[int], scores: list[float]) -> None:

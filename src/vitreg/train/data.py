@@ -22,8 +22,15 @@ from typing import Any
 
 import torch
 
-from vitreg.data.datasets import SCAN_LIMIT, DataWarning, SkipSample, require_usable
+from vitreg.data.datasets import (
+    SCAN_LIMIT,
+    DataWarning,
+    ScanSummary,
+    SkipSample,
+    require_usable,
+)
 from vitreg.errors import InputError, SpecError
+from vitreg.results.schema import DataInfo, plain
 from vitreg.results.train import TrainingData
 
 
@@ -83,7 +90,7 @@ def _warn_once(data: Any, flag: str, messages: list[str]) -> None:
         setattr(data, flag, True)
 
 
-def data_warnings(data: Any, summary: dict[str, Any] | None, labels: bool = True) -> list[str]:
+def data_warnings(data: Any, summary: ScanSummary | None, labels: bool = True) -> list[str]:
     """Why training on ``data`` may mislead: one usable sample only (from the ``scan``
     summary) and, with ``labels`` (the supervised recipe), fewer than two classes in the
     listing or among the usable samples."""
@@ -97,17 +104,17 @@ def data_warnings(data: Any, summary: dict[str, Any] | None, labels: bool = True
     return out + (class_warnings(data, summary) if labels else [])
 
 
-def class_warnings(data: Any, summary: dict[str, Any] | None) -> list[str]:
+def class_warnings(data: Any, summary: ScanSummary | None) -> list[str]:
     """Fewer than two classes: in the listing (``describe()["warnings"]``) or, from the
     ``scan`` summary, among the usable samples."""
     out = list(data.describe().get("warnings", [])) if hasattr(data, "describe") else []
-    classes = (summary or {}).get("classes_seen")
+    classes = summary["classes_seen"] if summary else None
     if not out and classes == 1 and (getattr(data, "num_classes", None) or 0) >= 2:
         out.append(f"the usable samples of {_spec(data)} hold one class only: labels teach nothing")
     return out
 
 
-def describe_training_data(data: Any, recipe: str = "supervised") -> dict[str, Any]:
+def describe_training_data(data: Any, recipe: str = "supervised") -> DataInfo:
     """The ``data`` block of a training run's metrics.json: what was trained on, how many
     samples are usable, the skips by reason (``skipped``: reason -> words, ``log``: every count
     of the dataset), and ``warnings`` (class warnings only for a recipe that uses labels, i.e.
@@ -116,23 +123,24 @@ def describe_training_data(data: Any, recipe: str = "supervised") -> dict[str, A
     data = open_data(data) if isinstance(data, str) else data
     n = len(data)
     if not callable(getattr(data, "scan", None)):
-        return {"description": _spec(data), "n_images": n, "n_listed": n, "warnings": []}
-    summary = data.scan(SCAN_LIMIT)
+        return DataInfo(description=_spec(data), n_images=n, n_listed=n, warnings=[])
+    summary: ScanSummary = data.scan(SCAN_LIMIT)
     full = summary["scanned"] == n
     skipped = {r: f"{k} samples skipped" for r, k in summary["skipped"].items()}
     if not full:
         skipped = {r: f"{v} (of {summary['scanned']} read)" for r, v in skipped.items()}
-    return {
-        "description": _spec(data),
-        "n_images": summary["n_usable"] if full else n,
-        "n_listed": n,
-        "n_usable": summary["n_usable"],
-        "scanned": summary["scanned"],
-        "skipped": skipped,
-        "log": data.log.to_dict() if hasattr(data, "log") else {},
-        "warnings": data_warnings(data, summary, labels=recipe != "dino"),
-        "dataset": data.describe(),
-    }
+    log: dict[str, int] = data.log.to_dict() if hasattr(data, "log") else {}
+    return DataInfo(
+        description=_spec(data),
+        n_images=summary["n_usable"] if full else n,
+        skipped=skipped,
+        n_listed=n,
+        n_usable=summary["n_usable"],
+        scanned=summary["scanned"],
+        log=log,
+        warnings=data_warnings(data, summary, labels=recipe != "dino"),
+        dataset=plain(data.describe()),
+    )
 
 
 def data_identity(data: Any) -> TrainingData:

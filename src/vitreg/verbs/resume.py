@@ -8,7 +8,8 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 
 def resume_folder(run_dir: Path) -> Path:
@@ -17,9 +18,10 @@ def resume_folder(run_dir: Path) -> Path:
 
 
 @contextmanager
-def checkpointed(run_dir: Path, every: int | None, config: dict[str, Any]) -> Iterator[None]:
+def checkpointed(run_dir: Path, every: int | None, config: dict[str, JsonValue]) -> Iterator[None]:
     """Inside, streaming passes checkpoint every ``every`` images (nothing when ``None``); the
-    checkpoints belong to ``config`` (the resolved config: another run's are refused)."""
+    checkpoints belong to ``config`` (the resolved config as config.yaml holds it, ``to_file()``:
+    another run's are refused)."""
     if every is None:
         yield
         return

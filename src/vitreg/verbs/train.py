@@ -16,7 +16,7 @@ from vitreg.core.run_dir import session
 from vitreg.core.verb import Verb, register
 from vitreg.errors import InputError
 from vitreg.progress import SILENT, Progress
-from vitreg.results.schema import ModelInfo, data_info, model_info
+from vitreg.results.schema import ModelInfo, model_info
 from vitreg.results.train import TrainResults
 from vitreg.verbs.common import command_line, default_run_dir, slug
 from vitreg.verbs.result import Listener, Notice, Notices, TrainRun
@@ -96,7 +96,7 @@ def run_train(
         train_results(result, run_dir),
         result.history,
         described=describe_trained(result.model, cfg.variant),
-        data=data_info(describe_training_data(cfg.data, recipe=cfg.recipe)),
+        data=describe_training_data(cfg.data, recipe=cfg.recipe),
         config=cfg,
         command=train_command_line(cfg),
     )
