@@ -177,9 +177,6 @@ USERS_OWN = {
     # a model's variant config with timm.create_model's own keyword arguments as given (any value)
     "arch/config.py:VariantConfig.as_dict(return)",
 }
-#: the public signatures still to type (one per line: file:function(parameter or return)); an
-#: entry that is typed now fails the test, so the list only shrinks
-STILL_UNTYPED = Path(__file__).parent / "_support" / "untyped_signatures.txt"
 
 
 def untyped_signatures(root: Path) -> set[str]:
@@ -210,15 +207,13 @@ def untyped_signatures(root: Path) -> set[str]:
 
 
 def test_public_signatures_take_and_return_typed_results() -> None:
-    found = untyped_signatures(SRC) - USERS_OWN
-    known = set(STILL_UNTYPED.read_text(encoding="utf-8").split())
-    new = sorted(found - known)
-    assert not new, "type these (a results model, a settings part) or name why not:\n" + "\n".join(
-        new
+    found = untyped_signatures(SRC)
+    untyped = sorted(found - USERS_OWN)
+    assert not untyped, "type these (a results model, a settings part) or name why not:\n" + (
+        "\n".join(untyped)
     )
-    gone = sorted(known - found)
-    assert not gone, f"typed now, drop from {STILL_UNTYPED.name}:\n" + "\n".join(gone)
-    assert USERS_OWN <= untyped_signatures(SRC), "a user's-own-data entry no longer exists"
+    gone = sorted(USERS_OWN - found)
+    assert not gone, "a user's-own-data entry no longer exists:\n" + "\n".join(gone)
 
 
 def test_the_signature_check_finds_untyped_parameters_and_results(tmp_path: Path) -> None:

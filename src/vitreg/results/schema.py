@@ -397,9 +397,9 @@ def model_info(described: ModelDescription, **more: JsonValue) -> ModelInfo:
     )
 
 
-def data_info(data: dict[str, Any]) -> DataInfo:
-    """The ``data`` block of metrics.json from an image source's description: description,
-    counts, skipped/converted files, the rest as is."""
+def data_info(data: dict[str, JsonValue]) -> DataInfo:
+    """The ``data`` block of metrics.json from an image source's description (JSON values):
+    description, counts, skipped/converted files, the rest as is."""
     named = ("description", "n_images", "skipped", "converted")
     rest = {k: plain(v) for k, v in data.items() if k not in named}
     desc = data.get("description") or data.get("source") or data.get("images")
