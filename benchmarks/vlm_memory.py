@@ -19,6 +19,7 @@ from pathlib import Path
 from _common import (
     RESULTS,
     emit,
+    parse_quick,
     parser,
     peak_rss_mb,
     run_child,
@@ -60,13 +61,13 @@ def child(n_images: int, max_new_tokens: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--images", default="1,8", help="comma-separated image counts, one process each")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--out", default=str(RESULTS / f"{BENCHMARK}.json"))
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse_quick(p, argv, images="1,2", max_new_tokens=4)
     if args.child is not None:
         emit(child(args.child, args.max_new_tokens))
         return
