@@ -59,7 +59,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", action="append", help="run only this grid entry (smoke runs)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "experiment_grid.json"))
-    return parse_quick(p, argv, data="synthetic:n=32,size=32", steps=2)
+    return parse_quick(p, argv, data="synthetic:n=16,size=48", steps=2)
 
 
 def main(argv: list[str] | None = None) -> None:
