@@ -58,7 +58,8 @@ def hooked_forward(r: Result) -> list[Row]:
     for res in r["results"]:
         for arm in ("hooked", "patterns", "kinds"):
             cpu = res["cpu_ratio_over_plain"][arm]
-            figures = f"{ips({a: res['images_per_s'][a] for a in ('plain', arm)})}; by CPU time {cpu:.3f}x"
+            two = {a: res["images_per_s"][a] for a in ("plain", arm)}
+            figures = f"{ips(two)}; by CPU time {cpu:.3f}x"
             what = f"{arm} forward images/s over plain forward_features"
             rows.append(
                 at_least(
@@ -119,7 +120,8 @@ def discovery_speed(r: Result) -> list[Row]:
 def trace_memory(r: Result) -> list[Row]:
     growth, target = r["peak_growth_mb"], r["target_mb"]
     runs = ", ".join(f"{x['n_images']} images {x['peak_rss_mb']:.0f} MB" for x in r["runs"])
-    what = f"peak RSS growth of Model.trace from {r['runs'][0]['n_images']} to {r['runs'][-1]['n_images']} images"
+    first, last = r["runs"][0]["n_images"], r["runs"][-1]["n_images"]
+    what = f"peak RSS growth of Model.trace from {first} to {last} images"
     return [
         Row(
             "trace_memory",
@@ -182,7 +184,8 @@ def probe_training(r: Result) -> list[Row]:
     ratio, s = r["ratio_training_over_extraction"], r["settings"]
     figures = (
         f"training {r['training']['seconds']:.3g} s ({s['n_tokens']} tokens x {s['dim']} dims, "
-        f"{s['n_lrs']} lrs, {s['epochs']} epochs), extraction {r['extraction']['estimated_seconds']:.3g} s"
+        f"{s['n_lrs']} lrs, {s['epochs']} epochs), extraction "
+        f"{r['extraction']['estimated_seconds']:.3g} s"
     )
     what = "linear-probe training seconds over feature-extraction seconds"
     return [Row("probe_training", s["model"], what, "< 1x", ratio, "x", ratio < 1, figures)]
@@ -320,7 +323,8 @@ def gpu_check(r: Result) -> list[Row]:
     for res in r["results"]:
         for check, target in r["targets"].items():
             cell = res[check]
-            figures = f"{device}, {res['precision']}: {cell['seconds_a']:.3g} s vs {cell['seconds_b']:.3g} s"
+            a, b = cell["seconds_a"], cell["seconds_b"]
+            figures = f"{device}, {res['precision']}: {a:.3g} s vs {b:.3g} s"
             rows.append(
                 at_least(
                     "gpu_check",

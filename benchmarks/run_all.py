@@ -186,17 +186,33 @@ def write_csv(table: list[dict[str, str]], path: Path) -> None:
         writer.writerows(table)
 
 
+def each(table: list[dict[str, str]], key: str) -> str:
+    """The distinct values of one column, in order of appearance."""
+    return ", ".join(dict.fromkeys(r[key] for r in table)) or "?"
+
+
+def merged(old: Path, table: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows of ``old`` (a results.csv) of benchmarks not in ``table``, and ``table``'s, in
+    the order of :data:`BENCHMARKS`."""
+    ran = {r["benchmark"] for r in table}
+    with old.open(newline="") as f:
+        kept = [r for r in csv.DictReader(f) if r["benchmark"] not in ran]
+    order = {b.name: i for i, b in enumerate(BENCHMARKS)}
+    return sorted(kept + table, key=lambda r: order.get(r["benchmark"], len(order)))
+
+
 def write_markdown(table: list[dict[str, str]], path: Path, csv_name: str) -> None:
-    """RESULTS.md: the machine, date, commit and status counts, then the table."""
-    first = table[0] if table else {}
+    """RESULTS.md: the machine, dates, commits and status counts, then the table."""
     counts = Counter(r["status"] for r in table)
-    mode = "`run_all.py --quick` (small sizes)" if first.get("quick") == "true" else "`run_all.py`"
+    modes = {r["quick"] for r in table}
+    mode = {"true": "`run_all.py --quick` (small sizes)", "false": "`run_all.py`"}
+    written = " and ".join(mode.get(m, m) for m in sorted(modes, reverse=True)) or "run_all.py"
     lines = [
         "# Benchmark results",
         "",
-        f"Written by {mode} on {first.get('date', '?')} at commit `{first.get('commit', '?')}`; "
-        f"CPU {first.get('cpu', '?')}, {first.get('cores', '?')} cores, GPU "
-        f"{first.get('gpu', '?')}. The same rows with every column: [{csv_name}]({csv_name}). "
+        f"Written by {written} on {each(table, 'date')} at commit `{each(table, 'commit')}`; "
+        f"CPU {each(table, 'cpu')}, {each(table, 'cores')} cores, GPU {each(table, 'gpu')}. "
+        f"Each row's own date, commit and machine, and every column: [{csv_name}]({csv_name}). "
         "What each benchmark measures and how to run it: [README.md](README.md).",
         "",
         "Rows: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s]) + ".",
@@ -222,11 +238,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=3600, help="seconds per benchmark")
     p.add_argument("--json-dir", default=str(RESULTS), help="where each benchmark's JSON goes")
     p.add_argument("--out-dir", default=str(HERE), help="where RESULTS.md and results.csv go")
+    p.add_argument(
+        "--update", action="store_true", help="keep results.csv's rows of the benchmarks not run"
+    )
     args = p.parse_args(argv)
     chosen = [b for b in BENCHMARKS if not args.only or b.name in args.only.split(",")]
     table = run_all(chosen, args.quick, Path(args.json_dir), args.timeout)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.update and (out / "results.csv").is_file():
+        table = merged(out / "results.csv", table)
     write_csv(table, out / "results.csv")
     write_markdown(table, out / "RESULTS.md", "results.csv")
     counts = Counter(r["status"] for r in table)

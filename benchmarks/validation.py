@@ -203,7 +203,7 @@ def trained_section(records: Record) -> list[str]:
         [
             r["verdict"],
             r["layers_with_outlier_mode"] or "none",
-            f"{r['largest_max_over_median']['value']:.2f} (block {r['largest_max_over_median']['block']})",
+            "{value:.2f} (block {block})".format(**r["largest_max_over_median"]),
             ", ".join(r["kinds_present"]) or "none",
             f"{r['n_images']} at {r['img_size']} px",
             f"{r['date']}, `{r['commit']}`",

@@ -101,6 +101,15 @@ def test_main_writes_both_files_for_the_chosen_benchmarks(run_all, tmp_path, mon
     text = (tmp_path / "o" / "results.csv").read_text().splitlines()
     assert len(text) == 2 and text[1].startswith("fast,stub_vit,")
     assert "| fast | stub_vit |" in (tmp_path / "o" / "RESULTS.md").read_text()
+    # --update reruns one benchmark and keeps the other rows, in the list's order
+    run_all.main(
+        ["--only=slow", "--update", f"--json-dir={tmp_path / 'j'}", f"--out-dir={tmp_path / 'o'}"]
+    )
+    with (tmp_path / "o" / "results.csv").open() as f:
+        assert [r["benchmark"] for r in csv.DictReader(f)] == ["fast", "slow"]
+    run_all.main(["--only=slow", f"--json-dir={tmp_path / 'j'}", f"--out-dir={tmp_path / 'o'}"])
+    with (tmp_path / "o" / "results.csv").open() as f:
+        assert [r["benchmark"] for r in csv.DictReader(f)] == ["slow"]
 
 
 def test_every_script_has_a_reader_and_quick_sizes(run_all) -> None:
