@@ -64,7 +64,8 @@ def summary(result: Record) -> Record:
         "benchmark": result["benchmark"],
         "date": env.get("date", "unknown"),
         "commit": env.get("commit", "unknown"),
-        "source": "a benchmark result recorded with `benchmarks/validation.py --record`",
+        "source": "recorded from the benchmark's JSON by `benchmarks/validation.py --record`"
+        + (" (`--quick` sizes)" if result["settings"].get("quick") else ""),
         "command": command(result),
     }
     if result["benchmark"] == "trained_diagnose":
