@@ -57,7 +57,7 @@ def child(n_images: int, max_new_tokens: int) -> dict:
         "n_images": n_images,
         "peak_rss_mb_after_load": loaded,
         "peak_rss_mb_after_run": peak_rss_mb(),
-        "n_answer_tokens": [len(r.before.answer_tokens) for r in result.images],
+        "n_answer_tokens": [len(r.before.results.answer_tokens) for r in result.images],
     }
 
 
