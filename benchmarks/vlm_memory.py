@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{arm['n_images']} image(s): peak RSS {arm['peak_rss_mb_after_load']:.0f} MB after "
             f"load, {arm['peak_rss_mb_after_run']:.0f} MB after the run"
         )
-    print(f"written to {path}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
