@@ -5,6 +5,7 @@ file and the closing summary."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -35,14 +36,29 @@ def rss_mb() -> float | None:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def commit() -> str:
+    """The checked-out commit, ``+changes`` when tracked files differ from it ("unknown"
+    outside a git checkout)."""
+
+    def git(*args: str) -> str:
+        cwd = Path(__file__).parent
+        proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def environment() -> dict[str, Any]:
-    """Versions and machine facts recorded with every result."""
+    """Versions, machine facts, the date (UTC) and the commit recorded with every result."""
     import timm
     import torch
 
     import vitreg
 
     return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "commit": commit(),
         "vitreg": vitreg.__version__,
         "torch": torch.__version__,
         "timm": timm.__version__,
@@ -73,6 +89,18 @@ def emit(result: dict[str, Any]) -> None:
 def parser(doc: str | None) -> argparse.ArgumentParser:
     """An argument parser described by the first paragraph of the script's docstring."""
     return argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+
+
+def parse_quick(p: argparse.ArgumentParser, argv: list[str] | None, **quick: Any) -> Any:
+    """Parse ``argv`` with a ``--quick`` flag that sets the options ``quick`` (dest -> value) to
+    the small sizes of ``run_all.py --quick``; an option given on the command line wins."""
+    sizes = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in quick.items())
+    p.add_argument("--quick", action="store_true", help=f"small sizes: {sizes}")
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**quick)
+        args = p.parse_args(argv)
+    return args
 
 
 def add_size_and_out_options(p: Any, benchmark: str) -> None:

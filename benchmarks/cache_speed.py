@@ -13,6 +13,7 @@ compared. Issue 22 target: cache throughput >= 0.8x the plain forward's.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ from _common import (
     build,
     finish,
     interleaved,
+    parse_quick,
     parser,
     speed,
     verdict,
@@ -61,13 +63,19 @@ class RandomImages:
         return {"spec": "random", "n": len(self.images)}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("--n-images", type=int, default=64)
     p.add_argument("--model", default="vit_small_patch14_reg4_dinov2")
     add_timing_options(p, batch_size=32, repeats=5, warmup=1)
     add_size_and_out_options(p, "cache_speed")
-    args = p.parse_args(argv)
+    return parse_quick(
+        p, argv, n_images=16, batch_size=8, repeats=3, warmup=1, img_size=112, depth=4
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
 
     import torch
 

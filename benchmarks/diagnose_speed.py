@@ -27,6 +27,7 @@ from _common import (
     add_size_and_out_options,
     build,
     finish,
+    parse_quick,
     parser,
     peak_rss_mb,
     verdict,
@@ -114,7 +115,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-maps", type=int, default=8, help="images kept for figures")
     p.add_argument("--model", default=MODEL, help="timm model name")
     add_size_and_out_options(p, "diagnose_speed")
-    return p.parse_args(argv)
+    return parse_quick(p, argv, n_images=16, batch_size=8, repeats=2, img_size=112, depth=4)
 
 
 def main(argv: list[str] | None = None) -> None:

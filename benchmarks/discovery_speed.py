@@ -51,6 +51,7 @@ from _common import (
     emit,
     environment,
     interleaved,
+    parse_quick,
     parser,
     peak_rss_mb,
     rss_mb,
@@ -399,7 +400,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     auto.add_argument("--auto-img-size", type=int, default=224, help="a multiple of the patch")
     auto.add_argument("--auto-seed", type=int, default=0, help="seed of the synthetic images")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_quick(
+        p,
+        argv,
+        n_images=16,
+        small_n_images=8,
+        batch_size=8,
+        repeats=1,
+        img_size=112,
+        depth=4,
+        auto_n_images=16,
+        auto_small_n_images=8,
+        auto_repeats=1,
+        auto_warmup=0,
+        auto_img_size=112,
+    )
     if min(args.auto_n_images, args.auto_small_n_images) < AUTO_MIN_IMAGES:
         p.error(f"the automatic path needs at least {AUTO_MIN_IMAGES} images")
     return args

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    parse_quick,
     parser,
     peak_rss_mb,
     write_result,
@@ -58,7 +59,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", action="append", help="run only this grid entry (smoke runs)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "experiment_grid.json"))
-    return p.parse_args(argv)
+    return parse_quick(p, argv, data="synthetic:n=16,size=48", steps=2)
 
 
 def main(argv: list[str] | None = None) -> None:

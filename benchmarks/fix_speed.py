@@ -27,6 +27,7 @@ from _common import (
     build,
     finish,
     interleaved,
+    parse_quick,
     parser,
     peak_rss_mb,
     verdict,
@@ -103,7 +104,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="wall time, or this process's CPU time on one thread (steadier on a shared machine)",
     )
     add_size_and_out_options(p, "fix_speed")
-    return p.parse_args(argv)
+    return parse_quick(p, argv, batch_size=4, repeats=3, warmup=1, img_size=112)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from _common import (
     RESULTS,
     build,
     environment,
+    parse_quick,
     parser,
     write_json,
 )
@@ -149,7 +150,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: the CPU fallback path")
     p.add_argument("--out", default=str(RESULTS / "gpu_check.json"))
-    args = p.parse_args(argv)
+    args = parse_quick(
+        p, argv, models="vit_base_patch16_224", batch_size=32, n_batches=2, repeats=3
+    )
     if args.device is None:
         import torch
 

@@ -38,6 +38,7 @@ from _common import (
     emit,
     environment,
     interleaved,
+    parse_quick,
     parser,
     peak_rss_mb,
     rss_mb,
@@ -193,7 +194,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     add_size_and_out_options(p, "hooked_forward")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return parse_quick(p, argv, batch_size=8, repeats=3, warmup=1, img_size=112, depth=4)
 
 
 def main(argv: list[str] | None = None) -> None:

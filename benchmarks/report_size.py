@@ -21,6 +21,7 @@ from typing import Any
 
 from _common import (
     RESULTS,
+    parse_quick,
     parser,
     write_result,
 )
@@ -74,12 +75,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--limit", type=int, default=None, help="images (default: the demo's)")
     p.add_argument("--img-size", type=int, default=None, help="input size (default: the demo's)")
     p.add_argument("--out", default=str(RESULTS / "report_size.json"))
-    args = p.parse_args()
+    args = parse_quick(p, argv, limit=4, img_size=112)
     result = measure(args)
     write_result(args, "report_size", **result)
     print(

@@ -25,6 +25,7 @@ from _common import (
     build,
     finish,
     interleaved,
+    parse_quick,
     parser,
     peak_rss_mb,
     speed,
@@ -76,7 +77,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layer", type=int, default=2, help="block whose hook_resid_post is probed")
     p.add_argument("--model", default=MODEL, help="timm model name")
     add_size_and_out_options(p, "stop_at_layer")
-    return p.parse_args(argv)
+    return parse_quick(p, argv, batch_size=8, repeats=3, warmup=1, img_size=112)
 
 
 def main(argv: list[str] | None = None) -> None:

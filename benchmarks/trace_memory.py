@@ -23,6 +23,7 @@ from _common import (
     child_flags,
     emit,
     environment,
+    parse_quick,
     parser,
     peak_rss_mb,
     rss_mb,
@@ -89,7 +90,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     add_size_and_out_options(p, "trace_memory")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return parse_quick(p, argv, n_images="8,32", batch_size=8, img_size=112, depth=4)
 
 
 def main(argv: list[str] | None = None) -> None:

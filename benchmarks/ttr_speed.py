@@ -27,6 +27,7 @@ from _common import (
     add_timing_options,
     build,
     finish,
+    parse_quick,
     parser,
     peak_rss_mb,
     speed,
@@ -121,7 +122,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", default="3-5", help="inclusive layer range of the neurons")
     p.add_argument("--model", default=MODEL, help="timm model name")
     add_size_and_out_options(p, "ttr_speed")
-    return p.parse_args(argv)
+    return parse_quick(p, argv, batch_size=8, repeats=3, warmup=1, img_size=112, depth=6)
 
 
 def main(argv: list[str] | None = None) -> None:

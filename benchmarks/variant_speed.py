@@ -22,6 +22,7 @@ from _common import (
     add_timing_options,
     finish,
     interleaved,
+    parse_quick,
     parser,
     peak_rss_mb,
     speed,
@@ -79,7 +80,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--specialize", default="norm,ls,qkv", help="comma-separated components")
     p.add_argument("--model", default=MODEL, help="timm model name (needs LayerScale for 'ls')")
     add_size_and_out_options(p, "variant_speed")
-    return p.parse_args(argv)
+    return parse_quick(p, argv, batch_size=4, repeats=3, warmup=1, img_size=112, depth=4)
 
 
 def main(argv: list[str] | None = None) -> None:

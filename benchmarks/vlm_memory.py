@@ -19,6 +19,7 @@ from pathlib import Path
 from _common import (
     RESULTS,
     emit,
+    parse_quick,
     parser,
     peak_rss_mb,
     run_child,
@@ -56,17 +57,17 @@ def child(n_images: int, max_new_tokens: int) -> dict:
         "n_images": n_images,
         "peak_rss_mb_after_load": loaded,
         "peak_rss_mb_after_run": peak_rss_mb(),
-        "n_answer_tokens": [len(r.before.answer_ids) for r in result.images],
+        "n_answer_tokens": [len(r.before.results.answer_tokens) for r in result.images],
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--images", default="1,8", help="comma-separated image counts, one process each")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--out", default=str(RESULTS / f"{BENCHMARK}.json"))
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse_quick(p, argv, images="1,2", max_new_tokens=4)
     if args.child is not None:
         emit(child(args.child, args.max_new_tokens))
         return
@@ -80,7 +81,7 @@ def main() -> None:
             f"{arm['n_images']} image(s): peak RSS {arm['peak_rss_mb_after_load']:.0f} MB after "
             f"load, {arm['peak_rss_mb_after_run']:.0f} MB after the run"
         )
-    print(f"written to {path}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
