@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vitreg.hooks.streamed import StreamedPattern, column_mean, head_gram, key_column
+
 ROUTE = 0.5  # A_is a query must put on the dominant key
 EVENT_FRACTION = 0.9  # share of queries that must do so
 NOP_RATIO = 0.2
@@ -55,19 +57,17 @@ def sqrt_psd(m: torch.Tensor) -> torch.Tensor:
 
 
 def head_stats(
-    pattern: torch.Tensor,
+    pattern: torch.Tensor | StreamedPattern,
     v: torch.Tensor,
     metric: torch.Tensor,
     metric_sqrt: Callable[[], torch.Tensor],
 ) -> HeadStats:
-    """Sink statistics of ``pattern [B, H, N, N]`` and values ``v [B, N, H, D]`` given the
-    per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a function returning its square
-    root (called only when some head has an event)."""
-    a = pattern.float()
-    b, h, n, _ = a.shape
-    mass, key = a.mean(dim=2).max(dim=-1)
-    a_is = a.gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
-    routed = (a_is >= ROUTE).float().mean(-1)
+    """Sink statistics of ``pattern [B, H, N, N]`` (full or streamed) and values
+    ``v [B, N, H, D]`` given the per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a
+    function returning its square root (called only when some head has an event)."""
+    n = pattern.shape[2]
+    mass, key = column_mean(pattern).max(dim=-1)
+    routed = (key_column(pattern, key) >= ROUTE).float().mean(-1)
     ratio = torch.full_like(routed, float("nan"))
     rank = torch.full_like(routed, float("nan"))
     event = routed >= EVENT_FRACTION
@@ -80,9 +80,9 @@ def head_stats(
         us = un.gather(1, key[bi, hi, None]).squeeze(-1)
         other = (un.sum(-1) - us) / max(n - 1, 1)
         ratio[bi, hi] = us / other.clamp_min(1e-12)
-        z = (a[bi, hi] @ ve).double()  # [E, N, D]: A v of each event head
-        s = metric_sqrt().to(z.device)[hi]
-        ev = torch.linalg.eigvalsh(s @ (z.transpose(-1, -2) @ z) @ s).clamp_min(0)
+        gram = head_gram(pattern, bi, hi, ve)  # (A v)^T (A v) of each event head
+        s = metric_sqrt().to(gram.device)[hi]
+        ev = torch.linalg.eigvalsh(s @ gram @ s).clamp_min(0)
         rank[bi, hi] = (ev.sum(-1) / ev[:, -1].clamp_min(1e-30)).to(rank)
     return HeadStats(key, mass, routed, ratio, rank)
 
