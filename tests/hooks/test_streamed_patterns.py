@@ -10,6 +10,7 @@ import torch
 import vitreg
 from vitreg.hooks.attention import softmax_pattern
 from vitreg.hooks.streamed import (
+    DEFAULT_CHUNK_HEAD_DIMS,
     StreamedPattern,
     column_mean,
     head_gram,
@@ -80,7 +81,7 @@ def test_chunks_cover_the_queries_once_and_respect_the_limit() -> None:
         assert max(sl.stop - sl.start for sl in slices) <= chunk
     with pattern_chunk(2):
         assert StreamedPattern(q, k, 1.0).chunk == 2
-    assert StreamedPattern(q, k, 1.0).chunk == 4 * D  # default: four head dimensions
+    assert StreamedPattern(q, k, 1.0).chunk == DEFAULT_CHUNK_HEAD_DIMS * D
     with pytest.raises(ValueError, match="at least one query"), pattern_chunk(0):
         pass
 

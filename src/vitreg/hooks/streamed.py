@@ -20,6 +20,9 @@ import torch
 
 from vitreg.hooks.softmax import softmax_pattern
 
+# queries per chunk, in head dimensions: a chunk's scores [B, H, chunk, N] are then at most
+# 1.25x the block's MLP activations [B, N, 4 * H * head_dim]
+DEFAULT_CHUNK_HEAD_DIMS = 5
 _CHUNK: ContextVar[int | None] = ContextVar("pattern_chunk", default=None)
 _ENABLED: ContextVar[bool] = ContextVar("streamed_patterns", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
@@ -39,8 +42,7 @@ def streamed_patterns(enabled: bool) -> Iterator[None]:
 @contextmanager
 def pattern_chunk(queries: int | None) -> Iterator[None]:
     """Within this block streamed patterns are rebuilt ``queries`` rows at a time (None: the
-    default, four times the head dimension, which keeps a chunk's scores no larger than the
-    block's MLP activations)."""
+    default, :data:`DEFAULT_CHUNK_HEAD_DIMS` times the head dimension)."""
     if queries is not None and queries < 1:
         raise ValueError(f"a pattern chunk holds at least one query, got {queries}")
     token = _CHUNK.set(queries)
@@ -80,7 +82,7 @@ class StreamedPattern:
 
     def __post_init__(self) -> None:
         if self.chunk is None:
-            self.chunk = _CHUNK.get() or 4 * self.q.shape[-1]
+            self.chunk = _CHUNK.get() or DEFAULT_CHUNK_HEAD_DIMS * self.q.shape[-1]
 
     @property
     def shape(self) -> torch.Size:
@@ -125,13 +127,20 @@ class StreamedPattern:
             m = m.unsqueeze(0)
         return m.expand(b, h, *m.shape[-2:])[bi, hi]
 
-    def _scores(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        scores = ((q * self.scale) @ k.transpose(-2, -1)).float()
+    def scaled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q * scale`` and ``k``, contiguous (so that no chunk's product copies them again)."""
+        if "q" not in self._memo:
+            self._memo["q"] = self.q * self.scale
+            self._memo["k"] = self.k.contiguous()
+        return self._memo["q"], self._memo["k"]
+
+    def _scores(self, qs: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        scores = (qs @ k.transpose(-2, -1)).float()
         return scores if bias is None else scores.add_(bias)
 
     def rows(self, rows: slice) -> torch.Tensor:
         """Probabilities of the queries ``rows``: ``[B, H, n, N_k]`` float32."""
-        scores = self._scores(self.q[:, :, rows], self.k, self._bias(rows))
+        scores = self._scores(self.q[:, :, rows] * self.scale, self.k, self._bias(rows))
         return torch.softmax(scores, dim=-1, out=scores)
 
     def _scan(self, row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> None:
@@ -141,13 +150,17 @@ class StreamedPattern:
         col = self.q.new_zeros((b, h, n_k), dtype=torch.float32)
         lse = self.q.new_empty((b, h, n), dtype=torch.float32)
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
+        qs, k = self.scaled()
         for sl in self.slices():
-            scores = self._scores(self.q[:, :, sl], self.k, self._bias(sl))
+            scores = self._scores(qs[:, :, sl], k, self._bias(sl))
             top = scores.amax(-1, keepdim=True)
-            p = scores.sub_(top).exp_()
-            total = p.sum(-1, keepdim=True)
-            p.div_(total)
+            e = scores.sub_(top).exp_()
+            total = e.sum(-1, keepdim=True)
             lse[:, :, sl] = (top + total.log()).squeeze(-1)
+            if not row_fns:  # column sums of e / total without dividing e
+                col += (total.reciprocal().transpose(-2, -1) @ e).squeeze(-2)
+                continue
+            p = e.div_(total)
             col += p.sum(-2)
             for name, fn in row_fns.items():
                 per_row[name][:, :, sl] = fn(p)
@@ -163,7 +176,8 @@ class StreamedPattern:
     def head_rows(self, bi: torch.Tensor, hi: torch.Tensor) -> Iterator[torch.Tensor]:
         """Probabilities of heads ``(bi, hi)`` (``[E, n, N_k]`` float32), chunk by chunk."""
         lse = self.memo("lse")[bi, hi]
-        q, k = self.q[bi, hi], self.k[bi, hi]
+        qs, k = self.scaled()
+        q, k = qs[bi, hi], k[bi, hi]
         for sl in self.slices():
             scores = self._scores(q[:, sl], k, self._bias(sl, bi, hi))
             yield scores.sub_(lse[:, sl, None]).exp_()
@@ -189,8 +203,9 @@ def key_column(p: torch.Tensor | StreamedPattern, key: torch.Tensor) -> torch.Te
     if not isinstance(p, StreamedPattern):
         return p.float().gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
     index = key[:, :, None, None]
-    kk = p.k.gather(2, index.expand(b, h, 1, p.k.shape[-1]))  # [B, H, 1, D]
-    scores = ((p.q * p.scale) @ kk.transpose(-2, -1)).float()  # [B, H, N, 1]
+    qs, k = p.scaled()
+    kk = k.gather(2, index.expand(b, h, 1, k.shape[-1]))  # [B, H, 1, D]
+    scores = (qs @ kk.transpose(-2, -1)).float()  # [B, H, N, 1]
     if p.is_causal:
         late = key[:, :, None, None] > torch.arange(n, device=key.device)[:, None]
         scores = scores.masked_fill(late, float("-inf"))
