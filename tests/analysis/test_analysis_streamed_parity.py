@@ -161,3 +161,22 @@ def test_diagnose_parity_at_full_resolution(size: int) -> None:
     """ViT-S/14 (2 blocks, random weights) at 224 px (257 tokens) and 518 px (1370 tokens)."""
     model, x = _timm("vit_small_patch14_dinov2", size, depth=2)()
     assert_diagnose_parity(model, x[:2], [None, 100])
+
+
+def test_sinks_under_bf16_autocast_match_the_full_patterns() -> None:
+    """Under autocast the event statistics run in float32 (they once failed on bf16 ratios)."""
+    module, truth = build_kind("kinds_registers")
+    model = vitreg.wrap(module)
+    x = torch.randn(6, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+
+    def run() -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            res, _, _ = run_analyses(model, x, [NormAnalysis(), SinkAnalysis()], batch_size=3)
+        return res["sinks"]
+
+    with streamed_patterns(False):
+        full = run()
+    streamed = run()
+    heads = {(h.block, h.head, h.kind, h.key_type) for h in streamed.heads}
+    assert heads == {(h.block, h.head, h.kind, h.key_type) for h in full.heads}
+    assert heads == {(s.block, s.head, s.kind, s.key_type) for s in truth.sinks}

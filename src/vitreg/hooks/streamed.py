@@ -104,7 +104,9 @@ class StreamedPattern:
         size = math.ceil(n / parts)
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def _bias(self, rows: slice, bi: torch.Tensor | None = None, hi: torch.Tensor | None = None):
+    def _bias(
+        self, rows: slice, bi: torch.Tensor | None = None, hi: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable), at
         the heads ``(bi, hi)`` when given; None without a mask."""
         n_k = self.k.shape[-2]
@@ -151,6 +153,20 @@ class StreamedPattern:
         lse = self.q.new_empty((b, h, n), dtype=torch.float32)
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
         qs, k = self.scaled()
+        with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
+            self._chunks(qs, k, col, lse, row_fns, per_row)
+        self._memo.update({"column_sum": col, "lse": lse, **per_row})
+
+    def _chunks(
+        self,
+        qs: torch.Tensor,
+        k: torch.Tensor,
+        col: torch.Tensor,
+        lse: torch.Tensor,
+        row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+        per_row: dict[str, torch.Tensor],
+    ) -> None:
+        """The body of :meth:`_scan`: fills ``col``, ``lse`` and ``per_row`` chunk by chunk."""
         for sl in self.slices():
             scores = self._scores(qs[:, :, sl], k, self._bias(sl))
             top = scores.amax(-1, keepdim=True)
@@ -164,7 +180,6 @@ class StreamedPattern:
             col += p.sum(-2)
             for name, fn in row_fns.items():
                 per_row[name][:, :, sl] = fn(p)
-        self._memo.update({"column_sum": col, "lse": lse, **per_row})
 
     def memo(self, name: str, row_fns: dict[str, Callable] | None = None) -> torch.Tensor:
         """A statistic of the first pass (``column_sum``, ``lse`` or a row function's name)."""
