@@ -136,8 +136,20 @@ class StreamedPattern:
             self._memo["k"] = self.k.contiguous()
         return self._memo["q"], self._memo["k"]
 
-    def _scores(self, qs: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        scores = (qs @ k.transpose(-2, -1)).float()
+    def _scores(
+        self,
+        qs: torch.Tensor,
+        k: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``qs @ k^T (+ bias)`` in float32, written into the flat buffer ``out`` when given (one
+        buffer for every chunk: fresh large tensors would fault their pages in each time)."""
+        if out is not None and qs.dtype == torch.float32:
+            shape = (*qs.shape[:-1], k.shape[-2])
+            scores = torch.matmul(qs, k.transpose(-2, -1), out=out[: math.prod(shape)].view(shape))
+        else:
+            scores = (qs @ k.transpose(-2, -1)).float()
         return scores if bias is None else scores.add_(bias)
 
     def rows(self, rows: slice) -> torch.Tensor:
@@ -167,8 +179,11 @@ class StreamedPattern:
         per_row: dict[str, torch.Tensor],
     ) -> None:
         """The body of :meth:`_scan`: fills ``col``, ``lse`` and ``per_row`` chunk by chunk."""
-        for sl in self.slices():
-            scores = self._scores(qs[:, :, sl], k, self._bias(sl))
+        slices = self.slices()
+        rows = max(sl.stop - sl.start for sl in slices)
+        out = qs.new_empty(math.prod((*qs.shape[:2], rows, k.shape[-2])), dtype=torch.float32)
+        for sl in slices:
+            scores = self._scores(qs[:, :, sl], k, self._bias(sl), out)
             top = scores.amax(-1, keepdim=True)
             e = scores.sub_(top).exp_()
             total = e.sum(-1, keepdim=True)
