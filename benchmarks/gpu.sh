@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check: the `gpu` tests (hooks, attention capture and the fix on CUDA in fp32
-# and bf16 autocast, against the CPU) and the benchmarks' ratios on the GPU (gpu_check.py), in
-# one JSON with a printed summary. Under 8 minutes on one CUDA GPU.
+# and bf16 autocast, against the CPU), the benchmarks' ratios on the GPU (gpu_check.py) and the
+# hooked / patterns / kinds arms of hooked_forward.py on DINOv2-L/14 at 518 px, batch 32, bf16,
+# with each arm's peak memory, in one JSON with a printed summary. Under 8 minutes on one GPU.
 #
 #   benchmarks/gpu.sh [OUT.json]          (default benchmarks/results/gpu.json)
 #
@@ -20,10 +21,15 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
     MODE=cuda
     TEST_DEVICE=cuda
     BENCH=(--device cuda)
+    # diagnose's attention statistics at scale: DINOv2-L/14, 518 px (1374 tokens), batch 32, bf16
+    KINDS=(--device cuda --precision bf16 --models vit_large_patch14_dinov2 --sizes 518
+           --batch-size 32 --repeats 5 --warmup 1)
 else
     MODE=cpu-fallback
     TEST_DEVICE=cpu
     BENCH=(--device cpu --tiny)
+    KINDS=(--device cpu --models vit_small_patch14_dinov2@2 --sizes 56 --batch-size 2
+           --repeats 1 --warmup 1)
     echo "no CUDA device: CPU fallback path (tiny sizes; the figures say nothing about a GPU)"
 fi
 
@@ -35,14 +41,16 @@ tests_rc=$?
 set -e
 tests_s=$(( $(date +%s) - start ))
 "$PY" benchmarks/gpu_check.py "${BENCH[@]}" --out "$WORK/bench.json"
+"$PY" benchmarks/hooked_forward.py "${KINDS[@]}" --out "$WORK/kinds.json"
 bench_s=$(( $(date +%s) - start - tests_s ))
 
-"$PY" - "$WORK/tests.xml" "$WORK/bench.json" "$OUT" "$MODE" "$tests_rc" "$tests_s" "$bench_s" <<'PYEOF'
+"$PY" - "$WORK/tests.xml" "$WORK/bench.json" "$OUT" "$MODE" "$tests_rc" "$tests_s" "$bench_s" \
+    "$WORK/kinds.json" <<'PYEOF'
 import json
 import sys
 import xml.etree.ElementTree as ET
 
-xml, bench, out, mode, rc, tests_s, bench_s = sys.argv[1:]
+xml, bench, out, mode, rc, tests_s, bench_s, scale = sys.argv[1:]
 cases = []
 for case in ET.parse(xml).getroot().iter("testcase"):
     kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
@@ -58,6 +66,7 @@ doc = {
     "tests": {"exit_code": int(rc), "counts": counts, "seconds": int(tests_s), "cases": cases},
     "benchmark_seconds": int(bench_s),
     "benchmark": json.load(open(bench)),
+    "kinds_at_scale": json.load(open(scale)),
 }
 with open(out, "w") as f:
     json.dump(doc, f, indent=2)
@@ -70,6 +79,15 @@ print(f"ratios ({b['environment'].get('device')}, batch {b['settings']['batch_si
 for r in b["results"]:
     cells = "  ".join(f"{k} {r[k]['ratio']:.2f} (target {t})" for k, t in b["targets"].items())
     print(f"  {r['model']:<28} {r['precision']:<5} {cells}")
+k = doc["kinds_at_scale"]
+print(f"diagnose's attention statistics (batch {k['settings']['batch_size']}; speed over plain, "
+      "peak memory over plain's):")
+for r in k["results"]:
+    cells = "  ".join(
+        f"{a} {r[f'ratio_{a}_over_plain']:.2f} ({r['peak_ratio_over_plain'][a]:.2f}x memory)"
+        for a in ("hooked", "patterns", "kinds")
+    )
+    print(f"  {r['model']:<28} {r['img_size']} px {r['precision']:<5} {cells}")
 print(f"wrote {out}")
 sys.exit(1 if int(rc) not in (0, 5) else 0)  # 5: no test collected
 PYEOF

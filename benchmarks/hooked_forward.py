@@ -1,23 +1,32 @@
-"""Hooked vs plain forward: images/s and peak RSS of a typical analysis pass.
+"""Hooked vs plain forward: images/s and peak memory of a typical analysis pass, per image size.
 
 Hooked arm: ``Model.run_with_cache`` keeping the per-token norms of every block's
 ``hook_resid_post`` and the [CLS] attention row of the last 4 blocks' ``attn.hook_pattern``.
 Patterns arm: ``Model.trace`` with the reducers of diagnose's ``AttentionAnalysis`` (every
-block's ``attn.hook_pattern``, recomputed from q/k under fused attention). Kinds arm: the same
-plus the sink and LOF analyses on (``SinkAnalysis`` -- every block's ``attn.hook_v`` paired with
-its pattern, sink statistics per head in the hooks -- and ``LOFAnalysis``, which keeps the
-penultimate block's patch tokens); their ``finish`` (sink summary, per-image LOF fits) is timed
-apart, as it runs once after the forward. Plain arm: the source module's own
-``forward_features``. All run under ``torch.inference_mode``/``no_grad`` on the same
-random-weight model and batch; after a warm-up the arms alternate so all see the same machine
-load. Besides wall-clock ratios it records each arm's CPU seconds (``time.process_time``) and
-their ratios, which other jobs on a shared machine skew far less (``--threads 1`` keeps torch's
-threads from waiting on each other there), and, of those, the kernel's share and the page faults
-(large tensors freed and allocated again fault their pages back in, more or less often as the
-allocator trims its heap: part of the run-to-run spread). Each model runs in a fresh process so
-its peak RSS is its own.
+block's ``attn.hook_pattern``, streamed from q/k under fused attention: the [CLS] rows alone).
+Kinds arm: the same plus the sink and LOF analyses on (``SinkAnalysis`` -- every block's
+``attn.hook_v`` paired with its pattern, column sums and sink columns from q/k in query chunks,
+so no block holds ``[B, H, N, N]`` -- and ``LOFAnalysis``, which keeps the penultimate block's
+patch tokens); their ``finish`` (sink summary, per-image LOF fits) is timed apart, as it runs
+once after the forward. Plain arm: the source module's own ``forward_features``. All run under
+``torch.inference_mode``/``no_grad`` on the same random-weight model and batch; after a warm-up
+the arms alternate so all see the same machine load. Besides wall-clock ratios it records each
+arm's CPU seconds (``time.process_time``) and their ratios, which other jobs on a shared machine
+skew far less (``--threads 1`` keeps torch's threads from waiting on each other there), and, of
+those, the kernel's share and the page faults. Each model and size runs in a fresh process.
 
-    python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b] [--threads 1]
+Peak memory per arm: on CPU each arm also runs alone in a fresh process (model built, warm-up
+passes) and reports its peak RSS, and that peak less the RSS after building (the arm's working
+memory); on CUDA the peak allocated memory of each arm (``torch.cuda.max_memory_allocated``).
+``--sizes 224,518`` gives one row per model and size; a model ``name@6`` keeps only 6 blocks
+(a depth-reduced proxy, e.g. ViT-L/14 on a CPU). ``--device cuda --precision bf16`` measures
+on a GPU under bf16 autocast (``benchmarks/gpu.sh`` runs DINOv2-L/14 at 518 px, batch 32).
+
+    python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b@depth]
+        [--sizes 224,518] [--threads 1] [--device cpu|cuda] [--precision fp32|bf16]
+
+The scale rows: ``--models vit_small_patch14_dinov2,vit_base_patch14_dinov2,
+vit_large_patch14_dinov2@6 --sizes 224,518 --threads 1 --batch-size 4 --repeats 3 --warmup 1``.
 """
 
 from __future__ import annotations
@@ -28,10 +37,12 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from _common import (
-    add_size_and_out_options,
+    RESULTS,
     add_timing_options,
     build,
     child_flags,
@@ -48,6 +59,7 @@ from _common import (
 
 MODELS = "vit_small_patch14_dinov2,vit_base_patch16_224"
 TARGET = 0.85  # hooked images/s over plain images/s
+ARMS = ("plain", "hooked", "patterns", "kinds")
 
 
 def hooked_names(n_layers: int) -> list[str]:
@@ -66,107 +78,156 @@ def reduce(t: Any, hook: Any) -> Any:
     return token_norms(t)
 
 
-def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Time both arms on one model in this process."""
-    import torch
+def model_spec(spec: str, depth: int | None) -> tuple[str, int | None]:
+    """``name`` or ``name@depth`` (a depth-reduced proxy); ``--depth`` applies where none is given."""
+    name, _, blocks = spec.partition("@")
+    return name, int(blocks) if blocks else depth
 
-    from vitreg.analysis.anomaly_lof import LOFAnalysis
-    from vitreg.analysis.attention import AttentionAnalysis
-    from vitreg.analysis.sinks import SinkAnalysis
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = build(name, args.img_size, args.depth)
-    rss_built = rss_mb()
-    x = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
-    names = hooked_names(model.n_layers)
+class Bench:
+    """One model at one size on one device: the four arms and the kinds' ``finish``."""
 
-    def plain() -> Any:
-        with torch.inference_mode():
-            return model.module.forward_features(x)
+    def __init__(self, spec: str, size: int, args: argparse.Namespace) -> None:
+        import torch
 
-    def hooked() -> Any:
-        return model.run_with_cache(x, names=names, reduce=reduce)
+        from vitreg.analysis.anomaly_lof import LOFAnalysis
+        from vitreg.analysis.attention import AttentionAnalysis
+        from vitreg.analysis.sinks import SinkAnalysis
 
-    analyses = [AttentionAnalysis(), SinkAnalysis(), LOFAnalysis()]
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.device = torch.device(args.device)
+        torch.manual_seed(0)
+        self.model = build(*self._name_size_depth(spec, size, args)).to(self.device)
+        self.x = torch.randn(args.batch_size, 3, size, size).to(self.device)
+        bf16 = args.precision == "bf16"
+        self.cast = (
+            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
+            if bf16
+            else nullcontext
+        )
+        self.names = hooked_names(self.model.n_layers)
+        self.analyses = [AttentionAnalysis(), SinkAnalysis(), LOFAnalysis()]
 
-    def traced(chosen: list[Any]) -> Any:
-        reducers = {a.name: a.reducers(model) for a in chosen}
-        trace = model.trace(x, [r for rs in reducers.values() for r in rs], batch_size=len(x))
+    @staticmethod
+    def _name_size_depth(spec: str, size: int, args: argparse.Namespace) -> tuple:
+        name, depth = model_spec(spec, args.depth)
+        return name, size, depth
+
+    def sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def plain(self) -> Any:
+        import torch
+
+        with torch.inference_mode(), self.cast():
+            out = self.model.module.forward_features(self.x)
+        self.sync()
+        return out
+
+    def hooked(self) -> Any:
+        with self.cast():
+            out = self.model.run_with_cache(self.x, names=self.names, reduce=reduce, device=None)
+        self.sync()
+        return out
+
+    def traced(self, chosen: list[Any]) -> Any:
+        with self.cast():
+            reducers = {a.name: a.reducers(self.model) for a in chosen}
+            flat = [r for rs in reducers.values() for r in rs]
+            trace = self.model.trace(self.x, flat, batch_size=len(self.x))
+        self.sync()
         return trace, reducers
 
-    def patterns() -> Any:
-        return traced(analyses[:1])
+    def patterns(self) -> Any:
+        return self.traced(self.analyses[:1])
 
-    def kinds() -> Any:
-        return traced(analyses)
+    def kinds(self) -> Any:
+        return self.traced(self.analyses)
 
-    def finish(trace: Any, reducers: dict[str, list[Any]]) -> dict[str, Any]:
+    def finish(self, trace: Any, reducers: dict[str, list[Any]]) -> dict[str, Any]:
         from vitreg.models.model import TraceResult
 
         done: dict[str, Any] = {}
-        for a in analyses[1:]:
+        for a in self.analyses[1:]:
             own = TraceResult(reducers[a.name], trace.n_images, trace.layouts, trace.attn_source)
-            done[a.name] = a.finish(model, own, done)
+            done[a.name] = a.finish(self.model, own, done)
         return done
 
-    for _ in range(args.warmup):
-        ref = plain()
-    peak_plain = peak_rss_mb()
-    for _ in range(args.warmup):
-        out, cache = hooked()
-    peak_hooked = peak_rss_mb()
-    for _ in range(args.warmup):
-        patterns()
-    peak_patterns = peak_rss_mb()
-    for _ in range(args.warmup):
-        done = finish(*kinds())
-    peak_kinds = peak_rss_mb()
-    cpu: dict[str, list[float]] = {}
-    kernel: dict[str, list[float]] = {}
-    faults: dict[str, list[int]] = {}
+    def arm(self, name: str) -> Callable[[], Any]:
+        return getattr(self, name)
 
-    def on_cpu(arm: str, fn: Any) -> Any:
-        """``fn`` recording the CPU seconds of this process it takes (load-robust work measure),
-        the kernel's part of them and the page faults."""
 
-        def run() -> Any:
-            u0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
-            fn()
-            c1, u1 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
-            cpu.setdefault(arm, []).append(c1 - c0)
-            kernel.setdefault(arm, []).append(u1.ru_stime - u0.ru_stime)
-            faults.setdefault(arm, []).append(u1.ru_minflt - u0.ru_minflt)
+def on_cpu(arm: str, fn: Callable[[], Any], record: dict[str, dict[str, list]]) -> Callable:
+    """``fn`` recording the CPU seconds of this process it takes (load-robust work measure), the
+    kernel's part of them and the page faults."""
 
-        return run
+    def run() -> Any:
+        u0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
+        fn()
+        c1, u1 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+        record["cpu"].setdefault(arm, []).append(c1 - c0)
+        record["kernel"].setdefault(arm, []).append(u1.ru_stime - u0.ru_stime)
+        record["faults"].setdefault(arm, []).append(u1.ru_minflt - u0.ru_minflt)
 
-    arms = {"plain": plain, "hooked": hooked, "patterns": patterns, "kinds": kinds}
-    times, med = interleaved({a: on_cpu(a, f) for a, f in arms.items()}, args.repeats)
-    cpu_med = {arm: statistics.median(ts) for arm, ts in cpu.items()}
+    return run
+
+
+def cuda_peaks(bench: Bench) -> dict[str, float]:
+    """Peak allocated MB of each arm run alone after a reset (CUDA)."""
+    import torch
+
+    peaks = {}
+    for arm in ARMS:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(bench.device)
+        bench.arm(arm)()
+        peaks[arm] = torch.cuda.max_memory_allocated(bench.device) / 2**20
+    return peaks
+
+
+def measure(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Time the four arms on one model at one size in this process."""
+    import torch
+
+    bench = Bench(spec, size, args)
+    model = bench.model
+    for _ in range(args.warmup):
+        for arm in ARMS:
+            bench.arm(arm)()
+    out, cache = bench.hooked()
+    ref = bench.plain()
+    record: dict[str, dict[str, list]] = {"cpu": {}, "kernel": {}, "faults": {}}
+    arms = {a: on_cpu(a, bench.arm(a), record) for a in ARMS}
+    times, med = interleaved(arms, args.repeats)
+    cpu_med = {arm: statistics.median(ts) for arm, ts in record["cpu"].items()}
     finish_s = []
     for _ in range(args.repeats):
-        passed = kinds()
+        passed = bench.kinds()
         t0 = time.perf_counter()
-        done = finish(*passed)
+        done = bench.finish(*passed)
         finish_s.append(time.perf_counter() - t0)
-    return {
-        "model": name,
+    row = {
+        "model": spec,
+        "img_size": size,
+        "device": args.device,
+        "precision": args.precision,
         "n_tokens": model.layout.n_tokens,
-        "hooked_sites": len(names),
+        "hooked_sites": len(bench.names),
         "attn_source": sorted(set(cache.attn_source.values())),
         "outputs_equal": bool(torch.equal(out, ref)),
         "seconds": times,
         "median_s": med,
         "images_per_s": {arm: args.batch_size / s for arm, s in med.items()},
-        "ratio_hooked_over_plain": med["plain"] / med["hooked"],
-        "ratio_patterns_over_plain": med["plain"] / med["patterns"],
-        "ratio_kinds_over_plain": med["plain"] / med["kinds"],
+        **{f"ratio_{a}_over_plain": med["plain"] / med[a] for a in ARMS[1:]},
         "ratio_kinds_over_patterns": med["patterns"] / med["kinds"],
-        "cpu_seconds": cpu,
-        "cpu_ratio_over_plain": {a: cpu_med["plain"] / cpu_med[a] for a in arms if a != "plain"},
-        "kernel_cpu_seconds_median": {a: statistics.median(ts) for a, ts in kernel.items()},
-        "page_faults_median": {a: statistics.median(n) for a, n in faults.items()},
+        "cpu_seconds": record["cpu"],
+        "cpu_ratio_over_plain": {a: cpu_med["plain"] / cpu_med[a] for a in ARMS[1:]},
+        "kernel_cpu_seconds_median": {a: statistics.median(t) for a, t in record["kernel"].items()},
+        "page_faults_median": {a: statistics.median(n) for a, n in record["faults"].items()},
         "kinds_finish_median_s": statistics.median(finish_s),
         "torch_threads": torch.get_num_threads(),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min
@@ -174,39 +235,94 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "sink_events_per_image": done["sinks"].per_image.total,
             "lof_images": done["lof"].n_images,
         },
-        "rss_mb_after_build": rss_built,
-        "peak_rss_mb": {
-            "after_plain_warmup": peak_plain,
-            "after_hooked_warmup": peak_hooked,
-            "after_patterns_warmup": peak_patterns,
-            "after_kinds_warmup": peak_kinds,
-        },
         "environment": environment(),
     }
+    if bench.device.type == "cuda":
+        row["peak_mb"] = cuda_peaks(bench)
+    return row
+
+
+def arm_peak(spec: str, size: int, arm: str, args: argparse.Namespace) -> dict[str, float | None]:
+    """Peak RSS of one arm alone in this fresh process, and that peak less the RSS after build."""
+    bench = Bench(spec, size, args)
+    built = rss_mb()
+    for _ in range(max(1, args.warmup)):
+        bench.arm(arm)()
+    peak = peak_rss_mb()
+    return {"peak_rss_mb": peak, "over_built_mb": None if built is None else peak - built}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     add_timing_options(p, batch_size=16)
-    p.add_argument("--models", default=MODELS, help="comma-separated timm names")
+    p.add_argument("--models", default=MODELS, help="comma-separated timm names (name@depth)")
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
     )
-    add_size_and_out_options(p, "hooked_forward")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument(
+        "--sizes", default=None, help="comma-separated image sizes (default: --img-size)"
+    )
+    p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast")
+    p.add_argument("--out", default=str(RESULTS / "hooked_forward.json"))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--peak-arm", default=None, choices=ARMS, help=argparse.SUPPRESS)
     return parse_quick(p, argv, batch_size=8, repeats=3, warmup=1, img_size=112, depth=4)
+
+
+def run_row(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One model at one size: the timed child, then (CPU) one fresh child per arm for its peak."""
+    keys = ("batch_size", "repeats", "warmup", "depth", "threads", "device", "precision")
+    shared = [*child_flags(args, keys), f"--img-size={size}", f"--child={spec}"]
+    row = run_child(__file__, shared)
+    if args.device == "cpu":
+        alone = {arm: run_child(__file__, [*shared, f"--peak-arm={arm}"]) for arm in ARMS}
+        row["peak_rss_mb"] = {arm: a["peak_rss_mb"] for arm, a in alone.items()}
+        row["peak_over_built_mb"] = {arm: a["over_built_mb"] for arm, a in alone.items()}
+        row["peak_mb"] = row["peak_over_built_mb"]
+    row["peak_ratio_over_plain"] = {a: row["peak_mb"][a] / row["peak_mb"]["plain"] for a in ARMS}
+    return row
+
+
+def print_row(r: dict[str, Any]) -> None:
+    ips, where = r["images_per_s"], f"{r['model']} {r['img_size']}px"
+    for arm in ARMS[1:]:
+        ratio = r[f"ratio_{arm}_over_plain"]
+        verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+        print(
+            f"{where:<34} {arm:<8} plain {ips['plain']:6.1f} img/s  {arm} {ips[arm]:6.1f} img/s  "
+            f"ratio {ratio:.3f} (target >= {TARGET}: {verdict}); by CPU time "
+            f"{r['cpu_ratio_over_plain'][arm]:.3f}; peak {r['peak_mb'][arm]:.0f} MB "
+            f"({r['peak_ratio_over_plain'][arm]:.2f}x plain's {r['peak_mb']['plain']:.0f} MB)"
+        )
+    print(
+        f"{'':<34} kinds / patterns {r['ratio_kinds_over_patterns']:.3f} (the cost of sinks "
+        f"and LOF over diagnose's own pattern capture); sink + LOF finish "
+        f"{r['kinds_finish_median_s']:.3f} s per batch"
+    )
+    kernel, faults = r["kernel_cpu_seconds_median"], r["page_faults_median"]
+    print(
+        f"{'':<34} of the CPU seconds, in the kernel (page faults): "
+        + ", ".join(f"{a} {kernel[a]:.2f} s ({faults[a]:.0f})" for a in kernel)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.child:
-        emit(measure(args.child, args))
+    sizes = [int(s) for s in (args.sizes or str(args.img_size)).split(",")]
+    if args.child and args.peak_arm:
+        emit(arm_peak(args.child, args.img_size, args.peak_arm, args))
         return
-    shared = child_flags(args, ("batch_size", "repeats", "warmup", "img_size", "depth", "threads"))
+    if args.child:
+        emit(measure(args.child, args.img_size, args))
+        return
     results = []
-    for name in args.models.split(","):
-        print(f"measuring {name} ...", file=sys.stderr, flush=True)
-        results.append(run_child(__file__, [f"--child={name}", *shared]))
+    for spec in args.models.split(","):
+        for size in sizes:
+            print(f"measuring {spec} at {size} px ...", file=sys.stderr, flush=True)
+            results.append(run_row(spec, size, args))
     out = write_result(
         args,
         "hooked_forward",
@@ -214,32 +330,16 @@ def main(argv: list[str] | None = None) -> None:
         environment=[r.pop("environment") for r in results][0],
         results=results,
     )
-    threads = results[0]["torch_threads"]
+    peaks = "peak memory: working memory of each arm alone (RSS less the built model's)"
+    if args.device != "cpu":
+        peaks = "peak memory: allocated on the device by each arm"
     print(
-        f"batch {args.batch_size}, {args.img_size} px, {args.repeats} interleaved repeats, "
-        f"{threads} torch threads, load average at the end {results[0]['load_average_at_end']}"
+        f"batch {args.batch_size}, {args.device} {args.precision}, {args.repeats} interleaved "
+        f"repeats, {results[0]['torch_threads']} torch threads, load average at the end "
+        f"{results[0]['load_average_at_end']}; {peaks}"
     )
     for r in results:
-        ips = r["images_per_s"]
-        for arm in ("hooked", "patterns", "kinds"):
-            ratio = r[f"ratio_{arm}_over_plain"]
-            verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
-            print(
-                f"{r['model']:<28} {arm:<8} plain {ips['plain']:6.1f} img/s  {arm} "
-                f"{ips[arm]:6.1f} img/s  ratio {ratio:.3f} (target >= {TARGET}: {verdict})  "
-                f"peak RSS {r['peak_rss_mb'][f'after_{arm}_warmup']:.0f} MB; by CPU time "
-                f"{r['cpu_ratio_over_plain'][arm]:.3f}"
-            )
-        print(
-            f"{'':<28} kinds / patterns {r['ratio_kinds_over_patterns']:.3f} (the cost of sinks "
-            f"and LOF over diagnose's own pattern capture); sink + LOF finish "
-            f"{r['kinds_finish_median_s']:.3f} s per batch"
-        )
-        kernel, faults = r["kernel_cpu_seconds_median"], r["page_faults_median"]
-        print(
-            f"{'':<28} of the CPU seconds, in the kernel (page faults): "
-            + ", ".join(f"{a} {kernel[a]:.2f} s ({faults[a]:.0f})" for a in kernel)
-        )
+        print_row(r)
     print(f"wrote {out}")
 
 

@@ -40,6 +40,7 @@ from vitreg.hooks.attention import PatternSite
 from vitreg.hooks.patterns import PatternReading, Reader
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
+from vitreg.hooks.streamed import StreamedPattern, row_means
 from vitreg.models.model import Model, TraceResult
 from vitreg.results.diagnose import Agreement, Attention, AttentionSummary
 
@@ -47,9 +48,11 @@ Grid = tuple[int, int]
 
 
 def row_stats(
-    rows: torch.Tensor, ks: Sequence[int], weights: torch.Tensor | None = None
+    rows: torch.Tensor | StreamedPattern, ks: Sequence[int], weights: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
     """Per image ``[B]``: top-k key mass and entropy (nats) of each row, averaged over the rest."""
+    if isinstance(rows, StreamedPattern):
+        return row_means(rows, ks)
     rows = rows.float()
     per_row = {f"top{k}": rows.topk(min(k, rows.shape[-1]), dim=-1).values.sum(-1) for k in ks}
     per_row["entropy"] = -torch.special.xlogy(rows, rows).sum(-1)
@@ -133,8 +136,10 @@ class AttentionMaps(Reducer[MapStats]):
         self.token_grid: Grid | None = None
         self.n_keys = 0
 
+    streams_patterns = True
+
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
-        read = self.reader(t.float(), ctx.layout)
+        read = self.reader(t if isinstance(t, StreamedPattern) else t.float(), ctx.layout)
         heads = read.heads
         amap = heads.mean(1).flatten(1)
         self.grid, self.token_grid = tuple(heads.shape[-2:]), read.token_grid

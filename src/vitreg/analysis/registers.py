@@ -21,6 +21,7 @@ from vitreg.core.layout import TokenLayout
 from vitreg.core.renamed import renamed
 from vitreg.hooks.reducers import Reducer, type_index
 from vitreg.hooks.sites import HookContext
+from vitreg.hooks.streamed import column_mean
 from vitreg.models.model import Model, TraceResult
 from vitreg.results.kinds import Massive, Positions, RegisterBlock, Registers, Sinks
 
@@ -37,8 +38,10 @@ class ReceivedAttention(Reducer[dict[str, float]]):
         self.sums: dict[str, float] = {}
         self.count = 0
 
+    streams_patterns = True
+
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
-        received = t.float().mean(dim=2)  # [B, H, N_k]: mean over queries
+        received = column_mean(t)  # [B, H, N_k]: mean over queries
         for kind, sl in type_index(ctx, received.shape[-1]).items():
             self.sums[kind] = self.sums.get(kind, 0.0) + float(received[..., sl].sum(-1).sum())
         self.count += received.shape[0] * received.shape[1]

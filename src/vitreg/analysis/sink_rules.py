@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vitreg.hooks.streamed import StreamedPattern, column_mean, head_gram, key_column
+
 ROUTE = 0.5  # A_is a query must put on the dominant key
 EVENT_FRACTION = 0.9  # share of queries that must do so
 NOP_RATIO = 0.2
@@ -55,36 +57,49 @@ def sqrt_psd(m: torch.Tensor) -> torch.Tensor:
 
 
 def head_stats(
-    pattern: torch.Tensor,
+    pattern: torch.Tensor | StreamedPattern,
     v: torch.Tensor,
     metric: torch.Tensor,
     metric_sqrt: Callable[[], torch.Tensor],
 ) -> HeadStats:
-    """Sink statistics of ``pattern [B, H, N, N]`` and values ``v [B, N, H, D]`` given the
-    per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a function returning its square
-    root (called only when some head has an event)."""
-    a = pattern.float()
-    b, h, n, _ = a.shape
-    mass, key = a.mean(dim=2).max(dim=-1)
-    a_is = a.gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
-    routed = (a_is >= ROUTE).float().mean(-1)
+    """Sink statistics of ``pattern [B, H, N, N]`` (full or streamed) and values
+    ``v [B, N, H, D]`` given the per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a
+    function returning its square root (called only when some head has an event)."""
+    mass, key = column_mean(pattern).max(dim=-1)
+    routed = (key_column(pattern, key) >= ROUTE).float().mean(-1)
     ratio = torch.full_like(routed, float("nan"))
     rank = torch.full_like(routed, float("nan"))
     event = routed >= EVENT_FRACTION
     if event.any():
-        bi, hi = event.nonzero(as_tuple=True)
-        ve = v.float()[bi, :, hi]  # [E, N, D]: the values of each event head
-        # ||u_j||^2 = v_j^T M_h v_j, one [N, D] @ [D, D] product per event
-        sq = torch.linalg.vecdot(ve @ metric.to(ve)[hi], ve).clamp_min(0)
-        un = sq.sqrt()
-        us = un.gather(1, key[bi, hi, None]).squeeze(-1)
-        other = (un.sum(-1) - us) / max(n - 1, 1)
-        ratio[bi, hi] = us / other.clamp_min(1e-12)
-        z = (a[bi, hi] @ ve).double()  # [E, N, D]: A v of each event head
-        s = metric_sqrt().to(z.device)[hi]
-        ev = torch.linalg.eigvalsh(s @ (z.transpose(-1, -2) @ z) @ s).clamp_min(0)
-        rank[bi, hi] = (ev.sum(-1) / ev[:, -1].clamp_min(1e-30)).to(rank)
+        with torch.autocast(routed.device.type, enabled=False):  # float32 under autocast too
+            _event_stats(pattern, v, metric, metric_sqrt, key, event, ratio, rank)
     return HeadStats(key, mass, routed, ratio, rank)
+
+
+def _event_stats(
+    pattern: torch.Tensor | StreamedPattern,
+    v: torch.Tensor,
+    metric: torch.Tensor,
+    metric_sqrt: Callable[[], torch.Tensor],
+    key: torch.Tensor,
+    event: torch.Tensor,
+    ratio: torch.Tensor,
+    rank: torch.Tensor,
+) -> None:
+    """Fill ``ratio`` and ``stable_rank`` at the events of :func:`head_stats`."""
+    n = pattern.shape[2]
+    bi, hi = event.nonzero(as_tuple=True)
+    ve = v.float()[bi, :, hi]  # [E, N, D]: the values of each event head
+    # ||u_j||^2 = v_j^T M_h v_j, one [N, D] @ [D, D] product per event
+    sq = torch.linalg.vecdot(ve @ metric.to(ve)[hi], ve).clamp_min(0)
+    un = sq.sqrt()
+    us = un.gather(1, key[bi, hi, None]).squeeze(-1)
+    other = (un.sum(-1) - us) / max(n - 1, 1)
+    ratio[bi, hi] = us / other.clamp_min(1e-12)
+    gram = head_gram(pattern, bi, hi, ve)  # (A v)^T (A v) of each event head
+    s = metric_sqrt().to(gram.device)[hi]
+    ev = torch.linalg.eigvalsh(s @ gram @ s).clamp_min(0)
+    rank[bi, hi] = (ev.sum(-1) / ev[:, -1].clamp_min(1e-30)).to(rank)
 
 
 def sink_class(ratio: torch.Tensor, stable_rank: torch.Tensor) -> list[str]:

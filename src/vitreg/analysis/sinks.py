@@ -88,6 +88,8 @@ class SinkValues(Reducer[None]):
 class SinkPatterns(Reducer[SinkBlockStats]):
     """The ``hook_pattern`` half of a block's pair: holds the block's statistics."""
 
+    streams_patterns = True
+
     def __init__(self, site: str, pair: _Pair, layer: int) -> None:
         super().__init__(site)
         self.pair = pair

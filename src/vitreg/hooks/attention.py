@@ -19,45 +19,14 @@ from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError
 from vitreg.hooks.patterns import PatternReading, global_reading
 from vitreg.hooks.sites import Handle, HookContext, HookFn, LayoutFn, Site, check_replacement
+from vitreg.hooks.softmax import additive_mask as additive_mask
+from vitreg.hooks.softmax import softmax_pattern as softmax_pattern
+from vitreg.hooks.streamed import StreamedPattern, accepts_streamed
 
 NATIVE = "native"
 RECOMPUTED = "recomputed"
 ATTENTION_MODES = ("auto", "native", "recompute")
-
-
-def additive_mask(
-    n_query: int, scores: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
-) -> torch.Tensor | None:
-    """The additive bias SDPA applies for ``attn_mask``/``is_causal`` (timm semantics)."""
-    if is_causal:
-        return scores.new_full((n_query, scores.shape[-1]), float("-inf")).triu_(1)
-    if attn_mask is None:
-        return None
-    if attn_mask.dtype == torch.bool:
-        bias = torch.zeros_like(attn_mask, dtype=scores.dtype)
-        return bias.masked_fill_(~attn_mask, float("-inf"))
-    return attn_mask
-
-
-def softmax_pattern(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    scale: float,
-    attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-) -> torch.Tensor:
-    """``softmax(q*scale @ k^T + mask)`` for ``[B, H, N, D]`` inputs, in timm's operation order.
-
-    Without autograd the mask and the softmax are applied in place on the scores (one
-    ``[B, H, N, N]`` buffer per pattern); the values are those of the out-of-place expression.
-    """
-    scores = (q * scale) @ k.transpose(-2, -1)
-    bias = additive_mask(q.shape[-2], scores, attn_mask, is_causal)
-    in_place = not scores.requires_grad
-    if bias is not None:
-        fits = torch.broadcast_shapes(scores.shape, bias.shape) == scores.shape
-        scores = scores.add_(bias) if in_place and fits else scores + bias
-    return torch.softmax(scores, dim=-1, out=scores) if in_place else scores.softmax(dim=-1)
+PatternValue = torch.Tensor | StreamedPattern
 
 
 @dataclass
@@ -72,7 +41,7 @@ class PatternSite(Site):
 
     attn: nn.Module | None = None
     native_module: nn.Module | None = None
-    capture: Callable[[Callable[[torch.Tensor], None]], list[Any]] | None = None
+    capture: Callable[[Callable[[PatternValue], None]], list[Any]] | None = None
 
     def resolve_source(self, mode: str) -> str:
         if mode not in ATTENTION_MODES:
@@ -111,7 +80,9 @@ class PatternSite(Site):
             handle.add(self.native_module.register_forward_hook(native_hook).remove)
             return handle
 
-        def on_pattern(pattern: torch.Tensor) -> None:
+        def on_pattern(pattern: torch.Tensor | StreamedPattern) -> None:
+            if isinstance(pattern, StreamedPattern) and not accepts_streamed(fn):
+                pattern = pattern.full()
             if fn(pattern, ctx()) is not None:
                 raise HookError(
                     f"{name!r} was recomputed from q/k because the model uses fused attention, so "
@@ -127,15 +98,16 @@ def capture_qk(
     attn: nn.Module,
     q_module: nn.Module,
     k_module: nn.Module,
-    compute: Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor],
-) -> Callable[[Callable[[torch.Tensor], None]], list[Any]]:
+    compute: Callable[[torch.Tensor, torch.Tensor, dict], PatternValue],
+) -> Callable[[Callable[[PatternValue], None]], list[Any]]:
     """A ``PatternSite.capture`` that reads q from ``q_module`` and k from ``k_module`` outputs.
 
     ``compute(q_out, k_out, call_kwargs)`` turns the two outputs (and the kwargs the attention
-    module was called with, e.g. rope or a mask) into the probability tensor.
+    module was called with, e.g. rope or a mask) into the probabilities: a tensor, or a
+    :class:`~vitreg.hooks.streamed.StreamedPattern` that hooks not taking one see in full.
     """
 
-    def capture(callback: Callable[[torch.Tensor], None]) -> list[Any]:
+    def capture(callback: Callable[[PatternValue], None]) -> list[Any]:
         state: dict[str, Any] = {}
 
         def on_call(_mod: nn.Module, _args: tuple, kwargs: dict) -> None:

@@ -15,6 +15,7 @@ from functools import partial
 import torch
 
 from vitreg.core.layout import TokenLayout
+from vitreg.hooks.streamed import StreamedPattern, column_mean, query_rows
 
 Grid = tuple[int, int]
 _ALL_KEYS = "every token (prefix included)"
@@ -25,12 +26,12 @@ class PatternRead:
     """One batch of a pattern site, reduced: per-head maps and the rows sink statistics use."""
 
     heads: torch.Tensor  # [B, H, h, w] per-head map
-    rows: torch.Tensor  # [B, ..., K] attention rows (probabilities over K keys)
+    rows: torch.Tensor | StreamedPattern  # [B, ..., K] attention rows (probabilities over K keys)
     weights: torch.Tensor | None = None  # weights of rows.shape[1:-1] (None: all equal)
     token_grid: Grid | None = None  # grid of the tokens the map positions are (None: not tokens)
 
 
-Reader = Callable[[torch.Tensor, TokenLayout], PatternRead]
+Reader = Callable[[torch.Tensor | StreamedPattern, TokenLayout], PatternRead]
 
 
 @dataclass(frozen=True)
@@ -43,16 +44,21 @@ class PatternReading:
     keys: str  # which keys a row spans
 
 
-def read_global(p: torch.Tensor, layout: TokenLayout, query: str = "cls") -> PatternRead:
-    """Global attention ``[B, H, N, N]``: [CLS] row (``query='cls'``) or mean received attention."""
+def read_global(
+    p: torch.Tensor | StreamedPattern, layout: TokenLayout, query: str = "cls"
+) -> PatternRead:
+    """Global attention ``[B, H, N, N]``: [CLS] row (``query='cls'``) or mean received attention.
+
+    A streamed pattern gives the [CLS] rows alone, or itself as ``rows`` with the mean
+    received attention from its column sums."""
     layout.check(p, dim=-1)
     b, h = p.shape[:2]
     if query == "cls":
-        rows = layout.take(p, "cls", dim=2)  # [B, H, 1, N]
+        rows = query_rows(p, layout.cls)  # [B, H, 1, N]
         per_head = rows.mean(2)
     else:
         rows = p
-        per_head = p.mean(2)
+        per_head = column_mean(p)
     heads = layout.take(per_head, "patches", dim=-1).reshape(b, h, *layout.grid)
     return PatternRead(heads, rows, None, layout.grid)
 

@@ -57,7 +57,13 @@ def type_index(ctx: HookContext, n_tokens: int) -> dict[str, slice]:
 class Reducer(ABC, Generic[R]):
     """Accumulates one statistic of the hook site ``site`` (a statistic that combines several
     sites of one forward pass lists them all in :attr:`sites`; ``update`` tells them apart by
-    ``ctx.name``); :meth:`result` returns its statistics as an ``R``."""
+    ``ctx.name``); :meth:`result` returns its statistics as an ``R``.
+
+    A reducer with ``streams_patterns`` reads an ``attn.hook_pattern`` it is fed either as the
+    full tensor or as a :class:`~vitreg.hooks.streamed.StreamedPattern` (q and k, rows rebuilt
+    in query chunks), through :mod:`vitreg.hooks.streamed`'s functions."""
+
+    streams_patterns = False
 
     def __init__(self, site: str) -> None:
         self.site = site

@@ -18,6 +18,7 @@ from vitreg.errors import HookError, InputError
 from vitreg.hooks.cache import ActivationCache
 from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import Handle, HookContext, HookFn, Site
+from vitreg.hooks.streamed import mark_streamed
 from vitreg.models.adapters.base import Adapter, adapter_for
 from vitreg.progress import Update
 from vitreg.results.schema import ModelDescription
@@ -571,7 +572,7 @@ class Model:
                 for r in by_site[name]:
                     r(t, hook, offset)
 
-            return fn
+            return mark_streamed(fn, all(r.streams_patterns for r in by_site[name]))
 
         k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
         feeds = self._until([(n, feed(n)) for n in by_site], k)

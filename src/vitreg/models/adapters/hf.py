@@ -30,7 +30,6 @@ from vitreg.hooks.attention import (
     RECOMPUTED,
     PatternSite,
     capture_qk,
-    softmax_pattern,
 )
 from vitreg.hooks.sites import (
     Handle,
@@ -42,6 +41,7 @@ from vitreg.hooks.sites import (
     Site,
     check_replacement,
 )
+from vitreg.hooks.streamed import StreamedPattern
 from vitreg.models.adapters.base import SEARCHING, Adapter, Family, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
 
@@ -351,7 +351,7 @@ class HFViTAdapter(Adapter):
 
         def compute(q_out: torch.Tensor, k_out: torch.Tensor, kw: dict) -> torch.Tensor:
             q_h, k_h = to_heads(q_out).transpose(1, 2), to_heads(k_out).transpose(1, 2)
-            return softmax_pattern(q_h, k_h, scale, kw.get("attention_mask"))
+            return StreamedPattern(q_h, k_h, scale, kw.get("attention_mask"))
 
         heads = dict(to_canon=to_heads, from_canon=from_heads)
         return [

@@ -35,9 +35,9 @@ from vitreg.hooks.attention import (
     NATIVE,
     RECOMPUTED,
     PatternSite,
-    softmax_pattern,
 )
 from vitreg.hooks.sites import Handle, HookContext, HookFn, InputSite, LayoutFn, OutputSite, Site
+from vitreg.hooks.streamed import StreamedPattern
 from vitreg.models.adapters.base import EXACT, Adapter, Family, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import image_grid
 
@@ -162,7 +162,7 @@ def recompute_capture(attn: nn.MultiheadAttention, seq_first: bool) -> Callable:
                 )
             x = args[0] if args else kwargs["query"]
             q, k = q_of(x).transpose(1, 2), k_of(x).transpose(1, 2)
-            callback(softmax_pattern(q, k, attn.head_dim**-0.5))
+            callback(StreamedPattern(q, k, attn.head_dim**-0.5))
 
         return [attn.register_forward_pre_hook(on_call, with_kwargs=True)]
 

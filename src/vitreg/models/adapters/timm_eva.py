@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from vitreg.core.layout import TokenLayout
-from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
+from vitreg.hooks.attention import PatternSite, capture_qk
 from vitreg.hooks.sites import Handle, HookFn, LayoutFn, OutputSite, Site
+from vitreg.hooks.streamed import StreamedPattern
 from vitreg.models.adapters.base import EXACT, Family, ValuesFn, register_adapter
 from vitreg.models.adapters.timm_vit import TimmViTAdapter, insert_after_prefix, qkv_part
 
@@ -91,7 +92,7 @@ def rope_pattern(attn: nn.Module) -> Callable[[torch.Tensor, torch.Tensor, dict]
         groups = int(getattr(attn, "num_kv_groups", 1))
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
-        return softmax_pattern(q, k, attn.scale, kw.get("attn_mask"), kw.get("is_causal", False))
+        return StreamedPattern(q, k, attn.scale, kw.get("attn_mask"), kw.get("is_causal", False))
 
     return compute
 

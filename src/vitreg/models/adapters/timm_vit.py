@@ -9,7 +9,7 @@ from torch import nn
 
 from vitreg.core.layout import TokenLayout
 from vitreg.errors import InputError
-from vitreg.hooks.attention import PatternSite, capture_qk, softmax_pattern
+from vitreg.hooks.attention import PatternSite, capture_qk
 from vitreg.hooks.sites import (
     Handle,
     InputSite,
@@ -18,6 +18,7 @@ from vitreg.hooks.sites import (
     bhnd_to_bnhd,
     bnhd_to_bhnd,
 )
+from vitreg.hooks.streamed import StreamedPattern
 from vitreg.models.adapters.base import EXACT, Adapter, Family, ValuesFn, register_adapter
 
 _ATTN_PARTS = ("qkv", "q_norm", "k_norm", "attn_drop", "scale", "num_heads")
@@ -229,7 +230,7 @@ class TimmViTAdapter(Adapter):
                 mask, causal = kw.get("attn_mask"), kw.get("is_causal", False)
                 if hasattr(attn, "recompute_pattern"):  # extra key slot (vitreg.arch attn_bias)
                     return attn.recompute_pattern(q, k, mask, causal)
-                return softmax_pattern(q, k, attn.scale, mask, causal)
+                return StreamedPattern(q, k, attn.scale, mask, causal)
 
             sites.update(
                 {

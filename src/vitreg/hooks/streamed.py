@@ -1,0 +1,273 @@
+"""Attention probabilities kept as q and k: the statistics analyses need, in query chunks.
+
+A recomputed ``hook_pattern`` arrives as a :class:`StreamedPattern` at hooks that accept one
+(:func:`accepts_streamed`; the trace marks a site's hook so when every reducer there does), and
+as the full ``[B, H, N, N]`` tensor everywhere else. Rows are rebuilt ``chunk`` queries at a
+time, so one block never holds more than ``[B, H, chunk, N]``; the functions below
+(:func:`column_mean`, :func:`query_rows`, :func:`key_column`, :func:`head_gram`) take either
+form, so both paths share one computation and agree to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+
+from vitreg.hooks.softmax import softmax_pattern
+
+# queries per chunk, in head dimensions: a chunk's scores [B, H, chunk, N] are then at most
+# 1.25x the block's MLP activations [B, N, 4 * H * head_dim]
+DEFAULT_CHUNK_HEAD_DIMS = 5
+_CHUNK: ContextVar[int | None] = ContextVar("pattern_chunk", default=None)
+_ENABLED: ContextVar[bool] = ContextVar("streamed_patterns", default=True)
+_ACCEPTS = "accepts_streamed_patterns"
+
+
+@contextmanager
+def streamed_patterns(enabled: bool) -> Iterator[None]:
+    """Within this block recomputed patterns reach every hook in full when ``enabled`` is False
+    (the reference path streamed statistics are checked against)."""
+    token = _ENABLED.set(enabled)
+    try:
+        yield
+    finally:
+        _ENABLED.reset(token)
+
+
+@contextmanager
+def pattern_chunk(queries: int | None) -> Iterator[None]:
+    """Within this block streamed patterns are rebuilt ``queries`` rows at a time (None: the
+    default, :data:`DEFAULT_CHUNK_HEAD_DIMS` times the head dimension)."""
+    if queries is not None and queries < 1:
+        raise ValueError(f"a pattern chunk holds at least one query, got {queries}")
+    token = _CHUNK.set(queries)
+    try:
+        yield
+    finally:
+        _CHUNK.reset(token)
+
+
+def mark_streamed(fn: Callable, accepts: bool) -> Callable:
+    """Mark a hook function as taking :class:`StreamedPattern` values (or not); returns ``fn``."""
+    setattr(fn, _ACCEPTS, accepts)
+    return fn
+
+
+def accepts_streamed(fn: Callable) -> bool:
+    """Whether ``fn`` gets :class:`StreamedPattern` values: it was marked as taking them and
+    streaming is not switched off (:func:`streamed_patterns`)."""
+    return bool(getattr(fn, _ACCEPTS, False)) and _ENABLED.get()
+
+
+@dataclass
+class StreamedPattern:
+    """``softmax(q*scale @ k^T + mask)`` of one batch, held as ``q, k [B, H, N, D]``.
+
+    Statistics are computed in float32 from rows rebuilt in query chunks; the row log-sum-exp
+    of the first pass is kept so that single columns and selected heads are rebuilt exactly.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    scale: float
+    attn_mask: torch.Tensor | None = None
+    is_causal: bool = False
+    chunk: int | None = None
+    _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.chunk is None:
+            self.chunk = _CHUNK.get() or DEFAULT_CHUNK_HEAD_DIMS * self.q.shape[-1]
+
+    @property
+    def shape(self) -> torch.Size:
+        b, h, n, _ = self.q.shape
+        return torch.Size((b, h, n, self.k.shape[-2]))
+
+    def detach(self) -> StreamedPattern:
+        return self
+
+    def full(self) -> torch.Tensor:
+        """The whole probability tensor, exactly as :func:`~vitreg.hooks.softmax.softmax_pattern`."""
+        return softmax_pattern(self.q, self.k, self.scale, self.attn_mask, self.is_causal)
+
+    # rows -----------------------------------------------------------------------------
+    def slices(self) -> list[slice]:
+        """Query slices of near-equal size, none longer than ``chunk``."""
+        n = self.q.shape[-2]
+        parts = math.ceil(n / max(1, min(int(self.chunk or n), n)))
+        size = math.ceil(n / parts)
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _bias(
+        self, rows: slice, bi: torch.Tensor | None = None, hi: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable), at
+        the heads ``(bi, hi)`` when given; None without a mask."""
+        n_k = self.k.shape[-2]
+        if self.is_causal:
+            n = rows.stop - rows.start
+            bias = self.q.new_full((n, n_k), float("-inf"), dtype=torch.float32)
+            return bias.triu_(rows.start + 1)
+        m = self.attn_mask
+        if m is None:
+            return None
+        if m.dtype == torch.bool:
+            m = torch.zeros_like(m, dtype=torch.float32).masked_fill_(~m, float("-inf"))
+        m = m.float()
+        if m.dim() >= 2 and m.shape[-2] != 1:
+            m = m[..., rows, :]
+        if bi is None:
+            return m
+        b, h = self.q.shape[:2]
+        while m.dim() < 4:
+            m = m.unsqueeze(0)
+        return m.expand(b, h, *m.shape[-2:])[bi, hi]
+
+    def scaled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q * scale`` and ``k``, contiguous (so that no chunk's product copies them again)."""
+        if "q" not in self._memo:
+            self._memo["q"] = self.q * self.scale
+            self._memo["k"] = self.k.contiguous()
+        return self._memo["q"], self._memo["k"]
+
+    def _scores(
+        self,
+        qs: torch.Tensor,
+        k: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``qs @ k^T (+ bias)`` in float32, written into the flat buffer ``out`` when given (one
+        buffer for every chunk: fresh large tensors would fault their pages in each time)."""
+        if out is not None and qs.dtype == torch.float32:
+            shape = (*qs.shape[:-1], k.shape[-2])
+            scores = torch.matmul(qs, k.transpose(-2, -1), out=out[: math.prod(shape)].view(shape))
+        else:
+            scores = (qs @ k.transpose(-2, -1)).float()
+        return scores if bias is None else scores.add_(bias)
+
+    def rows(self, rows: slice) -> torch.Tensor:
+        """Probabilities of the queries ``rows``: ``[B, H, n, N_k]`` float32."""
+        scores = self._scores(self.q[:, :, rows] * self.scale, self.k, self._bias(rows))
+        return torch.softmax(scores, dim=-1, out=scores)
+
+    def _scan(self, row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        """One pass over the query chunks: column sums, row log-sum-exp, and the per-row
+        values of ``row_fns`` (each ``[B, H, n]`` of the chunk's rows), memoised by name."""
+        b, h, n, n_k = self.shape
+        col = self.q.new_zeros((b, h, n_k), dtype=torch.float32)
+        lse = self.q.new_empty((b, h, n), dtype=torch.float32)
+        per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
+        qs, k = self.scaled()
+        with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
+            self._chunks(qs, k, col, lse, row_fns, per_row)
+        self._memo.update({"column_sum": col, "lse": lse, **per_row})
+
+    def _chunks(
+        self,
+        qs: torch.Tensor,
+        k: torch.Tensor,
+        col: torch.Tensor,
+        lse: torch.Tensor,
+        row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+        per_row: dict[str, torch.Tensor],
+    ) -> None:
+        """The body of :meth:`_scan`: fills ``col``, ``lse`` and ``per_row`` chunk by chunk."""
+        slices = self.slices()
+        rows = max(sl.stop - sl.start for sl in slices)
+        out = qs.new_empty(math.prod((*qs.shape[:2], rows, k.shape[-2])), dtype=torch.float32)
+        for sl in slices:
+            scores = self._scores(qs[:, :, sl], k, self._bias(sl), out)
+            top = scores.amax(-1, keepdim=True)
+            e = scores.sub_(top).exp_()
+            total = e.sum(-1, keepdim=True)
+            lse[:, :, sl] = (top + total.log()).squeeze(-1)
+            if not row_fns:  # column sums of e / total without dividing e
+                col += (total.reciprocal().transpose(-2, -1) @ e).squeeze(-2)
+                continue
+            p = e.div_(total)
+            col += p.sum(-2)
+            for name, fn in row_fns.items():
+                per_row[name][:, :, sl] = fn(p)
+
+    def memo(self, name: str, row_fns: dict[str, Callable] | None = None) -> torch.Tensor:
+        """A statistic of the first pass (``column_sum``, ``lse`` or a row function's name)."""
+        missing = {k: f for k, f in (row_fns or {}).items() if k not in self._memo}
+        if name not in self._memo or missing:
+            self._scan(missing)
+        return self._memo[name]
+
+    def head_rows(self, bi: torch.Tensor, hi: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Probabilities of heads ``(bi, hi)`` (``[E, n, N_k]`` float32), chunk by chunk."""
+        lse = self.memo("lse")[bi, hi]
+        qs, k = self.scaled()
+        q, k = qs[bi, hi], k[bi, hi]
+        for sl in self.slices():
+            scores = self._scores(q[:, sl], k, self._bias(sl, bi, hi))
+            yield scores.sub_(lse[:, sl, None]).exp_()
+
+
+def column_mean(p: torch.Tensor | StreamedPattern) -> torch.Tensor:
+    """Mean attention each key receives over the queries: ``[B, H, N_k]`` float32."""
+    if isinstance(p, StreamedPattern):
+        return p.memo("column_sum") / p.shape[2]
+    return p.float().mean(dim=2)
+
+
+def query_rows(p: torch.Tensor | StreamedPattern, rows: slice) -> torch.Tensor:
+    """The rows of queries ``rows``: ``[B, H, n, N_k]``."""
+    if isinstance(p, StreamedPattern):
+        return p.rows(rows)
+    return p[:, :, rows]
+
+
+def key_column(p: torch.Tensor | StreamedPattern, key: torch.Tensor) -> torch.Tensor:
+    """``A[b, h, :, key[b, h]]``: what every query puts on one key per head, ``[B, H, N]``."""
+    b, h, n, _ = p.shape
+    if not isinstance(p, StreamedPattern):
+        return p.float().gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
+    index = key[:, :, None, None]
+    qs, k = p.scaled()
+    kk = k.gather(2, index.expand(b, h, 1, k.shape[-1]))  # [B, H, 1, D]
+    scores = (qs @ kk.transpose(-2, -1)).float()  # [B, H, N, 1]
+    if p.is_causal:
+        late = key[:, :, None, None] > torch.arange(n, device=key.device)[:, None]
+        scores = scores.masked_fill(late, float("-inf"))
+    elif p.attn_mask is not None:
+        bias = p._bias(slice(0, n))
+        while bias.dim() < 4:
+            bias = bias.unsqueeze(0)
+        bias = bias.expand(b, h, n, bias.shape[-1])
+        scores = scores + bias.gather(3, index.expand(b, h, n, 1))
+    return (scores.squeeze(-1) - p.memo("lse")).exp()
+
+
+def head_gram(
+    p: torch.Tensor | StreamedPattern, bi: torch.Tensor, hi: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """``(A v)^T (A v)`` in float64 for heads ``(bi, hi)`` with values ``v [E, N_k, D]``."""
+    if not isinstance(p, StreamedPattern):
+        z = (p.float()[bi, hi] @ v).double()
+        return z.transpose(-1, -2) @ z
+    gram = v.new_zeros((v.shape[0], v.shape[-1], v.shape[-1]), dtype=torch.float64)
+    for a in p.head_rows(bi, hi):
+        z = (a @ v).double()
+        gram += z.transpose(-1, -2) @ z
+    return gram
+
+
+def row_means(p: StreamedPattern, ks: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Per image ``[B]``: top-k key mass and entropy (nats) of every row, averaged over heads
+    and queries (the streamed form of :func:`vitreg.analysis.attention.row_stats`)."""
+    n_k = p.shape[-1]
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        f"top{k}": (lambda a, k=k: a.topk(min(k, n_k), dim=-1).values.sum(-1)) for k in ks
+    }
+    fns["entropy"] = lambda a: -torch.special.xlogy(a, a).sum(-1)
+    return {name: p.memo(name, fns).mean((1, 2)) for name in fns}
