@@ -60,11 +60,14 @@ def hooked_forward(r: Result) -> list[Row]:
             cpu = res["cpu_ratio_over_plain"][arm]
             two = {a: res["images_per_s"][a] for a in ("plain", arm)}
             figures = f"{ips(two)}; by CPU time {cpu:.3f}x"
+            if "peak_ratio_over_plain" in res:  # each arm's working memory, measured alone
+                figures += f"; peak memory {res['peak_ratio_over_plain'][arm]:.2f}x plain"
             what = f"{arm} forward images/s over plain forward_features"
+            size = f" {res['img_size']}px" if "img_size" in res else ""
             rows.append(
                 at_least(
                     "hooked_forward",
-                    res["model"],
+                    res["model"] + size,
                     what,
                     res[f"ratio_{arm}_over_plain"],
                     target,
@@ -75,25 +78,30 @@ def hooked_forward(r: Result) -> list[Row]:
 
 
 def diagnose_speed(r: Result) -> list[Row]:
-    ratio, s = r["ratios"]["diagnose_plus_report_over_plain_plus_report"], r["seconds"]
+    """One row per model and size (a run of several writes them under ``results``)."""
     target = number_in(r["target"])
-    figures = (
-        f"plain {s['plain_forward']:.3g} s, diagnose {s['diagnose']:.3g} s, report "
-        f"{s['report']:.3g} s for {r['settings']['n_images']} images"
-    )
     what = "(diagnose + report) seconds over (plain forward + report)"
-    return [
-        Row(
-            "diagnose_speed",
-            r["model"],
-            what,
-            f"<= {target:g}x",
-            ratio,
-            "x",
-            ratio <= target,
-            figures,
+    rows = []
+    for res in r.get("results", [r]):
+        ratio, s = res["ratios"]["diagnose_plus_report_over_plain_plus_report"], res["seconds"]
+        figures = (
+            f"plain {s['plain_forward']:.3g} s, diagnose {s['diagnose']:.3g} s, report "
+            f"{s['report']:.3g} s for {r['settings']['n_images']} images"
         )
-    ]
+        size = f" {res['img_size']}px" if "img_size" in res else ""
+        rows.append(
+            Row(
+                "diagnose_speed",
+                res["model"] + size,
+                what,
+                f"<= {target:g}x",
+                ratio,
+                "x",
+                ratio <= target,
+                figures,
+            )
+        )
+    return rows
 
 
 def discovery_speed(r: Result) -> list[Row]:
