@@ -56,3 +56,32 @@ def test_outlier_activations_equal_algorithm_1_by_hand():
     halves[0].merge(halves[1])
     assert torch.allclose(halves[0].score_sum, whole.score_sum, rtol=1e-6, atol=1e-9)
     assert halves[0].images_with == whole.images_with
+
+
+def test_the_sparsity_filter_reads_the_signed_activation_as_the_reference_notebook():
+    """A unit's per-image score counts only if a fraction ``f`` of the tokens have activation
+    below ``a``: the activation itself, so a unit driven far negative (as a SwiGLU product can
+    be) is sparse, though its magnitude is large."""
+    module, size = timm_vit("dinov2_reg4")
+    model = vitreg.wrap(module)
+    x = images(5, size, seed=4)
+    site, layer = f"blocks.{DETECT}.hook_resid_post", "blocks.2.mlp.hook_post"
+    _, cache = model.run_with_cache(x, names=[site, layer])
+    acts = cache[layer].float()
+    norms = cache[site].norm(dim=-1)
+    value = float(norms[:, model.layout.patches].flatten().quantile(0.9))
+    mask = image_mask(norms, "absolute", value)
+    mask[:, model.layout.prefix] = False
+    has = mask.any(1)
+    a = float(acts.median())  # a threshold between the signed and the absolute test
+    f = 0.5
+    signed_keep = (acts < a).float().mean(1) >= f  # [B, U]
+    assert not torch.equal(signed_keep, (acts.abs() < a).float().mean(1) >= f)
+    per_image = torch.stack([acts[i][mask[i]].abs().mean(0) for i in range(5)])
+    expected = (per_image * signed_keep)[has].double().sum(0)
+
+    stats = OutlierActivations(
+        site, [layer], [True], model.d_mlp, "absolute", value, sparsity=(a, f)
+    )
+    got = model.trace(x, [stats], batch_size=2).reducers[0].score_sum[0]
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-6)

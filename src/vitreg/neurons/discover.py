@@ -80,8 +80,8 @@ def discover(
     are scored against the outliers found below them, as the official code scores all).
 
     ``signed=False`` averages ``|activation|`` like the official code; ``sparsity=(a, f)`` keeps a
-    unit's per-image score only if at least a fraction ``f`` of tokens have activation below
-    ``a`` (the reference notebook's filter). Outliers are patch tokens unless ``include_prefix``
+    unit's per-image score only if at least a fraction ``f`` of tokens have (signed) activation
+    below ``a`` (the reference notebook's filter, on the activation itself, not its magnitude). Outliers are patch tokens unless ``include_prefix``
     (the official code counts [CLS] among them: ``include_prefix=True`` reproduces it).
 
     The statistic is one reducer (:class:`OutlierActivations`) of a ``Model.trace``, which
@@ -264,7 +264,7 @@ class OutlierActivations(Reducer):
             for name in list(self.held):
                 self._add(name, self.held.pop(name))
         else:
-            acts = t.float() if self.signed else t.float().abs()
+            acts = t.float()  # signed: the sparsity filter reads the activation itself
             if self.after_detect[self.layer_sites.index(ctx.name)]:
                 self._add(ctx.name, acts)
             else:
@@ -285,7 +285,8 @@ class OutlierActivations(Reducer):
     def _add(self, name: str, acts: torch.Tensor) -> None:
         """Add each image's mean activation over its outlier tokens to the layer's scores."""
         assert self.weights is not None and self.has is not None
-        per_image = torch.einsum("bn,bnu->bu", self.weights, acts)
+        values = acts if self.signed else acts.abs()
+        per_image = torch.einsum("bn,bnu->bu", self.weights, values)
         if self.sparsity is not None:
             a, f = self.sparsity
             per_image = per_image * ((acts < a).float().mean(1) >= f)  # [B, U]
