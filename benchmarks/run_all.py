@@ -44,6 +44,7 @@ COLUMNS = (
     "cpu",
     "cores",
     "gpu",
+    "load_1m",
     "date",
     "commit",
 )
@@ -163,11 +164,12 @@ def run_all(
     table = []
     for bench in benchmarks:
         print(f"running {bench.name} ...", file=sys.stderr, flush=True)
+        load = f"{os.getloadavg()[0]:.1f}"  # other work on the machine skews the timings
         t0 = time.perf_counter()
         rows = run_one(bench, quick, json_dir, timeout)
         seconds = f"{time.perf_counter() - t0:.0f}"
         print(f"  {', '.join(r.status for r in rows)} ({seconds} s)", file=sys.stderr, flush=True)
-        table += [{**cells(row), "run_s": seconds, **common} for row in rows]
+        table += [{**cells(row), "run_s": seconds, "load_1m": load, **common} for row in rows]
     return table
 
 
@@ -201,6 +203,12 @@ def merged(old: Path, table: list[dict[str, str]]) -> list[dict[str, str]]:
     return sorted(kept + table, key=lambda r: order.get(r["benchmark"], len(order)))
 
 
+def load_range(table: list[dict[str, str]]) -> str:
+    """The lowest and highest load average the rows were measured at ("?" when not recorded)."""
+    loads = sorted(float(r["load_1m"]) for r in table if r.get("load_1m"))
+    return "?" if not loads else f"{loads[0]:g}-{loads[-1]:g}"
+
+
 def write_markdown(table: list[dict[str, str]], path: Path, csv_name: str) -> None:
     """RESULTS.md: the machine, dates, commits and status counts, then the table."""
     counts = Counter(r["status"] for r in table)
@@ -211,7 +219,8 @@ def write_markdown(table: list[dict[str, str]], path: Path, csv_name: str) -> No
         "# Benchmark results",
         "",
         f"Written by {written} on {each(table, 'date')} at commit `{each(table, 'commit')}`; "
-        f"CPU {each(table, 'cpu')}, {each(table, 'cores')} cores, GPU {each(table, 'gpu')}. "
+        f"CPU {each(table, 'cpu')}, {each(table, 'cores')} cores, GPU {each(table, 'gpu')}; "
+        f"1-minute load average before each benchmark {load_range(table)}. "
         f"Each row's own date, commit and machine, and every column: [{csv_name}]({csv_name}). "
         "What each benchmark measures and how to run it: [README.md](README.md).",
         "",

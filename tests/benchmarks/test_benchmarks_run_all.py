@@ -69,6 +69,7 @@ def test_every_benchmark_is_a_row_and_failures_are_counted(run_all, tmp_path: Pa
     assert by["gpu only"]["status"] == "skipped" and "CUDA" in by["gpu only"]["figures"]
     assert {r["quick"] for r in table} == {"true"} and len({r["commit"] for r in table}) == 1
     assert all(r["cores"] and r["cpu"] and r["gpu"] and r["date"] for r in table)
+    assert all(float(r["load_1m"]) >= 0 for r in table)  # the load each row was measured at
     # --quick reached the script
     assert json.loads((tmp_path / "json" / "fast.json").read_text())["settings"]["quick"]
 
@@ -100,7 +101,8 @@ def test_main_writes_both_files_for_the_chosen_benchmarks(run_all, tmp_path, mon
     run_all.main(["--only=fast", f"--json-dir={tmp_path / 'j'}", f"--out-dir={tmp_path / 'o'}"])
     text = (tmp_path / "o" / "results.csv").read_text().splitlines()
     assert len(text) == 2 and text[1].startswith("fast,stub_vit,")
-    assert "| fast | stub_vit |" in (tmp_path / "o" / "RESULTS.md").read_text()
+    md = (tmp_path / "o" / "RESULTS.md").read_text()
+    assert "| fast | stub_vit |" in md and "load average before each benchmark" in md
     # --update reruns one benchmark and keeps the other rows, in the list's order
     run_all.main(
         ["--only=slow", "--update", f"--json-dir={tmp_path / 'j'}", f"--out-dir={tmp_path / 'o'}"]
