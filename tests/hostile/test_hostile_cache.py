@@ -34,7 +34,7 @@ def test_corrupted_shard_is_re_extracted_and_counted(tmp_path) -> None:
     args = {"root": tmp_path, "views": VIEWS, "dtype": torch.float32, "shard_size": 3}
     clean = extract(model, data, **args)
     want = clean.get("cls", -1).clone()
-    assert clean.manifest["replaced"] == {} and all(s["sha256"] for s in clean.manifest["shards"])
+    assert clean.manifest.replaced == {} and all(s.sha256 for s in clean.manifest.shards)
     shard = clean.folder / shard_name(1)
     size = shard.stat().st_size
 
@@ -42,15 +42,15 @@ def test_corrupted_shard_is_re_extracted_and_counted(tmp_path) -> None:
     assert shard.stat().st_size == size
     again = extract(model, data, **args)
     assert again.forward_passes == 1  # shard 1 only (3 samples, batch 32)
-    assert again.manifest["replaced"] == {"checksum mismatch": 1}
+    assert again.manifest.replaced == {"checksum mismatch": 1}
     assert torch.equal(again.get("cls", -1), want)
 
     reused = extract(model, data, **args)
-    assert reused.forward_passes == 0 and reused.manifest["replaced"] == {}
+    assert reused.forward_passes == 0 and reused.manifest.replaced == {}
 
     flip(shard, 12)  # a header byte: the file no longer opens as safetensors
     header = extract(model, data, **args)
-    assert header.manifest["replaced"] == {"unreadable": 1}
+    assert header.manifest.replaced == {"unreadable": 1}
     assert torch.equal(header.get("cls", -1), want)
 
 
@@ -118,7 +118,7 @@ def test_a_forged_shard_with_a_valid_checksum_is_extracted_again(tmp_path, case)
 
     forge(shard, lambda m: m.update(meta_edit or {}), edit_tensors if tensor_edit else None)
     again = extract(model, data, **args)
-    assert again.manifest["replaced"] == {next(r for r in REPLACED if reason in r): 1}
+    assert again.manifest.replaced == {next(r for r in REPLACED if reason in r): 1}
     assert torch.equal(again.get("cls", -1), want) and again.keys == clean_keys(6)
 
 
@@ -133,7 +133,7 @@ def test_a_forged_shard_missing_a_tensor_is_a_named_error_when_read(tmp_path) ->
     shard = next(tmp_path.glob("*/" + shard_name(1)))
     forge(shard, edit_tensors=lambda t: t.pop(next(k for k in t if k.endswith("/cls"))))
     again = extract(model, data, **args)
-    assert again.manifest["replaced"] == {}  # the forger's checksum holds
+    assert again.manifest.replaced == {}  # the forger's checksum holds
     with pytest.raises(VitregError, match="damaged or was not written by vitreg.*delete that"):
         again.get("cls", -1)
     assert again.get("patch_mean", -1).shape[0] == 6  # the other views still read

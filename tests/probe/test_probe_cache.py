@@ -76,10 +76,8 @@ def test_views_equal_a_direct_run_with_cache(vit, tmp_path):
     masks = torch.stack([torch.as_tensor(prepare(data[i], 28, MEAN, STD)["mask"]) for i in kept])
     assert torch.equal(feats.targets("mask"), masks.long()) and masks.shape[1:] == (28, 28)
     assert len(feats.targets("boxes")) == len(kept)
-    assert feats.manifest["n_skipped"] == 1 and feats.manifest["skipped"] == {"unreadable_image": 1}
-    assert feats.manifest["absent"][names[0]] == {
-        "extra": feats.manifest["absent"][names[0]]["extra"]
-    }
+    assert feats.manifest.n_skipped == 1 and feats.manifest.skipped == {"unreadable_image": 1}
+    assert feats.manifest.absent[names[0]] == {"extra": feats.manifest.absent[names[0]]["extra"]}
     with pytest.raises(InputError, match="extra"):
         feats.get("extra", 0)
     assert feats.layout[names[0]].n_reg == 4 and feats.forward_passes == 2  # one batch per shard
@@ -167,9 +165,9 @@ def test_test_time_registers_give_the_extra_view(vit, tmp_path):
     torch.testing.assert_close(feats.get("extra"), t[:, 5:7], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(feats.get("reg"), t[:, 1:5], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(feats.get("patch_mean"), t[:, 7:].mean(1), atol=1e-5, rtol=1e-5)
-    assert feats.manifest["absent"]["blocks.1.hook_resid_post"] == {}
+    assert feats.manifest.absent["blocks.1.hook_resid_post"] == {}
     assert feats.layout["blocks.1.hook_resid_post"].n_extra == 2
-    assert feats.manifest["fix"]["neurons"] == [[0, 5], [0, 10]]
+    assert feats.manifest.fix.neurons == [[0, 5], [0, 10]]
 
 
 def test_swin_stages_work_without_cls(tmp_path):
@@ -193,7 +191,7 @@ def test_swin_stages_work_without_cls(tmp_path):
         )
         top = flat.norm(dim=-1).argmax(1)
         assert torch.equal(feats.get("patch_top_index", name), top)
-        assert "cls" in feats.manifest["absent"][name]
+        assert "cls" in feats.manifest.absent[name]
         assert feats.layout[name].grid == (grid, grid)
     with pytest.raises(InputError, match="CLS"):
         feats.get("cls", 1)
@@ -232,7 +230,7 @@ def test_torchrun_two_ranks_equal_one_process(vit, tmp_path):
     (folder,) = (tmp_path / "dist").iterdir()
     dist = CachedFeatures(folder)
     assert folder.name == single.folder.name and single.forward_passes == 5
-    assert dist.manifest == json.loads((single.folder / "manifest.json").read_text())
+    assert dist.manifest.written() == json.loads((single.folder / "manifest.json").read_text())
     assert dist.n == 8 and dist.keys == single.keys
     for view in ("cls", "reg", "patch_mean"):
         torch.testing.assert_close(dist.get(view), single.get(view), atol=1e-3, rtol=0)
@@ -273,3 +271,32 @@ def test_the_identity_and_manifest_are_typed_and_list_shards_in_file_order(vit, 
     shard = json.loads((feats.folder / "manifest.json").read_text(encoding="utf-8"))["shards"][0]
     assert list(shard) == ["file", "start", "stop", "n", "skipped", "sha256"]
     assert shard["skipped"] == [{"index": 1, "key": "toy/0001", "reason": "unreadable_image"}]
+
+
+def test_the_manifest_is_read_back_as_the_model_it_was_written_from(vit, tmp_path):
+    """One shape: ``CachedFeatures.manifest`` is the ``CacheManifest`` the writer dumped (the
+    fix's flat block too); a cache written before shards were hashed and repairs counted still
+    reads; a damaged manifest is a named error; a key read still works, with a warning."""
+    from vitreg.errors import VitregError
+    from vitreg.probe.cache_files import CacheManifest
+
+    ttr = TestTimeRegisters(NeuronSet([0, 0], [5, 10], [1.0, 1.0]), n_registers=2)
+    feats = extract(vit, ToyDataset(n=3), root=tmp_path, fix=ttr, views=("cls", "patch_mean"))
+    path = feats.folder / "manifest.json"
+    written = json.loads(path.read_text(encoding="utf-8"))
+    assert isinstance(feats.manifest, CacheManifest) and feats.manifest.n == 3
+    assert feats.manifest.fix is not None and feats.manifest.fix.neurons == [[0, 5], [0, 10]]
+    assert feats.manifest.written() == written  # read back, it dumps to the same file
+    with pytest.warns(DeprecationWarning, match="manifest.n"):
+        assert feats.manifest["n"] == 3
+
+    older = {k: v for k, v in written.items() if k not in ("repairs", "replaced")}
+    older["shards"] = [{k: v for k, v in s.items() if k != "sha256"} for s in written["shards"]]
+    path.write_text(json.dumps(older), encoding="utf-8")
+    again = CachedFeatures(feats.folder)
+    assert again.manifest.replaced == {} and again.manifest.shards[0].sha256 is None
+    assert torch.equal(again.get("cls"), feats.get("cls"))
+
+    path.write_text(json.dumps({**written, "n": "three"}), encoding="utf-8")
+    with pytest.raises(VitregError, match=r"manifest.*damaged \(n: "):
+        CachedFeatures(feats.folder)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, JsonValue, model_serializer
+from pydantic import JsonValue
 
 from vitreg import distributed
 from vitreg.core.containment import check_inside
@@ -32,6 +32,12 @@ from vitreg.errors import InputError, VitregError
 from vitreg.fix.base import Fix
 from vitreg.fix.neuron_set import weights_fingerprint
 from vitreg.models.model import Model
+from vitreg.probe.cache_files import (
+    CacheIdentity,
+    CacheManifest,
+    FixIdentity,
+    ShardEntry,
+)
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.shards import (
     MANIFEST,
@@ -44,7 +50,6 @@ from vitreg.probe.shards import (
 from vitreg.probe.views import absent_views, check_views
 from vitreg.progress import Update
 from vitreg.results.fix import NamedFix
-from vitreg.results.schema import ModelDescription
 
 FORMAT = 1
 FINAL = "ln_final.hook_out"
@@ -110,22 +115,6 @@ def _as_hashed(value: Any) -> JsonValue:
     return json.loads(json.dumps(value, default=str))  # type: ignore[no-any-return]
 
 
-class FixIdentity(BaseModel):
-    """A fix as the cache key names it: its class, what its ``describe()`` says (the name
-    aside) and, if it has them, its exact neurons; written flat, in that order."""
-
-    class_name: str
-    said: dict[str, JsonValue]
-    neurons: list[list[int]] | None = None
-
-    @model_serializer
-    def _flat(self) -> dict[str, JsonValue]:
-        flat: dict[str, JsonValue] = {"class": self.class_name, **self.said}
-        if self.neurons is not None:
-            flat["neurons"] = list(self.neurons)
-        return flat
-
-
 def describe_fix(fix: Fix | None) -> FixIdentity | None:
     """The fix's identity for the cache key: class, settings and, if any, its exact neurons."""
     if fix is None:
@@ -145,30 +134,6 @@ def input_config(model: Model, image_size: int | None = None) -> dict[str, int |
     """Input size (the model's default unless given) and normalisation of the samples."""
     size, mean, std = model_input(model)
     return {"size": image_size or size, "mean": list(mean), "std": list(std)}
-
-
-class CacheIdentity(BaseModel):
-    """Everything the cached tensors depend on: hashed into the folder name
-    (:func:`cache_key`) and written first in the manifest, in this order."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: int
-    model: ModelDescription
-    weights: str
-    fix: FixIdentity | None
-    dataset: dict[str, JsonValue]
-    targets: list[str]
-    layers: list[str]
-    views: list[str]
-    dtype: str
-    pixels: bool
-    input: dict[str, int | list[float]]
-    shard_size: int
-
-    def written(self) -> dict[str, JsonValue]:
-        """The identity as the key hashes it and the manifest writes it."""
-        return self.model_dump(by_alias=True)
 
 
 def cache_identity(
@@ -233,7 +198,7 @@ def extract(
     """Token views of every sample at ``layers`` (optionally under ``fix``), cached on disk.
 
     Views a site cannot give (no [CLS] on a Swin stage, no ``extra`` without a fix) are left out
-    and listed in ``manifest["absent"]``. Samples are resized and centre-cropped to
+    and listed in ``manifest.absent``. Samples are resized and centre-cropped to
     ``image_size`` (default: the model's own input size; models that take any size, such as
     PVT-v2, can be probed smaller). ``progress(n)`` gets the samples extracted so far.
     """
@@ -285,41 +250,6 @@ def extract(
     distributed.barrier()  # every shard is written
     distributed.on_main(write_manifest, folder, identity, plan, key, n_shards, counts)
     return CachedFeatures(folder, forward_passes=writer.forward_passes)
-
-
-class SkippedSample(BaseModel):
-    """A sample a shard left out: its index, key and why."""
-
-    index: int
-    key: str
-    reason: str
-
-
-class ShardEntry(BaseModel):
-    """One shard as the manifest lists it: file, sample span, samples kept and skipped, hash."""
-
-    file: str
-    start: int
-    stop: int
-    n: int
-    skipped: list[SkippedSample]
-    sha256: str | None
-
-
-class CacheManifest(CacheIdentity):
-    """``manifest.json`` of a cache folder: its identity, then the key, the layers asked
-    for, the views a site cannot give, the layouts seen, sample counts and the shards."""
-
-    key: str
-    requests: list[int | str]
-    absent: dict[str, dict[str, str]]
-    layouts: dict[str, dict[str, int | list[int] | None]]
-    n: int
-    n_skipped: int
-    skipped: dict[str, int]
-    repairs: dict[str, int]
-    replaced: dict[str, int]
-    shards: list[ShardEntry]
 
 
 def write_manifest(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -13,6 +12,7 @@ from vitreg.core.containment import check_inside
 from vitreg.core.layout import TokenLayout
 from vitreg.core.readers import read_json
 from vitreg.errors import InputError, VitregError
+from vitreg.probe.cache_files import CacheManifest, ShardEntry, read_manifest
 from vitreg.probe.shards import MANIFEST, pixels_key, shard_meta
 from vitreg.probe.views import NORMS, PATCH_VIEWS, TOP_INDEX
 
@@ -34,23 +34,25 @@ class CachedFeatures:
         check_inside(
             self.folder, path, "feature cache manifest"
         )  # containment: the manifest resolves inside the cache
-        self.manifest: dict[str, Any] = read_json(path, "feature cache manifest")
+        self.manifest: CacheManifest = read_manifest(
+            read_json(path, "feature cache manifest"), f"feature cache manifest {path}"
+        )
         self.forward_passes = forward_passes
 
     @property
     def n(self) -> int:
-        return int(self.manifest["n"])
+        return self.manifest.n
 
     @property
     def layers(self) -> list[str]:
         """Hook names of the cached layers, in the order asked."""
-        return list(self.manifest["layers"])
+        return list(self.manifest.layers)
 
     @property
     def layout(self) -> dict[str, TokenLayout]:
         """Token layout at every cached layer (hook name -> layout)."""
         out = {}
-        for name, d in self.manifest["layouts"].items():
+        for name, d in self.manifest.layouts.items():
             kw = {k: tuple(d[k]) if isinstance(d[k], list) else d[k] for k in LAYOUT_FIELDS}
             out[name] = TokenLayout(**kw)
         return out
@@ -63,7 +65,7 @@ class CachedFeatures:
     def layer_name(self, layer: int | str | None = None) -> str:
         """Hook name of ``layer``: a cached hook name, a value given to ``extract``, or None if
         only one layer is cached."""
-        names, requests = self.layers, self.manifest["requests"]
+        names, requests = self.layers, self.manifest.requests
         if layer is None and len(names) == 1:
             return names[0]
         if layer in names:
@@ -83,13 +85,13 @@ class CachedFeatures:
         """
         name = self.layer_name(layer)
         if view == "pixels":
-            if not self.manifest["pixels"]:
+            if not self.manifest.pixels:
                 raise InputError("pixels were not extracted; rerun extract with pixels=True")
             return self._cat(pixels_key(self.layout[name]))
-        reason = self.manifest["absent"].get(name, {}).get(view)
+        reason = self.manifest.absent.get(name, {}).get(view)
         if reason is not None:
             raise InputError(f"view {view!r} is absent at {name!r}: {reason}")
-        wanted = list(self.manifest["views"])
+        wanted = list(self.manifest.views)
         wanted += [NORMS] if any(v in PATCH_VIEWS for v in wanted) else []
         wanted += [TOP_INDEX] if "patch_top" in wanted else []
         if view not in wanted:
@@ -99,31 +101,31 @@ class CachedFeatures:
     def targets(self, name: str) -> torch.Tensor | list[torch.Tensor]:
         """Target ``name``: label [n] / mask [n, S, S] int64, depth [n, S, S] float32 (NaN =
         invalid), boxes a list of [K, 4] xyxy tensors in input pixels."""
-        if name not in self.manifest["targets"]:
-            raise InputError(f"no target {name!r}; this dataset has {self.manifest['targets']}")
+        if name not in self.manifest.targets:
+            raise InputError(f"no target {name!r}; this dataset has {self.manifest.targets}")
         if name == "boxes":
             boxes = [b for meta in self._metas() for b in json.loads(meta["boxes"])]
             return [torch.tensor(b, dtype=torch.float32).reshape(-1, 4) for b in boxes]
         t = self._cat(f"target/{name}")
         return t if name == "depth" else t.long()
 
-    def _shard(self, shard: dict[str, Any]) -> Path:
+    def _shard(self, shard: ShardEntry) -> Path:
         """The file of a manifest entry, refused unless it resolves inside the cache folder."""
-        return check_inside(self.folder, self.folder / str(shard["file"]), "feature cache shard")
+        return check_inside(self.folder, self.folder / shard.file, "feature cache shard")
 
     def _metas(self) -> list[dict[str, str]]:
         out = []
-        for shard in self.manifest["shards"]:
+        for shard in self.manifest.shards:
             meta = shard_meta(self._shard(shard))
-            if meta is None or meta.get("key") != self.manifest["key"]:
-                raise VitregError(f"{shard['file']} in {self.folder} is missing or damaged")
+            if meta is None or meta.get("key") != self.manifest.key:
+                raise VitregError(f"{shard.file} in {self.folder} is missing or damaged")
             out.append(meta)
         return out
 
     def _cat(self, tensor: str) -> torch.Tensor:
         parts = []
-        for shard in self.manifest["shards"]:
-            if shard["n"]:
+        for shard in self.manifest.shards:
+            if shard.n:
                 path = self._shard(shard)
                 try:
                     with safe_open(str(path), framework="pt") as f:
@@ -146,5 +148,5 @@ class CachedFeatures:
         )
 
     def __repr__(self) -> str:
-        views = self.manifest["views"]
+        views = self.manifest.views
         return f"CachedFeatures({self.n} samples, layers={self.layers}, views={views})"

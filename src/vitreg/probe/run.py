@@ -149,7 +149,7 @@ def _probe_cached(
             )
             caches[stage] = _cache_record(cached[split])
             # a split all of whose samples were skipped: say which one and why
-            require_usable(ds, split, cached[split].n, cached[split].manifest["skipped"])
+            require_usable(ds, split, cached[split].n, cached[split].manifest.skipped)
         names = cached["train"].layers
         if not distributed.is_main():  # under torchrun every rank extracts; rank 0 scores
             continue
@@ -221,9 +221,9 @@ def _cache_record(cached: CachedFeatures) -> FeatureCache:
         folder=str(cached.folder),
         n=cached.n,
         forward_passes=cached.forward_passes,
-        skipped=cached.manifest["skipped"],
-        repairs=cached.manifest.get("repairs", {}),
-        replaced=cached.manifest.get("replaced", {}),
+        skipped=cached.manifest.skipped,
+        repairs=cached.manifest.repairs,
+        replaced=cached.manifest.replaced,
     )
 
 

@@ -129,12 +129,12 @@ def get_task(name: str) -> Task:
 # helpers shared by the tasks ------------------------------------------------------------------
 def available(cache: CachedFeatures, view: str, layer: str) -> bool:
     """Whether ``view`` exists at ``layer`` (absent views: no [CLS], no registers, no fix)."""
-    return view not in cache.manifest["absent"].get(layer, {})
+    return view not in cache.manifest.absent.get(layer, {})
 
 
 def num_classes(cache: CachedFeatures, labels: Tensor) -> int:
     """The dataset's class count (or, failing that, one more than the largest label)."""
-    n = cache.manifest["dataset"].get("num_classes")
+    n = cache.manifest.dataset.get("num_classes")
     return int(n) if n else int(labels.max()) + 1
 
 

@@ -61,7 +61,7 @@ class Classification(Task):
         for name, views in FEATURES.items():
             missing = [v for v in views if not available(train, v, layer)]
             if missing:
-                notes.append(f"{name}: skipped, {train.manifest['absent'][layer][missing[0]]}")
+                notes.append(f"{name}: skipped, {train.manifest.absent[layer][missing[0]]}")
                 continue
             x_test = feature(test, views, layer)
 

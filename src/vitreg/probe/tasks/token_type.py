@@ -72,7 +72,7 @@ class TokenType(Task):
         scores, notes, counts = [], [], {}
         for name, view in VIEWS.items():
             if not available(train, view, layer):
-                notes.append(f"{name}: skipped, {train.manifest['absent'][layer][view]}")
+                notes.append(f"{name}: skipped, {train.manifest.absent[layer][view]}")
                 continue
             x_tr, keep_tr = token(train, name, layer, threshold)
             x_te, keep_te = token(test, name, layer, threshold)
