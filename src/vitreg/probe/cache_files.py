@@ -3,7 +3,7 @@ first in ``manifest.json``, and the manifest itself (read back by :class:`Cached
 
 from __future__ import annotations
 
-import warnings
+from typing import ClassVar
 
 from pydantic import (
     BaseModel,
@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from vitreg.errors import VitregError
+from vitreg.results.base import ReadByKey
 from vitreg.results.schema import ModelDescription
 
 
@@ -88,9 +89,14 @@ class ShardEntry(BaseModel):
     sha256: str | None = None  # absent in caches written before shards were hashed
 
 
-class CacheManifest(CacheIdentity):
+class CacheManifest(CacheIdentity, ReadByKey):
     """``manifest.json`` of a cache folder: its identity, then the key, the layers asked
     for, the views a site cannot give, the layouts seen, sample counts and the shards."""
+
+    key_read_warning: ClassVar[str] = (
+        "CachedFeatures.manifest is a CacheManifest: read its fields (manifest.n); "
+        "reading it by key goes in the next release"
+    )
 
     key: str
     requests: list[int | str]
@@ -103,17 +109,6 @@ class CacheManifest(CacheIdentity):
     repairs: dict[str, int] = Field(default_factory=dict)
     replaced: dict[str, int] = Field(default_factory=dict)
     shards: list[ShardEntry]
-
-    def __getitem__(self, key: str) -> JsonValue:
-        """``manifest["n"]``, as when the manifest was a dict: works for one release, with a
-        ``DeprecationWarning``."""
-        warnings.warn(
-            "CachedFeatures.manifest is a CacheManifest: read its fields (manifest.n); "
-            "reading it by key goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.written()[key]
 
 
 def read_manifest(raw: JsonValue, where: str) -> CacheManifest:

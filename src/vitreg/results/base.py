@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from typing import Any
+import warnings
+from typing import Any, ClassVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
@@ -24,6 +26,17 @@ from vitreg.core.renamed import renamed
 Scalar = str | int | float | bool | None
 #: a named setting as read: a plain value or a list of them (anything else as its JSON text)
 Setting = Scalar | list[Scalar]
+
+
+class ReadByKey(BaseModel):
+    """A model that was a dict: ``m["x"]`` gives the field as written, for one release, with
+    :attr:`key_read_warning` as its ``DeprecationWarning``."""
+
+    key_read_warning: ClassVar[str]
+
+    def __getitem__(self, key: str) -> JsonValue:
+        warnings.warn(self.key_read_warning, DeprecationWarning, stacklevel=2)
+        return self.model_dump(mode="json", by_alias=True)[key]  # type: ignore[no-any-return]
 
 
 class ResultsModel(BaseModel):

@@ -18,7 +18,7 @@ import platform
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -34,7 +34,7 @@ from pydantic import (
 from vitreg.core.verb import reporting
 from vitreg.core.weights import WeightKind
 from vitreg.errors import brief
-from vitreg.results.base import Stamp
+from vitreg.results.base import ReadByKey, Stamp
 from vitreg.results.upgrade import upgrade
 
 SCHEMA_VERSION = "2.0"
@@ -86,13 +86,17 @@ class ModelInfo(BaseModel):
 DIMS = ("n_layers", "d_model", "d_mlp", "n_heads", "n_params")
 
 
-class ModelDescription(BaseModel):
+class ModelDescription(ReadByKey):
     """What ``Model.describe()`` says of a wrapped model, in the order the feature cache's
     manifest (and its hashed identity) and ``vitreg inspect`` write it; :func:`model_info`
     regroups it as metrics.json's model block. A description read from an older file may lack
     fields (None) and hold others (kept as extras)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
+    key_read_warning: ClassVar[str] = (
+        "Model.describe() returns a ModelDescription: read its fields (describe().spec); "
+        "item access goes in the next release"
+    )
 
     spec: str | None = None
     weights: WeightKind | None = None
@@ -109,17 +113,6 @@ class ModelDescription(BaseModel):
     attention: str | None = None
     supports_insertion: bool | None = None
     notes: list[str] = Field(default_factory=list)
-
-    def __getitem__(self, key: str) -> JsonValue:
-        """``describe()["spec"]``, as when ``describe()`` returned a mapping: works for one
-        release, with a ``DeprecationWarning``."""
-        warnings.warn(
-            "Model.describe() returns a ModelDescription: read its fields (describe().spec); "
-            "item access goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.model_dump(mode="json", by_alias=True)[key]  # type: ignore[no-any-return]
 
 
 class DataInfo(BaseModel):
