@@ -14,8 +14,14 @@ def additive_mask(
         return scores.new_full((n_query, scores.shape[-1]), float("-inf")).triu_(1)
     if attn_mask is None:
         return None
+    return mask_bias(attn_mask, scores.dtype)
+
+
+def mask_bias(attn_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``attn_mask`` as an additive bias: a bool mask's False is ``-inf`` (in ``dtype``), a
+    float mask is its own bias."""
     if attn_mask.dtype == torch.bool:
-        bias = torch.zeros_like(attn_mask, dtype=scores.dtype)
+        bias = torch.zeros_like(attn_mask, dtype=dtype)
         return bias.masked_fill_(~attn_mask, float("-inf"))
     return attn_mask
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitreg.hooks.softmax import softmax_pattern
+from vitreg.hooks.softmax import mask_bias, softmax_pattern
 
 # queries per chunk, in head dimensions: a chunk's scores [B, H, chunk, N] are then at most
 # 1.25x the block's MLP activations [B, N, 4 * H * head_dim]
@@ -114,20 +114,21 @@ class StreamedPattern:
             n = rows.stop - rows.start
             bias = self.q.new_full((n, n_k), float("-inf"), dtype=torch.float32)
             return bias.triu_(rows.start + 1)
-        m = self.attn_mask
-        if m is None:
+        if self.attn_mask is None:
             return None
-        if m.dtype == torch.bool:
-            m = torch.zeros_like(m, dtype=torch.float32).masked_fill_(~m, float("-inf"))
-        m = m.float()
+        if "mask" not in self._memo:  # converted once, sliced for every chunk
+            self._memo["mask"] = mask_bias(self.attn_mask, torch.float32).float()
+        m = self._memo["mask"]
         if m.dim() >= 2 and m.shape[-2] != 1:
             m = m[..., rows, :]
-        if bi is None:
-            return m
+        return m if bi is None else self._per_head(m)[bi, hi]
+
+    def _per_head(self, bias: torch.Tensor) -> torch.Tensor:
+        """A broadcastable ``[.., n, N_k]`` bias expanded to ``[B, H, n, N_k]`` (a view)."""
         b, h = self.q.shape[:2]
-        while m.dim() < 4:
-            m = m.unsqueeze(0)
-        return m.expand(b, h, *m.shape[-2:])[bi, hi]
+        while bias.dim() < 4:
+            bias = bias.unsqueeze(0)
+        return bias.expand(b, h, *bias.shape[-2:])
 
     def scaled(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``q * scale`` and ``k``, contiguous (so that no chunk's product copies them again)."""
@@ -154,7 +155,8 @@ class StreamedPattern:
 
     def rows(self, rows: slice) -> torch.Tensor:
         """Probabilities of the queries ``rows``: ``[B, H, n, N_k]`` float32."""
-        scores = self._scores(self.q[:, :, rows] * self.scale, self.k, self._bias(rows))
+        qs, k = self.scaled()
+        scores = self._scores(qs[:, :, rows], k, self._bias(rows))
         return torch.softmax(scores, dim=-1, out=scores)
 
     def _scan(self, row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> None:
@@ -240,10 +242,7 @@ def key_column(p: torch.Tensor | StreamedPattern, key: torch.Tensor) -> torch.Te
         late = key[:, :, None, None] > torch.arange(n, device=key.device)[:, None]
         scores = scores.masked_fill(late, float("-inf"))
     elif p.attn_mask is not None:
-        bias = p._bias(slice(0, n))
-        while bias.dim() < 4:
-            bias = bias.unsqueeze(0)
-        bias = bias.expand(b, h, n, bias.shape[-1])
+        bias = p._per_head(p._bias(slice(0, n))).expand(b, h, n, -1)
         scores = scores + bias.gather(3, index.expand(b, h, n, 1))
     return (scores.squeeze(-1) - p.memo("lse")).exp()
 
