@@ -175,18 +175,12 @@ class NeuronSet(BaseModel):
 
     def pick(self, order: list[int]) -> NeuronSet:
         """The neurons at positions ``order``, in that order."""
-        rows = [self.neurons[i] for i in order]
-        return NeuronSet(
-            [r.layer for r in rows],
-            [r.unit for r in rows],
-            [r.score for r in rows],
-            self.model_spec,
-            self.model_family,
-            self.n_layers,
-            self.d_mlp,
-            self.fingerprint,
-            {**self.settings, "top_k": len(order)},
-            dict(self.data),
+        return self.model_copy(
+            update={
+                "neurons": [self.neurons[i] for i in order],
+                "settings": {**self.settings, "top_k": len(order)},
+                "data": dict(self.data),
+            }
         )
 
     def check_fits(self, model: Any) -> None:
