@@ -1,4 +1,4 @@
-"""A handful of real public-domain / CC0 photos bundled with scikit-image, for offline demos."""
+"""The real public-domain / CC0 photos bundled with scikit-image, for offline demos."""
 
 from __future__ import annotations
 
@@ -14,7 +14,18 @@ SAMPLES: dict[str, str] = {
     "rocket": "SpaceX (public domain)",
     "camera": "Lav Varshney (CC0), greyscale",
     "hubble_deep_field": "NASA Hubble (public domain)",
+    "cat": "Stefan van der Walt (CC0)",
+    "clock": "Stefan van der Walt (public domain), motion-blurred, greyscale",
+    "coins": "Brooklyn Museum (no known copyright restrictions), greyscale",
+    "brick": "CC0Textures Bricks25 (CC0), greyscale",
+    "grass": "linolafett, DeviantArt (CC0), greyscale",
+    "gravel": "CC0Textures Gravel04 (CC0), greyscale",
+    "immunohistochemistry": "Center for Microscopy and Molecular Imaging (no known copyright "
+    "restrictions)",
+    "retina": "Wikimedia Commons, fundus photograph (CC0)",
 }
+# the first six, the set the trained-backbone plant family draws its crops from
+FIRST_SIX: tuple[str, ...] = tuple(list(SAMPLES)[:6])
 
 
 def sample_images(names: list[str] | None = None) -> list[tuple[str, Image.Image]]:

@@ -26,6 +26,7 @@ from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, VitregError
 from vitreg.models.model import Model
+from vitreg.results.diagnose import Norms
 from vitreg.results.neurons import DetectionRecord, GrowthRow, SurveyRow
 from vitreg.settings.neurons import NeuronSearch
 
@@ -39,6 +40,14 @@ def layer_index(i: int, n: int, what: str = "layer") -> int:
     if not 0 <= j < n:
         raise InputError(f"{what} {i} is outside a {n}-block model (blocks 0..{n - 1})")
     return j
+
+
+def _largest_ratio(report: Norms) -> str:
+    """The largest max/median patch norm over the blocks, as a phrase."""
+    if not report.layers:
+        return "no block traced"
+    top = max(report.layers, key=lambda site: site.max_over_median)
+    return f"the largest patch norm is {top.max_over_median:.2f}x the median, at block {top.layer}"
 
 
 def choose_detection(
@@ -67,8 +76,9 @@ def choose_detection(
         search.detect_layer is None or search.highest_layer is None or rule == "auto"
     ):
         raise VitregError(
-            "no high-norm outliers found on these images (no block shows a separate outlier "
-            "mode), so there are no register neurons to find; check the images (natural photos, "
+            f"no high-norm outliers found on these {report.n_images} images (no block shows a "
+            f"separate outlier mode; {_largest_ratio(report)}), so there are no register neurons "
+            "to find: the model looks clean. If it should not, check the images (natural photos, "
             "the model's own preprocessing) or run `vitreg diagnose` to see the norm distribution"
         )
     reasons: dict[str, str] = {}
