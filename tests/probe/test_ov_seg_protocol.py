@@ -13,8 +13,11 @@ import pytest
 import torch
 from PIL import Image
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
 import vitreg
+from _support.cli_helpers import assert_clean_failure
+from vitreg.cli.app import app
 from vitreg.configs import FixConfig, ProbeRunConfig
 from vitreg.data.datasets import open_dataset
 from vitreg.fix.clearclip import ClearCLIP
@@ -266,3 +269,35 @@ def test_a_published_probe_run_records_each_conditions_protocol(clip_model, temp
     assert fixed.info.logit_scale == 40 and fixed.info.area_thd is None
     assert any(n.startswith("protocol published: naclip's") for n in fixed.notes)
     assert not any("naclip's" in n for n in base.notes)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["probe", "planted:clip_t16", "--task", "classification", "--protocol", "published"],
+         "other tasks take none"),
+        (["probe", "planted:clip_t16", "--task", "ov-seg", "--protocol", "paper"], "shared"),
+        (["fix", "planted:clip_t16", "--method", "naclip,sclip", "--protocol", "published"],
+         "--probe ov-seg"),
+    ],
+)  # fmt: skip
+def test_the_cli_refuses_a_protocol_it_cannot_use_before_loading(args, needle, tmp_path):
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x")])
+    assert_clean_failure(result, needle)
+
+
+@pytest.mark.slow  # the text tower and two passes over two images (~10 s)
+def test_vitreg_probe_protocol_published_writes_each_conditions_settings(
+    clip_model, templates, voc, tmp_path
+):
+    out = tmp_path / "run"
+    args = ["probe", f"open_clip:{ARCH}", "--random-init", "--task", "ov-seg", "--data", voc]
+    args += ["--fix", "clearclip", "--protocol", "published", "--templates", str(templates)]
+    result = CliRunner().invoke(app, [*args, "--cache", str(tmp_path / "c"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    conditions = json.loads((out / "metrics.json").read_text())["results"]["conditions"]
+    fixed = conditions["fixed"][0]["info"]
+    assert fixed["protocol"]["method"] == "clearclip" and fixed["prob_thd"] == 0.5
+    assert fixed["protocol"]["commit"] == published().methods["clearclip"].commit
+    assert conditions["base"][0]["info"]["protocol"]["method"] is None
+    assert "mc-lan/ClearCLIP@ad68a40" in (out / "report.md").read_text()

@@ -112,8 +112,8 @@ def record(
     ``benchmark`` fitted to a ``crop`` px model, else ``shared`` with the reason."""
     found = published_entry(method, benchmark) if protocol == "published" else None
     if found is None:
-        who = "the unfixed model" if method is None else f"{method} publishes no settings here"
-        note = None if protocol == "shared" else f"{who}: the shared protocol's settings"
+        who = "the unfixed model" if method is None else f"{method} (no published settings)"
+        note = None if protocol == "shared" else f"{who} runs the shared protocol's settings"
         return OvSegProtocolRecord(
             protocol=protocol, benchmark=benchmark, method=None, settings=shared, note=note
         )
