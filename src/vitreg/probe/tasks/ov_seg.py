@@ -21,6 +21,10 @@ foreground pixels is dropped there (VOC21: scale 65, 0.1, 0.1; Context60 and COC
 PAMR refinement of the upsampled logits (``pamr_steps``; :mod:`vitreg.probe.pamr`). Scores:
 mIoU and pixel accuracy over all pixels pooled (a confusion matrix; mmseg's ``IoUMetric``).
 The fix (if any) reaches the scores through the patch features only.
+
+These are the shared settings (``protocol`` ``shared``). Under ``published`` each condition
+takes its fix method's own settings for the benchmark (:mod:`vitreg.probe.protocols`: scale,
+thresholds, short side, crop and stride, PAMR, class names), the unfixed model the shared ones.
 """
 
 from __future__ import annotations
