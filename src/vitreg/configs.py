@@ -43,6 +43,7 @@ from vitreg.settings.base import (
 )
 from vitreg.settings.model import ImageSet, ModelSource
 from vitreg.settings.neurons import DISCOVER, NeuronChoice, NeuronSearch, NeuronSource
+from vitreg.settings.ov_seg import OvSegProtocol
 from vitreg.settings.train import TrainSettings
 from vitreg.settings.ttr import TtrSettings
 
@@ -159,7 +160,16 @@ class NeuronsConfig(RunConfig, Figures, NeuronSearch, ImageSet, ModelSource):
         return v
 
 
-class FixConfig(RunConfig, Figures, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, ModelSource):
+class FixConfig(
+    RunConfig,
+    Figures,
+    OvSegProtocol,
+    TtrSettings,
+    NeuronSearch,
+    NeuronChoice,
+    ImageSet,
+    ModelSource,
+):
     verb: ClassVar[str] = "fix"
 
     method: str = Field(
@@ -209,6 +219,14 @@ class FixConfig(RunConfig, Figures, TtrSettings, NeuronSearch, NeuronChoice, Ima
             )
         return v
 
+    @model_validator(mode="after")
+    def _protocol_for_ov_seg(self) -> FixConfig:
+        if self.protocol != "shared" and not (self.probe or "").startswith("ov-seg:"):
+            raise ValueError(
+                "--protocol published sets ov-seg's settings: give --probe ov-seg:DATA"
+            )
+        return self
+
 
 class VlmConfig(RunConfig, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, ModelSource):
     """``vitreg vlm``: a VLM's answers and language->image attention, without and with
@@ -237,7 +255,7 @@ class VlmConfig(RunConfig, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, Mo
         return v
 
 
-class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
+class ProbeRunConfig(RunConfig, Figures, OvSegProtocol, TtrSettings, ModelSource):
     """``vitreg probe``: linear probes on frozen tokens, with and without test-time registers."""
 
     verb: ClassVar[str] = "probe"
@@ -341,6 +359,14 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
         if v and info.data.get("task") not in (None, "ov-seg"):
             raise ValueError("PAMR refines ov-seg's pixel logits; other tasks take none")
         return v
+
+    @model_validator(mode="after")
+    def _protocol_for_ov_seg(self) -> ProbeRunConfig:
+        if self.protocol != "shared" and self.task != "ov-seg":
+            raise ValueError("--protocol published sets ov-seg's settings; other tasks take none")
+        if self.protocol != "shared" and self.pamr:
+            raise ValueError("--protocol published takes PAMR from each method's settings")
+        return self
 
     @field_validator("templates")
     @classmethod

@@ -7,13 +7,13 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from vitreg.results.base import ResultsModel, Stamp
+from vitreg.results.base import SparseResults, Stamp
 from vitreg.results.fix import Cosine, FixDescription
-from vitreg.results.probe import ProbeScore
+from vitreg.results.probe import OvSegProtocolRecord, ProbeScore
 from vitreg.results.schema import DataInfo, ModelDescription, ModelInfo, model_info
 
 
-class BoardEntry(ResultsModel):
+class BoardEntry(SparseResults):
     """One entry's measurements; ``refused`` holds the reason when the model cannot take it."""
 
     entry: str
@@ -35,6 +35,9 @@ class BoardEntry(ResultsModel):
     scores: dict[str, ProbeScore] = Field(
         description="probe 'TASK metric' -> its score over seeds (mean, ci95, ...)"
     )
+    protocol: OvSegProtocolRecord | None = Field(
+        None, description="ov-seg --protocol published: the settings this row was scored with"
+    )
 
     @field_validator("fix", mode="before")
     @classmethod
@@ -46,11 +49,14 @@ class BoardEntry(ResultsModel):
         return v
 
 
-class BoardResults(ResultsModel):
+class BoardResults(SparseResults):
     """The leaderboard: the unfixed model first, then every entry (parts before compositions)."""
 
     n_images: int
     rows: list[BoardEntry]
+    protocol: str | None = Field(
+        None, description="ov-seg --protocol published (left out: shared or no ov-seg probe)"
+    )
 
 
 class BoardDocument(Stamp):

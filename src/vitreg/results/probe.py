@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 from vitreg.results.base import OpenResults, ResultsModel, SparseResults
 from vitreg.results.diagnose import Bimodal
 from vitreg.results.fix import FixDescription
+from vitreg.settings.ov_seg import OvSegSettings, ProtocolName
 
 Verdict = Literal["better", "worse", "within noise", "no interval"]
 
@@ -63,6 +64,23 @@ class SplitCounts(ResultsModel):
     test: int
 
 
+class OvSegProtocolRecord(SparseResults):
+    """Which protocol set an ov-seg condition's settings: the settings it ran with, where they
+    are published, and what of them this model could not take."""
+
+    protocol: ProtocolName
+    benchmark: str
+    method: str | None = Field(None, description="whose published settings ran; None: shared")
+    source: str | None = Field(None, description="repo@commit path:lines of the settings")
+    commit: str | None = Field(None, description="the repository commit they were read at")
+    attention: str | None = Field(None, description="the attention the shipped evaluation runs")
+    settings: OvSegSettings = Field(description="the settings the condition ran with")
+    deviations: list[str] = Field(
+        default_factory=list, description="published settings this model could not take"
+    )
+    note: str | None = None
+
+
 class TaskInfo(OpenResults):
     """A task's details at one layer; each task writes its own fields, the rest are left out."""
 
@@ -95,6 +113,7 @@ class TaskInfo(OpenResults):
     crop: list[int] | None = Field(None, description="ov-seg")
     pamr_steps: int | None = Field(None, description="ov-seg")
     pamr_dilations: list[int] | None = Field(None, description="ov-seg")
+    protocol: OvSegProtocolRecord | None = Field(None, description="ov-seg --protocol published")
 
 
 class DataSetRecord(OpenResults):

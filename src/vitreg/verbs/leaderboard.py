@@ -10,6 +10,7 @@ from vitreg.configs import FixConfig
 from vitreg.core.renamed import renamed
 from vitreg.core.run_dir import session
 from vitreg.progress import SILENT, Progress
+from vitreg.results.leaderboard import BoardEntry, BoardResults
 from vitreg.results.probe import ProbeScore
 from vitreg.results.schema import plain
 from vitreg.verbs.common import images_named, prepare
@@ -23,16 +24,18 @@ if TYPE_CHECKING:
 CACHE = Path(".vitreg-cache") / "features"  # the probe verb's default feature cache
 
 
-def probe_scorer(spec: str, cache: Path, batch_size: int) -> Scorer:
-    """A leaderboard scorer running probe ``TASK:DATA`` on the model, bare or under a fix."""
+def probe_scorer(spec: str, cache: Path, batch_size: int, protocol: str = "shared") -> Scorer:
+    """A leaderboard scorer running probe ``TASK:DATA`` on the model, bare or under a fix
+    (ov-seg under ``protocol``)."""
     from vitreg.probe.run import run
 
     task, _, data = spec.partition(":")
+    options = {"protocol": protocol} if protocol != "shared" else None
 
     def score(model: Any, fix: Any) -> dict[str, ProbeScore]:
         # ov-seg takes each benchmark's short side (336, 448, 560) from the protocol itself
         result = run(model, task, data, fix=fix, base=fix is None, cache_dir=cache,
-                     batch_size=batch_size)  # fmt: skip
+                     batch_size=batch_size, task_options=options)  # fmt: skip
         layer = result.results.conditions["fixed" if fix is not None else "base"][-1]
         # a board scores against the other fixes, not the yardsticks
         return {
@@ -41,6 +44,32 @@ def probe_scorer(spec: str, cache: Path, batch_size: int) -> Scorer:
         }
 
     return score
+
+
+def with_protocol(board: BoardResults, protocol: str, probe: str, model: Any) -> BoardResults:
+    """``board`` with each scored row's ov-seg settings and their source (the unfixed model,
+    compositions and methods without published settings: the shared ones, said so)."""
+    from vitreg.data.datasets import open_dataset
+    from vitreg.probe.tasks.ov_seg import protocol_record
+
+    _, _, data = probe.partition(":")
+    dataset = open_dataset(data, "val").name
+    rows = [
+        r
+        if r.refused
+        else r.model_copy(
+            update={"protocol": protocol_record(protocol, _method(r), dataset, model)}
+        )
+        for r in board.rows
+    ]
+    return board.model_copy(update={"rows": rows, "protocol": protocol})
+
+
+def _method(row: BoardEntry) -> str | None:
+    """The fix method a row ran, as its fix describes itself; None for the unfixed model."""
+    from vitreg.probe.tasks.ov_seg import fix_method
+
+    return None if row.fix is None else fix_method(row.fix)
 
 
 @session()  # the --out claimed inside is released when the verb ends
@@ -74,7 +103,7 @@ def run_leaderboard(
 
         scorers = {}
         if cfg.probe is not None:
-            scorers[cfg.probe] = probe_scorer(cfg.probe, CACHE, cfg.batch_size)
+            scorers[cfg.probe] = probe_scorer(cfg.probe, CACHE, cfg.batch_size, cfg.protocol)
         board = bench_fixes(
             model,
             entries,
@@ -85,6 +114,8 @@ def run_leaderboard(
             progress=step,
         )
         update(len(rows))
+    if cfg.protocol != "shared" and cfg.probe is not None:
+        board = with_protocol(board, cfg.protocol, cfg.probe, model)
     described = model.describe()
     doc = BoardDocument(
         **versions(),

@@ -120,7 +120,7 @@ def run_probe(
         batch_size=cfg.batch_size,
         templates=cfg.templates,
         image_size=cfg.img_size,
-        task_options={"pamr_steps": cfg.pamr},
+        task_options={"pamr_steps": cfg.pamr, "protocol": cfg.protocol},
         progress=progress,
     )
     typed = result.results

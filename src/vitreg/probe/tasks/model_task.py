@@ -11,6 +11,7 @@ from torch import Tensor
 from vitreg.data.datasets import Sample
 from vitreg.data.transforms import prepare
 from vitreg.errors import InputError
+from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.features import CachedFeatures
 from vitreg.probe.linear import FitSettings
@@ -35,6 +36,11 @@ class ModelTask(Task):
     @abstractmethod
     def setup(self, model: Model, dataset: Any, options: dict[str, Any]) -> list[str]:
         """Prepare what does not depend on the fix (e.g. class text embeddings); return notes."""
+
+    def condition(self, fix: Fix | None) -> list[str]:
+        """Adjust to the condition about to run (bare: None, else under ``fix``); notes on
+        what changed (none, unless a task's settings depend on the fix)."""
+        return []
 
     @abstractmethod
     def layer(self, model: Model) -> str:

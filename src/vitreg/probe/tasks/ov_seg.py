@@ -21,6 +21,10 @@ foreground pixels is dropped there (VOC21: scale 65, 0.1, 0.1; Context60 and COC
 PAMR refinement of the upsampled logits (``pamr_steps``; :mod:`vitreg.probe.pamr`). Scores:
 mIoU and pixel accuracy over all pixels pooled (a confusion matrix; mmseg's ``IoUMetric``).
 The fix (if any) reaches the scores through the patch features only.
+
+These are the shared settings (``protocol`` ``shared``). Under ``published`` each condition
+takes its fix method's own settings for the benchmark (:mod:`vitreg.probe.protocols`: scale,
+thresholds, short side, crop and stride, PAMR, class names), the unfixed model the shared ones.
 """
 
 from __future__ import annotations
@@ -36,18 +40,22 @@ from torch import Tensor
 
 from vitreg.data.datasets import Sample
 from vitreg.errors import InputError
+from vitreg.fix.base import Fix, fix_description
 from vitreg.models.model import Model
 from vitreg.models.text_tower import text_tower
 from vitreg.probe import ov_seg_data  # noqa: F401  (registers voc20:, context60:, coco-stuff:, ...)
 from vitreg.probe.metrics import IGNORE_INDEX
 from vitreg.probe.pamr import DILATIONS, pamr
+from vitreg.probe.protocols import benchmark_of, protocol_named, protocol_note, record
 from vitreg.probe.tasks.base import TaskResult, register_task, score_over_seeds
 from vitreg.probe.tasks.model_task import ModelTask
 from vitreg.probe.yardsticks import ProbeYardstick, yardstick
 from vitreg.probe.zero_shot.class_cache import cached_class_embeddings
 from vitreg.probe.zero_shot.prompts import class_names, openai_templates, read_templates
 from vitreg.probe.zero_shot.text import clip_towers
-from vitreg.results.probe import TaskInfo
+from vitreg.results.fix import FixDescription
+from vitreg.results.probe import OvSegProtocolRecord, TaskInfo
+from vitreg.settings.ov_seg import OvSegSettings
 
 FEATURE = "clip patch embedding"
 BACKGROUND = ("background", "bg", "_background_")
@@ -93,6 +101,39 @@ PROTOCOLS = {
     "cityscapes": Protocol("cityscapes", 560),
     "ade20k": Protocol("ade20k"),
 }
+
+
+def shared_settings(benchmark: str, crop: int) -> OvSegSettings:
+    """The shared protocol's settings for ``benchmark`` on a model taking ``crop`` px."""
+    p = next(p for p in PROTOCOLS.values() if p.names == benchmark)
+    return OvSegSettings(
+        names=p.names,
+        short_side=p.short_side,
+        logit_scale=p.logit_scale,
+        prob_thd=p.prob_thd,
+        area_thd=p.area_thd,
+        slide_crop=crop,
+        slide_stride=crop // 2,
+        pamr_steps=0,
+        pamr_dilations=DILATIONS,
+    )
+
+
+def fix_method(fix: FixDescription) -> str:
+    """The method name a fix's published settings are filed under (its class without one)."""
+    return getattr(fix, "method", None) or fix.name
+
+
+def protocol_record(
+    protocol: str, method: str | None, dataset: str, model: Model
+) -> OvSegProtocolRecord:
+    """The settings ``method`` (None: the unfixed model) runs with on the benchmark that the
+    reader ``dataset`` reads, under ``protocol``, on ``model``."""
+    benchmark = benchmark_of(dataset)
+    crop = model.adapter.default_image_size()[0]
+    return record(
+        protocol_named(protocol), method, benchmark, shared_settings(benchmark, crop), crop
+    )
 
 
 def protocol_names(name: str) -> list[list[str]]:
@@ -146,12 +187,12 @@ def patch_embeddings(model: Model, x: Tensor) -> Tensor:
     )
 
 
-def windows(size: int, crop: int) -> list[int]:
-    """Start offsets of crops of ``crop`` with stride ``crop // 2`` covering ``size`` (the
-    last one flush with the end, as the official ``forward_slide``)."""
+def windows(size: int, crop: int, stride: int | None = None) -> list[int]:
+    """Start offsets of crops of ``crop`` with ``stride`` (default ``crop // 2``) covering
+    ``size`` (the last one flush with the end, as the official ``forward_slide``)."""
     if size <= crop:
         return [0]
-    stride = crop // 2
+    stride = stride or crop // 2
     n = -(-(size - crop) // stride) + 1
     return [min(i * stride, size - crop) for i in range(n)]
 
@@ -168,6 +209,8 @@ class OvSeg(ModelTask):
     )
     target = "mask"
     metrics = {"miou": True, "pixel_acc": True}
+    protocol = "shared"
+    stride: tuple[int, int] | None = None
 
     def setup(self, model: Model, dataset: Any, options: dict[str, Any]) -> list[str]:
         """Class embeddings of every name of every class, and the protocol's settings.
@@ -178,6 +221,14 @@ class OvSeg(ModelTask):
         spec = dataset.describe().get("spec", dataset.name)
         names, notes = class_names(dataset.class_names, spec)
         self.background = names[0].lower() in BACKGROUND
+        self.protocol = protocol_named(options.get("protocol"))
+        self.stride: tuple[int, int] | None = None
+        path = options.get("templates")
+        self.templates = read_templates(path) if path is not None else openai_templates()
+        self.cache_dir = options.get("cache_dir")
+        self.crop = model.adapter.default_image_size()
+        if self.protocol == "published":
+            return notes + self._published(dataset, spec, len(names), options)
         protocol = PROTOCOLS.get(getattr(dataset, "name", ""))
         if protocol is not None:
             per_class = protocol_names(protocol.names)
@@ -196,31 +247,84 @@ class OvSeg(ModelTask):
                 notes.append("class 0 is background: prompted by the protocol's 26 stuff names")
             self.settings = dict(WITH_BACKGROUND if self.background else WITHOUT_BACKGROUND)
             short = None
-        self.owner = torch.tensor([c for c, ns in enumerate(per_class) for _ in ns])
-        flat = [n for ns in per_class for n in ns]
-        path = options.get("templates")
-        templates = read_templates(path) if path is not None else openai_templates()
-        self.classes, _, _ = cached_class_embeddings(
-            self.towers, flat, templates, options.get("cache_dir")
-        )
-        self.k = len(per_class)
-        self.crop = model.adapter.default_image_size()
+        self._prompt(per_class)
         self.short_side = options.get("image_size") or short or min(self.crop)
         self.pamr_steps = int(options.get("pamr_steps") or 0)
         self.pamr_dilations = tuple(options.get("pamr_dilations") or DILATIONS)
+        self.info = self._task_info()
+        return notes
+
+    def _prompt(self, per_class: list[list[str]]) -> None:
+        """Class embeddings of every name of every class (``owner``: the class of each name)."""
+        self.owner = torch.tensor([c for c, ns in enumerate(per_class) for _ in ns])
+        flat = [n for ns in per_class for n in ns]
+        self.classes, _, _ = cached_class_embeddings(
+            self.towers, flat, self.templates, self.cache_dir
+        )
+        self.k = len(per_class)
+
+    def _task_info(self, record: OvSegProtocolRecord | None = None) -> TaskInfo:
+        """What the scores were taken with (``record``: the published protocol's settings)."""
         dilations = {"pamr_dilations": list(self.pamr_dilations)} if self.pamr_steps else {}
-        self.info = TaskInfo.model_validate(
+        protocol = {"protocol": record} if record is not None else {}
+        return TaskInfo.model_validate(
             {
                 "num_classes": self.k,
-                "prompts_per_class": len(templates),
+                "prompts_per_class": len(self.templates),
                 **self.settings,
                 "short_side": self.short_side,
                 "crop": list(self.crop),
                 "pamr_steps": self.pamr_steps,
                 **dilations,
+                **protocol,
             }
         )
-        return notes
+
+    def _published(self, dataset: Any, spec: str, k: int, options: dict[str, Any]) -> list[str]:
+        """Setup under ``--protocol published``: the benchmark; each condition then takes its
+        method's settings (:meth:`condition`), the unfixed model the shared ones."""
+        if options.get("pamr_steps"):
+            raise InputError(
+                "--protocol published takes PAMR from each method's published settings; drop "
+                "--pamr (or run --protocol shared)"
+            )
+        if self.crop[0] != self.crop[1]:
+            raise InputError(
+                f"--protocol published slides square crops; this model takes {list(self.crop)}"
+            )
+        self.benchmark = benchmark_of(getattr(dataset, "name", ""))
+        self.spec, self.num_classes, self.names = spec, k, ""
+        self.condition(None)
+        return []
+
+    def condition(self, fix: Fix | None) -> list[str]:
+        """Under ``--protocol published``: take the settings of ``fix``'s method for the
+        benchmark (the shared ones without a fix or a published entry); a note says which."""
+        if self.protocol == "shared":
+            return []
+        method = None if fix is None else fix_method(fix_description(fix))
+        shared = shared_settings(self.benchmark, self.crop[0])
+        found = record(self.protocol, method, self.benchmark, shared, self.crop[0])
+        used = found.settings
+        if used.names != self.names:
+            per_class = protocol_names(used.names)
+            if len(per_class) != self.num_classes:
+                raise InputError(
+                    f"{self.spec} has {self.num_classes} classes but the {used.names} list "
+                    f"names {len(per_class)}"
+                )
+            self._prompt(per_class)
+            self.names = used.names
+        self.settings = {
+            "logit_scale": used.logit_scale,
+            "prob_thd": used.prob_thd,
+            "area_thd": used.area_thd,
+        }
+        self.short_side = used.short_side
+        self.stride = (used.slide_stride, used.slide_stride)
+        self.pamr_steps, self.pamr_dilations = used.pamr_steps, tuple(used.pamr_dilations)
+        self.info = self._task_info(found)
+        return [protocol_note(found)]
 
     def layer(self, model: Model) -> str:
         return "patch embedding"
@@ -249,8 +353,9 @@ class OvSeg(ModelTask):
         out = x.new_zeros(b, len(self.owner), h, w, dtype=torch.float32)
         count = x.new_zeros(1, 1, h, w, dtype=torch.float32)
         text = F.normalize(self.classes.to(x.device, torch.float32), dim=-1)
-        for top in windows(h, ch):
-            for left in windows(w, cw):
+        sh, sw = self.stride or (None, None)
+        for top in windows(h, ch, sh):
+            for left in windows(w, cw, sw):
                 crop = x[..., top : top + ch, left : left + cw]
                 cos = F.normalize(patch_embeddings(model, crop).float(), dim=-1) @ text.T
                 up = F.interpolate(cos.permute(0, 3, 1, 2), size=(ch, cw), mode="bilinear")

@@ -56,6 +56,7 @@ def run_model_task(
         if not distributed.is_main():
             continue
         stage = f"{condition}/test"
+        settled = probe.condition(applied)
         scope = applied.applied(model) if applied is not None else contextlib.nullcontext()
         label = f"scoring {probe.name} {stage} (samples)"
         with scope, torch.no_grad(), progress(len(test), label) as update:
@@ -65,7 +66,7 @@ def run_model_task(
             )
         require_usable(test, "test", passes[stage]["n"], passes[stage]["skipped"])
         result = probe.score(outputs, targets, layer)
-        result.notes = notes + result.notes
+        result.notes = notes + settled + result.notes
         results[condition] = [result]
     described = None
     if fix is not None:

@@ -122,8 +122,26 @@ def report(d: BoardDocument, figures: list[Figure]) -> Report:
         for part in _parts(r.fix)
     ]
     sections.append(Section("settings", "Settings", ["\n".join(settings) or "–"]))
+    if board.protocol is not None:
+        sections.append(protocol_section(board))
     sections.append(figure_section("Figures", figures))
     return Report(banner, f"Fix leaderboard: {code_span(d.model)}", sections)
+
+
+def protocol_section(board: BoardResults) -> Section:
+    """Each scored row's ov-seg settings and where they are published (``--protocol``)."""
+    from vitreg.probe.protocols import protocol_note
+
+    lines = [
+        f"- {code_span(r.entry)}: {escape_text(protocol_note(r.protocol))}"
+        for r in board.rows
+        if r.protocol is not None
+    ]
+    intro = (
+        f"ov-seg scores under `--protocol {board.protocol}`: each method with its own "
+        "repository's settings for the benchmark, so its row reads against the paper's table."
+    )
+    return Section("protocol", "Protocol", [intro, "\n".join(lines) or "–"])
 
 
 def board_figure(board: BoardResults) -> Figure:
