@@ -125,7 +125,7 @@ def _clean(model: Model, x: torch.Tensor, heads: Heads) -> tuple[torch.Tensor, K
         return fn
 
     hooks = [(f"blocks.{b}.attn.hook_pattern", grab(b, hs)) for b, hs in _by_block(heads).items()]
-    with torch.no_grad(), model.hooks(hooks):
+    with torch.no_grad(), model.hooks(hooks, "native"):
         feats = model.features(x)
     return feats, keys, n_keys[0]
 
@@ -139,12 +139,21 @@ def _random_keys(keys: Keys, n_keys: int, g: torch.Generator) -> Keys:
     return out
 
 
+def _keep(p: torch.Tensor, ctx: HookContext) -> None:
+    """A pattern hook that changes nothing (it keeps the edited blocks on the unfused path)."""
+
+
 def _edited(model: Model, x: torch.Tensor, heads: Heads, keys: Keys, path: str) -> torch.Tensor:
-    edit = _score_edit if path == "score" else _value_edit
-    site = "attn.hook_pattern" if path == "score" else "attn.hook_v"
-    hooks = [(f"blocks.{b}.{site}", edit(hs, keys, b)) for b, hs in _by_block(heads).items()]
-    attention = "native" if path == "score" else "auto"
-    with torch.no_grad(), model.hooks(hooks, attention):
+    """Final features with ``keys`` edited on ``path``; every pass (the clean one too) runs the
+    edited blocks' attention unfused, so the passes differ by the edit alone."""
+    hooks = []
+    for b, hs in _by_block(heads).items():
+        pattern = f"blocks.{b}.attn.hook_pattern"
+        if path == "score":
+            hooks.append((pattern, _score_edit(hs, keys, b)))
+        else:
+            hooks += [(pattern, _keep), (f"blocks.{b}.attn.hook_v", _value_edit(hs, keys, b))]
+    with torch.no_grad(), model.hooks(hooks, "native"):
         return model.features(x)
 
 
@@ -193,9 +202,12 @@ def sink_control(
     for x in iter_batches(data, batch_size, limit):
         clean, keys, n_keys = _clean(model, x, heads)
         rand = _random_keys(keys, n_keys, g)
-        for name, path, k in [("ss", "score", keys), ("sr", "score", rand)]:
-            changes[name].append(_change(_edited(model, x, heads, k, path), clean))
-        for name, path, k in [("vs", "value", keys), ("vr", "value", rand)]:
+        for name, path, k in [
+            ("ss", "score", keys),
+            ("sr", "score", rand),
+            ("vs", "value", keys),
+            ("vr", "value", rand),
+        ]:
             changes[name].append(_change(_edited(model, x, heads, k, path), clean))
         done += x.shape[0]
         if progress is not None:
