@@ -111,8 +111,7 @@ def test_register_plant_counts_two_nop_events_per_image() -> None:
         assert c.events.total == 2.0 and c.nop.on_register == 2.0 and c.broadcast.total == 0.0
         assert rule.block0.events.total == 0.0
     assert ref.heads.nop == []  # 6 images: no head reaches the reference's 50 events
-    blocks = [(b, st, lay) for b, st, lay in _stats_of(model, x)]
-    picked = reference_heads(blocks, min_events=6)
+    picked = reference_heads(_stats_of(model, x), min_events=6)
     assert [(h.block, h.head, h.n_events) for h in picked.nop] == [(4, 0, 6), (2, 0, 6)]
 
 
