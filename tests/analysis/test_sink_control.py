@@ -93,3 +93,13 @@ def test_bootstrap_interval_holds_the_mean() -> None:
     values = np.random.default_rng(0).normal(1.0, 0.1, 200)
     iv = bootstrap(values, np.random.default_rng(1))
     assert iv.low < iv.mean < iv.high and iv.high - iv.low < 0.05
+
+
+def test_a_read_only_pattern_site_is_a_named_error() -> None:
+    pytest.importorskip("open_clip")
+    from vitreg.testing import tiny
+
+    tower = tiny.open_clip_tower("gelu")  # nn.MultiheadAttention returns weights, takes none back
+    model = vitreg.wrap(tower)
+    with pytest.raises(UnsupportedModelError, match="cannot edit this model's score path"):
+        sink_control(model, tiny.open_clip_images(tower, 2), [(0, 0)])

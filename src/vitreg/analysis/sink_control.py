@@ -153,8 +153,13 @@ def _edited(model: Model, x: torch.Tensor, heads: Heads, keys: Keys, path: str) 
             hooks.append((pattern, _score_edit(hs, keys, b)))
         else:
             hooks += [(pattern, _keep), (f"blocks.{b}.attn.hook_v", _value_edit(hs, keys, b))]
-    with torch.no_grad(), model.hooks(hooks, "native"):
-        return model.features(x)
+    try:
+        with torch.no_grad(), model.hooks(hooks, "native"):
+            return model.features(x)
+    except HookError as e:  # a site that reads but cannot take an edited tensor back
+        raise UnsupportedModelError(
+            f"the sink control cannot edit this model's {path} path: {e}"
+        ) from e
 
 
 def _change(edited: torch.Tensor, clean: torch.Tensor) -> np.ndarray:
