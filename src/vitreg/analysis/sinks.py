@@ -5,7 +5,9 @@ comes first waits for the other), so the sink statistics of :mod:`vitreg.analysi
 cost one pass and keep ``[n_images, heads]`` numbers per block, never the patterns. The result
 gives events per image by class and key type ([CLS], register, patch), the heads that sink in
 at least half the images, the block where sinks move from [CLS] to patches, and a map of how
-often each patch position is the sink.
+often each patch position is the sink; beside them, the concentration ratio of every head
+(:mod:`vitreg.analysis.sink_concentration`) and the counts as the reference's own code counts
+them (:mod:`vitreg.analysis.sink_counts`).
 """
 
 from __future__ import annotations
