@@ -77,3 +77,16 @@ def test_bad_input_is_a_named_error() -> None:
             concentrated_heads(conc, bad)
     with pytest.raises(InputError, match="at least one pattern"):
         summarise_concentration([], [])
+
+
+def test_graded_plant_ratios_are_the_planted_logits() -> None:
+    module, truth = build_kind("kinds_graded_sinks")
+    x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    res, _, _ = run_analyses(vitreg.wrap(module), x, [SinkAnalysis()], batch_size=2)
+    log_r = np.log(np.array(res["sinks"].concentration.mean))
+    planted = {(b, h): logit for b, h, logit in truth.logits}
+    assert len(planted) == 3
+    for (b, h), logit in planted.items():  # every query gives [CLS] e^logit, the others ~1
+        assert abs(log_r[b, h] - logit) < 0.25
+    others = [log_r[b, h] for b in range(6) for h in range(4) if (b, h) not in planted]
+    assert max(others) < 1.5

@@ -136,3 +136,16 @@ def _stats_of(model, x):
 def test_thresholds_out_of_range_are_named_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(InputError, match=match):
         reference_counts(_blocks(), 2, **kwargs)
+
+
+def test_graded_plant_separates_definition1_epsilons() -> None:
+    # [CLS] gets ~0.24, ~0.87 and ~0.997 of every query's attention in three heads
+    module, truth = build_kind("kinds_graded_sinks")
+    x = torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    res, _, _ = run_analyses(vitreg.wrap(module), x, [SinkAnalysis()], batch_size=2)
+    counts = {r.eps: r.from_block1 for r in res["sinks"].reference_counts.rules}
+    for eps in (None, 0.5, 0.3, 0.2):  # the 0.87 head counts down to eps 0.2 ...
+        assert counts[eps].events.on_cls == 2.0 and counts[eps].nop.total == 2.0
+    assert counts[0.1].events.total == 1.0  # ... but not at eps 0.1 (0.87 < 0.9)
+    found = {(h.block, h.head, h.kind) for h in res["sinks"].heads}
+    assert found == {(s.block, s.head, s.kind) for s in truth.sinks}
