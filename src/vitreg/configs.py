@@ -122,6 +122,13 @@ class DiagnoseConfig(RunConfig, Figures, ImageSet, ModelSource):
     models: str | None = Field(
         None, description="Comma-separated specs: diagnose each and compare them."
     )
+    sink_control: bool = Field(
+        False,
+        description="Also run the sink-vs-random masking control on the sink heads: the change "
+        "of the final features when each head's sink key is removed from the softmax (score "
+        "path) or its value zeroed (value path), against as many random keys (four more "
+        "passes over the images).",
+    )
     checkpoint_every: PositiveInt | None = CHECKPOINT_EVERY
 
     @model_validator(mode="after")

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitreg.analysis.base import Analysis, Finished, Traced, run_analyses, summary_of
-from vitreg.errors import InputError
+from vitreg.errors import InputError, UnsupportedModelError
 from vitreg.models.model import Model
 from vitreg.progress import Update
 from vitreg.results.diagnose import DiagnoseResults
+from vitreg.results.kinds import Sinks
 from vitreg.results.schema import DataInfo, ModelDescription, data_info
 
 
@@ -92,6 +93,26 @@ def data_block(n_images: int, description: DataInfo | None) -> DataInfo:
     return data_info({"n_images": n_images, **description})
 
 
+def with_control(
+    model: Model,
+    data: Any,
+    found: dict[str, Finished],
+    skipped: dict[str, str],
+    batch_size: int,
+    limit: int | None,
+) -> Sinks:
+    """The sink result with the masking control on its sink heads added."""
+    from vitreg.analysis.sink_control import sink_control
+
+    sinks = found.get("sinks")
+    if not isinstance(sinks, Sinks):
+        why = skipped.get("sinks", "the sink analysis did not run")
+        raise UnsupportedModelError(f"the sink control needs the sink analysis: {why}")
+    heads = [(h.block, h.head) for h in sinks.heads]
+    control = sink_control(model, data, heads, batch_size=batch_size, limit=limit)
+    return sinks.model_copy(update={"control": control})
+
+
 def diagnose(
     model: Model,
     data: Any,
@@ -103,13 +124,15 @@ def diagnose(
     limit: int | None = None,
     max_maps: int = 8,
     progress: Update | None = None,
+    sink_control: bool = False,
 ) -> DiagnoseResult:
     """Run the artifact analyses on ``data`` (tensor, DataLoader or iterable of batches).
 
     ``max_maps`` bounds how many images keep full per-layer maps for figures; statistics use
     every image. ``analyses`` must include the norms (:class:`NormAnalysis`): the verdict and
     the per-kind verdict are read from them. ``data_description``: what the images are (by
-    default only how many were traced).
+    default only how many were traced). ``sink_control``: also run the sink-vs-random masking
+    control on the sink heads (:mod:`vitreg.analysis.sink_control`; four more passes).
     """
     chosen = analyses if analyses is not None else default_analyses(rules, max_maps)
     if not any(a.name == "norms" for a in chosen):
@@ -120,6 +143,8 @@ def diagnose(
     found, skipped, trace = run_analyses(
         model, data, chosen, batch_size=batch_size, limit=limit, progress=progress
     )
+    if sink_control:
+        found["sinks"] = with_control(model, data, found, skipped, batch_size, limit)
     from vitreg.analysis.kinds import verdicts
 
     found["kinds"] = verdicts(found, skipped)  # reads what ran and why the rest did not

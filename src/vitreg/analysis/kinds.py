@@ -111,7 +111,10 @@ def attention(done: Done, skipped: dict[str, str]) -> KindRow:
 
 def sinks(done: Done, skipped: dict[str, str], cls: str) -> KindRow:
     kind: KindName = "NOP sinks" if cls == "NOP" else "broadcast sinks"
-    src = "Fesser et al. 2026, A Unifying View of Attention Sinks (KempnerInstitute/attention_sink)"
+    src = (
+        "vitreg's head rule (events in >= 50% of the images, majority class, block 0 included) "
+        "on the Section-4 events of Fesser et al. 2026 (KempnerInstitute/attention_sink)"
+    )
     res = _typed(done, "sinks", Sinks)
     if res is None:
         return _missing(kind, "sinks", skipped, src)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vitreg.analysis.sink_concentration import concentration_ratio
 from vitreg.hooks.streamed import StreamedPattern, column_mean, head_gram, key_column
 
 ROUTE = 0.5  # A_is a query must put on the dominant key
@@ -36,14 +37,20 @@ CLASSES = ("nop", "broadcast", "other")
 
 @dataclass
 class HeadStats:
-    """Sink statistics of a batch, each ``[B, H]``; ``ratio`` and ``stable_rank`` are NaN where
-    no event."""
+    """Sink statistics of a batch, each ``[B, H]``; ``ratio``, ``stable_rank`` and
+    ``ratio_head`` are NaN where no event. ``min_a = min_i A_is`` (Definition 1 reads it),
+    ``ratio_head`` the raw value-norm ratio ``||v_s|| / mean_(j != s) ||v_j||`` before W_O (the
+    paper's tables classify by it) and ``concentration`` the column-sum ratio
+    ``max_j c_j / median_j c_j`` of :mod:`vitreg.analysis.sink_concentration`."""
 
     key: torch.Tensor
     mass: torch.Tensor
     routed: torch.Tensor
     ratio: torch.Tensor
     stable_rank: torch.Tensor
+    min_a: torch.Tensor
+    ratio_head: torch.Tensor
+    concentration: torch.Tensor
 
     @property
     def event(self) -> torch.Tensor:
@@ -65,15 +72,29 @@ def head_stats(
     """Sink statistics of ``pattern [B, H, N, N]`` (full or streamed) and values
     ``v [B, N, H, D]`` given the per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a
     function returning its square root (called only when some head has an event)."""
-    mass, key = column_mean(pattern).max(dim=-1)
-    routed = (key_column(pattern, key) >= ROUTE).float().mean(-1)
+    columns = column_mean(pattern)
+    mass, key = columns.max(dim=-1)
+    column = key_column(pattern, key)
+    routed = (column >= ROUTE).float().mean(-1)
     ratio = torch.full_like(routed, float("nan"))
     rank = torch.full_like(routed, float("nan"))
+    raw = torch.full_like(routed, float("nan"))
     event = routed >= EVENT_FRACTION
     if event.any():
         with torch.autocast(routed.device.type, enabled=False):  # float32 under autocast too
             _event_stats(pattern, v, metric, metric_sqrt, key, event, ratio, rank)
-    return HeadStats(key, mass, routed, ratio, rank)
+            raw[event] = _raw_ratio(v, key, event).to(raw)
+    conc = concentration_ratio(columns)
+    return HeadStats(key, mass, routed, ratio, rank, column.min(-1).values, raw, conc)
+
+
+def _raw_ratio(v: torch.Tensor, key: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
+    """``||v_s|| / mean_(j != s) ||v_j||`` of the head's own values (before W_O) at each event."""
+    bi, hi = event.nonzero(as_tuple=True)
+    norms = v.float()[bi, :, hi].norm(dim=-1)  # [E, N]
+    vs = norms.gather(1, key[bi, hi, None]).squeeze(-1)
+    other = (norms.sum(-1) - vs) / max(norms.shape[-1] - 1, 1)
+    return vs / other.clamp_min(1e-12)
 
 
 def _event_stats(

@@ -5,7 +5,9 @@ comes first waits for the other), so the sink statistics of :mod:`vitreg.analysi
 cost one pass and keep ``[n_images, heads]`` numbers per block, never the patterns. The result
 gives events per image by class and key type ([CLS], register, patch), the heads that sink in
 at least half the images, the block where sinks move from [CLS] to patches, and a map of how
-often each patch position is the sink.
+often each patch position is the sink; beside them, the concentration ratio of every head
+(:mod:`vitreg.analysis.sink_concentration`) and the counts as the reference's own code counts
+them (:mod:`vitreg.analysis.sink_counts`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 
 from vitreg.analysis.base import Analysis, Finished
 from vitreg.analysis.head_writes import head_writes
+from vitreg.analysis.sink_concentration import summarise_concentration
+from vitreg.analysis.sink_counts import reference_counts
 from vitreg.analysis.sink_rules import CLASSES, RULE, HeadStats, head_stats, sink_class, sqrt_psd
 from vitreg.core.layout import TokenLayout
 from vitreg.core.renamed import renamed
@@ -25,6 +29,7 @@ from vitreg.hooks.reducers import Reducer
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, TraceResult
 from vitreg.results.kinds import SinkBlock, SinkCounts, SinkHeadRow, Sinks
+from vitreg.results.sink_measures import SinkConcentration, SinkReferenceCounts
 
 HEAD_RATE = 0.5  # a head is a sink head when it has an event in at least this share of images
 KEY_TYPES = ("cls", "register", "extra", "patch")
@@ -56,6 +61,13 @@ class _Pair:
             stats = head_stats(slot["pattern"], slot["v"], self.metric, self.metric_sqrt)
             cpu = HeadStats(*(getattr(stats, f).cpu() for f in HeadStats.__dataclass_fields__))
             self.rows.append((offset, cpu))
+
+
+class SinkMeasures(TypedDict):
+    """The measures :func:`summarise` adds beside the Section-4 counts."""
+
+    concentration: SinkConcentration
+    reference_counts: SinkReferenceCounts
 
 
 class SinkBlockStats(TypedDict):
@@ -205,7 +217,17 @@ def summarise(per_block: list[SinkBlockStats], n_images: int) -> Sinks:
         else None,
         patch_map=(patch_map / max(n_images, 1)).reshape(h, w).tolist(),
         notes=[],
+        **measures(per_block, n_images, layout),
     )
+
+
+def measures(per_block: list[SinkBlockStats], n_images: int, layout: TokenLayout) -> SinkMeasures:
+    """The concentration ratio and the reference's own counts of the blocks with statistics."""
+    seen = [
+        (b["layer"], b["stats"], b["layout"] or layout) for b in per_block if b["stats"] is not None
+    ]
+    conc = summarise_concentration([b for b, _, _ in seen], [s.concentration for _, s, _ in seen])
+    return SinkMeasures(concentration=conc, reference_counts=reference_counts(seen, n_images))
 
 
 def transition_block(blocks: list[SinkBlock]) -> int | None:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from vitreg.results.base import ResultsModel
+from vitreg.results.sink_measures import SinkConcentration, SinkControl, SinkReferenceCounts
 
 Cell = list[int]  # [row, col] of a patch position
 
@@ -51,19 +52,28 @@ class SinkHeadRow(ResultsModel):
 class Sinks(ResultsModel):
     """Sink events of every block and head (Fesser et al. 2026)."""
 
-    present: bool
+    present: bool = Field(
+        description="vitreg's own rule: some head (block 0 included) has a Section-4 event in "
+        "at least head_rate_threshold of the images"
+    )
     rule: str
     n_images: int
     n_heads: int
     head_rate_threshold: float
     per_image: SinkCounts
-    per_image_from_block1: SinkCounts = Field(description="blocks >= 1, as the paper counts")
+    per_image_from_block1: SinkCounts = Field(
+        description="blocks >= 1 with the Section-4 classes (the paper's tables count with "
+        "reference_counts' rule instead)"
+    )
     blocks: list[SinkBlock]
     heads: list[SinkHeadRow]
     transition_block: int | None = Field(description="where sinks move from [CLS] to patches")
     register_share: float | None = Field(description="share of events on registers (None: none)")
     patch_map: list[list[float]] = Field(description="events per image on each patch position")
     notes: list[str]
+    concentration: SinkConcentration | None = None
+    reference_counts: SinkReferenceCounts | None = None
+    control: SinkControl | None = None
 
 
 # massive activations (vitreg.analysis.massive) ------------------------------------------------

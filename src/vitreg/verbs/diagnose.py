@@ -90,7 +90,7 @@ def _check_name(source: str, name: str) -> None:
 def _options(cfg: DiagnoseConfig, device: str | None) -> dict[str, Any]:
     """The settings the reproducing command line shows, in the order it has always had."""
     names = ("images", "samples", "limit", "batch_size", "device", "max_maps", "random_init")
-    names += ("weights", "img_size", "figure_format")
+    names += ("weights", "img_size", "figure_format", "sink_control")
     return {**{k: getattr(cfg, k) for k in names}, "device": device}
 
 
@@ -121,6 +121,7 @@ def diagnose_one(
             limit=cfg.limit,
             max_maps=cfg.max_maps,
             progress=update,
+            sink_control=cfg.sink_control,
         )
     result.data = source.description()
     write_run = _writer()

@@ -47,7 +47,8 @@ def test_plant_sections_name_the_broadcast_head() -> None:
     heads = next(b for b in sinks.blocks if isinstance(b, Table))
     assert heads.rows[0][:4] == ["3", "2", "broadcast", "cls"]
     figs = {f.name: f for f in kinds_figures(r)}
-    assert set(figs) == {"sink_map", "position_maps"} and figs["sink_map"].png
+    assert set(figs) == {"sink_map", "sink_concentration", "position_maps"}
+    assert figs["sink_map"].png and figs["sink_concentration"].png
 
 
 ARCHS = {  # timm architectures, random weights, tiny depth and images

@@ -67,6 +67,7 @@ FIGURE_SECTION = {
     "channel_ownership": "ln_separation",
     "feature_pictures": "features",
     "sink_map": "sinks",
+    "sink_concentration": "sinks",
     "position_maps": "positions",
 }
 RULE_ORDER = ("absolute", "top_p", "robust_z", "auto")

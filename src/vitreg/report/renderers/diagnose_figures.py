@@ -33,6 +33,7 @@ from vitreg.report.render.plots import (
 from vitreg.report.slider import Slider
 from vitreg.results.diagnose import Attention, DiagnoseResults, LNSeparation, Norms
 from vitreg.results.kinds import Positions, Sinks
+from vitreg.results.sink_measures import SinkConcentration
 
 SLIDER_IMAGES = 4
 
@@ -330,6 +331,26 @@ def sink_map(sinks: Sinks) -> Figure:
     return figure("sink_map", caption, fig)
 
 
+def sink_concentration(conc: SinkConcentration) -> Figure:
+    """Heat map of the concentration ratio (mean over images) per block and head, log scale."""
+    values = np.log10(np.maximum(np.asarray(conc.mean, dtype=float), 1.0))
+    n_blocks, n_heads = values.shape
+    fig = new_canvas(1.6 + 0.35 * n_heads, 1.2 + 0.3 * n_blocks)
+    ax = fig.subplots()
+    im = ax.imshow(values, cmap="magma", interpolation="nearest", aspect="auto")
+    ax.set_xlabel("head", fontsize=8)
+    ax.set_ylabel("block", fontsize=8)
+    ax.set_yticks(range(n_blocks), [str(b) for b in conc.blocks], fontsize=6)
+    ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=6)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="log10 r")
+    caption = (
+        "Sink concentration ratio r = max_j c_j / median_j c_j of the attention column sums "
+        "c_j = sum_i A_ij, mean over images, per block (rows) and head (columns), log10 "
+        f"scale; largest: {conc.peak:.3g} at block {conc.peak_block} head {conc.peak_head}."
+    )
+    return figure("sink_concentration", caption, fig)
+
+
 def position_maps(pos: Positions) -> Figure:
     """Per-position outlier rate across images, and the position embedding's norm."""
     panels = [(pos.rate_map, f"outlier rate (block {pos.block})", "share of images")]
@@ -354,6 +375,8 @@ def kinds_figures(results: DiagnoseResults) -> list[Figure]:
     figs = []
     if results.sinks is not None:
         figs.append(sink_map(results.sinks))
+        if results.sinks.concentration is not None:
+            figs.append(sink_concentration(results.sinks.concentration))
     if results.positions is not None:
         figs.append(position_maps(results.positions))
     return figs

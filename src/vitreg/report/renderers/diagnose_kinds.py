@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vitreg.report.render.markdown import Section, Table, code, num, pct, text
+from vitreg.report.renderers.diagnose_sinks import measure_blocks
 from vitreg.results.diagnose import DiagnoseResults
 
 
@@ -71,6 +72,7 @@ def sinks_section(r: DiagnoseResults) -> Section:
         s.blocks.append(Table(header, rows))
     else:
         s.blocks.append(f"No head sinks in {pct(res.head_rate_threshold)} of the images.")
+    s.blocks += measure_blocks(res)
     return s
 
 

@@ -13,6 +13,11 @@ trained-like random weights (:func:`vitreg.testing.planted._weights.random_init`
   one channel of [CLS] (a massive activation, Sun et al. 2024);
 * ``kinds_registers``: 4 registers carrying high norms and serving as NOP sinks in two blocks,
   with clean patches (trained-style registers that absorbed the artifacts);
+* ``kinds_graded_sinks``: three heads whose every query gives [CLS] the logit 3, 6 and 10 over
+  the other keys (~0, since [CLS]'s key channel holds :data:`GRADED_MARK`, which makes its
+  LayerNorm output ``sqrt(D - 1)`` to 0.1%): concentration ratios ~e^3, e^6, e^10 and attention
+  on [CLS] ~0.24 (no event), ~0.86 (an event by the relaxed rule and Definition 1 for eps >= 0.2,
+  not 0.1) and ~0.997 (every rule);
 * ``kinds_clean`` / ``kinds_clean_reg4``: the same weights with nothing planted.
 
 Each plant uses reserved residual channels that no block writes into, so what it puts there
@@ -40,6 +45,8 @@ PATCH_MARK = 6.0  # reserved patch channel value (the NOP head's values read it)
 POSITION_VALUE = 40.0  # planted position-embedding entry (~5x the median patch norm)
 MASSIVE_VALUE = 1000.0  # planted massive activation (~3000x the median |activation|)
 REGISTER_MARK = 20.0  # reserved register channel value (~3x the median patch norm)
+GRADED_MARK = 1000.0  # [CLS] key channel of the graded plant: its LayerNorm output ~sqrt(D - 1)
+GRADED = ((1, 0, 3.0), (3, 1, 6.0), (5, 2, 10.0))  # (block, head, [CLS] logit over the others)
 
 
 class PlantedSink(TruthModel):
@@ -66,6 +73,7 @@ class KindTruth(TruthModel):
     seed: int
     description: str
     sinks: tuple[PlantedSink, ...] = ()
+    logits: tuple[tuple[int, int, float], ...] = ()  # (block, head, planted [CLS] logit)
     massive: tuple[tuple[int, str, int, int], ...] = ()
     positions: tuple[int, ...] = ()
     position_channel: int | None = None
@@ -101,6 +109,10 @@ KINDS: dict[str, _Kind] = {
     "kinds_registers": _Kind(
         "vit_small_patch14_reg4_dinov2",
         "tiny ViT with 4 registers that carry the high norms and NOP sinks (blocks 2, 4)",
+    ),
+    "kinds_graded_sinks": _Kind(
+        "vit_small_patch14_dinov2",
+        "tiny ViT: heads 1.0, 3.1, 5.2 give [CLS] the logits 3, 6, 10 (graded sinks)",
     ),
 }
 
@@ -142,9 +154,19 @@ def _patch_positions(module: nn.Module) -> slice:
     return slice(module.pos_embed.shape[1] - n, module.pos_embed.shape[1])
 
 
-def _sink_head(module: nn.Module, block: int, head: int, key: int, value: int, g: torch.Generator):
+def _sink_head(
+    module: nn.Module,
+    block: int,
+    head: int,
+    key: int,
+    value: int,
+    g: torch.Generator,
+    logit: float = KEY_LOGIT,
+    ln_out: float = 7.0,
+):
     """Make ``head`` of ``block`` attend from every query to the token marked in channel
-    ``key``; its values read channel ``value`` only (constant query, rank-1 key and value)."""
+    ``key`` (with ``logit`` when the marked token's LayerNorm output there is ``ln_out``); its
+    values read channel ``value`` only (constant query, rank-1 key and value)."""
     blk = module.blocks[block]
     attn = blk.attn
     d, hd = module.embed_dim, module.embed_dim // attn.num_heads
@@ -153,11 +175,11 @@ def _sink_head(module: nn.Module, block: int, head: int, key: int, value: int, g
     q_rows = slice(head * hd, (head + 1) * hd)
     k_rows = slice(d + head * hd, d + (head + 1) * hd)
     v_rows = slice(2 * d + head * hd, 2 * d + (head + 1) * hd)
-    mark = float(blk.norm1.weight[key]) * 7.0  # ~ LayerNorm output of the marked token
+    mark = float(blk.norm1.weight[key]) * ln_out  # ~ LayerNorm output of the marked token
     attn.qkv.weight[q_rows] = 0.0
     attn.qkv.bias[q_rows] = 4.0 * u
     attn.qkv.weight[k_rows] = 0.0
-    attn.qkv.weight[k_rows, key] = u * KEY_LOGIT / (attn.scale * 4.0 * mark)
+    attn.qkv.weight[k_rows, key] = u * logit / (attn.scale * 4.0 * mark)
     attn.qkv.bias[k_rows] = 0.0
     v_dir = torch.randn(hd, generator=g)
     attn.qkv.weight[v_rows] = 0.0
@@ -204,6 +226,12 @@ def build_kind(name: str, img_size: int = IMG_SIZE, seed: int = 0) -> tuple[nn.M
                 sinks=tuple(_sink(b, 0, "nop", "register") for b in (2, 4)),
                 registers_absorb=True,
             )
+        elif name == "kinds_graded_sinks":
+            module.cls_token[..., c_key] = GRADED_MARK
+            for block, head, logit in GRADED:
+                _sink_head(module, block, head, c_key, c_patch, g, logit, (d - 1) ** 0.5)
+            events = [(b, h) for b, h, logit in GRADED if logit > 4.0]
+            truth.update(sinks=tuple(_sink(b, h, "nop", "cls") for b, h in events), logits=GRADED)
     module.eval()
     return module, KindTruth(
         name=name,
