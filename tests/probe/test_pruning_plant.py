@@ -19,13 +19,14 @@ from vitreg.hooks.sites import Handle, HookContext
 from vitreg.models.load import load
 from vitreg.models.model import Model
 from vitreg.probe.linear import FitSettings
-from vitreg.probe.pruning_scores import attention_scores, keep_count
+from vitreg.probe.pruning_scores import ARMS, attention_scores, keep_count
 from vitreg.probe.run import run
 from vitreg.probe.tasks.pruning import ALL, keep_group
+from vitreg.report.renderers.probe_figures import probe_figures
 from vitreg.testing.planted.planted_pruning import SINK, PruningTruth, pruning_images
 
 RATIOS = (0.1, 0.2, 0.3, 0.6)
-FIT = FitSettings(seeds=(0,), epochs=30)
+FIT = FitSettings(seeds=(0,), epochs=20, lrs=(1e-2, 1e-1))
 
 
 class PlantImages(BaseDataset):
@@ -100,10 +101,11 @@ def test_the_plant_ranks_sinks_then_objects_and_stop_objects_first(plant, data) 
 def test_the_curves_match_the_ground_truth_with_and_without_the_fix(plant, data) -> None:
     model, truth = plant
     options = {"keep_ratios": list(RATIOS)}
-    result = run(
+    scored = run(
         model, "pruning", data, fix=RemoveSinks(), cache_dir="unused", config=FIT,
         batch_size=32, task_options=options,
-    ).results  # fmt: skip
+    )  # fmt: skip
+    result = scored.results
     layer = result.conditions["base"][0]
     assert layer.info.keep_ratios == list(RATIOS) and layer.info.patches == 64
     assert layer.info.kept_tokens == [keep_count(r, 64) for r in RATIOS]
@@ -124,6 +126,10 @@ def test_the_curves_match_the_ground_truth_with_and_without_the_fix(plant, data)
     assert truth.keeps_signal("cls-attention", keep_count(0.1, 64)) is False  # the curve falls
     deltas = {(d.feature, d.group): d.delta for d in result.deltas}
     assert deltas[("cls-attention", keep_group(0.1))] > 0.5
+    (curves,) = probe_figures(scored)
+    assert curves.name == "probe_pruning_curves" and curves.png.startswith(b"\x89PNG")
+    drawn = curves.source.axes[0].get_legend_handles_labels()[1]
+    assert drawn == [f"{c}: {a}" for c in ("base", "fixed") for a in ARMS]
 
 
 def test_bad_input_is_an_input_error(plant, data, tmp_path) -> None:
