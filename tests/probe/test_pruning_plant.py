@@ -114,7 +114,7 @@ def test_the_curves_match_the_ground_truth_with_and_without_the_fix(plant, data)
     }  # fmt: skip
     majority = max(torch.bincount(torch.from_numpy(data[1].labels)).tolist()) / 64
     base, fixed = _means(result, "base"), _means(result, "fixed")
-    assert base[(ALL, keep_group(1.0))] >= 0.95
+    assert base[(ALL, "all")] >= 0.95
     for arm in ("cls-attention", "received-attention", "sink-aware"):
         for r in RATIOS:
             got = base[(arm, keep_group(r))]
@@ -145,3 +145,20 @@ def test_bad_input_is_an_input_error(plant, data, tmp_path) -> None:
     )
     with pytest.raises(InputError, match="0 \\[CLS\\] tokens"):
         run(wrap(no_cls), "pruning", data, cache_dir=tmp_path)
+
+
+def test_the_verdict_reads_the_smallest_keep_ratio(plant, data) -> None:
+    from vitreg.report.renderers.probe import verdict
+
+    model, _ = plant
+    options = {"keep_ratios": [0.1, 0.6]}
+    result = run(
+        model, "pruning", data, cache_dir="unused", config=FIT, batch_size=32,
+        task_options=options,
+    ).results  # fmt: skip
+    said = verdict(result)
+    assert said.startswith("Pruning base, keep 10% of the patches: `sink-aware` 1, ")
+    assert said.endswith("(all patches 1).")
+    layer = result.conditions["base"][0]
+    marks = {(s.feature, s.group): s.vs_yardsticks for s in layer.scores}
+    assert all(set(m) == {"chance", "majority class"} for m in marks.values())  # every point

@@ -95,8 +95,9 @@ class Pruning(ModelTask):
         return hook_name(model.n_layers - 1, SITE)
 
     def columns(self) -> list[tuple[str, str]]:
-        """(feature, group) of each output column: all patches, then each arm at each ratio."""
-        return [(ALL, keep_group(1.0))] + [(a, keep_group(r)) for a in ARMS for r in self.ratios]
+        """(feature, group) of each output column: all patches (group "all"), then each arm at
+        each keep ratio."""
+        return [(ALL, "all")] + [(a, keep_group(r)) for a in ARMS for r in self.ratios]
 
     def outputs(self, model: Model, x: Tensor) -> Tensor:
         """``[B, 1 + arms * ratios, D]``: the mean final feature of the patches each arm keeps."""
@@ -158,4 +159,6 @@ class Pruning(ModelTask):
             "batch is a sink), so it depends on --batch-size"
         ]
         marks = yardsticks.classification(y_train.long(), y_test, k, (METRIC,))
+        groups = ["all", *(keep_group(r) for r in self.ratios)]  # each curve point is judged
+        marks = [m.model_copy(update={"group": g}) for g in groups for m in marks]
         return TaskResult(self.name, layer, scores, notes, info, marks)
