@@ -25,6 +25,7 @@ from vitreg.probe.tasks.pruning import ALL, keep_group
 from vitreg.report.renderers.probe_figures import probe_figures
 from vitreg.testing.planted.planted_pruning import SINK, PruningTruth, pruning_images
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 RATIOS = (0.1, 0.2, 0.3, 0.6)
 FIT = FitSettings(seeds=(0,), epochs=20, lrs=(1e-2, 1e-1))
 
