@@ -30,5 +30,6 @@ def test_probe_pruning_draws_the_curves(tmp_path) -> None:
     assert layer["info"]["kept_tokens"] == [6, 13, 19, 26, 32, 38, 45, 51, 58]
     arms = {(s["feature"], s["group"]) for s in layer["scores"]}
     assert len(arms) == 1 + 4 * 9 and ("sink-aware", "keep 10%") in arms
+    assert "Means over seeds [0] with Student-t 95% confidence" in report
     assert runner.invoke(app, ["report", str(out)]).exit_code == 0
     assert (out / "report.md").read_text() == report

@@ -110,6 +110,9 @@ class Pruning(ModelTask):
         tokens, cache = model.run_with_cache(x, names=[name], reduce=scores, device=None)
         layout = model.layout.with_extra(0)  # features() strips inserted tokens
         patches = layout.take(tokens, "patches", dim=1).float()
+        if patches.shape[1] != self.n_patches:  # an input size other than the model's default
+            self.n_patches = patches.shape[1]
+            self.random = random_ranking(self.n_patches, self.seed)
         ranked = dict(zip([a for a in ARMS if a != RANDOM], cache[name].unbind(1), strict=True))
         ranked[RANDOM] = self.random.to(patches.device).expand(len(patches), -1)
         out = [patches.mean(1)]

@@ -15,6 +15,7 @@ from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.cache import input_config
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.scores import ProbeScores, data_record, fix_record, probe_results
 from vitreg.probe.tasks.base import TaskResult
 from vitreg.probe.tasks.model_task import ModelTask
@@ -96,6 +97,7 @@ def run_model_task(
         caches,
         described,
         probe.description,
+        list((options.get("fit") or FitSettings()).seeds) if train is not None else None,
     )
     return ProbeScores(summary, model.describe())
 
