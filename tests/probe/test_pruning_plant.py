@@ -127,6 +127,11 @@ def test_the_curves_match_the_ground_truth_with_and_without_the_fix(plant, data)
     assert truth.keeps_signal("cls-attention", keep_count(0.1, 64)) is False  # the curve falls
     deltas = {(d.feature, d.group): d.delta for d in result.deltas}
     assert deltas[("cls-attention", keep_group(0.1))] > 0.5
+    from vitreg.report.renderers.probe import verdict
+
+    said = verdict(result)
+    assert "; fixed, keep 10% of the patches: `" in said and " The fix (fixed − base): " in said
+    assert "; largest change `cls-attention` (keep " in said or "`received-attention` (keep" in said
     (curves,) = probe_figures(scored)
     assert curves.name == "probe_pruning_curves" and curves.png.startswith(b"\x89PNG")
     drawn = curves.source.axes[0].get_legend_handles_labels()[1]
