@@ -129,6 +129,7 @@ USERS_OWN = {
     "probe/run.py:run(task_options)",
     "probe/tasks/attention_seg.py:AttentionSeg.setup(options)",
     "probe/tasks/ov_seg.py:OvSeg.setup(options)",
+    "probe/tasks/pruning.py:Pruning.setup(options)",
     "probe/tasks/zero_shot.py:ZeroShot.setup(options)",
     "probe/tasks/model_task.py:ModelTask.setup(options)",
     "probe/zero_shot/runner.py:run_model_task(options)",

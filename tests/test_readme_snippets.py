@@ -114,7 +114,7 @@ def test_the_offline_examples_are_the_ones_expected():
     ]
     online = [w for _, b in blocks("bash") for w in commands(b) if needs(w) is not None]
     # hub models (timm:, hf:, open_clip:, LLaVA), hub sets, DIR, photos/, /data/, the wheel
-    assert len(online) == 17
+    assert len(online) == 18
 
 
 def test_the_readme_opens_with_the_two_commands_and_stays_short():

@@ -270,8 +270,10 @@ class ProbeRunConfig(RunConfig, Figures, OvSegProtocol, TtrSettings, ModelSource
     task: str = Field(
         "classification",
         description="classification, token-type, position, reconstruction, segmentation, "
-        "depth, object-discovery, zero-shot (CLIP with its text tower), attention-seg or ov-seg "
-        "(open-vocabulary segmentation, SCLIP protocol).",
+        "depth, object-discovery, zero-shot (CLIP with its text tower), attention-seg, ov-seg "
+        "(open-vocabulary segmentation, SCLIP protocol) or pruning (top-1 as the patch tokens "
+        "kept by [CLS] attention, received attention, SToP's sink-aware score or at random "
+        "shrink from 90% to 10%).",
     )
     data: str = Field(
         "synthetic-cls:n=200",

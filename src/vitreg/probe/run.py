@@ -73,7 +73,12 @@ def run(
             data,
             fix=fix,
             base=base,
-            options={"templates": templates, "cache_dir": cache_dir, **(task_options or {})},
+            options={
+                "templates": templates,
+                "cache_dir": cache_dir,
+                "fit": config,
+                **(task_options or {}),
+            },
             batch_size=batch_size,
             image_size=image_size,
             progress=progress,

@@ -114,6 +114,11 @@ class TaskInfo(OpenResults):
     pamr_steps: int | None = Field(None, description="ov-seg")
     pamr_dilations: list[int] | None = Field(None, description="ov-seg")
     protocol: OvSegProtocolRecord | None = Field(None, description="ov-seg --protocol published")
+    keep_ratios: list[float] | None = Field(None, description="pruning")
+    kept_tokens: list[int] | None = Field(None, description="pruning: patches kept per ratio")
+    patches: int | None = Field(None, description="pruning")
+    sink_mu: float | None = Field(None, description="pruning: SToP's mu_s")
+    sink_gamma: float | None = Field(None, description="pruning: SToP's gamma")
 
 
 class DataSetRecord(OpenResults):

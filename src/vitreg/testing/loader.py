@@ -9,6 +9,7 @@ from typing import Any
 from vitreg.errors import SpecError
 from vitreg.models.load import LOADERS, Loaded
 from vitreg.testing.planted import KINDS, build, build_kind
+from vitreg.testing.planted.planted_pruning import DESCRIPTION, build_pruning
 
 
 @LOADERS.register("planted")
@@ -33,6 +34,12 @@ def load_planted(
         module.vitreg_weights = "planted"
         module.vitreg_kind_truth = kind
         note = f"synthetic: {kind.description} (seed {seed}); random weights, not a trained model"
+        return Loaded(module, notes=[note])
+    if name == "pruning":  # a known token-pruning curve: no register neurons either
+        module, pruning = build_pruning(img_size=img_size or 64, seed=seed)
+        module.vitreg_weights = "planted"
+        module.vitreg_pruning_truth = pruning
+        note = f"synthetic: {DESCRIPTION} (seed {seed}); hand-set weights, not a trained model"
         return Loaded(module, notes=[note])
     module, truth = build(name, img_size=img_size or 224, seed=seed)
     module.vitreg_planted = truth

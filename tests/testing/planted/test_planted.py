@@ -69,6 +69,7 @@ def test_list_planted_names_and_descriptions() -> None:
         "dinov2_s14_early",
         "dinov2_s14_multiblock",
         *KINDS,  # one tiny model per kind of artifact (issue 20)
+        "pruning",  # a known token-pruning curve
     }
     assert all(isinstance(d, str) and d for d in names.values())
 

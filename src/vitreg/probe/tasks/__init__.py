@@ -8,6 +8,7 @@ from vitreg.probe.tasks import (
     discovery,
     local_info,
     ov_seg,
+    pruning,
     token_type,
     zero_shot,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "get_task",
     "local_info",
     "ov_seg",
+    "pruning",
     "register_task",
     "score_over_seeds",
     "token_type",

@@ -24,6 +24,7 @@ class ModelTask(Task):
 
     scores_model: ClassVar[bool] = True
     views: ClassVar[tuple[str, ...]] = ()
+    trains: ClassVar[bool] = False  # also runs over the train split and hands it to fit()
 
     def evaluate(
         self, train: CachedFeatures, test: CachedFeatures, layer: str, config: FitSettings
@@ -66,6 +67,11 @@ class ModelTask(Task):
         """``(outputs, kept targets)`` of one batch, both on the CPU; :meth:`score` receives
         them concatenated over the batches."""
         return self.outputs(model, x).float().cpu(), self.keep(targets)
+
+    def fit(self, outputs: Tensor, targets: Tensor) -> None:
+        """Learn from the train split's outputs of one condition before its test split is
+        scored; only tasks with ``trains`` are given a train split."""
+        raise NotImplementedError(f"task {self.name!r} trains nothing")
 
     @abstractmethod
     def score(self, outputs: Tensor, targets: Tensor, layer: str) -> TaskResult:

@@ -15,6 +15,7 @@ from vitreg.errors import InputError
 from vitreg.fix.base import Fix
 from vitreg.models.model import Model
 from vitreg.probe.cache import input_config
+from vitreg.probe.linear import FitSettings
 from vitreg.probe.scores import ProbeScores, data_record, fix_record, probe_results
 from vitreg.probe.tasks.base import TaskResult
 from vitreg.probe.tasks.model_task import ModelTask
@@ -34,7 +35,8 @@ def run_model_task(
     progress: Any,
 ) -> ProbeScores:
     """Score ``probe`` on the test split of ``data`` (a spec's ``val`` split, or the second of a
-    pair) bare (``base``) and/or under ``fix``; no train split is read: nothing is trained.
+    pair) bare (``base``) and/or under ``fix``; the train split is read (under each condition,
+    before its test split) only by a task that ``trains``.
     ``options``: ``templates`` (a prompt file for zero-shot, None for OpenAI's 80) and
     ``cache_dir`` (where zero-shot keeps its class embeddings).
 
@@ -46,6 +48,10 @@ def run_model_task(
     if not conditions:
         raise InputError("nothing to probe: base=False needs a fix")
     test = open_dataset(data, "val") if isinstance(data, str) else data[1]
+    train = None
+    if probe.trains:
+        train = open_dataset(data, "train") if isinstance(data, str) else data[0]
+        probe.check(tuple(train.targets), train.describe().get("spec", train.name))
     probe.check(tuple(test.targets), test.describe().get("spec", test.name))
     model.eval()
     options = {**options, "image_size": image_size, "progress": progress}
@@ -55,6 +61,8 @@ def run_model_task(
     for condition, applied in conditions.items():
         if not distributed.is_main():
             continue
+        if train is not None:
+            _fit(probe, model, train, condition, applied, passes, batch_size, image_size, progress)
         stage = f"{condition}/test"
         settled = probe.condition(applied)
         scope = applied.applied(model) if applied is not None else contextlib.nullcontext()
@@ -71,20 +79,49 @@ def run_model_task(
     described = None
     if fix is not None:
         described = fix_record(fix)
-    first = next(iter(passes.values()), {"skipped": {}, "repairs": {}})
-    unused = DataSetRecord(spec=test.describe().get("spec"), split="none, this task trains nothing")
+    tests = (p for stage, p in passes.items() if stage.endswith("/test"))
+    first = next(tests, {"skipped": {}, "repairs": {}})
     tested = data_record(test, first["skipped"], first["repairs"])
+    if train is not None:
+        trained = passes.get(f"{next(iter(conditions))}/train", {"skipped": {}, "repairs": {}})
+        used = data_record(train, trained["skipped"], trained["repairs"])
+    else:
+        used = DataSetRecord(
+            spec=test.describe().get("spec"), split="none, this task trains nothing"
+        )
     caches = {stage: FeatureCache.model_validate(p) for stage, p in passes.items()}
     summary = probe_results(
         probe.name,
-        ProbeData(train=unused, test=tested),
+        ProbeData(train=used, test=tested),
         [probe.layer(model)],
         results,
         caches,
         described,
         probe.description,
+        list((options.get("fit") or FitSettings()).seeds) if train is not None else None,
     )
     return ProbeScores(summary, model.describe())
+
+
+def _fit(
+    probe: ModelTask,
+    model: Model,
+    train: LabeledDataset,
+    condition: str,
+    applied: Fix | None,
+    passes: dict[str, dict[str, Any]],
+    batch_size: int,
+    image_size: int | None,
+    progress: Any,
+) -> None:
+    """One condition's pass over the train split, handed to ``probe.fit``."""
+    stage = f"{condition}/train"
+    scope = applied.applied(model) if applied is not None else contextlib.nullcontext()
+    label = f"running {probe.name} {stage} (samples)"
+    with scope, torch.no_grad(), progress(len(train), label) as update:
+        outputs, targets, passes[stage] = _pass(probe, model, train, batch_size, image_size, update)
+    require_usable(train, "train", passes[stage]["n"], passes[stage]["skipped"])
+    probe.fit(outputs, targets)
 
 
 def _pass(

@@ -90,6 +90,8 @@ def verdict(results: ProbeResults) -> str:
     ]
     if not scores:
         return "No score could be computed (see the notes of each layer)."
+    if results.task == "pruning":
+        return pruning_verdict(results) + _fix_sentence(results.deltas, name_group=True)
     metric = scores[0][2].metric
     ranked = [x for x in scores if x[2].metric == metric]
     sign = 1 if ranked[0][2].higher_is_better else -1
@@ -105,17 +107,41 @@ def verdict(results: ProbeResults) -> str:
     )
     where = f" at `{layer}`" if len(results.layers) > 1 else ""
     text = f"Best probe: {c} `{best.feature}`{where}, {metric} {_cell(best)}, {against}."
-    deltas = results.deltas
-    if deltas:
-        counts = {v: sum(d.verdict == v for d in deltas) for v in ("better", "worse")}
-        rest = len(deltas) - counts["better"] - counts["worse"]
-        big = max(deltas, key=lambda d: abs(d.delta))
-        text += (
-            f" The fix (fixed − base): {counts['better']} of {len(deltas)} scores better, "
-            f"{counts['worse']} worse, {rest} within noise or without an interval; largest "
-            f"change `{big.feature}` {big.metric} {_delta(big)}."
-        )
-    return text
+    return text + _fix_sentence(results.deltas)
+
+
+def _fix_sentence(deltas: list[ProbeDelta], name_group: bool = False) -> str:
+    """What the fix changed, in one sentence (empty without a fix); ``name_group`` names the
+    token group of the largest change."""
+    if not deltas:
+        return ""
+    counts = {v: sum(d.verdict == v for d in deltas) for v in ("better", "worse")}
+    rest = len(deltas) - counts["better"] - counts["worse"]
+    big = max(deltas, key=lambda d: abs(d.delta))
+    group = f" ({big.group})" if name_group and big.group != "all" else ""
+    return (
+        f" The fix (fixed − base): {counts['better']} of {len(deltas)} scores better, "
+        f"{counts['worse']} worse, {rest} within noise or without an interval; largest "
+        f"change `{big.feature}`{group} {big.metric} {_delta(big)}."
+    )
+
+
+def pruning_verdict(results: ProbeResults) -> str:
+    """Token pruning in one sentence: each ranking's score at the smallest keep ratio, best
+    first, per condition, beside the score with every patch kept."""
+    parts = []
+    for condition, layers in results.conditions.items():
+        layer = layers[0]
+        ratios = layer.info.keep_ratios or []
+        if not ratios:
+            continue
+        group = f"keep {min(ratios):.0%}"
+        at = [s for s in layer.scores if s.group == group and s.mean is not None]
+        full = [s for s in layer.scores if s.group == "all" and s.mean is not None]
+        ranked = ", ".join(f"`{s.feature}` {_cell(s)}" for s in sorted(at, key=lambda s: -s.mean))
+        every = f" (all patches {_cell(full[0])})" if full else ""
+        parts.append(f"{condition}, {group} of the patches: {ranked}{every}")
+    return "Pruning " + "; ".join(parts) + "."
 
 
 def data_block(results: ProbeResults) -> DataInfo:

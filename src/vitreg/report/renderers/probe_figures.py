@@ -152,11 +152,59 @@ def _palette(k: int) -> list:
     return [colormaps["tab20"](i % 20) for i in range(k)]
 
 
+def pruning_curves(results: ProbeResults) -> Figure:
+    """Token pruning: top-1 against the keep ratio, a curve per arm with its 95% interval (base
+    solid, fixed dashed), all patches and the yardsticks as dotted lines."""
+    from vitreg.probe.tasks.pruning import ALL, keep_group
+
+    fig = new_canvas(7.5, 3.6)
+    ax = fig.add_subplot(1, 1, 1)
+    for condition, layers in results.conditions.items():
+        layer = layers[0]
+        style = "-" if condition == "base" else "--"
+        ratios = {keep_group(r): r for r in layer.info.keep_ratios or []}
+        arms = dict.fromkeys(s.feature for s in layer.scores if s.feature != ALL)
+        for ai, arm in enumerate(arms):
+            points = sorted(
+                (ratios[s.group], s.mean, s.ci95 or 0.0)
+                for s in layer.scores
+                if s.feature == arm and s.group in ratios and s.mean is not None
+            )
+            if points:
+                x, mean, ci = (np.array(v, dtype=float) for v in zip(*points, strict=True))
+                ax.errorbar(x, mean, yerr=ci, capsize=3, marker="o", color=f"C{ai}",
+                            linestyle=style, label=f"{condition}: {arm}")  # fmt: skip
+        full = next((s for s in layer.scores if s.feature == ALL and s.mean is not None), None)
+        if full is not None:
+            ax.axhline(full.mean, color="k", linestyle=style, linewidth=1)
+            ax.annotate(f"{condition}: all patches", (0.0, full.mean), fontsize=7)
+    first = next(iter(results.conditions.values()))[0]
+    for y in first.yardsticks:
+        if y.value is not None and y.group == "all":
+            ax.axhline(y.value, color="0.5", linestyle=":", linewidth=1)
+            ax.annotate(y.name, (0.0, y.value), fontsize=7, color="0.4")
+    ax.set_xlabel("keep ratio (share of patch tokens kept)")
+    ax.set_ylabel("top1")
+    ax.set_xlim(0, 1)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, borderaxespad=0)
+    fig.subplots_adjust(left=0.1, right=0.62, bottom=0.14, top=0.95)
+    styles = " (base solid, fixed dashed)" if len(results.conditions) == 2 else ""
+    caption = (
+        "Token pruning: top-1 of a linear probe on the mean of the kept patches against the "
+        f"share kept, one curve per ranking{styles}, mean over seeds with its 95% interval; "
+        "black: all patches kept; dotted grey: the yardsticks."
+    )
+    return figure("probe_pruning_curves", caption, fig)
+
+
 def probe_figures(run: ProbeScores) -> list[Figure]:
-    """The figures of a probe run: its scores per layer (or at its one layer) and, where its
-    task kept example predictions, the last layer's predictions beside the targets."""
+    """The figures of a probe run: its scores per layer (or at its one layer; for pruning the
+    curves over the keep ratios) and, where its task kept example predictions, the last
+    layer's predictions beside the targets."""
     results = run.results
     drawn = metric_per_layer if len(results.layers) > 1 else scores_at_layer
+    if results.task == "pruning":
+        drawn = pruning_curves
     figures = [drawn(results)] if _series(results) else []
     last = {
         c: rs[-1]
