@@ -43,4 +43,12 @@ def show(results: VlmResults, run_dir: Path) -> None:
         f"max/median patch norm {num(s.max_over_median_before)} -> "
         f"{num(s.max_over_median_after)}"
     )
+    tax = results.taxonomy
+    if tax is not None:
+        for before, after in zip(tax.before, tax.after, strict=True):
+            console.print(
+                f"{before.site}: sink / dead / alive {before.sink} / {before.dead} / "
+                f"{before.alive} -> {after.sink} / {after.dead} / {after.alive} "
+                f"(alive {pct(before.alive_share)} -> {pct(after.alive_share)})"
+            )
     show_path("run directory", run_dir)
