@@ -4,7 +4,8 @@
 A visual token ``v`` at a language-model site (0: the input, i.e. the projector output; ``k``:
 the output of decoder layer ``k``) has the ``k`` vocabulary ids with the largest cosine between
 ``v`` and the rows of the input-embedding matrix. It is a *sink* when one of them is a sink
-anchor, else *dead* when one is a dead anchor, else *alive*. The anchors are vocabulary ids:
+anchor, else *dead* when one is a dead anchor or ``v`` is the zero vector (it has no direction,
+so no nearest token: no content), else *alive*. The anchors are vocabulary ids:
 given (EmbedLens uses 1141 and 26673 as sinks, 30296 as dead for LLaVA-1.5-7B, ``k = 3``) or
 found on the run (:func:`find_anchors`).
 """
@@ -28,9 +29,11 @@ CLASSES = ("sink", "dead", "alive")
 SINK, DEAD, ALIVE = range(3)
 DEFAULT_K = 3  # EmbedLens's top-k
 SINK_SHARE = 0.2  # a found sink anchor is the nearest token of this share of high-norm tokens
+ZERO = 1e-6  # of a site's largest norm: below it a token is the zero vector (dead)
 RULE = (
     "k nearest vocabulary tokens by cosine to the input-embedding matrix; sink if one is a sink "
-    "anchor, else dead if one is a dead anchor, else alive (EmbedLens, arXiv 2603.00510)"
+    "anchor, else dead if one is a dead anchor or the token is the zero vector, else alive "
+    "(EmbedLens, arXiv 2603.00510)"
 )
 FOUND_SINKS = (
     f"found: each vocabulary id that is the nearest token of at least {SINK_SHARE:.0%} of the "
@@ -40,6 +43,10 @@ FOUND_SINKS = (
 FOUND_DEAD = (
     "found: the nearest vocabulary id of the projector's output for an all-zero tower feature "
     "(a token that carries no image content)"
+)
+NO_DEAD = (
+    "found: none -- the projector maps an all-zero tower feature to the zero vector, so only "
+    "zero-vector tokens are dead"
 )
 
 
@@ -138,11 +145,19 @@ def capture_sites(
             h.remove()
 
 
-def classify(nearest: torch.Tensor, anchors: TaxonomyAnchors) -> torch.Tensor:
-    """``[n]`` class codes (:data:`SINK`, :data:`DEAD`, :data:`ALIVE`) of tokens with ``k``
-    nearest ids ``[n, k]``: sink first, then dead."""
-    sink = torch.isin(nearest, torch.tensor(anchors.sink_ids, dtype=torch.long)).any(-1)
-    dead = torch.isin(nearest, torch.tensor(anchors.dead_ids, dtype=torch.long)).any(-1)
+def is_zero(norms: torch.Tensor) -> torch.Tensor:
+    """``[n]`` bool: tokens whose norm is below :data:`ZERO` of the largest (all of them when
+    every norm is 0)."""
+    return norms <= ZERO * norms.max() if norms.numel() else norms.bool()
+
+
+def classify(tokens: SiteTokens, anchors: TaxonomyAnchors) -> torch.Tensor:
+    """``[n]`` class codes (:data:`SINK`, :data:`DEAD`, :data:`ALIVE`) of one site's tokens:
+    a zero vector is dead; else sink first, then dead, by the ``k`` nearest ids."""
+    nearest = tokens.nearest
+    zero = is_zero(tokens.norms)
+    sink = torch.isin(nearest, torch.tensor(anchors.sink_ids, dtype=torch.long)).any(-1) & ~zero
+    dead = torch.isin(nearest, torch.tensor(anchors.dead_ids, dtype=torch.long)).any(-1) | zero
     codes = torch.full(nearest.shape[:1], ALIVE, dtype=torch.long)
     codes[dead] = DEAD
     codes[sink] = SINK
@@ -166,7 +181,7 @@ def split(layer: int, codes: torch.Tensor) -> SiteSplit:
 
 def splits(tokens: dict[int, SiteTokens], anchors: TaxonomyAnchors) -> list[SiteSplit]:
     """The split at every captured site, in site order."""
-    return [split(s, classify(tokens[s].nearest, anchors)) for s in sorted(tokens)]
+    return [split(s, classify(tokens[s], anchors)) for s in sorted(tokens)]
 
 
 def total(parts: Sequence[Sequence[SiteSplit]]) -> list[SiteSplit]:
@@ -200,14 +215,15 @@ def found_sinks(inputs: Sequence[SiteTokens]) -> list[int]:
     """Sink anchors from the input tokens of every image (see :data:`FOUND_SINKS`)."""
     tops: Counter[int] = Counter()
     for t in inputs:
-        flagged = robust_mask(t.norms[None])[0]
+        flagged = robust_mask(t.norms[None])[0] & ~is_zero(t.norms)
         tops.update(int(i) for i in t.nearest[flagged, 0])
     n = sum(tops.values())
     return sorted(i for i, c in tops.items() if c >= SINK_SHARE * n)
 
 
 def found_dead(vlm: VLM) -> list[int]:
-    """The dead anchor (see :data:`FOUND_DEAD`): the projector applied to a zero feature."""
+    """The dead anchor (see :data:`FOUND_DEAD`): the projector applied to a zero feature; none
+    when that is the zero vector too."""
     projector = vlm.projector
     first = next(projector.parameters(), None)
     width = getattr(projector, "linear_1", None)
@@ -218,6 +234,8 @@ def found_dead(vlm: VLM) -> list[int]:
     zero = torch.zeros(1, 1, width.in_features, device=first.device, dtype=first.dtype)
     with torch.no_grad():
         out = projector(zero)[0]
+    if float(out.float().norm()) == 0.0:
+        return []
     return nearest_ids(out, embeddings(vlm).to(out.device), 1)[0].tolist()
 
 
@@ -231,6 +249,7 @@ def find_anchors(
     size = embeddings(vlm).shape[0]
     sinks = _check_ids(sink_ids, size, "sink-tokens") if sink_ids else found_sinks(inputs)
     dead = _check_ids(dead_ids, size, "dead-tokens") if dead_ids else found_dead(vlm)
+    found = FOUND_DEAD if dead else NO_DEAD
     words = vlm.tokenizer.convert_ids_to_tokens if vlm.tokenizer is not None else None
     return TaxonomyAnchors(
         sink_ids=sinks,
@@ -238,5 +257,5 @@ def find_anchors(
         sink_tokens=[str(words(i)) for i in sinks] if words else [],
         dead_tokens=[str(words(i)) for i in dead] if words else [],
         sink_source="given" if sink_ids else FOUND_SINKS,
-        dead_source="given" if dead_ids else FOUND_DEAD,
+        dead_source="given" if dead_ids else found,
     )
