@@ -3,6 +3,8 @@ the fix on the vision tower, and their means."""
 
 from __future__ import annotations
 
+from itertools import zip_longest
+
 from pydantic import Field
 
 from vitreg.results.base import ResultsModel
@@ -102,6 +104,10 @@ class VlmTaxonomy(ResultsModel):
     anchors: TaxonomyAnchors
     before: list[SiteSplit]
     after: list[SiteSplit]
+
+    def pairs(self) -> list[tuple[SiteSplit | None, SiteSplit | None]]:
+        """Site by site, (before, after); None where one side has fewer sites."""
+        return list(zip_longest(self.before, self.after))
 
 
 class VlmImage(ResultsModel):

@@ -96,10 +96,17 @@ def check_k(vlm: VLM, k: int) -> int:
     return k
 
 
-def nearest_ids(hidden: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
+def unit_rows(table: torch.Tensor) -> torch.Tensor:
+    """``table`` in float32 with each row scaled to length 1 (a zero row stays zero)."""
+    return F.normalize(table.float(), dim=-1)
+
+
+def nearest_ids(
+    hidden: torch.Tensor, table: torch.Tensor, k: int, unit: bool = False
+) -> torch.Tensor:
     """``[n, k]`` ids of the ``k`` rows of ``table [V, D]`` with the largest cosine to each row
-    of ``hidden [n, D]``."""
-    sims = F.normalize(hidden.float(), dim=-1) @ F.normalize(table.float(), dim=-1).T
+    of ``hidden [n, D]`` (``unit``: ``table`` is :func:`unit_rows` already)."""
+    sims = unit_rows(hidden) @ (table if unit else unit_rows(table)).T
     return sims.topk(k, dim=-1).indices
 
 
@@ -118,13 +125,15 @@ def capture_sites(
     """While active, one forward pass fills ``{site: SiteTokens}`` for the image tokens at
     ``positions``: site 0 from decoder layer 0's input, site ``j`` from layer ``j``'s output."""
     layers, table = vlm.lm_layers, embeddings(vlm)
+    units: dict[torch.device, torch.Tensor] = {}  # the unit table, once per pass and device
     found: dict[int, SiteTokens] = {}
 
     def keep(site: int, hidden: torch.Tensor) -> None:
         h = hidden[0].index_select(0, positions.to(hidden.device)).detach()
-        found[site] = SiteTokens(
-            nearest_ids(h, table.to(h.device), k).cpu(), h.float().norm(dim=-1).cpu()
-        )
+        if h.device not in units:
+            units[h.device] = unit_rows(table.detach().to(h.device))
+        nearest = nearest_ids(h, units[h.device], k, unit=True)
+        found[site] = SiteTokens(nearest.cpu(), h.float().norm(dim=-1).cpu())
 
     def pre(_m: torch.nn.Module, args: tuple, kwargs: dict[str, torch.Tensor]) -> None:
         keep(0, _hidden(args[0] if args else kwargs["hidden_states"]))

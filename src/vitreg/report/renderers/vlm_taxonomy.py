@@ -40,10 +40,11 @@ def taxonomy_figure(tax: VlmTaxonomy) -> Figure:
     fig = new_canvas(max(4.0, 1.4 * len(tax.before) + 2.0), 3.2)
     ax = fig.subplots()
     labels, bars = [], []
-    for before, after in zip(tax.before, tax.after, strict=True):
+    for before, after in tax.pairs():
         for side, part in (("before", before), ("after", after)):
-            labels.append(f"{part.site}\n{side}")
-            bars.append(part)
+            if part is not None:
+                labels.append(f"{part.site}\n{side}")
+                bars.append(part)
     x = list(range(len(bars)))
     bottom = [0.0] * len(bars)
     for name, colour in COLOURS.items():
@@ -63,7 +64,9 @@ def taxonomy_figure(tax: VlmTaxonomy) -> Figure:
     return figure("vlm_taxonomy", caption, fig)
 
 
-def _row(side: str, p: SiteSplit) -> list[str]:
+def _row(side: str, p: SiteSplit | None) -> list[str]:
+    if p is None:
+        return ["–", side, "–", "–", "–", "–"]
     return [text(p.site), side, num(p.sink), num(p.dead), num(p.alive), pct(p.alive_share)]
 
 
@@ -75,7 +78,7 @@ def _ids(ids: list[int], tokens: list[str]) -> str:
 def taxonomy_section(tax: VlmTaxonomy) -> Section:
     """The counts per site and condition, the anchors and what the split means."""
     rows = []
-    for before, after in zip(tax.before, tax.after, strict=True):
+    for before, after in tax.pairs():
         rows += [_row("before", before), _row("after", after)]
     table = Table(["site", "fix", "sink", "dead", "alive", "alive share"], rows)
     a = tax.anchors
