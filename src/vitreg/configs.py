@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import (
     Field,
     JsonValue,
+    NonNegativeInt,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -138,6 +139,13 @@ class DiagnoseConfig(RunConfig, Figures, ImageSet, ModelSource):
         return self
 
 
+def comma_list(v: Any) -> Any:
+    """``"1,2"`` -> ``["1", "2"]`` (an empty string -> None); other values as given."""
+    if isinstance(v, str):
+        return [part.strip() for part in v.split(",") if part.strip()] or None
+    return v
+
+
 class NeuronsConfig(RunConfig, Figures, NeuronSearch, ImageSet, ModelSource):
     verb: ClassVar[str] = "neurons"
 
@@ -159,12 +167,7 @@ class NeuronsConfig(RunConfig, Figures, NeuronSearch, ImageSet, ModelSource):
     )
     checkpoint_every: PositiveInt | None = CHECKPOINT_EVERY
 
-    @field_validator("check_sizes", mode="before")
-    @classmethod
-    def _comma_separated(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return [part.strip() for part in v.split(",") if part.strip()] or None
-        return v
+    _comma_separated = field_validator("check_sizes", mode="before")(comma_list)
 
 
 class FixConfig(
@@ -253,6 +256,33 @@ class VlmConfig(RunConfig, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, Mo
     )
     max_new_tokens: int = Field(32, gt=0, le=4096, description="Answer length cap.")
     batch_size: int = Field(8, gt=0, le=65536, description="Images per tower pass.")
+    llm_layers: list[PositiveInt] | None = Field(
+        None,
+        description="Comma-separated language-model layers (k: the output of decoder layer k) "
+        "where the sink / dead / alive split of the image tokens is also taken; the input "
+        "(projector output) always is.",
+    )
+    taxonomy_k: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Nearest vocabulary tokens per image token in the sink / dead / alive "
+        "split (EmbedLens: 3).",
+    )
+    sink_tokens: list[NonNegativeInt] | None = Field(
+        None,
+        description="Comma-separated vocabulary ids marking sink tokens (EmbedLens, LLaVA-1.5-7B: "
+        "1141,26673); default: found on the run.",
+    )
+    dead_tokens: list[NonNegativeInt] | None = Field(
+        None,
+        description="Comma-separated vocabulary ids marking dead tokens (EmbedLens, LLaVA-1.5-7B: "
+        "30296); default: the nearest token of the projector's output for a zero feature.",
+    )
+
+    _comma_separated = field_validator("llm_layers", "sink_tokens", "dead_tokens", mode="before")(
+        comma_list
+    )
 
     @field_validator("spec")
     @classmethod

@@ -43,4 +43,12 @@ def show(results: VlmResults, run_dir: Path) -> None:
         f"max/median patch norm {num(s.max_over_median_before)} -> "
         f"{num(s.max_over_median_after)}"
     )
+    tax = results.taxonomy
+    for before, after in tax.pairs() if tax is not None else []:
+        part = before or after
+        counts = ["–" if p is None else f"{p.sink} / {p.dead} / {p.alive}" for p in (before, after)]
+        console.print(
+            f"{part.site if part else '?'}: sink / dead / alive {counts[0]} -> {counts[1]} "
+            f"(alive {pct(before and before.alive_share)} -> {pct(after and after.alive_share)})"
+        )
     show_path("run directory", run_dir)

@@ -3,6 +3,8 @@ the fix on the vision tower, and their means."""
 
 from __future__ import annotations
 
+from itertools import zip_longest
+
 from pydantic import Field
 
 from vitreg.results.base import ResultsModel
@@ -61,6 +63,53 @@ class OutlierAttention(ResultsModel):
     after: float | None
 
 
+class SiteSplit(ResultsModel):
+    """The sink / dead / alive split of the image tokens at one language-model site."""
+
+    site: str
+    layer: int = Field(
+        description="hidden-state index: 0 the input (projector output), k the output of "
+        "decoder layer k"
+    )
+    n_tokens: int
+    sink: int
+    dead: int
+    alive: int
+    alive_share: float
+
+
+class TaxonomySides(ResultsModel):
+    """The split at each site, without (before) and with (after) the fix."""
+
+    before: list[SiteSplit]
+    after: list[SiteSplit]
+
+
+class TaxonomyAnchors(ResultsModel):
+    """The vocabulary ids that mark sink and dead tokens, and where they came from."""
+
+    sink_ids: list[int]
+    dead_ids: list[int]
+    sink_tokens: list[str]
+    dead_tokens: list[str]
+    sink_source: str
+    dead_source: str
+
+
+class VlmTaxonomy(ResultsModel):
+    """EmbedLens's sink / dead / alive split of the image tokens, summed over images."""
+
+    rule: str
+    k: int = Field(description="nearest vocabulary tokens looked at per image token")
+    anchors: TaxonomyAnchors
+    before: list[SiteSplit]
+    after: list[SiteSplit]
+
+    def pairs(self) -> list[tuple[SiteSplit | None, SiteSplit | None]]:
+        """Site by site, (before, after); None where one side has fewer sites."""
+        return list(zip_longest(self.before, self.after))
+
+
 class VlmImage(ResultsModel):
     """One image: before and after the fix, and what changed."""
 
@@ -69,6 +118,7 @@ class VlmImage(ResultsModel):
     answer_change: AnswerChange
     first_token: FirstTokenChange
     attention_on_outliers: OutlierAttention
+    taxonomy: TaxonomySides | None = None
 
 
 class VlmSummary(ResultsModel):
@@ -107,3 +157,4 @@ class VlmResults(ResultsModel):
     summary: VlmSummary
     images: list[VlmImage]
     neurons: NeuronsUsed | None = None
+    taxonomy: VlmTaxonomy | None = None

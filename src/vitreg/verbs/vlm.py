@@ -77,6 +77,10 @@ def run_vlm(
             query=cfg.query,
             batch_size=cfg.batch_size,
             progress=update,
+            llm_layers=cfg.llm_layers,
+            taxonomy_k=cfg.taxonomy_k,
+            sink_tokens=cfg.sink_tokens,
+            dead_tokens=cfg.dead_tokens,
         )
     neurons = NeuronsUsed.model_validate(plain(info))
     results = result.results.model_copy(update={"neurons": neurons})
@@ -107,8 +111,8 @@ VERB = register(
         config=VlmConfig,
         run=run_vlm,
         help="""Answer a prompt per image without and with test-time registers on the VLM's vision
-    tower; report the language model's attention over the image, the tower's norms and the
-    answers.""",
+    tower; report the language model's attention over the image, the tower's norms, the
+    answers and the sink / dead / alive split of the image tokens.""",
         results=VlmResults,
         renderer="vitreg.report.renderers.vlm",
         argument=("spec",),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,7 @@ from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.loaders.hf_vlm import VLM, vlm_of
 from vitreg.models.model import Model
+from vitreg.vlm.taxonomy import DEFAULT_K, SiteTokens, capture_sites
 
 
 @dataclass
@@ -46,14 +47,16 @@ class ImageAttention:
 
 @dataclass
 class Reading:
-    """One teacher-forced forward pass: the attention rows, logits at the asked positions, and
-    the tower's per-token norms at the feature layer (``[h, w]`` patches, inserted tokens)."""
+    """One teacher-forced forward pass: the attention rows, logits at the asked positions, the
+    tower's per-token norms at the feature layer (``[h, w]`` patches, inserted tokens), and the
+    image tokens' nearest vocabulary ids at the language-model sites read (``{0: input, ...}``)."""
 
     attention: ImageAttention
     logits: torch.Tensor  # [len(logit_positions), vocab]
     norm_grid: torch.Tensor
     extra_norms: torch.Tensor  # [n_extra]: the test-time registers' norms (empty without)
     layout: TokenLayout  # the tower's layout in that pass (inserted tokens included)
+    sites: dict[int, SiteTokens] = field(default_factory=dict)
 
 
 def feature_site(model: Model, vlm: VLM) -> str:
@@ -106,9 +109,12 @@ def read(
     pixel_values: torch.Tensor,
     positions: Sequence[int],
     logit_positions: Sequence[int],
+    sites: Sequence[int] = (0,),
+    k: int = DEFAULT_K,
 ) -> Reading:
     """One forward pass of the VLM over ``ids`` (prompt + answer) reading attention rows,
-    logits at ``logit_positions`` and the tower's feature-layer norms."""
+    logits at ``logit_positions``, the tower's feature-layer norms and the image tokens'
+    ``k`` nearest vocabulary ids at the language-model ``sites`` (0: its input)."""
     vlm = vlm_of(model)
     found: dict[str, torch.Tensor | TokenLayout] = {}
 
@@ -120,10 +126,12 @@ def read(
         found["layout"] = lay
 
     keep = torch.tensor(list(logit_positions), dtype=torch.long, device=model.device)
+    images = image_positions(vlm, ids)
     with (
         torch.no_grad(),
         model.hooks([(feature_site(model, vlm), save)]),
-        capture_rows(vlm, positions, image_positions(vlm, ids)) as rows,
+        capture_rows(vlm, positions, images) as rows,
+        capture_sites(vlm, images, sites, k) as tokens,
     ):
         out = vlm.module(
             input_ids=ids.to(model.device),
@@ -138,6 +146,7 @@ def read(
         found["grid"],
         found["extra"],
         found["layout"],
+        tokens,
     )
 
 

@@ -20,10 +20,13 @@ from vitreg.results.vlm import (
     FirstToken,
     Generation,
     OutlierAttention,
+    TaxonomySides,
     VlmImage,
     VlmResults,
     VlmSummary,
+    VlmTaxonomy,
 )
+from vitreg.vlm import taxonomy
 from vitreg.vlm.attention import Reading, read, to_grid
 from vitreg.vlm.change import answer_change, first_token_change
 from vitreg.vlm.inputs import prompt_text, query_positions, token_ids
@@ -81,9 +84,12 @@ def condition(
     pixel_values: torch.Tensor,
     query: str | Sequence[int] = "answer",
     max_new_tokens: int = 32,
+    sites: Sequence[int] = (0,),
+    k: int = taxonomy.DEFAULT_K,
 ) -> Condition:
     """Generate greedily from ``ids`` and one image, then read the attention of the ``query`` rows
-    over the image tokens in a forward pass over prompt + answer (fixes active stay active).
+    over the image tokens, and the image tokens' ``k`` nearest vocabulary ids at the
+    language-model ``sites``, in a forward pass over prompt + answer (fixes active stay active).
 
     The image token is never generated (suppressed, :data:`SUPPRESSED`): fed back with the
     answer it would be taken for an image placeholder that has no image features (an untrained
@@ -104,7 +110,7 @@ def condition(
     seq = torch.cat([ids[0].cpu(), generated])[None]
     n_prompt = ids.shape[1]
     positions = query_positions(query, n_prompt, len(generated), seq.shape[1])
-    reading = read(model, seq, pv, positions, [n_prompt - 1])
+    reading = read(model, seq, pv, positions, [n_prompt - 1], sites, k)
     size = (int(pv.shape[-2]), int(pv.shape[-1]))
     layers = reading.attention.layer_maps()
     grids = torch.stack([to_grid(model, m, size) for m in layers])
@@ -184,6 +190,35 @@ def summary(rows: list[VlmImage]) -> VlmSummary:
     )
 
 
+def token_taxonomy(
+    model: Model,
+    compared: list[ImageResult],
+    k: int,
+    sink_tokens: Sequence[int] | None,
+    dead_tokens: Sequence[int] | None,
+) -> VlmTaxonomy:
+    """The sink / dead / alive split over all images (anchors from the bare input tokens
+    when not given), each image's own split attached to its ``results``."""
+    vlm = vlm_of(model)
+    inputs = [c.before.reading.sites[0] for c in compared]
+    anchors = taxonomy.find_anchors(vlm, inputs, sink_tokens, dead_tokens)
+    sides = []
+    for c in compared:
+        side = TaxonomySides(
+            before=taxonomy.splits(c.before.reading.sites, anchors),
+            after=taxonomy.splits(c.after.reading.sites, anchors),
+        )
+        c.results = c.results.model_copy(update={"taxonomy": side})
+        sides.append(side)
+    return VlmTaxonomy(
+        rule=taxonomy.RULE,
+        k=k,
+        anchors=anchors,
+        before=taxonomy.total([s.before for s in sides]),
+        after=taxonomy.total([s.after for s in sides]),
+    )
+
+
 def run_vlm(
     model: Model,
     images: Any,
@@ -193,14 +228,21 @@ def run_vlm(
     query: str | Sequence[int] = "answer",
     batch_size: int = 8,
     progress: Update | None = None,
+    llm_layers: Sequence[int] | None = None,
+    taxonomy_k: int = taxonomy.DEFAULT_K,
+    sink_tokens: Sequence[int] | None = None,
+    dead_tokens: Sequence[int] | None = None,
 ) -> VlmResult:
     """For each image (tensor batches, a DataLoader or an image source in the tower's input
     space): answer ``prompt`` and read the attention maps without, then with ``fix`` applied
-    to the tower. One image per forward pass, the VLM on the tower's device; ``progress(n)``
-    after each image."""
+    to the tower; and the sink / dead / alive split of the image tokens at the language
+    model's input and at ``llm_layers`` (:mod:`vitreg.vlm.taxonomy`). One image per forward
+    pass, the VLM on the tower's device; ``progress(n)`` after each image."""
     from vitreg.vlm.attention import feature_site
 
     vlm = vlm_of(model)
+    sites = taxonomy.check_sites(vlm, llm_layers)
+    k = taxonomy.check_k(vlm, taxonomy_k)
     vlm.module.to(device=model.device)  # the tower may have been moved alone (Model.to)
     text = prompt_text(vlm, prompt)
     compared: list[ImageResult] = []
@@ -208,12 +250,13 @@ def run_vlm(
         for x in batch:
             pv = x[None]
             ids = token_ids(model, vlm, text, (int(pv.shape[-2]), int(pv.shape[-1])))
-            before = condition(model, ids, pv, query, max_new_tokens)
+            before = condition(model, ids, pv, query, max_new_tokens, sites, k)
             with fix.applied(model):
-                after = condition(model, ids, pv, query, max_new_tokens)
+                after = condition(model, ids, pv, query, max_new_tokens, sites, k)
             compared.append(ImageResult.compare(before, after))
             if progress is not None:
                 progress(len(compared))
+    split = token_taxonomy(model, compared, k, sink_tokens, dead_tokens) if compared else None
     rows = [r.results for r in compared]
     token = vlm.tokenizer.convert_ids_to_tokens(vlm.image_token_id)
     results = VlmResults(
@@ -227,5 +270,6 @@ def run_vlm(
         ),
         summary=summary(rows),
         images=rows,
+        taxonomy=split,
     )
     return VlmResult(results, compared)

@@ -53,6 +53,13 @@ class VLM:
         return first_attr(self.module, "model.vision_tower", "vision_tower", unsupported=LAYOUT)
 
     @property
+    def projector(self) -> nn.Module:
+        """The multimodal projector (tower features -> language-model input)."""
+        return first_attr(
+            self.module, "model.multi_modal_projector", "multi_modal_projector", unsupported=LAYOUT
+        )
+
+    @property
     def lm_layers(self) -> list[nn.Module]:
         """The language model's decoder layers."""
         return list(

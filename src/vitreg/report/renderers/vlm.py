@@ -17,6 +17,7 @@ from vitreg.report.render.envelope import (
     synthetic_banner,
 )
 from vitreg.report.render.markdown import (
+    FigureRef,
     Report,
     Section,
     Table,
@@ -27,6 +28,11 @@ from vitreg.report.render.markdown import (
     text,
 )
 from vitreg.report.render.plots import CLIP_TEXT, MAX_ROWS, Figure, overlay_grid, png_bytes
+from vitreg.report.renderers.vlm_taxonomy import (
+    taxonomy_figure,
+    taxonomy_headlines,
+    taxonomy_section,
+)
 from vitreg.report.writer import write_run
 from vitreg.results.fix import NamedFix, TtrDescription
 from vitreg.results.schema import DataInfo, Envelope, ModelInfo
@@ -61,11 +67,12 @@ QUERY_TEXT = {
 
 
 def headlines(results: VlmResults) -> list[Headline]:
-    """One headline per summary number."""
-    return [
+    """One headline per summary number, and the input's split when the run has one."""
+    found = [
         Headline(f"vlm.{key}", f"/results/summary/{key}", better, label, unit=unit)
         for key, label, better, unit in SUMMARY
     ]
+    return found + (taxonomy_headlines() if results.taxonomy is not None else [])
 
 
 def _query(results: VlmResults) -> str:
@@ -200,7 +207,16 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
             f"Register neurons: {results.neurons.n_neurons}, {results.neurons.source}."
         )
     intro.blocks.append(MEANING.format(site=results.feature_site, query=_query(results)))
-    sections = [intro, figure_section("Maps", figures)]
+    maps = [f for f in figures if f.name != "vlm_taxonomy"]
+    sections = [intro, figure_section("Maps", maps)]
+    if results.taxonomy is not None:
+        split = taxonomy_section(results.taxonomy)
+        split.blocks += [
+            FigureRef(f"figures/{f.filename}", f.caption)
+            for f in figures
+            if f.name == "vlm_taxonomy"
+        ]
+        sections.append(split)
     sections += [image_section(i, row) for i, row in enumerate(results.images)]
     sections += [data_section(doc), model_section(doc), provenance_section(doc)]
     return Report(synthetic_banner(doc), "vitreg vlm: language→image attention", sections)
@@ -234,6 +250,8 @@ def write_vlm_run(
         figures = map_figures(doc.results, images)
         if layer_maps is not None:
             figures.append(layer_figure(layer_maps, images[0] if images is not None else None))
+        if doc.results.taxonomy is not None:
+            figures.append(taxonomy_figure(doc.results.taxonomy))
         return figures
 
     write_run(out_dir, doc, report, draw)
