@@ -145,6 +145,14 @@ def test_models_it_is_not_defined_on_are_refused_by_name():
         torch.testing.assert_close(m.features(x), m.module.forward_features(x))
 
 
+def test_the_channel_plant_refuses_channels_that_are_not_distinct_indices():
+    from vitreg.testing.planted.planted_channels import build_channel_plant
+
+    for bad in ((), (3, 3), (-1, 2)):
+        with pytest.raises(InputError, match="distinct"):
+            build_channel_plant(channels=bad)
+
+
 def test_registered_with_its_published_settings():
     fix = FIXES.build("rf-clip", FixInputs(tower()))
     assert isinstance(fix, RFCLIP) and FIXES["rf-clip"].last_block

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from vitreg.errors import InputError
-from vitreg.testing.planted.planted import SPECS, _plan, build_timm
+from vitreg.testing.planted.planted import build_timm
 from vitreg.testing.planted.truth import GroundTruth, TruthModel
 
 CHANNELS = (4, 162, 474)  # RF-CLIP's distraction channels of CLIP ViT-B/16
@@ -49,23 +49,22 @@ def build_channel_plant(
     seed: int = 0,
 ) -> tuple[nn.Module, ChannelTruth]:
     """The planted timm fixture ``name`` with its planted writes moved into ``channels``."""
+    if not channels or min(channels) < 0 or len(set(channels)) != len(channels):
+        raise InputError(f"channels must be distinct indices >= 0, got {channels}")
     module, base = build_timm(name, img_size=img_size, seed=seed)
-    spec = SPECS[name]
     d = module.embed_dim
-    plan = _plan(module, spec, torch.Generator().manual_seed(seed))  # build_timm's own plan
-    taken = sorted(set(channels) & set(plan.reserved))
-    if not channels or min(channels) < 0 or max(channels) >= d or taken:
-        raise InputError(
-            f"channels {channels} must be distinct indices < {d} outside the plant's reserved "
-            f"channels (these collide: {taken})"
-        )
+    if max(channels) >= d:
+        raise InputError(f"channels {channels}: all must be < the width {d} of {name}")
+    # the plant's reserved channels only matter up to its first layer, so any channel will do
     write = torch.zeros(d)
     write[list(channels)] = 1 / math.sqrt(len(channels))
     with torch.no_grad():
-        for layer in spec.layers:
+        for layer, units in base.units_by_layer().items():
             fc2 = module.blocks[layer].mlp.fc2
-            for j in plan.units[layer]:
+            for j in units:
                 fc2.weight[:, j] = fc2.weight[:, j].norm() * write
     module.vitreg_weights = "planted"
-    truth = ChannelTruth(base=base, channels=tuple(channels), first_layer=spec.layers[0] + 1)
+    truth = ChannelTruth(
+        base=base, channels=tuple(channels), first_layer=base.first_outlier_layer + 1
+    )
     return module, truth
