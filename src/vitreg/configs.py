@@ -164,7 +164,8 @@ class FixConfig(RunConfig, Figures, TtrSettings, NeuronSearch, NeuronChoice, Ima
 
     method: str = Field(
         "ttr",
-        description="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip or sc-clip; a+b "
+        description="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip, sc-clip, rf-clip "
+        "or ov-stitcher; a+b "
         "composes (e.g. ttr+naclip); a,b,... (or any method but ttr) writes a leaderboard "
         "against the unfixed model instead of the before/after report.",
     )
@@ -258,7 +259,8 @@ class ProbeRunConfig(RunConfig, Figures, TtrSettings, ModelSource):
     fix: str = Field(
         "none",
         description="none (the bare model), both (bare and with test-time registers, side by "
-        "side), a fix method of `vitreg fix --method` (clearclip, sclip, naclip, sc-clip, "
+        "side), a fix method of `vitreg fix --method` (clearclip, sclip, naclip, sc-clip, rf-clip, "
+        "ov-stitcher, "
         "ttr+naclip, ...: bare and fixed, side by side), or a neuron source as --neurons of "
         "`vitreg fix` names it (with the fix only).",
     )
