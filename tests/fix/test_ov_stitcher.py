@@ -148,3 +148,18 @@ def test_registered_and_described(clip_model):
     said = fix_description(fix)
     assert isinstance(said, OvStitcherDescription) and said.final_block == "own"
     assert fix_description(OVStitcher(final=NACLIP())).final_block == "naclip"
+
+
+def test_the_leaderboard_lists_both_methods(clip_model):
+    from vitreg.fix.leaderboard import bench_fixes
+
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    board = bench_fixes(
+        clip_model, ["ov-stitcher", "rf-clip"], x, FixInputs(clip_model), batch_size=2, rounds=1
+    )
+    rows = {r.entry: r for r in board.rows}
+    assert list(rows) == ["none", "ov-stitcher", "rf-clip"]
+    # one crop per image: the stitched final block is the model's own
+    assert rows["ov-stitcher"].patch_cosine.min > 0.9999
+    assert rows["ov-stitcher"].fix.method == "ov-stitcher"
+    assert "768 wide" in rows["rf-clip"].refused  # the published channels are ViT-B/16's
