@@ -24,6 +24,7 @@ Published setting: blocks 7-12 (``layers=range(6, 12)`` counted from 0) of a 12-
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -50,6 +51,7 @@ def distraction_mask(patches: torch.Tensor, channels: Sequence[int], tau: float)
     return share > tau
 
 
+@functools.lru_cache(maxsize=16)
 def adjacency(grid: tuple[int, int]) -> torch.Tensor:
     """``[P, P]`` 0/1: patches that are 3x3 neighbours on the grid (a patch is not its own)."""
     h, w = grid
