@@ -184,7 +184,8 @@ class FixConfig(
 
     method: str = Field(
         "ttr",
-        description="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip or sc-clip; a+b "
+        description="Fix: ttr, attention-bias, ablate, clearclip, sclip, naclip, sc-clip, rf-clip "
+        "or ov-stitcher; a+b "
         "composes (e.g. ttr+naclip); a,b,... (or any method but ttr) writes a leaderboard "
         "against the unfixed model instead of the before/after report.",
     )
@@ -315,7 +316,8 @@ class ProbeRunConfig(RunConfig, Figures, OvSegProtocol, TtrSettings, ModelSource
     fix: str = Field(
         "none",
         description="none (the bare model), both (bare and with test-time registers, side by "
-        "side), a fix method of `vitreg fix --method` (clearclip, sclip, naclip, sc-clip, "
+        "side), a fix method of `vitreg fix --method` (clearclip, sclip, naclip, sc-clip, rf-clip, "
+        "ov-stitcher, "
         "ttr+naclip, ...: bare and fixed, side by side), or a neuron source as --neurons of "
         "`vitreg fix` names it (with the fix only).",
     )

@@ -1,5 +1,5 @@
 """The fix family by name: ``ttr``, ``attention-bias``, ``ablate``, ``clearclip``, ``sclip``,
-``naclip``, ``sc-clip``; ``a+b`` composes (neuron fixes first, then at most one last-block
+``naclip``, ``sc-clip``, ``rf-clip``, ``ov-stitcher``; ``a+b`` composes (neuron fixes first, then at most one last-block
 method) and ``a,b`` lists entries for a leaderboard."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from vitreg.fix.base import Fix
 from vitreg.fix.clearclip import ClearCLIP
 from vitreg.fix.naclip import NACLIP
 from vitreg.fix.neuron_set import NeuronSet
+from vitreg.fix.ov_stitcher import OVStitcher
+from vitreg.fix.rf_clip import RFCLIP
 from vitreg.fix.sc_clip import SCCLIP
 from vitreg.fix.sclip import SCLIP
 from vitreg.hooks.sites import Handle
@@ -182,6 +184,22 @@ FIXES.register(
         "sc-clip",
         "SC-CLIP: LOF token repair, similarity re-aggregation, multi-level fusion",
         lambda _inputs: SCCLIP(),
+        last_block=True,
+    )
+)
+FIXES.register(
+    FixMethod(
+        "rf-clip",
+        "RF-CLIP: distraction tokens (over-activated channels) refocused in blocks 7-12",
+        lambda _inputs: RFCLIP(),
+        last_block=True,
+    )
+)
+FIXES.register(
+    FixMethod(
+        "ov-stitcher",
+        "OV-Stitcher: sliding-window crops stitched into one global final block",
+        lambda _inputs: OVStitcher(),
         last_block=True,
     )
 )

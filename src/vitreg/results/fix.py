@@ -64,6 +64,27 @@ class ScClipDescription(NamedFix):
     res_cls: float
 
 
+class RfClipDescription(NamedFix):
+    """RF-CLIP: distraction channels, the blocks edited and the share threshold."""
+
+    method: Literal["rf-clip"]
+    source: str
+    channels: list[int] = Field(description="the distraction channels")
+    layers: list[int] = Field(description="the blocks whose attention and input are edited")
+    tau: float | None = Field(
+        description="share of |activation| above which a token is a "
+        "distraction token; null: the paper's 5/d"
+    )
+
+
+class OvStitcherDescription(NamedFix):
+    """OV-Stitcher: sliding-window features stitched into one global final block."""
+
+    method: Literal["ov-stitcher"]
+    source: str
+    final_block: str = Field(description="the attention of the stitched final block")
+
+
 class LastBlockDescription(OpenResults, NamedFix):
     """A training-free fix that rebuilds the last block's attention (ClearCLIP, SCLIP, NACLIP):
     whether the residual and FFN stay, and the method's own parameters."""
@@ -95,6 +116,8 @@ FixDescription = Annotated[
     | AblateDescription
     | AttentionBiasDescription
     | ScClipDescription
+    | RfClipDescription
+    | OvStitcherDescription
     | LastBlockDescription
     | ComposedDescription
     | OtherFixDescription,

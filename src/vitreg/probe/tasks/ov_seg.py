@@ -41,6 +41,7 @@ from torch import Tensor
 from vitreg.data.datasets import Sample
 from vitreg.errors import InputError
 from vitreg.fix.base import Fix, fix_description
+from vitreg.fix.ov_stitcher import active_stitcher
 from vitreg.models.model import Model
 from vitreg.models.text_tower import text_tower
 from vitreg.probe import ov_seg_data  # noqa: F401  (registers voc20:, context60:, coco-stuff:, ...)
@@ -170,7 +171,12 @@ def patch_embeddings(model: Model, x: Tensor) -> Tensor:
     """``[B, h, w, D]`` projected CLIP features of every patch (open_clip or HF CLIP)."""
     tokens = model.features(x)
     layout = model.adapter.layout_for(tuple(x.shape[-2:]))
-    grid = layout.patch_grid(tokens)
+    return project(model, layout.patch_grid(tokens))
+
+
+def project(model: Model, grid: Tensor) -> Tensor:
+    """Final patch tokens ``[B, h, w, C]`` (as ``features`` returns them) into CLIP's text
+    space."""
     if model.family == "open_clip-vit":
         if not model.adapter.ln_post_on_tokens or model.module.proj is None:
             raise InputError(
@@ -347,15 +353,22 @@ class OvSeg(ModelTask):
 
     def logits(self, model: Model, x: Tensor) -> Tensor:
         """Cosine ``[B, names, H, W]`` at pixel resolution, sliding crops where ``x`` is larger
-        than the model's input (overlaps averaged)."""
+        than the model's input (overlaps averaged; under OV-Stitcher the crops' tokens are
+        stitched into one final block instead)."""
         b, _, h, w = x.shape
         ch, cw = min(self.crop[0], h), min(self.crop[1], w)
         out = x.new_zeros(b, len(self.owner), h, w, dtype=torch.float32)
         count = x.new_zeros(1, 1, h, w, dtype=torch.float32)
         text = F.normalize(self.classes.to(x.device, torch.float32), dim=-1)
         sh, sw = self.stride or (None, None)
-        for top in windows(h, ch, sh):
-            for left in windows(w, cw, sw):
+        tops, lefts = windows(h, ch, sh), windows(w, cw, sw)
+        stitcher = active_stitcher(model)
+        if stitcher is not None and len(tops) * len(lefts) > 1:  # one global final block
+            grid = stitcher.stitched(model, x, (ch, cw), tops, lefts)
+            cos = F.normalize(project(model, grid).float(), dim=-1) @ text.T
+            return F.interpolate(cos.permute(0, 3, 1, 2), size=(h, w), mode="bilinear")
+        for top in tops:
+            for left in lefts:
                 crop = x[..., top : top + ch, left : left + cw]
                 cos = F.normalize(patch_embeddings(model, crop).float(), dim=-1) @ text.T
                 up = F.interpolate(cos.permute(0, 3, 1, 2), size=(ch, cw), mode="bilinear")
