@@ -45,7 +45,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], meta: str) -
     return len(data)
 
 
-def write_parquet(path: Path, columns: dict[str, Any]) -> int:
+def write_parquet(path: Path, columns: dict[str, np.ndarray | list[str]]) -> int:
     """One parquet file of ``columns`` (name -> numpy array or list); the bytes written."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -58,7 +58,7 @@ def write_parquet(path: Path, columns: dict[str, Any]) -> int:
     return len(data)
 
 
-def _column(v: Any) -> Any:
+def _column(v: np.ndarray | list[str]) -> Any:
     """A pyarrow array: 2-d numbers become fixed-size lists (one vector per row)."""
     import pyarrow as pa
 

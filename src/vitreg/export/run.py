@@ -218,4 +218,6 @@ def export_images(
         if progress is not None:
             progress(seen)
     close()
+    if progress is not None:  # every image of the stream, this rank's or not
+        progress(seen)
     return [done[k] for k in sorted(done)], seen, kept

@@ -4,7 +4,6 @@ presence says the shard is finished)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,10 +113,10 @@ class Shard:
             "col": np.tile(p.col.numpy(), n),
         }
 
-    def _images(self, n: int) -> dict[str, object]:
+    def _images(self, n: int) -> dict[str, np.ndarray | list[str]]:
         """The image table: per image its file and, per layer, the first [CLS] token and the
         mean patch token (float32 vectors)."""
-        cols: dict[str, object] = {
+        cols: dict[str, np.ndarray | list[str]] = {
             "image": np.arange(self.first, self.first + n, dtype=np.int64),
             "file": list(self.names),
         }
@@ -144,7 +143,3 @@ def _excluded(lb: LayerBatch, exclude: list[str]) -> dict[str, list[int]]:
     if "sinks" in exclude:
         out["sinks"] = (lb.sink_heads > 0).sum(1).tolist()
     return out
-
-
-def shard_json(info: ShardInfo) -> str:
-    return json.dumps(info.model_dump(mode="json"))

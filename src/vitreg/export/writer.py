@@ -43,6 +43,7 @@ def start(
     first ``settings.calibration`` images, the layout and width; grids created (rank 0)."""
     found = read_index(out)
     check_resume(found, settings)
+    distributed.barrier()  # every rank has read the folder before rank 0 writes into it
     if found is not None:
         return found
     cal = calibrate(model, source, plan.layers, settings.calibration, plan.batch_size)
