@@ -78,9 +78,11 @@ def label_layer(
     pattern_counts: torch.Tensor | None,
     positions: Positions,
     cut: float | None,
+    dtype: torch.dtype = torch.float32,
 ) -> LayerBatch:
     """The labels of one layer: ``acts [B, N, D]`` at the site, ``rule_norms [B, N]`` at the
-    rule site, sink-head counts ``[B, N]`` (``None``: no heads after the layer, zeros)."""
+    rule site, sink-head counts ``[B, N]`` (``None``: no heads after the layer, zeros); the
+    activations are kept in ``dtype``, their norms taken before."""
     at = positions.index
     taken = acts[:, at]
     norm = taken.float().norm(dim=-1)
@@ -91,4 +93,4 @@ def label_layer(
         if pattern_counts is not None
         else torch.zeros(rule.shape, dtype=torch.int16)
     )
-    return LayerBatch(taken, norm, rule, outlier, sinks)
+    return LayerBatch(taken.to(dtype), norm, rule, outlier, sinks)

@@ -5,7 +5,7 @@ alternate shards of one index (shard ``s`` belongs to rank ``s mod world``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,10 @@ from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model
 from vitreg.progress import Update
 from vitreg.results.export import OutlierRule, ShardInfo
+
+#: ``names(start, n)``: the file names of images ``start..start+n`` of the stream
+Names = Callable[[int, int], list[str]]
+HookBody = Callable[[torch.Tensor, HookContext], None]
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,9 @@ def forward(
     """Run ``batch`` and keep, per layer, the site's tokens (``acts``), the rule site's norms and
     (``sinks``) each key's sink-head count; the forward stops after the last site needed."""
     got = Captured({}, {}, {})
-    hooks: dict[str, list] = {}
+    hooks: dict[str, list[HookBody]] = {}
 
-    def on(name: str, fn) -> None:  # noqa: ANN001 - a hook body
+    def on(name: str, fn: HookBody) -> None:
         hooks.setdefault(name, []).append(fn)
 
     for layer in layers:
@@ -84,7 +88,7 @@ def forward(
                 lambda t, ctx, key=key: got.sinks.__setitem__(key, sink_counts(t)),
             )
 
-    def fan(fns: list):  # noqa: ANN202 - one torch hook per site, feeding every role there
+    def fan(fns: list[HookBody]) -> HookBody:  # one torch hook per site, feeding each role
         def fn(t: torch.Tensor, ctx: HookContext) -> None:
             if got.layout is None and ctx.layout is not None and ctx.name != "":
                 got.layout = ctx.layout
@@ -103,7 +107,7 @@ def forward(
 
 
 def calibrate(
-    model: Model, source: object, layers: list[Layer], n: int, batch_size: int
+    model: Model, source: Iterable[torch.Tensor], layers: list[Layer], n: int, batch_size: int
 ) -> Calibration:
     """Fit diagnose's bimodal outlier rule on the patch norms of each layer's rule site over
     the first ``n`` images (every rank fits the same images: the same cut everywhere)."""
@@ -133,7 +137,7 @@ def calibrate(
 
 
 def numbered(
-    source: object, names: object, shard_size: int
+    source: Iterable[torch.Tensor], names: Names, shard_size: int
 ) -> Iterator[tuple[int, int, torch.Tensor, list[str]]]:
     """``(shard, first image, images, names)`` parts of the source's batches, each inside one
     shard (a batch across a shard boundary is split)."""
@@ -152,15 +156,15 @@ def numbered(
 
 def export_images(
     model: Model,
-    source: object,
-    names: object,
+    source: Iterable[torch.Tensor],
+    names: Names,
     plan: Plan,
     cal: Calibration,
     out: Path,
     rank: int = 0,
     world: int = 1,
     progress: Update | None = None,
-    on_shard: object = None,
+    on_shard: Callable[[ShardInfo], None] | None = None,
 ) -> tuple[list[ShardInfo], int, int]:
     """Export this rank's shards; the finished shards it holds (read back or written), how
     many images the source had and how many shards were kept from an earlier run."""
@@ -206,12 +210,16 @@ def export_images(
                 got.sinks.get(layer.key),
                 positions,
                 cuts[layer.key],
+                plan.dtype,
             )
             for layer in plan.layers
         }
         grids = {}
         if "zarr" in plan.formats:
-            grids = {layer.key: cal.layout.patch_grid(got.acts[layer.key]) for layer in plan.layers}
+            grids = {
+                layer.key: cal.layout.patch_grid(got.acts[layer.key]).to(plan.dtype)
+                for layer in plan.layers
+            }
         current.add(list(batch_names), batch, grids)
         if len(current.names) == plan.shard_size:
             close()

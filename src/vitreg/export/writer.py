@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from vitreg import distributed
 from vitreg.export.formats import create_grids, finish_grids
 from vitreg.export.index import check_resume, read_index, write_index
-from vitreg.export.run import Calibration, Plan, calibrate, export_images
+from vitreg.export.run import Calibration, Names, Plan, calibrate, export_images
 from vitreg.export.shard import read_info, shard_name
 from vitreg.export.sites import KIND_CODES
 from vitreg.models.model import Model
@@ -37,7 +40,7 @@ def _calibration(index: ExportIndex) -> Calibration:
 
 
 def start(
-    out: Path, model: Model, source: object, plan: Plan, settings: ExportSettings
+    out: Path, model: Model, source: Iterable[torch.Tensor], plan: Plan, settings: ExportSettings
 ) -> ExportIndex:
     """The index this run continues (same settings) or starts: the outlier rules fitted on the
     first ``settings.calibration`` images, the layout and width; grids created (rank 0)."""
@@ -76,8 +79,8 @@ def start(
 def export(
     out: Path,
     model: Model,
-    source: object,
-    names: object,
+    source: Iterable[torch.Tensor],
+    names: Names,
     plan: Plan,
     settings: ExportSettings,
     progress: Update | None = None,

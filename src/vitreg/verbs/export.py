@@ -5,7 +5,7 @@ report, as ``vitreg export`` does; a rerun into the same folder resumes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitreg.configs import ExportConfig
 from vitreg.core.run_dir import session
@@ -18,6 +18,10 @@ from vitreg.verbs.common import images_named, join_torchrun, prepare
 from vitreg.verbs.loading import check_images, model_and_images
 from vitreg.verbs.result import Listener, Notices, VerbResult
 
+if TYPE_CHECKING:
+    from vitreg.export.run import Names, Plan
+    from vitreg.fix.base import Fix
+
 DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
@@ -29,7 +33,7 @@ class ExportRun(VerbResult):
     index: ExportIndex | None = None
 
 
-def image_names(source: Any) -> Any:
+def image_names(source: Any) -> Names:
     """``names(start, n)``: the file names of the source's images ``start..start+n`` (a folder's
     or shards' files as listed while reading; the sample photos' names; else numbered)."""
     described = source.description().model_dump()
@@ -93,7 +97,7 @@ def summarise(index: ExportIndex, cfg: ExportConfig, seconds: float, resumed: in
 
 def build_fix(
     model: Any, cfg: ExportConfig, source: Any, progress: Progress, notices: Notices
-) -> Any:
+) -> Fix:
     """The fix ``cfg.fix`` names, built for ``model`` (its neurons read or discovered)."""
     from vitreg.fix.methods import FIXES, FixInputs
     from vitreg.verbs.neuron_sources import load_neurons
@@ -105,7 +109,7 @@ def build_fix(
     return FIXES.build(cfg.fix, inputs)
 
 
-def plan_of(cfg: ExportConfig, model: Any) -> Any:
+def plan_of(cfg: ExportConfig, model: Any) -> Plan:
     """The export plan of ``cfg`` for ``model``: every choice checked against the model."""
     import torch
 
@@ -131,7 +135,7 @@ def plan_of(cfg: ExportConfig, model: Any) -> Any:
     )
 
 
-def settings_of(cfg: ExportConfig, model: Any, plan: Any, fix: Any) -> ExportSettings:
+def settings_of(cfg: ExportConfig, model: Any, plan: Plan, fix: Fix | None) -> ExportSettings:
     """What decides the exported numbers (a resume must match them)."""
     from vitreg.fix.base import fix_description
     from vitreg.fix.neuron_set import weights_fingerprint
