@@ -75,7 +75,7 @@ def test_dtype_site_and_fix_are_written_as_asked(tmp_path: Path, cli_models) -> 
     assert len(extra) == 3 * 2  # one [CLS] and one inserted register per image
 
 
-def test_bad_choices_are_named_before_any_image_is_read(tmp_path: Path, cli_models) -> None:
+def test_bad_choices_are_named_before_the_model_runs(tmp_path: Path, cli_models) -> None:
     from vitreg.errors import InputError
 
     with pytest.raises(ValueError, match="exportable site"):
@@ -84,7 +84,9 @@ def test_bad_choices_are_named_before_any_image_is_read(tmp_path: Path, cli_mode
         ExportConfig(exclude="norms")
     with pytest.raises(ValueError, match="choose from cls, registers, extra, patches"):
         ExportConfig(tokens="pixels")
-    with pytest.raises(InputError, match="beyond the model: it has 12 blocks"):
-        run(tmp_path / "far", layers="12")
+    with pytest.MonkeyPatch.context() as mp:  # a layer beyond the model: named before it loads
+        mp.setattr("vitreg.verbs.loading.load_spec", lambda *a, **k: pytest.fail("loaded"))
+        with pytest.raises(InputError, match="beyond the model: it has 12 blocks"):
+            run(tmp_path / "far", layers="12")
     with pytest.raises(InputError, match="ln_final has none"):
         run(tmp_path / "final", site="ln_final", exclude="sinks")

@@ -42,4 +42,6 @@ def test_overcomplete_trains_a_topk_sae_on_the_shards(
     logs = sae.train_sae(model, loader, mse, optimizer, nb_epochs=8, monitoring=1)
     losses = logs["avg_loss"]
     assert len(losses) == 8 and losses[-1] < 0.75 * losses[0], losses
-    assert all(b < a for a, b in zip(losses[:-1], losses[1:], strict=True)), losses  # every epoch lower
+    assert all(b < a for a, b in zip(losses[:-1], losses[1:], strict=True)), (
+        losses
+    )  # every epoch lower

@@ -159,6 +159,39 @@ def settings_of(cfg: ExportConfig, model: Any, plan: Plan, fix: Fix | None) -> E
     )
 
 
+def known_depth(spec: str) -> int | None:
+    """The block count of a ``planted:`` or ``timm:`` spec, from its architecture built on the
+    meta device (no weights, no memory); ``None`` for other sources (checked once loaded)."""
+    import timm
+    import torch
+
+    from vitreg.models.load import parse_spec
+
+    source, name = parse_spec(spec)
+    if source == "planted":
+        from vitreg.testing.planted.planted import SPECS
+
+        if name not in SPECS:
+            return None
+        arch, args = SPECS[name].architecture, dict(SPECS[name].args)
+    elif source == "timm" and timm.is_model(name.partition(".")[0]):
+        arch, args = name.partition(".")[0], {}
+    else:
+        return None
+    with torch.device("meta"):
+        blocks = getattr(timm.create_model(arch, pretrained=False, **args), "blocks", None)
+    return len(blocks) if blocks is not None else None
+
+
+def check_layers(cfg: ExportConfig) -> None:
+    """``--layers`` within the model, checked before it loads where its depth is known."""
+    from vitreg.export.sites import plan_layers
+
+    depth = known_depth(cfg.spec) if cfg.layers else None
+    if depth is not None:
+        plan_layers(cfg.site, cfg.layers, depth)
+
+
 @session()  # the --out claimed inside is released when the verb ends
 def run_export(
     cfg: ExportConfig, progress: Progress = SILENT, on_notice: Listener | None = None
@@ -175,6 +208,7 @@ def run_export(
     notices = Notices(on_notice)
     check_formats(cfg.formats)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
+    check_layers(cfg)
     check_images(cfg.images)
     device = join_torchrun(cfg.device)
     model, source = model_and_images(cfg, device, progress, notices)
