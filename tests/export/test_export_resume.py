@@ -63,6 +63,8 @@ def test_a_full_disk_keeps_the_finished_shards_and_a_rerun_resumes(
     resumed = run(tmp_path / "cut")
     assert resumed.results.resumed_shards == 1
     assert resumed.index == whole.index  # names, counts, rules: every field
+    kept = whole.index.shards[0].bytes  # the rates count what this run wrote
+    assert resumed.results.bytes_written == whole.results.bytes_written - kept
     assert same_tensors(shard_tensors(tmp_path / "cut"), shard_tensors(tmp_path / "whole"))
 
 

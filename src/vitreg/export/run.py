@@ -165,13 +165,13 @@ def export_images(
     world: int = 1,
     progress: Update | None = None,
     on_shard: Callable[[ShardInfo], None] | None = None,
-) -> tuple[list[ShardInfo], int, int]:
+) -> tuple[list[ShardInfo], int, list[str]]:
     """Export this rank's shards; the finished shards it holds (read back or written), how
-    many images the source had and how many shards were kept from an earlier run."""
+    many images the source had and the files of the shards kept from an earlier run."""
     positions = Positions.of(cal.layout, plan.kinds)
     cuts = {key: rule.cut for key, rule in cal.rules.items()}
     done: dict[int, ShardInfo] = {}
-    kept = 0
+    kept: list[str] = []
     current: Shard | None = None
     seen = 0
 
@@ -196,7 +196,7 @@ def export_images(
             )
             if found is not None and found.first_image == first:
                 done[number] = found
-                kept += 1
+                kept.append(found.file)
         if number in done and (current is None or current.number != number):
             continue
         if current is None or current.number != number:

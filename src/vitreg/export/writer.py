@@ -24,10 +24,11 @@ from vitreg.results.export import ExportIndex, ExportSettings, LayoutInfo, Shard
 
 @dataclass
 class Written:
-    """What an export wrote: its index, the shards found finished, the seconds it took."""
+    """What an export wrote: its index, the files of the shards an earlier run had finished,
+    the seconds this run took."""
 
     index: ExportIndex
-    resumed: int
+    resumed: list[str]
     seconds: float
 
 
@@ -108,7 +109,7 @@ def export(
     shards = mine
     if world > 1:
         shards = [read_info(out / shard_name(s)) for s in range(n_shards)]
-        resumed = sum(distributed.all_gather(resumed))
+        resumed = sorted(f for files in distributed.all_gather(resumed) for f in files)
     complete = index.model_copy(update={"shards": shards, "complete": True, "n_images": n_images})
     if distributed.is_main():
         if world > 1:

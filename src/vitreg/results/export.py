@@ -113,9 +113,9 @@ class ExportResults(ResultsModel):
     fix: str
     formats: list[str]
     layers: list[LayerSummary]
-    bytes_written: int
+    bytes_written: int = Field(description="bytes of the shards this run wrote (not those resumed)")
     seconds: float
-    images_per_second: float
+    images_per_second: float = Field(description="images of the shards this run wrote, per second")
     write_mb_per_s: float
     resumed_shards: int = Field(description="shards found finished and kept")
     index: str = "index.json"

@@ -50,8 +50,10 @@ def image_names(source: Any) -> Names:
     return names
 
 
-def summarise(index: ExportIndex, cfg: ExportConfig, seconds: float, resumed: int) -> ExportResults:
-    """The results block from the finished index."""
+def summarise(
+    index: ExportIndex, cfg: ExportConfig, seconds: float, resumed: list[str]
+) -> ExportResults:
+    """The results block from the finished index (rates: of the shards this run wrote)."""
     lay = index.layout
     n = index.n_images
     layers = []
@@ -76,7 +78,8 @@ def summarise(index: ExportIndex, cfg: ExportConfig, seconds: float, resumed: in
                 excluded=excluded,
             )
         )
-    written = sum(s.bytes for s in index.shards)
+    new = [s for s in index.shards if s.file not in resumed]
+    written, exported = sum(s.bytes for s in new), sum(s.n_images for s in new)
     return ExportResults(
         n_images=n,
         n_shards=len(index.shards),
@@ -89,9 +92,9 @@ def summarise(index: ExportIndex, cfg: ExportConfig, seconds: float, resumed: in
         layers=layers,
         bytes_written=written,
         seconds=seconds,
-        images_per_second=n / seconds if seconds > 0 else 0.0,
+        images_per_second=exported / seconds if seconds > 0 else 0.0,
         write_mb_per_s=written / 1e6 / seconds if seconds > 0 else 0.0,
-        resumed_shards=resumed,
+        resumed_shards=len(resumed),
     )
 
 
