@@ -67,12 +67,12 @@ def start(
         outlier_rules=cal.rules,
         shards=[],
     )
-    if distributed.is_main():
-        write_index(out, index)
+    if distributed.is_main():  # the grids first: an index on disk means they are there
         if "zarr" in plan.formats:
             keys = [layer.key for layer in plan.layers]
             capacity = max(getattr(source, "total", 0) or 0, 1)
             create_grids(out, keys, capacity, lay.grid, cal.d_model, plan.shard_size, plan.dtype)
+        write_index(out, index)
     distributed.barrier()
     return index
 
