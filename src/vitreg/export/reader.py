@@ -4,6 +4,7 @@ that streams them shard by shard for a ``DataLoader``."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TypedDict
@@ -100,8 +101,6 @@ class Exported(Dataset):
         if not -len(self) <= i < len(self):
             raise IndexError(f"token {i} of an export of {len(self)}")
         i %= len(self)
-        import bisect
-
         s = bisect.bisect_right(self.starts, i) - 1
         if self._cached is None or self._cached[0] != s:
             self._cached = (s, load_shard(self.folder, self.index.shards[s], self.layer))
