@@ -368,6 +368,27 @@ def trained_diagnose(r: Result) -> list[Row]:
     ]
 
 
+def export_speed(r: Result) -> list[Row]:
+    """Export throughput over a plain forward (CPU time), and its peak-memory growth."""
+    model, runs = r["settings"]["model"], r["runs"]
+    last = runs[-1]
+    speed = at_least(
+        "export_speed",
+        model,
+        "export images/s over plain forward (CPU time, 3 layers, float16)",
+        r["ratio_export_over_plain"],
+        r["target_ratio"],
+        ips(last["images_per_s"]) + f", {last['write_mb_per_s']:.3g} MB/s written",
+    )
+    growth, target = r["peak_growth_mb"], r["target_mb"]
+    peaks = ", ".join(f"{x['n_images']} images {x['peak_rss_mb']:.0f} MB" for x in runs)
+    what = f"peak RSS growth of an export from {runs[0]['n_images']} to {last['n_images']} images"
+    memory = Row(
+        "export_speed", model, what, f"<= {target:g} MB", growth, "MB", growth <= target, peaks
+    )
+    return [speed, memory]
+
+
 READERS: dict[str, Callable[[Result], list[Row]]] = {
     "hooked_forward": hooked_forward,
     "diagnose_speed": diagnose_speed,
@@ -391,6 +412,7 @@ READERS: dict[str, Callable[[Result], list[Row]]] = {
     "vlm_memory": vlm_memory,
     "gpu_check": gpu_check,
     "trained_diagnose": trained_diagnose,
+    "export_speed": export_speed,
 }
 
 

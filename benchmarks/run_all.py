@@ -102,6 +102,7 @@ BENCHMARKS = (
     script("trained_diagnose", needs=no_wheel),
     script("report_size"),
     script("vlm_memory"),
+    script("export_speed"),
     script("gpu_check", needs=no_cuda),
 )
 

@@ -43,6 +43,7 @@ LAYERS = (
     "train",  # training loops
     "probe",  # feature cache, linear heads, tasks
     "vlm",  # vision-language models: image attention and answer changes under a fix
+    "export",  # labelled activations written for other tools (safetensors, parquet, zarr)
     "report",  # result schema, writers, figures
     "experiment",  # train-and-evaluate grids
     "configs",  # one typed config per verb

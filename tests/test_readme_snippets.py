@@ -111,10 +111,11 @@ def test_the_offline_examples_are_the_ones_expected():
         ("README.md", ["vitreg", "compare"]),
         ("README.md", ["vitreg", "schema"]),
         ("docs/distributed.md", ["torchrun", "--nproc_per_node=2"]),
+        ("docs/export.md", ["vitreg", "export"]),
     ]
     online = [w for _, b in blocks("bash") for w in commands(b) if needs(w) is not None]
     # hub models (timm:, hf:, open_clip:, LLaVA), hub sets, DIR, photos/, /data/, the wheel
-    assert len(online) == 18
+    assert len(online) == 20
 
 
 def test_the_readme_opens_with_the_two_commands_and_stays_short():

@@ -60,6 +60,7 @@ __all__ = [
     "ValidateConfig",
     "DiagnoseConfig",
     "ExperimentConfig",
+    "ExportConfig",
     "FixConfig",
     "NeuronsConfig",
     "ProbeRunConfig",
@@ -291,6 +292,109 @@ class VlmConfig(RunConfig, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, Mo
         if not v.startswith("hf-vlm:"):
             raise ValueError("must be an hf-vlm: spec, e.g. hf-vlm:llava-hf/llava-1.5-7b-hf")
         return v
+
+
+def _words(v: Any) -> Any:
+    """A comma-separated option (``6,9,11``; repeated options too) as its list of parts."""
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, list):
+        return [p.strip() for item in v for p in str(item).split(",") if p.strip()]
+    return v
+
+
+class ExportConfig(RunConfig, TtrSettings, NeuronChoice, ImageSet, ModelSource):
+    """``vitreg export``: a model's activations at chosen sites, every token labelled, as
+    safetensors shards with an index, parquet tables and zarr patch grids."""
+
+    verb: ClassVar[str] = "export"
+
+    layers: list[int] | None = Field(
+        None, description="Comma-separated blocks to export, e.g. 6,9,11 (default: the last)."
+    )
+    site: str = Field(
+        "resid_post",
+        description="Site of each block: resid_pre, ln1_in, ln1_out, resid_mid, ln2_out, "
+        "mlp_post (the neurons) or resid_post; ln_final: the final norm's output.",
+    )
+    tokens: list[str] = Field(
+        ["patches", "cls", "registers", "extra"],
+        description="Token kinds to export, comma-separated: patches, cls, registers, extra "
+        "(inserted test-time registers).",
+    )
+    fix: str = Field(
+        "none",
+        description="The model exported: none, ttr, or any fix of the family (attention-bias, "
+        "ablate, clearclip, sclip, naclip, sc-clip, rf-clip, ov-stitcher; a+b composes), with --neurons.",
+    )
+    exclude: list[str] = Field(
+        [],
+        description="Drop the tokens a rule flags, comma-separated: outliers (the bimodal "
+        "norm rule), sinks (keys of a head's sink event); counted per image and layer.",
+    )
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Precision of the written activations."
+    )
+    formats: list[str] = Field(
+        ["safetensors"],
+        description="Comma-separated: safetensors (shards + index.json, always), parquet "
+        "(token and image tables), zarr (patch grids [images, H, W, D] per layer).",
+    )
+    shard_size: PositiveInt = Field(256, description="Images per shard.")
+    calibration: PositiveInt = Field(
+        256, description="The outlier rule is fitted on the first N images' norms."
+    )
+
+    @field_validator("layers", "tokens", "exclude", "formats", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        return _words(v)
+
+    @field_validator("site")
+    @classmethod
+    def _site(cls, v: str) -> str:
+        from vitreg.export.sites import SITES, site_suffix
+
+        if v not in SITES and v != "ln_final.hook_out":
+            site_suffix(v)  # a block suffix such as mlp.hook_post, or the one message
+        return v
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, v: list[str]) -> list[str]:
+        from vitreg.export.sites import token_kinds
+
+        token_kinds(v)
+        return v
+
+    @field_validator("fix")
+    @classmethod
+    def _fix(cls, v: str) -> str:
+        from vitreg.fix.methods import FIXES
+
+        v = v.strip().replace(" ", "")
+        if v != "none":
+            FIXES.parts(v)
+        return v
+
+    @field_validator("exclude")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        bad = [r for r in v if r not in ("outliers", "sinks")]
+        if bad:
+            raise ValueError(f"{bad}: --exclude takes outliers and/or sinks")
+        return v
+
+    @model_validator(mode="after")
+    def _formats(self) -> ExportConfig:
+        from vitreg.export.formats import FORMATS
+
+        bad = [f for f in self.formats if f not in FORMATS]
+        if bad:
+            raise ValueError(f"formats {bad}: choose from {', '.join(FORMATS)}")
+        if "safetensors" not in self.formats:
+            self.formats = ["safetensors", *self.formats]
+        return self
 
 
 class ProbeRunConfig(RunConfig, Figures, OvSegProtocol, TtrSettings, ModelSource):

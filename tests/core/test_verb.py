@@ -17,7 +17,7 @@ from vitreg.core.verb import VERBS, Verb, register, reporting
 from vitreg.results.schema import documents
 
 SRC = Path(vitreg.__file__).parent
-RUN_VERBS = {"diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm"}
+RUN_VERBS = {"diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm", "export"}
 OTHER_VERBS = {"compare", "validate", "report", "schema", "inspect", "models", "push"}
 
 
@@ -51,7 +51,7 @@ def test_config_yaml_is_read_through_the_record(tmp_path: Path) -> None:
 
 
 def test_a_registered_verb_is_a_command_and_resumes_as_its_record_says() -> None:
-    assert {n for n, v in VERBS.items() if v.resumes} == {"train", "experiment"}
+    assert {n for n, v in VERBS.items() if v.resumes} == {"train", "experiment", "export"}
     before = VERBS.names()
     from pydantic import BaseModel
 

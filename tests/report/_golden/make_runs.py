@@ -49,6 +49,7 @@ RUNS = (
     "train",
     "experiment",
     "vlm",
+    "export",
     "schema_1_1_diagnose",  # a 1.1 document, rendered by `vitreg report` alone
     "schema_1_1_fix",
     "diagnose_models",  # diagnose --models: a comparison with its per-model runs inside
@@ -95,6 +96,8 @@ def make_runs() -> None:
     NeuronSet.from_pairs(units, tower).save(Path("truth"))  # its ground truth: truth.json
     cli("vlm", "hf-vlm:llava", "--prompt", PROMPT, "--neurons", "truth.json",
         "--max-new-tokens", "2", "--limit", "2", "--out", "vlm")  # fmt: skip
+    cli("export", "planted:dinov2_s14", "--img-size", "56", "--limit", "3", "--batch-size", "2",
+        "--shard-size", "2", "--layers", "3,9", "--exclude", "outliers", "--out", "export")  # fmt: skip
     for name in ("schema_1_1_diagnose", "schema_1_1_fix"):
         Path(name).mkdir()
         shutil.copy(TESTS / "report" / f"{name}.json", Path(name) / "metrics.json")
