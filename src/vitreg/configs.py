@@ -325,7 +325,8 @@ class ExportConfig(RunConfig, TtrSettings, NeuronChoice, ImageSet, ModelSource):
     fix: str = Field(
         "none",
         description="The model exported: none, ttr, or any fix of the family (attention-bias, "
-        "ablate, clearclip, sclip, naclip, sc-clip, rf-clip, ov-stitcher; a+b composes), with --neurons.",
+        "ablate, clearclip, sclip, naclip, sc-clip, rf-clip, ov-stitcher; a+b composes), with "
+        "--neurons.",
     )
     exclude: list[str] = Field(
         [],
