@@ -175,10 +175,10 @@ def test_the_command_writes_the_study_of_the_demo_model(tmp_path, monkeypatch) -
     torch.manual_seed(0)
     import vitreg
 
-    model = vitreg.load("planted:dinov2_s14", img_size=56)
+    model = vitreg.load("planted:dinov2_s14", img_size=112)
     truth = model.module.vitreg_planted
     NeuronSet.from_pairs(truth.causal_units, model).save(tmp_path / "truth")
-    args = ["experiment", "sae", "--img-size", "56", "--limit", "16", "--neurons", "truth.json"]
+    args = ["experiment", "sae", "--img-size", "112", "--limit", "8", "--neurons", "truth.json"]
     args += ["--steps", "30", "--seeds", "2", "--out", "run"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -188,5 +188,5 @@ def test_the_command_writes_the_study_of_the_demo_model(tmp_path, monkeypatch) -
     assert (tmp_path / "run" / "figures" / "sae_arms.png").is_file()
     page = (tmp_path / "run" / "report.md").read_text()
     assert "(b) outliers excluded" in page and "±" in page
-    few = CliRunner().invoke(app, [*args[:6], "2", *args[7:-1], "run2"])
+    few = CliRunner().invoke(app, [*args[:5], "2", *args[6:-1], "run2"])
     assert few.exit_code == 2 and "at least 4 images" in few.output

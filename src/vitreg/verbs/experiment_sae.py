@@ -4,7 +4,7 @@ registers, as ``vitreg experiment sae`` does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,11 @@ from vitreg.verbs.result import Listener, Notices, VerbResult
 
 @dataclass
 class SaeRun(VerbResult):
-    """``experiment sae``: the typed results of the study, as metrics.json holds them."""
+    """``experiment sae``: the typed results of the study, as metrics.json holds them, and its
+    summary in a few lines (each arm's headline measures)."""
 
     results: SaeResults | None = None
+    lines: list[str] = field(default_factory=list)
 
 
 def sae_settings(cfg: SaeConfig) -> SaeSettings:
@@ -52,13 +54,18 @@ def run_sae(
 ) -> SaeRun:
     """Trace the raw and the fixed model on ``cfg``'s images, train the three arms' SAEs over
     the seeds and write the run directory."""
-    from vitreg.experiment.sae import sae_study
+    from vitreg.experiment.sae import MIN_IMAGES, sae_study
     from vitreg.experiment.sae_data import gather
     from vitreg.fix import TestTimeRegisters
 
     notices = Notices(on_notice)
     cfg, command = prepare(cfg, notices, demo=f"planted register neurons, on {images_named(cfg)}")
     command = "vitreg experiment " + command.removeprefix("vitreg ")  # a command of the group
+    if cfg.limit is not None and cfg.limit < MIN_IMAGES:  # before any model loads
+        raise InputError(
+            f"--limit {cfg.limit}: the SAE study needs at least {MIN_IMAGES} images (some to "
+            "train on, some held out)"
+        )
     preloaded = neuron_file(cfg.neurons, cfg.spec)  # a missing or bad file fails before the model
     check_images(cfg.images)
     model, source = model_and_images(cfg, cfg.device, progress, notices)
@@ -71,9 +78,11 @@ def run_sae(
         acts = gather(model, source, cfg.layer, ttr, cfg.batch_size)
     results = sae_study(acts, sae_settings(cfg), info, progress)
     doc = write(cfg.out, model, source, results, cfg, command, progress)
+    from vitreg.report.renderers.sae import console_lines
     from vitreg.report.writer import as_json
 
-    return SaeRun("sae", cfg.out, as_json(doc), notices.items, results=results)
+    lines = console_lines(results)
+    return SaeRun("sae", cfg.out, as_json(doc), notices.items, results=results, lines=lines)
 
 
 def write(

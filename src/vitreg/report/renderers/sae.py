@@ -48,13 +48,22 @@ def arms_table(r: SaeResults) -> Table:
     """The arms side by side: one row per measure."""
     header = ["measure (held-out images)", *(ARM_TITLES[a.name] for a in r.arms)]
     rows = [[LABELS[m][0], *(shown(getattr(a, m), LABELS[m][1]) for a in r.arms)] for m in MEASURES]
-    rows.append(
-        [
-            "training tokens per seed",
-            *(num(sum(a.train_tokens) / len(a.train_tokens), 0) for a in r.arms),
-        ]
-    )
+    tokens = [str(round(sum(a.train_tokens) / len(a.train_tokens))) for a in r.arms]
+    rows.append(["training tokens (mean per seed)", *tokens])
     return Table(header, rows)
+
+
+def console_lines(r: SaeResults) -> list[str]:
+    """One line per arm: its error on ordinary patches, outlier latents and loss share."""
+    return [
+        f"{ARM_TITLES[a.name]}: "
+        + "; ".join(
+            f"{LABELS[m][0]} {shown(getattr(a, m), LABELS[m][1])}"
+            for m in ("ordinary_error", "outlier_latents", "outlier_loss_share")
+            if getattr(a, m) is not None
+        )
+        for a in r.arms
+    ]
 
 
 def arm(r: SaeResults, name: str) -> SaeArm:
@@ -76,7 +85,7 @@ def reading(r: SaeResults) -> list[str]:
         )
     for other in (excluded, fixed):
         parts = []
-        for m in ("ordinary_error", "outlier_latents"):
+        for m in ("ordinary_error", "dead_latents", "outlier_latents"):
             a, b = getattr(raw, m), getattr(other, m)
             verdict = interval_verdict((a.mean, a.ci95), (b.mean, b.ci95), False)
             parts.append(
@@ -153,6 +162,7 @@ def arms_figure(r: SaeResults) -> Figure:
         for i, a in enumerate(r.arms):
             value = getattr(a, m)
             if value is None or value.mean is None:
+                ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7, color="0.4")
                 continue
             err = [[(value.ci95 or 0.0) * scale]] * 2
             ax.bar(i, value.mean * scale, color=COLORS[a.name], yerr=err, capsize=3)
