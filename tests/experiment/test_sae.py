@@ -6,6 +6,7 @@ input."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -167,6 +168,28 @@ def test_a_layer_or_a_fix_the_model_lacks_is_a_named_error(circuit) -> None:
         gather(model, images[:4], None, TestTimeRegisters(outside), batch_size=4)
 
 
+@pytest.mark.slow  # about 10 s per circuit
+@pytest.mark.parametrize("seed", range(5))
+def test_on_the_plant_family_the_raw_arm_has_the_worst_ordinary_error_and_most_dead_latents(
+    seed: int,
+) -> None:
+    """The two signatures that hold on every featured circuit (DINOv2, DeiT-III, CLIP, SigLIP,
+    EVA; flat and position rules); the loss share and outlier latents vary between them."""
+    module, truth = random_circuit(seed=seed)
+    model = wrap(module)
+    images = truth.normalize(
+        make_synthetic(N_IMAGES, module.patch_embed.img_size[0], 1000, 0.25).images
+    )
+    ttr = TestTimeRegisters(NeuronSet.from_pairs(truth.causal_units, model))
+    r = sae_study(gather(model, images, None, ttr, batch_size=16), SMALL, used(1))
+    by_name = {a.name: a for a in r.arms}
+    raw = by_name["raw"]
+    for name in ("excluded", "fixed"):
+        other = by_name[name]
+        assert raw.dead_latents.mean > 1.5 * other.dead_latents.mean, name
+        assert raw.ordinary_error.mean >= 0.98 * other.ordinary_error.mean, name
+
+
 @pytest.mark.slow
 def test_the_command_writes_the_study_of_the_demo_model(tmp_path, monkeypatch) -> None:
     from vitreg.cli.app import app
@@ -175,7 +198,9 @@ def test_the_command_writes_the_study_of_the_demo_model(tmp_path, monkeypatch) -
     torch.manual_seed(0)
     import vitreg
 
-    model = vitreg.load("planted:dinov2_s14", img_size=112)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the synthetic model says what it is
+        model = vitreg.load("planted:dinov2_s14", img_size=112)
     truth = model.module.vitreg_planted
     NeuronSet.from_pairs(truth.causal_units, model).save(tmp_path / "truth")
     args = ["experiment", "sae", "--img-size", "112", "--limit", "8", "--neurons", "truth.json"]
@@ -186,6 +211,7 @@ def test_the_command_writes_the_study_of_the_demo_model(tmp_path, monkeypatch) -
     assert doc["verb"] == "sae" and doc["command"].startswith("vitreg experiment sae")
     assert [a["name"] for a in doc["results"]["arms"]] == ["raw", "excluded", "fixed"]
     assert (tmp_path / "run" / "figures" / "sae_arms.png").is_file()
+    assert "verb: sae" in (tmp_path / "run" / "config.yaml").read_text()
     page = (tmp_path / "run" / "report.md").read_text()
     assert "(b) outliers excluded" in page and "±" in page
     few = CliRunner().invoke(app, [*args[:5], "2", *args[6:-1], "run2"])

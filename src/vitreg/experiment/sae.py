@@ -28,7 +28,7 @@ with the Student-t 95% half-width, as the probe reports give theirs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,7 +74,7 @@ def split_images(n_images: int, held_out: float, seed: int) -> Split:
 def outlier_cut(raw: torch.Tensor, site: str) -> float:
     """The norm above which a raw patch token is an outlier (diagnose's ``auto`` rule), or an
     :class:`InputError` when nothing at ``site`` is an outlier."""
-    cut = threshold(raw.norm(dim=-1).flatten().numpy(), "auto")
+    cut = threshold(raw.norm(dim=-1).flatten().cpu().numpy(), "auto")
     if not math.isfinite(cut):
         raise InputError(
             f"no outlier tokens at {site}: the raw model's patch norms there have no outlier "
@@ -164,10 +164,14 @@ def sae_study(
     settings: SaeSettings,
     neurons: NeuronsUsed,
     progress: Progress = SILENT,
+    device: str | None = None,
 ) -> SaeResults:
     """The three arms on ``acts`` (raw and fixed patch tokens of the same images) with the SAE
-    recipe ``settings`` over its seeds; ``neurons`` are the fix's, as the results record them."""
+    recipe ``settings`` over its seeds, trained on ``device`` (default: where ``acts`` are);
+    ``neurons`` are the fix's, as the results record them."""
     check_images(acts)
+    if device is not None:
+        acts = replace(acts, raw=acts.raw.to(device), fixed=acts.fixed.to(device))
     cut = outlier_cut(acts.raw, acts.site)
     outliers = acts.raw.norm(dim=-1) > cut  # [n_images, P]
     per_seed: list[dict[ArmName, ArmScore]] = []

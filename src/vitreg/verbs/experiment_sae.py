@@ -76,7 +76,7 @@ def run_sae(
     ttr = TestTimeRegisters.from_settings(chosen, cfg)
     with progress(None, "tracing the raw and the fixed model"):
         acts = gather(model, source, cfg.layer, ttr, cfg.batch_size)
-    results = sae_study(acts, sae_settings(cfg), info, progress)
+    results = sae_study(acts, sae_settings(cfg), info, progress, device=cfg.device)
     doc = write(cfg.out, model, source, results, cfg, command, progress)
     from vitreg.report.renderers.sae import console_lines
     from vitreg.report.writer import as_json
