@@ -45,6 +45,7 @@ from vitreg.settings.base import (
 from vitreg.settings.model import ImageSet, ModelSource
 from vitreg.settings.neurons import DISCOVER, NeuronChoice, NeuronSearch, NeuronSource
 from vitreg.settings.ov_seg import OvSegProtocol
+from vitreg.settings.sae import SaeSettings
 from vitreg.settings.train import TrainSettings
 from vitreg.settings.ttr import TtrSettings
 
@@ -56,6 +57,7 @@ __all__ = [
     "ModelsConfig",
     "PushConfig",
     "ReportConfig",
+    "SaeConfig",
     "SchemaConfig",
     "ValidateConfig",
     "DiagnoseConfig",
@@ -65,6 +67,7 @@ __all__ = [
     "NeuronsConfig",
     "ProbeRunConfig",
     "RunConfig",
+    "SaeSettings",
     "TrainRunConfig",
     "VlmConfig",
     "build_config",
@@ -641,6 +644,15 @@ class ExperimentConfig(RunConfig, Figures):
         if self.pretrained and self.finetune is None:
             raise ValueError("pretrained applies to finetune NAME; pass both or neither")
         return self
+
+
+class SaeConfig(
+    RunConfig, Figures, SaeSettings, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, ModelSource
+):
+    """``vitreg experiment sae [SPEC]``: the same SAE on raw, outlier-free and fixed
+    activations (the fix: test-time registers, its neurons as ``vitreg fix`` takes them)."""
+
+    verb: ClassVar[str] = "sae"
 
 
 # -------------------------------------------------------- commands that read, list or upload

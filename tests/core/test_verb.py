@@ -17,7 +17,7 @@ from vitreg.core.verb import VERBS, Verb, register, reporting
 from vitreg.results.schema import documents
 
 SRC = Path(vitreg.__file__).parent
-RUN_VERBS = {"diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm", "export"}
+RUN_VERBS = {"diagnose", "neurons", "fix", "probe", "train", "experiment", "vlm", "export", "sae"}
 OTHER_VERBS = {"compare", "validate", "report", "schema", "inspect", "models", "push"}
 
 

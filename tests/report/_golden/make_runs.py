@@ -48,6 +48,7 @@ RUNS = (
     "probe",
     "train",
     "experiment",
+    "sae",  # experiment sae
     "vlm",
     "export",
     "schema_1_1_diagnose",  # a 1.1 document, rendered by `vitreg report` alone
@@ -88,6 +89,9 @@ def make_runs() -> None:
         "--batch-size", "4", "--img-size", "32", "--model-arg", "depth=1", "--out", "train")  # fmt: skip
     cli("experiment", "variants", "--data", "synthetic:n=8,size=32", "--size", "tiny",
         "--steps", "1", "--batch-size", "4", "--out", "experiment")  # fmt: skip
+    cli("experiment", "sae", "planted:dinov2_s14", "--neurons", "neurons/neurons.json",
+        "--img-size", "112", "--limit", "8", "--batch-size", "4", "--steps", "5", "--seeds", "2",
+        "--out", "sae")  # fmt: skip
     llava = save_tiny_llava("llava", img_size=64)
     units = json.loads((llava / "vitreg_planted.json").read_text())["ground_truth"]["units"]
     with warnings.catch_warnings():
