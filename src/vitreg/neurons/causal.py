@@ -16,6 +16,10 @@ block from the emergence block to the detection layer:
   groups of the best-estimated units are measured exactly instead (units that only matter
   together, or whose write acts through later units, are under-read by the estimate); the
   selection stops when the excess is gone at every block or no group removes more;
+- **completion**: a set that cleans the outliers can leave out units that write them too (weak
+  writers that compensate for each other). The remaining candidates of the writing blocks are
+  zeroed together with the set active; when that removes excess, each one whose absence from
+  the group costs a real share of it joins, and pruning judges the whole set again;
 - **pruning**: each chosen unit is measured exactly, zeroed alone (the others active) and
   restored alone (the others zeroed). A unit after the emergence block whose activation on the
   outlier patches falls below :data:`READER_PERSISTENCE` of its base level once the others are
@@ -305,6 +309,7 @@ def select_causal(
     first = _estimates(base.grads, candidates)
     greedy = _Greedy(probe, candidates, scale, min_gain, clean_at, max_units)
     kept, effects, final = greedy.rounds(base, first, selection, progress)
+    kept, effects, final = greedy.complete(kept, effects, final, base, first, selection)
     for u in kept:
         effects[u]["estimated"] = first.get(u, 0.0) / scale
     selection.chosen = [list(u) for u in kept]
@@ -405,6 +410,68 @@ class _Greedy:
             if all(d.kind == "bystander" for d in new):
                 break  # nothing took a writer's place: the selection stands
         return kept, effects, m
+
+    def complete(
+        self,
+        kept: list[Unit],
+        effects: dict[Unit, dict[str, float]],
+        final: Measure,
+        base: Measure,
+        direct: dict[Unit, float],
+        selection: Causal,
+    ) -> tuple[list[Unit], dict[Unit, dict[str, float]], Measure]:
+        """Writers the selection stopped short of: a set that cleans the outliers can leave out
+        units that write them too (writers that compensate for each other). The remaining
+        candidates of the writing blocks are zeroed together with the set active; when that
+        removes excess, each one whose absence from the group costs a real share of it joins,
+        and pruning judges the whole set again."""
+        dropped = {(d.layer, d.unit) for d in selection.dropped if d.kind != "bystander"}
+        room = self.max_units - len(kept)
+        group = [
+            u
+            for u in self.candidates
+            if self.probe.blocks[0] <= u[0] <= self.probe.detect
+            and u not in kept
+            and u not in dropped
+        ][: max(room, 0)]
+        if len(group) < 1:
+            return kept, effects, final
+        zeroed = self.probe.measure(group)
+        together = max(self.probe.falls(base, zeroed)) / self.scale
+        if together < self.min_gain * math.log2(max(len(group), 2)):
+            return kept, effects, final
+        share = WEAK_SHARE * together / len(group)
+        added = [
+            u
+            for u in group
+            if max(self.probe.falls(self.probe.measure([v for v in group if v != u]), zeroed))
+            / self.scale
+            >= share
+        ]
+        if not added:
+            return kept, effects, final
+        chosen = kept + added
+        m = self.probe.measure(chosen, grad=True)
+        selection.steps.append(
+            SelectionStep(
+                added=[list(u) for u in added],
+                by="exact group, with the set active",
+                residual_fraction=m.excess[self.probe.detect] / self.scale,
+                worst_block_fraction=self.left(m),
+            )
+        )
+        kept, effects = _prune(
+            self.probe,
+            chosen,
+            m,
+            base,
+            direct,
+            self.scale,
+            self.min_gain,
+            selection.emergence_layer,
+            selection.dropped,
+        )
+        return kept, effects, self.probe.measure(kept, grad=True)
 
     def grow(
         self,
