@@ -111,9 +111,9 @@ def test_the_offline_examples_are_the_ones_expected():
         ("README.md", ["vitreg", "compare"]),
         ("README.md", ["vitreg", "schema"]),
         ("docs/distributed.md", ["torchrun", "--nproc_per_node=2"]),
-        ("docs/export.md", ["vitreg", "export"]),
         ("docs/experiment.md", ["vitreg", "neurons"]),  # the SAE study on the quick start's set
         ("docs/experiment.md", ["vitreg", "experiment"]),
+        ("docs/export.md", ["vitreg", "export"]),
     ]
     online = [w for _, b in blocks("bash") for w in commands(b) if needs(w) is not None]
     # hub models (timm:, hf:, open_clip:, LLaVA), hub sets, DIR, photos/, /data/, the wheel
