@@ -11,6 +11,7 @@ form, so both paths share one computation and agree to float rounding.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -27,6 +28,8 @@ _CHUNK: ContextVar[int | None] = ContextVar("pattern_chunk", default=None)
 _ENABLED: ContextVar[bool] = ContextVar("streamed_patterns", default=True)
 _ONCE: ContextVar[bool] = ContextVar("attention_once", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
+SCRATCH_BYTES = 64 * 2**20  # the largest chunk buffer kept for reuse (per thread)
+_SCRATCH = threading.local()
 _COLUMNS = "reads_pattern_columns"
 
 
@@ -91,6 +94,19 @@ def accepts_streamed(fn: Callable) -> bool:
     """Whether ``fn`` gets :class:`StreamedPattern` values: it was marked as taking them and
     streaming is not switched off (:func:`streamed_patterns`)."""
     return bool(getattr(fn, _ACCEPTS, False)) and _ENABLED.get()
+
+
+def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A flat float32 buffer of ``numel`` elements on ``like``'s device. On a CPU one buffer of
+    up to :data:`SCRATCH_BYTES` is kept per thread and reused by every chunked pass (a fresh
+    large tensor faults its pages in again for every block); only one pass uses it at a time."""
+    if like.device.type != "cpu" or numel * 4 > SCRATCH_BYTES:
+        return like.new_empty(numel, dtype=torch.float32)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < numel:
+        buf = like.new_empty(numel, dtype=torch.float32)
+        _SCRATCH.buf = buf
+    return buf[:numel]
 
 
 @dataclass
@@ -224,7 +240,7 @@ class StreamedPattern:
         """The body of :meth:`_scan`: fills ``sums`` chunk by chunk."""
         slices = self.slices()
         rows = max(sl.stop - sl.start for sl in slices)
-        buf = qs.new_empty(math.prod((*qs.shape[:2], rows, k.shape[-2])), dtype=torch.float32)
+        buf = scratch(math.prod((*qs.shape[:2], rows, k.shape[-2])), qs)
         v = None if sums.v is None else sums.v.float().contiguous()
         for sl in slices:
             scores = self._scores(qs[:, :, sl], k, self._bias(sl), buf)
