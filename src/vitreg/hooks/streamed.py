@@ -28,7 +28,8 @@ _CHUNK: ContextVar[int | None] = ContextVar("pattern_chunk", default=None)
 _ENABLED: ContextVar[bool] = ContextVar("streamed_patterns", default=True)
 _ONCE: ContextVar[bool] = ContextVar("attention_once", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
-SCRATCH_BYTES = 64 * 2**20  # the largest chunk buffer kept for reuse (per thread)
+SCRATCH_BYTES = 32 * 2**20  # the largest chunk buffer kept for reuse (per thread); larger ones
+# are freed after each pass, since one held across the MLP would raise the peak
 _SCRATCH = threading.local()
 _COLUMNS = "reads_pattern_columns"
 
