@@ -176,12 +176,12 @@ def on_cpu(arm: str, fn: Callable[[], Any], record: dict[str, dict[str, list]]) 
     return run
 
 
-def cuda_peaks(bench: Bench) -> dict[str, float]:
+def cuda_peaks(bench: Bench, arms: tuple[str, ...]) -> dict[str, float]:
     """Peak allocated MB of each arm run alone after a reset (CUDA)."""
     import torch
 
     peaks = {}
-    for arm in ARMS:
+    for arm in arms:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(bench.device)
         bench.arm(arm)()
@@ -195,17 +195,18 @@ def measure(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
 
     bench = Bench(spec, size, args)
     model = bench.model
+    chosen = arms_of(args)
     for _ in range(args.warmup):
-        for arm in ARMS:
+        for arm in chosen:
             bench.arm(arm)()
     out, cache = bench.hooked()
     ref = bench.plain()
     record: dict[str, dict[str, list]] = {"cpu": {}, "kernel": {}, "faults": {}}
-    arms = {a: on_cpu(a, bench.arm(a), record) for a in ARMS}
+    arms = {a: on_cpu(a, bench.arm(a), record) for a in chosen}
     times, med = interleaved(arms, args.repeats)
     cpu_med = {arm: statistics.median(ts) for arm, ts in record["cpu"].items()}
-    finish_s = []
-    for _ in range(args.repeats):
+    finish_s, done = [], None
+    for _ in range(args.repeats if "kinds" in chosen else 0):
         passed = bench.kinds()
         t0 = time.perf_counter()
         done = bench.finish(*passed)
@@ -222,23 +223,25 @@ def measure(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         "seconds": times,
         "median_s": med,
         "images_per_s": {arm: args.batch_size / s for arm, s in med.items()},
-        **{f"ratio_{a}_over_plain": med["plain"] / med[a] for a in ARMS[1:]},
-        "ratio_kinds_over_patterns": med["patterns"] / med["kinds"],
+        **{f"ratio_{a}_over_plain": med["plain"] / med[a] for a in chosen[1:]},
+        "ratio_kinds_over_patterns": med["patterns"] / med["kinds"] if "patterns" in med else None,
         "cpu_seconds": record["cpu"],
-        "cpu_ratio_over_plain": {a: cpu_med["plain"] / cpu_med[a] for a in ARMS[1:]},
+        "cpu_ratio_over_plain": {a: cpu_med["plain"] / cpu_med[a] for a in chosen[1:]},
         "kernel_cpu_seconds_median": {a: statistics.median(t) for a, t in record["kernel"].items()},
         "page_faults_median": {a: statistics.median(n) for a, n in record["faults"].items()},
-        "kinds_finish_median_s": statistics.median(finish_s),
+        "kinds_finish_median_s": statistics.median(finish_s) if finish_s else None,
         "torch_threads": torch.get_num_threads(),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min
-        "kinds_found": {
+        "kinds_found": None
+        if done is None
+        else {
             "sink_events_per_image": done["sinks"].per_image.total,
             "lof_images": done["lof"].n_images,
         },
         "environment": environment(),
     }
     if bench.device.type == "cuda":
-        row["peak_mb"] = cuda_peaks(bench)
+        row["peak_mb"] = cuda_peaks(bench, chosen)
     return row
 
 
@@ -266,6 +269,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=None, help="fewer blocks (smoke runs)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast")
+    p.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated arms of {ARMS} (plain always runs)"
+    )
+    p.add_argument(
+        "--no-peak", action="store_true", help="skip the CPU peak memory (one process per arm)"
+    )
     p.add_argument("--out", default=str(RESULTS / "hooked_forward.json"))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--peak-arm", default=None, choices=ARMS, help=argparse.SUPPRESS)
@@ -274,34 +283,53 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def run_row(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     """One model at one size: the timed child, then (CPU) one fresh child per arm for its peak."""
-    keys = ("batch_size", "repeats", "warmup", "depth", "threads", "device", "precision")
+    keys = ("batch_size", "repeats", "warmup", "depth", "threads", "device", "precision", "arms")
     shared = [*child_flags(args, keys), f"--img-size={size}", f"--child={spec}"]
     row = run_child(__file__, shared)
-    if args.device == "cpu":
-        alone = {arm: run_child(__file__, [*shared, f"--peak-arm={arm}"]) for arm in ARMS}
+    chosen = arms_of(args)
+    if args.device == "cpu" and not args.no_peak:
+        alone = {arm: run_child(__file__, [*shared, f"--peak-arm={arm}"]) for arm in chosen}
         row["peak_rss_mb"] = {arm: a["peak_rss_mb"] for arm, a in alone.items()}
         row["peak_over_built_mb"] = {arm: a["over_built_mb"] for arm, a in alone.items()}
         row["peak_mb"] = row["peak_over_built_mb"]
-    row["peak_ratio_over_plain"] = {a: row["peak_mb"][a] / row["peak_mb"]["plain"] for a in ARMS}
+    if "peak_mb" in row:
+        plain = row["peak_mb"]["plain"]
+        row["peak_ratio_over_plain"] = {a: row["peak_mb"][a] / plain for a in chosen}
     return row
+
+
+def arms_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The arms ``--arms`` names, plain first."""
+    named = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(named) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"unknown arms {unknown}; choose from {ARMS}")
+    return ("plain", *[a for a in ARMS[1:] if a in named])
 
 
 def print_row(r: dict[str, Any]) -> None:
     ips, where = r["images_per_s"], f"{r['model']} {r['img_size']}px"
-    for arm in ARMS[1:]:
+    peaks = r.get("peak_mb")
+    for arm in [a for a in ARMS[1:] if f"ratio_{a}_over_plain" in r]:
         ratio = r[f"ratio_{arm}_over_plain"]
         verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+        peak = (
+            f"; peak {peaks[arm]:.0f} MB ({r['peak_ratio_over_plain'][arm]:.2f}x plain's "
+            f"{peaks['plain']:.0f} MB)"
+            if peaks
+            else ""
+        )
         print(
             f"{where:<34} {arm:<8} plain {ips['plain']:6.1f} img/s  {arm} {ips[arm]:6.1f} img/s  "
             f"ratio {ratio:.3f} (target >= {TARGET}: {verdict}); by CPU time "
-            f"{r['cpu_ratio_over_plain'][arm]:.3f}; peak {r['peak_mb'][arm]:.0f} MB "
-            f"({r['peak_ratio_over_plain'][arm]:.2f}x plain's {r['peak_mb']['plain']:.0f} MB)"
+            f"{r['cpu_ratio_over_plain'][arm]:.3f}{peak}"
         )
-    print(
-        f"{'':<34} kinds / patterns {r['ratio_kinds_over_patterns']:.3f} (the cost of sinks "
-        f"and LOF over diagnose's own pattern capture); sink + LOF finish "
-        f"{r['kinds_finish_median_s']:.3f} s per batch"
-    )
+    if r["ratio_kinds_over_patterns"] is not None and r["kinds_finish_median_s"] is not None:
+        print(
+            f"{'':<34} kinds / patterns {r['ratio_kinds_over_patterns']:.3f} (the cost of sinks "
+            f"and LOF over diagnose's own pattern capture); sink + LOF finish "
+            f"{r['kinds_finish_median_s']:.3f} s per batch"
+        )
     kernel, faults = r["kernel_cpu_seconds_median"], r["page_faults_median"]
     print(
         f"{'':<34} of the CPU seconds, in the kernel (page faults): "
@@ -331,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
         results=results,
     )
     peaks = "peak memory: working memory of each arm alone (RSS less the built model's)"
+    if args.no_peak:
+        peaks = "peak memory not measured (--no-peak)"
     if args.device != "cpu":
         peaks = "peak memory: allocated on the device by each arm"
     print(

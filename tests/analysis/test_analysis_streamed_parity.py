@@ -14,13 +14,18 @@ import timm
 import torch
 
 import vitreg
-from vitreg.analysis.base import run_analyses
+from vitreg.analysis.base import run_analyses, summary_of
 from vitreg.analysis.diagnose import DiagnoseResult, diagnose
 from vitreg.analysis.kinds import verdicts
 from vitreg.analysis.norms import NormAnalysis
 from vitreg.analysis.registers import RegisterAnalysis
 from vitreg.analysis.sinks import SinkAnalysis
-from vitreg.hooks.streamed import StreamedPattern, pattern_chunk, streamed_patterns
+from vitreg.hooks.streamed import (
+    StreamedPattern,
+    attention_once,
+    pattern_chunk,
+    streamed_patterns,
+)
 from vitreg.testing import tiny
 from vitreg.testing.images import synthetic_images
 from vitreg.testing.planted import build_kind
@@ -50,13 +55,15 @@ def assert_same(a: Any, b: Any, where: str = "results") -> None:
 
 @contextmanager
 def counting_scans() -> Iterator[list[int]]:
-    """Counts the first passes over streamed patterns (none when every hook saw full tensors)."""
-    calls = [0]
+    """Counts the first passes over streamed patterns: ``[statistics alone, with the attention
+    output]`` (the first is 0 when every hook saw full tensors; the second counts the forward's
+    attention computed once with its statistics)."""
+    calls = [0, 0]
     scan = StreamedPattern._scan
 
-    def counted(self: StreamedPattern, row_fns: dict) -> None:
-        calls[0] += 1
-        scan(self, row_fns)
+    def counted(self: StreamedPattern, row_fns: dict, *values: torch.Tensor) -> torch.Tensor | None:
+        calls[bool(values)] += 1
+        return scan(self, row_fns, *values)
 
     StreamedPattern._scan = counted
     try:
@@ -70,13 +77,13 @@ def _diagnose(model: vitreg.Model, x: torch.Tensor) -> DiagnoseResult:
 
 
 def assert_diagnose_parity(model: vitreg.Model, x: torch.Tensor, chunks: list[int | None]) -> None:
-    with streamed_patterns(False), counting_scans() as scans:
-        full = _diagnose(model, x)
-    assert scans == [0]
-    for chunk in chunks:
+    for chunk in chunks:  # the forward's attention, computed once in chunks, is the same on both
+        with streamed_patterns(False), pattern_chunk(chunk), counting_scans() as scans:
+            full = _diagnose(model, x)
+        assert scans[0] == 0
         with pattern_chunk(chunk), counting_scans() as scans:
             streamed = _diagnose(model, x)
-        assert scans[0] > 0
+        assert sum(scans) > 0
         assert_same(streamed.results.model_dump(), full.results.model_dump())
         a, b = streamed.traced["attention"], full.traced["attention"]
         assert_same(a.layer_maps, b.layer_maps, "layer_maps")
@@ -143,16 +150,40 @@ def test_kinds_fixtures_streamed_equal_full_patterns(name: str, chunk: int | Non
         res, skipped, _ = run_analyses(model, x, chosen, batch_size=3)
         return res, verdicts(res, skipped)
 
-    with streamed_patterns(False), counting_scans() as scans:
+    with streamed_patterns(False), pattern_chunk(chunk), counting_scans() as scans:
         full, full_kinds = run()
-    assert scans == [0]
+    assert scans[0] == 0
     with pattern_chunk(chunk), counting_scans() as scans:
         streamed, kinds = run()
-    assert scans[0] > 0
+    assert scans[1] > 0  # every sink block's attention computed once, with its statistics
     assert full["sinks"].per_image.total > 0  # events: the per-head Gram path ran
     for name_ in ("sinks", "registers"):
         assert_same(streamed[name_].model_dump(), full[name_].model_dump(), name_)
     assert_same(kinds.model_dump(), full_kinds.model_dump(), "kinds")
+
+
+@pytest.mark.parametrize("name", ["kinds_nop_sink", "kinds_broadcast_sink", "kinds_registers"])
+def test_kinds_fixtures_equal_with_the_models_own_attention(name: str) -> None:
+    """Attention computed once with its statistics gives the results of the model's own SDPA
+    call with the statistics recomputed from q and k."""
+    module, _ = build_kind(name)
+    model = vitreg.wrap(module)
+    x = torch.randn(6, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+
+    def run() -> Any:
+        chosen = [NormAnalysis(), SinkAnalysis(), RegisterAnalysis()]
+        res, skipped, _ = run_analyses(model, x, chosen, batch_size=3)
+        return {k: summary_of(r).model_dump() for k, r in res.items()}, verdicts(
+            res, skipped
+        ).model_dump()
+
+    with attention_once(False), counting_scans() as scans:
+        own = run()
+    assert scans[1] == 0
+    with counting_scans() as scans:
+        once = run()
+    assert scans[1] > 0
+    assert_same(once, own, name)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from vitreg.hooks.attention import softmax_pattern
 from vitreg.hooks.streamed import (
     DEFAULT_CHUNK_HEAD_DIMS,
     StreamedPattern,
+    attention_once,
     column_mean,
     head_gram,
     key_column,
@@ -110,3 +111,45 @@ def test_plain_hooks_get_the_full_tensor_and_marked_hooks_the_stream() -> None:
     with streamed_patterns(False), torch.no_grad():
         model.run_with_hooks(x, [(name, marked)])
     assert isinstance(seen["marked"], torch.Tensor)
+
+
+@pytest.mark.parametrize("mask", sorted(_masks()))
+@pytest.mark.parametrize("chunk", [1, 4, 100])
+def test_attend_gives_the_attention_output_and_the_statistics(mask: str, chunk: int) -> None:
+    q, k = _qk()
+    v = torch.randn(B, H, N, 5, generator=torch.Generator().manual_seed(4))
+    kw = _masks()[mask]
+    full = softmax_pattern(q, k, 0.3, kw.get("attn_mask"), kw.get("is_causal", False))
+    s = StreamedPattern(q, k, 0.3, kw.get("attn_mask"), kw.get("is_causal", False), chunk=chunk)
+    torch.testing.assert_close(s.attend(v), full @ v, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(column_mean(s), column_mean(full), rtol=1e-5, atol=1e-6)
+    key = column_mean(full).argmax(-1)
+    torch.testing.assert_close(key_column(s, key), key_column(full, key), rtol=1e-5, atol=1e-7)
+
+
+def test_a_hook_reading_columns_gets_the_attention_computed_once() -> None:
+    """The block's own SDPA call is answered by the streamed pattern (its statistics filled in
+    the same pass); the forward stays within float rounding of the bare one, and the model's
+    SDPA is itself again after the block."""
+    module, size = timm_vit("dinov2")
+    model = vitreg.wrap(module)
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    seen: list[StreamedPattern] = []
+
+    def columns(t, hook):
+        assert torch.nn.functional.scaled_dot_product_attention is sdpa
+        seen.append(t)
+
+    mark_streamed(columns, True, columns=True)
+    names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.n_layers)]
+    with torch.no_grad():
+        bare = model.features(x)
+        out = model.run_with_hooks(x, [(n, columns) for n in names])
+    assert len(seen) == model.n_layers
+    assert all({"column_sum", "lse"} <= set(p._memo) for p in seen)
+    torch.testing.assert_close(out, bare, rtol=1e-4, atol=1e-5)
+    with attention_once(False), torch.no_grad():
+        seen.clear()
+        assert torch.equal(model.run_with_hooks(x, [(n, columns) for n in names]), bare)
+    assert not any("column_sum" in p._memo for p in seen)

@@ -39,6 +39,7 @@ class ReceivedAttention(Reducer[dict[str, float]]):
         self.count = 0
 
     streams_patterns = True
+    reads_pattern_columns = True
 
     def update(self, t: torch.Tensor, ctx: HookContext, image_offset: int) -> None:
         received = column_mean(t)  # [B, H, N_k]: mean over queries

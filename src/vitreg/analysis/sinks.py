@@ -101,6 +101,7 @@ class SinkPatterns(Reducer[SinkBlockStats]):
     """The ``hook_pattern`` half of a block's pair: holds the block's statistics."""
 
     streams_patterns = True
+    reads_pattern_columns = True
 
     def __init__(self, site: str, pair: _Pair, layer: int) -> None:
         super().__init__(site)

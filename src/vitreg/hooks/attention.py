@@ -17,11 +17,12 @@ from torch import nn
 
 from vitreg.core.layout import TokenLayout
 from vitreg.errors import HookError
+from vitreg.hooks.fused import answer_sdpa, can_attend
 from vitreg.hooks.patterns import PatternReading, global_reading
 from vitreg.hooks.sites import Handle, HookContext, HookFn, LayoutFn, Site, check_replacement
 from vitreg.hooks.softmax import additive_mask as additive_mask
 from vitreg.hooks.softmax import softmax_pattern as softmax_pattern
-from vitreg.hooks.streamed import StreamedPattern, accepts_streamed
+from vitreg.hooks.streamed import StreamedPattern, accepts_streamed, reads_columns, same_marks
 
 NATIVE = "native"
 RECOMPUTED = "recomputed"
@@ -89,7 +90,7 @@ class PatternSite(Site):
                     "it cannot be edited; attach the hook with attention='native' to edit it"
                 )
 
-        for torch_handle in self.capture(on_pattern):
+        for torch_handle in self.capture(same_marks(on_pattern, fn)):
             handle.add(torch_handle.remove)
         return handle
 
@@ -105,6 +106,8 @@ def capture_qk(
     ``compute(q_out, k_out, call_kwargs)`` turns the two outputs (and the kwargs the attention
     module was called with, e.g. rope or a mask) into the probabilities: a tensor, or a
     :class:`~vitreg.hooks.streamed.StreamedPattern` that hooks not taking one see in full.
+    A streamed pattern whose column statistics the hooks read is delivered after the attention
+    module ran, its statistics filled by the module's own SDPA call (:mod:`vitreg.hooks.fused`).
     """
 
     def capture(callback: Callable[[PatternValue], None]) -> list[Any]:
@@ -119,12 +122,27 @@ def capture_qk(
 
         def on_k(_mod: nn.Module, _args: Any, out: torch.Tensor) -> None:
             q = state.pop("q")
-            callback(compute(q, out, state.get("kwargs", {})))
+            pattern = compute(q, out, state.get("kwargs", {}))
+            if isinstance(pattern, StreamedPattern) and reads_columns(callback):
+                if can_attend(pattern):  # computed once, with its statistics, by the SDPA call
+                    state["restore"] = answer_sdpa(pattern)
+                    state["pending"] = pattern
+                    return
+            callback(pattern)
+
+        def on_done(_mod: nn.Module, _args: Any, out: Any) -> None:
+            restore = state.pop("restore", None)
+            if restore is not None:
+                restore()
+            pending = state.pop("pending", None)
+            if pending is not None and out is not None:
+                callback(pending)
 
         return [
             attn.register_forward_pre_hook(on_call, with_kwargs=True),
             q_module.register_forward_hook(on_q),
             k_module.register_forward_hook(on_k),
+            attn.register_forward_hook(on_done, always_call=True),
         ]
 
     return capture

@@ -61,9 +61,12 @@ class Reducer(ABC, Generic[R]):
 
     A reducer with ``streams_patterns`` reads an ``attn.hook_pattern`` it is fed either as the
     full tensor or as a :class:`~vitreg.hooks.streamed.StreamedPattern` (q and k, rows rebuilt
-    in query chunks), through :mod:`vitreg.hooks.streamed`'s functions."""
+    in query chunks), through :mod:`vitreg.hooks.streamed`'s functions; one with
+    ``reads_pattern_columns`` also reads its column statistics (column sums, key columns), which
+    a traced forward then computes with the attention itself."""
 
     streams_patterns = False
+    reads_pattern_columns = False
 
     def __init__(self, site: str) -> None:
         self.site = site

@@ -11,6 +11,7 @@ form, so both paths share one computation and agree to float rounding.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,7 +26,12 @@ from vitreg.hooks.softmax import mask_bias, softmax_pattern
 DEFAULT_CHUNK_HEAD_DIMS = 5
 _CHUNK: ContextVar[int | None] = ContextVar("pattern_chunk", default=None)
 _ENABLED: ContextVar[bool] = ContextVar("streamed_patterns", default=True)
+_ONCE: ContextVar[bool] = ContextVar("attention_once", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
+SCRATCH_BYTES = 32 * 2**20  # the largest chunk buffer kept for reuse (per thread); larger ones
+# are freed after each pass, since one held across the MLP would raise the peak
+_SCRATCH = threading.local()
+_COLUMNS = "reads_pattern_columns"
 
 
 @contextmanager
@@ -52,16 +58,69 @@ def pattern_chunk(queries: int | None) -> Iterator[None]:
         _CHUNK.reset(token)
 
 
-def mark_streamed(fn: Callable, accepts: bool) -> Callable:
-    """Mark a hook function as taking :class:`StreamedPattern` values (or not); returns ``fn``."""
+def mark_streamed(fn: Callable, accepts: bool, columns: bool = False) -> Callable:
+    """Mark a hook function as taking :class:`StreamedPattern` values (or not), and as reading
+    their column statistics (``columns``: column sums or single key columns); returns ``fn``."""
     setattr(fn, _ACCEPTS, accepts)
+    setattr(fn, _COLUMNS, accepts and columns)
     return fn
+
+
+def same_marks(fn: Callable, like: Callable) -> Callable:
+    """Mark ``fn`` as ``like`` is marked (:func:`mark_streamed`); returns ``fn``."""
+    return mark_streamed(fn, getattr(like, _ACCEPTS, False), getattr(like, _COLUMNS, False))
+
+
+def reads_columns(fn: Callable) -> bool:
+    """Whether ``fn`` was marked as reading the column statistics of streamed patterns, so that
+    the attention is worth computing once with them (:meth:`StreamedPattern.attend`; also when
+    :func:`streamed_patterns` is off, so both paths see one forward) unless
+    :func:`attention_once` switched that off."""
+    return bool(getattr(fn, _COLUMNS, False)) and _ONCE.get()
+
+
+@contextmanager
+def attention_once(enabled: bool) -> Iterator[None]:
+    """Within this block a traced forward computes attention once with its statistics where
+    they are read (``enabled``, the default) or leaves the model's own SDPA call alone and
+    recomputes the statistics from q and k (the forward then equals the bare one bit for bit)."""
+    token = _ONCE.set(enabled)
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
 
 
 def accepts_streamed(fn: Callable) -> bool:
     """Whether ``fn`` gets :class:`StreamedPattern` values: it was marked as taking them and
     streaming is not switched off (:func:`streamed_patterns`)."""
     return bool(getattr(fn, _ACCEPTS, False)) and _ENABLED.get()
+
+
+def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A flat float32 buffer of ``numel`` elements on ``like``'s device. On a CPU one buffer of
+    up to :data:`SCRATCH_BYTES` is kept per thread and reused by every chunked pass (a fresh
+    large tensor faults its pages in again for every block); only one pass uses it at a time."""
+    if like.device.type != "cpu" or numel * 4 > SCRATCH_BYTES:
+        return like.new_empty(numel, dtype=torch.float32)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < numel:
+        buf = like.new_empty(numel, dtype=torch.float32)
+        _SCRATCH.buf = buf
+    return buf[:numel]
+
+
+@dataclass
+class _Sums:
+    """What one pass over the query chunks fills: column sums ``[B, H, N_k]``, row log-sum-exp
+    and per-row values ``[B, H, N]``, and the attention output when values ``v`` are given."""
+
+    col: torch.Tensor
+    lse: torch.Tensor
+    row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]]
+    per_row: dict[str, torch.Tensor]
+    v: torch.Tensor | None = None
+    out: torch.Tensor | None = None
 
 
 @dataclass
@@ -159,44 +218,54 @@ class StreamedPattern:
         scores = self._scores(qs[:, :, rows], k, self._bias(rows))
         return torch.softmax(scores, dim=-1, out=scores)
 
-    def _scan(self, row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> None:
+    def _scan(
+        self,
+        row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+        v: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """One pass over the query chunks: column sums, row log-sum-exp, and the per-row
-        values of ``row_fns`` (each ``[B, H, n]`` of the chunk's rows), memoised by name."""
+        values of ``row_fns`` (each ``[B, H, n]`` of the chunk's rows), memoised by name; with
+        values ``v [B, H, N_k, Dv]`` also the attention output ``P @ v`` (returned)."""
         b, h, n, n_k = self.shape
         col = self.q.new_zeros((b, h, n_k), dtype=torch.float32)
         lse = self.q.new_empty((b, h, n), dtype=torch.float32)
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
+        out = None if v is None else v.new_empty((b, h, n, v.shape[-1]))
         qs, k = self.scaled()
         with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
-            self._chunks(qs, k, col, lse, row_fns, per_row)
+            self._chunks(qs, k, _Sums(col, lse, row_fns, per_row, v, out))
         self._memo.update({"column_sum": col, "lse": lse, **per_row})
+        return out
 
-    def _chunks(
-        self,
-        qs: torch.Tensor,
-        k: torch.Tensor,
-        col: torch.Tensor,
-        lse: torch.Tensor,
-        row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
-        per_row: dict[str, torch.Tensor],
-    ) -> None:
-        """The body of :meth:`_scan`: fills ``col``, ``lse`` and ``per_row`` chunk by chunk."""
+    def _chunks(self, qs: torch.Tensor, k: torch.Tensor, sums: _Sums) -> None:
+        """The body of :meth:`_scan`: fills ``sums`` chunk by chunk."""
         slices = self.slices()
         rows = max(sl.stop - sl.start for sl in slices)
-        out = qs.new_empty(math.prod((*qs.shape[:2], rows, k.shape[-2])), dtype=torch.float32)
+        buf = scratch(math.prod((*qs.shape[:2], rows, k.shape[-2])), qs)
+        v = None if sums.v is None else sums.v.float().contiguous()
         for sl in slices:
-            scores = self._scores(qs[:, :, sl], k, self._bias(sl), out)
+            scores = self._scores(qs[:, :, sl], k, self._bias(sl), buf)
             top = scores.amax(-1, keepdim=True)
             e = scores.sub_(top).exp_()
             total = e.sum(-1, keepdim=True)
-            lse[:, :, sl] = (top + total.log()).squeeze(-1)
-            if not row_fns:  # column sums of e / total without dividing e
-                col += (total.reciprocal().transpose(-2, -1) @ e).squeeze(-2)
+            sums.lse[:, :, sl] = (top + total.log()).squeeze(-1)
+            inv = total.reciprocal()
+            if v is not None and sums.out is not None:  # the attention output of these rows
+                sums.out[:, :, sl] = (e @ v).mul_(inv)
+            if not sums.row_fns:  # column sums of e / total without dividing e
+                sums.col += (inv.transpose(-2, -1) @ e).squeeze(-2)
                 continue
             p = e.div_(total)
-            col += p.sum(-2)
-            for name, fn in row_fns.items():
-                per_row[name][:, :, sl] = fn(p)
+            sums.col += p.sum(-2)
+            for name, fn in sums.row_fns.items():
+                sums.per_row[name][:, :, sl] = fn(p)
+
+    def attend(self, v: torch.Tensor) -> torch.Tensor:
+        """The attention output ``P @ v`` (``v [B, H, N_k, Dv]``, in ``v``'s dtype), computed
+        with the column sums and row log-sum-exp in one pass over the query chunks."""
+        out = self._scan({}, v)
+        assert out is not None
+        return out
 
     def memo(self, name: str, row_fns: dict[str, Callable] | None = None) -> torch.Tensor:
         """A statistic of the first pass (``column_sum``, ``lse`` or a row function's name)."""

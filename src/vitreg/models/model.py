@@ -572,7 +572,9 @@ class Model:
                 for r in by_site[name]:
                     r(t, hook, offset)
 
-            return mark_streamed(fn, all(r.streams_patterns for r in by_site[name]))
+            mine = by_site[name]
+            columns = any(r.reads_pattern_columns for r in mine)
+            return mark_streamed(fn, all(r.streams_patterns for r in mine), columns)
 
         k = None if stop_at_layer is None else self.stop_index(stop_at_layer)
         feeds = self._until([(n, feed(n)) for n in by_site], k)
