@@ -392,17 +392,7 @@ class _Greedy:
         for _ in range(MAX_ROUNDS):
             chosen, m = self.grow(list(kept), m, excluded, selection, progress)
             n_dropped = len(selection.dropped)
-            kept, effects = _prune(
-                self.probe,
-                chosen,
-                m,
-                base,
-                direct,
-                self.scale,
-                self.min_gain,
-                selection.emergence_layer,
-                selection.dropped,
-            )
+            kept, effects = self.prune(chosen, m, base, direct, selection)
             new = selection.dropped[n_dropped:]
             excluded |= {(d.layer, d.unit) for d in new if d.kind != "bystander"}
             if kept != chosen:
@@ -460,10 +450,23 @@ class _Greedy:
                 worst_block_fraction=self.left(m),
             )
         )
-        kept, effects = _prune(
+        kept, effects = self.prune(chosen, m, base, direct, selection)
+        return kept, effects, self.probe.measure(kept, grad=True)
+
+    def prune(
+        self,
+        chosen: list[Unit],
+        final: Measure,
+        base: Measure,
+        direct: dict[Unit, float],
+        selection: Causal,
+    ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
+        """:func:`_prune` with this selection's scale, gain floor and emergence block; the units
+        it drops go to ``selection.dropped``."""
+        return _prune(
             self.probe,
             chosen,
-            m,
+            final,
             base,
             direct,
             self.scale,
@@ -471,7 +474,6 @@ class _Greedy:
             selection.emergence_layer,
             selection.dropped,
         )
-        return kept, effects, self.probe.measure(kept, grad=True)
 
     def grow(
         self,
