@@ -7,7 +7,7 @@ the two at 1/2 and 3/4 depth), ``resid_post``, float16, every token, safetensors
 runs in a fresh process: it times a plain ``model.features`` pass over the images, then the
 export (labels, sink keys and the outlier rule included), both by this process's CPU time, and
 reports the export's images/s over the plain forward's, its peak RSS and its write rate in MB/s.
-Targets: export >= 0.5 x the plain forward's images/s (CPU time); peak RSS of the largest count
+Targets: export >= 0.8 x the plain forward's images/s (CPU time); peak RSS of the largest count
 within 300 MB of the smallest (memory is one batch and one shard, whatever the count).
 
     python benchmarks/export_speed.py [--n-images 1000,10000] [--batch-size 32] [--quick]
@@ -37,7 +37,7 @@ from _common import (
     write_result,
 )
 
-TARGET_RATIO = 0.5  # export images/s over plain-forward images/s, CPU time
+TARGET_RATIO = 0.8  # export images/s over plain-forward images/s, CPU time
 TARGET_MB = 300.0  # largest allowed growth of the peak from the smallest to the largest count
 
 
