@@ -58,6 +58,23 @@ def test_states_encode_without_pickle() -> None:
 
 
 @pytest.mark.slow
+def test_an_object_two_reducers_share_is_shared_again_after_a_restore() -> None:
+    """The sink analysis's two halves of a block (hook_v and hook_pattern) fill one accumulator:
+    restored from a checkpoint they must fill one again, or every image after the restore is
+    lost (neither half ever sees the other's tensor)."""
+    from vitreg.analysis.sinks import _Pair
+
+    pair = _Pair(torch.eye(2))
+    pair.rows.append((0, torch.ones(2)))
+    tensors: dict[str, torch.Tensor] = {}
+    saved = json.loads(json.dumps(encode([{"pair": pair}, {"pair": pair}], tensors)))
+    first, second = decode(saved, tensors)
+    assert first["pair"] is second["pair"] and first["pair"] is not pair
+    assert torch.equal(first["pair"].rows[0][1], torch.ones(2))
+    with pytest.raises(InputError, match="refers to object"):
+        decode([{"$ref": 3}], {})
+
+
 def test_a_killed_diagnose_resumes_to_the_same_numbers(tmp_path: Path, model: Any) -> None:
     from vitreg.analysis.diagnose import diagnose
 

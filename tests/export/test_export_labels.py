@@ -34,7 +34,9 @@ def test_flags_agree_with_diagnose(tmp_path: Path, cli_models) -> None:
         mine, theirs = by_layer[str(block)], norms.layers[block]
         assert mine.outlier_rate == pytest.approx(theirs.outlier_rate["auto"], abs=1e-12)
         cut = theirs.thresholds["auto"]
-        assert mine.outlier_cut == (pytest.approx(cut, rel=1e-9) if cut is not None else None)
+        # the two passes may run a block's attention by different kernels (fused, or together
+        # with its statistics): equal to float rounding
+        assert mine.outlier_cut == (pytest.approx(cut, rel=1e-6) if cut is not None else None)
         assert mine.sink_events_per_image == pytest.approx(sinks.blocks[block].total, abs=1e-12)
         flagged += mine.outliers
     assert flagged > 0 and by_layer["7"].sink_events_per_image > 0  # the test can fail

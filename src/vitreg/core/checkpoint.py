@@ -63,8 +63,11 @@ _active: list[Resume] = []
 
 
 # ---------------------------------------------------------------- encoding states
-def encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """JSON for ``obj`` with its tensors moved into ``tensors`` (see the module docstring)."""
+def encode(obj: Any, tensors: dict[str, torch.Tensor], seen: dict[int, int] | None = None) -> Any:
+    """JSON for ``obj`` with its tensors moved into ``tensors`` (see the module docstring). An
+    object of vitreg's held in two places (two reducers sharing one accumulator) is stored once
+    and referred to after, so that it is shared again when decoded."""
+    seen = {} if seen is None else seen
     if isinstance(obj, torch.Tensor):
         name = f"t{len(tensors)}"
         tensors[name] = obj.detach().cpu().contiguous().clone()
@@ -75,23 +78,33 @@ def encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return {"$dtype": str(obj).removeprefix("torch.")}
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("$") for k in obj):
-            return {k: encode(v, tensors) for k, v in obj.items()}
-        return {"$d": [[encode(k, tensors), encode(v, tensors)] for k, v in obj.items()]}
+            return {k: encode(v, tensors, seen) for k, v in obj.items()}
+        return {
+            "$d": [[encode(k, tensors, seen), encode(v, tensors, seen)] for k, v in obj.items()]
+        }
     if isinstance(obj, list):
-        return [encode(v, tensors) for v in obj]
+        return [encode(v, tensors, seen) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return {"$tuple": [encode(v, tensors) for v in obj]}
+        return {"$tuple": [encode(v, tensors, seen) for v in obj]}
     cls = type(obj)
     if cls.__module__.startswith("vitreg.") and hasattr(obj, "__dict__"):
+        if id(obj) in seen:
+            return {"$ref": seen[id(obj)]}
+        seen[id(obj)] = ref = len(seen)
         state = {k: v for k, v in vars(obj).items() if not callable(v)}
-        return {"$obj": f"{cls.__module__}:{cls.__qualname__}", "state": encode(state, tensors)}
+        return {
+            "$obj": f"{cls.__module__}:{cls.__qualname__}",
+            "id": ref,
+            "state": encode(state, tensors, seen),
+        }
     raise TypeError(f"cannot checkpoint a {cls.__module__}.{cls.__qualname__}")
 
 
-def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """The inverse of :func:`encode`."""
+def decode(obj: Any, tensors: dict[str, torch.Tensor], made: dict[int, Any] | None = None) -> Any:
+    """The inverse of :func:`encode` (an object referred to twice is one object again)."""
+    made = {} if made is None else made
     if isinstance(obj, list):
-        return [decode(v, tensors) for v in obj]
+        return [decode(v, tensors, made) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if "$t" in obj:
@@ -99,9 +112,14 @@ def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if "$dtype" in obj:
         return getattr(torch, obj["$dtype"])
     if "$d" in obj:
-        return {decode(k, tensors): decode(v, tensors) for k, v in obj["$d"]}
+        return {decode(k, tensors, made): decode(v, tensors, made) for k, v in obj["$d"]}
     if "$tuple" in obj:
-        return tuple(decode(v, tensors) for v in obj["$tuple"])
+        return tuple(decode(v, tensors, made) for v in obj["$tuple"])
+    if "$ref" in obj:
+        ref = obj["$ref"]
+        if not isinstance(ref, int) or ref not in made:
+            raise InputError(f"checkpoint refers to object {ref!r} before storing it")
+        return made[ref]
     if "$obj" in obj:
         module, _, qualname = obj["$obj"].partition(":")
         if not module.startswith("vitreg.") or not re.fullmatch(r"[A-Za-z_][\w.]*", qualname):
@@ -112,9 +130,11 @@ def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         if not isinstance(cls, type):
             raise InputError(f"checkpoint names {obj['$obj']!r}, which is not a class")
         out = cls.__new__(cls)
-        out.__dict__.update(decode(obj["state"], tensors))
+        if isinstance(obj.get("id"), int):
+            made[obj["id"]] = out
+        out.__dict__.update(decode(obj["state"], tensors, made))
         return out
-    return {k: decode(v, tensors) for k, v in obj.items()}
+    return {k: decode(v, tensors, made) for k, v in obj.items()}
 
 
 def restore_into(target: Any, state: PassState) -> None:

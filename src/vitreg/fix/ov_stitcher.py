@@ -115,8 +115,9 @@ class OVStitcher(Fix):
             for left, c in zip(lefts, cols, strict=True):
                 piece = x[..., top : top + crop[0], left : left + crop[1]]
                 tokens = model.features(piece, stop_at_layer=-1).float()
+                # layout: rows and columns of the image's patch grid, not tokens
                 grid[:, r : r + gh, c : c + gw] += layout.patch_grid(tokens)
-                count[:, r : r + gh, c : c + gw] += 1
+                count[:, r : r + gh, c : c + gw] += 1  # layout: grid rows and columns
                 prefix = prefix + layout.take(tokens, "prefix")
         full = layout.with_grid((h, w))
         seq = torch.cat([prefix / (len(rows) * len(cols)), (grid / count).flatten(1, 2)], 1)

@@ -30,12 +30,19 @@ def _which_rule(res: Sinks) -> str:
     )
 
 
+def _largest(conc: SinkConcentration, i: int, h: int) -> float | None:
+    """The largest ratio of head ``h`` of the ``i``-th block listed (None: not in the file)."""
+    row = conc.max[i] if i < len(conc.max) else []
+    return row[h] if h < len(row) else None
+
+
 def concentration_blocks(conc: SinkConcentration) -> list[Block]:
+    # a hand-edited file may list fewer means or maxima than blocks: show what it holds
     pairs = [
-        (v, b, h) for b, row in zip(conc.blocks, conc.mean, strict=True) for h, v in enumerate(row)
+        (v, i, h) for i, row in enumerate(conc.mean[: len(conc.blocks)]) for h, v in enumerate(row)
     ]
     top = sorted(pairs, reverse=True)[:TOP_HEADS]
-    rows = [[text(b), text(h), num(v), num(conc.max[conc.blocks.index(b)][h])] for v, b, h in top]
+    rows = [[text(conc.blocks[i]), text(h), num(v), num(_largest(conc, i, h))] for v, i, h in top]
     return [
         f"Concentration ratio ({text(conc.rule)}): largest {num(conc.peak)} at block "
         f"{text(conc.peak_block)} head {text(conc.peak_head)}; the heat map shows every head.",

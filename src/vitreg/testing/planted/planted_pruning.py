@@ -114,6 +114,7 @@ def _embed(module: nn.Module, sinks: list[int]) -> None:
         for channel in (c, BRIGHT):  # undo the normalisation: raw = x * std + mean
             proj.weight[channel, c] = std / area
             proj.bias[channel] += mean
+    # layout: timm's own position-embedding table (prefix rows first unless no_embed_class)
     offset = 0 if getattr(module, "no_embed_class", False) else module.num_prefix_tokens
     for i in sinks:
         module.pos_embed[0, offset + i, SINK] = SINK_VALUE
