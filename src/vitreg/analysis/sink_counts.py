@@ -98,7 +98,7 @@ def _rule(eps: float | None) -> tuple[str, EventRule]:
         text = (
             f">= {EVENT_FRACTION:.0%} of the queries put >= {ROUTE} on the dominant key (relaxed)"
         )
-        return text, lambda st: st.routed >= EVENT_FRACTION
+        return text, lambda st: st.event
     text = f"every query puts >= 1 - {eps:g} on the dominant key (Definition 1, eps {eps:g})"
     return text, lambda st: st.min_a >= 1.0 - eps
 
@@ -134,7 +134,7 @@ def reference_heads(
     for cls in ("nop", "broadcast"):
         rows, rates = [], []
         for _, st, _ in blocks:
-            ev = st.routed >= EVENT_FRACTION
+            ev = st.event
             kinds = torch.zeros_like(ev)
             bi, hi = ev.nonzero(as_tuple=True)
             got = sink_class(st.ratio[bi, hi], st.stable_rank[bi, hi])

@@ -63,6 +63,30 @@ def sqrt_psd(m: torch.Tensor) -> torch.Tensor:
     return (vec * ev.clamp_min(0).sqrt()[..., None, :]) @ vec.transpose(-1, -2)
 
 
+@dataclass
+class DominantKeys:
+    """Per image and head ``[B, H]``: the mean attention columns ``[B, H, N]``, the dominant
+    key and its mean attention, its column over the queries ``[B, H, N]``, the share of queries
+    routed to it and whether that share is a sink event."""
+
+    columns: torch.Tensor
+    mass: torch.Tensor
+    key: torch.Tensor
+    column: torch.Tensor
+    routed: torch.Tensor
+    event: torch.Tensor
+
+
+def dominant_keys(pattern: torch.Tensor | StreamedPattern) -> DominantKeys:
+    """The dominant key of each head of ``pattern [B, H, N, N]`` (full or streamed) and the
+    sink-event rule on it: one pass for the mean columns, one for the key's column."""
+    columns = column_mean(pattern)
+    mass, key = columns.max(dim=-1)
+    column = key_column(pattern, key)
+    routed = (column >= ROUTE).float().mean(-1)
+    return DominantKeys(columns, mass, key, column, routed, routed >= EVENT_FRACTION)
+
+
 def head_stats(
     pattern: torch.Tensor | StreamedPattern,
     v: torch.Tensor,
@@ -72,20 +96,17 @@ def head_stats(
     """Sink statistics of ``pattern [B, H, N, N]`` (full or streamed) and values
     ``v [B, N, H, D]`` given the per-head ``metric = W_h^T diag(gamma^2) W_h [H, D, D]`` and a
     function returning its square root (called only when some head has an event)."""
-    columns = column_mean(pattern)
-    mass, key = columns.max(dim=-1)
-    column = key_column(pattern, key)
-    routed = (column >= ROUTE).float().mean(-1)
+    dom = dominant_keys(pattern)
+    mass, key, routed, event = dom.mass, dom.key, dom.routed, dom.event
     ratio = torch.full_like(routed, float("nan"))
     rank = torch.full_like(routed, float("nan"))
     raw = torch.full_like(routed, float("nan"))
-    event = routed >= EVENT_FRACTION
     if event.any():
         with torch.autocast(routed.device.type, enabled=False):  # float32 under autocast too
             _event_stats(pattern, v, metric, metric_sqrt, key, event, ratio, rank)
             raw[event] = _raw_ratio(v, key, event).to(raw)
-    conc = concentration_ratio(columns)
-    return HeadStats(key, mass, routed, ratio, rank, column.min(-1).values, raw, conc)
+    conc = concentration_ratio(dom.columns)
+    return HeadStats(key, mass, routed, ratio, rank, dom.column.min(-1).values, raw, conc)
 
 
 def _raw_ratio(v: torch.Tensor, key: torch.Tensor, event: torch.Tensor) -> torch.Tensor:

@@ -8,20 +8,17 @@ from dataclasses import dataclass
 
 import torch
 
-from vitreg.analysis.sink_rules import EVENT_FRACTION, ROUTE
+from vitreg.analysis.sink_rules import dominant_keys
 from vitreg.core.layout import TokenLayout
 from vitreg.export.sites import KIND_CODES
-from vitreg.hooks.streamed import column_mean, key_column
 
 
 def sink_counts(pattern: torch.Tensor) -> torch.Tensor:
     """``[B, N]``: how many heads have a sink event (diagnose's rule: at least 90% of queries put
     >= 0.5 on the dominant key) landing on each key token, from ``pattern [B, H, N, N]``."""
-    _, key = column_mean(pattern).max(dim=-1)
-    routed = (key_column(pattern, key) >= ROUTE).float().mean(-1)
-    event = (routed >= EVENT_FRACTION).to(torch.int16)
+    dom = dominant_keys(pattern)
     counts = torch.zeros(pattern.shape[0], pattern.shape[-1], dtype=torch.int16)
-    return counts.scatter_add_(1, key.cpu(), event.cpu())
+    return counts.scatter_add_(1, dom.key.cpu(), dom.event.to(torch.int16).cpu())
 
 
 @dataclass(frozen=True)
