@@ -143,10 +143,11 @@ class DiagnoseConfig(RunConfig, Figures, ImageSet, ModelSource):
         return self
 
 
-def comma_list(v: Any) -> Any:
-    """``"1,2"`` -> ``["1", "2"]`` (an empty string -> None); other values as given."""
+def comma_list(v: Any, empty: list[str] | None = None) -> Any:
+    """``"1,2"`` -> ``["1", "2"]`` (a string with no part -> ``empty``); other values as
+    given."""
     if isinstance(v, str):
-        return [part.strip() for part in v.split(",") if part.strip()] or None
+        return [part.strip() for part in v.split(",") if part.strip()] or empty
     return v
 
 
@@ -297,15 +298,6 @@ class VlmConfig(RunConfig, TtrSettings, NeuronSearch, NeuronChoice, ImageSet, Mo
         return v
 
 
-def _words(v: Any) -> Any:
-    """A comma-separated option (``6,9,11``; repeated options too) as its list of parts."""
-    if isinstance(v, str):
-        v = [v]
-    if isinstance(v, list):
-        return [p.strip() for item in v for p in str(item).split(",") if p.strip()]
-    return v
-
-
 class ExportConfig(RunConfig, TtrSettings, NeuronChoice, ImageSet, ModelSource):
     """``vitreg export``: a model's activations at chosen sites, every token labelled, as
     safetensors shards with an index, parquet tables and zarr patch grids."""
@@ -352,7 +344,10 @@ class ExportConfig(RunConfig, TtrSettings, NeuronChoice, ImageSet, ModelSource):
     @field_validator("layers", "tokens", "exclude", "formats", mode="before")
     @classmethod
     def _comma_separated(cls, v: Any) -> Any:
-        return _words(v)
+        # a repeated option gives a list, each of whose values may hold several parts
+        if isinstance(v, list):
+            return [part for item in v for part in comma_list(str(item), [])]
+        return comma_list(v, [])
 
     @field_validator("site")
     @classmethod
