@@ -14,11 +14,20 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def synthetic(n: int, batch_size: int, size: int, seed: int = 0) -> Iterator[Any]:
+    """``n`` random images in batches, generated lazily."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    for start in range(0, n, batch_size):
+        yield torch.randn(min(batch_size, n - start), 3, size, size, generator=g)
 
 
 def peak_rss_mb() -> float:

@@ -56,6 +56,7 @@ from _common import (
     peak_rss_mb,
     rss_mb,
     run_child,
+    synthetic,
     write_result,
 )
 
@@ -75,15 +76,6 @@ PHASES = {  # find_neurons progress labels (by prefix) -> short names
     "causal check": "causal",
     "checking the fix": "calibration",
 }
-
-
-def synthetic(n: int, batch_size: int, size: int, seed: int = 0) -> Iterator[Any]:
-    """``n`` random images in batches, generated lazily."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    for start in range(0, n, batch_size):
-        yield torch.randn(min(batch_size, n - start), 3, size, size, generator=g)
 
 
 def warmup_threshold(model: Any, args: argparse.Namespace) -> float:

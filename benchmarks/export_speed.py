@@ -33,6 +33,7 @@ from _common import (
     parser,
     peak_rss_mb,
     run_child,
+    synthetic,
     verdict,
     write_result,
 )
@@ -48,12 +49,7 @@ class Images:
         self.n, self.batch_size, self.size, self.total = n, batch_size, size, n
 
     def __iter__(self) -> Iterator[Any]:
-        import torch
-
-        g = torch.Generator().manual_seed(0)
-        for start in range(0, self.n, self.batch_size):
-            b = min(self.batch_size, self.n - start)
-            yield torch.randn(b, 3, self.size, self.size, generator=g)
+        return synthetic(self.n, self.batch_size, self.size)
 
 
 def plan(model: Any, args: argparse.Namespace) -> Any:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from _common import (
@@ -28,19 +27,11 @@ from _common import (
     peak_rss_mb,
     rss_mb,
     run_child,
+    synthetic,
     write_result,
 )
 
 TARGET_MB = 300.0  # largest allowed growth of the peak from the smallest to the largest run
-
-
-def synthetic(n: int, batch_size: int, size: int, seed: int = 0) -> Iterator[Any]:
-    """``n`` random images in batches, generated lazily."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    for start in range(0, n, batch_size):
-        yield torch.randn(min(batch_size, n - start), 3, size, size, generator=g)
 
 
 def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
