@@ -32,10 +32,11 @@ from __future__ import annotations
 import atexit
 import copy
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -139,6 +140,22 @@ def setup(device: str | torch.device | None = None) -> DistContext:
 def _destroy() -> None:
     if initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """End a torchrun rank: destroy the process group, flush the output, exit with ``code``.
+
+    The exit skips the interpreter's teardown: a gloo worker thread can still be releasing the
+    tensors of a finished collective while Python finalises, and torch then aborts the process
+    (SIGABRT) after a run that succeeded. Every file vitreg writes is closed before this point.
+    """
+    _destroy()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to save
+            pass
+    os._exit(code)
 
 
 def rank_slice(n: int, rank: int, world: int) -> range:

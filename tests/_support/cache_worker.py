@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 import vitreg
+from vitreg import distributed
 from vitreg.data.datasets import DataLog, Sample, SkipSample
 
 SPEC = "timm:vit_small_patch14_reg4_dinov2"
@@ -78,7 +79,7 @@ def main(root: str, mode: str) -> None:
     dist.init_process_group("gloo")
     feats = extract(small_vit(), ToyDataset(n=9, bad=(4,)), root=root, shard_size=2, batch_size=2)
     print(f"rank {dist.get_rank()} forward_passes {feats.forward_passes}")
-    dist.destroy_process_group()
+    distributed.exit_process(0)
 
 
 if __name__ == "__main__":

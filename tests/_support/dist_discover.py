@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import vitreg
+from vitreg import distributed
 from vitreg.neurons.discover import discover
 from vitreg.settings.neurons import NeuronSearch
 from vitreg.testing.images import synthetic_images
@@ -24,4 +25,4 @@ found = discover(
 if dist.get_rank() == 0:
     with open(sys.argv[1], "w") as f:
         json.dump({"pairs": found.pairs(), "scores": found.scores, "data": found.data}, f)
-dist.destroy_process_group()
+distributed.exit_process(0)

@@ -43,3 +43,4 @@ torch.save(
     out / f"rank{ctx.rank}.pt",
 )
 distributed.barrier()
+distributed.exit_process(0)

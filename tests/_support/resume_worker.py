@@ -48,3 +48,4 @@ torch.save(
     {"whole": results(whole), "again": results(again), "seen": seen, "n": again.n_images},
     out / f"rank{distributed.rank()}.pt",
 )
+distributed.exit_process(0)

@@ -29,3 +29,6 @@ elif mode == "dist":
     if int(os.environ["RANK"]) == 0:
         with open(f"{out}/losses.json", "w") as f:
             json.dump({"supervised": sup.losses, "dino": dino.history}, f)
+    from vitreg import distributed
+
+    distributed.exit_process(0)

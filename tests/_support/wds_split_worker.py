@@ -81,3 +81,4 @@ torch.save(
     },
     out / f"rank{distributed.rank()}.pt",
 )
+distributed.exit_process(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -83,5 +84,16 @@ def root(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point; a torchrun rank ends through ``distributed.exit_process``."""
+    code: Any = 0
+    try:
+        app()
+    except SystemExit as done:
+        code = done.code
+    # only a verb that ran imports the distributed layer (--help must not import torch)
+    distributed = sys.modules.get("vitreg.distributed")
+    if distributed is None or not distributed.initialized():
+        raise SystemExit(code)
+    if isinstance(code, str):  # sys.exit("message") prints the message and exits 1
+        print(code, file=sys.stderr)
+    distributed.exit_process(code if isinstance(code, int) else int(code is not None))
