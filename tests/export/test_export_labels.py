@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import vitreg
 from vitreg.configs import ExportConfig
@@ -46,3 +47,39 @@ def test_flags_agree_with_diagnose(tmp_path: Path, cli_models) -> None:
     assert sum(r["sink_heads"] for r in rows) == by_layer["7"].sink_events_per_image * N
     cut = run.index.outlier_rules["7"].cut
     assert all(r["outlier"] == (r["kind"] == 3 and r["norm"] > cut) for r in rows)  # resid_post
+
+
+def test_each_image_is_forwarded_once_and_the_cut_is_fitted_on_the_first_images(
+    tmp_path: Path, cli_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outlier rule is fitted inside the export's own pass: no image goes through the model
+    twice, and the cut is diagnose's bimodal fit of the written rule-site norms of the first
+    ``calibration`` images (patch tokens only)."""
+    from safetensors.torch import load_file
+
+    from vitreg.analysis.thresholds import bimodal_fit
+    from vitreg.export import run as run_module
+
+    forwarded: list[int] = []
+    real = run_module.forward
+
+    def counted(model, batch, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        forwarded.append(batch.shape[0])
+        return real(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "forward", counted)
+    cfg = ExportConfig(spec=SPEC, img_size=SIZE, limit=7, batch_size=3, shard_size=2,
+                       layers="5,7", calibration=4, out=tmp_path / "x")  # fmt: skip
+    run = vitreg.run(cfg)
+    assert sum(forwarded) == 7 and len(forwarded) == 5  # parts: 2+1, 1+2, 1
+    for key in ("5", "7"):
+        rule = run.index.outlier_rules[key]
+        shards = [load_file(run.run_dir / s.file) for s in run.index.shards]
+        norm, image, kind = (
+            torch.cat([t[name] for t in shards])
+            for name in (f"{key}.rule_norm", "tokens.image", "tokens.kind")
+        )
+        fit = bimodal_fit(norm[(image < 4) & (kind == 3)].numpy())
+        assert rule.n_images == 4 and rule.bimodal == fit.present
+        assert rule.cut == (float(fit.cut) if fit.present else None)
+    assert any(run.index.outlier_rules[k].bimodal for k in ("5", "7"))  # the test can fail

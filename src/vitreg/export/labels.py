@@ -69,6 +69,12 @@ class LayerBatch:
         return ~dropped
 
 
+def outlier_flags(rule: torch.Tensor, positions: Positions, cut: float | None) -> torch.Tensor:
+    """``[B, P]`` bool: the patch tokens whose rule-site norm ``rule`` is above the ``cut``
+    (none without a bimodal cut)."""
+    return positions.patch[None, :] & (rule > (math.inf if cut is None else cut))
+
+
 def label_layer(
     acts: torch.Tensor,
     rule_norms: torch.Tensor,
@@ -84,7 +90,7 @@ def label_layer(
     taken = acts[:, at]
     norm = taken.float().norm(dim=-1)
     rule = rule_norms[:, at]
-    outlier = positions.patch[None, :] & (rule > (math.inf if cut is None else cut))
+    outlier = outlier_flags(rule, positions, cut)
     sinks = (
         pattern_counts[:, at]
         if pattern_counts is not None

@@ -13,7 +13,7 @@ import torch
 
 from vitreg.analysis.thresholds import bimodal_fit
 from vitreg.core.layout import TokenLayout
-from vitreg.export.labels import Positions, label_layer, sink_counts
+from vitreg.export.labels import LayerBatch, Positions, label_layer, outlier_flags, sink_counts
 from vitreg.export.shard import Shard, read_info, shard_name
 from vitreg.export.sites import Layer
 from vitreg.hooks.reducers import as_tokens, token_norms
@@ -106,41 +106,24 @@ def forward(
     return got
 
 
-def calibrate(
-    model: Model, source: Iterable[torch.Tensor], layers: list[Layer], n: int, batch_size: int
-) -> Calibration:
-    """Fit diagnose's bimodal outlier rule on the patch norms of each layer's rule site over
-    the first ``n`` images (every rank fits the same images: the same cut everywhere)."""
-    norms: dict[str, list[torch.Tensor]] = {layer.key: [] for layer in layers}
-    layout, d, seen = None, 0, 0
-    for batch in source:
-        batch = batch[: n - seen]
-        got = forward(model, batch, layers, acts=not d, sinks=False)
-        if not d:
-            d = next(iter(got.acts.values())).shape[-1]
-            layout = got.layout
-        for layer in layers:
-            norms[layer.key].append(layout.take(got.rule_norms[layer.key], "patches"))
-        seen += batch.shape[0]
-        if seen >= n:
-            break
+def fit_rules(
+    layers: list[Layer], norms: dict[str, list[torch.Tensor]], n: int
+) -> dict[str, OutlierRule]:
+    """Diagnose's bimodal outlier rule per layer, fitted on the patch norms of its rule site
+    over ``n`` images."""
     rules = {}
     for layer in layers:
-        patch = torch.cat(norms[layer.key]).numpy().ravel()
-        fit = bimodal_fit(patch)
+        fit = bimodal_fit(torch.cat(norms[layer.key]).numpy().ravel())
         cut = float(fit.cut) if fit.present else None
         rules[layer.key] = OutlierRule(
-            site=layer.rule_site, cut=cut, bimodal=fit.present, n_images=seen
+            site=layer.rule_site, cut=cut, bimodal=fit.present, n_images=n
         )
-    assert layout is not None
-    return Calibration(rules, layout, d)
+    return rules
 
 
-def numbered(
-    source: Iterable[torch.Tensor], names: Names, shard_size: int
-) -> Iterator[tuple[int, int, torch.Tensor, list[str]]]:
-    """``(shard, first image, images, names)`` parts of the source's batches, each inside one
-    shard (a batch across a shard boundary is split)."""
+def numbered(source: Iterable[torch.Tensor], names: Names, shard_size: int) -> Iterator[Part]:
+    """The source's batches as parts that each lie inside one shard (a batch across a shard
+    boundary is split)."""
     start = 0
     for batch in source:
         n = batch.shape[0]
@@ -149,67 +132,92 @@ def numbered(
         while i < n:
             shard = (start + i) // shard_size
             end = min(n, (shard + 1) * shard_size - start)
-            yield shard, start + i, batch[i:end], batch_names[i:end]
+            yield Part(shard, start + i, batch[i:end], batch_names[i:end])
             i = end
         start += n
 
 
-def export_images(
-    model: Model,
-    source: Iterable[torch.Tensor],
-    names: Names,
-    plan: Plan,
-    cal: Calibration,
-    out: Path,
-    rank: int = 0,
-    world: int = 1,
-    progress: Update | None = None,
-    on_shard: Callable[[ShardInfo], None] | None = None,
-) -> tuple[list[ShardInfo], int, list[str]]:
-    """Export this rank's shards; the finished shards it holds (read back or written), how
-    many images the source had and the files of the shards kept from an earlier run."""
-    positions = Positions.of(cal.layout, plan.kinds)
-    cuts = {key: rule.cut for key, rule in cal.rules.items()}
-    done: dict[int, ShardInfo] = {}
-    kept: list[str] = []
-    current: Shard | None = None
-    seen = 0
+@dataclass
+class Part:
+    """Images of one shard, in stream order: the shard, the first image's index, the images and
+    their names."""
 
-    def close() -> None:
-        nonlocal current
-        if current is not None and current.names:
-            info = current.write(out, plan.formats, plan.dtype)
-            done[current.number] = info
-            if on_shard is not None:
-                on_shard(info)
-        current = None
+    number: int
+    first: int
+    images: torch.Tensor
+    names: list[str]
 
-    for number, first, images, batch_names in numbered(source, names, plan.shard_size):
-        seen = first + images.shape[0]
-        if number % world != rank:
-            continue
-        if number not in done:
-            found = (
-                read_info(out / shard_name(number))
-                if current is None or current.number != number
-                else None
-            )
-            if found is not None and found.first_image == first:
-                done[number] = found
-                kept.append(found.file)
-        if number in done and (current is None or current.number != number):
-            continue
-        if current is None or current.number != number:
-            close()
-            current = Shard(number, first, positions, plan.exclude)
-        got = forward(model, images, plan.layers, acts=True, sinks=True)
-        batch = {
+    @property
+    def end(self) -> int:
+        return self.first + self.images.shape[0]
+
+
+@dataclass
+class Labelled:
+    """A part forwarded and labelled: per layer its tokens' labels and (zarr) patch grids."""
+
+    part: Part
+    layers: dict[str, LayerBatch]
+    grids: dict[str, torch.Tensor]
+
+
+class ShardLoop:
+    """This rank's shards, filled part by part and written when full; the shards a killed run
+    finished are read back instead of computed again."""
+
+    def __init__(
+        self,
+        model: Model,
+        plan: Plan,
+        out: Path,
+        rank: int = 0,
+        world: int = 1,
+        on_shard: Callable[[ShardInfo], None] | None = None,
+    ) -> None:
+        self.model, self.plan, self.out = model, plan, out
+        self.rank, self.world, self.on_shard = rank, world, on_shard
+        self.done: dict[int, ShardInfo] = {}
+        self.kept: list[str] = []  # files of the shards an earlier run finished
+        self.current: Shard | None = None
+        self.seen = 0  # images of the stream so far, this rank's or not
+
+    def needs(self, part: Part) -> bool:
+        """Whether this rank must compute ``part`` (its shard, not finished by an earlier run)."""
+        number = part.number
+        self.seen = max(self.seen, part.end)
+        if number % self.world != self.rank:
+            return False
+        open_here = self.current is not None and self.current.number == number
+        if number not in self.done and not open_here:
+            found = read_info(self.out / shard_name(number))
+            if found is not None and found.first_image == part.first:
+                self.done[number] = found
+                self.kept.append(found.file)
+        return open_here or number not in self.done
+
+    def label(self, part: Part, layout: TokenLayout, cuts: dict[str, float | None]) -> Labelled:
+        """Forward ``part`` and label its tokens by the layers' outlier ``cuts``."""
+        got = forward(self.model, part.images, self.plan.layers, acts=True, sinks=True)
+        return self.labelled(part, got, layout, cuts)
+
+    def labelled(
+        self,
+        part: Part,
+        got: Captured,
+        layout: TokenLayout,
+        cuts: dict[str, float | None] | None = None,
+    ) -> Labelled:
+        """``part``'s tokens labelled from its forward ``got`` (no ``cuts`` yet: no outliers
+        flagged until :func:`flag_outliers`)."""
+        plan = self.plan
+        positions = Positions.of(layout, plan.kinds)
+        layers = {
             layer.key: label_layer(
                 got.acts[layer.key],
                 got.rule_norms[layer.key],
                 got.sinks.get(layer.key),
                 positions,
-                cuts[layer.key],
+                None if cuts is None else cuts[layer.key],
                 plan.dtype,
             )
             for layer in plan.layers
@@ -217,15 +225,71 @@ def export_images(
         grids = {}
         if "zarr" in plan.formats:
             grids = {
-                layer.key: cal.layout.patch_grid(got.acts[layer.key]).to(plan.dtype)
+                layer.key: layout.patch_grid(got.acts[layer.key]).to(plan.dtype)
                 for layer in plan.layers
             }
-        current.add(list(batch_names), batch, grids)
-        if len(current.names) == plan.shard_size:
-            close()
+        return Labelled(part, layers, grids)
+
+    def add(self, done: Labelled, positions: Positions) -> None:
+        """Add a labelled part to its shard; write the shard once it is full."""
+        number = done.part.number
+        if self.current is None or self.current.number != number:
+            self.close()
+            self.current = Shard(number, done.part.first, positions, self.plan.exclude)
+        self.current.add(list(done.part.names), done.layers, done.grids)
+        if len(self.current.names) == self.plan.shard_size:
+            self.close()
+
+    def close(self) -> None:
+        """Write the open shard (if any)."""
+        current, self.current = self.current, None
+        if current is not None and current.names:
+            info = current.write(self.out, self.plan.formats, self.plan.dtype)
+            self.done[current.number] = info
+            if self.on_shard is not None:
+                self.on_shard(info)
+
+    def finished(self) -> list[ShardInfo]:
+        """The finished shards this rank holds (read back or written), in order."""
+        self.close()
+        return [self.done[k] for k in sorted(self.done)]
+
+
+def calibrate(
+    loop: ShardLoop, parts: Iterator[Part], n: int, progress: Update | None = None
+) -> tuple[Calibration, list[Labelled]]:
+    """Fit each layer's outlier rule on the first ``n`` images of ``parts`` (every rank fits
+    the same images, so the same cut everywhere); the parts this rank exports among them come
+    back labelled, their forward not repeated."""
+    layers = loop.plan.layers
+    norms: dict[str, list[torch.Tensor]] = {layer.key: [] for layer in layers}
+    held: list[Labelled] = []
+    layout: TokenLayout | None = None
+    d, seen = 0, 0
+    for part in parts:
+        mine = loop.needs(part)
+        # every rank forwards the window as the exporting rank does: the same norms, one cut
+        got = forward(loop.model, part.images, layers, acts=True, sinks=True)
+        if layout is None:
+            layout, d = got.layout, next(iter(got.acts.values())).shape[-1]
+        assert layout is not None
+        take = min(part.images.shape[0], n - seen)
+        for layer in layers:
+            norms[layer.key].append(layout.take(got.rule_norms[layer.key][:take], "patches"))
+        if mine:
+            held.append(loop.labelled(part, got, layout))
+        seen += take
         if progress is not None:
-            progress(seen)
-    close()
-    if progress is not None:  # every image of the stream, this rank's or not
-        progress(seen)
-    return [done[k] for k in sorted(done)], seen, kept
+            progress(loop.seen)
+        if seen >= n:
+            break
+    assert layout is not None, "calibrate needs at least one image"
+    return Calibration(fit_rules(layers, norms, seen), layout, d), held
+
+
+def flag_outliers(held: list[Labelled], cal: Calibration, kinds: list[str]) -> None:
+    """Flag the outliers of parts labelled before the rules were fitted."""
+    positions = Positions.of(cal.layout, kinds)
+    for done in held:
+        for key, lb in done.layers.items():
+            lb.outlier = outlier_flags(lb.rule_norm, positions, cal.rules[key].cut)

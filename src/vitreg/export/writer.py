@@ -14,7 +14,17 @@ import torch
 from vitreg import distributed
 from vitreg.export.formats import create_grids, finish_grids
 from vitreg.export.index import check_resume, read_index, write_index
-from vitreg.export.run import Calibration, Names, Plan, calibrate, export_images
+from vitreg.export.labels import Positions
+from vitreg.export.run import (
+    Calibration,
+    Labelled,
+    Names,
+    Plan,
+    ShardLoop,
+    calibrate,
+    flag_outliers,
+    numbered,
+)
 from vitreg.export.shard import read_info, shard_name
 from vitreg.export.sites import KIND_CODES
 from vitreg.models.model import Model
@@ -40,17 +50,15 @@ def _calibration(index: ExportIndex) -> Calibration:
     return Calibration(dict(index.outlier_rules), layout, index.d_model)
 
 
-def start(
-    out: Path, model: Model, source: Iterable[torch.Tensor], plan: Plan, settings: ExportSettings
+def begin(
+    out: Path,
+    source: Iterable[torch.Tensor],
+    plan: Plan,
+    settings: ExportSettings,
+    cal: Calibration,
 ) -> ExportIndex:
-    """The index this run continues (same settings) or starts: the outlier rules fitted on the
-    first ``settings.calibration`` images, the layout and width; grids created (rank 0)."""
-    found = read_index(out)
-    check_resume(found, settings)
-    distributed.barrier()  # every rank has read the folder before rank 0 writes into it
-    if found is not None:
-        return found
-    cal = calibrate(model, source, plan.layers, settings.calibration, plan.batch_size)
+    """A new run's index: the fitted outlier rules, the layout and width; rank 0 creates the
+    grids and writes it before any shard."""
     lay = cal.layout
     index = ExportIndex(
         settings=settings,
@@ -87,11 +95,22 @@ def export(
     progress: Update | None = None,
 ) -> Written:
     """Export ``source``'s images into ``out`` (resuming the shards an earlier run of the same
-    settings finished); every rank returns the complete index."""
+    settings finished); every rank returns the complete index. A new run fits its outlier rules
+    on the first ``settings.calibration`` images within the export's own pass."""
     began = time.perf_counter()
-    index = start(out, model, source, plan, settings)
-    cal = _calibration(index)
+    found = read_index(out)
+    check_resume(found, settings)
+    distributed.barrier()  # every rank has read the folder before rank 0 writes into it
     rank, world = distributed.rank(), distributed.world()
+    loop = ShardLoop(model, plan, out, rank, world)
+    parts = numbered(source, names, plan.shard_size)
+    held: list[Labelled] = []
+    if found is None:
+        cal, held = calibrate(loop, parts, settings.calibration, progress)
+        flag_outliers(held, cal, plan.kinds)
+        index = begin(out, source, plan, settings, cal)
+    else:
+        index, cal = found, _calibration(found)
     finished: dict[int, ShardInfo] = {}
 
     def on_shard(info: ShardInfo) -> None:  # one process: the index follows every shard
@@ -101,9 +120,17 @@ def export(
             partial = index.model_copy(update={"shards": [finished[k] for k in sorted(finished)]})
             write_index(out, partial)
 
-    mine, n_images, resumed = export_images(
-        model, source, names, plan, cal, out, rank, world, progress, on_shard
-    )
+    loop.on_shard = on_shard
+    positions = Positions.of(cal.layout, plan.kinds)
+    cuts = {key: rule.cut for key, rule in cal.rules.items()}
+    for done in held:
+        loop.add(done, positions)
+    for part in parts:
+        if loop.needs(part):
+            loop.add(loop.label(part, cal.layout, cuts), positions)
+        if progress is not None:
+            progress(loop.seen)
+    mine, n_images, resumed = loop.finished(), loop.seen, loop.kept
     distributed.barrier()
     n_shards = math.ceil(n_images / plan.shard_size)
     shards = mine
