@@ -340,6 +340,11 @@ class ExportConfig(RunConfig, TtrSettings, NeuronChoice, ImageSet, ModelSource):
     calibration: PositiveInt = Field(
         256, description="The outlier rule is fitted on the first N images' norms."
     )
+    lof: bool = Field(
+        False,
+        description="Also flag each image's LOF anomaly tokens among its patches at every "
+        "exported layer (diagnose's lof rule, SC-CLIP's LocalOutlierFactor); slower.",
+    )
 
     @field_validator("layers", "tokens", "exclude", "formats", mode="before")
     @classmethod

@@ -3,6 +3,7 @@ cut and rate of each layer (the bimodal rule) and the sink events per image of i
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,36 @@ def test_each_image_is_forwarded_once_and_the_cut_is_fitted_on_the_first_images(
         assert rule.n_images == 4 and rule.bimodal == fit.present
         assert rule.cut == (float(fit.cut) if fit.present else None)
     assert any(run.index.outlier_rules[k].bimodal for k in ("5", "7"))  # the test can fail
+
+
+@pytest.mark.slow  # one diagnose and one export of 6 images at 112 px
+def test_lof_flags_are_diagnoses_lof_tokens(tmp_path: Path, cli_models) -> None:
+    """With ``--lof`` each patch carries diagnose's LOF flag: at the penultimate block the
+    exported flags are the maps of diagnose's lof analysis on the same images."""
+    from vitreg.analysis.anomaly_lof import LOFAnalysis
+    from vitreg.analysis.diagnose import diagnose
+    from vitreg.analysis.norms import NormAnalysis
+    from vitreg.data.images import synthetic_source
+
+    block = 8  # the penultimate of its 10 blocks
+    cfg = ExportConfig(spec=SPEC, img_size=SIZE, limit=6, batch_size=4, shard_size=4,
+                       layers=f"{block},{block + 1}", lof=True, out=tmp_path / "x")  # fmt: skip
+    run = vitreg.run(cfg)
+    model = cli_models[SPEC]
+    assert model.n_layers == 10
+    found = diagnose(model, synthetic_source(model, n=6), analyses=[NormAnalysis(), LOFAnalysis()])
+    maps = torch.tensor(found.results.lof.maps)  # [images, h, w]: 1 flagged, 0 not
+    tokens = open_export(run.run_dir, layer=block)
+    got = torch.full_like(maps, -1)
+    for r in (tokens[i] for i in range(len(tokens))):
+        if r["kind"] == 3:
+            got[r["image"], r["row"], r["col"]] = int(r["lof"])
+        else:
+            assert not r["lof"] and math.isnan(r["lof_score"])
+    assert torch.equal(got, maps) and maps.sum() > 0
+    by_layer = {layer.layer: layer for layer in run.results.layers}
+    assert by_layer[str(block)].lof_tokens == int(maps.sum())
+    assert by_layer[str(block + 1)].lof_tokens is not None
+    again = vitreg.run(cfg.model_copy(update={"lof": False, "out": tmp_path / "plain"}))
+    assert all(layer.lof_tokens is None for layer in again.results.layers)
+    assert "lof" not in open_export(again.run_dir, layer=block)[0]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vitreg.analysis.anomaly_lof import MIN_TOKENS, lof_flags
 from vitreg.analysis.sink_rules import dominant_keys
 from vitreg.core.layout import TokenLayout
 from vitreg.export.sites import KIND_CODES
@@ -58,6 +59,8 @@ class LayerBatch:
     rule_norm: torch.Tensor
     outlier: torch.Tensor
     sink_heads: torch.Tensor
+    lof: torch.Tensor | None = None  # bool, with --lof
+    lof_score: torch.Tensor | None = None  # float32, NaN off the grid
 
     def keep(self, exclude: list[str]) -> torch.Tensor:
         """``[B, P]`` bool: the tokens no ``--exclude`` rule drops."""
@@ -67,6 +70,27 @@ class LayerBatch:
         if "sinks" in exclude:
             dropped |= self.sink_heads > 0
         return ~dropped
+
+
+def lof_labels(
+    acts: torch.Tensor, layout: TokenLayout, positions: Positions
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(flagged [B, P] bool, score [B, P] float32)`` at the exported positions: diagnose's LOF
+    rule (SC-CLIP's LocalOutlierFactor) fitted per image on all its patch tokens of ``acts
+    [B, N, D]``; tokens off the grid, and images with too few patches, are not flagged (NaN)."""
+    batch, n = acts.shape[0], positions.index.numel()
+    flagged = torch.zeros(batch, n, dtype=torch.bool)
+    score = torch.full((batch, n), math.nan)
+    patches = layout.take(acts, "patches").float()
+    on_grid = positions.patch
+    if not on_grid.any() or patches.shape[1] < MIN_TOKENS:
+        return flagged, score
+    cell = (positions.row.long() * layout.grid[1] + positions.col.long())[on_grid]
+    for b in range(batch):
+        f, s = lof_flags(patches[b].numpy())
+        flagged[b, on_grid] = torch.from_numpy(f)[cell]
+        score[b, on_grid] = torch.from_numpy(s).float()[cell]
+    return flagged, score
 
 
 def outlier_flags(rule: torch.Tensor, positions: Positions, cut: float | None) -> torch.Tensor:

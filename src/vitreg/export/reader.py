@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -31,6 +31,8 @@ class Token(TypedDict):
     norm: float
     outlier: bool
     sink_heads: int
+    lof: NotRequired[bool]  # exports written with --lof
+    lof_score: NotRequired[float]
 
 
 def load_shard(folder: Path, info: ShardInfo, layer: str) -> dict[str, torch.Tensor]:
@@ -42,8 +44,9 @@ def load_shard(folder: Path, info: ShardInfo, layer: str) -> dict[str, torch.Ten
     out = {"activation": t[f"{layer}.activations"]}
     for name in LABELS:
         out[name] = t[f"tokens.{name}"][rows]
-    for name in ("norm", "outlier", "sink_heads"):
-        out[name] = t[f"{layer}.{name}"][rows]
+    for name in ("norm", "outlier", "sink_heads", "lof", "lof_score"):
+        if f"{layer}.{name}" in t:
+            out[name] = t[f"{layer}.{name}"][rows]
     return out
 
 
@@ -70,7 +73,7 @@ class ShardStream(IterableDataset):
 
 
 def _token(shard: dict[str, torch.Tensor], i: int) -> Token:
-    return Token(
+    token = Token(
         activation=shard["activation"][i],
         image=int(shard["image"][i]),
         token=int(shard["token"][i]),
@@ -81,6 +84,10 @@ def _token(shard: dict[str, torch.Tensor], i: int) -> Token:
         outlier=bool(shard["outlier"][i]),
         sink_heads=int(shard["sink_heads"][i]),
     )
+    if "lof" in shard:
+        token["lof"] = bool(shard["lof"][i])
+        token["lof_score"] = float(shard["lof_score"][i])
+    return token
 
 
 class Exported(Dataset):

@@ -13,7 +13,14 @@ import torch
 
 from vitreg.analysis.thresholds import bimodal_fit
 from vitreg.core.layout import TokenLayout
-from vitreg.export.labels import LayerBatch, Positions, label_layer, outlier_flags, sink_counts
+from vitreg.export.labels import (
+    LayerBatch,
+    Positions,
+    label_layer,
+    lof_labels,
+    outlier_flags,
+    sink_counts,
+)
 from vitreg.export.shard import Shard, read_info, shard_name
 from vitreg.export.sites import Layer
 from vitreg.hooks.reducers import as_tokens, token_norms
@@ -38,6 +45,7 @@ class Plan:
     shard_size: int
     formats: list[str]
     batch_size: int
+    lof: bool = False
 
 
 @dataclass
@@ -222,6 +230,10 @@ class ShardLoop:
             )
             for layer in plan.layers
         }
+        if plan.lof:
+            for layer in plan.layers:
+                lb = layers[layer.key]
+                lb.lof, lb.lof_score = lof_labels(got.acts[layer.key], layout, positions)
         grids = {}
         if "zarr" in plan.formats:
             grids = {

@@ -82,7 +82,13 @@ class Shard:
             info.outliers[key] = int(lb.outlier.sum())
             info.sink_keys[key] = int(lb.sink_heads.sum())
             info.excluded[key] = _excluded(lb, self.exclude)
-            for col in ("norm", "rule_norm", "outlier", "sink_heads", "kept"):
+            columns = ["norm", "rule_norm", "outlier", "sink_heads", "kept"]
+            if lb.lof is not None and lb.lof_score is not None:
+                tensors[f"{key}.lof"] = lb.lof.reshape(-1)
+                tensors[f"{key}.lof_score"] = lb.lof_score.reshape(-1)
+                info.lof[key] = int(lb.lof.sum())
+                columns += ["lof", "lof_score"]
+            for col in columns:
                 table[f"{col}_{key}"] = tensors[f"{key}.{col}"].numpy()
         for col in ("image", "token", "kind", "row", "col"):
             tensors[f"tokens.{col}"] = torch.from_numpy(np.asarray(table[col]))
@@ -132,7 +138,11 @@ class Shard:
 
 def _cat(parts: list[LayerBatch]) -> LayerBatch:
     fields = ("acts", "norm", "rule_norm", "outlier", "sink_heads")
-    return LayerBatch(*(torch.cat([getattr(p, f) for p in parts]) for f in fields))
+    lb = LayerBatch(*(torch.cat([getattr(p, f) for p in parts]) for f in fields))
+    if parts[0].lof is not None:
+        lb.lof = torch.cat([p.lof for p in parts if p.lof is not None])
+        lb.lof_score = torch.cat([p.lof_score for p in parts if p.lof_score is not None])
+    return lb
 
 
 def _excluded(lb: LayerBatch, exclude: list[str]) -> dict[str, list[int]]:

@@ -25,6 +25,7 @@ class ExportSettings(ResultsModel):
     shard_size: int
     exclude: list[str]
     calibration: int
+    lof: bool = False
     formats: list[str]
     images: str = Field(description="the image source, as given")
     limit: int | None
@@ -69,6 +70,9 @@ class ShardInfo(ResultsModel):
     sink_keys: dict[str, int] = Field(
         default_factory=dict, description="(token, head) sink events per layer"
     )
+    lof: dict[str, int] = Field(
+        default_factory=dict, description="LOF anomaly tokens per layer (with --lof)"
+    )
     bytes: int = 0
 
 
@@ -99,6 +103,7 @@ class LayerSummary(ResultsModel):
     outlier_cut: float | None
     sink_events_per_image: float
     excluded: dict[str, int]
+    lof_tokens: int | None = Field(None, description="LOF anomaly tokens (None: not computed)")
 
 
 class ExportResults(ResultsModel):

@@ -76,6 +76,9 @@ def summarise(
                 sink_events_per_image=sum(s.sink_keys.get(key, 0) for s in index.shards)
                 / max(n, 1),
                 excluded=excluded,
+                lof_tokens=sum(s.lof.get(key, 0) for s in index.shards)
+                if index.settings.lof
+                else None,
             )
         )
     new = [s for s in index.shards if s.file not in resumed]
@@ -135,6 +138,7 @@ def plan_of(cfg: ExportConfig, model: Any) -> Plan:
         cfg.shard_size,
         cfg.formats,
         cfg.batch_size,
+        cfg.lof,
     )
 
 
@@ -155,6 +159,7 @@ def settings_of(cfg: ExportConfig, model: Any, plan: Plan, fix: Fix | None) -> E
         shard_size=cfg.shard_size,
         exclude=cfg.exclude,
         calibration=cfg.calibration,
+        lof=cfg.lof,
         formats=cfg.formats,
         images=images_named(cfg),
         limit=cfg.limit,

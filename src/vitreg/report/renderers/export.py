@@ -69,7 +69,12 @@ def report(doc: Envelope, figures: list[Figure]) -> Report:
         for layer in r.layers
     ]
     header = ["layer", "site", "rows", "outlier cut", "outlier patches", "sink events / image"]
-    layers = Section("layers", "Layers", [Table([*header, "dropped"], rows)])
+    header.append("dropped")
+    if any(layer.lof_tokens is not None for layer in r.layers):  # computed with --lof
+        header.append("LOF anomaly tokens")
+        for row, layer in zip(rows, r.layers, strict=True):
+            row.append("-" if layer.lof_tokens is None else str(layer.lof_tokens))
+    layers = Section("layers", "Layers", [Table(header, rows)])
     sections = [intro, layers, data_section(doc), model_section(doc), provenance_section(doc)]
     return Report(synthetic_banner(doc), "vitreg export: labelled activations", sections)
 
