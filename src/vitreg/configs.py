@@ -334,7 +334,8 @@ class ExportConfig(RunConfig, TtrSettings, NeuronChoice, ImageSet, ModelSource):
     formats: list[str] = Field(
         ["safetensors"],
         description="Comma-separated: safetensors (shards + index.json, always), parquet "
-        "(token and image tables), zarr (patch grids [images, H, W, D] per layer).",
+        "(token and image tables), zarr (patch grids [images, H, W, D] per layer), saev "
+        "(float32 [CLS] + patch shards and metadata.json, as saev's activation reader maps).",
     )
     shard_size: PositiveInt = Field(256, description="Images per shard.")
     calibration: PositiveInt = Field(

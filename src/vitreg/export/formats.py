@@ -1,6 +1,7 @@
 """The files of an export, each written whole or not at all through vitreg's atomic writer (so
 a run folder's manifest lists them and a killed run leaves no half file): safetensors shards,
-parquet token and image tables (``pyarrow``), zarr patch grids (``zarr``)."""
+parquet token and image tables (``pyarrow``), zarr patch grids (``zarr``), and the binary
+shards with ``metadata.json`` that ``saev``'s activation reader maps."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitreg.core.io import write_bytes_atomic
+from vitreg.core.io import write_bytes_atomic, write_json_atomic
 from vitreg.errors import InputError
 
-FORMATS = ("safetensors", "parquet", "zarr")
+FORMATS = ("safetensors", "parquet", "zarr", "saev")
 GRIDS = "patches.zarr"
+SAEV = "saev"  # folder of the saev shards
 #: torch dtype -> the dtype the zarr grids hold (numpy has no bfloat16)
 ZARR_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "float32"}
 EXTRA = "pip install 'vitreg[export]'"
@@ -125,3 +127,41 @@ def finish_grids(root: Path, layers: list[str], n_images: int) -> None:
     for key in layers:
         arr = group[key]
         arr.resize((n_images, *arr.shape[1:]))
+
+
+def saev_name(number: int) -> str:
+    return f"acts{number:06d}.bin"
+
+
+def write_saev(root: Path, number: int, acts: np.ndarray, shard_size: int) -> int:
+    """One saev shard: float32 ``[shard_size, layers, 1 + patches, D]`` ([CLS] first), the rows
+    past the images written zero (saev maps every shard at full size); the bytes written."""
+    rows = np.zeros((shard_size, *acts.shape[1:]), dtype=np.float32)
+    rows[: acts.shape[0]] = acts
+    data = rows.tobytes()
+    write_bytes_atomic(root / SAEV / saev_name(number), data)
+    return len(data)
+
+
+def write_saev_metadata(
+    root: Path, spec: str, images: str, layers: list[int], shape: tuple[int, int, bool], n: int,
+    shard_size: int,
+) -> None:  # fmt: skip
+    """saev's ``metadata.json``: ``shape`` is (patches per image, width, whether token 0 is a
+    real [CLS]), ``n`` the images exported."""
+    n_patches, d, cls_token = shape
+    write_json_atomic(
+        root / SAEV / "metadata.json",
+        {
+            "vit_family": "vitreg",
+            "vit_ckpt": spec,
+            "layers": layers,
+            "n_patches_per_img": n_patches,
+            "cls_token": cls_token,
+            "d_vit": d,
+            "seed": 0,
+            "n_imgs": n,
+            "n_patches_per_shard": shard_size * len(layers) * (n_patches + 1),
+            "data": images,
+        },
+    )

@@ -167,6 +167,7 @@ class Labelled:
     part: Part
     layers: dict[str, LayerBatch]
     grids: dict[str, torch.Tensor]
+    saev: dict[str, torch.Tensor] | None = None  # float32 [B, 1 + patches, D]: [CLS] first
 
 
 class ShardLoop:
@@ -240,7 +241,10 @@ class ShardLoop:
                 layer.key: layout.patch_grid(got.acts[layer.key]).to(plan.dtype)
                 for layer in plan.layers
             }
-        return Labelled(part, layers, grids)
+        saev = None
+        if "saev" in plan.formats:
+            saev = {layer.key: saev_tokens(got.acts[layer.key], layout) for layer in plan.layers}
+        return Labelled(part, layers, grids, saev)
 
     def add(self, done: Labelled, positions: Positions) -> None:
         """Add a labelled part to its shard; write the shard once it is full."""
@@ -248,7 +252,7 @@ class ShardLoop:
         if self.current is None or self.current.number != number:
             self.close()
             self.current = Shard(number, done.part.first, positions, self.plan.exclude)
-        self.current.add(list(done.part.names), done.layers, done.grids)
+        self.current.add(list(done.part.names), done.layers, done.grids, done.saev)
         if len(self.current.names) == self.plan.shard_size:
             self.close()
 
@@ -256,7 +260,7 @@ class ShardLoop:
         """Write the open shard (if any)."""
         current, self.current = self.current, None
         if current is not None and current.names:
-            info = current.write(self.out, self.plan.formats, self.plan.dtype)
+            info = current.write(self.out, self.plan.formats, self.plan.dtype, self.plan.shard_size)
             self.done[current.number] = info
             if self.on_shard is not None:
                 self.on_shard(info)
@@ -305,3 +309,11 @@ def flag_outliers(held: list[Labelled], cal: Calibration, kinds: list[str]) -> N
     for done in held:
         for key, lb in done.layers.items():
             lb.outlier = outlier_flags(lb.rule_norm, positions, cal.rules[key].cut)
+
+
+def saev_tokens(acts: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """``[B, 1 + patches, D]`` float32 as saev reads a ViT: the first [CLS] token (zeros for a
+    model without one), then the patches in grid order."""
+    patches = layout.take(acts, "patches").float()
+    cls = acts[:, :1].float() if layout.n_cls else torch.zeros_like(patches[:, :1])
+    return torch.cat([cls, patches], 1)

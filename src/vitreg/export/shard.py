@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitreg.export.formats import write_grids, write_parquet, write_safetensors
+from vitreg.export.formats import write_grids, write_parquet, write_saev, write_safetensors
 from vitreg.export.labels import LayerBatch, Positions
 from vitreg.export.sites import KIND_CODES
 from vitreg.results.export import ShardInfo
@@ -45,18 +45,28 @@ class Shard:
     names: list[str] = field(default_factory=list)
     layers: dict[str, list[LayerBatch]] = field(default_factory=dict)
     grids: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    saev: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # [CLS] + patches
 
     def add(
-        self, names: list[str], batch: dict[str, LayerBatch], grids: dict[str, torch.Tensor]
+        self,
+        names: list[str],
+        batch: dict[str, LayerBatch],
+        grids: dict[str, torch.Tensor],
+        saev: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.names += names
         for key, lb in batch.items():
             self.layers.setdefault(key, []).append(lb)
         for key, g in grids.items():
             self.grids.setdefault(key, []).append(g)
+        for key, t in (saev or {}).items():
+            self.saev.setdefault(key, []).append(t)
 
-    def write(self, out: Path, formats: list[str], dtype: torch.dtype) -> ShardInfo:
-        """Write the shard in every format; its description (as the index lists it)."""
+    def write(
+        self, out: Path, formats: list[str], dtype: torch.dtype, shard_size: int = 0
+    ) -> ShardInfo:
+        """Write the shard in every format (a saev shard is ``shard_size`` images long); its
+        description (as the index lists it)."""
         n = len(self.names)
         tensors: dict[str, torch.Tensor] = {}
         table = self._table(n)
@@ -96,6 +106,9 @@ class Shard:
         stem = info.file.removesuffix(".safetensors")
         if "zarr" in formats:
             write_grids(out, self.first, {k: torch.cat(v) for k, v in self.grids.items()})
+        if "saev" in formats:
+            acts = np.stack([torch.cat(v).numpy() for v in self.saev.values()], axis=1)
+            written += write_saev(out, self.number, acts, shard_size)
         if "parquet" in formats:
             names = np.asarray(self.names, dtype=object)
             table["file"] = names[table["image"] - self.first]

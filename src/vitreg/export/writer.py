@@ -12,7 +12,13 @@ from pathlib import Path
 import torch
 
 from vitreg import distributed
-from vitreg.export.formats import create_grids, finish_grids
+from vitreg.export.formats import (
+    SAEV,
+    create_grids,
+    finish_grids,
+    saev_name,
+    write_saev_metadata,
+)
 from vitreg.export.index import check_resume, read_index, write_index
 from vitreg.export.labels import Positions
 from vitreg.export.run import (
@@ -143,6 +149,13 @@ def export(
             _adopt(out, shards, plan.formats)
         if "zarr" in plan.formats:
             finish_grids(out, [layer.key for layer in plan.layers], n_images)
+        if "saev" in plan.formats:
+            lay = cal.layout
+            shape = (lay.n_patches, cal.d_model, lay.n_cls > 0)
+            layers = [int(layer.key) for layer in plan.layers]
+            write_saev_metadata(
+                out, settings.spec, settings.images, layers, shape, n_images, plan.shard_size
+            )
         write_index(out, complete)
     distributed.barrier()
     return Written(complete, resumed, time.perf_counter() - began)
@@ -158,6 +171,8 @@ def _adopt(out: Path, shards: list[ShardInfo | None], formats: list[str]) -> Non
         files = [out / info.file]
         if "parquet" in formats:
             files += [out / "tokens" / f"{stem}.parquet", out / "images" / f"{stem}.parquet"]
+        if "saev" in formats:
+            files.append(out / SAEV / saev_name(int(stem.removeprefix("shard-"))))
         for path in files:
             seal(path)
     if "zarr" in formats:

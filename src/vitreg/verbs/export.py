@@ -195,6 +195,8 @@ def check_layers(cfg: ExportConfig) -> None:
     """``--layers`` within the model, checked before it loads where its depth is known."""
     from vitreg.export.sites import plan_layers
 
+    if "saev" in cfg.formats and cfg.site == "ln_final":
+        raise InputError("--formats saev keys its shards by block number; ln_final has none")
     depth = known_depth(cfg.spec) if cfg.layers else None
     if depth is not None:
         plan_layers(cfg.site, cfg.layers, depth)
