@@ -30,6 +30,11 @@ _ONCE: ContextVar[bool] = ContextVar("attention_once", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
 SCRATCH_BYTES = 32 * 2**20  # the largest chunk buffer kept for reuse (per thread); larger ones
 # are freed after each pass, since one held across the MLP would raise the peak
+CPU_CHUNK_BYTES = 12 * 2**20  # on a CPU a chunk's scores stay within this (cache-sized: the
+# passes over them after the product then read the cache, not memory)
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2  # chunk scores are kept in base 2: exp2 is several times faster than
+# exp on a CPU, and the probabilities are the same to float rounding
 _SCRATCH = threading.local()
 _COLUMNS = "reads_pattern_columns"
 
@@ -156,18 +161,37 @@ class StreamedPattern:
         return softmax_pattern(self.q, self.k, self.scale, self.attn_mask, self.is_causal)
 
     # rows -----------------------------------------------------------------------------
-    def slices(self) -> list[slice]:
-        """Query slices of near-equal size, none longer than ``chunk``."""
+    def slices(self, rows: int | None = None) -> list[slice]:
+        """Query slices of near-equal size, none longer than ``rows`` (default ``chunk``)."""
         n = self.q.shape[-2]
-        parts = math.ceil(n / max(1, min(int(self.chunk or n), n)))
+        parts = math.ceil(n / max(1, min(int(rows or self.chunk or n), n)))
         size = math.ceil(n / parts)
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
+    def tiles(self) -> list[tuple[slice, slice]]:
+        """``(images, queries)`` tiles covering the batch and the queries once. On a CPU a
+        tile's scores stay within :data:`CPU_CHUNK_BYTES` (fewer images per tile before fewer
+        queries, as long products run faster); elsewhere every tile spans the batch."""
+        b, h, _, n_k = self.shape
+        if self.q.device.type != "cpu":
+            return [(slice(0, b), sl) for sl in self.slices()]
+        per_row = 4 * h * n_k  # bytes of one query's scores in one image
+        slices = self.slices(max(1, min(int(self.chunk or 1), CPU_CHUNK_BYTES // per_row)))
+        rows = max(sl.stop - sl.start for sl in slices)
+        group = max(1, min(b, CPU_CHUNK_BYTES // (per_row * rows)))
+        return [(slice(i, min(i + group, b)), sl) for i in range(0, b, group) for sl in slices]
+
     def _bias(
-        self, rows: slice, bi: torch.Tensor | None = None, hi: torch.Tensor | None = None
+        self,
+        rows: slice,
+        bi: torch.Tensor | None = None,
+        hi: torch.Tensor | None = None,
+        base2: bool = False,
+        images: slice | None = None,
     ) -> torch.Tensor | None:
         """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable), at
-        the heads ``(bi, hi)`` when given; None without a mask."""
+        the heads ``(bi, hi)`` or of the ``images`` when given, in base-2 units when ``base2``;
+        None without a mask."""
         n_k = self.k.shape[-2]
         if self.is_causal:
             n = rows.stop - rows.start
@@ -175,11 +199,15 @@ class StreamedPattern:
             return bias.triu_(rows.start + 1)
         if self.attn_mask is None:
             return None
-        if "mask" not in self._memo:  # converted once, sliced for every chunk
-            self._memo["mask"] = mask_bias(self.attn_mask, torch.float32).float()
-        m = self._memo["mask"]
+        name = "mask2" if base2 else "mask"
+        if name not in self._memo:  # converted once, sliced for every chunk
+            m = mask_bias(self.attn_mask, torch.float32).float()
+            self._memo[name] = m * LOG2E if base2 else m
+        m = self._memo[name]
         if m.dim() >= 2 and m.shape[-2] != 1:
             m = m[..., rows, :]
+        if images is not None and m.dim() == 4 and m.shape[0] != 1:
+            m = m[images]
         return m if bi is None else self._per_head(m)[bi, hi]
 
     def _per_head(self, bias: torch.Tensor) -> torch.Tensor:
@@ -189,12 +217,15 @@ class StreamedPattern:
             bias = bias.unsqueeze(0)
         return bias.expand(b, h, *bias.shape[-2:])
 
-    def scaled(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q * scale`` and ``k``, contiguous (so that no chunk's product copies them again)."""
-        if "q" not in self._memo:
-            self._memo["q"] = self.q * self.scale
+    def scaled(self, base2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q * scale`` (times ``log2(e)`` when ``base2``: scores in base-2 units) and ``k``,
+        contiguous (so that no chunk's product copies them again)."""
+        name = "q2" if base2 else "q"
+        if name not in self._memo:
+            self._memo[name] = self.q * (self.scale * LOG2E if base2 else self.scale)
+        if "k" not in self._memo:
             self._memo["k"] = self.k.contiguous()
-        return self._memo["q"], self._memo["k"]
+        return self._memo[name], self._memo["k"]
 
     def _scores(
         self,
@@ -223,42 +254,44 @@ class StreamedPattern:
         row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
         v: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """One pass over the query chunks: column sums, row log-sum-exp, and the per-row
-        values of ``row_fns`` (each ``[B, H, n]`` of the chunk's rows), memoised by name; with
-        values ``v [B, H, N_k, Dv]`` also the attention output ``P @ v`` (returned)."""
+        """One pass over the tiles: column sums, row log-sum-exp, and the per-row values of
+        ``row_fns`` (each ``[B, H, n]`` of the tile's rows), memoised by name; with values
+        ``v [B, H, N_k, Dv]`` also the attention output ``P @ v`` (returned, laid out as
+        ``[B, N, H, Dv]`` as the CPU's fused kernel lays it out)."""
         b, h, n, n_k = self.shape
         col = self.q.new_zeros((b, h, n_k), dtype=torch.float32)
         lse = self.q.new_empty((b, h, n), dtype=torch.float32)
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
-        out = None if v is None else v.new_empty((b, h, n, v.shape[-1]))
-        qs, k = self.scaled()
+        out = None if v is None else v.new_empty((b, n, h, v.shape[-1])).transpose(1, 2)
+        qs, k = self.scaled(base2=True)
         with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
             self._chunks(qs, k, _Sums(col, lse, row_fns, per_row, v, out))
         self._memo.update({"column_sum": col, "lse": lse, **per_row})
         return out
 
     def _chunks(self, qs: torch.Tensor, k: torch.Tensor, sums: _Sums) -> None:
-        """The body of :meth:`_scan`: fills ``sums`` chunk by chunk."""
-        slices = self.slices()
-        rows = max(sl.stop - sl.start for sl in slices)
-        buf = scratch(math.prod((*qs.shape[:2], rows, k.shape[-2])), qs)
+        """The body of :meth:`_scan`: fills ``sums`` tile by tile, from scores in base 2
+        (``e = 2^(s - top)``, ``lse = top ln 2 + ln sum e``)."""
+        tiles = self.tiles()
+        size = max((i.stop - i.start) * (sl.stop - sl.start) for i, sl in tiles)
+        buf = scratch(size * qs.shape[1] * k.shape[-2], qs)
         v = None if sums.v is None else sums.v.float().contiguous()
-        for sl in slices:
-            scores = self._scores(qs[:, :, sl], k, self._bias(sl), buf)
+        for i, sl in tiles:
+            scores = self._scores(qs[i, :, sl], k[i], self._bias(sl, base2=True, images=i), buf)
             top = scores.amax(-1, keepdim=True)
-            e = scores.sub_(top).exp_()
+            e = scores.sub_(top).exp2_()
             total = e.sum(-1, keepdim=True)
-            sums.lse[:, :, sl] = (top + total.log()).squeeze(-1)
+            sums.lse[i, :, sl] = (top * LN2 + total.log()).squeeze(-1)
             inv = total.reciprocal()
             if v is not None and sums.out is not None:  # the attention output of these rows
-                sums.out[:, :, sl] = (e @ v).mul_(inv)
+                torch.mul(e @ v[i], inv, out=sums.out[i, :, sl])
             if not sums.row_fns:  # column sums of e / total without dividing e
-                sums.col += (inv.transpose(-2, -1) @ e).squeeze(-2)
+                sums.col[i] += (inv.transpose(-2, -1) @ e).squeeze(-2)
                 continue
             p = e.div_(total)
-            sums.col += p.sum(-2)
+            sums.col[i] += p.sum(-2)
             for name, fn in sums.row_fns.items():
-                sums.per_row[name][:, :, sl] = fn(p)
+                sums.per_row[name][i, :, sl] = fn(p)
 
     def attend(self, v: torch.Tensor) -> torch.Tensor:
         """The attention output ``P @ v`` (``v [B, H, N_k, Dv]``, in ``v``'s dtype), computed
