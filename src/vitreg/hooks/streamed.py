@@ -30,7 +30,7 @@ _ONCE: ContextVar[bool] = ContextVar("attention_once", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
 SCRATCH_BYTES = 32 * 2**20  # the largest chunk buffer kept for reuse (per thread); larger ones
 # are freed after each pass, since one held across the MLP would raise the peak
-CPU_CHUNK_BYTES = 12 * 2**20  # on a CPU a chunk's scores stay within this (cache-sized: the
+CPU_CHUNK_BYTES = 4 * 2**20  # on a CPU a chunk's scores stay within this (cache-sized: the
 # passes over them after the product then read the cache, not memory)
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2  # chunk scores are kept in base 2: exp2 is several times faster than
@@ -186,12 +186,11 @@ class StreamedPattern:
         rows: slice,
         bi: torch.Tensor | None = None,
         hi: torch.Tensor | None = None,
-        base2: bool = False,
         images: slice | None = None,
     ) -> torch.Tensor | None:
-        """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable), at
-        the heads ``(bi, hi)`` or of the ``images`` when given, in base-2 units when ``base2``;
-        None without a mask."""
+        """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable) in
+        base-2 units, at the heads ``(bi, hi)`` or of the ``images`` when given; None without a
+        mask."""
         n_k = self.k.shape[-2]
         if self.is_causal:
             n = rows.stop - rows.start
@@ -199,11 +198,9 @@ class StreamedPattern:
             return bias.triu_(rows.start + 1)
         if self.attn_mask is None:
             return None
-        name = "mask2" if base2 else "mask"
-        if name not in self._memo:  # converted once, sliced for every chunk
-            m = mask_bias(self.attn_mask, torch.float32).float()
-            self._memo[name] = m * LOG2E if base2 else m
-        m = self._memo[name]
+        if "mask" not in self._memo:  # converted once, sliced for every chunk
+            self._memo["mask"] = mask_bias(self.attn_mask, torch.float32).float() * LOG2E
+        m = self._memo["mask"]
         if m.dim() >= 2 and m.shape[-2] != 1:
             m = m[..., rows, :]
         if images is not None and m.dim() == 4 and m.shape[0] != 1:
@@ -217,15 +214,13 @@ class StreamedPattern:
             bias = bias.unsqueeze(0)
         return bias.expand(b, h, *bias.shape[-2:])
 
-    def scaled(self, base2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q * scale`` (times ``log2(e)`` when ``base2``: scores in base-2 units) and ``k``,
-        contiguous (so that no chunk's product copies them again)."""
-        name = "q2" if base2 else "q"
-        if name not in self._memo:
-            self._memo[name] = self.q * (self.scale * LOG2E if base2 else self.scale)
-        if "k" not in self._memo:
+    def scaled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q * scale * log2(e)`` (scores in base-2 units) and ``k``, contiguous (so that no
+        chunk's product copies them again)."""
+        if "q" not in self._memo:
+            self._memo["q"] = self.q * (self.scale * LOG2E)
             self._memo["k"] = self.k.contiguous()
-        return self._memo[name], self._memo["k"]
+        return self._memo["q"], self._memo["k"]
 
     def _scores(
         self,
@@ -247,7 +242,8 @@ class StreamedPattern:
         """Probabilities of the queries ``rows``: ``[B, H, n, N_k]`` float32."""
         qs, k = self.scaled()
         scores = self._scores(qs[:, :, rows], k, self._bias(rows))
-        return torch.softmax(scores, dim=-1, out=scores)
+        e = scores.sub_(scores.amax(-1, keepdim=True)).exp2_()
+        return e.div_(e.sum(-1, keepdim=True))
 
     def _scan(
         self,
@@ -263,7 +259,7 @@ class StreamedPattern:
         lse = self.q.new_empty((b, h, n), dtype=torch.float32)
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
         out = None if v is None else v.new_empty((b, n, h, v.shape[-1])).transpose(1, 2)
-        qs, k = self.scaled(base2=True)
+        qs, k = self.scaled()
         with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
             self._chunks(qs, k, _Sums(col, lse, row_fns, per_row, v, out))
         self._memo.update({"column_sum": col, "lse": lse, **per_row})
@@ -277,7 +273,7 @@ class StreamedPattern:
         buf = scratch(size * qs.shape[1] * k.shape[-2], qs)
         v = None if sums.v is None else sums.v.float().contiguous()
         for i, sl in tiles:
-            scores = self._scores(qs[i, :, sl], k[i], self._bias(sl, base2=True, images=i), buf)
+            scores = self._scores(qs[i, :, sl], k[i], self._bias(sl, images=i), buf)
             top = scores.amax(-1, keepdim=True)
             e = scores.sub_(top).exp2_()
             total = e.sum(-1, keepdim=True)
@@ -309,12 +305,12 @@ class StreamedPattern:
 
     def head_rows(self, bi: torch.Tensor, hi: torch.Tensor) -> Iterator[torch.Tensor]:
         """Probabilities of heads ``(bi, hi)`` (``[E, n, N_k]`` float32), chunk by chunk."""
-        lse = self.memo("lse")[bi, hi]
+        lse = self.memo("lse")[bi, hi] * LOG2E
         qs, k = self.scaled()
         q, k = qs[bi, hi], k[bi, hi]
         for sl in self.slices():
             scores = self._scores(q[:, sl], k, self._bias(sl, bi, hi))
-            yield scores.sub_(lse[:, sl, None]).exp_()
+            yield scores.sub_(lse[:, sl, None]).exp2_()
 
 
 def column_mean(p: torch.Tensor | StreamedPattern) -> torch.Tensor:
@@ -346,7 +342,7 @@ def key_column(p: torch.Tensor | StreamedPattern, key: torch.Tensor) -> torch.Te
     elif p.attn_mask is not None:
         bias = p._per_head(p._bias(slice(0, n))).expand(b, h, n, -1)
         scores = scores + bias.gather(3, index.expand(b, h, n, 1))
-    return (scores.squeeze(-1) - p.memo("lse")).exp()
+    return (scores.squeeze(-1) - p.memo("lse") * LOG2E).exp2()
 
 
 def head_gram(
