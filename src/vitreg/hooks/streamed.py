@@ -117,11 +117,13 @@ def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Sums:
-    """What one pass over the query chunks fills: column sums ``[B, H, N_k]``, row log-sum-exp
-    and per-row values ``[B, H, N]``, and the attention output when values ``v`` are given."""
+    """What one pass over the query chunks fills: column sums ``[B, H, N_k]``, row maxima and
+    row sums of ``e`` (base 2, for the log-sum-exp), per-row values ``[B, H, N]``, and the
+    attention output when values ``v`` are given."""
 
     col: torch.Tensor
-    lse: torch.Tensor
+    top: torch.Tensor
+    total: torch.Tensor
     row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]]
     per_row: dict[str, torch.Tensor]
     v: torch.Tensor | None = None
@@ -256,12 +258,13 @@ class StreamedPattern:
         ``[B, N, H, Dv]`` as the CPU's fused kernel lays it out)."""
         b, h, n, n_k = self.shape
         col = self.q.new_zeros((b, h, n_k), dtype=torch.float32)
-        lse = self.q.new_empty((b, h, n), dtype=torch.float32)
+        lse, total = (self.q.new_empty((b, h, n), dtype=torch.float32) for _ in range(2))
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
         out = None if v is None else v.new_empty((b, n, h, v.shape[-1])).transpose(1, 2)
         qs, k = self.scaled()
         with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
-            self._chunks(qs, k, _Sums(col, lse, row_fns, per_row, v, out))
+            self._chunks(qs, k, _Sums(col, lse, total, row_fns, per_row, v, out))
+        lse.mul_(LN2).add_(total.log_())  # row maxima in base 2 -> ln sum exp
         self._memo.update({"column_sum": col, "lse": lse, **per_row})
         return out
 
@@ -274,10 +277,9 @@ class StreamedPattern:
         v = None if sums.v is None else sums.v.float().contiguous()
         for i, sl in tiles:
             scores = self._scores(qs[i, :, sl], k[i], self._bias(sl, images=i), buf)
-            top = scores.amax(-1, keepdim=True)
+            top = torch.amax(scores, -1, out=sums.top[i, :, sl]).unsqueeze(-1)
             e = scores.sub_(top).exp2_()
-            total = e.sum(-1, keepdim=True)
-            sums.lse[i, :, sl] = (top * LN2 + total.log()).squeeze(-1)
+            total = torch.sum(e, -1, out=sums.total[i, :, sl]).unsqueeze(-1)
             inv = total.reciprocal()
             if v is not None and sums.out is not None:  # the attention output of these rows
                 torch.mul(e @ v[i], inv, out=sums.out[i, :, sl])
