@@ -33,12 +33,14 @@ def _masks() -> dict[str, dict]:
     }
 
 
+@pytest.mark.parametrize("least_rows", [1, 3])
 @pytest.mark.parametrize("budget_rows", [1, 2, 5, 9, 20, 1000])
 @pytest.mark.parametrize("chunk", [1, 4, 100])
 def test_tiles_cover_every_image_and_query_once_within_the_budget(
-    budget_rows: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+    least_rows: int, budget_rows: int, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(streamed, "CPU_CHUNK_BYTES", budget_rows * 4 * H * N)
+    monkeypatch.setattr(streamed, "CPU_TILE_ROWS", least_rows)
     q, k, _ = _inputs()
     tiles = StreamedPattern(q, k, 0.5, chunk=chunk).tiles()
     seen = [
@@ -51,7 +53,7 @@ def test_tiles_cover_every_image_and_query_once_within_the_budget(
     for im, sl in tiles:
         rows = sl.stop - sl.start
         assert rows <= chunk
-        assert (im.stop - im.start) * rows <= max(budget_rows, 1)
+        assert (im.stop - im.start) * rows <= max(budget_rows, min(least_rows, chunk))
 
 
 @pytest.mark.parametrize("mask", sorted(_masks()))
@@ -60,6 +62,7 @@ def test_attend_over_tiles_equals_the_full_pattern(
     mask: str, budget_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(streamed, "CPU_CHUNK_BYTES", budget_rows * 4 * H * N)
+    monkeypatch.setattr(streamed, "CPU_TILE_ROWS", 1)
     q, k, v = _inputs()
     kw = _masks()[mask]
     full = softmax_pattern(q, k, 0.5, kw.get("attn_mask"), kw.get("is_causal", False))

@@ -32,6 +32,7 @@ SCRATCH_BYTES = 32 * 2**20  # the largest chunk buffer kept for reuse (per threa
 # are freed after each pass, since one held across the MLP would raise the peak
 CPU_CHUNK_BYTES = 4 * 2**20  # on a CPU a chunk's scores stay within this (cache-sized: the
 # passes over them after the product then read the cache, not memory)
+CPU_TILE_ROWS = 128  # but a tile holds this many queries at least (shorter products run slower)
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2  # chunk scores are kept in base 2: exp2 is several times faster than
 # exp on a CPU, and the probabilities are the same to float rounding
@@ -172,13 +173,15 @@ class StreamedPattern:
 
     def tiles(self) -> list[tuple[slice, slice]]:
         """``(images, queries)`` tiles covering the batch and the queries once. On a CPU a
-        tile's scores stay within :data:`CPU_CHUNK_BYTES` (fewer images per tile before fewer
-        queries, as long products run faster); elsewhere every tile spans the batch."""
+        tile's scores stay within :data:`CPU_CHUNK_BYTES` or one image's
+        :data:`CPU_TILE_ROWS` queries, whichever is more (fewer images per tile before fewer
+        queries: short products run slower); elsewhere every tile spans the batch."""
         b, h, _, n_k = self.shape
         if self.q.device.type != "cpu":
             return [(slice(0, b), sl) for sl in self.slices()]
         per_row = 4 * h * n_k  # bytes of one query's scores in one image
-        slices = self.slices(max(1, min(int(self.chunk or 1), CPU_CHUNK_BYTES // per_row)))
+        fit = max(CPU_TILE_ROWS, CPU_CHUNK_BYTES // per_row)
+        slices = self.slices(max(1, min(int(self.chunk or 1), fit)))
         rows = max(sl.stop - sl.start for sl in slices)
         group = max(1, min(b, CPU_CHUNK_BYTES // (per_row * rows)))
         return [(slice(i, min(i + group, b)), sl) for i in range(0, b, group) for sl in slices]
