@@ -30,6 +30,12 @@ _ONCE: ContextVar[bool] = ContextVar("attention_once", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
 SCRATCH_BYTES = 32 * 2**20  # the largest chunk buffer kept for reuse (per thread); larger ones
 # are freed after each pass, since one held across the MLP would raise the peak
+CPU_CHUNK_BYTES = 4 * 2**20  # on a CPU a chunk's scores stay within this (cache-sized: the
+# passes over them after the product then read the cache, not memory)
+CPU_TILE_ROWS = 128  # but a tile holds this many queries at least (shorter products run slower)
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2  # chunk scores are kept in base 2: exp2 is several times faster than
+# exp on a CPU, and the probabilities are the same to float rounding
 _SCRATCH = threading.local()
 _COLUMNS = "reads_pattern_columns"
 
@@ -112,11 +118,13 @@ def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Sums:
-    """What one pass over the query chunks fills: column sums ``[B, H, N_k]``, row log-sum-exp
-    and per-row values ``[B, H, N]``, and the attention output when values ``v`` are given."""
+    """What one pass over the query chunks fills: column sums ``[B, H, N_k]``, row maxima and
+    row sums of ``e`` (base 2, for the log-sum-exp), per-row values ``[B, H, N]``, and the
+    attention output when values ``v`` are given."""
 
     col: torch.Tensor
-    lse: torch.Tensor
+    top: torch.Tensor
+    total: torch.Tensor
     row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]]
     per_row: dict[str, torch.Tensor]
     v: torch.Tensor | None = None
@@ -156,18 +164,38 @@ class StreamedPattern:
         return softmax_pattern(self.q, self.k, self.scale, self.attn_mask, self.is_causal)
 
     # rows -----------------------------------------------------------------------------
-    def slices(self) -> list[slice]:
-        """Query slices of near-equal size, none longer than ``chunk``."""
+    def slices(self, rows: int | None = None) -> list[slice]:
+        """Query slices of near-equal size, none longer than ``rows`` (default ``chunk``)."""
         n = self.q.shape[-2]
-        parts = math.ceil(n / max(1, min(int(self.chunk or n), n)))
+        parts = math.ceil(n / max(1, min(int(rows or self.chunk or n), n)))
         size = math.ceil(n / parts)
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
+    def tiles(self) -> list[tuple[slice, slice]]:
+        """``(images, queries)`` tiles covering the batch and the queries once. On a CPU a
+        tile's scores stay within :data:`CPU_CHUNK_BYTES` or one image's
+        :data:`CPU_TILE_ROWS` queries, whichever is more (fewer images per tile before fewer
+        queries: short products run slower); elsewhere every tile spans the batch."""
+        b, h, _, n_k = self.shape
+        if self.q.device.type != "cpu":
+            return [(slice(0, b), sl) for sl in self.slices()]
+        per_row = 4 * h * n_k  # bytes of one query's scores in one image
+        fit = max(CPU_TILE_ROWS, CPU_CHUNK_BYTES // per_row)
+        slices = self.slices(max(1, min(int(self.chunk or 1), fit)))
+        rows = max(sl.stop - sl.start for sl in slices)
+        group = max(1, min(b, CPU_CHUNK_BYTES // (per_row * rows)))
+        return [(slice(i, min(i + group, b)), sl) for i in range(0, b, group) for sl in slices]
+
     def _bias(
-        self, rows: slice, bi: torch.Tensor | None = None, hi: torch.Tensor | None = None
+        self,
+        rows: slice,
+        bi: torch.Tensor | None = None,
+        hi: torch.Tensor | None = None,
+        images: slice | None = None,
     ) -> torch.Tensor | None:
-        """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable), at
-        the heads ``(bi, hi)`` when given; None without a mask."""
+        """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable) in
+        base-2 units, at the heads ``(bi, hi)`` or of the ``images`` when given; None without a
+        mask."""
         n_k = self.k.shape[-2]
         if self.is_causal:
             n = rows.stop - rows.start
@@ -176,10 +204,12 @@ class StreamedPattern:
         if self.attn_mask is None:
             return None
         if "mask" not in self._memo:  # converted once, sliced for every chunk
-            self._memo["mask"] = mask_bias(self.attn_mask, torch.float32).float()
+            self._memo["mask"] = mask_bias(self.attn_mask, torch.float32).float() * LOG2E
         m = self._memo["mask"]
         if m.dim() >= 2 and m.shape[-2] != 1:
             m = m[..., rows, :]
+        if images is not None and m.dim() == 4 and m.shape[0] != 1:
+            m = m[images]
         return m if bi is None else self._per_head(m)[bi, hi]
 
     def _per_head(self, bias: torch.Tensor) -> torch.Tensor:
@@ -190,9 +220,10 @@ class StreamedPattern:
         return bias.expand(b, h, *bias.shape[-2:])
 
     def scaled(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q * scale`` and ``k``, contiguous (so that no chunk's product copies them again)."""
+        """``q * scale * log2(e)`` (scores in base-2 units) and ``k``, contiguous (so that no
+        chunk's product copies them again)."""
         if "q" not in self._memo:
-            self._memo["q"] = self.q * self.scale
+            self._memo["q"] = self.q * (self.scale * LOG2E)
             self._memo["k"] = self.k.contiguous()
         return self._memo["q"], self._memo["k"]
 
@@ -216,49 +247,52 @@ class StreamedPattern:
         """Probabilities of the queries ``rows``: ``[B, H, n, N_k]`` float32."""
         qs, k = self.scaled()
         scores = self._scores(qs[:, :, rows], k, self._bias(rows))
-        return torch.softmax(scores, dim=-1, out=scores)
+        e = scores.sub_(scores.amax(-1, keepdim=True)).exp2_()
+        return e.div_(e.sum(-1, keepdim=True))
 
     def _scan(
         self,
         row_fns: dict[str, Callable[[torch.Tensor], torch.Tensor]],
         v: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """One pass over the query chunks: column sums, row log-sum-exp, and the per-row
-        values of ``row_fns`` (each ``[B, H, n]`` of the chunk's rows), memoised by name; with
-        values ``v [B, H, N_k, Dv]`` also the attention output ``P @ v`` (returned)."""
+        """One pass over the tiles: column sums, row log-sum-exp, and the per-row values of
+        ``row_fns`` (each ``[B, H, n]`` of the tile's rows), memoised by name; with values
+        ``v [B, H, N_k, Dv]`` also the attention output ``P @ v`` (returned, laid out as
+        ``[B, N, H, Dv]`` as the CPU's fused kernel lays it out)."""
         b, h, n, n_k = self.shape
         col = self.q.new_zeros((b, h, n_k), dtype=torch.float32)
-        lse = self.q.new_empty((b, h, n), dtype=torch.float32)
+        lse, total = (self.q.new_empty((b, h, n), dtype=torch.float32) for _ in range(2))
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
-        out = None if v is None else v.new_empty((b, h, n, v.shape[-1]))
+        out = None if v is None else v.new_empty((b, n, h, v.shape[-1])).transpose(1, 2)
         qs, k = self.scaled()
         with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
-            self._chunks(qs, k, _Sums(col, lse, row_fns, per_row, v, out))
+            self._chunks(qs, k, _Sums(col, lse, total, row_fns, per_row, v, out))
+        lse.mul_(LN2).add_(total.log_())  # row maxima in base 2 -> ln sum exp
         self._memo.update({"column_sum": col, "lse": lse, **per_row})
         return out
 
     def _chunks(self, qs: torch.Tensor, k: torch.Tensor, sums: _Sums) -> None:
-        """The body of :meth:`_scan`: fills ``sums`` chunk by chunk."""
-        slices = self.slices()
-        rows = max(sl.stop - sl.start for sl in slices)
-        buf = scratch(math.prod((*qs.shape[:2], rows, k.shape[-2])), qs)
+        """The body of :meth:`_scan`: fills ``sums`` tile by tile, from scores in base 2
+        (``e = 2^(s - top)``, ``lse = top ln 2 + ln sum e``)."""
+        tiles = self.tiles()
+        size = max((i.stop - i.start) * (sl.stop - sl.start) for i, sl in tiles)
+        buf = scratch(size * qs.shape[1] * k.shape[-2], qs)
         v = None if sums.v is None else sums.v.float().contiguous()
-        for sl in slices:
-            scores = self._scores(qs[:, :, sl], k, self._bias(sl), buf)
-            top = scores.amax(-1, keepdim=True)
-            e = scores.sub_(top).exp_()
-            total = e.sum(-1, keepdim=True)
-            sums.lse[:, :, sl] = (top + total.log()).squeeze(-1)
+        for i, sl in tiles:
+            scores = self._scores(qs[i, :, sl], k[i], self._bias(sl, images=i), buf)
+            top = torch.amax(scores, -1, out=sums.top[i, :, sl]).unsqueeze(-1)
+            e = scores.sub_(top).exp2_()
+            total = torch.sum(e, -1, out=sums.total[i, :, sl]).unsqueeze(-1)
             inv = total.reciprocal()
             if v is not None and sums.out is not None:  # the attention output of these rows
-                sums.out[:, :, sl] = (e @ v).mul_(inv)
+                torch.mul(e @ v[i], inv, out=sums.out[i, :, sl])
             if not sums.row_fns:  # column sums of e / total without dividing e
-                sums.col += (inv.transpose(-2, -1) @ e).squeeze(-2)
+                sums.col[i] += (inv.transpose(-2, -1) @ e).squeeze(-2)
                 continue
             p = e.div_(total)
-            sums.col += p.sum(-2)
+            sums.col[i] += p.sum(-2)
             for name, fn in sums.row_fns.items():
-                sums.per_row[name][:, :, sl] = fn(p)
+                sums.per_row[name][i, :, sl] = fn(p)
 
     def attend(self, v: torch.Tensor) -> torch.Tensor:
         """The attention output ``P @ v`` (``v [B, H, N_k, Dv]``, in ``v``'s dtype), computed
@@ -276,12 +310,12 @@ class StreamedPattern:
 
     def head_rows(self, bi: torch.Tensor, hi: torch.Tensor) -> Iterator[torch.Tensor]:
         """Probabilities of heads ``(bi, hi)`` (``[E, n, N_k]`` float32), chunk by chunk."""
-        lse = self.memo("lse")[bi, hi]
+        lse = self.memo("lse")[bi, hi] * LOG2E
         qs, k = self.scaled()
         q, k = qs[bi, hi], k[bi, hi]
         for sl in self.slices():
             scores = self._scores(q[:, sl], k, self._bias(sl, bi, hi))
-            yield scores.sub_(lse[:, sl, None]).exp_()
+            yield scores.sub_(lse[:, sl, None]).exp2_()
 
 
 def column_mean(p: torch.Tensor | StreamedPattern) -> torch.Tensor:
@@ -313,7 +347,7 @@ def key_column(p: torch.Tensor | StreamedPattern, key: torch.Tensor) -> torch.Te
     elif p.attn_mask is not None:
         bias = p._per_head(p._bias(slice(0, n))).expand(b, h, n, -1)
         scores = scores + bias.gather(3, index.expand(b, h, n, 1))
-    return (scores.squeeze(-1) - p.memo("lse")).exp()
+    return (scores.squeeze(-1) - p.memo("lse") * LOG2E).exp2()
 
 
 def head_gram(
