@@ -96,3 +96,51 @@ def test_a_circuit_does_what_its_truth_says(seed: int) -> None:
             fc2[layer][:, unit] = kept
     alone = statistics.median(e / excess for e in effects)
     assert alone < (0.1 if len(effects) >= 20 else 0.3), alone
+
+
+def _activations(module: torch.nn.Module, x: torch.Tensor, zeroed: list[tuple[int, int]]):
+    """Each MLP block's hidden activations ``[B, N, hidden]`` with ``zeroed`` units silenced."""
+    acts: dict[int, torch.Tensor] = {}
+
+    def hook(layer: int):
+        def fn(_mod, _inp, out):
+            out = out.clone()
+            out[..., [u for lay, u in zeroed if lay == layer]] = 0
+            acts[layer] = out
+            return out
+
+        return fn
+
+    handles = [blk.mlp.act.register_forward_hook(hook(i)) for i, blk in enumerate(module.blocks)]
+    try:
+        with torch.no_grad():
+            module(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return acts
+
+
+@needs_wheel
+def test_amplifiers_keep_writing_when_the_causes_before_them_are_zeroed() -> None:
+    """The amplifier groups after the emergence block read the cluster feature as well as the
+    outlier direction: with every cause up to the emergence block zeroed they still fire on the
+    tokens they fire on in the intact circuit, while the readers, which read the outliers alone,
+    fall silent once every cause is zeroed."""
+    pytest.importorskip("onnx")
+    module, truth = trained_circuit(2)  # amplifiers in blocks 4 and 5
+    x = truth.normalize(photo_crops(16, truth.img_size, 2 + 2000))
+    upstream = [u for u in truth.causal_units if u[0] <= truth.emergence_layer]
+    amps = [u for u in truth.causal_units if u[0] > truth.emergence_layer]
+    assert amps
+    base, cut = _activations(module, x, []), _activations(module, x, upstream)
+    for layer, unit in amps:
+        fires = base[layer][..., unit] > 0.5 * base[layer][..., unit].max()
+        kept = float(cut[layer][..., unit][fires].mean() / base[layer][..., unit][fires].mean())
+        assert kept >= 0.3, ((layer, unit), kept)
+    # the readers read the outliers alone: silent once every cause is zeroed
+    ideal = _activations(module, x, list(truth.causal_units))
+    for layer, unit in truth.reader_units:
+        fires = base[layer][..., unit] > 0.5 * base[layer][..., unit].max()
+        left = float(ideal[layer][..., unit][fires].mean())
+        assert left < 0.1 * float(base[layer][..., unit][fires].mean()), ((layer, unit), left)

@@ -11,8 +11,10 @@ DINOv2-S/14 of :mod:`vitreg.testing.trained`).
   mode alone), the emergence group (they read the cluster feature, so when earlier writers are
   zeroed the token's LayerNorm scale shrinks and they fire harder: the units compensate for each
   other) and up to 2 amplifier groups after it (they read the cluster feature plus the outlier
-  direction, weighted so that they keep writing the outlier); unit strengths spread over an
-  order of magnitude, so most units remove little when zeroed alone;
+  direction, weighted so that they keep writing the outlier when the causes before them are
+  zeroed: the feature's median on the cluster's tokens with them is its lower quartile
+  without them); unit strengths spread over an order of magnitude, so most units remove
+  little when zeroed alone;
 * readers after emergence (they read the outlier direction) and distractors: units that
   co-fire with the causes on the cluster's tokens and units firing on every other token, all
   writing away from the outliers.
@@ -49,6 +51,8 @@ CALIB_IMAGES = 24  # photo crops the planter calibrates on
 CLUSTERS = 8  # k-means clusters of the patch features
 SHARE = (0.03, 0.15)  # a drawn cluster holds this fraction of the patches (outliers are few)
 SPREAD = 10.0  # unit strengths: log-uniform over this factor
+KEEP_FIRING = 0.25  # amplifiers: this quantile of their feature without the causes before them
+# is its median with them
 PHOTO_SEED = 12345  # the calibration crops (discovery and fresh crops use other seeds)
 
 
@@ -240,6 +244,7 @@ class _TrainedPlanter(Planter):
         self.flat, self.textured = members & clear, ~members & clear
         self.h0 = h0
         self.base = 0.0
+        self.clean_mid = h0  # the block input with every earlier causal unit zeroed
 
     def _feature(self, reads: str, hat: torch.Tensor) -> torch.Tensor:
         if reads == "flag":
@@ -261,12 +266,59 @@ class _TrainedPlanter(Planter):
         spread = torch.exp(math.log(SPREAD) * torch.rand(gr.n, generator=self.g))
         return super()._writes(gr) * spread[:, None]
 
+    def _balance(self, norm: nn.LayerNorm, mid: torch.Tensor, rows: torch.Tensor) -> float:
+        """Weight ``c`` of the cosine with ``v`` in ``flag + c cos`` whose feature on ``rows``
+        has the same median with the causal writes before this block as its
+        :data:`KEEP_FIRING` quantile without them (the secant): an amplifier keeps firing on most
+        of the cluster's tokens where the earlier writers are zeroed."""
+        a, b = ln_hat(norm, mid)[rows], ln_hat(norm, self.clean_mid)[rows]
+        flag_a, flag_b = self._feature("flag", a), self._feature("flag", b)
+        cos_a, cos_b = self._feature("v", a), self._feature("v", b)
+
+        def gap(c: float) -> float:  # the median with the writes minus the quartile without
+            with_writes = (flag_a + c * cos_a).median()
+            return float(with_writes - (flag_b + c * cos_b).quantile(KEEP_FIRING))
+
+        if gap(0.0) >= 0:
+            return 0.0
+        lo, hi = 0.0, 1.0
+        while gap(hi) < 0 and hi < 1e4:
+            lo, hi = hi, 2 * hi
+        for _ in range(40):
+            mid_c = 0.5 * (lo + hi)
+            lo, hi = (mid_c, hi) if gap(mid_c) < 0 else (lo, mid_c)
+        return hi
+
+    def plant_groups(self) -> None:
+        """Plant every group in block order (a trained model's attention left as it is), the
+        tokens also stepped through each block with its causal units silent: the input the
+        block sees once every earlier cause is zeroed."""
+        blocks, groups = self.module.blocks, self.spec.groups
+        h = clean = self.h0
+        for i in range(max(gr.layer for gr in groups) + 1):
+            blk = blocks[i]
+            mid, self.clean_mid = after_attention(blk, h), after_attention(blk, clean)
+            here = [k for k, gr in enumerate(groups) if gr.layer == i]
+            for k in here:  # silence the units first: the block's output without any group
+                blk.mlp.fc2.weight[:, self.units[k]] = 0
+            h = after_mlp(blk, mid)
+            for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
+                h = self.group(blk, mid, h, groups[k], self.units[k])
+            causes = [u for k in here if groups[k].role == "cause" for u in self.units[k]]
+            written = blk.mlp.fc2.weight[:, causes].clone()
+            blk.mlp.fc2.weight[:, causes] = 0
+            clean = after_mlp(blk, self.clean_mid)
+            blk.mlp.fc2.weight[:, causes] = written
+
     def group(
         self, blk: nn.Module, mid: torch.Tensor, out: torch.Tensor, gr: Group, units: list[int]
     ) -> torch.Tensor:
         p = self.plan
-        hat = ln_hat(blk.norm2, mid)[:, self.patches]
-        # the cluster's own direction at this block, without the outlier writes
+        # the cluster's own direction at this block, without the outlier writes: after the
+        # emergence block (amplifiers) from the tokens without the causes, where the outliers'
+        # size would otherwise hide it under the writes' side directions
+        source = self.clean_mid if gr.reads == "flag/v" else mid
+        hat = ln_hat(blk.norm2, source)[:, self.patches]
         p.centroid = unit_direction(hat[self.flat].mean(0), [], p.direction, *p.others)
         cos = hat @ p.centroid / math.sqrt(self.d)
         # the rest of the tokens' level: their 95th percentile, or halfway to the members where
