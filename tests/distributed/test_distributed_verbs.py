@@ -79,8 +79,15 @@ def torchrun(args: list[str], no_python: bool = False, timeout: int = HANG_GUARD
     return run.stdout
 
 
+#: the bimodal fit of the near-constant norms after the final LayerNorm is ill-conditioned: an
+#: input scaled by 1 + 1e-7 moves its weights by ~1e-4, so float rounding is compared at this
+ILL_CONDITIONED = (".after_final_norm.bimodal.", 1e-3)
+
+
 def same(a: Any, b: Any, path: str = "", rtol: float = 1e-5) -> list[str]:
     """Paths where two JSON-like / tensor structures differ (numbers to ``rtol``)."""
+    if ILL_CONDITIONED[0] in f"{path}.":
+        rtol = max(rtol, ILL_CONDITIONED[1])
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
             return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
@@ -89,7 +96,9 @@ def same(a: Any, b: Any, path: str = "", rtol: float = 1e-5) -> list[str]:
         if len(a) != len(b):
             return [f"{path}: lengths {len(a)} != {len(b)}"]
         return [
-            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in same(x, y, f"{path}[{i}]")
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in same(x, y, f"{path}[{i}]", rtol)
         ]
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape or a.dtype != b.dtype:
