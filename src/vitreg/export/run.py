@@ -189,6 +189,13 @@ class ShardLoop:
         self.kept: list[str] = []  # files of the shards an earlier run finished
         self.current: Shard | None = None
         self.seen = 0  # images of the stream so far, this rank's or not
+        self._positions: Positions | None = None
+
+    def positions(self, layout: TokenLayout) -> Positions:
+        """The exported positions of the run's ``layout`` (one layout a run: built once)."""
+        if self._positions is None:
+            self._positions = Positions.of(layout, self.plan.kinds)
+        return self._positions
 
     def needs(self, part: Part) -> bool:
         """Whether this rank must compute ``part`` (its shard, not finished by an earlier run)."""
@@ -219,7 +226,7 @@ class ShardLoop:
         """``part``'s tokens labelled from its forward ``got`` (no ``cuts`` yet: no outliers
         flagged until :func:`flag_outliers`)."""
         plan = self.plan
-        positions = Positions.of(layout, plan.kinds)
+        positions = self.positions(layout)
         layers = {
             layer.key: label_layer(
                 got.acts[layer.key],
@@ -303,12 +310,13 @@ def calibrate(
     return Calibration(fit_rules(layers, norms, seen), layout, d), held
 
 
-def flag_outliers(held: list[Labelled], cal: Calibration, kinds: list[str]) -> None:
+def flag_outliers(
+    held: list[Labelled], rules: dict[str, OutlierRule], positions: Positions
+) -> None:
     """Flag the outliers of parts labelled before the rules were fitted."""
-    positions = Positions.of(cal.layout, kinds)
     for done in held:
         for key, lb in done.layers.items():
-            lb.outlier = outlier_flags(lb.rule_norm, positions, cal.rules[key].cut)
+            lb.outlier = outlier_flags(lb.rule_norm, positions, rules[key].cut)
 
 
 def saev_tokens(acts: torch.Tensor, layout: TokenLayout) -> torch.Tensor:

@@ -63,7 +63,7 @@ class Shard:
             self.saev.setdefault(key, []).append(t)
 
     def write(
-        self, out: Path, formats: list[str], dtype: torch.dtype, shard_size: int = 0
+        self, out: Path, formats: list[str], dtype: torch.dtype, shard_size: int
     ) -> ShardInfo:
         """Write the shard in every format (a saev shard is ``shard_size`` images long); its
         description (as the index lists it)."""

@@ -20,7 +20,6 @@ from vitreg.export.formats import (
     write_saev_metadata,
 )
 from vitreg.export.index import check_resume, read_index, write_index
-from vitreg.export.labels import Positions
 from vitreg.export.run import (
     Calibration,
     Labelled,
@@ -113,7 +112,7 @@ def export(
     held: list[Labelled] = []
     if found is None:
         cal, held = calibrate(loop, parts, settings.calibration, progress)
-        flag_outliers(held, cal, plan.kinds)
+        flag_outliers(held, cal.rules, loop.positions(cal.layout))
         index = begin(out, source, plan, settings, cal)
     else:
         index, cal = found, _calibration(found)
@@ -127,7 +126,7 @@ def export(
             write_index(out, partial)
 
     loop.on_shard = on_shard
-    positions = Positions.of(cal.layout, plan.kinds)
+    positions = loop.positions(cal.layout)
     cuts = {key: rule.cut for key, rule in cal.rules.items()}
     for done in held:
         loop.add(done, positions)

@@ -370,6 +370,21 @@ class Planter:
         self.plant_groups()
         return helpers
 
+    def plant_block(
+        self, blk: nn.Module, mid: torch.Tensor, layer: int
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Plant the groups of block ``layer`` on ``mid`` (the tokens after its attention):
+        their units silenced first, causes and readers last; the block's output and the indices
+        of the groups planted."""
+        groups = self.spec.groups
+        here = [k for k, gr in enumerate(groups) if gr.layer == layer]
+        for k in here:  # silence the units first: the block's output without any group
+            blk.mlp.fc2.weight[:, self.units[k]] = 0
+        h = after_mlp(blk, mid)
+        for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
+            h = self.group(blk, mid, h, groups[k], self.units[k])
+        return h, here
+
     def plant_groups(self) -> None:
         """Plant every group in block order, calibrating on the tokens as they pass the blocks;
         attention sinks (when asked) in the blocks after emergence."""
@@ -380,13 +395,7 @@ class Planter:
             blk = blocks[i]
             if i == emergence + 1 and self.sinks:  # later blocks see outliers: attention sinks
                 plant_sinks(self.module, p.direction, range(i, len(blocks)), self.g)
-            mid = after_attention(blk, h)
-            here = [k for k, gr in enumerate(groups) if gr.layer == i]
-            for k in here:  # silence the units first: the block's output without any group
-                blk.mlp.fc2.weight[:, self.units[k]] = 0
-            h = after_mlp(blk, mid)
-            for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
-                h = self.group(blk, mid, h, groups[k], self.units[k])
+            h, _ = self.plant_block(blk, after_attention(blk, h), i)
         if max(gr.layer for gr in groups) <= emergence and self.sinks:
             plant_sinks(self.module, p.direction, range(emergence + 1, len(blocks)), self.g)
 

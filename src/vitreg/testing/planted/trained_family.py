@@ -298,12 +298,7 @@ class _TrainedPlanter(Planter):
         for i in range(max(gr.layer for gr in groups) + 1):
             blk = blocks[i]
             mid, self.clean_mid = after_attention(blk, h), after_attention(blk, clean)
-            here = [k for k, gr in enumerate(groups) if gr.layer == i]
-            for k in here:  # silence the units first: the block's output without any group
-                blk.mlp.fc2.weight[:, self.units[k]] = 0
-            h = after_mlp(blk, mid)
-            for k in sorted(here, key=lambda k: groups[k].role in ("cause", "reader")):
-                h = self.group(blk, mid, h, groups[k], self.units[k])
+            h, here = self.plant_block(blk, mid, i)
             causes = [u for k in here if groups[k].role == "cause" for u in self.units[k]]
             written = blk.mlp.fc2.weight[:, causes].clone()
             blk.mlp.fc2.weight[:, causes] = 0
