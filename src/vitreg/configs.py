@@ -42,6 +42,7 @@ from vitreg.settings.base import (
     valid_device,
     valid_img_size,
 )
+from vitreg.settings.compilation import Compilation
 from vitreg.settings.model import ImageSet, ModelSource
 from vitreg.settings.neurons import DISCOVER, NeuronChoice, NeuronSearch, NeuronSource
 from vitreg.settings.ov_seg import OvSegProtocol
@@ -118,7 +119,7 @@ class RunConfig(SettingsPart):
 # ------------------------------------------------------------------------------ one per verb
 # pydantic orders fields from the last base to the first, then the class's own: the bases are
 # listed so that the model and its images come first in config.yaml and in --help
-class DiagnoseConfig(RunConfig, Figures, ImageSet, ModelSource):
+class DiagnoseConfig(RunConfig, Compilation, Figures, ImageSet, ModelSource):
     verb: ClassVar[str] = "diagnose"
 
     max_maps: int = Field(

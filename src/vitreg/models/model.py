@@ -25,6 +25,7 @@ from vitreg.results.schema import ModelDescription
 
 if TYPE_CHECKING:
     from vitreg.core.checkpoint import Pass, PassState
+    from vitreg.models.compiled import Backend, CompiledForward
 
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
@@ -177,6 +178,7 @@ class Model:
         self._image_size: tuple[int, int] | None = None
         self._n_extra = 0
         self._insertion: Handle | None = None
+        self._compiled: CompiledForward | None = None
         self.adapter.input_module().register_forward_pre_hook(self._record_input)
 
     # description ----------------------------------------------------------------
@@ -360,7 +362,7 @@ class Model:
         """
         x = self._prepare(x)
         if stop_at_layer is None:
-            tokens = self.adapter.features(x)
+            tokens = self._forward(x)
             return tokens if self.adapter.strips_extra else self.layout.strip_extra(tokens)
         return self._features_until(x, self.stop_index(stop_at_layer))
 
@@ -435,7 +437,7 @@ class Model:
                 site = replace(site, prepend=True)  # block k's own hooks never see it
         handle = site.attach(stop, lambda: self.layout)
         try:
-            self.adapter.features(x)
+            self._forward(x)
         except _StopForward as e:
             if e.owner is not owner:
                 raise
@@ -460,6 +462,41 @@ class Model:
             for name in self.resolve(pattern)
             if (layer := self.site(name).layer) is None or layer < k
         ]
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The adapter's features of ``x`` (prepared), compiled after :meth:`compile`."""
+        if self._compiled is None:
+            return self.adapter.features(x)
+        return self._compiled(x)
+
+    def compile(self, backend: Backend | None = None, mode: str | None = None) -> CompiledForward:
+        """From now on every traced forward (:meth:`features`, :meth:`run_with_cache`,
+        :meth:`trace`) runs through ``torch.compile(backend=..., mode=...)`` (inductor unless
+        given: :data:`~vitreg.models.compiled.DEFAULT_BACKEND`); hooks run eagerly between the
+        compiled pieces (:mod:`vitreg.models.compiled`). Returns the handle: its
+        ``report`` counts graphs, graph breaks and frames that fell back to eager, and
+        ``remove()`` (or the end of a ``with`` block) goes back to the eager forward. A backend
+        that cannot run here raises :class:`~vitreg.models.compiled.CompileError`."""
+        from vitreg.hooks.attention import PatternSite
+        from vitreg.models import compiled as compiling
+
+        if self._compiled is not None:
+            raise HookError("this model's forward is already compiled; remove that handle first")
+        sites = self.adapter.sites().values()
+        attns = [s.attn for s in sites if isinstance(s, PatternSite) and s.attn is not None]
+        unique = list({id(a): a for a in attns}.values())
+        chosen = compiling.DEFAULT_BACKEND if backend is None else backend
+        compiled = compiling.CompiledForward(
+            self.module, self.adapter.features, unique, chosen, mode
+        )
+        compiled.on_remove(lambda: setattr(self, "_compiled", None))
+        self._compiled = compiled
+        return compiled
+
+    @property
+    def compiled(self) -> CompiledForward | None:
+        """The compiled forward in use (see :meth:`compile`), or ``None``."""
+        return self._compiled
 
     def __call__(self, x: torch.Tensor) -> Any:
         """The source model's own forward (pooled embedding, logits, HF output object)."""

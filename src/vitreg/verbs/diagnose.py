@@ -3,7 +3,8 @@ images, written to a run directory exactly as ``vitreg diagnose`` does."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from vitreg.verbs.resume import checkpointed, finished
 
 if TYPE_CHECKING:
     from vitreg.analysis.diagnose import DiagnoseResult
+    from vitreg.models.model import Model
 
 
 def _writer() -> Callable[..., Envelope | None]:
@@ -90,8 +92,21 @@ def _check_name(source: str, name: str) -> None:
 def _options(cfg: DiagnoseConfig, device: str | None) -> dict[str, Any]:
     """The settings the reproducing command line shows, in the order it has always had."""
     names = ("images", "samples", "limit", "batch_size", "device", "max_maps", "random_init")
-    names += ("weights", "img_size", "figure_format", "sink_control")
+    names += ("weights", "img_size", "figure_format", "sink_control", "compile")
     return {**{k: getattr(cfg, k) for k in names}, "device": device}
+
+
+@contextmanager
+def compiled_forward(model: Model, on: bool, notices: Notices) -> Iterator[None]:
+    """Inside, ``model``'s traced forward is compiled when ``on``; what compiling did (graphs,
+    fallbacks and their reasons) is said in a notice at the end."""
+    if not on:
+        yield
+        return
+    with model.compile() as compiled:
+        yield
+    report = compiled.report
+    notices.append(Notice("model", report.summary(), caution=report.fallbacks > 0))
 
 
 def diagnose_one(
@@ -111,6 +126,7 @@ def diagnose_one(
     model, source = model_and_images(one, device, progress, notices, cfg.max_maps)
     every = cfg.checkpoint_every
     with (
+        compiled_forward(model, cfg.compile, notices),
         checkpointed(out_dir, every, one.to_file()),
         progress(source.total, f"diagnosing {spec} (images)") as update,
     ):
