@@ -22,8 +22,18 @@ memory); on CUDA the peak allocated memory of each arm (``torch.cuda.max_memory_
 (a depth-reduced proxy, e.g. ViT-L/14 on a CPU). ``--device cuda --precision bf16`` measures
 on a GPU under bf16 autocast (``benchmarks/gpu.sh`` runs DINOv2-L/14 at 518 px, batch 32).
 
+Compiled arms: ``--compile inductor`` (or another ``torch.compile`` backend) adds, for every arm,
+its twin ``<arm>_compiled`` run by a second copy of the model (same weights) whose traced
+forward is compiled (``Model.compile``; the plain twin is vitreg's compiled forward with no
+analysis hook). All ratios stay over the eager plain arm. The first call of each compiled arm
+(its first warm-up; at least one runs) compiles it: its time less the arm's median is written
+as ``compile.compile_s``, apart from the timed runs, with the graphs, graph breaks and eager
+fallbacks of the compiled forward and the graphs compiled while timing (0: no recompile). The
+compiled arms' CPU peak memory is not measured (each fresh process would compile again).
+
     python benchmarks/hooked_forward.py [--batch-size 16] [--repeats 7] [--models a,b@depth]
         [--sizes 224,518] [--threads 1] [--device cpu|cuda] [--precision fp32|bf16]
+        [--compile inductor]
 
 The scale rows: ``--models vit_small_patch14_dinov2,vit_base_patch14_dinov2,
 vit_large_patch14_dinov2@6 --sizes 224,518 --threads 1 --batch-size 4 --repeats 3 --warmup 1``.
@@ -60,6 +70,7 @@ from _common import (
 MODELS = "vit_small_patch14_dinov2,vit_base_patch16_224"
 TARGET = 0.85  # hooked images/s over plain images/s
 ARMS = ("plain", "hooked", "patterns", "kinds")
+COMPILED = "_compiled"  # the suffix of an arm's compiled twin
 
 
 def hooked_names(n_layers: int) -> list[str]:
@@ -99,6 +110,11 @@ class Bench:
         self.device = torch.device(args.device)
         torch.manual_seed(0)
         self.model = build(*self._name_size_depth(spec, size, args)).to(self.device)
+        self.compiled = None  # the same weights again, its traced forward compiled
+        if args.compile:
+            torch.manual_seed(0)
+            self.compiled = build(*self._name_size_depth(spec, size, args)).to(self.device)
+            self.compiled.compile(args.compile)
         self.x = torch.randn(args.batch_size, 3, size, size).to(self.device)
         bf16 = args.precision == "bf16"
         self.cast = (
@@ -120,33 +136,40 @@ class Bench:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def plain(self) -> Any:
+    def plain(self, model: Any = None) -> Any:
+        """The source's own ``forward_features``; with ``model`` (the compiled copy), vitreg's
+        compiled forward with no analysis hook."""
         import torch
 
         with torch.inference_mode(), self.cast():
-            out = self.model.module.forward_features(self.x)
+            if model is None:
+                out = self.model.module.forward_features(self.x)
+            else:
+                out = model.features(self.x)
         self.sync()
         return out
 
-    def hooked(self) -> Any:
+    def hooked(self, model: Any = None) -> Any:
+        model = model or self.model
         with self.cast():
-            out = self.model.run_with_cache(self.x, names=self.names, reduce=reduce, device=None)
+            out = model.run_with_cache(self.x, names=self.names, reduce=reduce, device=None)
         self.sync()
         return out
 
-    def traced(self, chosen: list[Any]) -> Any:
+    def traced(self, chosen: list[Any], model: Any = None) -> Any:
+        model = model or self.model
         with self.cast():
-            reducers = {a.name: a.reducers(self.model) for a in chosen}
+            reducers = {a.name: a.reducers(model) for a in chosen}
             flat = [r for rs in reducers.values() for r in rs]
-            trace = self.model.trace(self.x, flat, batch_size=len(self.x))
+            trace = model.trace(self.x, flat, batch_size=len(self.x))
         self.sync()
         return trace, reducers
 
-    def patterns(self) -> Any:
-        return self.traced(self.analyses[:1])
+    def patterns(self, model: Any = None) -> Any:
+        return self.traced(self.analyses[:1], model)
 
-    def kinds(self) -> Any:
-        return self.traced(self.analyses)
+    def kinds(self, model: Any = None) -> Any:
+        return self.traced(self.analyses, model)
 
     def finish(self, trace: Any, reducers: dict[str, list[Any]]) -> dict[str, Any]:
         from vitreg.models.model import TraceResult
@@ -158,6 +181,10 @@ class Bench:
         return done
 
     def arm(self, name: str) -> Callable[[], Any]:
+        """The arm ``name``; ``<arm>_compiled`` runs ``<arm>`` on the compiled copy."""
+        if name.endswith(COMPILED):
+            base = getattr(self, name.removesuffix(COMPILED))
+            return lambda: base(self.compiled)
         return getattr(self, name)
 
 
@@ -196,15 +223,18 @@ def measure(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     bench = Bench(spec, size, args)
     model = bench.model
     chosen = arms_of(args)
-    for _ in range(args.warmup):
-        for arm in chosen:
-            bench.arm(arm)()
+    first = warm_up(bench, chosen, args.warmup)
+    graphs = bench.compiled.compiled.report.graphs if bench.compiled is not None else 0
     out, cache = bench.hooked()
     ref = bench.plain()
     record: dict[str, dict[str, list]] = {"cpu": {}, "kernel": {}, "faults": {}}
     arms = {a: on_cpu(a, bench.arm(a), record) for a in chosen}
     times, med = interleaved(arms, args.repeats)
     cpu_med = {arm: statistics.median(ts) for arm, ts in record["cpu"].items()}
+    compiled = None
+    if bench.compiled is not None:
+        compiled = compile_figures(bench, first, med, cpu_med, graphs)
+        compiled["plain_max_abs_diff"] = float((bench.plain(bench.compiled) - ref).abs().max())
     finish_s, done = [], None
     for _ in range(args.repeats if "kinds" in chosen else 0):
         passed = bench.kinds()
@@ -240,9 +270,49 @@ def measure(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         },
         "environment": environment(),
     }
+    if compiled is not None:
+        row["compile"] = compiled
     if bench.device.type == "cuda":
         row["peak_mb"] = cuda_peaks(bench, chosen)
     return row
+
+
+def warm_up(bench: Bench, arms: tuple[str, ...], rounds: int) -> dict[str, dict[str, float]]:
+    """Run every arm ``rounds`` times (a compiled arm at least once); the wall and CPU seconds
+    of each compiled arm's first call, which compiles it."""
+    first: dict[str, dict[str, float]] = {}
+    for r in range(max(rounds, 1 if bench.compiled is not None else 0)):
+        for arm in arms:
+            if r >= rounds and not arm.endswith(COMPILED):
+                continue
+            t0, c0 = time.perf_counter(), time.process_time()
+            bench.arm(arm)()
+            if arm.endswith(COMPILED) and arm not in first:
+                first[arm] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+    return first
+
+
+def compile_figures(
+    bench: Bench,
+    first: dict[str, dict[str, float]],
+    med: dict[str, float],
+    cpu_med: dict[str, float],
+    graphs_before: int,
+) -> dict[str, Any]:
+    """The compiled arms' compile time (first call less the median run), apart from their
+    runs, and what the compiled forward did (graphs, graph breaks, eager fallbacks)."""
+    report = bench.compiled.compiled.report
+    return {
+        "backend": report.backend,
+        "first_call_s": {a: f["wall_s"] for a, f in first.items()},
+        "compile_s": {a: f["wall_s"] - med[a] for a, f in first.items()},
+        "compile_cpu_s": {a: f["cpu_s"] - cpu_med[a] for a, f in first.items()},
+        "graphs": report.graphs,
+        "graph_breaks": report.graph_breaks,
+        "fallbacks": report.fallbacks,
+        "reasons": report.reasons,
+        "graphs_while_timed": report.graphs - graphs_before,
+    }
 
 
 def arm_peak(spec: str, size: int, arm: str, args: argparse.Namespace) -> dict[str, float | None]:
@@ -270,6 +340,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast")
     p.add_argument(
+        "--compile",
+        default=None,
+        metavar="BACKEND",
+        help="also each arm on a copy whose traced forward torch.compile compiles (inductor, ...)",
+    )
+    p.add_argument(
         "--arms", default=",".join(ARMS), help=f"comma-separated arms of {ARMS} (plain always runs)"
     )
     p.add_argument(
@@ -284,39 +360,42 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def run_row(spec: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     """One model at one size: the timed child, then (CPU) one fresh child per arm for its peak."""
     keys = ("batch_size", "repeats", "warmup", "depth", "threads", "device", "precision", "arms")
-    shared = [*child_flags(args, keys), f"--img-size={size}", f"--child={spec}"]
+    shared = [*child_flags(args, (*keys, "compile")), f"--img-size={size}", f"--child={spec}"]
     row = run_child(__file__, shared)
     chosen = arms_of(args)
     if args.device == "cpu" and not args.no_peak:
-        alone = {arm: run_child(__file__, [*shared, f"--peak-arm={arm}"]) for arm in chosen}
+        eager = [arm for arm in chosen if not arm.endswith(COMPILED)]
+        flags = [*child_flags(args, keys), f"--img-size={size}", f"--child={spec}"]
+        alone = {arm: run_child(__file__, [*flags, f"--peak-arm={arm}"]) for arm in eager}
         row["peak_rss_mb"] = {arm: a["peak_rss_mb"] for arm, a in alone.items()}
         row["peak_over_built_mb"] = {arm: a["over_built_mb"] for arm, a in alone.items()}
         row["peak_mb"] = row["peak_over_built_mb"]
     if "peak_mb" in row:
         plain = row["peak_mb"]["plain"]
-        row["peak_ratio_over_plain"] = {a: row["peak_mb"][a] / plain for a in chosen}
+        row["peak_ratio_over_plain"] = {a: mb / plain for a, mb in row["peak_mb"].items()}
     return row
 
 
 def arms_of(args: argparse.Namespace) -> tuple[str, ...]:
-    """The arms ``--arms`` names, plain first."""
+    """The arms ``--arms`` names, plain first, then (``--compile``) their compiled twins."""
     named = [a for a in args.arms.split(",") if a]
     unknown = sorted(set(named) - set(ARMS))
     if unknown:
         raise SystemExit(f"unknown arms {unknown}; choose from {ARMS}")
-    return ("plain", *[a for a in ARMS[1:] if a in named])
+    eager = ("plain", *[a for a in ARMS[1:] if a in named])
+    return (*eager, *[a + COMPILED for a in eager]) if args.compile else eager
 
 
 def print_row(r: dict[str, Any]) -> None:
     ips, where = r["images_per_s"], f"{r['model']} {r['img_size']}px"
     peaks = r.get("peak_mb")
-    for arm in [a for a in ARMS[1:] if f"ratio_{a}_over_plain" in r]:
+    for arm in [a for a in ips if a != "plain"]:
         ratio = r[f"ratio_{arm}_over_plain"]
         verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
         peak = (
             f"; peak {peaks[arm]:.0f} MB ({r['peak_ratio_over_plain'][arm]:.2f}x plain's "
             f"{peaks['plain']:.0f} MB)"
-            if peaks
+            if peaks and arm in peaks
             else ""
         )
         print(
@@ -335,6 +414,15 @@ def print_row(r: dict[str, Any]) -> None:
         f"{'':<34} of the CPU seconds, in the kernel (page faults): "
         + ", ".join(f"{a} {kernel[a]:.2f} s ({faults[a]:.0f})" for a in kernel)
     )
+    if "compile" in r:
+        c = r["compile"]
+        print(
+            f"{'':<34} compiled ({c['backend']}): compile time apart from the runs "
+            + ", ".join(f"{a} {t:.1f} s" for a, t in c["compile_s"].items())
+            + f"; {c['graphs']} graphs, {c['graph_breaks']} graph breaks, {c['fallbacks']} "
+            f"eager fallbacks, {c['graphs_while_timed']} graphs compiled while timed; compiled "
+            f"plain vs plain max |diff| {c['plain_max_abs_diff']:.2e}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -163,3 +163,17 @@ def test_diagnose_compile_option_runs_compiled_and_says_so(tmp_path, monkeypatch
     assert f"compiled forward ({DEBUG}):" in text and "graphs" in text
     assert yaml.safe_load((out / "config.yaml").read_text())["compile"] is True
     assert "--compile" in (out / "report.md").read_text()
+
+
+def test_diagnose_compile_with_a_backend_that_cannot_run_fails_cleanly(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from _support.cli_helpers import assert_clean_failure
+    from vitreg.cli.app import app
+    from vitreg.models import compiled
+
+    monkeypatch.setattr(compiled, "DEFAULT_BACKEND", "no-such-backend")
+    args = ["diagnose", "planted:dinov2_s14", "--img-size", "56", "--limit", "2", "--compile"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert_clean_failure(result, "no backend 'no-such-backend'")
+    assert not (tmp_path / "run" / "metrics.json").exists()
