@@ -51,7 +51,7 @@ class CompileReport:
         """One line for the user."""
         text = (
             f"compiled forward ({self.backend}): {self.graphs} graphs, {self.graph_breaks} "
-            f"graph breaks (at hooks), {self.compile_seconds:.1f} s in forwards that compiled"
+            f"graph breaks, {self.compile_seconds:.1f} s in the forwards that compiled"
         )
         if self.fallbacks:
             text += f"; {self.fallbacks} frames ran eagerly: " + "; ".join(self.reasons)
