@@ -177,3 +177,43 @@ def test_diagnose_compile_with_a_backend_that_cannot_run_fails_cleanly(tmp_path,
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])
     assert_clean_failure(result, "no backend 'no-such-backend'")
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def family_model(key: str) -> tuple[vitreg.Model, torch.Tensor]:
+    """A tiny model of each adapter family and two images of its size."""
+    from vitreg.testing import tiny
+
+    source, name = key.split(":")
+    if source == "eva":
+        return tiny.eva_model(name)
+    if source == "hier":
+        return tiny.hier_model(name)
+    if source == "hf":
+        pytest.importorskip("transformers")
+        model = vitreg.Model(tiny.hf_tiny(name))
+        return model, torch.rand(2, 3, tiny.hf_size(model), tiny.hf_size(model))
+    pytest.importorskip("open_clip")
+    tower = tiny.open_clip_tower(name)
+    return vitreg.Model(tower), tiny.open_clip_images(tower)
+
+
+SLOW = pytest.mark.slow  # a minute of compiling: every stage's blocks have their own code
+FAMILIES = [
+    "eva:dinov3",
+    "hf:dinov2_reg",
+    "open_clip:gelu",
+    pytest.param("hier:swin", marks=SLOW),
+    pytest.param("hier:pvt", marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("key", FAMILIES)
+def test_every_family_compiles_with_the_eager_patterns_and_residuals(key: str) -> None:
+    model, x = family_model(key)
+    names = [n for n in model.hook_names() if n.endswith(("hook_pattern", "hook_resid_post"))]
+    _, eager = model.run_with_cache(x, names=names)
+    with model.compile(DEBUG) as compiled:
+        _, cache = model.run_with_cache(x, names=names)
+    assert compiled.report.fallbacks == 0, compiled.report.reasons
+    for name in names:
+        torch.testing.assert_close(cache[name], eager[name], rtol=1e-5, atol=1e-6)
