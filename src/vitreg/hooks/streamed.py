@@ -31,8 +31,9 @@ _ACCEPTS = "accepts_streamed_patterns"
 CPU_CHUNK_BYTES = 4 * 2**20  # on a CPU a tile's scores stay within this (cache-sized: the
 # passes over them after the product then read the cache, not memory)
 CPU_TILE_ROWS = 128  # but a tile holds this many queries at least (shorter products run slower)
-SCRATCH_BYTES = CPU_CHUNK_BYTES  # the largest tile buffer kept for reuse (per thread); larger
-# ones are freed after each pass, since one held across the MLP would raise the peak
+SCRATCH_BYTES = 2**20  # the largest tile buffer kept for reuse (per thread); larger ones are
+# freed after each pass: one held across the MLP pins a hole in the heap that the next block's
+# large buffers then cannot reuse, and the freed one is reused by the allocator anyway
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2  # chunk scores are kept in base 2: exp2 is several times faster than
 # exp on a CPU, and the probabilities are the same to float rounding
