@@ -31,9 +31,7 @@ _ACCEPTS = "accepts_streamed_patterns"
 CPU_CHUNK_BYTES = 4 * 2**20  # on a CPU a tile's scores stay within this (cache-sized: the
 # passes over them after the product then read the cache, not memory)
 CPU_TILE_ROWS = 128  # but a tile holds this many queries at least (shorter products run slower)
-SCRATCH_BYTES = 2**20  # the largest tile buffer kept for reuse (per thread); larger ones are
-# freed after each pass: one held across the MLP pins a hole in the heap that the next block's
-# large buffers then cannot reuse, and the freed one is reused by the allocator anyway
+SCRATCH_BYTES = CPU_CHUNK_BYTES  # the largest tile buffer kept for reuse (per thread)
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2  # chunk scores are kept in base 2: exp2 is several times faster than
 # exp on a CPU, and the probabilities are the same to float rounding
@@ -112,13 +110,13 @@ def accepts_streamed(fn: Callable) -> bool:
     return bool(getattr(fn, _ACCEPTS, False)) and _ENABLED.get()
 
 
-def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+def scratch(numel: int, like: torch.Tensor, keep: bool = True) -> torch.Tensor:
     """A flat float32 buffer of ``numel`` elements on ``like``'s device. On a CPU one buffer of
-    up to :data:`SCRATCH_BYTES` is kept per thread and reused by every chunked pass (a fresh
-    large tensor faults its pages in again for every block); only one pass uses it at a time.
-    The kept buffer is a normal tensor (not an inference one), so passes in and out of
-    ``torch.inference_mode`` share it."""
-    if like.device.type != "cpu" or numel * 4 > SCRATCH_BYTES:
+    up to :data:`SCRATCH_BYTES` is kept per thread and reused by every chunked pass that may
+    ``keep`` it (a fresh large tensor faults its pages in again for every block); only one pass
+    uses it at a time. The kept buffer is a normal tensor (not an inference one), so passes in
+    and out of ``torch.inference_mode`` share it."""
+    if like.device.type != "cpu" or numel * 4 > SCRATCH_BYTES or not keep:
         return like.new_empty(numel, dtype=torch.float32)
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.numel() < numel:
@@ -244,15 +242,18 @@ class StreamedPattern:
         scaled where they are read, so no pass holds a scaled copy of them all)."""
         return q * (self.scale * LOG2E)
 
-    @staticmethod
-    def _operand(t: torch.Tensor, tiles: list[Tile]) -> torch.Tensor:
-        """``t`` (k or v, ``[B, H, N_k, D]``) as the tiles' products read it: in place when no
-        tile spans several images (one image's heads are a strided batch that the product reads
-        as it is), else contiguous (several images' heads are not one strided batch, and each
-        tile's product would copy them again)."""
+    def _operands(self, tiles: list[Tile]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """What the tiles' products read: with one image per tile, q is scaled tile by tile
+        (None here) and k is read in place (one image's heads are a strided batch the product
+        reads as it is); when tiles span several images (small images, where the copies are
+        small), ``q * scale * log2(e)`` and ``k`` contiguous, made once (memoised: several
+        images' heads are not one strided batch, and each tile's product would copy them)."""
         if all(i.stop - i.start == 1 for i, _, _ in tiles):
-            return t
-        return t.contiguous()
+            return None, self.k
+        if "q" not in self._memo:
+            self._memo["q"] = self.scaled_q(self.q)
+            self._memo["k"] = self.k.contiguous()
+        return self._memo["q"], self._memo["k"]
 
     def _scores(
         self,
@@ -304,11 +305,15 @@ class StreamedPattern:
         size = max(
             (i.stop - i.start) * (hs.stop - hs.start) * (sl.stop - sl.start) for i, hs, sl in tiles
         )
-        buf = scratch(size * self.k.shape[-2], self.q)
-        k = self._operand(self.k, tiles)
-        v = None if sums.v is None else self._operand(sums.v.float(), tiles)
+        q, k = self._operands(tiles)
+        # tiles of several images (small images, short passes) reuse the kept buffer; one
+        # image's tiles (long passes) free theirs: kept across the MLP it would pin a hole in
+        # the heap that the next block's large buffers cannot reuse
+        buf = scratch(size * self.k.shape[-2], self.q, keep=q is not None)
+        v = None if sums.v is None else sums.v.float()
+        v = v if v is None or q is None else v.contiguous()
         for i, hs, sl in tiles:
-            qs = self.scaled_q(self.q[i, hs, sl])
+            qs = self.scaled_q(self.q[i, hs, sl]) if q is None else q[i, hs, sl]
             scores = self._scores(qs, k[i, hs], self._bias(sl, tile=(i, hs)), buf)
             top = torch.amax(scores, -1, out=sums.top[i, hs, sl]).unsqueeze(-1)
             e = scores.sub_(top).exp2_()
