@@ -36,24 +36,29 @@ def _masks() -> dict[str, dict]:
 @pytest.mark.parametrize("least_rows", [1, 3])
 @pytest.mark.parametrize("budget_rows", [1, 2, 5, 9, 20, 1000])
 @pytest.mark.parametrize("chunk", [1, 4, 100])
-def test_tiles_cover_every_image_and_query_once_within_the_budget(
+def test_tiles_cover_every_image_head_and_query_once_within_the_budget(
     least_rows: int, budget_rows: int, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(streamed, "CPU_CHUNK_BYTES", budget_rows * 4 * H * N)
+    """``budget_rows``: the budget in one head's query rows (so below ``H`` rows a tile splits
+    the heads); a tile exceeds the budget only to hold one head's ``least_rows`` queries."""
+    monkeypatch.setattr(streamed, "CPU_CHUNK_BYTES", budget_rows * 4 * N)
     monkeypatch.setattr(streamed, "CPU_TILE_ROWS", least_rows)
     q, k, _ = _inputs()
     tiles = StreamedPattern(q, k, 0.5, chunk=chunk).tiles()
     seen = [
-        (b, i)
-        for im, sl in tiles
+        (b, h, i)
+        for im, hs, sl in tiles
         for b in range(im.start, im.stop)
+        for h in range(hs.start, hs.stop)
         for i in range(sl.start, sl.stop)
     ]
-    assert sorted(seen) == [(b, i) for b in range(B) for i in range(N)]
-    for im, sl in tiles:
+    assert sorted(seen) == [(b, h, i) for b in range(B) for h in range(H) for i in range(N)]
+    for im, hs, sl in tiles:
         rows = sl.stop - sl.start
         assert rows <= chunk
-        assert (im.stop - im.start) * rows <= max(budget_rows, min(least_rows, chunk))
+        size = (im.stop - im.start) * (hs.stop - hs.start) * rows
+        assert size <= max(budget_rows, min(least_rows, chunk, N))
+        assert hs == slice(0, H) or im.stop - im.start == 1  # images share whole-head tiles
 
 
 @pytest.mark.parametrize("mask", sorted(_masks()))
@@ -61,7 +66,7 @@ def test_tiles_cover_every_image_and_query_once_within_the_budget(
 def test_attend_over_tiles_equals_the_full_pattern(
     mask: str, budget_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(streamed, "CPU_CHUNK_BYTES", budget_rows * 4 * H * N)
+    monkeypatch.setattr(streamed, "CPU_CHUNK_BYTES", budget_rows * 4 * N)
     monkeypatch.setattr(streamed, "CPU_TILE_ROWS", 1)
     q, k, v = _inputs()
     kw = _masks()[mask]

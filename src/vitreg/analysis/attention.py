@@ -68,18 +68,20 @@ def row_stats(
 
 
 class _Rows:
-    """Per-image rows in growing buffers indexed by image (doubling: no per-batch fragments)."""
+    """Per-image rows in growing buffers indexed by image (doubling from ``least`` images: no
+    per-batch fragments)."""
 
-    def __init__(self) -> None:
+    def __init__(self, least: int = 64) -> None:
         self.data: dict[str, torch.Tensor] = {}
         self.filled = torch.zeros(0, dtype=torch.bool)
+        self.least = least
 
     def put(self, index: torch.Tensor, rows: dict[str, torch.Tensor]) -> None:
         if not len(index):
             return
         cap = len(self.filled)
         if int(index.max()) >= cap:
-            cap = max(int(index.max()) + 1, 2 * cap, 64)
+            cap = max(int(index.max()) + 1, 2 * cap, self.least)
             self.filled = torch.cat(
                 [self.filled, torch.zeros(cap - len(self.filled), dtype=torch.bool)]
             )
@@ -131,7 +133,7 @@ class AttentionMaps(Reducer[MapStats]):
     ) -> None:
         super().__init__(site)
         self.reader, self.ks, self.keep_heads = reader, tuple(ks), keep_heads
-        self.rows, self.heads = _Rows(), _Rows()
+        self.rows, self.heads = _Rows(), _Rows(least=max(1, keep_heads))
         self.grid: Grid | None = None
         self.token_grid: Grid | None = None
         self.n_keys = 0

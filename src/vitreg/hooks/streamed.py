@@ -28,16 +28,23 @@ _CHUNK: ContextVar[int | None] = ContextVar("pattern_chunk", default=None)
 _ENABLED: ContextVar[bool] = ContextVar("streamed_patterns", default=True)
 _ONCE: ContextVar[bool] = ContextVar("attention_once", default=True)
 _ACCEPTS = "accepts_streamed_patterns"
-SCRATCH_BYTES = 32 * 2**20  # the largest chunk buffer kept for reuse (per thread); larger ones
-# are freed after each pass, since one held across the MLP would raise the peak
-CPU_CHUNK_BYTES = 4 * 2**20  # on a CPU a chunk's scores stay within this (cache-sized: the
+CPU_CHUNK_BYTES = 4 * 2**20  # on a CPU a tile's scores stay within this (cache-sized: the
 # passes over them after the product then read the cache, not memory)
 CPU_TILE_ROWS = 128  # but a tile holds this many queries at least (shorter products run slower)
+SCRATCH_BYTES = CPU_CHUNK_BYTES  # the largest tile buffer kept for reuse (per thread)
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2  # chunk scores are kept in base 2: exp2 is several times faster than
 # exp on a CPU, and the probabilities are the same to float rounding
 _SCRATCH = threading.local()
 _COLUMNS = "reads_pattern_columns"
+Tile = tuple[slice, slice, slice]  # images, heads, queries
+
+
+def split(n: int, most: int) -> list[slice]:
+    """``range(n)`` in slices of near-equal size, none longer than ``most`` (at least 1)."""
+    parts = math.ceil(n / max(1, min(most, n)))
+    size = math.ceil(n / parts)
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 @contextmanager
@@ -103,15 +110,18 @@ def accepts_streamed(fn: Callable) -> bool:
     return bool(getattr(fn, _ACCEPTS, False)) and _ENABLED.get()
 
 
-def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+def scratch(numel: int, like: torch.Tensor, keep: bool = True) -> torch.Tensor:
     """A flat float32 buffer of ``numel`` elements on ``like``'s device. On a CPU one buffer of
-    up to :data:`SCRATCH_BYTES` is kept per thread and reused by every chunked pass (a fresh
-    large tensor faults its pages in again for every block); only one pass uses it at a time."""
-    if like.device.type != "cpu" or numel * 4 > SCRATCH_BYTES:
+    up to :data:`SCRATCH_BYTES` is kept per thread and reused by every chunked pass that may
+    ``keep`` it (a fresh large tensor faults its pages in again for every block); only one pass
+    uses it at a time. The kept buffer is a normal tensor (not an inference one), so passes in
+    and out of ``torch.inference_mode`` share it."""
+    if like.device.type != "cpu" or numel * 4 > SCRATCH_BYTES or not keep:
         return like.new_empty(numel, dtype=torch.float32)
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.numel() < numel:
-        buf = like.new_empty(numel, dtype=torch.float32)
+        with torch.inference_mode(False):
+            buf = like.new_empty(numel, dtype=torch.float32)
         _SCRATCH.buf = buf
     return buf[:numel]
 
@@ -167,35 +177,41 @@ class StreamedPattern:
     def slices(self, rows: int | None = None) -> list[slice]:
         """Query slices of near-equal size, none longer than ``rows`` (default ``chunk``)."""
         n = self.q.shape[-2]
-        parts = math.ceil(n / max(1, min(int(rows or self.chunk or n), n)))
-        size = math.ceil(n / parts)
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+        return split(n, int(rows or self.chunk or n))
 
-    def tiles(self) -> list[tuple[slice, slice]]:
-        """``(images, queries)`` tiles covering the batch and the queries once. On a CPU a
-        tile's scores stay within :data:`CPU_CHUNK_BYTES` or one image's
-        :data:`CPU_TILE_ROWS` queries, whichever is more (fewer images per tile before fewer
-        queries: short products run slower); elsewhere every tile spans the batch."""
+    def tiles(self) -> list[Tile]:
+        """``(images, heads, queries)`` tiles covering the batch, the heads and the queries once.
+        On a CPU a tile's scores stay within :data:`CPU_CHUNK_BYTES` or one head's
+        :data:`CPU_TILE_ROWS` queries, whichever is more: one image's heads are split before its
+        queries go below that, and several images share a tile while they fit (short products
+        run slower; fewer heads do not shorten them). Elsewhere every tile spans batch and heads."""
         b, h, _, n_k = self.shape
+        every = slice(0, h)
         if self.q.device.type != "cpu":
-            return [(slice(0, b), sl) for sl in self.slices()]
+            return [(slice(0, b), every, sl) for sl in self.slices()]
         per_row = 4 * h * n_k  # bytes of one query's scores in one image
         fit = max(CPU_TILE_ROWS, CPU_CHUNK_BYTES // per_row)
         slices = self.slices(max(1, min(int(self.chunk or 1), fit)))
         rows = max(sl.stop - sl.start for sl in slices)
+        heads = split(h, CPU_CHUNK_BYTES // (4 * rows * n_k))
         group = max(1, min(b, CPU_CHUNK_BYTES // (per_row * rows)))
-        return [(slice(i, min(i + group, b)), sl) for i in range(0, b, group) for sl in slices]
+        return [
+            (slice(i, min(i + group, b)), hs, sl)
+            for i in range(0, b, group)
+            for hs in heads
+            for sl in slices
+        ]
 
     def _bias(
         self,
         rows: slice,
         bi: torch.Tensor | None = None,
         hi: torch.Tensor | None = None,
-        images: slice | None = None,
+        tile: tuple[slice, slice] | None = None,
     ) -> torch.Tensor | None:
         """The additive mask of query rows ``rows`` (``[.., rows, N_k]``, broadcastable) in
-        base-2 units, at the heads ``(bi, hi)`` or of the ``images`` when given; None without a
-        mask."""
+        base-2 units, at the heads ``(bi, hi)`` or of the ``(images, heads)`` of a tile when
+        given; None without a mask."""
         n_k = self.k.shape[-2]
         if self.is_causal:
             n = rows.stop - rows.start
@@ -208,8 +224,10 @@ class StreamedPattern:
         m = self._memo["mask"]
         if m.dim() >= 2 and m.shape[-2] != 1:
             m = m[..., rows, :]
-        if images is not None and m.dim() == 4 and m.shape[0] != 1:
-            m = m[images]
+        if tile is not None and m.dim() >= 3 and m.shape[-3] != 1:
+            m = m[..., tile[1], :, :]
+        if tile is not None and m.dim() == 4 and m.shape[0] != 1:
+            m = m[tile[0]]
         return m if bi is None else self._per_head(m)[bi, hi]
 
     def _per_head(self, bias: torch.Tensor) -> torch.Tensor:
@@ -219,11 +237,21 @@ class StreamedPattern:
             bias = bias.unsqueeze(0)
         return bias.expand(b, h, *bias.shape[-2:])
 
-    def scaled(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q * scale * log2(e)`` (scores in base-2 units) and ``k``, contiguous (so that no
-        chunk's product copies them again)."""
+    def scaled_q(self, q: torch.Tensor) -> torch.Tensor:
+        """``q * scale * log2(e)`` of some of the queries: scores in base-2 units (queries are
+        scaled where they are read, so no pass holds a scaled copy of them all)."""
+        return q * (self.scale * LOG2E)
+
+    def _operands(self, tiles: list[Tile]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """What the tiles' products read: with one image per tile, q is scaled tile by tile
+        (None here) and k is read in place (one image's heads are a strided batch the product
+        reads as it is); when tiles span several images (small images, where the copies are
+        small), ``q * scale * log2(e)`` and ``k`` contiguous, made once (memoised: several
+        images' heads are not one strided batch, and each tile's product would copy them)."""
+        if all(i.stop - i.start == 1 for i, _, _ in tiles):
+            return None, self.k
         if "q" not in self._memo:
-            self._memo["q"] = self.q * (self.scale * LOG2E)
+            self._memo["q"] = self.scaled_q(self.q)
             self._memo["k"] = self.k.contiguous()
         return self._memo["q"], self._memo["k"]
 
@@ -245,8 +273,8 @@ class StreamedPattern:
 
     def rows(self, rows: slice) -> torch.Tensor:
         """Probabilities of the queries ``rows``: ``[B, H, n, N_k]`` float32."""
-        qs, k = self.scaled()
-        scores = self._scores(qs[:, :, rows], k, self._bias(rows))
+        qs = self.scaled_q(self.q[:, :, rows])
+        scores = self._scores(qs, self.k, self._bias(rows))
         e = scores.sub_(scores.amax(-1, keepdim=True)).exp2_()
         return e.div_(e.sum(-1, keepdim=True))
 
@@ -264,35 +292,42 @@ class StreamedPattern:
         lse, total = (self.q.new_empty((b, h, n), dtype=torch.float32) for _ in range(2))
         per_row = {k: self.q.new_empty((b, h, n), dtype=torch.float32) for k in row_fns}
         out = None if v is None else v.new_empty((b, n, h, v.shape[-1])).transpose(1, 2)
-        qs, k = self.scaled()
         with torch.autocast(self.q.device.type, enabled=False):  # sums stay in float32
-            self._chunks(qs, k, _Sums(col, lse, total, row_fns, per_row, v, out))
+            self._chunks(_Sums(col, lse, total, row_fns, per_row, v, out))
         lse.mul_(LN2).add_(total.log_())  # row maxima in base 2 -> ln sum exp
         self._memo.update({"column_sum": col, "lse": lse, **per_row})
         return out
 
-    def _chunks(self, qs: torch.Tensor, k: torch.Tensor, sums: _Sums) -> None:
+    def _chunks(self, sums: _Sums) -> None:
         """The body of :meth:`_scan`: fills ``sums`` tile by tile, from scores in base 2
         (``e = 2^(s - top)``, ``lse = top ln 2 + ln sum e``)."""
         tiles = self.tiles()
-        size = max((i.stop - i.start) * (sl.stop - sl.start) for i, sl in tiles)
-        buf = scratch(size * qs.shape[1] * k.shape[-2], qs)
-        v = None if sums.v is None else sums.v.float().contiguous()
-        for i, sl in tiles:
-            scores = self._scores(qs[i, :, sl], k[i], self._bias(sl, images=i), buf)
-            top = torch.amax(scores, -1, out=sums.top[i, :, sl]).unsqueeze(-1)
+        size = max(
+            (i.stop - i.start) * (hs.stop - hs.start) * (sl.stop - sl.start) for i, hs, sl in tiles
+        )
+        q, k = self._operands(tiles)
+        # tiles of several images (small images, short passes) reuse the kept buffer; one
+        # image's tiles (long passes) free theirs: kept across the MLP it would pin a hole in
+        # the heap that the next block's large buffers cannot reuse
+        buf = scratch(size * self.k.shape[-2], self.q, keep=q is not None)
+        v = None if sums.v is None else sums.v.float()
+        v = v if v is None or q is None else v.contiguous()
+        for i, hs, sl in tiles:
+            qs = self.scaled_q(self.q[i, hs, sl]) if q is None else q[i, hs, sl]
+            scores = self._scores(qs, k[i, hs], self._bias(sl, tile=(i, hs)), buf)
+            top = torch.amax(scores, -1, out=sums.top[i, hs, sl]).unsqueeze(-1)
             e = scores.sub_(top).exp2_()
-            total = torch.sum(e, -1, out=sums.total[i, :, sl]).unsqueeze(-1)
+            total = torch.sum(e, -1, out=sums.total[i, hs, sl]).unsqueeze(-1)
             inv = total.reciprocal()
             if v is not None and sums.out is not None:  # the attention output of these rows
-                torch.mul(e @ v[i], inv, out=sums.out[i, :, sl])
+                torch.mul(e @ v[i, hs], inv, out=sums.out[i, hs, sl])
             if not sums.row_fns:  # column sums of e / total without dividing e
-                sums.col[i] += (inv.transpose(-2, -1) @ e).squeeze(-2)
+                sums.col[i, hs] += (inv.transpose(-2, -1) @ e).squeeze(-2)
                 continue
             p = e.div_(total)
-            sums.col[i] += p.sum(-2)
+            sums.col[i, hs] += p.sum(-2)
             for name, fn in sums.row_fns.items():
-                sums.per_row[name][i, :, sl] = fn(p)
+                sums.per_row[name][i, hs, sl] = fn(p)
 
     def attend(self, v: torch.Tensor) -> torch.Tensor:
         """The attention output ``P @ v`` (``v [B, H, N_k, Dv]``, in ``v``'s dtype), computed
@@ -311,10 +346,9 @@ class StreamedPattern:
     def head_rows(self, bi: torch.Tensor, hi: torch.Tensor) -> Iterator[torch.Tensor]:
         """Probabilities of heads ``(bi, hi)`` (``[E, n, N_k]`` float32), chunk by chunk."""
         lse = self.memo("lse")[bi, hi] * LOG2E
-        qs, k = self.scaled()
-        q, k = qs[bi, hi], k[bi, hi]
+        q, k = self.q[bi, hi], self.k[bi, hi]
         for sl in self.slices():
-            scores = self._scores(q[:, sl], k, self._bias(sl, bi, hi))
+            scores = self._scores(self.scaled_q(q[:, sl]), k, self._bias(sl, bi, hi))
             yield scores.sub_(lse[:, sl, None]).exp2_()
 
 
@@ -338,9 +372,8 @@ def key_column(p: torch.Tensor | StreamedPattern, key: torch.Tensor) -> torch.Te
     if not isinstance(p, StreamedPattern):
         return p.float().gather(3, key[:, :, None, None].expand(b, h, n, 1)).squeeze(-1)
     index = key[:, :, None, None]
-    qs, k = p.scaled()
-    kk = k.gather(2, index.expand(b, h, 1, k.shape[-1]))  # [B, H, 1, D]
-    scores = (qs @ kk.transpose(-2, -1)).float()  # [B, H, N, 1]
+    kk = p.k.gather(2, index.expand(b, h, 1, p.k.shape[-1])).transpose(-2, -1)  # [B, H, D, 1]
+    scores = torch.cat([p.scaled_q(p.q[:, :, sl]) @ kk for sl in p.slices()], 2).float()
     if p.is_causal:
         late = key[:, :, None, None] > torch.arange(n, device=key.device)[:, None]
         scores = scores.masked_fill(late, float("-inf"))
