@@ -9,7 +9,8 @@ calibration, each decision recorded with its evidence.
    zeroing removes the outliers and drops readers and bystanders.
 5. **Calibration** (:mod:`~vitreg.neurons.calibrate`) on held-out images: the smallest k whose fix
    leaves no outlier mode at any block and the max/median patch norm at the ordinary level;
-   otherwise the result is "partial", with what is left.
+   otherwise the result is "partial", with what is left. "Clean" is said only when the fix also
+   leaves no outlier mode at any block on every image given (discovery and held-out).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from vitreg.neurons.calibrate import (
     FixCheck,
     TopKCurve,
     calibrate_top_k,
+    confirm_on,
 )
 from vitreg.neurons.detection import choose_detection
 from vitreg.neurons.discover import discover
@@ -53,6 +55,7 @@ MIN_HELD_OUT = 2  # held-out images the check needs: one image's content never s
 SPLIT_RULE = "every 4th image (indices 3, 7, 11, ...) held out for the causal check and top-k"
 MAX_HELD_OUT = 32  # held-out images used at most (memory and time flat in the image count)
 CAUSAL_IMAGES = 16  # held-out images used by the causal check
+SURVEY_IMAGES = 32  # discovery images the survey traces (and the final check sees again)
 
 
 def split_sizes(n: int) -> tuple[int, int]:
@@ -60,11 +63,11 @@ def split_sizes(n: int) -> tuple[int, int]:
     return n - n // HOLD_OUT, n // HOLD_OUT
 
 
-def held_out_images(source: Any, cap: int = MAX_HELD_OUT) -> torch.Tensor:
-    """The first ``cap`` held-out images as one tensor."""
+def held_out_images(source: Any, cap: int = MAX_HELD_OUT, held_out: bool = True) -> torch.Tensor:
+    """The first ``cap`` held-out images (or discovery images) as one tensor."""
     out: list[torch.Tensor] = []
     have = 0
-    for batch in HeldOutSplit(source, held_out=True):
+    for batch in HeldOutSplit(source, held_out=held_out):
         out.append(batch[: cap - have])
         have += out[-1].shape[0]
         if have >= cap:
@@ -172,12 +175,12 @@ def find_neurons(
     search = search if search is not None else NeuronSearch()
     _check_sizes_taken(model, check_sizes)  # before any work: a refused size fails now
     disc, n_disc = _discovery_split(images, n_images)
-    detection, ranking = _survey_and_rank(model, disc, n_disc, search, batch_size, progress)
+    held = held_out_images(images, max_held_out)
+    detection, ranking = _survey_and_rank(model, disc, n_disc, held, search, batch_size, progress)
     # Under torchrun the survey and discovery above are sharded over the ranks (one sharded
     # Model.trace, all-reduced sums). The held-out steps below run on a small tensor (at most
     # ``max_held_out`` images): every rank runs them whole, on the same images with the same
     # weights, and gets the same result -- simpler than sharding them.
-    held = held_out_images(images, max_held_out)
     selection = None
     if search.top_k == "auto" and causal:
         selection = _causal_selection(
@@ -195,6 +198,7 @@ def find_neurons(
             f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
             "(--limit, --images DIR) or a fixed --top-k K"
         )
+    _confirm(model, chosen, images, held, curve, batch_size, progress)
     chosen.settings = {
         **chosen.settings,
         "selection": selection.model_dump(exclude_unset=True) if selection is not None else None,
@@ -252,6 +256,27 @@ def _results(
     )
 
 
+def _confirm(
+    model: Model,
+    chosen: NeuronSet,
+    images: Any,
+    held: torch.Tensor,
+    curve: TopKCurve,
+    batch_size: int,
+    progress: Progress,
+) -> None:
+    """The presence test with the chosen fix on the surveyed discovery images and the held-out
+    ones together; a mode left there makes a "clean" curve "partial"."""
+    if curve.status != "clean":
+        return
+    every = torch.cat([held_out_images(images, SURVEY_IMAGES, held_out=False), held])
+    with (
+        progress(None, f"checking the fix on all {len(every)} images at every block"),
+        distributed.local(),
+    ):
+        confirm_on(model, chosen, every, curve, batch_size=batch_size)
+
+
 def _check_sizes_taken(model: Model, sizes: Sequence[int]) -> None:
     """Refuse, naming it, an image size the model cannot take."""
     for size in sizes:
@@ -283,13 +308,17 @@ def _survey_and_rank(
     model: Model,
     disc: HeldOutSplit,
     n_disc: int,
+    held: torch.Tensor,
     search: NeuronSearch,
     batch_size: int,
     progress: Progress,
 ) -> tuple[DetectionRecord, NeuronSet]:
-    """The survey (detection layer, threshold, searched range) and discovery's ranking."""
+    """The survey (detection layer, threshold, searched range; the ``held`` images added when
+    the discovery images show no outlier mode) and discovery's ranking."""
     with progress(None, "surveying patch norms per block"):
-        detection = choose_detection(model, disc, search, batch_size=batch_size)
+        detection = choose_detection(
+            model, disc, search, n_images=SURVEY_IMAGES, batch_size=batch_size, more=held
+        )
     with progress(n_disc, "discovering register neurons (images)") as update:
         ranking = discover(
             model, disc, search, detection=detection, batch_size=batch_size, progress=update

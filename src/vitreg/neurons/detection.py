@@ -3,7 +3,12 @@
 One streaming pass over a few images gives every block's patch-norm distribution and the
 presence test of ``vitreg diagnose``. From it:
 
-- **emergence layer** E: the first block whose output shows an outlier mode (and the next too);
+- **emergence layer** E: the first block whose output shows an outlier mode and the next too (as
+  ``vitreg diagnose`` says), else the first block with one (a mode that one block holds and the
+  next resolves is still one: the fix is judged by the presence test at every block);
+- **images**: the discovery images; when they show no outlier mode at any block, the held-out
+  images are surveyed with them before the model is called clean (a weak mode in a minority of
+  the images can escape a few of them);
 - **detection layer**: among blocks E..last with an outlier mode, the cleanest split (largest
   Ashman D); the last block is passed over when another qualifies, since its norms change just
   before the final norm (the paper uses the second-to-last block of DINOv2 for this reason);
@@ -21,11 +26,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitreg.analysis.norms import NormTrace, norm_report
+from vitreg.analysis.norms import NormsResult, NormTrace, norm_report
 from vitreg.analysis.rules import MASK_RULES, image_mask
 from vitreg.core.renamed import renamed
 from vitreg.errors import InputError, VitregError
-from vitreg.models.model import Model
+from vitreg.models.model import Model, iter_batches
 from vitreg.results.diagnose import Norms
 from vitreg.results.neurons import DetectionRecord, GrowthRow, SurveyRow
 from vitreg.settings.neurons import NeuronSearch
@@ -58,9 +63,11 @@ def choose_detection(
     lowest_layer: int = 0,
     n_images: int = 32,
     batch_size: int = 32,
+    more: Any = None,
 ) -> DetectionRecord:
     """Survey ``n_images`` of ``data`` and choose what ``search`` leaves open (its detection
-    layer, highest layer and threshold are kept when given; default: all chosen).
+    layer, highest layer and threshold are kept when given; default: all chosen). ``more``:
+    images surveyed with them when they show no outlier mode at any block (the held-out ones).
 
     Raises when the images show no outlier mode and the choice depends on one.
     """
@@ -69,9 +76,9 @@ def choose_detection(
     rule = "absolute" if isinstance(search.threshold, (int, float)) else search.threshold
     if rule not in RULES:
         raise InputError(f"threshold must be one of {RULES} or a number, got {search.threshold!r}")
-    found = norm_report(model, data, batch_size=batch_size, limit=n_images)
+    found, widened = _survey(model, data, more, n_images, batch_size)
     trace, report = found.trace, found.summary
-    emergence = report.emergence_layer
+    emergence = first_mode(report)
     if emergence is None and (
         search.detect_layer is None or search.highest_layer is None or rule == "auto"
     ):
@@ -83,6 +90,11 @@ def choose_detection(
         )
     reasons: dict[str, str] = {}
     detect, value, growth = _detection_layer(trace, report, search, rule, n, reasons)
+    if widened:
+        reasons["detect_layer"] += (
+            f"; surveyed on {trace.n_images} images, the held-out ones included, since the "
+            "discovery images alone show no outlier mode at any block"
+        )
     written = _written(growth, detect)
     if search.highest_layer is not None:
         highest = layer_index(search.highest_layer, n, "--highest-layer")
@@ -104,6 +116,26 @@ def choose_detection(
         growth=growth,
         first_written=min([emergence if emergence is not None else detect, *written]),
     )
+
+
+def _survey(
+    model: Model, data: Any, more: Any, n_images: int, batch_size: int
+) -> tuple[NormsResult, bool]:
+    """The norm trace of ``n_images`` of ``data``, or of them and ``more`` when they show no
+    outlier mode at any block; whether ``more`` was added."""
+    found = norm_report(model, data, batch_size=batch_size, limit=n_images)
+    if more is None or any(lo.artifacts_present for lo in found.summary.layers):
+        return found, False
+    batches = [*iter_batches(data, batch_size, n_images), *iter_batches(more, batch_size)]
+    return norm_report(model, batches, batch_size=batch_size), True
+
+
+def first_mode(report: Norms) -> int | None:
+    """The emergence layer: the first block with an outlier mode that the next block keeps
+    (``report``'s), else the first block with one."""
+    if report.emergence_layer is not None:
+        return report.emergence_layer
+    return next((lo.layer for lo in report.layers if lo.artifacts_present), None)
 
 
 def _survey_rows(report: Any) -> list[SurveyRow]:
@@ -130,7 +162,7 @@ def _detection_layer(
 ) -> tuple[int, float | None, list[GrowthRow]]:
     """The detection layer of an ``n``-block model (given, else the cleanest split where the
     writing is done), its threshold value and the growth curve there; why, into ``reasons``."""
-    emergence = report.emergence_layer
+    emergence = first_mode(report)
     if search.detect_layer is not None:
         detect = layer_index(search.detect_layer, n, "--detect-layer")
         reasons["detect_layer"] = f"block {detect}: given"
