@@ -174,3 +174,15 @@ def test_clean_is_never_said_where_fresh_crops_show_a_mode_on_the_trained_family
         assert found.status == "partial", found.notes
     else:
         assert found.status == "clean"
+
+
+def test_check_fix_target_is_deprecated_and_ignored(planted, images) -> None:
+    """The old ``target=`` argument still works for one release, with a DeprecationWarning."""
+    model, _ = planted
+    d = choose_detection(model, images[:16], batch_size=8)
+    where = (images[:16], d.detect_layer, d.threshold, d.threshold_value)
+    empty = NeuronSet.from_pairs([], model)
+    plain = check_fix(model, empty, *where, batch_size=8)
+    with pytest.warns(DeprecationWarning, match="target"):
+        old = check_fix(model, empty, *where, batch_size=8, target=0.05)
+    assert old.clean == plain.clean and old.blocks == plain.blocks

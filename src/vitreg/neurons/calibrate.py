@@ -21,6 +21,7 @@ can be absent from the few held out, and "clean" is said only when no block show
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,7 @@ def check_fix(
     batch_size: int = 32,
     limit: int | None = None,
     ttr: TtrSettings | None = None,
+    target: float | None = None,
 ) -> FixCheck:
     """Trace every block with the first-k fix applied (k = ``len(neurons)``; 0 = no fix), the
     test-time registers as ``ttr`` says (default: the paper's).
@@ -87,8 +89,17 @@ def check_fix(
     ``ordinary``: the ordinary patches' max/median before the fix; measured here when ``None``
     (which is right only for the unfixed model, k = 0). ``before``: the check without the fix,
     whose blocks with an outlier mode (their threshold and ordinary level) are checked here too;
-    ``None`` for the check without the fix itself, which measures them.
+    ``None`` for the check without the fix itself, which measures them. ``target`` is
+    deprecated and ignored: such a block is judged by its max/median against its own ordinary
+    level, and its patches above the threshold are counted, not bounded.
     """
+    if target is not None:
+        warnings.warn(
+            "check_fix(target=...) is deprecated and ignored: a block with an outlier mode is "
+            "judged by its max/median against its ordinary level",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     batches = [_resize(b, size) for b in iter_batches(data, batch_size, limit)]
     if not batches:
         raise VitregError("calibration got no images")
