@@ -135,8 +135,9 @@ class CausalProbe:
         and returns a scalar (the detection layer's is differentiated when ``grad``). Returns the
         gate gradients (when ``grad``) and each layer's summed |activation| on ``masks``.
         Without gradients, the blocks before the first zeroed unit replay their recorded output
-        (those of a layer before it are then the base run's); ``record``: the layers whose
-        input this pass records for that.
+        (those of a layer before it are then the base run's, and ``block_fn`` does not see the
+        blocks before the last replayed one); ``record``: the layers whose input this pass
+        records for that.
         """
         model = self.model
         first = min((layer for layer, _ in zeroed), default=model.n_layers)
@@ -171,6 +172,8 @@ class CausalProbe:
 
         def reach(block: int):
             def fn(t: torch.Tensor, hook: HookContext) -> None:
+                if block < start - 1:
+                    return  # a replayed block shows block ``start - 1``'s output, not its own
                 value = block_fn(state["batch"], block, t.float().norm(dim=-1))
                 if block == self.detect:
                     state["value"] = value
@@ -250,7 +253,11 @@ class CausalProbe:
             return s
 
         grads, acts = self._run(zeroed, grad, block_fn, b.masks)
-        excess = {k: float(sum(v)) - b.ordinary[k] for k, v in totals.items()}
+        # a block the pass replayed is unchanged by it: its excess is the base run's
+        excess = {
+            k: float(sum(v)) - b.ordinary[k] if v else self.known[frozenset()].excess[k]
+            for k, v in totals.items()
+        }
         if not zeroed:
             b.sums = acts  # the base run's: a replayed pass starts from them
         n = max(b.n_outliers, 1)
