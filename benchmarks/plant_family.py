@@ -133,6 +133,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_precision": mean("precision", ran),
         "mean_recall": mean("recall", ran),
         "readers_chosen": sum(r.get("readers_chosen", 0) for r in rows),
+        "readers_where_all_causes_found": sum(
+            r.get("readers_chosen", 0) for r in ran if r.get("recall") == 1.0
+        ),
         "distractors_chosen": sum(r.get("distractors_chosen", 0) for r in rows),
         "helpers_chosen": sum(r.get("helpers_chosen", 0) for r in rows),
         "others_chosen": sum(r.get("others_chosen", 0) for r in rows),
@@ -224,8 +227,9 @@ def print_trained(s: dict[str, Any]) -> None:
     )
     print(
         f"mean recall {s['mean_recall']:.2f} at mean precision {s['mean_precision']:.2f} (target "
-        f">= 0.9 both); readers chosen {s['readers_chosen']}, distractors chosen "
-        f"{s['distractors_chosen']}; median {s['median_seconds']:.1f} s and "
+        f">= 0.9 both); readers chosen {s['readers_chosen']} ("
+        f"{s['readers_where_all_causes_found']} where every cause was found), distractors "
+        f"chosen {s['distractors_chosen']}; median {s['median_seconds']:.1f} s and "
         f"{s['median_forwards']} batch forwards per seed"
     )
 

@@ -21,15 +21,23 @@ block from the emergence block to the detection layer:
   zeroed together with the set active; when that removes excess, each one whose absence from
   the group costs a real share of it joins, and pruning judges the whole set again;
 - **pruning**: each chosen unit is measured exactly, zeroed alone (the others active) and
-  restored alone (the others zeroed). A unit after the emergence block whose activation on the
+  restored alone (the others zeroed). A unit whose zeroing removes far more than its own
+  direct write acts through other units (a feature detector upstream of the writers), unless it
+  also lowers the excess at its own block's output by a real share of that: a weak early writer
+  whose write later blocks build on. A unit after the emergence block whose activation on the
   outlier patches falls below :data:`READER_PERSISTENCE` of its base level once the others are
-  zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped. A
-  unit before the emergence block cannot be one (no outlier exists at its input yet); one at the
-  emergence block only when its input already carries :data:`EXISTING` of that block's excess
-  (the survey placed the emergence a block late) and its activation falls below
-  :data:`EMERGENCE_PERSISTENCE`. Units that move the excess at no block alone are kept only if
-  restoring them together brings excess back, and then those whose absence from that group
-  (measured exactly) costs a real share of it; the rest are bystanders, dropped.
+  zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped. At the
+  emergence block the same holds below :data:`READER_FLOOR` when its input already carries
+  :data:`EXISTING` of the block's excess (the survey placed the emergence a block late); before
+  it no outlier exists at a unit's input, so none is a reader. Units that move the excess at no
+  block alone are kept only if restoring them together brings excess back, and then those whose
+  absence from that group (measured exactly) costs a real share of it; the rest are
+  bystanders, dropped;
+- **amplifiers**: a set that still leaves outliers takes back the units set aside as readers
+  whose activation did not vanish (at least :data:`READER_FLOOR`): they also read a feature of
+  those tokens, so they write the outliers where the others leave off (an amplifier after the
+  emergence block), and are held readers again only below the floor. Pruning judges the whole
+  set again.
 """
 
 from __future__ import annotations
@@ -57,13 +65,17 @@ from vitreg.results.neurons import (
 )
 
 Unit = tuple[int, int]
-READER_PERSISTENCE = 0.3  # a unit below this share of its base activation on the outliers,
-# with the rest of the set zeroed, fires because the patches are outliers: a reader
-EXISTING = 0.5  # share of a block's outlier excess already at its input: the outlier exists
-EMERGENCE_PERSISTENCE = 0.1  # at the emergence block, where an outlier at the input is only
-# suspected (most of the excess, no mode yet), a reader must fall to about nothing: a writer that
-# also reads the weak writes before it falls part of the way
+READER_PERSISTENCE = 0.3  # a unit after the emergence block below this share of its base
+# activation on the outliers, with the rest of the set zeroed, fires because the patches are
+# outliers: a reader, set aside while the rest of the search can do without it
+READER_FLOOR = 0.03  # one below this share fires only because they are outliers: a reader for
+# good. One between the two that the search cannot do without (the set leaves outliers) also
+# reads a feature of those tokens: an amplifier, a writer
+EXISTING = 0.25  # share of a block's outlier excess already at its input: the outlier exists
+# there (the survey placed the emergence a block late), so units of that block can be readers
 MEDIATED = 50  # zeroing a unit removes > this x its own direct write: it acts through others
+OWN_SHARE = 0.1  # ... unless it removes >= this share of that effect at its own block's output:
+# then it writes the outliers itself (a weak early writer that later blocks build on)
 ESTIMATE_TRIES = 4  # tiers of estimated units tried, when one over-reads, before exact groups
 MAX_ROUNDS = 3  # selection rounds: readers and mediators dropped by pruning are excluded
 WEAK_SHARE = 0.2  # a unit of a group that matters only together keeps >= this x its fair share
@@ -135,8 +147,9 @@ class CausalProbe:
         and returns a scalar (the detection layer's is differentiated when ``grad``). Returns the
         gate gradients (when ``grad``) and each layer's summed |activation| on ``masks``.
         Without gradients, the blocks before the first zeroed unit replay their recorded output
-        (those of a layer before it are then the base run's); ``record``: the layers whose
-        input this pass records for that.
+        (those of a layer before it are then the base run's, and ``block_fn`` does not see the
+        blocks before the last replayed one); ``record``: the layers whose input this pass
+        records for that.
         """
         model = self.model
         first = min((layer for layer, _ in zeroed), default=model.n_layers)
@@ -171,6 +184,8 @@ class CausalProbe:
 
         def reach(block: int):
             def fn(t: torch.Tensor, hook: HookContext) -> None:
+                if block < start - 1:
+                    return  # a replayed block shows block ``start - 1``'s output, not its own
                 value = block_fn(state["batch"], block, t.float().norm(dim=-1))
                 if block == self.detect:
                     state["value"] = value
@@ -250,7 +265,11 @@ class CausalProbe:
             return s
 
         grads, acts = self._run(zeroed, grad, block_fn, b.masks)
-        excess = {k: float(sum(v)) - b.ordinary[k] for k, v in totals.items()}
+        # a block the pass replayed is unchanged by it: its excess is the base run's
+        excess = {
+            k: float(sum(v)) - b.ordinary[k] if v else self.known[frozenset()].excess[k]
+            for k, v in totals.items()
+        }
         if not zeroed:
             b.sums = acts  # the base run's: a replayed pass starts from them
         n = max(b.n_outliers, 1)
@@ -310,6 +329,7 @@ def select_causal(
     greedy = _Greedy(probe, candidates, scale, min_gain, clean_at, max_units)
     kept, effects, final = greedy.rounds(base, first, selection, progress)
     kept, effects, final = greedy.complete(kept, effects, final, base, first, selection)
+    kept, effects, final = greedy.amplifiers(kept, effects, final, base, first, selection)
     for u in kept:
         effects[u]["estimated"] = first.get(u, 0.0) / scale
     selection.chosen = [list(u) for u in kept]
@@ -366,6 +386,7 @@ class _Greedy:
     min_gain: float
     clean_at: float
     max_units: int
+    taken: frozenset[Unit] = frozenset()  # readers taken back as amplifiers
 
     def left(self, m: Measure) -> float:
         """The excess left at the worst block, on the detection layer's scale."""
@@ -461,8 +482,8 @@ class _Greedy:
         direct: dict[Unit, float],
         selection: Causal,
     ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
-        """:func:`_prune` with this selection's scale, gain floor and emergence block; the units
-        it drops go to ``selection.dropped``."""
+        """:func:`_prune` with this selection's scale, gain floor, emergence block and the
+        amplifiers taken back; the units it drops go to ``selection.dropped``."""
         return _prune(
             self.probe,
             chosen,
@@ -473,7 +494,48 @@ class _Greedy:
             self.min_gain,
             selection.emergence_layer,
             selection.dropped,
+            self.taken,
         )
+
+    def amplifiers(
+        self,
+        kept: list[Unit],
+        effects: dict[Unit, dict[str, float]],
+        final: Measure,
+        base: Measure,
+        direct: dict[Unit, float],
+        selection: Causal,
+    ) -> tuple[list[Unit], dict[Unit, dict[str, float]], Measure]:
+        """Readers the set cannot do without: when the kept set leaves outliers, the units set
+        aside as readers whose activation did not vanish with the rest zeroed (they also read a
+        feature of those tokens) are taken back when zeroing them removes excess, and pruning
+        judges the whole set again, holding them readers only below :data:`READER_FLOOR`."""
+        if self.left(final) <= self.clean_at:
+            return kept, effects, final
+        back = [
+            (d.layer, d.unit)
+            for d in selection.dropped
+            if d.kind == "reader" and (d.persistence or 0.0) >= READER_FLOOR
+        ]
+        back = [u for u in dict.fromkeys(back) if u not in kept][: self.max_units - len(kept)]
+        if not back:
+            return kept, effects, final
+        m = self.probe.measure(kept + back, grad=True)
+        if self.gain(final, m) < self.min_gain:
+            return kept, effects, final
+        taken = set(back)
+        selection.dropped = [d for d in selection.dropped if (d.layer, d.unit) not in taken]
+        selection.steps.append(
+            SelectionStep(
+                added=[list(u) for u in back],
+                by="amplifiers: readers the set cannot do without",
+                residual_fraction=m.excess[self.probe.detect] / self.scale,
+                worst_block_fraction=self.left(m),
+            )
+        )
+        self.taken = frozenset(back)
+        kept, effects = self.prune(kept + back, m, base, direct, selection)
+        return kept, effects, self.probe.measure(kept, grad=True)
 
     def grow(
         self,
@@ -601,6 +663,7 @@ def _prune(
     min_gain: float,
     emergence: int,
     dropped: list[UnitEffect],
+    amplifiers: frozenset[Unit] = frozenset(),
 ) -> tuple[list[Unit], dict[Unit, dict[str, float]]]:
     """Measure each chosen unit exactly, zeroed alone and restored alone (the others zeroed).
 
@@ -609,7 +672,7 @@ def _prune(
     change the excess neither way alone are kept when restoring them together brings excess back
     and their own estimated write is a real share of it; otherwise they are bystanders.
     """
-    pruning = _Pruning(probe, base, direct, scale, min_gain, emergence, dropped)
+    pruning = _Pruning(probe, base, direct, scale, min_gain, emergence, dropped, amplifiers)
     pruning.mediators(chosen)
     # the rest measured without the mediators: zeroing those silences the writers they feed
     rest = [u for u in chosen if u in pruning.effects]
@@ -633,6 +696,7 @@ class _Pruning:
     min_gain: float
     emergence: int
     dropped: list[UnitEffect]
+    amplifiers: frozenset[Unit] = frozenset()  # units taken back: readers only below the floor
     effects: dict[Unit, dict[str, float]] = field(default_factory=dict)
 
     def drop(self, u: Unit, kind: str, reason: str) -> None:
@@ -657,7 +721,11 @@ class _Pruning:
             }
             own = self.direct.get(u, 0.0) / self.scale
             effect = self.effects[u]["alone"]
-            if effect >= self.min_gain and effect > MEDIATED * max(own, 0.0):
+            if (
+                effect >= self.min_gain
+                and effect > MEDIATED * max(own, 0.0)
+                and self.at_own_block(u, alone) < OWN_SHARE * effect
+            ):
                 self.drop(
                     u,
                     "mediator",
@@ -665,6 +733,13 @@ class _Pruning:
                     f"of the excess while its own write on the outlier patches accounts for "
                     f"{own:.3%} (a feature detector upstream of the writers, not a writer)",
                 )
+
+    def at_own_block(self, u: Unit, alone: Measure) -> float:
+        """How much zeroing ``u`` alone lowers the excess at its own block's output (0 when
+        that block is not measured)."""
+        if u[0] not in self.base.excess:
+            return 0.0
+        return (self.base.excess[u[0]] - alone.excess[u[0]]) / self.scale
 
     def in_set(self, rest: list[Unit], final: Measure) -> None:
         """Each unit of ``rest`` restored alone (the others zeroed), and its persistence."""
@@ -684,7 +759,7 @@ class _Pruning:
         """Drop the units of ``rest`` whose activation falls below their block's reader floor."""
         for u in rest:
             p = self.effects[u]["persistence"]
-            if p < self.reader_floor(u[0]):
+            if p < self.reader_floor(u):
                 self.drop(
                     u,
                     "reader",
@@ -693,18 +768,18 @@ class _Pruning:
                     "outliers and reinforces outliers that other units create",
                 )
 
-    def reader_floor(self, layer: int) -> float:
-        """The persistence below which a unit of ``layer`` is a reader: after the emergence
-        block (the outlier exists at its input); at it, only when the previous block already
-        carries most of its excess, and then a lower floor; 0 (none) before it."""
+    def reader_floor(self, u: Unit) -> float:
+        """The persistence below which ``u`` is a reader: after the emergence block
+        :data:`READER_PERSISTENCE` (:data:`READER_FLOOR` for a unit taken back as an
+        amplifier); at it :data:`READER_FLOOR` when its input already carries
+        :data:`EXISTING` of its excess; 0 (none) before it, where no outlier exists yet."""
+        layer = u[0]
         if layer > self.emergence:
-            return READER_PERSISTENCE
+            return READER_FLOOR if u in self.amplifiers else READER_PERSISTENCE
         prior = self.base.excess.get(layer - 1)
         at = self.base.excess.get(layer, 0.0)
-        existing = (
-            layer == self.emergence and prior is not None and at > 0 and prior >= EXISTING * at
-        )
-        return EMERGENCE_PERSISTENCE if existing else 0.0
+        existing = layer == self.emergence and prior is not None and prior >= EXISTING * at > 0
+        return READER_FLOOR if existing else 0.0
 
     def strong(self, e: dict[str, float]) -> bool:
         """Zeroing it alone, or restoring it alone, moves the excess at some block: weak units
