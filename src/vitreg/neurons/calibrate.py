@@ -60,6 +60,13 @@ class FixCheck:
     blocks: list[BlockCheck] = field(default_factory=list)  # blocks with a mode before
 
 
+def _fix(neurons: NeuronSet, ttr: TtrSettings | None) -> TestTimeRegisters:
+    """The test-time registers of ``neurons`` as ``ttr`` says (default: the paper's)."""
+    return (
+        TestTimeRegisters(neurons) if ttr is None else TestTimeRegisters.from_settings(neurons, ttr)
+    )
+
+
 def _resize(batch: torch.Tensor, size: int | None) -> torch.Tensor:
     if size is None or batch.shape[-1] == size and batch.shape[-2] == size:
         return batch
@@ -103,9 +110,7 @@ def check_fix(
     batches = [_resize(b, size) for b in iter_batches(data, batch_size, limit)]
     if not batches:
         raise VitregError("calibration got no images")
-    fix = (
-        TestTimeRegisters(neurons) if ttr is None else TestTimeRegisters.from_settings(neurons, ttr)
-    )
+    fix = _fix(neurons, ttr)
     with fix.applied(model):
         found = norm_report(model, batches, batch_size=batch_size)
     trace, report = found.trace, found.summary
@@ -373,9 +378,7 @@ def confirm_on(
     """The presence test at every block on ``images`` (every image given) with the fix of
     ``neurons`` applied; the blocks that show an outlier mode. A "clean" ``curve`` whose fix
     leaves one is "partial" from here on, with a note naming the blocks."""
-    fix = (
-        TestTimeRegisters(neurons) if ttr is None else TestTimeRegisters.from_settings(neurons, ttr)
-    )
+    fix = _fix(neurons, ttr)
     with fix.applied(model):
         report = norm_report(model, images, batch_size=batch_size).summary
     modes = [i for i, lo in enumerate(report.layers) if lo.artifacts_present]

@@ -463,14 +463,30 @@ class _Greedy:
             return kept, effects, final
         chosen = kept + added
         m = self.probe.measure(chosen, grad=True)
+        self.record(selection, added, "exact group, with the set active", m)
+        return self.settle(chosen, m, base, direct, selection)
+
+    def record(self, selection: Causal, added: list[Unit], by: str, m: Measure) -> None:
+        """Add to ``selection``'s steps the units ``added`` (found ``by``) and what the set with
+        them zeroed (``m``) leaves."""
         selection.steps.append(
             SelectionStep(
                 added=[list(u) for u in added],
-                by="exact group, with the set active",
+                by=by,
                 residual_fraction=m.excess[self.probe.detect] / self.scale,
                 worst_block_fraction=self.left(m),
             )
         )
+
+    def settle(
+        self,
+        chosen: list[Unit],
+        m: Measure,
+        base: Measure,
+        direct: dict[Unit, float],
+        selection: Causal,
+    ) -> tuple[list[Unit], dict[Unit, dict[str, float]], Measure]:
+        """Prune ``chosen`` (measured ``m``) again and measure what is kept."""
         kept, effects = self.prune(chosen, m, base, direct, selection)
         return kept, effects, self.probe.measure(kept, grad=True)
 
@@ -525,17 +541,9 @@ class _Greedy:
             return kept, effects, final
         taken = set(back)
         selection.dropped = [d for d in selection.dropped if (d.layer, d.unit) not in taken]
-        selection.steps.append(
-            SelectionStep(
-                added=[list(u) for u in back],
-                by="amplifiers: readers the set cannot do without",
-                residual_fraction=m.excess[self.probe.detect] / self.scale,
-                worst_block_fraction=self.left(m),
-            )
-        )
+        self.record(selection, back, "amplifiers: readers the set cannot do without", m)
         self.taken = frozenset(back)
-        kept, effects = self.prune(kept + back, m, base, direct, selection)
-        return kept, effects, self.probe.measure(kept, grad=True)
+        return self.settle(kept + back, m, base, direct, selection)
 
     def grow(
         self,
@@ -552,14 +560,7 @@ class _Greedy:
                 break
             added, m, how = step
             chosen += added
-            selection.steps.append(
-                SelectionStep(
-                    added=[list(u) for u in added],
-                    by=how,
-                    residual_fraction=m.excess[self.probe.detect] / self.scale,
-                    worst_block_fraction=self.left(m),
-                )
-            )
+            self.record(selection, added, how, m)
             if progress is not None:
                 progress(len(selection.steps))
         return chosen, m
