@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ class Handle:
         while self._removers:
             self._removers.pop()()
 
-    def __enter__(self) -> Handle:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

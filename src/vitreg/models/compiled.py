@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from vitreg.errors import VitregError
+from vitreg.hooks.sites import Handle
 
 Backend = str | Callable[..., Any]
 DEFAULT_BACKEND = "inductor"
@@ -137,12 +138,12 @@ class _Fallbacks(logging.Filter):
         return False
 
 
-class CompiledForward:
+class CompiledForward(Handle):
     """``features`` of ``module`` through ``torch.compile``; calling it runs one forward.
 
     ``eager``: the attention modules (pattern sites) that run eagerly while they carry a hook.
-    ``remove()`` (or leaving a ``with`` block) puts the hooks back as registered and calls the
-    ``on_remove`` callbacks.
+    ``remove()`` (or leaving a ``with`` block) puts the hooks back as registered and runs the
+    removers :meth:`add` was given.
     """
 
     def __init__(
@@ -153,16 +154,13 @@ class CompiledForward:
         backend: Backend = "inductor",
         mode: str | None = None,
     ) -> None:
+        super().__init__()
         device = next(module.parameters()).device
         self.report = CompileReport(check_backend(backend, device))
         self.module = module
         self._eager = eager
         self._forwards: dict[int, Callable[..., Any] | None] = {}  # id -> the one replaced
         self._fn = torch.compile(features, backend=backend, mode=mode)
-        self._removers: list[Callable[[], None]] = []
-
-    def on_remove(self, fn: Callable[[], None]) -> None:
-        self._removers.append(fn)
 
     def _eager_attention(self) -> None:
         """An attention module with a hook runs eagerly; without one it compiles."""
@@ -217,11 +215,4 @@ class CompiledForward:
             if id(attn) in self._forwards:
                 self._put_back(attn)
         plain_hooks(self.module)
-        while self._removers:
-            self._removers.pop()()
-
-    def __enter__(self) -> CompiledForward:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
+        super().remove()

@@ -489,7 +489,7 @@ class Model:
         compiled = compiling.CompiledForward(
             self.module, self.adapter.features, unique, chosen, mode
         )
-        compiled.on_remove(lambda: setattr(self, "_compiled", None))
+        compiled.add(lambda: setattr(self, "_compiled", None))
         self._compiled = compiled
         return compiled
 
