@@ -31,8 +31,8 @@ block from the emergence block to the detection layer:
   :data:`EXISTING` of the block's excess (the survey placed the emergence a block late); before
   it no outlier exists at a unit's input, so none is a reader. Units that move the excess at no
   block alone are kept only if restoring them together brings excess back, and then those whose
-  absence from that group (measured exactly) costs a real share of it (before the emergence
-  block, also at least :data:`IN_GROUP` of the excess); the rest are bystanders, dropped;
+  absence from that group (measured exactly) costs a real share of it; the rest are
+  bystanders, dropped;
 - **amplifiers**: a set that still leaves outliers takes back the units set aside as readers
   whose activation did not vanish (at least :data:`READER_FLOOR`): they also read a feature of
   those tokens, so they write the outliers where the others leave off (an amplifier after the
@@ -81,8 +81,6 @@ OWN_SHARE = 0.1  # ... unless it removes >= this share of that effect at its own
 ESTIMATE_TRIES = 4  # tiers of estimated units tried, when one over-reads, before exact groups
 MAX_ROUNDS = 3  # selection rounds: readers and mediators dropped by pruning are excluded
 WEAK_SHARE = 0.2  # a unit of a group that matters only together keeps >= this x its fair share
-IN_GROUP = 0.01  # ... and, before the emergence block, >= this share of the excess: there the
-# outlier patches also differ by nature (they are tokens of one kind), which units shave at will
 
 
 @dataclass
@@ -818,8 +816,7 @@ class _Pruning:
 
     def bystanders(self, chosen: list[Unit], final: Measure) -> None:
         """Drop the weak units (no effect alone either way) that restoring together with the
-        other weak ones shows to bring back no real share of the excess (before the emergence
-        block, also less than :data:`IN_GROUP` of it)."""
+        other weak ones shows to bring back no real share of the excess."""
         effects, min_gain = self.effects, self.min_gain
         weak = [u for u in chosen if u in effects and not self.strong(effects[u])]
         if not weak:
@@ -836,8 +833,7 @@ class _Pruning:
                 self.most(restored, self.probe.measure(kept + [u])) if together >= min_gain else 0.0
             )
             effects[u]["in_group"] = own
-            floor = max(share, IN_GROUP) if u[0] < self.emergence else share
-            if together < min_gain or own < floor:
+            if together < min_gain or own < share:
                 self.drop(
                     u,
                     "bystander",
