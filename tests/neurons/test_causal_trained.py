@@ -72,7 +72,7 @@ def test_amplifiers_that_keep_firing_on_a_few_outlier_patches_are_kept() -> None
 
 @pytest.mark.slow
 @needs_wheel
-def test_no_reader_or_natural_excess_unit_where_every_cause_is_found() -> None:
+def test_no_reader_where_every_cause_is_found() -> None:
     """Seed 10: the survey places the emergence at block 7, whose input already carries a fifth
     of its excess; the reader there (its activation gone with the causes zeroed) is dropped."""
     row = _score(10)
