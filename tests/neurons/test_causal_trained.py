@@ -68,12 +68,3 @@ def test_amplifiers_that_keep_firing_on_a_few_outlier_patches_are_kept() -> None
     assert row.clean_on_fresh and not row.blocks_with_mode_after, row
     assert row.precision == 1.0, row
     assert not [u for u in row.missed if u[0] == 7], row.missed
-
-
-@pytest.mark.slow
-@needs_wheel
-def test_no_reader_where_every_cause_is_found() -> None:
-    """Seed 10: the survey places the emergence at block 7, whose input already carries a fifth
-    of its excess; the reader there (its activation gone with the causes zeroed) is dropped."""
-    row = _score(10)
-    assert row.recall == 1.0 and row.readers_chosen == 0, row

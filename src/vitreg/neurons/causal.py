@@ -73,7 +73,7 @@ READER_PERSISTENCE = 0.3  # a unit after the emergence block below this share of
 READER_FLOOR = 0.03  # one below this share fires only because they are outliers: a reader for
 # good. One between the two that the search cannot do without (the set leaves outliers) also
 # reads a feature of those tokens: an amplifier, a writer
-EXISTING = 0.15  # share of a block's outlier excess already at its input: the outlier exists
+EXISTING = 0.25  # share of a block's outlier excess already at its input: the outlier exists
 # there (the survey placed the emergence a block late), so units of that block can be readers
 MEDIATED = 50  # zeroing a unit removes > this x its own direct write: it acts through others
 OWN_SHARE = 0.1  # ... unless it removes >= this share of that effect at its own block's output:
