@@ -56,3 +56,15 @@ def test_weak_early_writers_are_not_taken_for_feature_detectors() -> None:
     assert row.clean_on_fresh and row.precision == 1.0, row
     block4 = [u for u in row.missed if u[0] == 4]
     assert len(block4) <= 2, row.missed  # of 11; all were dropped
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_amplifiers_that_keep_firing_on_a_few_outlier_patches_are_kept() -> None:
+    """Seed 38: the block-7 amplifiers keep ~3% of their mean activation on the outlier patches
+    once the causes before them are zeroed, but ~35% of their peak: they keep one patch an
+    outlier, and dropping them as readers left a mode at blocks 7-8 (max/median 11.5)."""
+    row = _score(38)
+    assert row.clean_on_fresh and not row.blocks_with_mode_after, row
+    assert row.precision == 1.0, row
+    assert not [u for u in row.missed if u[0] == 7], row.missed

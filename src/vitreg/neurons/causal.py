@@ -36,8 +36,10 @@ block from the emergence block to the detection layer:
 - **amplifiers**: a set that still leaves outliers takes back the units set aside as readers
   whose activation did not vanish (at least :data:`READER_FLOOR`): they also read a feature of
   those tokens, so they write the outliers where the others leave off (an amplifier after the
-  emergence block), and are held readers again only below the floor. Pruning judges the whole
-  set again.
+  emergence block), and are held readers again only when both their mean and their peak
+  activation on the outlier patches fall below the floor (one that keeps firing hard on a few
+  of them keeps those patches outliers, which a mean over all of them hides). Pruning judges
+  the whole set again.
 """
 
 from __future__ import annotations
@@ -93,15 +95,18 @@ class Baseline:
     masks: list[torch.Tensor]  # per batch, [B, N] bool outlier patches (detection layer)
     acts: dict[int, torch.Tensor]
     sums: dict[int, torch.Tensor]  # ``acts`` before the division by the outlier count
+    peaks: dict[int, torch.Tensor] = field(default_factory=dict)  # largest |activation| on them
 
 
 @dataclass
 class Measure:
-    """One exact pass with a set zeroed: the excess per block, gate gradients and activations."""
+    """One exact pass with a set zeroed: the excess per block, gate gradients, activations
+    (each unit's mean |activation| on the outlier patches) and their peaks (its largest)."""
 
     excess: dict[int, float]
     grads: dict[int, torch.Tensor] | None
     acts: dict[int, torch.Tensor]
+    peaks: dict[int, torch.Tensor]
 
 
 class CausalProbe:
@@ -140,12 +145,13 @@ class CausalProbe:
         block_fn: Callable[[int, int, torch.Tensor], Any],
         masks: list[torch.Tensor] | None,
         record: Sequence[int] = (),
-    ) -> tuple[dict[int, torch.Tensor] | None, dict[int, torch.Tensor]]:
+    ) -> tuple[dict[int, torch.Tensor] | None, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Forward every batch up to the detection layer with ``zeroed`` units gated to 0.
 
         ``block_fn(i, block, norms)`` sees batch ``i``'s ``[B, N]`` norms at each measured block
         and returns a scalar (the detection layer's is differentiated when ``grad``). Returns the
-        gate gradients (when ``grad``) and each layer's summed |activation| on ``masks``.
+        gate gradients (when ``grad``) and each layer's summed and largest |activation| on
+        ``masks``.
         Without gradients, the blocks before the first zeroed unit replay their recorded output
         (those of a layer before it are then the base run's, and ``block_fn`` does not see the
         blocks before the last replayed one); ``record``: the layers whose input this pass
@@ -168,13 +174,22 @@ class CausalProbe:
             else torch.zeros(model.d_mlp, dtype=torch.float64)
             for layer in self.layers
         }
+        peaks = {
+            layer: self.base.peaks[layer].clone()
+            if layer < start
+            else torch.zeros(model.d_mlp, dtype=torch.float64)
+            for layer in self.layers
+        }
         state = self.state
 
         def gate(layer: int):
             def fn(t: torch.Tensor, hook: HookContext) -> torch.Tensor:
                 if masks is not None:
                     m = masks[state["batch"]].to(t.device)
-                    acts[layer] += t.detach()[m].abs().sum(0).double().cpu()
+                    on = t.detach()[m].abs()
+                    if on.shape[0]:
+                        acts[layer] += on.sum(0).double().cpu()
+                        peaks[layer] = torch.maximum(peaks[layer], on.amax(0).double().cpu())
                 return t * gates[layer]
 
             return fn
@@ -214,7 +229,7 @@ class CausalProbe:
                         if g is not None:
                             grads[lay] += g.detach().double().cpu()
         self.passes += 1
-        return (grads if grad else None), acts
+        return (grads if grad else None), acts, peaks
 
     def _baseline(self, rule: str, value: float | None) -> Baseline:
         """Outlier patches, medians and ordinary levels from one pass (recording each candidate
@@ -237,7 +252,7 @@ class CausalProbe:
             logs = (flat / medians[b]).log()
             ordinary[b] = float(logs[~outlier].mean()) if (~outlier).any() else 0.0
         n_out = int(outlier.sum())
-        self.base = Baseline(value, medians, ordinary, n_out, masks, {}, {})
+        self.base = Baseline(value, medians, ordinary, n_out, masks, {}, {}, {})
         self.base.acts = self.measure([], grad=True).acts  # nothing zeroed: nothing replayed
         return self.base
 
@@ -264,16 +279,16 @@ class CausalProbe:
             totals[block].append(s.detach())
             return s
 
-        grads, acts = self._run(zeroed, grad, block_fn, b.masks)
+        grads, acts, peaks = self._run(zeroed, grad, block_fn, b.masks)
         # a block the pass replayed is unchanged by it: its excess is the base run's
         excess = {
             k: float(sum(v)) - b.ordinary[k] if v else self.known[frozenset()].excess[k]
             for k, v in totals.items()
         }
         if not zeroed:
-            b.sums = acts  # the base run's: a replayed pass starts from them
+            b.sums, b.peaks = acts, peaks  # the base run's: a replayed pass starts from them
         n = max(b.n_outliers, 1)
-        self.known[key] = Measure(excess, grads, {k: v / n for k, v in acts.items()})
+        self.known[key] = Measure(excess, grads, {k: v / n for k, v in acts.items()}, peaks)
         return self.known[key]
 
 
@@ -619,6 +634,12 @@ def _estimates(
     return {(lay, u): float(grads[lay][u]) for lay, u in candidates}
 
 
+def _share(now: dict[int, torch.Tensor], before: dict[int, torch.Tensor], u: Unit) -> float:
+    """Unit ``u``'s value in ``now`` as a share of its value in ``before`` (0 where that is 0)."""
+    was = float(before[u[0]][u[1]])
+    return float(now[u[0]][u[1]]) / was if was > 0 else 0.0
+
+
 def _group_step(
     probe: CausalProbe,
     chosen: list[Unit],
@@ -699,6 +720,7 @@ class _Pruning:
     dropped: list[UnitEffect]
     amplifiers: frozenset[Unit] = frozenset()  # units taken back: readers only below the floor
     effects: dict[Unit, dict[str, float]] = field(default_factory=dict)
+    peaks: dict[Unit, float] = field(default_factory=dict)  # peak activation's persistence
 
     def drop(self, u: Unit, kind: str, reason: str) -> None:
         """Move ``u`` from the effects to the dropped units, saying why."""
@@ -743,23 +765,28 @@ class _Pruning:
         return (self.base.excess[u[0]] - alone.excess[u[0]]) / self.scale
 
     def in_set(self, rest: list[Unit], final: Measure) -> None:
-        """Each unit of ``rest`` restored alone (the others zeroed), and its persistence."""
+        """Each unit of ``rest`` restored alone (the others zeroed), its persistence (its mean
+        |activation| on the outlier patches as a share of the base run's) and its peak's share
+        (its largest, kept for the amplifiers' reader test)."""
         detect, first = self.probe.detect, self.emergence
         for u in rest:
             others = self.probe.measure([v for v in rest if v != u])
-            lay, unit = u
-            before = float(self.probe.base.acts[lay][unit])
             self.effects[u] |= {
                 "in_set": (others.excess[detect] - final.excess[detect]) / self.scale,
                 "in_set_at_emergence": (others.excess[first] - final.excess[first]) / self.scale,
                 "in_set_most": self.most(others, final),
-                "persistence": float(others.acts[lay][unit]) / before if before > 0 else 0.0,
+                "persistence": _share(others.acts, self.probe.base.acts, u),
             }
+            self.peaks[u] = _share(others.peaks, self.probe.base.peaks, u)
 
     def readers(self, rest: list[Unit]) -> None:
-        """Drop the units of ``rest`` whose activation falls below their block's reader floor."""
+        """Drop the units of ``rest`` whose activation falls below their block's reader floor;
+        an amplifier's is its mean or its peak, whichever keeps more (one that keeps firing hard
+        on a few outlier patches writes the outliers left there)."""
         for u in rest:
             p = self.effects[u]["persistence"]
+            if u in self.amplifiers:
+                p = max(p, self.peaks[u])
             if p < self.reader_floor(u):
                 self.drop(
                     u,
