@@ -1,7 +1,9 @@
 """The automatic path behind ``vitreg neurons``: split, survey, discovery, causal selection and
 calibration, each decision recorded with its evidence.
 
-1. **Split**: every 4th image is held out; discovery never sees it.
+1. **Split**: every 4th image is held out; discovery never sees it. When those the causal check
+   looks at show no outlier patch at the detection block, every 4th surveyed discovery image
+   with one is held out instead (before discovery).
 2. **Survey** (:mod:`~vitreg.neurons.detection`): emergence layer, searched range 0..E, detection
    layer and threshold, each with its reason.
 3. **Discovery** (Algorithm 1 of Jiang et al.) ranks candidates within the range.
@@ -186,14 +188,17 @@ def find_neurons(
     disc, n_disc = _discovery_split(images, n_images)
     held = held_out_images(images, max_held_out)
     with progress(None, "surveying patch norms per block"):
+        first = held_out_images(images, SURVEY_IMAGES, held_out=False)  # kept for the last check
         detection, surveyed = surveyed_detection(
-            model, disc, search, n_images=SURVEY_IMAGES, batch_size=batch_size, more=held
+            model, first, search, n_images=SURVEY_IMAGES, batch_size=batch_size, more=held
         )
     unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
-    moved = _to_hold_out(disc, surveyed, unfixed, detection, search, causal, causal_images)
+    looked = causal_images if causal else None
+    moved = _to_hold_out(disc, n_disc, surveyed, unfixed, detection, search, looked)
     if moved:  # before discovery, which never sees them
         disc, n_disc = disc.moving(frozenset(moved)), n_disc - len(moved)
         held = held_out_images(images, max_held_out, moved=disc.moved)
+        first = held_out_images(images, SURVEY_IMAGES, held_out=False, moved=disc.moved)
         unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
     ranking = _rank(model, disc, n_disc, detection, search, batch_size, progress)
     # Under torchrun the survey and discovery above are sharded over the ranks (one sharded
@@ -226,7 +231,7 @@ def find_neurons(
             f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
             "(--limit, --images DIR) or a fixed --top-k K"
         )
-    _confirm(model, chosen, images, disc.moved, held, curve, batch_size, progress)
+    _confirm(model, chosen, first, held, curve, batch_size, progress)
     chosen.settings = {
         **chosen.settings,
         "selection": selection.model_dump(exclude_unset=True) if selection is not None else None,
@@ -289,19 +294,17 @@ def _results(
 def _confirm(
     model: Model,
     chosen: NeuronSet,
-    images: Any,
-    moved: frozenset[int],
+    disc: torch.Tensor,
     held: torch.Tensor,
     curve: TopKCurve,
     batch_size: int,
     progress: Progress,
 ) -> None:
-    """The presence test with the chosen fix on the surveyed discovery images and the held-out
-    ones together (theirs as calibration traced them); a mode left there makes a "clean" curve
-    "partial"."""
+    """The presence test with the chosen fix on the surveyed discovery images ``disc`` and the
+    held-out ones together (theirs as calibration traced them); a mode left there makes a
+    "clean" curve "partial"."""
     if curve.status != "clean":
         return
-    disc = held_out_images(images, SURVEY_IMAGES, held_out=False, moved=moved)
     traced = curve.traced()
     every = disc if traced is not None else torch.cat([disc, held])
     with (
@@ -357,8 +360,8 @@ def _unfixed(
 
 
 def _carries(check: FixCheck, detection: DetectionRecord, n: int | None) -> torch.Tensor:
-    """Per image of the first ``n`` (``None``: all) of a check: whether a patch is above the detection
-    threshold at the detection block (from the check's own norms)."""
+    """Per image of the first ``n`` (``None``: all) of a check: whether a patch is above the
+    detection threshold at the detection block (from the check's own norms)."""
     assert check.trace is not None, "a check keeps its norms until calibration chooses k"
     where = (detection.detect_layer, detection.threshold, detection.threshold_value)
     return _outlier_images(check.trace, *where)[:n]
@@ -370,12 +373,14 @@ def _outlier_images(trace: NormTrace, layer: int, rule: str, value: float | None
     return image_mask(trace.norms[site], rule, value)[:, trace.layouts[site].patches].any(1)
 
 
-def _carriers(disc: HeldOutSplit, surveyed: NormTrace, detection: DetectionRecord) -> list[int]:
+def _carriers(
+    disc: HeldOutSplit, n_disc: int, surveyed: NormTrace, detection: DetectionRecord
+) -> list[int]:
     """Source indices of surveyed discovery images with outlier patches to hold out instead,
     when the held-out images checked have none: every ``HOLD_OUT``-th of them (at least one),
     and none unless discovery keeps one. Whether the unmodified model shows outliers on an
     image fits nothing to it."""
-    n = min(detection.n_images, SURVEY_IMAGES)  # the discovery images come first in the survey
+    n = min(n_disc, SURVEY_IMAGES)  # the survey's first images: discovery's first
     flags = _outlier_images(
         surveyed, detection.detect_layer, detection.threshold, detection.threshold_value
     )[:n]
@@ -387,30 +392,28 @@ def _carriers(disc: HeldOutSplit, surveyed: NormTrace, detection: DetectionRecor
 
 def _to_hold_out(
     disc: HeldOutSplit,
+    n_disc: int,
     surveyed: NormTrace,
     unfixed: FixCheck,
     detection: DetectionRecord,
     search: NeuronSearch,
-    causal: bool,
-    causal_images: int,
+    looked: int | None,
 ) -> list[int]:
     """The surveyed discovery images to hold out as well (source indices) when top-k is chosen
-    on held-out images and those it looks at first (the causal check's) show no outlier patch
+    on held-out images and the first ``looked`` of them (``None``: all) show no outlier patch
     at the detection block; none otherwise."""
-    if search.top_k != "auto":
+    if search.top_k != "auto" or _carries(unfixed, detection, looked).any():
         return []
-    looked = causal_images if causal else None
-    if _carries(unfixed, detection, looked).any():
-        return []
-    return _carriers(disc, surveyed, detection)
+    return _carriers(disc, n_disc, surveyed, detection)
 
 
 def _moved_note(moved: list[int], held: torch.Tensor, detect: int) -> str:
     """What the held-out images are when some discovery images were held out instead."""
     return (
         f"the held-out images checked first showed no outlier patch at block {detect}, so "
-        f"{len(moved)} of the surveyed discovery images that show one (images {moved}) were held "
-        f"out instead, before discovery; {len(held)} images held out"
+        f"{len(moved)} of the surveyed discovery images that show one (images {moved}, counted "
+        f"from 0 in the order given) were held out instead, before discovery; {len(held)} "
+        "images held out"
     )
 
 
