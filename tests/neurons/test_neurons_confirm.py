@@ -11,7 +11,7 @@ import vitreg
 from vitreg.analysis.norms import norm_report
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.neurons.auto import HOLD_OUT, find_neurons, held_out_images
+from vitreg.neurons.auto import HOLD_OUT, find_neurons, first_images, held_out_images
 from vitreg.neurons.calibrate import calibrate_top_k, confirm_on, pooled
 from vitreg.neurons.detection import choose_detection
 from vitreg.neurons.held_out import HeldOutSplit
@@ -79,6 +79,8 @@ def test_a_moved_image_changes_side():
     ids = [int(v) for b in disc.moving(moved) for v in b.flatten()]
     assert ids == [0, 2, 4, 5, 6, 7, 8, 9, 10]
     assert held_out_images(x, moved=moved).flatten().tolist() == [1.0, 3.0, 11.0]
+    first, held = first_images(x, 4, 2, moved)
+    assert first.flatten().tolist() == [0.0, 2.0, 4.0, 5.0] and held.flatten().tolist() == [1, 3]
 
 
 def test_held_out_images_without_outliers_give_way_to_discovery_images_with_some():

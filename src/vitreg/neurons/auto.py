@@ -76,16 +76,27 @@ def held_out_images(
 ) -> torch.Tensor:
     """The first ``cap`` held-out images (or discovery images) as one tensor; ``moved``: source
     indices that change side."""
-    out: list[torch.Tensor] = []
-    have = 0
-    for batch in HeldOutSplit(source, held_out=held_out, moved=moved):
-        out.append(batch[: cap - have])
-        have += out[-1].shape[0]
-        if have >= cap:
+    disc, held = first_images(source, 0 if held_out else cap, cap if held_out else 0, moved)
+    return held if held_out else disc
+
+
+def first_images(
+    source: Any, n_disc: int, n_held: int, moved: frozenset[int] = frozenset()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n_disc`` discovery images and the first ``n_held`` held-out ones, read in
+    one pass over the start of ``source``; ``moved``: source indices that change side."""
+    parts: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    caps, have = (n_disc, n_held), [0, 0]
+    for pair in HeldOutSplit(source, held_out=True, moved=moved).sides():
+        for i, batch in enumerate(pair):
+            parts[i].append(batch[: caps[i] - have[i]])
+            have[i] += parts[i][-1].shape[0]
+        if have[0] >= n_disc and have[1] >= n_held:
             break
-    if not out:
+    if (n_held and not have[1]) or (n_disc and not have[0]):
         raise InputError("no held-out images: pass at least 4 images")
-    return torch.cat(out)
+    disc, held = (torch.cat(p) if p else torch.empty(0) for p in parts)
+    return disc, held
 
 
 class NeuronSearchResult(Discovered):
@@ -186,9 +197,8 @@ def find_neurons(
     search = search if search is not None else NeuronSearch()
     _check_sizes_taken(model, check_sizes)  # before any work: a refused size fails now
     disc, n_disc = _discovery_split(images, n_images)
-    held = held_out_images(images, max_held_out)
+    first, held = first_images(images, SURVEY_IMAGES, max_held_out)  # first: for the last check
     with progress(None, "surveying patch norms per block"):
-        first = held_out_images(images, SURVEY_IMAGES, held_out=False)  # kept for the last check
         detection, surveyed = surveyed_detection(
             model, first, search, n_images=SURVEY_IMAGES, batch_size=batch_size, more=held
         )
@@ -197,8 +207,7 @@ def find_neurons(
     moved = _to_hold_out(disc, n_disc, surveyed, unfixed, detection, search, looked)
     if moved:  # before discovery, which never sees them
         disc, n_disc = disc.moving(frozenset(moved)), n_disc - len(moved)
-        held = held_out_images(images, max_held_out, moved=disc.moved)
-        first = held_out_images(images, SURVEY_IMAGES, held_out=False, moved=disc.moved)
+        first, held = first_images(images, SURVEY_IMAGES, max_held_out, disc.moved)
         unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
     ranking = _rank(model, disc, n_disc, detection, search, batch_size, progress)
     # Under torchrun the survey and discovery above are sharded over the ranks (one sharded

@@ -45,6 +45,13 @@ class HeldOutSplit:
         return HeldOutSplit(self.source, self.held_out, self.period, self.moved | indices)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
+        for disc, held in self.sides():
+            part = held if self.held_out else disc
+            if part.shape[0]:
+                yield part
+
+    def sides(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Per batch of the source: its discovery images and its held-out ones."""
         from vitreg.models.model import iter_batches
 
         seen = 0
@@ -54,9 +61,7 @@ class HeldOutSplit:
             held = index % self.period == self.period - 1
             if self.moved:
                 held ^= torch.tensor([int(i) in self.moved for i in index], dtype=torch.bool)
-            keep = held == self.held_out
-            if keep.any():
-                yield batch[keep]
+            yield batch[~held], batch[held]
 
 
 def causal_set(
