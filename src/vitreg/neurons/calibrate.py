@@ -31,14 +31,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitreg.analysis.norms import NormTrace, norm_report, outliers
+from vitreg.analysis.base import Finished, run_analyses
+from vitreg.analysis.norms import NormAnalysis, NormsResult, NormTrace, norm_report, outliers
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
 from vitreg.core.renamed import loose_settings
 from vitreg.errors import VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.models.model import Model, iter_batches
+from vitreg.models.model import Model, TraceResult, iter_batches
 from vitreg.progress import Update
 from vitreg.results.neurons import BlockCheck, Calibration
 from vitreg.settings.neurons import NeuronSearch
@@ -408,9 +409,9 @@ def confirm_on(
     pooled after those of ``images``. A "clean" ``curve`` whose fix leaves one is "partial" from
     here on, with a note naming the blocks."""
     fix = _fix(neurons, ttr)
+    norms = NormAnalysis() if traced is None else _PooledNorms(traced)
     with fix.applied(model):
-        found = norm_report(model, images, batch_size=batch_size)
-    report = found.summary if traced is None else outliers(pooled(found.trace, traced))
+        report = run_analyses(model, images, [norms], batch_size)[0][norms.name].summary
     n = len(images) + (traced.n_images if traced is not None else 0)
     modes = [i for i, lo in enumerate(report.layers) if lo.artifacts_present]
     if modes and curve.status == "clean":
@@ -423,6 +424,19 @@ def confirm_on(
         )
         neurons.settings = {**neurons.settings, "calibration": curve.calibration().model_dump()}
     return modes
+
+
+class _PooledNorms(NormAnalysis):
+    """Token norms at every block output pooled with ``then``'s (norms traced before, under
+    the same fix) before the outlier statistics are made, once."""
+
+    def __init__(self, then: NormTrace) -> None:
+        super().__init__()
+        self.then = then
+
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> NormsResult:
+        nt = pooled(self.norm_trace(model, trace), self.then)
+        return NormsResult(nt, outliers(nt, self.rules))
 
 
 def pooled(first: NormTrace, then: NormTrace) -> NormTrace:
