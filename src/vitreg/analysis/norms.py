@@ -189,11 +189,15 @@ class NormAnalysis(Analysis):
         return [TokenNorms(s) for s in sites + ([final] if final else [])]
 
     def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> NormsResult:
+        nt = self.norm_trace(model, trace)
+        return NormsResult(nt, outliers(nt, self.rules))
+
+    def norm_trace(self, model: Model, trace: TraceResult) -> NormTrace:
+        """The per-token norms of a finished pass (before any outlier statistic)."""
         sites, final = norm_sites(model)
         norms = {r.site: r.result()["norms"] for r in trace.reducers}
         layouts = {s: trace.layouts[s] for s in norms}
-        nt = NormTrace(sites, norms, layouts, final, trace.n_images)
-        return NormsResult(nt, outliers(nt, self.rules))
+        return NormTrace(sites, norms, layouts, final, trace.n_images)
 
 
 __getattr__ = renamed(__name__, {"LayerOutliers": "SiteNorms", "OutlierReport": "Norms"}, globals())

@@ -1,7 +1,9 @@
 """The automatic path behind ``vitreg neurons``: split, survey, discovery, causal selection and
 calibration, each decision recorded with its evidence.
 
-1. **Split**: every 4th image is held out; discovery never sees it.
+1. **Split**: every 4th image is held out; discovery never sees it. When those the causal check
+   looks at show no outlier patch at the detection block, every 4th surveyed discovery image
+   with one is held out instead (before discovery).
 2. **Survey** (:mod:`~vitreg.neurons.detection`): emergence layer, searched range 0..E, detection
    layer and threshold, each with its reason.
 3. **Discovery** (Algorithm 1 of Jiang et al.) ranks candidates within the range.
@@ -22,6 +24,8 @@ import torch
 from pydantic import PrivateAttr
 
 from vitreg import distributed
+from vitreg.analysis.norms import NormTrace
+from vitreg.analysis.rules import image_mask
 from vitreg.core.renamed import loose_settings, renamed
 from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet
@@ -32,9 +36,10 @@ from vitreg.neurons.calibrate import (
     FixCheck,
     TopKCurve,
     calibrate_top_k,
+    check_fix,
     confirm_on,
 )
-from vitreg.neurons.detection import choose_detection
+from vitreg.neurons.detection import surveyed_detection
 from vitreg.neurons.discover import discover
 from vitreg.neurons.held_out import HOLD_OUT, HeldOutSplit, causal_set
 from vitreg.progress import SILENT, Progress
@@ -63,18 +68,35 @@ def split_sizes(n: int) -> tuple[int, int]:
     return n - n // HOLD_OUT, n // HOLD_OUT
 
 
-def held_out_images(source: Any, cap: int = MAX_HELD_OUT, held_out: bool = True) -> torch.Tensor:
-    """The first ``cap`` held-out images (or discovery images) as one tensor."""
-    out: list[torch.Tensor] = []
-    have = 0
-    for batch in HeldOutSplit(source, held_out=held_out):
-        out.append(batch[: cap - have])
-        have += out[-1].shape[0]
-        if have >= cap:
+def held_out_images(
+    source: Any,
+    cap: int = MAX_HELD_OUT,
+    held_out: bool = True,
+    moved: frozenset[int] = frozenset(),
+) -> torch.Tensor:
+    """The first ``cap`` held-out images (or discovery images) as one tensor; ``moved``: source
+    indices that change side."""
+    disc, held = first_images(source, 0 if held_out else cap, cap if held_out else 0, moved)
+    return held if held_out else disc
+
+
+def first_images(
+    source: Any, n_disc: int, n_held: int, moved: frozenset[int] = frozenset()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n_disc`` discovery images and the first ``n_held`` held-out ones, read in
+    one pass over the start of ``source``; ``moved``: source indices that change side."""
+    parts: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    caps, have = (n_disc, n_held), [0, 0]
+    for pair in HeldOutSplit(source, held_out=True, moved=moved).sides():
+        for i, batch in enumerate(pair):
+            parts[i].append(batch[: caps[i] - have[i]])
+            have[i] += parts[i][-1].shape[0]
+        if have[0] >= n_disc and have[1] >= n_held:
             break
-    if not out:
+    if (n_held and not have[1]) or (n_disc and not have[0]):
         raise InputError("no held-out images: pass at least 4 images")
-    return torch.cat(out)
+    disc, held = (torch.cat(p) if p else torch.empty(0) for p in parts)
+    return disc, held
 
 
 class NeuronSearchResult(Discovered):
@@ -175,8 +197,19 @@ def find_neurons(
     search = search if search is not None else NeuronSearch()
     _check_sizes_taken(model, check_sizes)  # before any work: a refused size fails now
     disc, n_disc = _discovery_split(images, n_images)
-    held = held_out_images(images, max_held_out)
-    detection, ranking = _survey_and_rank(model, disc, n_disc, held, search, batch_size, progress)
+    first, held = first_images(images, SURVEY_IMAGES, max_held_out)  # first: for the last check
+    with progress(None, "surveying patch norms per block"):
+        detection, surveyed = surveyed_detection(
+            model, first, search, n_images=SURVEY_IMAGES, batch_size=batch_size, more=held
+        )
+    unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
+    looked = causal_images if causal else None
+    moved = _to_hold_out(disc, n_disc, surveyed, unfixed, detection, search, looked)
+    if moved:  # before discovery, which never sees them
+        disc, n_disc = disc.moving(frozenset(moved)), n_disc - len(moved)
+        first, held = first_images(images, SURVEY_IMAGES, max_held_out, disc.moved)
+        unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
+    ranking = _rank(model, disc, n_disc, detection, search, batch_size, progress)
     # Under torchrun the survey and discovery above are sharded over the ranks (one sharded
     # Model.trace, all-reduced sums). The held-out steps below run on a small tensor (at most
     # ``max_held_out`` images): every rank runs them whole, on the same images with the same
@@ -188,7 +221,16 @@ def find_neurons(
         )
     order, ks = _calibration_order(ranking, selection, search)
     chosen, curve = _calibrate(
-        model, order, held, ks, selection is not None, search, tolerance, batch_size, progress
+        model,
+        order,
+        held,
+        ks,
+        selection is not None,
+        search,
+        tolerance,
+        batch_size,
+        progress,
+        unfixed,
     )
     before, after = curve.checks[0][0], curve.checks[0][curve.ks.index(curve.chosen_k)]
     if search.top_k == "auto" and before.clean and before.outlier_rate <= search.target:
@@ -198,13 +240,15 @@ def find_neurons(
             f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
             "(--limit, --images DIR) or a fixed --top-k K"
         )
-    _confirm(model, chosen, images, held, curve, batch_size, progress)
+    _confirm(model, chosen, first, held, curve, batch_size, progress)
     chosen.settings = {
         **chosen.settings,
         "selection": selection.model_dump(exclude_unset=True) if selection is not None else None,
         "status": curve.status,
     }
     found = _results(chosen, ranking, detection, selection, curve, search, held, before, after)
+    if moved:
+        found.notes.insert(0, _moved_note(moved, held, detection.detect_layer))
     if stability and selection is not None:
         found.stability = _half_sets(
             model, disc, held[:causal_images], detection, selection, search, batch_size, progress
@@ -259,22 +303,24 @@ def _results(
 def _confirm(
     model: Model,
     chosen: NeuronSet,
-    images: Any,
+    disc: torch.Tensor,
     held: torch.Tensor,
     curve: TopKCurve,
     batch_size: int,
     progress: Progress,
 ) -> None:
-    """The presence test with the chosen fix on the surveyed discovery images and the held-out
-    ones together; a mode left there makes a "clean" curve "partial"."""
+    """The presence test with the chosen fix on the surveyed discovery images ``disc`` and the
+    held-out ones together (theirs as calibration traced them); a mode left there makes a
+    "clean" curve "partial"."""
     if curve.status != "clean":
         return
-    every = torch.cat([held_out_images(images, SURVEY_IMAGES, held_out=False), held])
+    traced = curve.traced()
+    every = disc if traced is not None else torch.cat([disc, held])
     with (
-        progress(None, f"checking the fix on all {len(every)} images at every block"),
+        progress(None, f"checking the fix on all {len(disc) + len(held)} images at every block"),
         distributed.local(),
     ):
-        confirm_on(model, chosen, every, curve, batch_size=batch_size)
+        confirm_on(model, chosen, every, curve, batch_size=batch_size, traced=traced)
 
 
 def _check_sizes_taken(model: Model, sizes: Sequence[int]) -> None:
@@ -304,26 +350,96 @@ def _discovery_split(images: Any, n_images: int | None) -> tuple[HeldOutSplit, i
     return HeldOutSplit(images, held_out=False), n_disc
 
 
-def _survey_and_rank(
+def _unfixed(
+    model: Model,
+    held: torch.Tensor,
+    detection: DetectionRecord,
+    tolerance: float,
+    batch_size: int,
+    progress: Progress,
+) -> FixCheck:
+    """The held-out images without a fix (calibration's k = 0, measured before discovery)."""
+    where = (detection.detect_layer, detection.threshold, detection.threshold_value)
+    empty = NeuronSet.from_pairs([], model)
+    with (
+        progress(None, "checking the fix on held-out images (k = 0: no fix)"),
+        distributed.local(),
+    ):
+        return check_fix(model, empty, held, *where, tolerance=tolerance, batch_size=batch_size)
+
+
+def _carries(check: FixCheck, detection: DetectionRecord, n: int | None) -> torch.Tensor:
+    """Per image of the first ``n`` (``None``: all) of a check: whether a patch is above the
+    detection threshold at the detection block (from the check's own norms)."""
+    assert check.trace is not None, "a check keeps its norms until calibration chooses k"
+    where = (detection.detect_layer, detection.threshold, detection.threshold_value)
+    return _outlier_images(check.trace, *where)[:n]
+
+
+def _outlier_images(trace: NormTrace, layer: int, rule: str, value: float | None) -> torch.Tensor:
+    """Per image of ``trace``: whether a patch is an outlier at block ``layer``."""
+    site = trace.sites[layer]
+    return image_mask(trace.norms[site], rule, value)[:, trace.layouts[site].patches].any(1)
+
+
+def _carriers(
+    disc: HeldOutSplit, n_disc: int, surveyed: NormTrace, detection: DetectionRecord
+) -> list[int]:
+    """Source indices of surveyed discovery images with outlier patches to hold out instead,
+    when the held-out images checked have none: every ``HOLD_OUT``-th of them (at least one),
+    and none unless discovery keeps one. Whether the unmodified model shows outliers on an
+    image fits nothing to it."""
+    n = min(n_disc, SURVEY_IMAGES)  # the survey's first images: discovery's first
+    flags = _outlier_images(
+        surveyed, detection.detect_layer, detection.threshold, detection.threshold_value
+    )[:n]
+    carriers = [disc.source_index(int(j)) for j in flags.nonzero().flatten()]
+    if len(carriers) < 2:
+        return []
+    return carriers[HOLD_OUT - 1 :: HOLD_OUT] or carriers[-1:]
+
+
+def _to_hold_out(
+    disc: HeldOutSplit,
+    n_disc: int,
+    surveyed: NormTrace,
+    unfixed: FixCheck,
+    detection: DetectionRecord,
+    search: NeuronSearch,
+    looked: int | None,
+) -> list[int]:
+    """The surveyed discovery images to hold out as well (source indices) when top-k is chosen
+    on held-out images and the first ``looked`` of them (``None``: all) show no outlier patch
+    at the detection block; none otherwise."""
+    if search.top_k != "auto" or _carries(unfixed, detection, looked).any():
+        return []
+    return _carriers(disc, n_disc, surveyed, detection)
+
+
+def _moved_note(moved: list[int], held: torch.Tensor, detect: int) -> str:
+    """What the held-out images are when some discovery images were held out instead."""
+    return (
+        f"the held-out images checked first showed no outlier patch at block {detect}, so "
+        f"{len(moved)} of the surveyed discovery images that show one (images {moved}, counted "
+        f"from 0 in the order given) were held out instead, before discovery; {len(held)} "
+        "images held out"
+    )
+
+
+def _rank(
     model: Model,
     disc: HeldOutSplit,
     n_disc: int,
-    held: torch.Tensor,
+    detection: DetectionRecord,
     search: NeuronSearch,
     batch_size: int,
     progress: Progress,
-) -> tuple[DetectionRecord, NeuronSet]:
-    """The survey (detection layer, threshold, searched range; the ``held`` images added when
-    the discovery images show no outlier mode) and discovery's ranking."""
-    with progress(None, "surveying patch norms per block"):
-        detection = choose_detection(
-            model, disc, search, n_images=SURVEY_IMAGES, batch_size=batch_size, more=held
-        )
+) -> NeuronSet:
+    """Discovery's ranking over the discovery images, in the surveyed range."""
     with progress(n_disc, "discovering register neurons (images)") as update:
-        ranking = discover(
+        return discover(
             model, disc, search, detection=detection, batch_size=batch_size, progress=update
         )
-    return detection, ranking
 
 
 def _causal_selection(
@@ -384,9 +500,11 @@ def _calibrate(
     tolerance: float,
     batch_size: int,
     progress: Progress,
+    unfixed: FixCheck,
 ) -> tuple[NeuronSet, TopKCurve]:
-    """The fix checked on ``held`` at each of ``ks``; a causal set (``keep_all``) whose fix
-    leaves artifacts is checked at every k of :data:`DEFAULT_KS` instead."""
+    """The fix checked on ``held`` at each of ``ks`` (k = 0: ``unfixed``); a causal set
+    (``keep_all``) whose fix leaves artifacts is checked at every k of :data:`DEFAULT_KS`
+    instead."""
     with (
         progress(len(set(ks)), "checking the fix on held-out images (values of top-k)") as update,
         distributed.local(),
@@ -401,6 +519,7 @@ def _calibrate(
             batch_size=batch_size,
             progress=update,
             keep_all=keep_all,
+            unfixed=unfixed,
         )
     if keep_all and curve.status == "partial" and len(order) > 1:
         with (
@@ -419,6 +538,7 @@ def _calibrate(
                 batch_size=batch_size,
                 progress=update,
                 keep_all=True,
+                unfixed=unfixed,
             )
     return chosen, curve
 

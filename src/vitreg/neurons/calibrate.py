@@ -16,6 +16,8 @@ fail at another). When no k passes, the result is "partial".
 :func:`confirm_on` then repeats the presence test with the chosen fix on every image given
 (the discovery images as well as the held-out ones): a weak mode in a minority of the images
 can be absent from the few held out, and "clean" is said only when no block shows one there.
+The held-out images' norms under that fix are the calibration's own (:meth:`TopKCurve.traced`),
+pooled with the discovery images' after them, so only the discovery images are traced again.
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitreg.analysis.norms import NormTrace, norm_report
+from vitreg.analysis.base import Finished, run_analyses
+from vitreg.analysis.norms import NormAnalysis, NormsResult, NormTrace, norm_report, outliers
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
 from vitreg.core.renamed import loose_settings
 from vitreg.errors import VitregError
 from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
-from vitreg.models.model import Model, iter_batches
+from vitreg.models.model import Model, TraceResult, iter_batches
 from vitreg.progress import Update
 from vitreg.results.neurons import BlockCheck, Calibration
 from vitreg.settings.neurons import NeuronSearch
@@ -58,6 +61,7 @@ class FixCheck:
     blocks_with_mode: list[int]
     clean: bool  # no outlier mode anywhere and max/median at the ordinary level at every block
     blocks: list[BlockCheck] = field(default_factory=list)  # blocks with a mode before
+    trace: NormTrace | None = field(default=None, repr=False, compare=False)  # the fix's norms
 
 
 def _fix(neurons: NeuronSet, ttr: TtrSettings | None) -> TestTimeRegisters:
@@ -143,6 +147,7 @@ def check_fix(
         modes,
         clean,
         blocks,
+        trace,
     )
 
 
@@ -205,6 +210,21 @@ class TopKCurve:
         """One series per resolution, keyed by the resolution's text (0: native)."""
         return {str(z): self.series(name, z) for z in self.checks}
 
+    def traced(self) -> NormTrace | None:
+        """The norms of the images checked under the chosen k's fix, at the native resolution
+        (``None`` before k is chosen or where the native resolution was not checked)."""
+        if self.chosen_k is None or 0 not in self.checks:
+            return None
+        return self.checks[0][self.ks.index(self.chosen_k)].trace
+
+    def _keep_chosen_trace(self) -> None:
+        """Drop every check's norms but the chosen k's at the native resolution."""
+        keep = self.ks.index(self.chosen_k) if self.chosen_k in self.ks else None
+        for z, row in self.checks.items():
+            for i, c in enumerate(row):
+                if z != 0 or i != keep:
+                    c.trace = None
+
     def passes(self, i: int) -> bool:
         """Whether the i-th k passes at every resolution."""
         return all(c[i].clean and c[i].outlier_rate <= self.target for c in self.checks.values())
@@ -255,6 +275,7 @@ def calibrate_top_k(
     progress: Update | None = None,
     keep_all: bool = False,
     ttr: TtrSettings | None = None,
+    unfixed: FixCheck | None = None,
 ) -> tuple[NeuronSet, TopKCurve]:
     """The smallest k (first k of ``neurons`` in stored order) whose fix passes everywhere, the
     outlier rate to reach being ``search.target`` (default: that of :class:`NeuronSearch`).
@@ -265,6 +286,8 @@ def calibrate_top_k(
     is returned and the status is "partial". ``keep_all``: the whole set is the choice (a causal
     set, every unit of which was measured to matter) when its fix passes; every k is still
     measured for the curve. ``ttr``: how the fix inserts its registers (default: the paper's).
+    ``unfixed``: the k = 0 check of ``data`` at the native resolution, made beforehand with the
+    detection ``neurons`` records (:func:`check_fix` with an empty set); taken, not measured.
     """
     search = search if search is not None else NeuronSearch()
     detect, rule, value = _recorded_detection(neurons)
@@ -275,6 +298,9 @@ def calibrate_top_k(
     for i, k in enumerate(candidates):
         for z in sizes:
             before = curve.checks[z or 0]
+            if k == 0 and z is None and unfixed is not None:
+                before.append(unfixed)
+                continue
             check = check_fix(
                 model,
                 neurons.first(k),
@@ -299,6 +325,7 @@ def calibrate_top_k(
             break
     _choose(curve, len(neurons), keep_all)
     assert curve.chosen_k is not None
+    curve._keep_chosen_trace()
     chosen = neurons.first(curve.chosen_k)
     chosen.settings = {**chosen.settings, "calibration": curve.calibration().model_dump()}
     return chosen, curve
@@ -374,21 +401,50 @@ def confirm_on(
     *,
     batch_size: int = 32,
     ttr: TtrSettings | None = None,
+    traced: NormTrace | None = None,
 ) -> list[int]:
     """The presence test at every block on ``images`` (every image given) with the fix of
-    ``neurons`` applied; the blocks that show an outlier mode. A "clean" ``curve`` whose fix
-    leaves one is "partial" from here on, with a note naming the blocks."""
+    ``neurons`` applied; the blocks that show an outlier mode. ``traced``: norms of more images
+    under the same fix (the held-out ones, as calibration traced them: :meth:`TopKCurve.traced`),
+    pooled after those of ``images``. A "clean" ``curve`` whose fix leaves one is "partial" from
+    here on, with a note naming the blocks."""
     fix = _fix(neurons, ttr)
+    norms = NormAnalysis() if traced is None else _PooledNorms(traced)
     with fix.applied(model):
-        report = norm_report(model, images, batch_size=batch_size).summary
+        report = run_analyses(model, images, [norms], batch_size)[0][norms.name].summary
+    n = len(images) + (traced.n_images if traced is not None else 0)
     modes = [i for i, lo in enumerate(report.layers) if lo.artifacts_present]
     if modes and curve.status == "clean":
         curve.status = "partial"
         curve.notes.append(
             f"partial: the fix of k = {len(neurons)} passes on the held-out images, but on all "
-            f"{len(images)} images given (discovery and held-out) an outlier mode is left at "
+            f"{n} images given (discovery and held-out) an outlier mode is left at "
             f"blocks {modes}. Search more layers (--highest-layer), use more images, or accept "
             "the residual"
         )
         neurons.settings = {**neurons.settings, "calibration": curve.calibration().model_dump()}
     return modes
+
+
+class _PooledNorms(NormAnalysis):
+    """Token norms at every block output pooled with ``then``'s (norms traced before, under
+    the same fix) before the outlier statistics are made, once."""
+
+    def __init__(self, then: NormTrace) -> None:
+        super().__init__()
+        self.then = then
+
+    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> NormsResult:
+        nt = pooled(self.norm_trace(model, trace), self.then)
+        return NormsResult(nt, outliers(nt, self.rules))
+
+
+def pooled(first: NormTrace, then: NormTrace) -> NormTrace:
+    """The norms of ``first``'s images followed by ``then``'s (traced at the same sites with the
+    same token layout)."""
+    if first.sites != then.sites or first.layouts != then.layouts:
+        raise VitregError("cannot pool norms traced at other sites or with other token layouts")
+    norms = {s: torch.cat([first.norms[s], then.norms[s]]) for s in first.norms}
+    return NormTrace(
+        first.sites, norms, first.layouts, first.final_site, first.n_images + then.n_images
+    )

@@ -71,6 +71,29 @@ def choose_detection(
 
     Raises when the images show no outlier mode and the choice depends on one.
     """
+    return surveyed_detection(
+        model,
+        data,
+        search,
+        lowest_layer=lowest_layer,
+        n_images=n_images,
+        batch_size=batch_size,
+        more=more,
+    )[0]
+
+
+def surveyed_detection(
+    model: Model,
+    data: Any,
+    search: NeuronSearch | None = None,
+    *,
+    lowest_layer: int = 0,
+    n_images: int = 32,
+    batch_size: int = 32,
+    more: Any = None,
+) -> tuple[DetectionRecord, NormTrace]:
+    """:func:`choose_detection`, with the survey's norm trace it chose from (the surveyed
+    images of ``data`` first, then ``more``'s when they were added)."""
     search = search if search is not None else NeuronSearch()
     n = model.n_layers
     rule = "absolute" if isinstance(search.threshold, (int, float)) else search.threshold
@@ -103,7 +126,7 @@ def choose_detection(
         highest, reasons["highest_layer"] = _range(growth, written, emergence, detect, lowest_layer)
     if not 0 <= lowest_layer <= highest:
         raise InputError(f"the lowest searched block {lowest_layer} is above the highest {highest}")
-    return DetectionRecord(
+    record = DetectionRecord(
         detect_layer=detect,
         highest_layer=highest,
         lowest_layer=lowest_layer,
@@ -116,6 +139,7 @@ def choose_detection(
         growth=growth,
         first_written=min([emergence if emergence is not None else detect, *written]),
     )
+    return record, trace
 
 
 def _survey(
