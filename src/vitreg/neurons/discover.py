@@ -29,8 +29,6 @@ from vitreg.settings.neurons import NeuronSearch
 THRESHOLDS = MASK_RULES
 outlier_mask = image_mask  # ``[B, N]`` outlier mask from per-token norms under a rule
 DISCOVER_K = 64  # candidates ranked when the search leaves top-k to the automatic path
-BLOCK_K = 16  # ... and the best this many of each block from the first one written to: a weak
-# group before the emergence block ranks below the ordinary units of the blocks before it
 
 
 class Searched(NamedTuple):
@@ -121,8 +119,7 @@ def discover(
             f"{where.detect} under this threshold; discovery would rank noise. Lower the "
             "threshold, pick another detection layer, or run `vitreg diagnose` first"
         )
-    per_block = BLOCK_K if search.top_k == "auto" else 0
-    return ranked_set(model, stats, where, ranked_count(search), per_block=per_block)
+    return ranked_set(model, stats, where, ranked_count(search))
 
 
 def _check_top_k(search: NeuronSearch, where: Searched, d_mlp: int) -> None:
@@ -187,31 +184,15 @@ def searched_layers(
     return Searched(detect, layer_index(top, n_layers), max(0, lowest_layer), rule, value, None)
 
 
-def ranked_set(
-    model: Model, stats: OutlierActivations, where: Searched, top_k: int, per_block: int = 0
-) -> NeuronSet:
+def ranked_set(model: Model, stats: OutlierActivations, where: Searched, top_k: int) -> NeuronSet:
     """The ``top_k`` best-scored units of ``stats`` (searched at ``where``) as a NeuronSet that
-    records the search; with ``per_block``, also the best ``per_block`` of every searched block
-    from the survey's first written one on, after them by score."""
+    records the search."""
     scores = stats.score_sum / stats.images_with
     flat = scores.flatten()
-    picked = flat.topk(min(top_k, flat.numel())).indices.tolist()
-    first = where.detection.first_written if where.detection is not None else None
-    if per_block and first is not None:
-        taken = set(picked)
-        extra = [
-            j * model.d_mlp + u
-            for j, layer in enumerate(where.layers)
-            if layer >= first
-            for u in scores[j].topk(min(per_block, model.d_mlp)).indices.tolist()
-            if j * model.d_mlp + u not in taken
-        ]
-        picked += sorted(extra, key=lambda i: -float(flat[i]))
-    k = len(picked)
-    index = torch.tensor(picked, dtype=torch.long)
-    units = (index % model.d_mlp).tolist()
-    layers = [where.layers[i] for i in (index // model.d_mlp).tolist()]
-    values = flat[index]
+    k = min(top_k, flat.numel())
+    top = flat.topk(k)
+    units = (top.indices % model.d_mlp).tolist()
+    layers = [where.layers[i] for i in (top.indices // model.d_mlp).tolist()]
     settings = {
         "detect_layer": where.detect,
         "highest_layer": where.highest,
@@ -228,7 +209,7 @@ def ranked_set(
     return NeuronSet(
         layers,
         units,
-        [float(s) for s in values],
+        [float(s) for s in top.values],
         model.spec,
         model.family,
         model.n_layers,
