@@ -18,7 +18,7 @@ calibration, each decision recorded with its evidence.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from pydantic import PrivateAttr
@@ -40,7 +40,7 @@ from vitreg.neurons.calibrate import (
     confirm_on,
 )
 from vitreg.neurons.detection import surveyed_detection
-from vitreg.neurons.discover import discover
+from vitreg.neurons.discover import BLOCK_K, discover
 from vitreg.neurons.held_out import HOLD_OUT, HeldOutSplit, causal_set
 from vitreg.progress import SILENT, Progress
 from vitreg.results.neurons import (
@@ -214,33 +214,20 @@ def find_neurons(
     # Model.trace, all-reduced sums). The held-out steps below run on a small tensor (at most
     # ``max_held_out`` images): every rank runs them whole, on the same images with the same
     # weights, and gets the same result -- simpler than sharding them.
-    selection = None
-    if search.top_k == "auto" and causal:
-        selection = _causal_selection(
-            model, held[:causal_images], ranking, detection, batch_size, progress
-        )
-    order, ks = _calibration_order(ranking, selection, search)
-    chosen, curve = _calibrate(
-        model,
-        order,
-        held,
-        ks,
-        selection is not None,
-        search,
-        tolerance,
-        batch_size,
-        progress,
-        unfixed,
-    )
+    knobs = _Knobs(causal_images, tolerance, batch_size, progress)
+    choice = _choose(model, first, held, ranking, detection, search, causal, knobs, unfixed)
+    widened = None
+    if choice.curve.status == "partial" and search.top_k == "auto" and causal:
+        wider = _rank(model, disc, n_disc, detection, search, batch_size, progress, BLOCK_K)
+        try:
+            again = _choose(model, first, held, wider, detection, search, causal, knobs, unfixed)
+        except VitregError:
+            again = None
+        widened = again is not None and again.curve.status == "clean"
+        if widened:
+            ranking, choice = wider, again
+    selection, chosen, curve = choice.selection, choice.chosen, choice.curve
     before, after = curve.checks[0][0], curve.checks[0][curve.ks.index(curve.chosen_k)]
-    if search.top_k == "auto" and before.clean and before.outlier_rate <= search.target:
-        raise InputError(
-            f"the {len(held)} held-out images show no artifacts without any fix (no outlier "
-            f"mode at any block, patch outlier rate {before.outlier_rate:.2%}) at block "
-            f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
-            "(--limit, --images DIR) or a fixed --top-k K"
-        )
-    _confirm(model, chosen, first, held, curve, batch_size, progress)
     chosen.settings = {
         **chosen.settings,
         "selection": selection.model_dump(exclude_unset=True) if selection is not None else None,
@@ -249,6 +236,8 @@ def find_neurons(
     found = _results(chosen, ranking, detection, selection, curve, search, held, before, after)
     if moved:
         found.notes.insert(0, _moved_note(moved, held, detection.detect_layer))
+    if widened is not None:
+        found.notes.append(_widened_note(widened, detection))
     if stability and selection is not None:
         found.stability = _half_sets(
             model, disc, held[:causal_images], detection, selection, search, batch_size, progress
@@ -434,12 +423,98 @@ def _rank(
     search: NeuronSearch,
     batch_size: int,
     progress: Progress,
+    per_block: int = 0,
 ) -> NeuronSet:
-    """Discovery's ranking over the discovery images, in the surveyed range."""
-    with progress(n_disc, "discovering register neurons (images)") as update:
+    """Discovery's ranking over the discovery images, in the surveyed range (``per_block``:
+    with the best of each block from the first written one, see :func:`discover`)."""
+    what = "discovering register neurons" + (
+        f", the best {per_block} of each block" * bool(per_block)
+    )
+    with progress(n_disc, f"{what} (images)") as update:
         return discover(
-            model, disc, search, detection=detection, batch_size=batch_size, progress=update
+            model,
+            disc,
+            search,
+            detection=detection,
+            batch_size=batch_size,
+            per_block=per_block,
+            progress=update,
         )
+
+
+class _Knobs(NamedTuple):
+    """The run's sizes and progress, as a choice of units uses them."""
+
+    causal_images: int
+    tolerance: float
+    batch_size: int
+    progress: Progress
+
+
+class _Choice(NamedTuple):
+    """One choice of units: the causal selection (``None`` without), the set and its curve."""
+
+    selection: Causal | None
+    chosen: NeuronSet
+    curve: TopKCurve
+
+
+def _choose(
+    model: Model,
+    first: torch.Tensor,
+    held: torch.Tensor,
+    ranking: NeuronSet,
+    detection: DetectionRecord,
+    search: NeuronSearch,
+    causal: bool,
+    knobs: _Knobs,
+    unfixed: FixCheck,
+) -> _Choice:
+    """Units of ``ranking`` chosen on ``held`` (causal selection, then top-k calibration) and
+    their fix confirmed on ``first`` and ``held`` together."""
+    batch_size, progress = knobs.batch_size, knobs.progress
+    selection = None
+    if search.top_k == "auto" and causal:
+        selection = _causal_selection(
+            model, held[: knobs.causal_images], ranking, detection, batch_size, progress
+        )
+    order, ks = _calibration_order(ranking, selection, search)
+    chosen, curve = _calibrate(
+        model,
+        order,
+        held,
+        ks,
+        selection is not None,
+        search,
+        knobs.tolerance,
+        batch_size,
+        progress,
+        unfixed,
+    )
+    before = curve.checks[0][0]
+    if search.top_k == "auto" and before.clean and before.outlier_rate <= search.target:
+        raise InputError(
+            f"the {len(held)} held-out images show no artifacts without any fix (no outlier "
+            f"mode at any block, patch outlier rate {before.outlier_rate:.2%}) at block "
+            f"{detection.detect_layer}, so top-k cannot be chosen on them; use more images "
+            "(--limit, --images DIR) or a fixed --top-k K"
+        )
+    _confirm(model, chosen, first, held, curve, batch_size, progress)
+    return _Choice(selection, chosen, curve)
+
+
+def _widened_note(widened: bool, detection: DetectionRecord) -> str:
+    """What the second ranking, tried because the first choice's fix left outliers, gave."""
+    what = (
+        "the choice from it is clean and is the one given"
+        if widened
+        else "its choice is not clean either, so the first choice is given"
+    )
+    return (
+        "the first choice's fix left outliers, so discovery ranked the best "
+        f"{BLOCK_K} units of each searched block from block {detection.first_written} as well; "
+        + what
+    )
 
 
 def _causal_selection(

@@ -29,6 +29,8 @@ from vitreg.settings.neurons import NeuronSearch
 THRESHOLDS = MASK_RULES
 outlier_mask = image_mask  # ``[B, N]`` outlier mask from per-token norms under a rule
 DISCOVER_K = 64  # candidates ranked when the search leaves top-k to the automatic path
+BLOCK_K = 16  # a wider ranking adds the best this many of each block from the first one
+# written to: a weak group before the emergence block ranks below earlier blocks' ordinary units
 
 
 class Searched(NamedTuple):
@@ -62,10 +64,12 @@ def discover(
     batch_size: int = 32,
     limit: int | None = None,
     calibration_images: int = 32,
+    per_block: int = 0,
     progress: Update | None = None,
 ) -> NeuronSet:
     """Rank register neurons; returns the ``search.top_k`` best (:data:`DISCOVER_K` for
-    'auto') as a :class:`NeuronSet`.
+    'auto') as a :class:`NeuronSet`, then (``per_block``) the best ``per_block`` of every
+    searched block from the survey's first written one that are not among them.
 
     ``search.threshold``: 'auto' (valley of the bimodal norm distribution), a number (absolute
     norm), 'mean3std' (per image, paper A.4) or 'robust' (per image, median + 3.5 MAD on log
@@ -119,7 +123,7 @@ def discover(
             f"{where.detect} under this threshold; discovery would rank noise. Lower the "
             "threshold, pick another detection layer, or run `vitreg diagnose` first"
         )
-    return ranked_set(model, stats, where, ranked_count(search))
+    return ranked_set(model, stats, where, ranked_count(search), per_block=per_block)
 
 
 def _check_top_k(search: NeuronSearch, where: Searched, d_mlp: int) -> None:
@@ -184,15 +188,31 @@ def searched_layers(
     return Searched(detect, layer_index(top, n_layers), max(0, lowest_layer), rule, value, None)
 
 
-def ranked_set(model: Model, stats: OutlierActivations, where: Searched, top_k: int) -> NeuronSet:
+def ranked_set(
+    model: Model, stats: OutlierActivations, where: Searched, top_k: int, per_block: int = 0
+) -> NeuronSet:
     """The ``top_k`` best-scored units of ``stats`` (searched at ``where``) as a NeuronSet that
-    records the search."""
+    records the search; with ``per_block``, also the best ``per_block`` of every searched block
+    from the survey's first written one on, after them by score."""
     scores = stats.score_sum / stats.images_with
     flat = scores.flatten()
-    k = min(top_k, flat.numel())
-    top = flat.topk(k)
-    units = (top.indices % model.d_mlp).tolist()
-    layers = [where.layers[i] for i in (top.indices // model.d_mlp).tolist()]
+    picked = flat.topk(min(top_k, flat.numel())).indices.tolist()
+    first = where.detection.first_written if where.detection is not None else None
+    if per_block and first is not None:
+        taken = set(picked)
+        extra = [
+            j * model.d_mlp + u
+            for j, layer in enumerate(where.layers)
+            if layer >= first
+            for u in scores[j].topk(min(per_block, model.d_mlp)).indices.tolist()
+            if j * model.d_mlp + u not in taken
+        ]
+        picked += sorted(extra, key=lambda i: -float(flat[i]))
+    k = len(picked)
+    index = torch.tensor(picked, dtype=torch.long)
+    units = (index % model.d_mlp).tolist()
+    layers = [where.layers[i] for i in (index // model.d_mlp).tolist()]
+    values = flat[index]
     settings = {
         "detect_layer": where.detect,
         "highest_layer": where.highest,
@@ -209,7 +229,7 @@ def ranked_set(model: Model, stats: OutlierActivations, where: Searched, top_k: 
     return NeuronSet(
         layers,
         units,
-        [float(s) for s in top.values],
+        [float(s) for s in values],
         model.spec,
         model.family,
         model.n_layers,
