@@ -40,7 +40,7 @@ from vitreg.neurons.calibrate import (
     confirm_on,
 )
 from vitreg.neurons.detection import surveyed_detection
-from vitreg.neurons.discover import BLOCK_K, discover
+from vitreg.neurons.discover import BLOCK_K, DISCOVER_K, discover
 from vitreg.neurons.held_out import HOLD_OUT, HeldOutSplit, causal_set
 from vitreg.progress import SILENT, Progress
 from vitreg.results.neurons import (
@@ -209,7 +209,10 @@ def find_neurons(
         disc, n_disc = disc.moving(frozenset(moved)), n_disc - len(moved)
         first, held = first_images(images, SURVEY_IMAGES, max_held_out, disc.moved)
         unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
-    ranking = _rank(model, disc, n_disc, detection, search, batch_size, progress)
+    # one discovery pass ranks the wider set too; the first choice takes its top-k prefix
+    widen = search.top_k == "auto" and causal
+    wider = _rank(model, disc, n_disc, detection, search, batch_size, progress, widen * BLOCK_K)
+    ranking = wider.first(DISCOVER_K) if widen else wider
     # Under torchrun the survey and discovery above are sharded over the ranks (one sharded
     # Model.trace, all-reduced sums). The held-out steps below run on a small tensor (at most
     # ``max_held_out`` images): every rank runs them whole, on the same images with the same
@@ -217,8 +220,7 @@ def find_neurons(
     knobs = _Knobs(causal_images, tolerance, batch_size, progress)
     choice = _choose(model, first, held, ranking, detection, search, causal, knobs, unfixed)
     widened = None
-    if choice.curve.status == "partial" and search.top_k == "auto" and causal:
-        wider = _rank(model, disc, n_disc, detection, search, batch_size, progress, BLOCK_K)
+    if choice.curve.status == "partial" and len(wider) > len(ranking):
         try:
             again = _choose(model, first, held, wider, detection, search, causal, knobs, unfixed)
         except VitregError:
@@ -427,10 +429,7 @@ def _rank(
 ) -> NeuronSet:
     """Discovery's ranking over the discovery images, in the surveyed range (``per_block``:
     with the best of each block from the first written one, see :func:`discover`)."""
-    what = "discovering register neurons" + (
-        f", the best {per_block} of each block" * bool(per_block)
-    )
-    with progress(n_disc, f"{what} (images)") as update:
+    with progress(n_disc, "discovering register neurons (images)") as update:
         return discover(
             model,
             disc,

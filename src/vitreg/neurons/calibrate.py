@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vitreg.analysis.base import Finished, run_analyses
-from vitreg.analysis.norms import NormAnalysis, NormsResult, NormTrace, norm_report, outliers
+from vitreg.analysis.base import run_analyses
+from vitreg.analysis.norms import NormAnalysis, NormTrace, norm_report
 from vitreg.analysis.rules import FIX_TOLERANCE as TOLERANCE
 from vitreg.analysis.rules import fix_is_clean, image_mask, ordinary_level
 from vitreg.core.renamed import loose_settings
@@ -434,9 +434,9 @@ class _PooledNorms(NormAnalysis):
         super().__init__()
         self.then = then
 
-    def finish(self, model: Model, trace: TraceResult, done: dict[str, Finished]) -> NormsResult:
-        nt = pooled(self.norm_trace(model, trace), self.then)
-        return NormsResult(nt, outliers(nt, self.rules))
+    def norm_trace(self, model: Model, trace: TraceResult) -> NormTrace:
+        """The pass's norms followed by ``then``'s."""
+        return pooled(super().norm_trace(model, trace), self.then)
 
 
 def pooled(first: NormTrace, then: NormTrace) -> NormTrace:
