@@ -818,10 +818,8 @@ class _Pruning:
         ]
         if not quiet:
             return
-        if len(quiet) == 1:
-            together = self.effects[quiet[0]]["alone_most"]
-        else:
-            together = self.most(self.base, self.probe.measure(quiet))
+        # one unit alone was measured by the mediator test: the probe answers from that pass
+        together = self.most(self.base, self.probe.measure(quiet))
         if together >= QUIET_SHARE:
             return
         for u in quiet:
