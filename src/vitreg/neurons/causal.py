@@ -26,13 +26,14 @@ block from the emergence block to the detection layer:
   also lowers the excess at its own block's output by a real share of that: a weak early writer
   whose write later blocks build on. A unit after the emergence block whose activation on the
   outlier patches falls below :data:`READER_PERSISTENCE` of its base level once the others are
-  zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped. At the
-  emergence block the same holds below :data:`READER_FLOOR` when its input already carries
-  :data:`EXISTING` of the block's excess (the survey placed the emergence a block late); with
-  less of it there, the units whose activation falls below that floor are readers when zeroing
-  them together (the rest active) moves less than :data:`QUIET_SHARE` of the excess (an
-  amplifier there carries the block's growth); before it no outlier exists at a unit's input,
-  so none is a reader. Units that move the excess at no block alone are kept only if restoring
+  zeroed fires *because* the patches are outliers: a reader that reinforces them, dropped. At or
+  before the emergence block the same holds below :data:`READER_FLOOR` when its input already
+  carries :data:`EXISTING` of the block's excess (the survey placed the emergence late: its
+  presence test sees a mode blocks after the excess has grown); at it, with less of it there,
+  the units whose activation falls below that floor are readers when zeroing them together (the
+  rest active) moves less than :data:`QUIET_SHARE` of the excess (an amplifier there carries the
+  block's growth); elsewhere before it no outlier exists at a unit's input, so none is a
+  reader. Units that move the excess at no block alone are kept only if restoring
   them together brings excess back, and then those whose absence from that group (measured
   exactly) costs a real share of it; the rest are bystanders, dropped;
 - **amplifiers**: a set that still leaves outliers takes back the units set aside as readers
@@ -76,7 +77,7 @@ READER_FLOOR = 0.03  # one below this share fires only because they are outliers
 # good. One between the two that the search cannot do without (the set leaves outliers) also
 # reads a feature of those tokens: an amplifier, a writer
 EXISTING = 0.25  # share of a block's outlier excess already at its input: the outlier exists
-# there (the survey placed the emergence a block late), so units of that block can be readers
+# there (the survey placed the emergence late), so units of that block can be readers
 QUIET_SHARE = 0.1  # below it, at the emergence block with less than EXISTING at its input, the
 # units whose activation vanishes with the rest zeroed are readers: zeroing them together, the
 # rest active, moves less than this share of the excess (an amplifier there carries the growth)
@@ -836,14 +837,15 @@ class _Pruning:
     def reader_floor(self, u: Unit) -> float:
         """The persistence below which ``u`` is a reader: after the emergence block
         :data:`READER_PERSISTENCE` (:data:`READER_FLOOR` for a unit taken back as an
-        amplifier); at it :data:`READER_FLOOR` when its input already carries
-        :data:`EXISTING` of its excess; 0 (none) before it, where no outlier exists yet."""
+        amplifier); at or before it :data:`READER_FLOOR` when its input already carries
+        :data:`EXISTING` of its block's excess (the outlier exists there); 0 (none) otherwise,
+        where no outlier exists yet."""
         layer = u[0]
         if layer > self.emergence:
             return READER_FLOOR if u in self.amplifiers else READER_PERSISTENCE
         prior = self.base.excess.get(layer - 1)
         at = self.base.excess.get(layer, 0.0)
-        existing = layer == self.emergence and prior is not None and prior >= EXISTING * at > 0
+        existing = prior is not None and prior >= EXISTING * at > 0
         return READER_FLOOR if existing else 0.0
 
     def strong(self, e: dict[str, float]) -> bool:
