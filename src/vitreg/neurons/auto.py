@@ -13,6 +13,10 @@ calibration, each decision recorded with its evidence.
    leaves no outlier mode at any block and the max/median patch norm at the ordinary level;
    otherwise the result is "partial", with what is left. "Clean" is said only when the fix also
    leaves no outlier mode at any block on every image given (discovery and held-out).
+6. **More evidence**: a partial fix that leaves outlier patches on surveyed discovery images
+   shows that the few held-out images missed part of the circuit; those images are held out too
+   and steps 4-5 run again, the new choice given when it is clean on every image or, partial
+   too, when its fix leaves fewer outlier patches on them all.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from vitreg.analysis.rules import image_mask
 from vitreg.core.renamed import loose_settings, renamed
 from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet
-from vitreg.models.model import Model
+from vitreg.fix.test_time_registers import TestTimeRegisters
+from vitreg.hooks.names import hook_name
+from vitreg.models.model import Model, iter_batches
 from vitreg.neurons.calibrate import (
     DEFAULT_KS,
     TOLERANCE,
@@ -228,6 +234,11 @@ def find_neurons(
         widened = again is not None and again.curve.status == "clean"
         if widened:
             ranking, choice = wider, again
+    evidence = None
+    if choice.curve.status == "partial" and search.top_k == "auto" and causal:
+        evidence = _with_left(model, first, held, ranking, detection, search, knobs, choice, disc)
+        if evidence.given:
+            choice, held = evidence.choice, evidence.held
     selection, chosen, curve = choice.selection, choice.chosen, choice.curve
     before, after = curve.checks[0][0], curve.checks[0][curve.ks.index(curve.chosen_k)]
     chosen.settings = {
@@ -240,6 +251,8 @@ def find_neurons(
         found.notes.insert(0, _moved_note(moved, held, detection.detect_layer))
     if widened is not None:
         found.notes.append(_widened_note(widened, detection))
+    if evidence is not None and evidence.note:
+        found.notes.append(evidence.note)
     if stability and selection is not None:
         found.stability = _half_sets(
             model, disc, held[:causal_images], detection, selection, search, batch_size, progress
@@ -500,6 +513,93 @@ def _choose(
         )
     _confirm(model, chosen, first, held, curve, batch_size, progress)
     return _Choice(selection, chosen, curve)
+
+
+class _Evidence(NamedTuple):
+    """The choice made again with the surveyed discovery images its fix failed on held out
+    too: that choice, its held-out images, whether it is given, and the note saying so."""
+
+    choice: _Choice | None
+    held: torch.Tensor
+    given: bool
+    note: str
+
+
+def _with_left(
+    model: Model,
+    first: torch.Tensor,
+    held: torch.Tensor,
+    ranking: NeuronSet,
+    detection: DetectionRecord,
+    search: NeuronSearch,
+    knobs: _Knobs,
+    choice: _Choice,
+    disc: HeldOutSplit,
+) -> _Evidence:
+    """A partial choice made again on more evidence: the held-out images stood for the model,
+    and a fix that leaves outliers on surveyed discovery images shows that they missed part of
+    what writes them. Up to half of :data:`CAUSAL_IMAGES` of those images join the held-out
+    ones (first, so that the causal check sees them). The new choice is given when it is clean
+    on every image (the rest of the surveyed discovery images and the new held-out ones), or,
+    partial too, when its fix leaves fewer outlier patches on all the images."""
+    left = _left_on(model, choice.chosen, first, detection, knobs, choice.curve)
+    index = (left > 0).nonzero().flatten()[: max(knobs.causal_images // 2, 1)]
+    if not len(index):
+        return _Evidence(None, held, False, "")
+    rest = torch.ones(len(first), dtype=torch.bool)
+    rest[index] = False
+    more = torch.cat([first[index], held])
+    where = (knobs.tolerance, knobs.batch_size, knobs.progress)
+    try:
+        unfixed = _unfixed(model, more, detection, *where)
+        again = _choose(model, first[rest], more, ranking, detection, search, True, knobs, unfixed)
+    except VitregError:
+        again = None
+    images = [disc.source_index(int(j)) for j in index]
+    said = (
+        f"the fix left outlier patches on surveyed discovery images {images} (counted from 0 in "
+        "the order given), so causal selection and calibration ran again with them held out "
+        "too: "
+    )
+    if again is None:
+        return _Evidence(None, held, False, said + "that found no choice, so the first is given")
+    if again.curve.status == "clean":
+        said += f"that choice is clean on all images and is the one given ({len(more)} held out)"
+        return _Evidence(again, more, True, said)
+    every = torch.cat([first, held])
+    then = int(_left_on(model, choice.chosen, every, detection, knobs, choice.curve).sum())
+    now = int(_left_on(model, again.chosen, every, detection, knobs, again.curve).sum())
+    said += (
+        f"that choice is not clean either; its fix leaves {now} outlier patches on the "
+        f"{len(every)} images against the first's {then}, so the "
+        + ("second is given" if now < then else "first is given")
+    )
+    return _Evidence(again, more, now < then, said)
+
+
+def _left_on(
+    model: Model,
+    chosen: NeuronSet,
+    images: torch.Tensor,
+    detection: DetectionRecord,
+    knobs: _Knobs,
+    curve: TopKCurve,
+) -> torch.Tensor:
+    """Per image of ``images``: the outlier patches ``chosen``'s fix leaves at the detection
+    block (the survey's rule; a rule that cuts each image on its own flags some in most
+    images, so there they count only where the image's max/median also passes the
+    calibration's bar: the tolerance times the ordinary patches' level)."""
+    site = hook_name(detection.detect_layer, "hook_resid_post")
+    per_image = detection.threshold not in ("auto", "absolute")
+    bar = knobs.tolerance * curve.checks[0][0].ordinary_max_over_median if per_image else 0.0
+    flags = []
+    with TestTimeRegisters(chosen).applied(model), distributed.local():
+        for batch in iter_batches(images, knobs.batch_size):
+            _, cache = model.run_with_cache(batch, names=site, reduce="norm")
+            norms = cache.layout(site).take(cache[site], "patches")
+            above = image_mask(norms, detection.threshold, detection.threshold_value).sum(1)
+            flags.append(above * (norms.amax(1) > bar * norms.median(1).values))
+    return torch.cat(flags)
 
 
 def _widened_note(widened: bool, detection: DetectionRecord) -> str:
