@@ -86,9 +86,9 @@ def summary(result: Record) -> Record:
 
 def record(records: Record, result: Record) -> None:
     """Add ``result``'s summary to the runs, replacing one of the same benchmark, backbone,
-    commit and seed count."""
+    commit, seed count and command (samples of other seeds are kept side by side)."""
     new = summary(result)
-    key = ("benchmark", "backbone", "commit", "n_seeds", "img_size")
+    key = ("benchmark", "backbone", "commit", "n_seeds", "img_size", "command")
     runs = [r for r in records["runs"] if any(r.get(k) != new.get(k) for k in key)]
     records["runs"] = [*runs, new]
 

@@ -77,6 +77,17 @@ def test_a_recorded_result_shows_with_its_command_date_and_commit(validation, tm
     assert "Seeds not exact: refused: 2." in page
 
 
+def test_another_sample_of_seeds_at_the_same_commit_is_kept_beside_it(validation) -> None:
+    records = json.loads(validation.RECORDS.read_text())
+    n = len(records["runs"])
+    later = family_result(4, "abc1234")
+    later["settings"]["first"] = 50
+    validation.record(records, family_result(4, "abc1234"))
+    validation.record(records, later)
+    commands = [r["command"] for r in records["runs"][n:]]
+    assert [c.split("--first ")[1].split()[0] for c in commands] == ["0", "50"]
+
+
 def test_main_records_a_trained_diagnose_result(validation, tmp_path: Path) -> None:
     records, out, result = tmp_path / "records.json", tmp_path / "v.md", tmp_path / "t.json"
     records.write_text(validation.RECORDS.read_text())
