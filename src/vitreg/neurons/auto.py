@@ -566,8 +566,11 @@ def _with_left(
     if again.curve.status == "clean":
         said += f"that choice is clean on all images and is the one given ({len(more)} held out)"
         return _Evidence(again, more, True, said)
+    # the first choice's count on the surveyed images is ``left``: only the held-out ones are new
+    then = int(
+        left.sum() + _left_on(model, choice.chosen, held, detection, knobs, choice.curve).sum()
+    )
     every = torch.cat([first, held])
-    then = int(_left_on(model, choice.chosen, every, detection, knobs, choice.curve).sum())
     now = int(_left_on(model, again.chosen, every, detection, knobs, again.curve).sum())
     said += (
         f"that choice is not clean either; its fix leaves {now} outlier patches on the "
