@@ -101,3 +101,31 @@ def test_held_out_images_without_outliers_give_way_to_discovery_images_with_some
     assert found.causal is not None and found.causal.baseline.n_outlier_patches > 0
     assert set(found.chosen.pairs()) == set(truth.causal_units)
     assert found.status == "clean"
+
+
+def test_held_out_images_that_pass_the_test_unfixed_give_way_too():
+    """Held-out images with outlier patches that the fix's own test already passes with no fix
+    (no mode, max/median at the ordinary level) cannot judge a fix: carriers are held out
+    instead, and the note says why; held-out images that fail it stay."""
+    from dataclasses import replace
+
+    from vitreg.neurons import auto
+    from vitreg.neurons.detection import surveyed_detection
+    from vitreg.settings.neurons import NeuronSearch
+
+    module, truth = build("dinov2_s14", img_size=SIZE)
+    model = vitreg.wrap(module)
+    images = truth.normalize(synthetic_images(48, size=SIZE, seed=3, flat_fraction=0.1))
+    first, held = first_images(images, auto.SURVEY_IMAGES, auto.MAX_HELD_OUT)
+    detection, surveyed = surveyed_detection(model, first, n_images=32, batch_size=16, more=held)
+    unfixed = auto._unfixed(model, held, detection, auto.TOLERANCE, 16, auto.SILENT)
+    assert not unfixed.clean and auto._carries(unfixed, detection, 16).any()
+    disc, n_disc = HeldOutSplit(images, held_out=False), 36
+    search = NeuronSearch()
+    assert auto._to_hold_out(disc, n_disc, surveyed, unfixed, detection, search, 16) == ([], "")
+    passed = replace(unfixed, clean=True)
+    moved, why = auto._to_hold_out(disc, n_disc, surveyed, passed, detection, search, 16)
+    assert moved and all(i % HOLD_OUT != HOLD_OUT - 1 for i in moved)  # discovery images
+    assert "passed the fix's own test with no fix" in why
+    fixed = NeuronSearch(top_k=4)  # a fixed k is not chosen on held-out images: nothing moves
+    assert auto._to_hold_out(disc, n_disc, surveyed, passed, detection, fixed, 16) == ([], "")

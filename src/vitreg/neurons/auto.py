@@ -2,8 +2,9 @@
 calibration, each decision recorded with its evidence.
 
 1. **Split**: every 4th image is held out; discovery never sees it. When those the causal check
-   looks at show no outlier patch at the detection block, every 4th surveyed discovery image
-   with one is held out instead (before discovery).
+   looks at show no outlier patch at the detection block, or all pass the fix's own test with no
+   fix (they cannot judge one), every 4th surveyed discovery image with an outlier patch is held
+   out instead (before discovery).
 2. **Survey** (:mod:`~vitreg.neurons.detection`): emergence layer, searched range 0..E, detection
    layer and threshold, each with its reason.
 3. **Discovery** (Algorithm 1 of Jiang et al.) ranks candidates within the range.
@@ -12,7 +13,8 @@ calibration, each decision recorded with its evidence.
 5. **Calibration** (:mod:`~vitreg.neurons.calibrate`) on held-out images: the smallest k whose fix
    leaves no outlier mode at any block and the max/median patch norm at the ordinary level;
    otherwise the result is "partial", with what is left. "Clean" is said only when the fix also
-   leaves no outlier mode at any block on every image given (discovery and held-out).
+   leaves no outlier mode at any block on every image given (discovery and held-out), and the
+   max/median at the detection layer over them all at the ordinary level.
 6. **More evidence**: a partial fix that leaves outlier patches on surveyed discovery images
    shows that the few held-out images missed part of the circuit; those images are held out too
    and steps 4-5 run again, the new choice given when it is clean on every image or, partial
@@ -210,7 +212,7 @@ def find_neurons(
         )
     unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
     looked = causal_images if causal else None
-    moved = _to_hold_out(disc, n_disc, surveyed, unfixed, detection, search, looked)
+    moved, why = _to_hold_out(disc, n_disc, surveyed, unfixed, detection, search, looked)
     if moved:  # before discovery, which never sees them
         disc, n_disc = disc.moving(frozenset(moved)), n_disc - len(moved)
         first, held = first_images(images, SURVEY_IMAGES, max_held_out, disc.moved)
@@ -248,7 +250,7 @@ def find_neurons(
     }
     found = _results(chosen, ranking, detection, selection, curve, search, held, before, after)
     if moved:
-        found.notes.insert(0, _moved_note(moved, held, detection.detect_layer))
+        found.notes.insert(0, _moved_note(moved, why, held))
     if widened is not None:
         found.notes.append(_widened_note(widened, detection))
     if evidence is not None and evidence.note:
@@ -411,22 +413,34 @@ def _to_hold_out(
     detection: DetectionRecord,
     search: NeuronSearch,
     looked: int | None,
-) -> list[int]:
+) -> tuple[list[int], str]:
     """The surveyed discovery images to hold out as well (source indices) when top-k is chosen
-    on held-out images and the first ``looked`` of them (``None``: all) show no outlier patch
-    at the detection block; none otherwise."""
-    if search.top_k != "auto" or _carries(unfixed, detection, looked).any():
-        return []
-    return _carriers(disc, n_disc, surveyed, detection)
+    on held-out images and they cannot judge a fix, and why: the first ``looked`` of them
+    (``None``: all) show no outlier patch at the detection block, or all of them pass the fix's
+    own test with no fix (no outlier mode, max/median at the ordinary level); none otherwise."""
+    if search.top_k != "auto":
+        return [], ""
+    detect = detection.detect_layer
+    if not _carries(unfixed, detection, looked).any():
+        why = f"the held-out images checked first showed no outlier patch at block {detect}"
+    elif unfixed.clean:
+        why = (
+            "the held-out images passed the fix's own test with no fix (no outlier mode at any "
+            f"block, max/median {unfixed.max_over_median:.3g} at block {detect} against the "
+            f"ordinary level {unfixed.ordinary_max_over_median:.3g}), so they could not judge "
+            "a fix"
+        )
+    else:
+        return [], ""
+    return _carriers(disc, n_disc, surveyed, detection), why
 
 
-def _moved_note(moved: list[int], held: torch.Tensor, detect: int) -> str:
+def _moved_note(moved: list[int], why: str, held: torch.Tensor) -> str:
     """What the held-out images are when some discovery images were held out instead."""
     return (
-        f"the held-out images checked first showed no outlier patch at block {detect}, so "
-        f"{len(moved)} of the surveyed discovery images that show one (images {moved}, counted "
-        f"from 0 in the order given) were held out instead, before discovery; {len(held)} "
-        "images held out"
+        f"{why}, so {len(moved)} of the surveyed discovery images that show an outlier patch "
+        f"(images {moved}, counted from 0 in the order given) were held out instead, before "
+        f"discovery; {len(held)} images held out"
     )
 
 

@@ -15,7 +15,9 @@ fail at another). When no k passes, the result is "partial".
 
 :func:`confirm_on` then repeats the presence test with the chosen fix on every image given
 (the discovery images as well as the held-out ones): a weak mode in a minority of the images
-can be absent from the few held out, and "clean" is said only when no block shows one there.
+can be absent from the few held out, and "clean" is said only when no block shows one there
+and the max/median at the detection layer over them all is within the tolerance of the
+held-out images' ordinary level (outlier patches on a few images make no mode).
 The held-out images' norms under that fix are the calibration's own (:meth:`TopKCurve.traced`),
 pooled with the discovery images' after them, so only the discovery images are traced again.
 """
@@ -41,6 +43,7 @@ from vitreg.fix.neuron_set import NeuronSet
 from vitreg.fix.test_time_registers import TestTimeRegisters
 from vitreg.models.model import Model, TraceResult, iter_batches
 from vitreg.progress import Update
+from vitreg.results.diagnose import Norms
 from vitreg.results.neurons import BlockCheck, Calibration
 from vitreg.settings.neurons import NeuronSearch
 from vitreg.settings.ttr import TtrSettings
@@ -245,7 +248,8 @@ class TopKCurve:
             "ordinary patches' level before the fix, patch outlier rate <= "
             f"{self.target:g} under the discovery threshold, and the max/median at every block "
             "that had an outlier mode before the fix within the same tolerance of its own "
-            "ordinary level; then no outlier mode at any block on every image given",
+            "ordinary level; then no outlier mode at any block and the max/median at block "
+            f"{self.detect_layer} within the same tolerance on every image given",
             outlier_rate=by_size("outlier_rate"),
             max_norm=by_size("max_norm"),
             median_norm=by_size("median_norm"),
@@ -404,26 +408,43 @@ def confirm_on(
     traced: NormTrace | None = None,
 ) -> list[int]:
     """The presence test at every block on ``images`` (every image given) with the fix of
-    ``neurons`` applied; the blocks that show an outlier mode. ``traced``: norms of more images
-    under the same fix (the held-out ones, as calibration traced them: :meth:`TopKCurve.traced`),
-    pooled after those of ``images``. A "clean" ``curve`` whose fix leaves one is "partial" from
-    here on, with a note naming the blocks."""
+    ``neurons`` applied, and the max/median at the detection block against the tolerance of
+    the ordinary level (as calibration judges the held-out images); the blocks that show an
+    outlier mode. ``traced``: norms of more images under the same fix (the held-out ones, as
+    calibration traced them: :meth:`TopKCurve.traced`), pooled after those of ``images``. A
+    "clean" ``curve`` whose fix leaves either is "partial" from here on, with a note saying
+    what is left."""
     fix = _fix(neurons, ttr)
     norms = NormAnalysis() if traced is None else _PooledNorms(traced)
     with fix.applied(model):
         report = run_analyses(model, images, [norms], batch_size)[0][norms.name].summary
     n = len(images) + (traced.n_images if traced is not None else 0)
     modes = [i for i, lo in enumerate(report.layers) if lo.artifacts_present]
-    if modes and curve.status == "clean":
+    left = _left_on_all(report, curve, modes)
+    if left and curve.status == "clean":
         curve.status = "partial"
         curve.notes.append(
             f"partial: the fix of k = {len(neurons)} passes on the held-out images, but on all "
-            f"{n} images given (discovery and held-out) an outlier mode is left at "
-            f"blocks {modes}. Search more layers (--highest-layer), use more images, or accept "
-            "the residual"
+            f"{n} images given (discovery and held-out) it leaves {left}. Search more layers "
+            "(--highest-layer), use more images, or accept the residual"
         )
         neurons.settings = {**neurons.settings, "calibration": curve.calibration().model_dump()}
     return modes
+
+
+def _left_on_all(report: Norms, curve: TopKCurve, modes: list[int]) -> str:
+    """What a fix leaves on every image given, in words ("" when nothing): outlier modes, or a
+    max/median at the detection block above the tolerance of the held-out images' ordinary
+    level before the fix (outlier patches on too few images to make a mode)."""
+    parts = [f"an outlier mode at blocks {modes}"] if modes else []
+    ordinary = curve.checks[0][0].ordinary_max_over_median if curve.checks.get(0) else None
+    ratio = report.layers[curve.detect_layer].max_over_median
+    if ordinary is not None and ratio > curve.tolerance * ordinary:
+        parts.append(
+            f"max/median {ratio:.3g} at block {curve.detect_layer} (ordinary level "
+            f"{ordinary:.3g}, allowed {curve.tolerance:g}x)"
+        )
+    return " and ".join(parts)
 
 
 class _PooledNorms(NormAnalysis):
