@@ -208,3 +208,32 @@ def test_clean_needs_the_ordinary_level_on_every_image_given_too():
     said = _left_on_all(report, curve, modes)
     assert said.startswith("max/median 2.") and "allowed 1.5x" in said
     assert _left_on_all(outliers(_trace(bulk)), curve, []) == ""
+
+
+def test_the_outlier_rate_decides_only_where_the_threshold_is_above_the_ordinary_band(planted):
+    """Under a threshold inside the tolerance band of the ordinary patches, the causes' own fix
+    leaves many patches above it: there the rate is reported and does not decide, so that fix
+    passes whatever the target; a threshold above the band is one the rate is judged under."""
+    from vitreg.neurons.calibrate import TopKCurve
+
+    model, truth = planted
+    x = truth.normalize(synthetic_images(16, size=SIZE, seed=5, flat_fraction=0.1))
+    d = choose_detection(model, x, batch_size=8)
+    empty = NeuronSet.from_pairs([], model)
+    causes = NeuronSet.from_pairs(sorted(truth.causal_units), model)
+    median = check_fix(model, empty, x, d.detect_layer, "auto", d.threshold_value).median_norm
+
+    def checks(value: float) -> list:
+        before = check_fix(model, empty, x, d.detect_layer, "absolute", value, batch_size=8)
+        ordinary = before.ordinary_max_over_median
+        after = check_fix(
+            model, causes, x, d.detect_layer, "absolute", value, ordinary=ordinary, before=before
+        )
+        return [before, after]
+
+    inside = checks(1.05 * median)  # ordinary patches lie above it
+    assert inside[1].clean and not inside[1].rate_decides and inside[1].outlier_rate > 0.1
+    curve = TopKCurve(0.01, 1.5, d.detect_layer, [0, len(causes)], {0: inside}, None)
+    assert curve.passes(1)
+    above = checks(2.0 * d.threshold_value)
+    assert above[0].rate_decides and above[1].rate_decides

@@ -7,10 +7,10 @@ detection layer is back within ``tolerance`` x the level of the ordinary patches
 block that showed an outlier mode before the fix, (2) holds too, against that block's own
 ordinary level before the fix (a weakened mode that the presence test no longer sees still
 counts). (3) alone is what the fix was tuned on and can read 0% while the outliers only shrank
-below the threshold, so it never decides by itself; at the blocks of (4) the patches above the
-block's threshold are reported but do not decide, since where the valley sits inside the
-tolerance band of the ordinary patches the model with every cause zeroed has patches above it
-too. Checked at one or several input resolutions (a set chosen at one resolution is known to
+below the threshold, so it never decides by itself; and where the threshold sits inside the
+tolerance band of the ordinary patches (below ``tolerance`` x their level x the median), the
+model with every cause zeroed has patches above it too, so there (3) is reported but does not
+decide, as the patches above each block's own threshold at the blocks of (4). Checked at one or several input resolutions (a set chosen at one resolution is known to
 fail at another). When no k passes, the result is "partial".
 
 :func:`confirm_on` then repeats the presence test with the chosen fix on every image given
@@ -65,6 +65,7 @@ class FixCheck:
     clean: bool  # no outlier mode anywhere and max/median at the ordinary level at every block
     blocks: list[BlockCheck] = field(default_factory=list)  # blocks with a mode before
     trace: NormTrace | None = field(default=None, repr=False, compare=False)  # the fix's norms
+    rate_decides: bool = True  # the threshold lies above the ordinary patches' tolerance band
 
 
 def _fix(neurons: NeuronSet, ttr: TtrSettings | None) -> TestTimeRegisters:
@@ -140,6 +141,7 @@ def check_fix(
         known = [(b.layer, b.threshold, b.ordinary) for b in before.blocks]
     blocks = [_block_check(trace, *b, tolerance=tolerance) for b in known]
     clean = fix_is_clean(modes, ratio, ordinary, tolerance) and all(b.clean for b in blocks)
+    decides = value is None or value > tolerance * ordinary * median
     return FixCheck(
         len(neurons),
         float(flagged.float().mean()),
@@ -151,6 +153,7 @@ def check_fix(
         clean,
         blocks,
         trace,
+        decides,
     )
 
 
@@ -230,7 +233,10 @@ class TopKCurve:
 
     def passes(self, i: int) -> bool:
         """Whether the i-th k passes at every resolution."""
-        return all(c[i].clean and c[i].outlier_rate <= self.target for c in self.checks.values())
+        return all(
+            c[i].clean and (c[i].outlier_rate <= self.target or not c[i].rate_decides)
+            for c in self.checks.values()
+        )
 
     def calibration(self) -> Calibration:
         """The curve as metrics.json and the NeuronSet record it (resolutions as keys)."""
@@ -246,7 +252,8 @@ class TopKCurve:
             criteria="after the fix: no outlier mode at any block (diagnose presence test), "
             f"max/median patch norm at block {self.detect_layer} <= {self.tolerance:g} x the "
             "ordinary patches' level before the fix, patch outlier rate <= "
-            f"{self.target:g} under the discovery threshold, and the max/median at every block "
+            f"{self.target:g} under the discovery threshold where it lies above {self.tolerance:g} "
+            "x the ordinary level x the median, and the max/median at every block "
             "that had an outlier mode before the fix within the same tolerance of its own "
             "ordinary level; then no outlier mode at any block and the max/median at block "
             f"{self.detect_layer} within the same tolerance on every image given",
@@ -392,7 +399,7 @@ def _shortfall(check: FixCheck, target: float, tolerance: float, detect: int) ->
             f"max/median {check.max_over_median:.3g} at block {detect} (ordinary level "
             f"{check.ordinary_max_over_median:.3g}, allowed {tolerance:g}x)"
         )
-    if check.outlier_rate > target:
+    if check.rate_decides and check.outlier_rate > target:
         parts.append(f"a patch outlier rate of {check.outlier_rate:.2%} (target {target:.2%})")
     return " and ".join(parts) or "nothing (at the native resolution; another one fails)"
 

@@ -65,7 +65,7 @@ class NeuronSearch(SettingsPart):
         ge=0.0,
         le=1.0,
         description="Held-out patch outlier rate the fix must also reach (besides no outlier "
-        "mode).",
+        "mode), where the detection threshold lies above the ordinary patches' tolerance band.",
     )
     top_k: Literal["auto"] | PositiveInt = Field(
         "auto",
