@@ -123,8 +123,10 @@ def test_calibration_over_several_resolutions():
     _, curve = calibrate_top_k(model, ranked, x, search, image_sizes=(56, 84), ks=(0, 1, 3))
     assert set(curve.outlier_rate) == {56, 84}
     assert len(curve.outlier_rate[56]) == len(curve.outlier_rate[84]) == len(curve.ks)
-    # a random model keeps its top-decile tokens whatever the fix: the target is never met, so
-    # the result is partial (the best k tried, with what it leaves in the note)
-    assert curve.status == "partial" and curve.ks == [0, 1, 3] and curve.chosen_k in (1, 3)
-    assert "outlier rate of 10.94%" in curve.notes[0]
+    # a random model keeps its top-decile tokens whatever the fix, but that threshold lies
+    # inside the ordinary patches' tolerance band at both sizes: the rate is recorded and does
+    # not decide, so the first k passes at every size
+    assert all(not c.rate_decides for checks in curve.checks.values() for c in checks)
+    assert curve.status == "clean" and curve.ks == [0, 1] and curve.chosen_k == 1
     assert curve.outlier_rate[56][0] == pytest.approx(0.1, abs=0.03)
+    assert curve.outlier_rate[56][1] > search.target  # above the target, and passes

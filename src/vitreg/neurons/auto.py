@@ -31,7 +31,7 @@ from pydantic import PrivateAttr
 
 from vitreg import distributed
 from vitreg.analysis.norms import NormTrace
-from vitreg.analysis.rules import image_mask
+from vitreg.analysis.rules import image_mask, ordinary_level
 from vitreg.core.renamed import loose_settings, renamed
 from vitreg.errors import InputError, VitregError
 from vitreg.fix.neuron_set import NeuronSet
@@ -217,6 +217,7 @@ def find_neurons(
         disc, n_disc = disc.moving(frozenset(moved)), n_disc - len(moved)
         first, held = first_images(images, SURVEY_IMAGES, max_held_out, disc.moved)
         unfixed = _unfixed(model, held, detection, tolerance, batch_size, progress)
+    unfixed.ordinary_all = _ordinary_all(surveyed, len(first), unfixed, detection)
     # one discovery pass ranks the wider set too; the first choice takes its top-k prefix
     widen = search.top_k == "auto" and causal
     wider = _rank(model, disc, n_disc, detection, search, batch_size, progress, widen * BLOCK_K)
@@ -372,6 +373,25 @@ def _unfixed(
         distributed.local(),
     ):
         return check_fix(model, empty, held, *where, tolerance=tolerance, batch_size=batch_size)
+
+
+def _ordinary_all(
+    surveyed: NormTrace, n: int, unfixed: FixCheck, detection: DetectionRecord
+) -> float:
+    """The ordinary patches' max/median at the detection block over the first ``n`` surveyed
+    images and the held-out ones, unfixed: the level the fix is held to on every image given
+    (the largest ordinary patch of 40 images lies above that of 8)."""
+    assert unfixed.trace is not None, "a check keeps its norms until calibration chooses k"
+    parts = [(surveyed, slice(0, n)), (unfixed.trace, slice(None))]
+    patches, flagged = [], []
+    for trace, rows in parts:
+        site = trace.sites[detection.detect_layer]
+        norms, lay = trace.norms[site][rows], trace.layouts[site]
+        patches.append(norms[:, lay.patches])
+        flagged.append(
+            image_mask(norms, detection.threshold, detection.threshold_value)[:, lay.patches]
+        )
+    return ordinary_level(torch.cat(patches), torch.cat(flagged))
 
 
 def _carries(check: FixCheck, detection: DetectionRecord, n: int | None) -> torch.Tensor:
@@ -566,6 +586,7 @@ def _with_left(
     where = (knobs.tolerance, knobs.batch_size, knobs.progress)
     try:
         unfixed = _unfixed(model, more, detection, *where)
+        unfixed.ordinary_all = choice.curve.checks[0][0].ordinary_all  # the same images
         again = _choose(model, first[rest], more, ranking, detection, search, True, knobs, unfixed)
     except VitregError:
         again = None

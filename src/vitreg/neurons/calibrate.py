@@ -16,8 +16,8 @@ fail at another). When no k passes, the result is "partial".
 :func:`confirm_on` then repeats the presence test with the chosen fix on every image given
 (the discovery images as well as the held-out ones): a weak mode in a minority of the images
 can be absent from the few held out, and "clean" is said only when no block shows one there
-and the max/median at the detection layer over them all is within the tolerance of the
-held-out images' ordinary level (outlier patches on a few images make no mode).
+and the max/median at the detection layer over them all is within the tolerance of their
+ordinary level before the fix (outlier patches on a few images make no mode).
 The held-out images' norms under that fix are the calibration's own (:meth:`TopKCurve.traced`),
 pooled with the discovery images' after them, so only the discovery images are traced again.
 """
@@ -66,6 +66,7 @@ class FixCheck:
     blocks: list[BlockCheck] = field(default_factory=list)  # blocks with a mode before
     trace: NormTrace | None = field(default=None, repr=False, compare=False)  # the fix's norms
     rate_decides: bool = True  # the threshold lies above the ordinary patches' tolerance band
+    ordinary_all: float | None = None  # the ordinary level over every image given, unfixed
 
 
 def _fix(neurons: NeuronSet, ttr: TtrSettings | None) -> TestTimeRegisters:
@@ -441,10 +442,12 @@ def confirm_on(
 
 def _left_on_all(report: Norms, curve: TopKCurve, modes: list[int]) -> str:
     """What a fix leaves on every image given, in words ("" when nothing): outlier modes, or a
-    max/median at the detection block above the tolerance of the held-out images' ordinary
-    level before the fix (outlier patches on too few images to make a mode)."""
+    max/median at the detection block above the tolerance of the ordinary level before the fix
+    (over every image given where known, else the held-out images'): outlier patches on too few
+    images to make a mode."""
     parts = [f"an outlier mode at blocks {modes}"] if modes else []
-    ordinary = curve.checks[0][0].ordinary_max_over_median if curve.checks.get(0) else None
+    unfixed = curve.checks[0][0] if curve.checks.get(0) else None
+    ordinary = None if unfixed is None else unfixed.ordinary_all or unfixed.ordinary_max_over_median
     ratio = report.layers[curve.detect_layer].max_over_median
     if ordinary is not None and ratio > curve.tolerance * ordinary:
         parts.append(
