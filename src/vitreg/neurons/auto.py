@@ -382,15 +382,10 @@ def _ordinary_all(
     images and the held-out ones, unfixed: the level the fix is held to on every image given
     (the largest ordinary patch of 40 images lies above that of 8)."""
     assert unfixed.trace is not None, "a check keeps its norms until calibration chooses k"
-    parts = [(surveyed, slice(0, n)), (unfixed.trace, slice(None))]
-    patches, flagged = [], []
-    for trace, rows in parts:
-        site = trace.sites[detection.detect_layer]
-        norms, lay = trace.norms[site][rows], trace.layouts[site]
-        patches.append(norms[:, lay.patches])
-        flagged.append(
-            image_mask(norms, detection.threshold, detection.threshold_value)[:, lay.patches]
-        )
+    where = (detection.detect_layer, detection.threshold, detection.threshold_value)
+    site = surveyed.sites[detection.detect_layer]
+    patches = [surveyed.patch_norms(site)[:n], unfixed.trace.patch_norms(site)]
+    flagged = [_outlier_patches(surveyed, *where)[:n], _outlier_patches(unfixed.trace, *where)]
     return ordinary_level(torch.cat(patches), torch.cat(flagged))
 
 
@@ -404,8 +399,13 @@ def _carries(check: FixCheck, detection: DetectionRecord, n: int | None) -> torc
 
 def _outlier_images(trace: NormTrace, layer: int, rule: str, value: float | None) -> torch.Tensor:
     """Per image of ``trace``: whether a patch is an outlier at block ``layer``."""
+    return _outlier_patches(trace, layer, rule, value).any(1)
+
+
+def _outlier_patches(trace: NormTrace, layer: int, rule: str, value: float | None) -> torch.Tensor:
+    """``[n_images, n_patches]``: which patches of ``trace`` are outliers at block ``layer``."""
     site = trace.sites[layer]
-    return image_mask(trace.norms[site], rule, value)[:, trace.layouts[site].patches].any(1)
+    return image_mask(trace.norms[site], rule, value)[:, trace.layouts[site].patches]
 
 
 def _carriers(

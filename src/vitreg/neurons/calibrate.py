@@ -10,8 +10,9 @@ counts). (3) alone is what the fix was tuned on and can read 0% while the outlie
 below the threshold, so it never decides by itself; and where the threshold sits inside the
 tolerance band of the ordinary patches (below ``tolerance`` x their level x the median), the
 model with every cause zeroed has patches above it too, so there (3) is reported but does not
-decide, as the patches above each block's own threshold at the blocks of (4). Checked at one or several input resolutions (a set chosen at one resolution is known to
-fail at another). When no k passes, the result is "partial".
+decide, as the patches above each block's own threshold at the blocks of (4). Checked at one or
+several input resolutions (a set chosen at one resolution is known to fail at another). When no
+k passes, the result is "partial".
 
 :func:`confirm_on` then repeats the presence test with the chosen fix on every image given
 (the discovery images as well as the held-out ones): a weak mode in a minority of the images
