@@ -4,7 +4,8 @@ are zeroed, so they are kept as writers; readers, which fire only on the outlier
 even where the survey places the emergence a block late (also where that block's input carries
 little of the excess); weak early writers whose write later blocks build on are not taken for
 feature detectors; where the few held-out crops miss part of the circuit, the choice is made
-again with the discovery crops its fix failed on, also where those crops show no outlier mode."""
+again with the discovery crops its fix failed on, also where those crops show no outlier mode;
+siblings of kept writers join, and units writing across the outliers are dropped."""
 
 from __future__ import annotations
 
@@ -102,4 +103,15 @@ def test_clean_is_not_said_where_discovery_crops_keep_outliers_without_a_mode() 
     crops keep patches at 3.6x the median (the ordinary level is 1.3x). Judged on every crop,
     that fix is partial, and with those crops held out too every cause is found."""
     row = _score(205)
+    assert row.outcome == "exact", row
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_siblings_join_and_co_firing_units_writing_elsewhere_are_dropped() -> None:
+    """Seed 329: four block-6 and block-8 causes were dropped as bystanders (the fix needs
+    only their siblings, which write the same direction), and three co-firing distractors of
+    block 7, writing a random direction on the same patches, were kept for the last percent of
+    excess (their writes' cosine with the block's outlier direction ~0.27, the causes' ~0.73)."""
+    row = _score(329)
     assert row.outcome == "exact", row

@@ -9,7 +9,9 @@ calibration, each decision recorded with its evidence.
    layer and threshold, each with its reason.
 3. **Discovery** (Algorithm 1 of Jiang et al.) ranks candidates within the range.
 4. **Causal selection** (:mod:`~vitreg.neurons.causal`) on held-out images keeps the units whose
-   zeroing removes the outliers and drops readers and bystanders.
+   zeroing removes the outliers and drops readers, bystanders and units whose write points
+   across the outliers; units that write what a kept unit writes, on the same patches (its
+   siblings), join last.
 5. **Calibration** (:mod:`~vitreg.neurons.calibrate`) on held-out images: the smallest k whose fix
    leaves no outlier mode at any block and the max/median patch norm at the ordinary level;
    otherwise the result is "partial", with what is left. "Clean" is said only when the fix also
@@ -47,6 +49,7 @@ from vitreg.neurons.calibrate import (
     check_fix,
     confirm_on,
 )
+from vitreg.neurons.causal import siblings_in
 from vitreg.neurons.detection import surveyed_detection
 from vitreg.neurons.discover import BLOCK_K, DISCOVER_K, discover
 from vitreg.neurons.held_out import HOLD_OUT, HeldOutSplit, causal_set
@@ -690,13 +693,13 @@ def _calibration_order(
     ranking: NeuronSet, selection: Causal | None, search: NeuronSearch
 ) -> tuple[NeuronSet, tuple[int, ...]]:
     """The candidates in the order calibration takes them, and the values of k to check: a
-    fixed top-k's ranking whole, the causal set whole (the curve over k only if it fails), or
-    the ranking over :data:`DEFAULT_KS`."""
+    fixed top-k's ranking whole, the causal set whole and without its siblings (the curve over
+    k only if both fail), or the ranking over :data:`DEFAULT_KS`."""
     if search.top_k != "auto":
         order, ks = ranking, (0, len(ranking))
     elif selection is not None:
         order = _ordered(ranking, selection.units())
-        ks = (0, len(order))
+        ks = (0, len(order) - siblings_in(selection), len(order))  # with and without siblings
     else:
         order, ks = ranking, DEFAULT_KS
     return order, tuple(k for k in ks if k <= len(order)) + (len(order),)

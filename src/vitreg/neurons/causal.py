@@ -42,7 +42,13 @@ block from the emergence block to the detection layer:
   emergence block), and are held readers again only when both their mean and their peak
   activation on the outlier patches fall below the floor (one that keeps firing hard on a few
   of them keeps those patches outliers, which a mean over all of them hides). Pruning judges
-  the whole set again.
+  the whole set again;
+- **writes** (:mod:`~vitreg.neurons.writes`): a kept unit whose write points across its block's
+  outlier direction (far less along it than the block's best-aligned kept unit) writes something
+  else, shaving their norm at second order: dropped. Compensating writers share one write, so the
+  set the fix needs can leave some of them out: the candidates of a kept unit's block that write
+  what it writes, fire on the outlier patches and keep firing with the set zeroed (its
+  **siblings**) join last.
 """
 
 from __future__ import annotations
@@ -60,6 +66,13 @@ from vitreg.hooks.names import hook_name
 from vitreg.hooks.sites import HookContext
 from vitreg.models.model import Model, iter_batches
 from vitreg.models.replay import PrefixReplay
+from vitreg.neurons.writes import (
+    SIBLING_COS,
+    off_direction,
+    outlier_directions,
+    sibling_matches,
+    unit_writes,
+)
 from vitreg.progress import Update
 from vitreg.results.neurons import (
     Causal,
@@ -87,6 +100,10 @@ OWN_SHARE = 0.1  # ... unless it removes >= this share of that effect at its own
 ESTIMATE_TRIES = 4  # tiers of estimated units tried, when one over-reads, before exact groups
 MAX_ROUNDS = 3  # selection rounds: readers and mediators dropped by pruning are excluded
 WEAK_SHARE = 0.2  # a unit of a group that matters only together keeps >= this x its fair share
+SIBLINGS = (
+    f"siblings: the write of a chosen unit of their block (cosine >= {SIBLING_COS}), on the "
+    "outlier patches, still firing with the set zeroed"
+)
 
 
 @dataclass
@@ -351,6 +368,7 @@ def select_causal(
     kept, effects, final = greedy.rounds(base, first, selection, progress)
     kept, effects, final = greedy.complete(kept, effects, final, base, first, selection)
     kept, effects, final = greedy.amplifiers(kept, effects, final, base, first, selection)
+    kept, effects, final = greedy.by_writes(kept, effects, final, selection)
     for u in kept:
         effects[u]["estimated"] = first.get(u, 0.0) / scale
     selection.chosen = [list(u) for u in kept]
@@ -359,6 +377,11 @@ def select_causal(
     selection.residual_by_block = {str(b): v / scale for b, v in final.excess.items()}
     selection.passes = probe.passes
     return selection
+
+
+def siblings_in(selection: Causal) -> int:
+    """How many of ``selection``'s chosen units joined as siblings (the last ones)."""
+    return sum(len(s.added) for s in selection.steps if s.by == SIBLINGS)
 
 
 def _started(
@@ -565,6 +588,65 @@ class _Greedy:
         self.record(selection, back, "amplifiers: readers the set cannot do without", m)
         self.taken = frozenset(back)
         return self.settle(kept + back, m, base, direct, selection)
+
+    def by_writes(
+        self,
+        kept: list[Unit],
+        effects: dict[Unit, dict[str, float]],
+        final: Measure,
+        selection: Causal,
+    ) -> tuple[list[Unit], dict[Unit, dict[str, float]], Measure]:
+        """The rules read from what units write (:mod:`~vitreg.neurons.writes`): kept units
+        that write something else than their block's outliers are dropped; then the candidates
+        of the kept units' blocks that write what one of them writes, on the same patches, and
+        keep firing once the set and they are zeroed join, last (the set without them stays a
+        prefix)."""
+        if not kept:
+            return kept, effects, final
+        probe = self.probe
+        blocks = {u[0] for u in kept}
+        rest = [u for u in self.candidates if u not in kept and u[0] in blocks]
+        writes = unit_writes(probe.model, kept + rest, probe.images)
+        directions = outlier_directions(
+            probe.model, probe.images, probe.base.masks, sorted(blocks), probe.batch_size
+        )
+        off = off_direction(kept, writes, directions)
+        for u, (cos, best) in off.items():
+            selection.dropped.append(
+                UnitEffect(
+                    layer=u[0],
+                    unit=u[1],
+                    **effects.pop(u),
+                    kind="off-direction",
+                    reason=f"writes something else than the outliers: its write's cosine with "
+                    f"the outlier patches' direction at block {u[0]} is {cos:.2f}, against "
+                    f"{best:.2f} for the block's best-aligned unit (a write across the outliers "
+                    "raises their norm only at second order)",
+                )
+            )
+        kept = [u for u in kept if u not in off]
+        m = probe.measure(kept) if off else final
+        found = sibling_matches(kept, rest, writes, probe.base.acts)
+        if not found:
+            return kept, effects, m
+        both = probe.measure(kept + list(found))
+        joined = []
+        for u, (c, _) in found.items():
+            mine, theirs = (
+                _share(both.acts, probe.base.acts, u),
+                _share(both.acts, probe.base.acts, c),
+            )
+            if mine >= max(READER_FLOOR, 0.5 * theirs):
+                joined.append(u)
+                effects[u] = {"persistence": mine}
+        if not joined:
+            return kept, effects, m
+        if len(joined) < len(found):
+            both = probe.measure(kept + joined)
+        taken = set(joined)
+        selection.dropped = [d for d in selection.dropped if (d.layer, d.unit) not in taken]
+        self.record(selection, joined, SIBLINGS, both)
+        return kept + joined, effects, both
 
     def grow(
         self,
