@@ -35,6 +35,19 @@ def test_a_units_write_is_its_output_column_through_layer_scale() -> None:
     assert torch.cosine_similarity(got[(1, 7)], raw, dim=0) < 0.99
 
 
+def test_more_units_than_the_images_hold_slots_for_are_measured_over_several_passes() -> None:
+    """One image holds one token slot per token, one kept at 0: a block's units beyond that are
+    measured in further passes, each the same as measured alone."""
+    module, size = timm_vit("dinov2")
+    model = wrap(module)
+    image = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(4))
+    units = [(0, u) for u in range(model.layout.n_tokens + 5)]
+    got = unit_writes(model, units, image)
+    gamma, fc2 = module.blocks[0].ls2.gamma.detach(), module.blocks[0].mlp.fc2.weight.detach()
+    for _, u in units:
+        assert torch.allclose(got[(0, u)], gamma * fc2[:, u], atol=1e-5), u
+
+
 def test_a_sibling_shares_a_chosen_units_write_and_fires_on_its_patches() -> None:
     """Joins: same block, write cosine >= SIBLING_COS, activation >= SIBLING_ACT of the chosen
     unit's; each condition alone is refused."""

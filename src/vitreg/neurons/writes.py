@@ -42,22 +42,23 @@ def unit_writes(
     model: Model, units: Sequence[Unit], images: torch.Tensor
 ) -> dict[Unit, torch.Tensor]:
     """Each unit's write into the residual stream at unit activation (see :func:`block_writes`),
-    ``images`` supplying the tokens."""
+    ``images`` supplying the tokens: as many units a pass as their slots hold, one kept at 0."""
     writes: dict[Unit, torch.Tensor] = {}
+    per_pass = len(images) * model.layout.n_tokens - 1
     for layer in sorted({layer for layer, _ in units}):
         here = [u for lay, u in units if lay == layer]
-        for u, w in zip(here, block_writes(model, layer, here, images), strict=True):
-            writes[(layer, u)] = w
+        for start in range(0, len(here), per_pass):
+            part = here[start : start + per_pass]
+            for u, w in zip(part, block_writes(model, layer, part, images), strict=True):
+                writes[(layer, u)] = w
     return writes
 
 
 def block_writes(model: Model, layer: int, units: list[int], images: torch.Tensor) -> torch.Tensor:
     """``[len(units), d]``: block ``layer``'s output less its MLP branch's input, with one
     token slot per unit whose post-activation is 1 (every other unit's 0), less the same with
-    all at 0."""
+    all at 0; ``images`` must hold ``len(units) + 1`` token slots."""
     n_images = math.ceil((len(units) + 1) / model.layout.n_tokens)
-    if n_images > len(images):
-        raise ValueError(f"{len(units)} units need {n_images} images, got {len(images)}")
     seen: dict[str, torch.Tensor] = {}
 
     def one_hot(t: torch.Tensor, hook: HookContext) -> torch.Tensor:
